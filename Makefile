@@ -1,0 +1,46 @@
+# The project's two commands: `make demo` (the pipelines on the local stack) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+export AWS_ACCESS_KEY_ID ?= local
+export AWS_SECRET_ACCESS_KEY ?= local
+export AWS_DEFAULT_REGION ?= us-east-1
+
+.PHONY: install up down status demo test bench clean-data
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is missing: install it (pyenv install 3.11, or apt-get install python3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	@command -v npm >/dev/null || { echo "npm is missing: install Node.js 20 (apt-get install nodejs npm)"; exit 1; }
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+install: $(VENV)/.installed node_modules/.installed
+
+up: install
+	$(PY) -m deployments.local_stack up
+
+down:
+	@test -x $(PY) && $(PY) -m deployments.local_stack down || true
+
+status:
+	$(PY) -m deployments.local_stack status
+
+demo: up
+	$(PY) -m deployments.demo
+
+test: install
+	$(PY) -m deployments.browser_deps || true
+	$(PY) -m pytest tests
+
+bench: install
+	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean-data: down
+	rm -rf .data

@@ -1,0 +1,1 @@
+"""Local stack, work pools and deployment helpers."""

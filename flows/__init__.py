@@ -1,0 +1,1 @@
+"""One module per pipeline; each flow reads like its seed's diagram."""

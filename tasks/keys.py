@@ -1,0 +1,250 @@
+"""Every object key and DynamoDB sort key is built and parsed here; nothing else formats them by hand.
+
+Each identifier that reaches a key (run ids, job ids, survey names, file names, dates) is validated so no
+input can write outside its prefix: no ``/``, ``..``, backslash, control characters or empty values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from datetime import date, datetime
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+class InvalidKey(ValueError):
+    """An identifier or key that could escape its prefix, or does not parse."""
+
+
+def safe_id(value: str, what: str = "id") -> str:
+    """``value`` if it is a single safe path segment (letters, digits, ``._=-``; no ``..``), else InvalidKey."""
+    if not isinstance(value, str) or not _ID.match(value) or ".." in value:
+        raise InvalidKey(f"invalid {what} {value!r}: use 1-128 letters, digits, '.', '_', '=' or '-', no '/' or '..'")
+    return value
+
+
+def safe_key(key: str) -> str:
+    """A relative object key with no empty, '.' or '..' segments and no backslash or control characters."""
+    if not isinstance(key, str) or not key or key.startswith("/") or "\\" in key:
+        raise InvalidKey(f"invalid object key {key!r}")
+    if any(ord(c) < 32 for c in key):
+        raise InvalidKey(f"invalid object key {key!r}: control character")
+    parts = key.rstrip("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise InvalidKey(f"invalid object key {key!r}: empty, '.' or '..' segment")
+    return key
+
+
+def safe_date(value: str) -> str:
+    """A ``YYYY-MM-DD`` date that parses, else InvalidKey."""
+    if not isinstance(value, str) or not _DATE.match(value):
+        raise InvalidKey(f"invalid date prefix {value!r}: expected YYYY-MM-DD")
+    try:
+        date.fromisoformat(value)
+    except ValueError as error:
+        raise InvalidKey(f"invalid date prefix {value!r}: {error}") from None
+    return value
+
+
+# --------------------------------------------------------------------------- seed 000: phspectra
+
+RUN_SK = "RUN"
+CHUNK_SK_PREFIX = "CHUNK#"
+
+
+def chunk_name(start: int) -> str:
+    return f"chunk-{start:07d}"
+
+
+def chunk_sk(start: int) -> str:
+    """``CHUNK#chunk-{start:07d}``: the chunk item's sort key."""
+    return f"{CHUNK_SK_PREFIX}{chunk_name(start)}"
+
+
+def chunk_start_from_sk(sk: str) -> int:
+    match = re.fullmatch(r"CHUNK#chunk-(\d{7})", sk)
+    if not match:
+        raise InvalidKey(f"not a chunk sort key: {sk!r}")
+    return int(match.group(1))
+
+
+def chunk_npz_key(run_id: str, start: int) -> str:
+    """``chunks/{run_id}/chunk-{start:07d}.npz``: a chunk's spectra."""
+    return f"chunks/{safe_id(run_id, 'run_id')}/{chunk_name(start)}.npz"
+
+
+def decomposition_prefix(survey: str, run_id: str | None = None) -> str:
+    """``decompositions/survey={survey}/`` (and ``run_id={run_id}/``): runs never overwrite each other."""
+    prefix = f"decompositions/survey={safe_id(survey, 'survey')}/"
+    return prefix if run_id is None else f"{prefix}run_id={safe_id(run_id, 'run_id')}/"
+
+
+def decomposition_key(survey: str, run_id: str, start: int) -> str:
+    return f"{decomposition_prefix(survey, run_id)}{chunk_name(start)}.parquet"
+
+
+# --------------------------------------------------------------------------- seed 001: NDJSON -> Parquet
+
+INPUT_PREFIX = "pipeline/input/"
+OUTPUT_PREFIX = "pipeline/output/"
+MANIFEST_PREFIX = "MANIFEST#"
+LOCK_PREFIX = "LOCK#"
+_INPUT = re.compile(r"(?:^|/)pipeline/input/([^/]+)/([^/]+)$")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    date_prefix: str
+    filename: str
+
+
+def parse_input_path(path: str) -> InputFile:
+    """Date prefix and file name from ``…/pipeline/input/YYYY-MM-DD/name``; InvalidKey if it does not parse."""
+    match = _INPUT.search(path)
+    if not match:
+        raise InvalidKey(f"{path!r} is not under pipeline/input/YYYY-MM-DD/")
+    return InputFile(safe_date(match.group(1)), safe_id(match.group(2), "file name"))
+
+
+def input_key(date_prefix: str, filename: str) -> str:
+    return f"{INPUT_PREFIX}{safe_date(date_prefix)}/{safe_id(filename, 'file name')}"
+
+
+def status_shard(filename: str, num_shards: int) -> int:
+    """The seed's deterministic shard: MD5 of the file name mod NUM_STATUS_SHARDS."""
+    return int(hashlib.md5(filename.encode()).hexdigest(), 16) % num_shards
+
+
+def sharded_status(status: str, shard: int) -> str:
+    return f"{status}#{shard}"
+
+
+def split_status(value: str) -> tuple[str, int | None]:
+    """``pending#3`` -> ('pending', 3); legacy unsharded ``pending`` -> ('pending', None)."""
+    base, _, shard = value.partition("#")
+    return base, (int(shard) if shard else None)
+
+
+def is_meta_record(file_key: str) -> bool:
+    """MANIFEST# and LOCK# records share the table with file records; they are filtered in code."""
+    return file_key.startswith((MANIFEST_PREFIX, LOCK_PREFIX))
+
+
+def manifest_name(sequence: int, at: datetime) -> str:
+    return f"batch-{sequence:04d}-{at:%Y%m%d-%H%M%S}.json"
+
+
+def manifest_key(date_prefix: str, name: str) -> str:
+    """``manifests/{date}/batch-NNNN-YYYYMMDD-HHMMSS.json``."""
+    return f"manifests/{safe_date(date_prefix)}/{safe_id(name, 'manifest name')}"
+
+
+def manifest_record_key(name: str) -> str:
+    """The MANIFEST meta-record's ``file_key``."""
+    return f"{MANIFEST_PREFIX}{safe_id(name, 'manifest name')}"
+
+
+def manifest_name_from_record_key(file_key: str) -> str:
+    if not file_key.startswith(MANIFEST_PREFIX):
+        raise InvalidKey(f"not a manifest record key: {file_key!r}")
+    return file_key[len(MANIFEST_PREFIX):]
+
+
+def merged_output_prefix(date_prefix: str) -> str:
+    """``pipeline/output/merged-parquet-{date}/``."""
+    return f"{OUTPUT_PREFIX}merged-parquet-{safe_date(date_prefix)}/"
+
+
+def merged_part_key(date_prefix: str, manifest: str, part: int) -> str:
+    """Deterministic per manifest, so re-running a manifest overwrites instead of duplicating."""
+    stem = safe_id(manifest, "manifest name").removesuffix(".json")
+    return f"{merged_output_prefix(date_prefix)}{stem}-part-{part:05d}.parquet"
+
+
+def rejects_key(date_prefix: str, manifest: str) -> str:
+    stem = safe_id(manifest, "manifest name").removesuffix(".json")
+    return f"{OUTPUT_PREFIX}rejects/{safe_date(date_prefix)}/{stem}.ndjson"
+
+
+def quarantine_key(date_prefix: str, filename: str) -> str:
+    return f"quarantine/{safe_date(date_prefix)}/{safe_id(filename, 'file name')}"
+
+
+def quarantine_reason_key(date_prefix: str, filename: str) -> str:
+    return quarantine_key(date_prefix, filename) + ".reason.json"
+
+
+# --------------------------------------------------------------------------- seed 003: video
+
+_SEGMENT = re.compile(r"^segments/([^/]+)/(\d{5})_(\d{5})_([A-Za-z0-9-]+)\.mp4$")
+
+
+@dataclass(frozen=True)
+class SegmentKey:
+    job_id: str
+    segment_index: int
+    total_segments: int
+    mode: str
+
+
+def source_key(job_id: str) -> str:
+    """``input/{job_id}/source.mp4``."""
+    return f"input/{safe_id(job_id, 'job_id')}/source.mp4"
+
+
+def segment_key(job_id: str, segment_index: int, total_segments: int, mode: str) -> str:
+    """``segments/{job_id}/{segment_index:05d}_{total_segments:05d}_{mode}.mp4``."""
+    if not re.fullmatch(r"[A-Za-z0-9-]+", mode):
+        raise InvalidKey(f"invalid mode {mode!r}")
+    if not 0 <= segment_index < total_segments <= 99999:
+        raise InvalidKey(f"segment {segment_index} of {total_segments} is out of range")
+    return f"segments/{safe_id(job_id, 'job_id')}/{segment_index:05d}_{total_segments:05d}_{mode}.mp4"
+
+
+def parse_segment_key(key: str) -> SegmentKey:
+    match = _SEGMENT.match(key)
+    if not match:
+        raise InvalidKey(f"not a segment key: {key!r}")
+    job_id, index, total, mode = match.groups()
+    return SegmentKey(safe_id(job_id, "job_id"), int(index), int(total), mode)
+
+
+def segments_prefix(job_id: str) -> str:
+    return f"segments/{safe_id(job_id, 'job_id')}/"
+
+
+def job_output_prefix(job_id: str) -> str:
+    return f"jobs/{safe_id(job_id, 'job_id')}/"
+
+
+def output_segment_key(job_id: str, segment_index: int, total_segments: int, mode: str) -> str:
+    """``jobs/{job_id}/segments/{index:05d}_{total:05d}_{mode}.mp4``: the inference output of one segment."""
+    name = segment_key(job_id, segment_index, total_segments, mode).rsplit("/", 1)[1]
+    return f"{job_output_prefix(job_id)}segments/{name}"
+
+
+def final_key(job_id: str) -> str:
+    """``jobs/{job_id}/final.mp4``."""
+    return f"{job_output_prefix(job_id)}final.mp4"
+
+
+def input_prefix(job_id: str) -> str:
+    return f"input/{safe_id(job_id, 'job_id')}/"
+
+
+# --------------------------------------------------------------------------- seed 004: dead-letter archive
+
+DEAD_LETTER_PREFIX = "dead-letter-archive/"
+
+
+def dead_letter_key(day: str, message_id: str) -> str:
+    """``dead-letter-archive/{date}/{message_id}.json``."""
+    return f"{DEAD_LETTER_PREFIX}{safe_date(day)}/{safe_id(message_id, 'message id')}.json"
+
+
+def dead_letter_failed_key(day: str, message_id: str) -> str:
+    """``dead-letter-archive/failed/{date}/{message_id}.json``: failed again on replay."""
+    return f"{DEAD_LETTER_PREFIX}failed/{safe_date(day)}/{safe_id(message_id, 'message id')}.json"

@@ -1,0 +1,113 @@
+"""Foundation: tables, blocks, object store and a flow writing through the state store."""
+
+from __future__ import annotations
+
+import pytest
+from prefect import flow, task
+
+from blocks import DynamoTables, ObjectStorage, load_config
+from tasks import keys, state_store
+from tasks.object_store import LocalStore, ObjectNotFound, ObjectStore
+from tasks.tables import TABLE_SPECS, SchemaMismatch, TableSpec, ensure_table
+
+
+def test_ensure_tables_is_idempotent_and_matches_the_seeds(tables):
+    from tasks.tables import ensure_tables
+
+    assert set(ensure_tables(tables).values()) == {"exists"}
+    description = state_store.client().describe_table(TableName=tables["etl_file_tracking"])["Table"]
+    assert {k["AttributeName"]: k["KeyType"] for k in description["KeySchema"]} == {"date_prefix": "HASH", "file_key": "RANGE"}
+    gsi = description["GlobalSecondaryIndexes"][0]
+    assert gsi["IndexName"] == "status-index" and gsi["Projection"]["ProjectionType"] == "ALL"
+    assert [k["AttributeName"] for k in gsi["KeySchema"]] == ["status", "date_prefix"]
+    ttl = state_store.client().describe_time_to_live(TableName=tables["etl_file_tracking"])["TimeToLiveDescription"]
+    assert ttl["AttributeName"] == "ttl"
+    runs = state_store.client().describe_table(TableName=tables["phspectra_runs"])["Table"]
+    assert [k["AttributeName"] for k in runs["GlobalSecondaryIndexes"][0]["KeySchema"]] == ["GSI1_PK", "GSI1_SK"]
+
+
+def test_a_table_with_the_wrong_keys_is_refused_and_left_alone(tables):
+    name = tables["ecs_job"]
+    state_store.put(name, {"job_id": "keep-me"})
+    with pytest.raises(SchemaMismatch) as error:
+        ensure_table(name, TableSpec("job_id", "created_at"))
+    assert "key schema" in str(error.value) and "created_at" in str(error.value)
+    assert state_store.get_item(name, {"job_id": "keep-me"}) == {"job_id": "keep-me"}
+
+
+def test_blocks_default_to_seed_names_and_env_overrides(monkeypatch):
+    monkeypatch.delenv("TABLE_ETL_FILE_TRACKING", raising=False)
+    monkeypatch.setenv("TABLE_ENV", "prod")
+    config = load_config(DynamoTables)
+    assert config.names()["etl_file_tracking"] == "ndjson-parquet-sqs-file-tracking-prod"
+    assert set(config.names()) == set(TABLE_SPECS)
+    monkeypatch.setenv("OBJECT_STORE_BASE_URL", "s3://bucket/prefix")
+    assert load_config(ObjectStorage).base_url == "s3://bucket/prefix"
+
+
+@pytest.mark.parametrize("bad", ["../etc/passwd", "a/../../b", "/abs", "a//b", "a\\b", "", "a/./b"])
+def test_object_keys_cannot_escape_the_store(tmp_path, bad):
+    store = LocalStore(tmp_path)
+    with pytest.raises(ValueError):
+        store.put_bytes(bad, b"x")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "..", "", "x" * 200, "a\nb"])
+def test_ids_are_validated(bad):
+    with pytest.raises(keys.InvalidKey):
+        keys.safe_id(bad)
+
+
+def test_local_store_round_trip(tmp_path):
+    store = ObjectStore.from_url(tmp_path.as_uri())
+    url = store.put_bytes("a/b/c.txt", b"hello")
+    assert url == (tmp_path / "a/b/c.txt").as_uri()
+    assert store.get_bytes("a/b/c.txt") == b"hello" and store.size("a/b/c.txt") == 5
+    store.copy("a/b/c.txt", "d/e.txt")
+    assert sorted(store.list("")) == ["a/b/c.txt", "d/e.txt"]
+    assert list(store.list("a/")) == ["a/b/c.txt"]
+    assert store.delete_prefix("a/") == 1 and not store.exists("a/b/c.txt")
+    with pytest.raises(ObjectNotFound):
+        store.get_bytes("a/b/c.txt")
+
+
+def test_s3_store_through_moto():
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    with moto.mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bkt")
+        store = ObjectStore.from_url("s3://bkt/root")
+        store.put_bytes("x/y.json", b"{}")
+        assert store.exists("x/y.json") and not store.exists("x/z.json")
+        assert list(store.list("x/")) == ["x/y.json"]
+        assert store.copy("x/y.json", "x/z.json") == "s3://bkt/root/x/z.json"
+        assert store.delete("x/y.json") and list(store.list("")) == ["x/z.json"]
+        assert "bkt" in store.presign_put("x/up.mp4")
+
+
+@task(retries=2, retry_delay_seconds=[0, 0])
+def bump(table_name: str, run_id: str) -> str:
+    """Complete a chunk and count it, in one transaction."""
+    result = state_store.transition(
+        table_name,
+        {"PK": run_id, "SK": "CHUNK#chunk-0000000"},
+        ["PENDING", "IN_PROGRESS"],
+        "COMPLETED",
+        increments=[state_store.Increment(table_name, {"PK": run_id, "SK": "RUN"}, {"jobs_completed": 1})],
+    )
+    return result.outcome.value
+
+
+@flow
+def bump_twice(table_name: str, run_id: str) -> list[str]:
+    return [bump(table_name, run_id), bump(table_name, run_id)]
+
+
+def test_a_flow_writes_through_the_state_store_on_the_ephemeral_server(tables):
+    name = tables["phspectra_runs"]
+    state_store.create_if_absent(name, {"PK": "r", "SK": "RUN", "jobs_completed": 0}, ["PK", "SK"])
+    state_store.create_if_absent(name, {"PK": "r", "SK": "CHUNK#chunk-0000000", "status": "PENDING"}, ["PK", "SK"])
+    assert bump_twice(name, "r") == ["applied", "stale"]
+    assert state_store.get_item(name, {"PK": "r", "SK": "RUN"})["jobs_completed"] == 1
