@@ -1,0 +1,1 @@
+"""Operations CLI subcommands, one module per pipeline; each exposes ``register(subparsers)``."""

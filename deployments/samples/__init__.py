@@ -1,0 +1,1 @@
+"""Sample data for `make demo`, one module per pipeline; each exposes ``make(workdir) -> parameters`` and ``report(...)``."""
