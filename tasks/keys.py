@@ -177,6 +177,33 @@ def quarantine_reason_key(date_prefix: str, filename: str) -> str:
     return quarantine_key(date_prefix, filename) + ".reason.json"
 
 
+MANIFEST_SEQUENCE_KEY = f"{LOCK_PREFIX}manifest-sequence"  # per-date counter behind batch-NNNN (a meta-record)
+UNDATED_PREFIX = "UNDATED"  # date_prefix of tracking records for inputs whose path does not parse
+CLAIM_PLACEHOLDER_PREFIX = "claiming:"  # manifest_path of files claimed before their manifest exists
+
+
+def undated_file_key(url: str) -> str:
+    """A tracking/quarantine name for an input whose path does not parse: digest of the URL + its safe tail."""
+    digest = hashlib.md5(url.encode()).hexdigest()[:16]
+    tail = re.sub(r"[^A-Za-z0-9._=-]", "_", url.rsplit("/", 1)[-1]).strip("._")[:80] or "file"
+    return safe_id(f"{digest}-{tail}", "file name")
+
+
+def undated_quarantine_key(url: str) -> str:
+    """``quarantine/undated/{digest}-{name}``: where an input with an unparseable path is copied."""
+    return f"quarantine/undated/{undated_file_key(url)}"
+
+
+def claim_placeholder(token: str) -> str:
+    """The placeholder ``manifest_path`` of a claim in progress (claim-first: files before manifest)."""
+    return f"{CLAIM_PLACEHOLDER_PREFIX}{safe_id(token, 'claim token')}"
+
+
+def merged_part_prefix(date_prefix: str, manifest: str) -> str:
+    """Every part of one manifest's output starts with this (for removing parts a re-run no longer writes)."""
+    return merged_part_key(date_prefix, manifest, 0).rsplit("-part-", 1)[0] + "-part-"
+
+
 # --------------------------------------------------------------------------- seed 002: GPU jobs
 
 GPU_JOB_ID_MAX = 96  # room for the task-id suffix inside safe_id's 128 characters
