@@ -313,3 +313,17 @@ def dead_letter_key(day: str, message_id: str) -> str:
 def dead_letter_failed_key(day: str, message_id: str) -> str:
     """``dead-letter-archive/failed/{date}/{message_id}.json``: failed again on replay."""
     return f"{DEAD_LETTER_PREFIX}failed/{safe_date(day)}/{safe_id(message_id, 'message id')}.json"
+
+
+def dead_letter_prefix(day: str, failed: bool = False) -> str:
+    """``dead-letter-archive/{date}/`` (or ``dead-letter-archive/failed/{date}/``)."""
+    return f"{DEAD_LETTER_PREFIX}{'failed/' if failed else ''}{safe_date(day)}/"
+
+
+def dead_letter_id(key: str) -> str:
+    """The message id of an archive key (``…/{date}/{message_id}.json``); InvalidKey if it is not one."""
+    match = re.fullmatch(r"dead-letter-archive/(?:failed/)?(\d{4}-\d{2}-\d{2})/([^/]+)\.json", key)
+    if not match:
+        raise InvalidKey(f"not a dead-letter archive key: {key!r}")
+    safe_date(match.group(1))
+    return safe_id(match.group(2), "message id")
