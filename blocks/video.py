@@ -1,0 +1,27 @@
+"""Configuration of the video pipeline's inference backend (seed 003)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal, Optional
+
+from pydantic import Field, SecretStr
+
+from blocks.base import ConfigBlock
+
+__all__ = ["VideoInference"]
+
+
+class VideoInference(ConfigBlock):
+    """Which inference backend processes segments, and how to reach it (env ``VIDEO_INFERENCE_<FIELD>``)."""
+
+    _block_type_name = "Video Inference Backend"
+    _env_prefix: ClassVar[str] = "VIDEO_INFERENCE_"
+
+    backend: Literal["ffmpeg", "http", "gpu"] = Field(
+        default="ffmpeg", description="ffmpeg: filter chain on CPU; http: POST each segment to endpoint_url; gpu: NVENC."
+    )
+    endpoint_url: Optional[str] = Field(default=None, description="http backend: URL that receives a segment's bytes.")
+    timeout_s: float = Field(default=60.0, description="http backend: seconds to wait for one segment's response.")
+    api_key: Optional[SecretStr] = Field(default=None, description="http backend: sent as 'Authorization: Bearer'.")
+    segment_seconds: float = Field(default=4.0, description="Default segment length in seconds.")
+    mode: str = Field(default="identity", description="Default mode: identity, grayscale, scale or denoise.")
