@@ -41,6 +41,7 @@ def local_env() -> dict[str, str]:
         "PREFECT_API_URL": f"http://{HOST}:{PREFECT_PORT}/api",
         "PREFECT_HOME": str(DATA / "prefect"),
         "OBJECT_STORE_BASE_URL": os.environ.get("OBJECT_STORE_BASE_URL", (DATA / "objects").as_uri()),
+        "PIPELINES_ROOT": str(REPO_ROOT),  # prefect.yaml's pull step: where the local worker runs flows
     }
 
 
@@ -173,8 +174,11 @@ def ensure_tables_and_blocks() -> dict[str, str]:
     return result
 
 
-def deploy_all() -> None:
+def deploy_all() -> str:
+    if not (REPO_ROOT / "prefect.yaml").exists():
+        return "skipped (no prefect.yaml)"
     _prefect("--no-prompt", "deploy", "--all", quiet=True)
+    return "deployed (prefect deploy --all)"
 
 
 def write_env_file() -> None:
@@ -191,8 +195,7 @@ def up() -> None:
     for table, state in ensure_tables_and_blocks().items():
         print(f"table            {state:8} {table}")
     register_extras()
-    deploy_all()
-    print("deployments      deployed (prefect deploy --all)")
+    print(f"deployments      {deploy_all()}")
     print(f"worker           {start_worker():8} pool {WORK_POOL}")
     write_env_file()
     print(f"\nUse it from a shell with:  source {ENV_FILE.relative_to(REPO_ROOT)}")
