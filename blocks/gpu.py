@@ -1,0 +1,50 @@
+"""Seed 002 configuration: the GPU compute backend, health checks, retries and the node wait policy."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal, Optional
+
+from prefect_aws import AwsCredentials
+from pydantic import Field
+
+from blocks.base import ConfigBlock
+
+__all__ = ["GpuCompute"]
+
+
+class GpuCompute(ConfigBlock):
+    """Where GPU job tasks run (local slots or ECS container instances) and how nodes are checked."""
+
+    _block_type_name = "Pipeline GPU Compute"
+    _env_prefix: ClassVar[str] = "GPU_"
+
+    backend: Literal["local", "ecs"] = Field(default="local", description="'local' (subprocess slots) or 'ecs'.")
+    cluster_name: str = Field(default="local", description="ECS cluster name (the local backend uses it as a label).")
+    health_check: Literal["nvml", "dcgmi", "command"] = Field(
+        default="nvml", description="Node health check: NVML readings, `dcgmi diag -r N`, or health_command."
+    )
+    health_command: str = Field(default="", description="Command for health_check='command' (exit 0 = healthy).")
+    dcgm_level: int = Field(default=1, description="`dcgmi diag -r` level (1 quick, 2 medium, 3 long).")
+    health_timeout_s: float = Field(default=900.0, description="Health check time limit.")
+    unknown_is_unhealthy: bool = Field(
+        default=True,
+        description="A task failed and the check could not tell (no GPU, no dcgmi): treat the node as unhealthy.",
+    )
+    max_retries: int = Field(default=1, description="Restarts of a job after a node fault (seed: 1).")
+    local_nodes: int = Field(default=4, description="Local backend: node slots registered (local-0..local-{n-1}).")
+    local_state_dir: str = Field(default=".data/gpu-local", description="Local backend: slot state folder.")
+    local_reboot_s: float = Field(default=2.0, description="Local backend: seconds a 'reboot' keeps a slot down.")
+    node_wait: Literal["wait", "fail"] = Field(
+        default="fail", description="Not enough AVAILABLE nodes: 'wait' (poll until node_wait_timeout_s) or 'fail'."
+    )
+    node_wait_timeout_s: float = Field(default=300.0, description="How long to wait for nodes (start or restart).")
+    poll_interval_s: float = Field(default=1.0, description="Task watch interval.")
+    # ECS backend
+    task_definition: str = Field(default="", description="ECS task definition of job tasks (family[:revision] or ARN).")
+    container_name: str = Field(default="main", description="Container of the task definition to override.")
+    health_task_definition: str = Field(default="", description="ECS task definition that runs `dcgmi diag`.")
+    region_name: Optional[str] = None
+    aws_credentials: Optional[AwsCredentials] = None
+    notification_block: str = Field(
+        default="", description="Name of a saved Prefect notification block (e.g. slack-webhook/ops) for failed jobs."
+    )

@@ -1,0 +1,74 @@
+"""`pipelines gpu …`: register nodes, look at nodes/jobs/tasks, stop a job (seed 002)."""
+
+from __future__ import annotations
+
+import json
+
+from tasks import gpu, keys
+
+
+def _register_nodes(args) -> dict:
+    runner = gpu.make_runner()
+    if args.nodes is not None:
+        runner.config = runner.config.model_copy(update={"local_nodes": args.nodes})
+        runner.backend.config = runner.config
+    return gpu.register_nodes(runner.backend, runner.config.cluster_name)
+
+
+def _nodes(args) -> list[dict]:
+    rows = gpu.list_nodes(args.cluster, args.status)
+    for row in rows:
+        if "last_health_check" in row:
+            row["last_health_check"] = json.loads(row["last_health_check"])
+    return rows
+
+
+def _jobs(args) -> list[dict]:
+    return gpu.list_jobs(args.status)
+
+
+def _job(args) -> dict:
+    job = gpu.get_job(keys.gpu_job_id(args.job_id))
+    if job is None:
+        raise LookupError(f"no job {args.job_id}")
+    return job
+
+
+def _tasks(args) -> list[dict]:
+    job = _job(args)
+    return gpu.job_tasks(job)
+
+
+def _stop(args) -> dict:
+    job = gpu.request_stop(args.job_id)
+    return {"job_id": job["job_id"], "job_status": job["job_status"], "stop_requested": True}
+
+
+def register(subparsers) -> None:
+    group = subparsers.add_parser("gpu", help="GPU jobs, tasks and nodes (seed 002)")
+    commands = group.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("register-nodes", help="register the backend's nodes as AVAILABLE (local: local-0..)")
+    p.add_argument("--nodes", type=int, default=None, help="local backend: how many slots (default: block's local_nodes)")
+    p.set_defaults(handler=_register_nodes)
+
+    p = commands.add_parser("nodes", help="list nodes")
+    p.add_argument("--cluster", default=None)
+    p.add_argument("--status", default=None)
+    p.set_defaults(handler=_nodes)
+
+    p = commands.add_parser("jobs", help="list jobs")
+    p.add_argument("--status", default=None)
+    p.set_defaults(handler=_jobs)
+
+    p = commands.add_parser("job", help="one job's row")
+    p.add_argument("job_id")
+    p.set_defaults(handler=_job)
+
+    p = commands.add_parser("tasks", help="the tasks of a job's current attempt")
+    p.add_argument("--job", dest="job_id", required=True)
+    p.set_defaults(handler=_tasks)
+
+    p = commands.add_parser("stop", help="user stop: the job's watcher ends it USER_STOPPED")
+    p.add_argument("job_id")
+    p.set_defaults(handler=_stop)

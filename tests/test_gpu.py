@@ -1,0 +1,252 @@
+"""Seed 002: GPU jobs on the local backend with real subprocesses, real DynamoDB Local and real Prefect."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from tasks import gpu, keys
+from tasks.gpu_backends import BackendError, LocalBackend
+
+PY = sys.executable
+EXIT0 = f"{PY} -c 'import sys; sys.exit(0)'"
+HANG = f"{PY} -c 'import time; time.sleep(600)'"
+# node 0 of the first attempt exits 1; every other task exits 0
+FAIL_FIRST = f"{PY} -c \"import os, sys; sys.exit(1 if os.environ['GPU_JOB_RETRY'] == '0' and os.environ['NODE_INDEX'] == '0' else 0)\""
+# node 0 exits 1 at once; the others hang until stopped
+FAIL_ONE_HANG_OTHERS = f"{PY} -c \"import os, sys, time; os.environ['NODE_INDEX'] == '0' and sys.exit(1); time.sleep(600)\""
+
+
+@pytest.fixture
+def gpu_env(tables, tmp_path, monkeypatch):
+    """Three local node slots registered, fast polling, a health command that passes by default."""
+    for name, value in {
+        "GPU_LOCAL_STATE_DIR": str(tmp_path / "slots"),
+        "GPU_LOCAL_NODES": "3",
+        "GPU_POLL_INTERVAL_S": "0.1",
+        "GPU_LOCAL_REBOOT_S": "0.5",
+        "GPU_HEALTH_CHECK": "command",
+        "GPU_HEALTH_COMMAND": "true",
+        "GPU_NODE_WAIT_TIMEOUT_S": "10",
+    }.items():
+        monkeypatch.setenv(name, value)
+    runner = gpu.make_runner()
+    assert gpu.register_nodes(runner.backend, runner.config.cluster_name) == {
+        "local-0": "registered", "local-1": "registered", "local-2": "registered"
+    }
+    return runner
+
+
+def statuses(kind: str, ids) -> dict[str, str]:
+    getter, attr = {"node": (gpu.get_node, "node_status"), "task": (gpu.get_task, "task_status")}[kind]
+    return {i: getter(i)[attr] for i in ids}
+
+
+def alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_all_tasks_exit_0_job_complete(gpu_env):
+    from flows.gpu import gpu_job
+
+    summary = gpu_job(command=EXIT0, num_nodes=2, job_id="job-ok")
+    assert summary == {"job_id": "job-ok", "job_status": "COMPLETE", "retry": "0",
+                       "assigned_nodes": ["local-0", "local-1"], "failure_reason": None}
+    job = gpu.get_job("job-ok")
+    assert job["num_nodes"] == "2" and job["submitted_ecs_task_ids"] == ["job-ok-r0-n0", "job-ok-r0-n1"]
+    assert job["submitted_container_inst_ids"] == ["local-0", "local-1"] and job["prefect_flow_run_id"]
+    tasks = gpu.job_tasks(job)
+    assert [(t["task_status"], t["exit_code"], t["node_index_in_job"], t["job_num_nodes"], t["retry"]) for t in tasks] == [
+        ("COMPLETE", "0", "0", "2", "0"), ("COMPLETE", "0", "1", "2", "0")
+    ]
+    assert all(t["prefect_task_run_id"] and t["prefect_flow_run_id"] == job["prefect_flow_run_id"] for t in tasks)
+    assert statuses("node", ["local-0", "local-1", "local-2"]) == dict.fromkeys(["local-0", "local-1", "local-2"], "AVAILABLE")
+    assert "job_id" not in gpu.get_node("local-0")
+
+
+def test_failure_on_a_healthy_node_is_an_application_failure(gpu_env):
+    from flows.gpu import gpu_job
+
+    state = gpu_job(command=FAIL_ONE_HANG_OTHERS, num_nodes=2, job_id="job-app", return_state=True)
+    assert state.is_failed() and "application failure" in state.message
+    job = gpu.get_job("job-app")
+    assert job["job_status"] == "FAILED" and job["retry"] == "0"
+    assert job["failure_reason"].startswith("application failure: task job-app-r0-n0 exited with code 1; node(s) healthy")
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-app-r0-n0": "TERMINATED", "job-app-r0-n1": "TERMINATED"}
+    other = gpu.get_task("job-app-r0-n1")
+    assert other["stop_reason"] == "stopped: task job-app-r0-n0 of the job failed" and not alive(other["pid"])
+    assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "AVAILABLE"}
+    node = gpu.get_node("local-0")
+    assert node["health_status"] == "healthy" and json.loads(node["last_health_check"])["method"] == "command"
+
+
+def test_unhealthy_node_restarts_on_a_spare_node(gpu_env):
+    from flows.gpu import gpu_job
+
+    gpu_env.backend.inject_health_command("local-0", "false")
+    summary = gpu_job(command=FAIL_FIRST, num_nodes=2, job_id="job-spare")
+    assert summary["job_status"] == "COMPLETE" and summary["retry"] == "1"
+    assert summary["assigned_nodes"] == ["local-2", "local-1"]  # the spare took node 0's place
+    job = gpu.get_job("job-spare")
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-spare-r1-n0": "COMPLETE", "job-spare-r1-n1": "COMPLETE"}
+    assert statuses("task", ["job-spare-r0-n0", "job-spare-r0-n1"]) == {"job-spare-r0-n0": "TERMINATED", "job-spare-r0-n1": "TERMINATED"}
+    bad = gpu.get_node("local-0")
+    assert bad["node_status"] == "REBOOTING" and bad["health_status"] == "unhealthy"
+    assert json.loads(bad["last_health_check"])["readings"]["exit_code"] == 1
+    assert statuses("node", ["local-1", "local-2"]) == {"local-1": "AVAILABLE", "local-2": "AVAILABLE"}
+
+
+def test_unhealthy_node_restart_waits_for_the_rebooted_node(gpu_env):
+    from flows.gpu import gpu_job
+
+    gpu_env.backend.inject_health_command("local-0", "false")
+    summary = gpu_job(command=FAIL_FIRST, num_nodes=3, job_id="job-reboot")  # no spare node
+    assert summary["job_status"] == "COMPLETE" and summary["retry"] == "1"
+    assert summary["assigned_nodes"] == ["local-0", "local-1", "local-2"]  # node 0 again, after its reboot
+    node = gpu.get_node("local-0")
+    assert node["node_status"] == "AVAILABLE" and node["health_status"] == "unhealthy" and node["rebooted_at"]
+
+
+def test_retries_exhausted_fail_the_job_and_notify(gpu_env):
+    messages: list[str] = []
+    gpu_env.config = gpu_env.config.model_copy(update={"max_retries": 0})
+    gpu_env.notify = messages.append
+    gpu_env.backend.inject_health_command("local-0", "false")
+    gpu.launch_job(gpu_env, "job-spent", 2, FAIL_FIRST)
+    job = gpu.watch_job(gpu_env, "job-spent", timeout_s=30)
+    assert job["job_status"] == "FAILED" and job["retry"] == "0"
+    assert job["failure_reason"].startswith("retries exhausted (retry 0 of max 0); unhealthy node(s) {'local-0': 'unhealthy")
+    assert messages == [f"GPU job job-spent FAILED: {job['failure_reason']}"]
+    assert statuses("node", ["local-0", "local-1"]) == {"local-0": "REBOOTING", "local-1": "AVAILABLE"}
+
+
+def test_the_same_failure_event_ten_times_restarts_once(gpu_env):
+    gpu_env.backend.inject_health_command("local-0", "false")
+    gpu.launch_job(gpu_env, "job-dup", 2, FAIL_FIRST)
+    while gpu_env.backend.poll("job-dup-r0-n0") is None:
+        time.sleep(0.05)
+    barrier = threading.Barrier(10)
+    actions: list[str] = []
+
+    def deliver():
+        barrier.wait()
+        actions.append(gpu.handle_task_stopped("job-dup-r0-n0", 1, "exited with code 1", gpu_env)["action"])
+
+    threads = [threading.Thread(target=deliver) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(actions) == ["duplicate"] * 9 + ["restarted"]
+    job = gpu.get_job("job-dup")
+    assert job["retry"] == "1" and job["submitted_ecs_task_ids"] == ["job-dup-r1-n0", "job-dup-r1-n1"]
+    assert gpu.watch_job(gpu_env, "job-dup", timeout_s=30)["job_status"] == "COMPLETE"
+    # late events: neither the old failure nor a repeated success moves the finished job
+    assert gpu.handle_task_stopped("job-dup-r0-n0", 1, "late", gpu_env)["action"] == "duplicate"
+    assert gpu.handle_task_stopped("job-dup-r1-n1", 1, "late", gpu_env)["action"] == "duplicate"
+    assert gpu.get_job("job-dup")["job_status"] == "COMPLETE" and gpu.get_job("job-dup")["retry"] == "1"
+    assert gpu.handle_task_stopped("no-such-task", 1, "?", gpu_env)["action"] == "unknown_task"
+
+
+def test_two_jobs_racing_for_the_last_node_one_gets_it(gpu_env):
+    assert gpu.assign_nodes("holder", 2, "local") == ["local-0", "local-1"]
+    for round_ in range(5):
+        barrier = threading.Barrier(2)
+        won: dict[str, object] = {}
+
+        def race(job_id):
+            barrier.wait()
+            try:
+                won[job_id] = gpu.assign_nodes(job_id, 1, "local")
+            except gpu.NotEnoughNodes as error:
+                won[job_id] = str(error)
+
+        threads = [threading.Thread(target=race, args=(f"r{round_}-{j}",)) for j in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        winners = [j for j, v in won.items() if v == ["local-2"]]
+        assert len(winners) == 1, won
+        loser = next(j for j in won if j not in winners)
+        assert won[loser] == "job needs 1 nodes, 0 AVAILABLE in cluster 'local' (node_wait='fail')"
+        assert gpu.get_node("local-2")["job_id"] == winners[0]
+        assert gpu.release_nodes(winners[0], ["local-2"]) == ["local-2"]
+
+
+def test_not_enough_nodes_fail_or_wait(gpu_env):
+    with pytest.raises(gpu.NotEnoughNodes, match="cluster 'local' has only 3"):
+        gpu.launch_job(gpu_env, "job-big", 5, EXIT0)
+    assert gpu.get_job("job-big")["job_status"] == "FAILED"
+    assert gpu.get_job("job-big")["failure_reason"] == "job needs 5 nodes but cluster 'local' has only 3"
+    gpu.assign_nodes("holder", 2, "local")
+    with pytest.raises(gpu.NotEnoughNodes, match="after waiting 0.5 s"):
+        gpu.launch_job(gpu_env, "job-wait-timeout", 2, EXIT0, wait=True, timeout_s=0.5)
+    assert statuses("node", ["local-0", "local-1", "local-2"]) == {"local-0": "ASSIGNED", "local-1": "ASSIGNED", "local-2": "AVAILABLE"}
+    threading.Timer(0.5, gpu.release_nodes, args=("holder", ["local-1"])).start()
+    job = gpu.launch_job(gpu_env, "job-waited", 2, EXIT0, wait=True, timeout_s=10)
+    assert job["job_status"] == "IN_PROGRESS" and sorted(job["assigned_nodes"]) == ["local-1", "local-2"]
+    assert gpu.watch_job(gpu_env, "job-waited", timeout_s=30)["job_status"] == "COMPLETE"
+
+
+def test_bad_input_gets_a_clear_reason_and_consistent_rows(gpu_env):
+    with pytest.raises(LookupError, match=r"unknown node\(s\) \['local-9'\]"):
+        gpu.launch_job(gpu_env, "job-unknown", 1, EXIT0, nodes=["local-9"])
+    assert gpu.get_job("job-unknown")["job_status"] == "FAILED"
+    with pytest.raises(BackendError, match="command cannot start on local-0: .*No such file"):
+        gpu.launch_job(gpu_env, "job-nocmd", 2, "/nonexistent/bin/train --epochs 1")
+    job = gpu.get_job("job-nocmd")
+    assert job["job_status"] == "FAILED" and job["failure_reason"].startswith("task cannot start: command cannot start")
+    assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "AVAILABLE"}
+    with pytest.raises(keys.InvalidKey):
+        gpu.launch_job(gpu_env, "../etc", 1, EXIT0)
+    with pytest.raises(ValueError, match="exists already"):
+        gpu.launch_job(gpu_env, "job-nocmd", 1, EXIT0)
+
+
+def test_user_stop_from_the_cli_ends_a_hanging_job(gpu_env):
+    from deployments.cli import main
+    from flows.gpu import gpu_job
+
+    result = {}
+    flow_thread = threading.Thread(
+        target=lambda: result.setdefault("state", gpu_job(command=HANG, num_nodes=2, job_id="job-stop", return_state=True))
+    )
+    flow_thread.start()
+    deadline = time.monotonic() + 60
+    while not ((job := gpu.get_job("job-stop")) and job["submitted_ecs_task_ids"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    pids = [t["pid"] for t in gpu.job_tasks(job)]
+    assert all(alive(p) for p in pids)
+    assert main(["gpu", "stop", "job-stop"]) == 0
+    flow_thread.join(timeout=60)
+    assert result["state"].is_cancelled()
+    job = gpu.get_job("job-stop")
+    assert job["job_status"] == "USER_STOPPED" and job["stop_requested"] == "true"
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-stop-r0-n0": "TERMINATED", "job-stop-r0-n1": "TERMINATED"}
+    assert not any(alive(p) for p in pids)
+    assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "AVAILABLE"}
+    assert main(["gpu", "stop", "job-stop"]) == 2  # nothing to stop any more
+
+
+def test_scheduled_node_check_takes_bad_nodes_out_and_back(gpu_env):
+    from flows.gpu import gpu_node_healthcheck
+
+    gpu_env.backend.inject_health_command("local-1", "false")
+    outcome = gpu_node_healthcheck(health_check="command", health_command="true")
+    assert outcome == {"local-0": "healthy: health command exited 0", "local-1": "unhealthy: health command exited 1",
+                       "local-2": "healthy: health command exited 0"}
+    assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "REBOOTING"}
+    time.sleep(0.6)
+    assert gpu_node_healthcheck()["local-1"] == "back: AVAILABLE"
+    assert gpu.get_node("local-1")["node_status"] == "AVAILABLE"
