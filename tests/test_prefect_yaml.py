@@ -1,0 +1,100 @@
+"""prefect.yaml: every entrypoint imports, every parameter set fits its flow's schema, `prefect deploy --all` works."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import importlib
+
+import jsonschema
+import pytest
+import yaml
+from prefect import Flow
+from prefect.flows import load_flow_from_entrypoint
+from prefect.utilities.callables import parameter_schema
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
+DEPLOYMENTS = CONFIG["deployments"]
+SUBFLOWS = {"phspectra-fit-chunks"}  # run only inside their parent flow
+MAINTENANCE_FLOWS = {
+    "ndjson-flush-orphans",
+    "phspectra-sweep-stuck",
+    "gpu-node-healthcheck",
+    "video-delete-cleanup",
+    "records-reconcile",
+    "records-replay-dla",
+}
+
+
+def _flow(entrypoint: str):
+    cwd = os.getcwd()
+    os.chdir(REPO_ROOT)
+    try:
+        return load_flow_from_entrypoint(entrypoint)
+    finally:
+        os.chdir(cwd)
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=lambda d: f"{d['entrypoint'].split(':')[1]}/{d['name']}")
+def test_each_deployment_imports_and_its_parameters_fit_the_flow(deployment):
+    flow = _flow(deployment["entrypoint"])
+    schema = parameter_schema(flow).model_dump_for_openapi()
+    params = deployment.get("parameters") or {}
+    unknown = set(params) - set(schema["properties"])
+    assert not unknown, f"{deployment['entrypoint']}: unknown parameters {unknown}"
+    # required parameters may be left to run time; what is given must validate
+    jsonschema.validate(params, {**schema, "required": []})
+    assert deployment["enforce_parameter_schema"] is True
+    assert deployment["work_pool"]["name"] in ("local-process", "aws-ecs")
+
+
+def test_every_flow_is_deployed_on_both_pools():
+    by_flow: dict[str, set[str]] = {}
+    for deployment in DEPLOYMENTS:
+        by_flow.setdefault(deployment["entrypoint"], set()).add(deployment["work_pool"]["name"])
+    assert all(pools == {"local-process", "aws-ecs"} for pools in by_flow.values()), by_flow
+    deployed_names = {_flow(e).name for e in by_flow}
+    on_disk = set()
+    for module in sorted((REPO_ROOT / "flows").glob("[!_]*.py")):
+        namespace = importlib.import_module(f"flows.{module.stem}")
+        on_disk |= {obj.name for obj in vars(namespace).values() if isinstance(obj, Flow)}
+    missing = on_disk - deployed_names - SUBFLOWS
+    assert not missing, f"flows without a deployment: {missing}"
+
+
+def test_maintenance_flows_are_scheduled():
+    scheduled = {}
+    for deployment in DEPLOYMENTS:
+        flow = _flow(deployment["entrypoint"])
+        if deployment.get("schedules"):
+            scheduled[flow.name] = deployment["schedules"]
+    assert MAINTENANCE_FLOWS <= set(scheduled), MAINTENANCE_FLOWS - set(scheduled)
+    # replay needs a person: its schedule exists but is off
+    assert all(s["active"] is False for s in scheduled["records-replay-dla"])
+
+
+def test_prefect_deploy_all_against_the_test_server():
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.settings import PREFECT_API_URL
+
+    with get_client(sync_client=True) as client:
+        for name, kind in (("local-process", "process"), ("aws-ecs", "ecs")):
+            try:
+                client.create_work_pool(WorkPoolCreate(name=name, type=kind))
+            except ObjectAlreadyExists:
+                pass
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with get_client(sync_client=True) as client:
+        deployed = {(d.name, d.work_pool_name) for d in client.read_deployments()}
+    assert len([d for d in deployed if d[1] == "local-process"]) == len([d for d in DEPLOYMENTS if d["work_pool"]["name"] == "local-process"])
