@@ -1,0 +1,62 @@
+"""`phspectra` commands: the seed's five access patterns on `phspectra-runs`.
+
+    python -m deployments.cli phspectra get-run --run-id RUN
+    python -m deployments.cli phspectra list-chunks --run-id RUN
+    python -m deployments.cli phspectra latest-run --survey grs-15 [--not-before 2026-01-01T00:00:00]
+    python -m deployments.cli phspectra stuck-chunks --run-id RUN [--minutes 15]
+    python -m deployments.cli phspectra failures --run-id RUN
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tasks import phspectra as ph
+from tasks.state_store import to_plain
+
+
+def _get_run(args):
+    run = ph.get_run(args.run_id)
+    if run is None:
+        raise LookupError(f"no run {args.run_id}")
+    return to_plain(run)
+
+
+def _latest_run(args):
+    run = ph.latest_run(args.survey, args.not_before)
+    if run is None:
+        raise LookupError(f"no run for survey {args.survey}" + (f" since {args.not_before}" if args.not_before else ""))
+    return to_plain(run)
+
+
+def _failures(args):
+    return [
+        {k: c.get(k) for k in ("SK", "status", "error", "started_at", "failed_at", "duration_ms", "attempts")}
+        for c in to_plain(ph.failures(args.run_id))
+    ]
+
+
+def register(subparsers) -> None:
+    group = subparsers.add_parser("phspectra", help="PHSpectra survey runs and chunks (seed 000)")
+    commands = group.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        parser = commands.add_parser(name, help=help_text)
+        parser.set_defaults(handler=handler)
+        return parser
+
+    command("get-run", _get_run, "1. the run item").add_argument("--run-id", required=True)
+    command("list-chunks", lambda a: to_plain(ph.list_chunks(a.run_id)), "2. every chunk of a run").add_argument(
+        "--run-id", required=True
+    )
+    latest = command("latest-run", _latest_run, "3. most recent run of a survey (GSI1)")
+    latest.add_argument("--survey", required=True)
+    latest.add_argument("--not-before", default=None, help="ISO timestamp: only runs created at or after it")
+    stuck = command(
+        "stuck-chunks",
+        lambda a: to_plain(ph.stuck_chunks(a.run_id, a.minutes * 60)),
+        "4. chunks IN_PROGRESS for longer than --minutes",
+    )
+    stuck.add_argument("--run-id", required=True)
+    stuck.add_argument("--minutes", type=float, default=15.0)
+    command("failures", _failures, "5. FAILED chunks with their errors").add_argument("--run-id", required=True)

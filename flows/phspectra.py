@@ -1,0 +1,185 @@
+"""PHSpectra survey (seed 000): split -> map(fit chunk) -> slow lane -> aggregate; and the stuck-chunk sweep.
+
+    cube ─split─> chunks/{run_id}/chunk-*.npz, RUN item + every CHUNK item (PENDING)       [before any fit]
+         ─map(fit-chunk)─> decompositions/survey=…/run_id=…/chunk-*.parquet   CHUNK: IN_PROGRESS -> COMPLETED | FAILED
+                           (jobs_completed / jobs_failed in the same transaction)
+         ─slow lane─> spectra past the time limit refitted without it; the chunk's Parquet patched
+         ─aggregate─> RUN status, progress / table / markdown artifacts
+
+    phspectra-sweep-stuck: IN_PROGRESS chunks older than the threshold (their worker died) re-driven,
+    taken with a conditional transition so two sweepers never fit the same chunk.
+
+The fits run on a ThreadPool (one child process per chunk, ``workers`` at a time) or, when the
+deployment names ``dask_address`` / ``dask_workers``, on a DaskTaskRunner.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from typing import Any
+
+from prefect import flow, get_run_logger, task, unmapped
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from tasks import phspectra as ph
+
+split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
+fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+slow_lane_task = task(ph.refit_timed_out, name="slow-lane-refit", retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
+aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
+find_stuck_task = task(ph.stuck_chunks, name="find-stuck-chunks", cache_policy=NO_CACHE)
+
+
+def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0):
+    """A Dask runner on an existing scheduler or a LocalCluster of ``dask_workers`` processes, else threads."""
+    if dask_address or dask_workers:
+        import dask
+        from prefect_dask import DaskTaskRunner
+
+        if dask_address:
+            return DaskTaskRunner(address=dask_address)
+        dask.config.set({"distributed.worker.daemon": False})  # workers start fitting processes of their own
+        return DaskTaskRunner(
+            cluster_class="distributed.LocalCluster",
+            cluster_kwargs={"n_workers": dask_workers, "threads_per_worker": 1, "processes": True},
+        )
+    return ThreadPoolTaskRunner(max_workers=workers or os.cpu_count() or 1)
+
+
+def _artifact_key(prefix: str, run_id: str) -> str:
+    return re.sub(r"[^a-z0-9-]", "-", f"{prefix}-{run_id}".lower())
+
+
+@flow(name="phspectra-fit-chunks", log_prints=True)
+def fit_chunks(
+    run_id: str,
+    starts: list[int],
+    slow_starts: list[int] | None = None,
+    output_url: str | None = None,
+    time_limit_s: float | None = 60.0,
+    stuck_before: str | None = None,
+    progress_id: str | None = None,
+) -> list[dict[str, Any]]:
+    """Map fit-chunk over the chunks (progress updated as each ends), then the slow lane."""
+    logger = get_run_logger()
+    futures = fit_chunk_task.map(
+        unmapped(run_id), starts, output_url=unmapped(output_url),
+        time_limit_s=unmapped(time_limit_s), stuck_before=unmapped(stuck_before),
+    )  # fmt: skip
+    results: list[dict[str, Any]] = []
+    for done, future in enumerate(as_completed(futures), start=1):
+        result = future.result(raise_on_failure=False)
+        if isinstance(result, BaseException):
+            logger.error("chunk failed after its retries: %s", result)
+            result = {"outcome": "failed", "error": str(result)}
+        results.append(result)
+        if progress_id:
+            update_progress_artifact(progress_id, progress=100.0 * done / max(len(futures), 1))
+    slow = sorted(set(slow_starts or []) | {r["start"] for r in results if r.get("n_timed_out")})
+    if slow:
+        logger.info("slow lane: %d chunk(s) with spectra past the %ss limit", len(slow), time_limit_s)
+        for future in slow_lane_task.map(unmapped(run_id), slow, output_url=unmapped(output_url)):
+            outcome = future.result(raise_on_failure=False)
+            if isinstance(outcome, BaseException):
+                logger.error("slow lane failed (the chunk keeps n_timed_out; a resume retries it): %s", outcome)
+    return results
+
+
+def publish_summary(summary: dict[str, Any]) -> None:
+    """The run's chunk table and markdown summary as Prefect artifacts."""
+    run_id = summary["run_id"]
+    create_table_artifact(
+        key=_artifact_key("phspectra-chunks", run_id), table=summary["chunks"], description=f"Chunks of run {run_id}"
+    )
+    create_markdown_artifact(
+        key=_artifact_key("phspectra-summary", run_id),
+        markdown=(
+            f"# PHSpectra run `{run_id}` ({summary['survey']})\n\n"
+            f"| status | chunks completed / failed / total | spectra fitted / total | components | "
+            f"timed out → slow lane | fit time (sum) |\n|---|---|---|---|---|---|\n"
+            f"| {summary['status']} | {summary['jobs_completed']} / {summary['jobs_failed']} / {summary['jobs_total']} | "
+            f"{summary['spectra_fitted']} / {summary['n_spectra']} | {summary['n_components']} | "
+            f"{summary['n_slow_refit']} | {summary['fit_seconds']:.1f} s |\n"
+        ),
+        description=f"Summary of run {run_id}",
+    )
+
+
+@flow(name="phspectra-survey", log_prints=True)
+def phspectra_survey(
+    cube_url: str,
+    survey: str,
+    chunk_size: int = 500,
+    fit_params: dict[str, float] | None = None,
+    output_url: str | None = None,
+    run_id: str | None = None,
+    time_limit_s: float = 60.0,
+    workers: int = 0,
+    dask_address: str | None = None,
+    dask_workers: int = 0,
+    stuck_minutes: float = 15.0,
+) -> dict[str, Any]:
+    """Decompose every spectrum of a cube into Gaussians, one task per chunk, with per-chunk records."""
+    logger = get_run_logger()
+    if run_id and ph.get_run(run_id) is not None:
+        ph.reopen_run(run_id, survey, fit_params)
+        stuck_before = ph.iso_ago(stuck_minutes * 60)
+        starts, slow_starts = ph.chunks_to_fit(run_id, stuck_before)
+        logger.info("resuming run %s: %d chunk(s) to fit, %d for the slow lane", run_id, len(starts), len(slow_starts))
+    else:
+        run_id = run_id or str(uuid.uuid4())
+        split = split_cube_task(run_id, survey, cube_url, chunk_size, fit_params, output_url)
+        starts, slow_starts, stuck_before = split["starts"], [], None
+        logger.info("run %s: %d spectra in %d chunks", run_id, split["n_spectra"], split["n_chunks"])
+    progress_id = create_progress_artifact(0.0, key=_artifact_key("phspectra-progress", run_id), description=f"Chunks of run {run_id} fitted")
+    runner = task_runner(workers, dask_address, dask_workers)
+    fit_chunks.with_options(task_runner=runner)(
+        run_id, starts, slow_starts, output_url, time_limit_s, stuck_before, str(progress_id)
+    )
+    summary = aggregate_task(run_id)
+    publish_summary(summary)
+    if summary["status"] == ph.RUN_FAILED:
+        raise RuntimeError(
+            f"run {run_id}: {summary['jobs_failed']} of {summary['jobs_total']} chunks failed; "
+            f"see `python -m deployments.cli phspectra failures --run-id {run_id}`"
+        )
+    return {k: v for k, v in summary.items() if k != "chunks"}
+
+
+@flow(name="phspectra-sweep-stuck", log_prints=True)
+def phspectra_sweep_stuck(
+    stuck_minutes: float = 15.0,
+    survey: str | None = None,
+    output_url: str | None = None,
+    time_limit_s: float = 60.0,
+    workers: int = 0,
+) -> dict[str, Any]:
+    """Re-drive chunks IN_PROGRESS for longer than ``stuck_minutes`` in every RUNNING run (or one survey's)."""
+    logger = get_run_logger()
+    swept: dict[str, Any] = {}
+    for run in ph.active_runs(survey):
+        run_id = run["PK"]
+        cutoff = ph.iso_ago(stuck_minutes * 60)
+        stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_stuck_task(run_id, stuck_minutes * 60)]
+        if not stuck:
+            continue
+        logger.warning("run %s: %d stuck chunk(s) %s, re-driving", run_id, len(stuck), stuck)
+        results = fit_chunks.with_options(task_runner=task_runner(workers))(
+            run_id, stuck, None, output_url, time_limit_s, cutoff, None
+        )
+        summary = aggregate_task(run_id)
+        if summary["status"] != ph.RUN_RUNNING:
+            publish_summary(summary)
+        swept[run_id] = {"redriven": [r.get("start") for r in results if r.get("outcome") == "completed"],
+                         "status": summary["status"]}  # fmt: skip
+    return swept
