@@ -86,7 +86,7 @@ def create_job(
     job_id: str | None = None, mode: str | None = None, segment_seconds: float | None = None
 ) -> dict[str, Any]:
     """Create a job (status ``created``); returns its id and the upload target for ``input/{job_id}/source.mp4``."""
-    job_id = keys.safe_id(job_id or uuid.uuid4().hex, "job_id")
+    job_id = keys.safe_id(uuid.uuid4().hex if job_id is None else job_id, "job_id")
     if mode is not None and mode not in video_ffmpeg.FILTERS:
         raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(video_ffmpeg.FILTERS)}")
     item = {"job_id": job_id, "status": CREATED, "created_at": now(), "source_key": keys.source_key(job_id)}

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,247 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
     # a re-run and a second reassembly are no-ops that recognise the finished job
     assert _run(job_id=job_id)["status"] == "completed"
     assert v.reassemble(job_id)["reassembled"] is False
+
+
+class _Backend(http.server.BaseHTTPRequestHandler):
+    """A local inference endpoint: echoes the segment (``ok``), answers 500 (``error``) or stalls (``slow``)."""
+
+    behaviour = "ok"
+    requests: list[str] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).requests.append(self.path)
+        if self.behaviour == "error":
+            self.send_error(500, "model crashed")
+            return
+        if self.behaviour == "slow":
+            time.sleep(1.5)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def http_backend(monkeypatch):
+    """An inference endpoint on 127.0.0.1 in a thread; returns its handler class to set the behaviour."""
+    handler = type("Handler", (_Backend,), {"behaviour": "ok", "requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}/infer")
+    monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "0.5")
+    yield handler
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_backend_stores_the_endpoints_responses(tables, store_root, source_video, http_backend):
+    job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
+    job = _run(job_id=job_id, mode="identity", backend="http")
+    assert job["status"] == "completed"
+    assert sorted(http_backend.requests) == ["/infer?mode=identity"] * 5
+    for record in v.completions(job_id):  # the output is exactly what the endpoint answered (an echo)
+        assert (store_root / record["output_key"]).read_bytes() == (store_root / record["segment_key"]).read_bytes()
+    final = probe(store_root / job["final_key"])
+    assert final.frames == 50 and final.has_audio
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "retries", "reason"),
+    [("error", 2, "answered 500 model crashed"), ("slow", 1, "timed out after 0.5 s")],
+)
+def test_backend_errors_are_retried_then_fail_the_job(tables, store_root, source_video, http_backend, behaviour, retries, reason):
+    http_backend.behaviour = behaviour
+    job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
+    with pytest.raises(v.JobFailed, match=reason):
+        _run(job_id=job_id, mode="identity", backend="http", segment_retries=retries)
+    assert len(http_backend.requests) == 5 * (retries + 1)  # every segment tried 1 + retries times
+    job = state_store.to_plain(state_store.get_item(tables["video_jobs"], {"job_id": job_id}))
+    assert job["status"] == "failed"
+    assert job["failure_reason"].startswith("5 of 5 segments failed after retries; first: 00000_00005_identity.mp4")
+    assert reason in job["failure_reason"]
+    assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+    assert all(k.startswith((keys.input_prefix(job_id), keys.segments_prefix(job_id))) for k in _objects(store_root))
+
+
+@pytest.mark.parametrize(
+    ("name", "make_bytes", "reason"),
+    [
+        ("not a video", lambda src: b"this is a text file, not a video\n" * 20, "not a readable video"),
+        ("zero-length", lambda src: b"", "the upload is empty (0 bytes)"),
+        ("truncated", lambda src: src[: len(src) // 2], "not a readable video"),
+        ("audio only", None, "the file has no video stream"),
+    ],
+)
+def test_bad_input_fails_the_job_with_the_reason(tables, store_root, source_video, tmp_path, name, make_bytes, reason):
+    if make_bytes is None:
+        import ffmpeg
+
+        from tasks.video_ffmpeg import run
+
+        audio = tmp_path / "audio.mp4"
+        run(ffmpeg.input("sine=duration=1", f="lavfi").output(str(audio), acodec="aac"))
+        data = audio.read_bytes()
+    else:
+        data = make_bytes(source_video.read_bytes())
+    job_id = _upload(store_root, data)
+    with pytest.raises(v.JobFailed, match=f"chunking failed: .*{re.escape(reason)}"):
+        _run(job_id=job_id)
+    job = state_store.to_plain(state_store.get_item(tables["video_jobs"], {"job_id": job_id}))
+    assert job["status"] == "failed" and reason in job["failure_reason"] and "total_segments" not in job
+    assert _objects(store_root) == [keys.source_key(job_id)]  # input kept, nothing else written
+    with pytest.raises(ValueError, match="is failed: it cannot be processed"):
+        v.start_chunking(job_id)
+
+
+def test_missing_upload_fails_the_job(tables, store_root):
+    job_id = v.create_job(mode="identity")["job_id"]
+    with pytest.raises(v.JobFailed, match=f"no upload at input/{job_id}/source.mp4"):
+        _run(job_id=job_id)
+    assert v.get_job(job_id)["status"] == "failed"
+
+
+def test_job_ids_that_could_escape_are_refused(tables, store_root):
+    for bad in ["../escape", "a/b", "..", "x/../../y", ""]:
+        for call in (v.create_job, v.get_job, v.request_delete, v.start_chunking):
+            with pytest.raises(keys.InvalidKey, match="invalid job_id"):
+                call(bad)
+    with pytest.raises(keys.InvalidKey, match="invalid job_id '../escape'"):
+        _run(job_id="../escape")
+    assert _objects(store_root) == [] and list(state_store.scan_all(tables["video_jobs"])) == []
+
+
+def _job_ready_for_trigger(tables, job_id: str, total: int) -> None:
+    """A job record at chunking_complete with every completion but the last (no video: the trigger only reads records)."""
+    state_store.create_if_absent(tables["video_jobs"], {"job_id": job_id, "status": "created"}, ["job_id"])
+    assert state_store.transition(tables["video_jobs"], {"job_id": job_id}, "created", "chunking_in_progress")
+    assert state_store.transition(
+        tables["video_jobs"], {"job_id": job_id}, "chunking_in_progress", "chunking_complete", set={"total_segments": total}
+    )
+    state_store.create_many_if_absent(
+        tables["video_segment_completions"],
+        [{"job_id": job_id, "segment_index": i} for i in range(total - 1)],
+        ["job_id", "segment_index"],
+    )
+
+
+def test_trigger_on_write_fires_exactly_once_under_8_threads_50_rounds(tables):
+    total, threads, rounds = 5, 8, 50
+    started_per_round = []
+    with ThreadPoolExecutor(threads) as pool:  # the same 8 threads every round (each keeps its boto3 client)
+        for round_no in range(rounds):
+            job_id = f"race-{round_no}"
+            _job_ready_for_trigger(tables, job_id, total)
+            assert v.trigger_on_write(job_id) is False  # one segment still missing: no trigger
+            barrier = threading.Barrier(threads)
+
+            def last_segment_finishes(worker: int, job_id=job_id, barrier=barrier):
+                barrier.wait()
+                segment = keys.SegmentKey(job_id, total - 1, total, "identity")
+                v.record_completion(segment, keys.output_segment_key(job_id, total - 1, total, "identity"))
+                if v.trigger_on_write(job_id):  # won the lock: start reassembly (claim reassembly_started_at)
+                    return worker, v.claim_reassembly(job_id, owner=f"worker-{worker}").applied
+                return None
+
+            started = [r for r in pool.map(last_segment_finishes, range(threads)) if r is not None]
+            started_per_round.append(started)
+            assert v.count_completions(job_id) == total
+    assert [len(s) for s in started_per_round] == [1] * rounds
+    assert all(applied for s in started_per_round for _, applied in s)
+    locks = list(state_store.scan_all(tables["video_reassembly_locks"]))
+    assert len(locks) == rounds and all("reassembly_started_at" in item for item in locks)
+
+
+def test_only_one_worker_claims_the_reassembly_lock(tables):
+    _job_ready_for_trigger(tables, "claim", 1)
+    assert v.trigger_on_write("claim") is False
+    v.record_completion(keys.SegmentKey("claim", 0, 1, "identity"), "jobs/claim/segments/x.mp4")
+    assert v.trigger_on_write("claim") is True and v.trigger_on_write("claim") is False
+    barrier = threading.Barrier(8)
+    results = {}
+
+    def claim(worker: int) -> None:
+        barrier.wait()
+        results[worker] = v.claim_reassembly("claim", owner=f"w{worker}").applied
+
+    pool = [threading.Thread(target=claim, args=(w,)) for w in range(8)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    winner = [w for w, applied in results.items() if applied]
+    assert len(winner) == 1
+    assert v.claim_reassembly("claim", owner=f"w{winner[0]}").applied  # the owner's retry re-claims
+    assert not v.claim_reassembly("claim", owner="late").applied
+    assert v.claim_reassembly("claim", owner="rescuer", stale_after_s=-1).applied  # a stale claim is taken over
+
+
+def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, store_root, source_video):
+    job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
+    v.start_chunking(job_id)
+    segment_keys = v.chunk_source(job_id, SEGMENT, "identity")
+    triggered = [v.infer_segment(k, backend="ffmpeg")["triggered"] for k in segment_keys]
+    assert triggered == [False] * 4 + [True]  # the last completion won the lock ... and its worker died here
+    assert v.get_job(job_id)["status"] == "chunking_complete" and v.reassembly_pending(job_id)
+    job = _run(job_id=job_id)
+    assert job["status"] == "completed" and probe(store_root / job["final_key"]).frames == 50
+    assert not v.reassembly_pending(job_id)
+
+
+def test_delete_cleans_up_and_the_job_reads_as_not_found(tables, store_root, source_video, capsys):
+    from deployments.cli import main
+
+    job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
+    other = _upload(store_root, b"another job's upload")  # must survive the cleanup
+    with pytest.raises(ValueError, match="is created: only completed or failed jobs can be deleted"):
+        v.request_delete(job_id)
+    assert _run(job_id=job_id)["status"] == "completed"
+    assert v.request_delete(job_id)["status"] == "deleted"
+    with pytest.raises(LookupError, match="not found"):
+        v.get_job(job_id)
+    assert job_id not in [j["job_id"] for j in v.list_jobs()]
+    removed = video_delete_cleanup(job_id)
+    assert removed == {"objects": 1 + 5 + 5 + 1, "completion_records": 5, "locks": 1}
+    assert _objects(store_root) == [keys.source_key(other)]
+    assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+    row = state_store.get_item(tables["video_jobs"], {"job_id": job_id})
+    assert row["status"] == "deleted" and "deleted_at" in row
+    assert main(["video", "get-job", job_id]) == 2
+    assert f"video job '{job_id}' not found" in capsys.readouterr().err
+    assert main(["video", "delete", job_id, "--cleanup", "none"]) == 2
+
+
+def test_deleting_a_running_job_is_refused(tables, store_root, capsys):
+    from deployments.cli import main
+
+    job_id = v.create_job(mode="identity")["job_id"]
+    v.start_chunking(job_id)
+    assert main(["video", "delete", job_id, "--cleanup", "none"]) == 2
+    assert "is chunking_in_progress: only completed or failed jobs can be deleted" in capsys.readouterr().err
+    assert v.get_job(job_id)["status"] == "chunking_in_progress"
+
+
+def test_cli_create_get_list(tables, store_root, capsys):
+    import json
+
+    from deployments.cli import main
+
+    assert main(["video", "create-job", "--job-id", "cli-job", "--mode", "scale", "--segment-seconds", "2"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created == {
+        "job_id": "cli-job", "status": "created", "source_key": "input/cli-job/source.mp4",
+        "upload_target": str(store_root / "input/cli-job/source.mp4"),
+    }
+    assert main(["video", "create-job", "--job-id", "cli-job"]) == 2
+    assert "already exists (status created)" in capsys.readouterr().err
+    assert main(["video", "get-job", "cli-job"]) == 0
+    job = json.loads(capsys.readouterr().out)
+    assert (job["status"], job["mode"], job["segment_seconds"]) == ("created", "scale", 2)
+    assert main(["video", "list", "--status", "created"]) == 0
+    assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == ["cli-job"]
+    assert main(["video", "create-job", "--job-id", "../x"]) == 2

@@ -1,0 +1,30 @@
+"""Demo data for the video pipeline: a generated testsrc+sine clip; the report reads the job store back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks import video
+from tasks.video_ffmpeg import make_test_video
+
+
+def make(workdir: Path) -> dict:
+    """A 6 s clip with a keyframe per second; parameters for `video-process` that create the job from it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    source = make_test_video(workdir / "video-source.mp4", seconds=6.0, fps=24, size="320x240", keyframe_seconds=1.0)
+    return {"source_url": source.resolve().as_uri(), "segment_seconds": 1.0, "mode": "grayscale", "backend": "ffmpeg"}
+
+
+def report(job_id: str, **_: object) -> str:
+    """The job (GetItem), its completions (Query by job_id, in segment order) and the final output."""
+    job = video.get_job(job_id)
+    records = video.completions(job_id)
+    lines = [
+        f"video job {job_id}: {job['status']}, {job.get('total_segments')} segments, mode {job.get('mode')}",
+        f"  source: {job.get('source_frames')} frames, {job.get('source_duration')} s",
+        f"  final:  {job.get('final_key')} ({job.get('final_frames')} frames, {job.get('final_duration')} s)",
+        f"  completions: {[r['segment_index'] for r in records]}",
+    ]
+    if job.get("failure_reason"):
+        lines.append(f"  failed: {job['failure_reason']}")
+    return "\n".join(lines)
