@@ -1,0 +1,39 @@
+"""Configuration of the NDJSON→Parquet ETL (seed 001), with the seed's names; env variables override."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+from pydantic import Field
+
+from blocks.base import ConfigBlock
+
+__all__ = ["EtlSettings"]
+
+
+class EtlSettings(ConfigBlock):
+    """Batching, validation and storage settings of the ETL (env ``MAX_FILES_PER_MANIFEST`` etc. override)."""
+
+    _block_type_name = "ETL Settings"
+    _env_prefix: ClassVar[str] = ""  # the seed's own variable names: MAX_FILES_PER_MANIFEST, TTL_DAYS, ...
+
+    max_files_per_manifest: int = Field(default=10, description="Files per batch threshold.")
+    expected_file_size_mb: float = Field(default=10, description="File validation centre (MB).")
+    size_tolerance_percent: float = Field(default=99, description="Validation tolerance (% of expected size).")
+    min_files_for_partial_batch: int = Field(default=1, description="Minimum files for an orphan-flush batch.")
+    ttl_days: int = Field(default=30, description="DynamoDB record TTL (days).")
+    num_status_shards: int = Field(default=10, description="GSI write-sharding count.")
+    input_store_url: str = Field(default="", description="Input store; empty: the pipeline object store.")
+    manifest_store_url: str = Field(default="", description="Manifest store; empty: the pipeline object store.")
+    output_store_url: str = Field(default="", description="Parquet output store; empty: the pipeline object store.")
+    quarantine_store_url: str = Field(default="", description="Quarantine store; empty: the pipeline object store.")
+    target_file_mb: int = Field(default=128, description="Target size of a merged Parquet file (MB).")
+    notify_block: Optional[str] = Field(
+        default=None, description="Notification block told about failed merges, as 'block-type-slug/name' (unset: log)."
+    )
+
+    def size_bounds_bytes(self) -> tuple[float, float]:
+        """Accepted file sizes: expected ± tolerance, in bytes."""
+        centre = self.expected_file_size_mb * 1024 * 1024
+        spread = centre * self.size_tolerance_percent / 100
+        return centre - spread, centre + spread

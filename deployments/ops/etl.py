@@ -1,0 +1,37 @@
+"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files."""
+
+from __future__ import annotations
+
+import argparse
+
+from tasks import etl_ops
+
+
+def _status(args: argparse.Namespace):
+    if args.date:
+        return etl_ops.status_by_date(args.date, args.status)
+    if not args.status:
+        raise ValueError("give --date YYYY-MM-DD, --status STATUS, or both")
+    return {"status": args.status, "files_per_date": etl_ops.files_with_status(args.status, args.before)}
+
+
+def register(subparsers) -> None:
+    group = subparsers.add_parser("etl", help="NDJSON→Parquet ETL (seed 001) records").add_subparsers(dest="command", required=True)
+
+    status = group.add_parser("status", help="files by status for a date, or files in a status across dates")
+    status.add_argument("--date", help="YYYY-MM-DD")
+    status.add_argument("--status", choices=["pending", "manifested", "completed", "failed", "quarantined"])
+    status.add_argument("--before", help="with --status and no --date: only dates before YYYY-MM-DD")
+    status.set_defaults(handler=_status)
+
+    remediate = group.add_parser("remediate", help="files stuck in manifested: follow their ended manifest, or release")
+    remediate.add_argument("--date", required=True)
+    remediate.add_argument("--older-than-minutes", type=float, default=30, help="release claims without a manifest after this")
+    remediate.add_argument("--dry-run", action="store_true")
+    remediate.set_defaults(handler=lambda a: etl_ops.remediate_manifested(a.date, a.older_than_minutes, a.dry_run))
+
+    reprocess = group.add_parser("reprocess", help="failed files back to pending (the next ingest/flush batches them)")
+    reprocess.add_argument("--date", required=True)
+    reprocess.add_argument("--file", action="append", dest="files", help="only this file (repeatable)")
+    reprocess.add_argument("--dry-run", action="store_true")
+    reprocess.set_defaults(handler=lambda a: etl_ops.reprocess_failed(a.date, a.files, a.dry_run))

@@ -1,0 +1,175 @@
+"""NDJSON→Parquet ETL (seed 001) as Prefect flows.
+
+    files ──> ndjson-ingest: validate ─┬─> quarantine (copy + reason, tracked quarantined#N)
+                                       └─> track pending#N ─> claim batch (pending#N → manifested#N)
+                                            ─> manifest JSON + MANIFEST# (pending) ─> run_deployment(ndjson-merge)
+    ndjson-merge: MANIFEST pending → processing ─> Dask/pyarrow merge (Snappy Parquet, rejects)
+                  ─> MANIFEST completed | failed ─> files manifested#N → completed#N | failed#N ─> (notify)
+    ndjson-flush-orphans (scheduled): pending#N of earlier dates ─> partial manifests; pending manifests restarted
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import etl, etl_merge
+from tasks.etl import ManifestRef
+from tasks.keys import INPUT_PREFIX
+from tasks.object_store import ObjectNotFound
+
+# --------------------------------------------------------------------------- tasks
+
+
+def _capacity_error(task_, task_run, state) -> bool:
+    """Retry only what more time can fix (memory, I/O, timeouts, a busy cluster), like the seed's Glue retries."""
+    try:
+        state.result()
+    except ObjectNotFound:
+        return False
+    except (MemoryError, OSError, TimeoutError, ConnectionError):
+        return True
+    except Exception:  # noqa: BLE001 - bad data or a bug: retrying would fail the same way
+        return False
+    return False
+
+
+_side_effects = dict(cache_policy=NO_CACHE)
+_dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
+
+list_landing_task = task(etl.landing_urls, name="list-landing", **_dynamo)
+validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
+quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
+track_task = task(etl.track_files, name="track-files", **_dynamo)
+create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", **_dynamo)
+orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
+pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
+metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
+start_processing_task = task(etl_merge.start_processing, name="manifest-processing", **_dynamo)
+manifest_files_task = task(etl_merge.manifest_files, name="read-manifest", **_dynamo)
+merge_task = task(
+    etl_merge.merge_manifest, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
+    retry_condition_fn=_capacity_error, **_side_effects,
+)
+finish_task = task(etl_merge.finish_manifest, name="batch-status-update", **_dynamo)
+notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
+
+
+def _launch(manifests: list[ManifestRef], merge_deployment: str | None) -> list[dict[str, Any]]:
+    """Start each manifest's merge: the deployment (no waiting), or inline as a subflow when None."""
+    if merge_deployment is None:
+        launcher = lambda ref: ndjson_merge(date_prefix=ref.date_prefix, manifest_name=ref.manifest_name)  # noqa: E731
+    else:
+        launcher = etl.deployment_launcher(merge_deployment)
+    return etl.launch_merges(manifests, launcher)
+
+
+def _with_restarts(made: list[ManifestRef], restart_after_seconds: float) -> list[ManifestRef]:
+    """The new manifests plus any left ``pending`` by a launch that failed (no manifest is ever orphaned)."""
+    names = {ref.manifest_name for ref in made}
+    stale = pending_manifests_task(older_than_seconds=restart_after_seconds)
+    return made + [ref for ref in stale if ref.manifest_name not in names]
+
+
+# --------------------------------------------------------------------------- flows
+
+
+@flow(name="ndjson-ingest", log_prints=True)
+def ndjson_ingest(
+    file_urls: list[str] | None = None,
+    landing_url: str | None = None,
+    merge_deployment: str | None = "ndjson-merge/local",
+    restart_pending_after_seconds: float = 120.0,
+) -> dict[str, Any]:
+    """Validate and track a batch of file events (or a landing prefix), batch full dates, start their merges."""
+    logger = get_run_logger()
+    config = etl.settings()
+    if not file_urls:
+        landing = landing_url or etl.store(config.input_store_url).url_for(INPUT_PREFIX)
+        file_urls = list_landing_task(landing)
+    checks = validate_task(file_urls, config)
+    refused = [c for c in checks if not c.valid]
+    for check in refused:
+        logger.warning("quarantined %s: %s", check.url, check.reason)
+    quarantined = quarantine_task(refused, config) if refused else []
+    tracked = track_task([c for c in checks if c.valid], config)
+    made: list[ManifestRef] = []
+    for date_prefix in tracked["dates"]:
+        made += create_manifests_task(date_prefix, config.max_files_per_manifest, config)
+    launches = _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)
+    summary = {
+        "files": len(checks),
+        "quarantined": len(quarantined),
+        "tracked": tracked["tracked"],
+        "already_tracked": tracked["already_tracked"],
+        "manifests": [ref.manifest_name for ref in made],
+        "launched": sum(1 for launch in launches if launch["launched"]),
+        "launch_failures": sum(1 for launch in launches if not launch["launched"]),
+    }
+    metric_task("ingest", {k: v for k, v in summary.items() if k != "manifests"} | {"manifests_created": len(made)}, config)
+    print(f"ingest: {summary['files']} files, {summary['tracked']} tracked, {summary['quarantined']} quarantined, "
+          f"{len(made)} manifests, {summary['launched']} merges started")
+    return summary
+
+
+@flow(name="ndjson-merge", log_prints=True)
+def ndjson_merge(
+    date_prefix: str,
+    manifest_name: str,
+    target_file_mb: float | None = None,
+    dask_scheduler: str = "threads",
+    rerun: bool = False,
+) -> dict[str, Any]:
+    """One manifest: MANIFEST processing → Dask/pyarrow merge → MANIFEST and file statuses (notify on failure)."""
+    config = etl.settings()
+    record = start_processing_task(date_prefix, manifest_name, rerun)
+    if record is None:
+        print(f"{manifest_name}: already taken by another run; nothing to do")
+        return {"manifest": manifest_name, "skipped": True}
+    try:
+        urls = manifest_files_task(record["manifest_path"])
+        summary = merge_task(
+            date_prefix, manifest_name, urls, config.output_store_url, target_file_mb or config.target_file_mb, dask_scheduler
+        )
+    except Exception as error:
+        message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
+        finish_task(date_prefix, manifest_name, None, error=message)
+        notify_task(message, config.notify_block)
+        raise
+    statuses = finish_task(date_prefix, manifest_name, summary)
+    if summary["files_failed"]:
+        get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
+                                 [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
+    metric_task("merge", {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
+                          "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"]}, config)
+    print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s), "
+          f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed")
+    return {"manifest": manifest_name, **summary, **statuses}
+
+
+@flow(name="ndjson-flush-orphans", log_prints=True)
+def ndjson_flush_orphans(
+    today: str | None = None,
+    merge_deployment: str | None = "ndjson-merge/local",
+    restart_pending_after_seconds: float = 120.0,
+) -> dict[str, Any]:
+    """Partial manifests for pending files of earlier dates (every shard); restart manifests left pending."""
+    config = etl.settings()
+    today = today or etl.now().date().isoformat()
+    dates = orphan_dates_task(config, today)
+    made: list[ManifestRef] = []
+    for date_prefix in dates:
+        made += create_manifests_task(date_prefix, config.min_files_for_partial_batch, config, partial=True)
+    launches = _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)
+    summary = {
+        "orphaned_dates": dates,
+        "manifests": [ref.manifest_name for ref in made],
+        "launched": sum(1 for launch in launches if launch["launched"]),
+        "launch_failures": sum(1 for launch in launches if not launch["launched"]),
+    }
+    metric_task("flush", {"orphaned_files": sum(dates.values()), "manifests_created": len(made),
+                          "launched": summary["launched"]}, config)
+    print(f"flush: {sum(dates.values())} orphaned files on {len(dates)} date(s) → {len(made)} partial manifests")
+    return summary
