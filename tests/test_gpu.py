@@ -250,3 +250,31 @@ def test_scheduled_node_check_takes_bad_nodes_out_and_back(gpu_env):
     time.sleep(0.6)
     assert gpu_node_healthcheck()["local-1"] == "back: AVAILABLE"
     assert gpu.get_node("local-1")["node_status"] == "AVAILABLE"
+
+
+def test_cli_and_sample_read_back_the_rows(gpu_env, tmp_path, capsys):
+    from deployments.cli import main
+    from deployments.samples import gpu as sample
+
+    params = sample.make(tmp_path)
+    gpu.launch_job(gpu_env, "job-cli", params["num_nodes"], params["command"])
+    assert gpu.watch_job(gpu_env, "job-cli", timeout_s=30)["job_status"] == "COMPLETE"
+    capsys.readouterr()
+    assert main(["gpu", "job", "job-cli"]) == 0
+    assert json.loads(capsys.readouterr().out)["job_status"] == "COMPLETE"
+    assert main(["gpu", "tasks", "--job", "job-cli"]) == 0
+    assert [t["task_status"] for t in json.loads(capsys.readouterr().out)] == ["COMPLETE", "COMPLETE"]
+    assert main(["gpu", "register-nodes", "--nodes", "4"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "local-0": "exists (AVAILABLE)", "local-1": "exists (AVAILABLE)", "local-2": "exists (AVAILABLE)", "local-3": "registered"}
+    assert main(["gpu", "nodes", "--status", "AVAILABLE"]) == 0
+    assert [n["node_name"] for n in json.loads(capsys.readouterr().out)] == ["local-0", "local-1", "local-2", "local-3"]
+    assert main(["gpu", "job", "nope"]) == 2 and "no job nope" in capsys.readouterr().err
+    report = sample.report("job-cli")
+    assert report.splitlines()[:3] == [
+        "gpu job job-cli: COMPLETE retry 0 on ['local-0', 'local-1']",
+        "  task job-cli-r0-n0: COMPLETE node local-0 exit 0",
+        "  task job-cli-r0-n1: COMPLETE node local-1 exit 0",
+    ]
+    log = (tmp_path / "slots" / "logs" / "job-cli-r0-n1.log").read_text()
+    assert log == "node local-1 index 1 of 2, job job-cli retry 0\n"

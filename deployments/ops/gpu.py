@@ -7,12 +7,20 @@ import json
 from tasks import gpu, keys
 
 
+def register_local_nodes(count: int | None = None) -> dict[str, str]:
+    """Register the configured backend's nodes (local: ``local-0``..``local-{n-1}``) as AVAILABLE (`make up`)."""
+    from blocks import load_config
+    from blocks.gpu import GpuCompute
+
+    config = load_config(GpuCompute)
+    if count is not None:
+        config = config.model_copy(update={"local_nodes": count})
+    runner = gpu.make_runner(config)
+    return gpu.register_nodes(runner.backend, config.cluster_name)
+
+
 def _register_nodes(args) -> dict:
-    runner = gpu.make_runner()
-    if args.nodes is not None:
-        runner.config = runner.config.model_copy(update={"local_nodes": args.nodes})
-        runner.backend.config = runner.config
-    return gpu.register_nodes(runner.backend, runner.config.cluster_name)
+    return register_local_nodes(args.nodes)
 
 
 def _nodes(args) -> list[dict]:
