@@ -1,0 +1,351 @@
+"""Prefect <-> DynamoDB reconciliation: records in flight whose Prefect run ended, and counters that drifted.
+
+Pipelines store ``prefect_flow_run_id`` / ``prefect_task_run_id`` on a record when it goes in flight. An
+*adapter* per pipeline finds those records and repairs them through guarded transitions (conditional on the
+status we saw AND on the same Prefect run ids, so a re-driven record is never touched); the core asks the
+Prefect API for the runs' states and decides, with one rule for every pipeline (``transition_for``):
+
+- record in flight, its Prefect task run (or, when that never ended, its flow run) is terminal -> FAILED
+  (a worker that was killed runs no hooks; FAILED rather than back to PENDING so the chunk is counted in
+  ``jobs_failed`` and the pipeline's own re-drive of FAILED chunks picks it up);
+- record COMPLETED while its Prefect run is Failed/Crashed/Cancelled -> FAILED (the pipelines write COMPLETED
+  as their last step, so Prefect saying otherwise means the result is not trustworthy; re-drive rewrites
+  the same deterministic output keys);
+- run counters that do not match their chunk items -> set to the counts, conditional on the values read.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from tasks import config, state_store
+from tasks.keys import CHUNK_SK_PREFIX, RUN_SK
+from tasks.state_store import Condition, Increment
+
+log = logging.getLogger("records.reconcile")
+
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+BAD = {"FAILED", "CRASHED", "CANCELLED"}
+
+
+@dataclass(frozen=True)
+class Tracked:
+    """A record that carries Prefect run ids."""
+
+    key: dict[str, Any]
+    status: str
+    role: str  # "in_flight" or "completed"
+    flow_run_id: str | None
+    task_run_id: str | None
+    scope: str | None = None  # the run (for counters)
+
+
+@dataclass(frozen=True)
+class RunState:
+    id: str
+    type: str  # StateType value: RUNNING, COMPLETED, CRASHED, ...
+    name: str  # display name: Running, Crashed, ...
+    what: str  # "task run" / "flow run"
+
+
+@dataclass
+class Finding:
+    pipeline: str
+    record: str
+    problem: str
+    record_status: str
+    prefect_state: str
+    action: str
+    outcome: str = "planned"  # planned (dry run) / applied / stale (someone else moved it) / report-only
+
+    @property
+    def fixable(self) -> bool:
+        return self.outcome != "report-only"
+
+
+def transition_for(role: str, state_type: str | None) -> str | None:
+    """The seed-free core rule: which record role a Prefect run state moves a record to (None: agree)."""
+    if state_type is None:
+        return None
+    if role == "in_flight" and state_type in TERMINAL:
+        return "failed"
+    if role == "completed" and state_type in BAD:
+        return "failed"
+    return None
+
+
+class Adapter(Protocol):
+    name: str
+
+    def tracked(self) -> Iterable[Tracked]: ...
+
+    def repair(self, record: Tracked, reason: str) -> state_store.WriteResult: ...
+
+    def counters(self, scopes: set[str] | None, dry_run: bool) -> list[Finding]: ...
+
+
+REGISTRY: dict[str, Adapter] = {}
+
+
+def register(adapter: Adapter) -> Adapter:
+    REGISTRY[adapter.name] = adapter
+    return adapter
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _show(key: Mapping[str, Any]) -> str:
+    return "/".join(str(v) for v in key.values())
+
+
+@dataclass
+class TableAdapter:
+    """Records of one table with a status attribute: in-flight and completed values, and the failed value."""
+
+    name: str
+    table: str  # logical
+    status_attr: str
+    in_flight: str
+    completed: str
+    failed: str
+    key_attrs: tuple[str, ...]
+    keep: Any = None  # extra predicate on items (e.g. chunk items only)
+    error_attr: str = "error"
+    ended_attr: str | None = None
+
+    def table_name(self) -> str:
+        return config.table_name(self.table)
+
+    def tracked(self) -> Iterable[Tracked]:
+        roles = {self.in_flight: "in_flight", self.completed: "completed"}
+
+        def wanted(item: Mapping[str, Any]) -> bool:
+            has_ids = item.get("prefect_task_run_id") or item.get("prefect_flow_run_id")
+            return bool(has_ids) and item.get(self.status_attr) in roles and (self.keep is None or self.keep(item))
+
+        for item in state_store.scan_all(self.table_name(), keep=wanted):
+            yield Tracked(
+                {k: item[k] for k in self.key_attrs},
+                item[self.status_attr],
+                roles[item[self.status_attr]],
+                item.get("prefect_flow_run_id"),
+                item.get("prefect_task_run_id"),
+                self.scope_of(item),
+            )
+
+    def scope_of(self, item: Mapping[str, Any]) -> str | None:
+        return None
+
+    def increments(self, record: Tracked) -> list[Increment]:
+        return []
+
+    def repair(self, record: Tracked, reason: str) -> state_store.WriteResult:
+        """Move to failed only if still in the status we saw and still owned by the same Prefect runs."""
+        parts, names, values = [], {}, {}
+        for i, attr in enumerate(("prefect_flow_run_id", "prefect_task_run_id")):
+            value = record.flow_run_id if i == 0 else record.task_run_id
+            names[f"#p{i}"] = attr
+            if value is None:
+                parts.append(f"attribute_not_exists(#p{i})")
+            else:
+                values[f":p{i}"] = value
+                parts.append(f"#p{i} = :p{i}")
+        sets = {self.error_attr: reason, "reconciled_at": _now()}
+        if self.ended_attr:
+            sets[self.ended_attr] = _now()
+        return state_store.transition(
+            self.table_name(),
+            record.key,
+            record.status,
+            self.failed,
+            status_attr=self.status_attr,
+            set=sets,
+            condition=Condition(" AND ".join(parts), names, values),
+            increments=self.increments(record),
+        )
+
+    def counters(self, scopes: set[str] | None, dry_run: bool) -> list[Finding]:
+        return []
+
+
+class PhspectraAdapter(TableAdapter):
+    """Seed 000 chunk items (``CHUNK#...``) and their RUN item's jobs_completed / jobs_failed counters."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "phspectra", "phspectra_runs", "status", "IN_PROGRESS", "COMPLETED", "FAILED", ("PK", "SK"),
+            keep=lambda item: item["SK"].startswith(CHUNK_SK_PREFIX), ended_attr="completed_at",
+        )
+
+    def scope_of(self, item: Mapping[str, Any]) -> str | None:
+        return item["PK"]
+
+    def increments(self, record: Tracked) -> list[Increment]:
+        amounts = {"jobs_failed": 1} if record.role == "in_flight" else {"jobs_failed": 1, "jobs_completed": -1}
+        return [Increment(self.table_name(), {"PK": record.scope, "SK": RUN_SK}, amounts)]
+
+    def counters(self, scopes: set[str] | None, dry_run: bool) -> list[Finding]:
+        table = self.table_name()
+        if scopes is None:
+            runs = list(state_store.scan_all(table, keep=lambda item: item["SK"] == RUN_SK))
+        else:
+            runs = [r for r in (state_store.get_item(table, {"PK": s, "SK": RUN_SK}) for s in sorted(scopes)) if r]
+        findings = []
+        for run in runs:
+            chunks = state_store.query_all(
+                table,
+                KeyConditionExpression="PK = :pk AND begins_with(SK, :c)",
+                ExpressionAttributeValues={":pk": run["PK"], ":c": CHUNK_SK_PREFIX},
+                ConsistentRead=True,
+            )
+            statuses = [c.get("status") for c in chunks]
+            want = {"jobs_completed": statuses.count("COMPLETED"), "jobs_failed": statuses.count("FAILED")}
+            have = {k: run.get(k) for k in want}
+            if {k: (None if v is None else int(v)) for k, v in have.items()} == want:
+                continue
+            finding = Finding(
+                self.name, _show({"PK": run["PK"], "SK": RUN_SK}), "run counters do not match chunk items",
+                ", ".join(f"{k}={state_store.to_plain(v)}" for k, v in have.items()), "-",
+                "set " + ", ".join(f"{k}={v}" for k, v in want.items()),
+            )
+            if not dry_run:
+                names = {f"#c{i}": k for i, k in enumerate(want)}
+                values = {f":c{i}": v for i, v in enumerate(have.values()) if v is not None}
+                guard = " AND ".join(
+                    f"#c{i} = :c{i}" if v is not None else f"attribute_not_exists(#c{i})" for i, v in enumerate(have.values())
+                )
+                result = state_store.transition(
+                    table, {"PK": run["PK"], "SK": RUN_SK}, None, None, set=want, condition=Condition(guard, names, values)
+                )
+                finding.outcome = "applied" if result.applied else "stale"
+            findings.append(finding)
+        return findings
+
+
+register(PhspectraAdapter())
+# seed 002: a GPU task IN_PROGRESS while its flow run ended (no counters in that schema)
+register(TableAdapter("gpu", "ecs_task", "task_status", "IN_PROGRESS", "COMPLETE", "TERMINATED", ("ecs_task_id",), error_attr="termination_reason"))
+
+
+# --------------------------------------------------------------------------- Prefect's side
+
+
+def _uuids(ids: Iterable[str | None]) -> list[uuid.UUID]:
+    out = []
+    for value in ids:
+        try:
+            out.append(uuid.UUID(str(value)))
+        except ValueError:
+            continue
+    return sorted(set(out), key=str)
+
+
+def prefect_states(flow_run_ids: Iterable[str | None], task_run_ids: Iterable[str | None]) -> dict[str, RunState]:
+    """Run id -> its current state, read from the Prefect API (``read_flow_runs`` / ``read_task_runs``)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterId
+
+    states: dict[str, RunState] = {}
+    flows, tasks = _uuids(flow_run_ids), _uuids(task_run_ids)
+    with get_client(sync_client=True) as client:
+        for start in range(0, len(flows), 200):
+            part = flows[start : start + 200]
+            for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=part)), limit=len(part)):
+                if run.state is not None:
+                    states[str(run.id)] = RunState(str(run.id), run.state.type.value, run.state.name, "flow run")
+        for start in range(0, len(tasks), 200):
+            part = tasks[start : start + 200]
+            for run in client.read_task_runs(task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=part)), limit=len(part)):
+                if run.state is not None:
+                    states[str(run.id)] = RunState(str(run.id), run.state.type.value, run.state.name, "task run")
+    return states
+
+
+def effective_state(record: Tracked, states: Mapping[str, RunState]) -> RunState | None:
+    """The task run's state when it ended; else the flow run's when that ended (a killed worker leaves its
+    task runs Running while the flow run is marked Crashed); else the task's (or flow's) live state."""
+    task = states.get(record.task_run_id or "")
+    flow = states.get(record.flow_run_id or "")
+    if task is not None and task.type in TERMINAL:
+        return task
+    if flow is not None and flow.type in TERMINAL:
+        return flow
+    return task or flow
+
+
+def reconcile(pipelines: Sequence[str] | None = None, dry_run: bool = True, run_ids: set[str] | None = None) -> list[Finding]:
+    """Compare every adapter's tracked records with Prefect and repair (unless ``dry_run``)."""
+    unknown = [p for p in pipelines or () if p not in REGISTRY]
+    if unknown:
+        raise LookupError(f"no reconciliation adapter for {', '.join(unknown)}; known: {', '.join(sorted(REGISTRY))}")
+    adapters = [REGISTRY[p] for p in (pipelines or sorted(REGISTRY))]
+    tracked = {}
+    for adapter in adapters:
+        records = list(adapter.tracked())
+        if run_ids is not None:
+            records = [r for r in records if {r.flow_run_id, r.task_run_id} & run_ids]
+        tracked[adapter.name] = records
+    every = [r for records in tracked.values() for r in records]
+    states = prefect_states([r.flow_run_id for r in every], [r.task_run_id for r in every]) if every else {}
+    findings: list[Finding] = []
+    for adapter in adapters:
+        for record in tracked[adapter.name]:
+            state = effective_state(record, states)
+            if state is None:
+                findings.append(
+                    Finding(adapter.name, _show(record.key), "Prefect run not found", record.status, "-", "none", "report-only")
+                )
+                continue
+            target = transition_for(record.role, state.type)
+            if target is None:
+                continue
+            label = f"{state.what} {state.id} {state.name}"
+            reason = f"reconciled: record {record.status} while Prefect {label}"
+            finding = Finding(adapter.name, _show(record.key), f"{record.status} while Prefect {state.name}", record.status, label, f"-> {target}")
+            if not dry_run:
+                result = adapter.repair(record, reason)
+                finding.outcome = "applied" if result.applied else "stale"
+            log.warning("%s %s: %s (%s)", adapter.name, finding.record, finding.problem, finding.outcome)
+            findings.append(finding)
+        scopes = None if run_ids is None else {r.scope for r in tracked[adapter.name] if r.scope}
+        if scopes is None or scopes:
+            findings.extend(adapter.counters(scopes, dry_run))
+    return findings
+
+
+def disagreements(pipelines: Sequence[str] | None = None) -> list[Finding]:
+    """What reconciliation would fix now (a dry run), excluding records whose runs Prefect does not know."""
+    return [f for f in reconcile(pipelines, dry_run=True) if f.fixable]
+
+
+def run_ids_from_event(event: Mapping[str, Any]) -> tuple[str, set[str]]:
+    """(event name, {run id}) of a Prefect ``prefect.flow-run.*`` / ``prefect.task-run.*`` event."""
+    name = str(event.get("event", ""))
+    resource = event.get("resource") or {}
+    resource_id = str(resource.get("prefect.resource.id", ""))
+    for prefix in ("prefect.flow-run.", "prefect.task-run."):
+        if resource_id.startswith(prefix):
+            run_id = resource_id[len(prefix):]
+            try:
+                return name, {str(uuid.UUID(run_id))}
+            except ValueError:
+                break
+    raise ValueError(f"not a Prefect flow-run/task-run event: resource id {resource_id!r} (event {name!r})")
+
+
+def rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
+    """Findings as table-artifact rows."""
+    return [asdict(f) for f in findings]
+
+
+__all__ = [
+    "Adapter", "Finding", "REGISTRY", "RunState", "TableAdapter", "Tracked", "disagreements", "effective_state",
+    "prefect_states", "reconcile", "register", "rows", "run_ids_from_event", "transition_for",
+]

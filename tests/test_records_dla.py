@@ -1,0 +1,96 @@
+"""Dead-letter archive and replay through the real flows, on DynamoDB Local and a local object store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.records import records_ingest, records_replay_dla
+from tasks import dead_letter, records_messages, state_store
+from tasks.keys import dead_letter_prefix
+from test_records import message
+
+NOW_MS = 1_700_000_900_000
+
+
+def _archive_listing(root, prefix):
+    base = root / prefix
+    return sorted(p.name for p in base.iterdir()) if base.exists() else []
+
+
+def test_rejected_messages_are_archived_and_replay_writes_fixed_ones_and_moves_the_rest(tables, store_root):
+    good = message("completed", "exec-1", 1000, granule="G1")
+    invalid = message("completed", "exec-2", 2000, granule="G2")
+    del invalid["cumulus_meta"]["state_machine"]
+    invalid["payload"]["granules"][0]["files"] = [{"fileName": "x", "size": -4}]
+    fixed_body = json.dumps(message("completed", "exec-3", 3000, granule="G3"))
+    unparsable = fixed_body[:-5]  # truncated JSON, as a broken queue body would be
+    conflict = message("completed", "exec-4", 4000, granule="G1", collection=("OTHER", "002"))
+
+    summary = records_ingest([good, invalid, unparsable, conflict])
+    assert (summary["messages"], summary["ok"], summary["archived"]) == (4, 1, 3)
+    day = dead_letter.today()
+    ids = {name: records_messages.message_id(m) for name, m in
+           {"invalid": invalid, "unparsable": unparsable, "conflict": conflict}.items()}
+    assert _archive_listing(store_root, dead_letter_prefix(day)) == sorted(f"{i}.json" for i in ids.values())
+
+    entries = {name: dead_letter.read(f"{dead_letter_prefix(day)}{i}.json") for name, i in ids.items()}
+    assert entries["invalid"]["error"] == {
+        "type": "SchemaValidationError",
+        "message": "cumulus_meta: 'state_machine' is a required property; "
+        "payload/granules/0/files/0/size: -4 is less than the minimum of 0",
+    }
+    assert entries["invalid"]["message"] == invalid and entries["invalid"]["body"] is None
+    assert entries["unparsable"]["error"]["type"] == "UnparsableMessage"
+    assert entries["unparsable"]["error"]["message"].startswith("message body is not JSON: ")
+    assert entries["unparsable"]["body"] == unparsable and entries["unparsable"]["message"] is None
+    assert entries["conflict"]["error"] == {
+        "type": "GranuleCollectionConflict",
+        "message": "G1 already exists under collectionId 'MOD09GQ___006', not 'OTHER___002'",
+    }
+    # the invalid message's granule could be identified: it is failed, with the error
+    g2 = state_store.to_plain(state_store.get_item(tables["granules"], {"granuleId": "G2"}))
+    assert (g2["status"], g2["collectionId"], g2["createdAt"], g2["error"]) == (
+        "failed", "MOD09GQ___006", 2000, entries["invalid"]["error"])
+    assert state_store.get_item(tables["granules"], {"granuleId": "G3"}) is None
+
+    # an operator fixes two of them in the archive; the collection conflict stays
+    repaired = dict(entries["invalid"], message={**invalid, "cumulus_meta": {**invalid["cumulus_meta"],
+                    "state_machine": "arn:aws:states:us-east-1:1:stateMachine:Fixed"}})
+    repaired["message"]["payload"] = {"granules": [{"granuleId": "G2", "files": [{"fileName": "x", "size": 4}]}]}
+    (store_root / f"{dead_letter_prefix(day)}{ids['invalid']}.json").write_text(json.dumps(repaired))
+    (store_root / f"{dead_letter_prefix(day)}{ids['unparsable']}.json").write_text(
+        json.dumps(dict(entries["unparsable"], body=fixed_body)))
+
+    result = records_replay_dla(day)
+    assert sorted(result["written"]) == sorted([ids["invalid"], ids["unparsable"]])
+    assert result["failed"] == {ids["conflict"]: f"dead-letter-archive/failed/{day}/{ids['conflict']}.json"}
+    assert _archive_listing(store_root, dead_letter_prefix(day)) == []
+    assert _archive_listing(store_root, dead_letter_prefix(day, failed=True)) == [f"{ids['conflict']}.json"]
+    moved = dead_letter.read(result["failed"][ids["conflict"]])
+    assert moved["attempts"] == 1 and moved["previous_errors"] == [entries["conflict"]["error"]]
+    assert moved["message"] == conflict
+
+    granules = {g["granuleId"]: state_store.to_plain(g) for g in state_store.scan_all(tables["granules"])}
+    assert {g: (r["status"], r["collectionId"]) for g, r in granules.items()} == {
+        "G1": ("completed", "MOD09GQ___006"),
+        "G2": ("completed", "MOD09GQ___006"),
+        "G3": ("completed", "MOD09GQ___006"),
+    }
+    assert granules["G2"]["productVolume"] == 4 and granules["G2"]["error"] == {}
+
+
+def test_replay_of_a_subset_and_of_unknown_ids(tables, store_root):
+    bad = ["{oops", "[1, 2]"]
+    report = records_messages.ingest(bad, now_ms=NOW_MS)
+    assert [o.error["type"] for o in report.outcomes] == ["UnparsableMessage", "UnparsableMessage"]
+    assert report.outcomes[1].error["message"] == "message body is JSON list, not an object"
+    day = dead_letter.today()
+    first = report.outcomes[0].id
+    with pytest.raises(LookupError, match="not in dead-letter-archive/"):
+        records_replay_dla(day, ["msg-does-not-exist"])
+    result = records_replay_dla(day, [first])
+    assert result["written"] == [] and list(result["failed"]) == [first]
+    # the other one was not touched
+    assert _archive_listing(store_root, dead_letter_prefix(day)) == [f"{report.outcomes[1].id}.json"]
