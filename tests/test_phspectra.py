@@ -1,0 +1,327 @@
+"""PHSpectra survey (seed 000): outputs equal direct fits, exact counters under retries, kills and resumes,
+the seed's five access patterns, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import phspectra
+import pyarrow.dataset as ds
+import pytest
+
+from deployments.samples.phspectra import synthetic_cube, write_fits
+from tasks import keys, state_store
+from tasks import phspectra as ph
+from tasks.state_store import to_plain
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def direct_rows(cube_url: str, params: dict) -> dict[tuple[int, int], list[tuple[float, float, float]]]:
+    """(x, y) -> components of ``phspectra.fit_gaussians`` called directly on the same spectrum."""
+    spectra, xs, ys, _ = ph.prepare_spectra(ph.load_cube(cube_url))
+    return {
+        (int(x), int(y)): [(c.amplitude, c.mean, c.stddev) for c in phspectra.fit_gaussians(s, **params)]
+        for s, x, y in zip(spectra, xs, ys)
+    }
+
+
+def output_rows(store_root: Path, survey: str, run_id: str) -> dict[tuple[int, int], list[tuple[float, float, float]]]:
+    table = ds.dataset(store_root / keys.decomposition_prefix(survey, run_id), format="parquet").to_table()
+    assert table.schema.equals(ph.PARQUET_SCHEMA)
+    rows = table.to_pylist()
+    pairs = [(r["x"], r["y"]) for r in rows]
+    assert len(pairs) == len(set(pairs)), "a spectrum appears twice"
+    return {
+        (r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"]))
+        for r in rows
+    }
+
+
+def fits_cube(tmp_path: Path, **kwargs) -> str:
+    return write_fits(synthetic_cube(**kwargs), tmp_path / "cube.fits").as_uri()
+
+
+def chunk_items(run_id: str) -> dict[str, dict]:
+    return {c["SK"]: c for c in to_plain(ph.list_chunks(run_id))}
+
+
+def test_every_spectrum_equals_a_direct_fit_and_records_agree(tables, store_root, tmp_path):
+    from flows.phspectra import phspectra_survey
+
+    cube_url = fits_cube(tmp_path, ny=4, nx=6, n_channels=96, nan_channels=3)
+    params = {"beta": 3.0, "max_refine_iter": 2}
+    summary = phspectra_survey(cube_url=cube_url, survey="grs-15", chunk_size=7, fit_params=params, workers=2)
+
+    run_id = summary["run_id"]
+    expected = direct_rows(cube_url, params)
+    assert output_rows(store_root, "grs-15", run_id) == expected
+    assert len(expected) == 24 and sum(map(len, expected.values())) == summary["n_components"] > 0
+
+    run = to_plain(ph.get_run(run_id))
+    assert {k: run[k] for k in ("jobs_total", "jobs_completed", "jobs_failed", "n_spectra", "n_chunks", "status")} == {
+        "jobs_total": 4, "jobs_completed": 4, "jobs_failed": 0, "n_spectra": 24, "n_chunks": 4, "status": "COMPLETED"
+    }  # fmt: skip
+    assert run["n_nan_channels"] == 3 and json.loads(run["params"]) == params
+    assert (run["GSI1_PK"], run["GSI1_SK"]) == ("grs-15", run["created_at"])
+    chunks = chunk_items(run_id)
+    assert sorted(chunks) == [keys.chunk_sk(s) for s in (0, 7, 14, 21)]
+    for sk, chunk in chunks.items():
+        start = keys.chunk_start_from_sk(sk)
+        assert chunk["status"] == "COMPLETED" and chunk["n_spectra"] == (3 if start == 21 else 7)
+        assert chunk["output_key"] == keys.decomposition_key("grs-15", run_id, start)
+        assert chunk["chunk_key"] == keys.chunk_npz_key(run_id, start)
+        assert chunk["completed_at"] > chunk["started_at"] > chunk["created_at"] and chunk["duration_ms"] > 0
+        assert chunk["prefect_flow_run_id"] and chunk["prefect_task_run_id"] and chunk["attempts"] == 1
+    # the whole survey as one dataset (hive partitions survey=/run_id=) in pyarrow and duckdb
+    root = store_root / keys.decomposition_prefix("grs-15")
+    table = ds.dataset(root, format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == 24 and set(table.column("run_id").to_pylist()) == {run_id}
+    count, components = duckdb.sql(
+        f"SELECT count(*), sum(n_components) FROM read_parquet('{root}/**/*.parquet', hive_partitioning=true) "
+        f"WHERE run_id = '{run_id}'"
+    ).fetchall()[0]
+    assert (count, components) == (24, summary["n_components"])
+
+    from prefect.artifacts import Artifact
+
+    chunk_table = Artifact.get(f"phspectra-chunks-{run_id}")
+    assert chunk_table is not None and len(json.loads(chunk_table.data)) == 4
+    assert "24 / 24" in Artifact.get(f"phspectra-summary-{run_id}").data
+    assert Artifact.get(f"phspectra-progress-{run_id}").data == 100.0
+
+
+def test_spectra_past_the_time_limit_are_refitted_by_the_slow_lane(tables, store_root, tmp_path):
+    from flows.phspectra import phspectra_survey
+
+    cube_url = fits_cube(tmp_path, ny=2, nx=4, n_channels=96, nan_channels=0)
+    summary = phspectra_survey(cube_url=cube_url, survey="grs-slow", chunk_size=4, time_limit_s=1e-5, workers=2)
+
+    assert output_rows(store_root, "grs-slow", summary["run_id"]) == direct_rows(cube_url, {})
+    chunks = chunk_items(summary["run_id"]).values()
+    assert sum(c["n_slow_refit"] for c in chunks) == 8 and all(c["n_timed_out"] == 0 for c in chunks)
+    assert summary["status"] == "COMPLETED" and summary["n_slow_refit"] == 8
+
+
+def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp_path, monkeypatch):
+    import flows.phspectra as flow_module
+
+    monkeypatch.setattr(flow_module, "fit_chunk_task", flow_module.fit_chunk_task.with_options(retry_delay_seconds=0))
+    calls: dict[str, int] = {}
+    real_write = ph.write_parquet
+
+    def flaky_write(store, key, table):  # chunk 0 fails once (retried), chunk 5 fails every time
+        calls[key] = calls.get(key, 0) + 1
+        if key.endswith("chunk-0000005.parquet") or (key.endswith("chunk-0000000.parquet") and calls[key] == 1):
+            raise RuntimeError(f"injected failure #{calls[key]} " + "x" * 2000)
+        return real_write(store, key, table)
+
+    monkeypatch.setattr(ph, "write_parquet", flaky_write)
+    cube_url = fits_cube(tmp_path, ny=3, nx=5, n_channels=64, nan_channels=0)
+    run_id = "retry-run-1"
+    with pytest.raises(RuntimeError, match="1 of 3 chunks failed"):
+        flow_module.phspectra_survey(cube_url=cube_url, survey="grs-retry", chunk_size=5, run_id=run_id, workers=2)
+
+    run = to_plain(ph.get_run(run_id))
+    assert (run["jobs_total"], run["jobs_completed"], run["jobs_failed"], run["status"]) == (3, 2, 1, "FAILED")
+    chunks = chunk_items(run_id)
+    assert chunks[keys.chunk_sk(0)]["attempts"] == 2 and chunks[keys.chunk_sk(0)]["status"] == "COMPLETED"
+    assert chunks[keys.chunk_sk(5)]["attempts"] == 3 and chunks[keys.chunk_sk(5)]["status"] == "FAILED"
+    failed = to_plain(ph.failures(run_id))
+    assert [c["SK"] for c in failed] == [keys.chunk_sk(5)]
+    assert failed[0]["error"].startswith("RuntimeError: injected failure #3") and len(failed[0]["error"]) == 1024
+
+    monkeypatch.setattr(ph, "write_parquet", real_write)  # resume: only the failed chunk is fitted again
+    summary = flow_module.phspectra_survey(cube_url=cube_url, survey="grs-retry", run_id=run_id, workers=2)
+    run = to_plain(ph.get_run(run_id))
+    assert (run["jobs_total"], run["jobs_completed"], run["jobs_failed"], run["status"]) == (3, 3, 0, "COMPLETED")
+    assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {
+        keys.chunk_sk(0): 2, keys.chunk_sk(5): 4, keys.chunk_sk(10): 1
+    }
+    assert ph.failures(run_id) == [] and "error" not in chunk_items(run_id)[keys.chunk_sk(5)]
+    assert output_rows(store_root, "grs-retry", run_id) == direct_rows(cube_url, {})
+    assert summary["spectra_fitted"] == 15
+
+
+def test_a_killed_worker_leaves_a_stuck_chunk_that_the_sweeper_completes(tables, store_root, tmp_path):
+    from prefect.settings import get_current_settings
+
+    from flows.phspectra import phspectra_sweep_stuck
+
+    cube_url = fits_cube(tmp_path, ny=4, nx=5, n_channels=424, nan_channels=0)  # one slow chunk of 20 spectra
+    run_id, survey = "killed-run-1", "grs-kill"
+    env = {**os.environ, "PREFECT_API_URL": str(get_current_settings().api.url), "PYTHONPATH": str(REPO)}
+    code = (
+        "from flows.phspectra import phspectra_survey; "
+        f"phspectra_survey(cube_url={cube_url!r}, survey={survey!r}, chunk_size=20, run_id={run_id!r}, workers=1)"
+    )
+    flow_process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        chunk = None
+        while time.monotonic() < deadline and flow_process.poll() is None:
+            chunk = state_store.get_item(tables["phspectra_runs"], ph.chunk_key(run_id, 0))
+            if chunk and chunk.get("worker_pid"):
+                break
+            time.sleep(0.02)
+        assert chunk and chunk.get("worker_pid"), "the chunk never started"
+        os.killpg(flow_process.pid, signal.SIGKILL)  # the flow, its fork server and the fitting child
+    finally:
+        if flow_process.poll() is None:
+            os.killpg(flow_process.pid, signal.SIGKILL)
+        flow_process.wait(timeout=30)
+    pid = int(chunk["worker_pid"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists(), "the fitting process survived SIGKILL"
+    output_key = keys.decomposition_key(survey, run_id, 0)
+    assert not (store_root / output_key).exists(), "the chunk finished before the kill"
+
+    time.sleep(1.0)
+    stuck = to_plain(ph.stuck_chunks(run_id, older_than_s=0.5))
+    assert [c["SK"] for c in stuck] == [keys.chunk_sk(0)] and stuck[0]["status"] == "IN_PROGRESS"
+    assert ph.stuck_chunks(run_id) == []  # not yet 15 minutes old
+    run = to_plain(ph.get_run(run_id))
+    assert (run["jobs_completed"], run["jobs_total"], run["status"]) == (0, 1, "RUNNING")
+
+    swept = phspectra_sweep_stuck(stuck_minutes=0.5 / 60, survey=survey)
+    assert swept == {run_id: {"redriven": [0], "status": "COMPLETED"}}
+    run = to_plain(ph.get_run(run_id))
+    assert (run["jobs_completed"], run["jobs_failed"], run["jobs_total"], run["status"]) == (1, 0, 1, "COMPLETED")
+    rows = output_rows(store_root, survey, run_id)
+    assert sorted(rows) == sorted((x, y) for y in range(4) for x in range(5))
+    assert chunk_items(run_id)[keys.chunk_sk(0)]["attempts"] == 2
+    assert phspectra_sweep_stuck(stuck_minutes=0.5 / 60, survey=survey) == {}  # nothing left to sweep
+
+
+def test_two_sweepers_cannot_both_take_a_stuck_chunk(tables, store_root, tmp_path):
+    ph.split_cube("race-run", "grs-race", fits_cube(tmp_path, ny=1, nx=2, n_channels=32), chunk_size=1)
+    barrier = threading.Barrier(8)
+
+    def claim(stuck_before):
+        barrier.wait()
+        return ph.claim_chunk("race-run", 0, stuck_before)
+
+    def race(stuck_before):
+        results: list = []
+        threads = [threading.Thread(target=lambda: results.append(claim(stuck_before))) for _ in range(8)]
+        [t.start() for t in threads], [t.join() for t in threads]
+        return [r for r in results if r is not None]
+
+    first = race(None)  # PENDING -> IN_PROGRESS: exactly one claim
+    assert len(first) == 1
+    assert race(None) == []  # IN_PROGRESS and not stuck: nobody takes it
+    second = race(ph.now_iso())  # stuck: exactly one sweeper re-drives it
+    assert len(second) == 1 and second[0]["started_at"] > first[0]["started_at"]
+    assert to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key("race-run", 0)))["attempts"] == 2
+
+
+def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root, tmp_path, capsys):
+    from deployments.cli import main
+
+    cube_url = fits_cube(tmp_path, ny=1, nx=3, n_channels=32)
+    ph.split_cube("old-run", "grs-ap", cube_url, chunk_size=1)
+    time.sleep(0.01)
+    ph.split_cube("new-run", "grs-ap", cube_url, chunk_size=1, fit_params={"beta": 4})
+    ph.fit_chunk("new-run", 0)
+    ph.claim_chunk("new-run", 1)
+    state_store.transition(
+        tables["phspectra_runs"], ph.chunk_key("new-run", 1), "IN_PROGRESS", None, set={"started_at": ph.iso_ago(3600)}
+    )
+    ph.claim_chunk("new-run", 2)
+    state_store.transition(tables["phspectra_runs"], ph.chunk_key("new-run", 2), "IN_PROGRESS", "FAILED", set={"error": "boom"})
+
+    import boto3
+    from boto3.dynamodb.types import TypeDeserializer
+
+    client, name = boto3.client("dynamodb"), tables["phspectra_runs"]  # a raw client, typed like the aws CLI
+
+    plain = lambda items: [{k: TypeDeserializer().deserialize(v) for k, v in i.items()} for i in items]  # noqa: E731
+    chunks_cli = {":pk": {"S": "new-run"}, ":prefix": {"S": "CHUNK#"}}
+    seed = {  # the seed's `aws dynamodb ...` commands, as the same requests
+        "get-run": plain([client.get_item(TableName=name, Key={"PK": {"S": "new-run"}, "SK": {"S": "RUN"}})["Item"]])[0],
+        "list-chunks": plain(client.query(TableName=name, KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
+                                          ExpressionAttributeValues=chunks_cli)["Items"]),
+        "stuck": plain(client.query(TableName=name, KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
+                                    FilterExpression="#s = :status", ExpressionAttributeNames={"#s": "status"},
+                                    ExpressionAttributeValues={**chunks_cli, ":status": {"S": "IN_PROGRESS"}})["Items"]),
+        "latest": plain(client.query(TableName=name, IndexName="GSI1", KeyConditionExpression="GSI1_PK = :survey",
+                                     ExpressionAttributeValues={":survey": {"S": "grs-ap"}},
+                                     ScanIndexForward=False, Limit=1)["Items"]),
+    }  # fmt: skip
+    assert ph.get_run("new-run") == seed["get-run"]
+    assert ph.list_chunks("new-run") == seed["list-chunks"] and len(seed["list-chunks"]) == 3
+    assert ph.stuck_chunks("new-run") == seed["stuck"] and [c["SK"] for c in seed["stuck"]] == [keys.chunk_sk(1)]
+    assert ph.latest_run("grs-ap") == seed["latest"][0] and seed["latest"][0]["PK"] == "new-run"
+    assert ph.latest_run("grs-ap", not_before="2999-01-01") is None
+    assert ph.latest_run("grs-none") is None
+    assert [(c["SK"], c["error"]) for c in ph.failures("new-run")] == [(keys.chunk_sk(2), "boom")]
+
+    def cli(*args):
+        assert main(["phspectra", *args]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert cli("get-run", "--run-id", "new-run") == to_plain(seed["get-run"])
+    assert len(cli("list-chunks", "--run-id", "new-run")) == 3
+    assert cli("latest-run", "--survey", "grs-ap")["PK"] == "new-run"
+    assert [c["SK"] for c in cli("stuck-chunks", "--run-id", "new-run", "--minutes", "15")] == [keys.chunk_sk(1)]
+    assert cli("failures", "--run-id", "new-run")[0]["error"] == "boom"
+    assert main(["phspectra", "get-run", "--run-id", "nope"]) == 2
+    assert "no run nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "cube not found"),
+        ("unreadable", "cannot read cube"),
+        ("two_axes", "has 2 axes"),
+        ("all_nan", "entirely NaN"),
+        ("unknown_param", "unknown fit_params key(s) ['bogus']"),
+        ("chunk_size", "chunk_size must be an integer >= 1"),
+    ],
+)
+def test_bad_input_fails_clearly_before_any_chunk_is_written(tables, store_root, tmp_path, case, message):
+    cube = tmp_path / "cube.npy"
+    np.save(cube, np.ones((16, 2, 2)))
+    kwargs = {"cube_url": cube.as_uri(), "chunk_size": 2, "fit_params": None}
+    if case == "missing":
+        kwargs["cube_url"] = (tmp_path / "absent.fits").as_uri()
+    elif case == "unreadable":
+        (tmp_path / "bad.fits").write_bytes(b"not a fits file")
+        kwargs["cube_url"] = (tmp_path / "bad.fits").as_uri()
+    elif case == "two_axes":
+        np.save(cube, np.ones((16, 4)))
+    elif case == "all_nan":
+        np.save(cube, np.full((16, 2, 2), np.nan))
+    elif case == "unknown_param":
+        kwargs["fit_params"] = {"beta": 3.0, "bogus": 1}
+    else:
+        kwargs["chunk_size"] = 0
+    with pytest.raises(ValueError) as error:
+        ph.split_cube(f"bad-{case.replace('_', '-')}", "grs-bad", **kwargs)
+    assert message in str(error.value)
+    run = to_plain(ph.latest_run("grs-bad"))
+    assert run["status"] == "FAILED" and message in run["error"] and run["jobs_total"] == 0
+    assert ph.list_chunks(run["PK"]) == [] and list(store_root.rglob("*.npz")) == []
+
+
+def test_the_flow_reports_bad_input_and_cannot_resume_it(tables, store_root, tmp_path):
+    from flows.phspectra import phspectra_survey
+
+    cube_url = fits_cube(tmp_path, ny=1, nx=2, n_channels=32)
+    with pytest.raises(ValueError, match="unknown fit_params"):
+        phspectra_survey(cube_url=cube_url, survey="grs-bad", run_id="bad-flow", fit_params={"nope": 1})
+    with pytest.raises(ValueError, match="failed before its chunks were written"):
+        phspectra_survey(cube_url=cube_url, survey="grs-bad", run_id="bad-flow")
+    assert to_plain(ph.get_run("bad-flow"))["status"] == "FAILED" and ph.list_chunks("bad-flow") == []
