@@ -1,0 +1,212 @@
+"""Prefect <-> DynamoDB reconciliation with real flow runs: a SIGKILLed worker, failed tasks, state events.
+
+Run as a script, this module is the worker: a flow whose task moves a chunk IN_PROGRESS (with its Prefect run
+ids) through the state store, then sleeps until it is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.runtime import flow_run, task_run
+
+from tasks import state_store
+from tasks.keys import RUN_SK, chunk_sk
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ids() -> dict[str, str]:
+    return {k: str(v) for k, v in (("prefect_flow_run_id", flow_run.id), ("prefect_task_run_id", task_run.id)) if v}
+
+
+def _start_chunk(run_id: str, start: int) -> None:
+    """What a pipeline worker does first: PENDING -> IN_PROGRESS with its Prefect run ids."""
+    from tasks import config
+
+    result = state_store.transition(
+        config.table_name("phspectra_runs"), {"PK": run_id, "SK": chunk_sk(start)}, "PENDING", "IN_PROGRESS",
+        set={"started_at": "2026-01-01T00:00:01Z", **_ids()},
+    )
+    assert result.applied, result
+
+
+@task(name="fit-chunk-then-hang")
+def fit_chunk_then_hang(run_id: str, start: int, ready: str) -> None:
+    _start_chunk(run_id, start)
+    Path(ready).write_text("in progress")
+    time.sleep(300)
+
+
+@flow(name="records-test-worker")
+def worker(run_id: str, start: int, ready: str) -> None:
+    fit_chunk_then_hang(run_id, start, ready)
+
+
+if __name__ == "__main__":  # the worker subprocess
+    worker(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    raise SystemExit(0)
+
+
+# --------------------------------------------------------------------------- tests
+
+import pytest  # noqa: E402
+
+from flows.records import records_prefect_state, records_reconcile  # noqa: E402
+from tasks import reconcile  # noqa: E402
+
+
+def _seed_run(table: str, run_id: str, chunks: dict[int, str], completed: int = 0, failed: int = 0) -> None:
+    state_store.create_if_absent(
+        table, {"PK": run_id, "SK": RUN_SK, "jobs_total": len(chunks), "jobs_completed": completed, "jobs_failed": failed},
+        ["PK", "SK"],
+    )
+    for start, status in chunks.items():
+        state_store.create_if_absent(
+            table, {"PK": run_id, "SK": chunk_sk(start), "status": status, "created_at": "2026-01-01T00:00:00Z"}, ["PK", "SK"]
+        )
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _task_state(task_run_id: str) -> str | None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        try:
+            run = client.read_task_run(task_run_id)
+        except Exception:  # not recorded yet (task run states arrive as events)
+            return None
+    return run.state.type.value if run.state else None
+
+
+def _item(table, run_id, sk):
+    return state_store.to_plain(state_store.get_item(table, {"PK": run_id, "SK": sk}))
+
+
+@pytest.mark.timeout(180)
+def test_killed_worker_is_reconciled_to_zero_disagreements(tables, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+    from prefect.states import Crashed
+
+    table = tables["phspectra_runs"]
+    run_id = "run-kill"
+    # chunk 0 goes to the worker; chunk 1 finished earlier but its counter was never added (drift)
+    _seed_run(table, run_id, {0: "PENDING", 1: "COMPLETED"})
+    ready = tmp_path / "ready"
+    env = dict(os.environ, PREFECT_API_URL=get_current_settings().api.url, PIPELINES_USE_BLOCKS="0",
+               PYTHONPATH=str(REPO_ROOT))
+    process = subprocess.Popen([sys.executable, __file__, run_id, "0", str(ready)], env=env, cwd=REPO_ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait(ready.exists, 120, "the worker to move its chunk IN_PROGRESS")
+        chunk = _item(table, run_id, chunk_sk(0))
+        assert chunk["status"] == "IN_PROGRESS"
+        _wait(lambda: _task_state(chunk["prefect_task_run_id"]) == "RUNNING", 30, "the task run in the API")
+        process.send_signal(signal.SIGKILL)  # no hooks, no final state: the worker is simply gone
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+    # a GPU task record that the same flow run had in flight (seed 002 table)
+    state_store.create_if_absent(tables["ecs_task"], {"ecs_task_id": "task-1", "task_status": "IN_PROGRESS",
+                                 "prefect_flow_run_id": chunk["prefect_flow_run_id"]}, ["ecs_task_id"])
+
+    # Stand-in for the server's missed-heartbeat (zombie) detection, which marks the flow run Crashed.
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(chunk["prefect_flow_run_id"], Crashed(message="worker lost (heartbeat missed)"), force=True)
+    assert _task_state(chunk["prefect_task_run_id"]) == "RUNNING"  # Prefect leaves the task run Running
+
+    before = reconcile.disagreements()
+    assert sorted((f.pipeline, f.record, f.problem) for f in before) == [
+        ("gpu", "task-1", "IN_PROGRESS while Prefect Crashed"),
+        ("phspectra", f"{run_id}/CHUNK#chunk-0000000", "IN_PROGRESS while Prefect Crashed"),
+        ("phspectra", f"{run_id}/RUN", "run counters do not match chunk items"),
+    ]
+    assert _item(table, run_id, chunk_sk(0))["status"] == "IN_PROGRESS"  # the dry run changed nothing
+
+    findings = records_reconcile(dry_run=False)
+    assert sorted((f["record"], f["outcome"]) for f in findings) == [
+        ("run-kill/CHUNK#chunk-0000000", "applied"), ("run-kill/RUN", "applied"), ("task-1", "applied")]
+    assert reconcile.disagreements() == []
+    chunk = _item(table, run_id, chunk_sk(0))
+    assert chunk["status"] == "FAILED" and chunk["error"].startswith("reconciled: record IN_PROGRESS while Prefect flow run")
+    run = _item(table, run_id, RUN_SK)
+    assert (run["jobs_completed"], run["jobs_failed"]) == (1, 1)
+    gpu = state_store.to_plain(state_store.get_item(tables["ecs_task"], {"ecs_task_id": "task-1"}))
+    assert gpu["task_status"] == "TERMINATED"
+    # a second pass finds nothing and changes nothing
+    assert records_reconcile(dry_run=False) == []
+
+
+@task(name="start-then-fail")
+def start_then_fail(run_id: str, start: int) -> str:
+    _start_chunk(run_id, start)
+    raise RuntimeError("fit exploded")
+
+
+@task(name="complete-then-fail")
+def complete_then_fail(run_id: str, start: int) -> str:
+    from tasks import config
+
+    _start_chunk(run_id, start)
+    table = config.table_name("phspectra_runs")
+    state_store.transition(table, {"PK": run_id, "SK": chunk_sk(start)}, "IN_PROGRESS", "COMPLETED",
+                           increments=[state_store.Increment(table, {"PK": run_id, "SK": RUN_SK}, {"jobs_completed": 1})])
+    raise RuntimeError("crashed after the record was written")
+
+
+@flow(name="records-test-failing")
+def failing(run_id: str) -> None:
+    a = start_then_fail.submit(run_id, 0)
+    b = complete_then_fail.submit(run_id, 1)
+    a.wait()
+    b.wait()
+
+
+def test_task_failed_events_move_their_records(tables):
+    table = tables["phspectra_runs"]
+    run_id = "run-events"
+    _seed_run(table, run_id, {0: "PENDING", 1: "PENDING"})
+    failing(run_id, return_state=True)
+    chunks = [_item(table, run_id, chunk_sk(i)) for i in (0, 1)]
+    assert [c["status"] for c in chunks] == ["IN_PROGRESS", "COMPLETED"]
+    for c in chunks:
+        _wait(lambda: _task_state(c["prefect_task_run_id"]) == "FAILED", 30, "the task run's Failed state")
+
+    for c in chunks:  # what a deployment trigger on prefect.task-run.Failed hands to the flow
+        event = {"event": "prefect.task-run.Failed", "resource": {"prefect.resource.id": f"prefect.task-run.{c['prefect_task_run_id']}"}}
+        records_prefect_state(event)
+    assert [_item(table, run_id, chunk_sk(i))["status"] for i in (0, 1)] == ["FAILED", "FAILED"]
+    run = _item(table, run_id, RUN_SK)
+    assert (run["jobs_completed"], run["jobs_failed"]) == (0, 2)
+    assert reconcile.disagreements(["phspectra"]) == []
+    with pytest.raises(ValueError, match="not a Prefect flow-run/task-run event"):
+        reconcile.run_ids_from_event({"event": "prefect.deployment.triggered", "resource": {"prefect.resource.id": "x"}})
+
+
+def test_transition_rule_table():
+    got = {(role, state): reconcile.transition_for(role, state) for role in ("in_flight", "completed")
+           for state in ("RUNNING", "COMPLETED", "FAILED", "CRASHED", "CANCELLED", "PENDING")}
+    assert got == {
+        ("in_flight", "RUNNING"): None, ("in_flight", "COMPLETED"): "failed", ("in_flight", "FAILED"): "failed",
+        ("in_flight", "CRASHED"): "failed", ("in_flight", "CANCELLED"): "failed", ("in_flight", "PENDING"): None,
+        ("completed", "RUNNING"): None, ("completed", "COMPLETED"): None, ("completed", "FAILED"): "failed",
+        ("completed", "CRASHED"): "failed", ("completed", "CANCELLED"): "failed", ("completed", "PENDING"): None,
+    }
