@@ -142,10 +142,18 @@ def _wait_healthy(seconds: float = 60) -> None:
 
 
 def ensure_work_pools() -> None:
-    for pool, kind in ((WORK_POOL, "process"), (ECS_WORK_POOL, "ecs")):
-        inspect = _prefect("work-pool", "inspect", pool, check=False, quiet=True)
-        if inspect.returncode != 0:
-            _prefect("work-pool", "create", pool, "--type", kind, quiet=True)
+    """The local process pool (served by `make up`'s worker) and an ECS pool for the AWS deployments."""
+    os.environ.update(local_env())
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        for pool, kind in ((WORK_POOL, "process"), (ECS_WORK_POOL, "ecs")):
+            try:
+                client.read_work_pool(pool)
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(name=pool, type=kind))
 
 
 def start_worker() -> str:
@@ -154,7 +162,7 @@ def start_worker() -> str:
     _spawn(
         "worker",
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process"],
-        local_env(),
+        {**local_env(), "PREFECT_WORKER_QUERY_SECONDS": "2"},  # pick up `deployment run`s quickly
     )
     return "started"
 
