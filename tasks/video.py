@@ -8,6 +8,7 @@ for status: created -> chunking_in_progress -> chunking_complete -> completed, o
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -77,6 +78,44 @@ def local_path(store: ObjectStore, key: str) -> Iterator[Path]:
     else:
         with store.local_copy(key) as path:
             yield path
+
+
+@contextlib.contextmanager
+def scratch_dir(store: ObjectStore, prefix: str) -> Iterator[Path]:
+    """A temporary folder, beside a local store's root when possible (so finished files can be renamed in)."""
+    parent = None
+    if isinstance(store, LocalStore):
+        with contextlib.suppress(OSError):
+            store.root.parent.mkdir(parents=True, exist_ok=True)
+            parent = store.root.parent if os.access(store.root.parent, os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix=f".{prefix}", dir=parent) as tmp:
+        yield Path(tmp)
+
+
+def put_finished_file(store: ObjectStore, key: str, path: Path) -> None:
+    """Store a finished local file at ``key``: renamed in (atomic, no copy) on a local store, else uploaded."""
+    if isinstance(store, LocalStore):
+        target = store.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # EXDEV: another filesystem, copy instead
+            os.replace(path, target)
+            return
+    store.put_file(key, path)
+
+
+def copy_object(store: ObjectStore, src: str, dst: str) -> None:
+    """``dst`` gets ``src``'s bytes: a hard link on a local store (objects are never rewritten in place), else a copy."""
+    if isinstance(store, LocalStore):
+        source, target = store.path(src), store.path(dst)
+        if not source.is_file():
+            raise ObjectNotFound(store.url_for(src))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+        with contextlib.suppress(OSError):
+            os.link(source, staged)
+            os.replace(staged, target)
+            return
+    store.copy(src, dst)
 
 
 # --------------------------------------------------------------------------- job store
@@ -169,17 +208,17 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
         return segment_keys_of(job)
     store = object_store()
     source = keys.source_key(job_id)
-    with tempfile.TemporaryDirectory(prefix="video-chunk-") as tmp:
+    with scratch_dir(store, "video-chunk-") as tmp:
         try:
             with local_path(store, source) as path:
                 info = video_ffmpeg.probe(path)
-                parts = video_ffmpeg.segment(path, Path(tmp), segment_seconds)
+                parts = video_ffmpeg.segment(path, tmp, segment_seconds)
         except ObjectNotFound:
             raise video_ffmpeg.InvalidMedia(f"no upload at {source}") from None
         total = len(parts)
         segment_keys = [keys.segment_key(job_id, i, total, mode) for i in range(total)]
         for part, key in zip(parts, segment_keys):
-            store.put_file(key, part)
+            put_finished_file(store, key, part)
     result = state_store.transition(
         _jobs(), _key(job_id), CHUNKING, CHUNKED,
         set={
@@ -257,16 +296,16 @@ def infer_segment(segment_key: str, backend: str | None = None, mode: str | None
     output = keys.output_segment_key(segment.job_id, segment.segment_index, segment.total_segments, mode)
     if not store.exists(output):  # outputs are written atomically: present means complete
         if backend == "ffmpeg" and mode == "identity":
-            store.copy(segment_key, output)  # identity: the output is the segment, unchanged
+            copy_object(store, segment_key, output)  # identity: the output is the segment, unchanged
         else:
-            with tempfile.TemporaryDirectory(prefix="video-infer-") as tmp, local_path(store, segment_key) as path:
-                target = Path(tmp) / "output.mp4"
+            with scratch_dir(store, "video-infer-") as tmp, local_path(store, segment_key) as path:
+                target = tmp / "output.mp4"
                 api_key = config.api_key.get_secret_value() if config.api_key else None
                 video_inference.infer(
                     backend, path, target, mode, endpoint_url=config.endpoint_url, timeout_s=config.timeout_s,
                     api_key=api_key,
                 )
-                store.put_file(output, target)
+                put_finished_file(store, output, target)
     outcome = record_completion(segment, output)
     return {
         "segment_index": segment.segment_index, "output_key": output, "completion": outcome.value,
@@ -333,11 +372,11 @@ def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900
     expected_frames = int(job.get("source_frames", 0))
     reused = _final_is_valid(store, final, expected_frames)
     if not reused:
-        with tempfile.TemporaryDirectory(prefix="video-concat-") as tmp, contextlib.ExitStack() as stack:
+        with scratch_dir(store, "video-concat-") as tmp, contextlib.ExitStack() as stack:
             parts = [stack.enter_context(local_path(store, r["output_key"])) for r in records]
-            target = Path(tmp) / "final.mp4"
+            target = tmp / "final.mp4"
             video_ffmpeg.concat(parts, target)
-            store.put_file(final, target)
+            put_finished_file(store, final, target)
     with local_path(store, final) as path:
         info = video_ffmpeg.probe(path)
     done = state_store.transition(

@@ -74,6 +74,8 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
         frame = next(container.decode(video=0)).to_ndarray(format="rgb24")
     assert abs(int(frame[..., 0].astype(int).mean()) - int(frame[..., 2].astype(int).mean())) <= 2
 
+    assert list(store_root.parent.glob(".video-*")) == []  # scratch folders beside the store are gone
+
     # a re-run and a second reassembly are no-ops that recognise the finished job
     assert _run(job_id=job_id)["status"] == "completed"
     assert v.reassemble(job_id)["reassembled"] is False

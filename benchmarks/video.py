@@ -1,0 +1,179 @@
+"""Video pipeline benchmark (seed 003): chunk -> identity inference -> reassemble, against raw ffmpeg.
+
+    .venv/bin/python benchmarks/video.py [--quick] [--repeat N] [--seconds S] [--size WxH]
+
+Baseline, measured in the same run on the same file: ``ffmpeg -f segment`` + concat demuxer (stream copy),
+no records, no object store. The pipeline is timed twice: its task bodies called directly (DynamoDB
+records, object store, probes, trigger, lock) and the `video-process` Prefect flow (adds orchestration).
+Also reports the ffmpeg backend's throughput (frames/s) per mode. Goal: pipeline <= 1.3x baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._common import dynamodb_local  # noqa: E402
+
+
+def make_source(path: Path, seconds: float, size: str, fps: int, keyframe_seconds: float) -> Path:
+    """A testsrc2 clip at a realistic bitrate (12 Mb/s) with sine audio and a keyframe every ``keyframe_seconds``."""
+    import ffmpeg
+
+    from tasks.video_ffmpeg import run
+
+    gop = int(fps * keyframe_seconds)
+    video = ffmpeg.input(f"testsrc2=size={size}:rate={fps}:duration={seconds}", f="lavfi")
+    audio = ffmpeg.input(f"sine=frequency=440:duration={seconds}", f="lavfi")
+    run(ffmpeg.output(video, audio, str(path), vcodec="libx264", preset="ultrafast", g=gop, keyint_min=gop,
+                      sc_threshold=0, **{"b:v": "12M"}, pix_fmt="yuv420p", acodec="aac"))
+    return path
+
+
+def raw_baseline(source: Path, work: Path, segment_seconds: float) -> float:
+    """ffmpeg segment + concat of the same file, nothing else."""
+    from tasks.video_ffmpeg import concat, segment
+
+    shutil.rmtree(work, ignore_errors=True)
+    start = time.perf_counter()
+    parts = segment(source, work / "parts", segment_seconds)
+    concat(parts, work / "final.mp4")
+    return time.perf_counter() - start
+
+
+def _new_job(source: Path, segment_seconds: float) -> str:
+    from tasks import keys
+    from tasks import video as v
+    from tasks.config import object_store
+
+    job_id = v.create_job(f"bench-{uuid.uuid4().hex[:10]}", "identity", segment_seconds)["job_id"]
+    object_store().put_file(keys.source_key(job_id), source)  # the user's upload: not timed
+    return job_id
+
+
+def pipeline_tasks(source: Path, segment_seconds: float, workers: int) -> tuple[float, dict]:
+    """The task bodies without Prefect: chunk, identity inference over a thread pool, trigger, reassemble."""
+    from tasks import video as v
+
+    job_id = _new_job(source, segment_seconds)
+    start = time.perf_counter()
+    v.start_chunking(job_id)
+    segment_keys = v.chunk_source(job_id, segment_seconds, "identity")
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda key: v.infer_segment(key, backend="ffmpeg", mode="identity"), segment_keys))
+    assert sum(r["triggered"] for r in results) == 1
+    done = v.reassemble(job_id)
+    elapsed = time.perf_counter() - start
+    assert done["status"] == "completed", done
+    return elapsed, done
+
+
+def pipeline_flow(source: Path, segment_seconds: float) -> tuple[float, dict]:
+    """The `video-process` flow on a Prefect server (reassembly as a subflow)."""
+    from flows.video import video_process
+
+    job_id = _new_job(source, segment_seconds)
+    start = time.perf_counter()
+    job = video_process(job_id=job_id, segment_seconds=segment_seconds, mode="identity", backend="ffmpeg")
+    elapsed = time.perf_counter() - start
+    assert job["status"] == "completed", job
+    return elapsed, job
+
+
+def backend_throughput(source: Path, work: Path, segment_seconds: float, modes: list[str], workers: int) -> dict:
+    """frames/s of the ffmpeg backend (decode + filter + libx264 encode) over every segment of the source."""
+    from tasks.video_ffmpeg import probe, segment
+    from tasks.video_inference import infer
+
+    parts = segment(source, work / "tp-parts", segment_seconds)
+    frames = sum(probe(p).frames for p in parts)
+    rates = {}
+    for mode in modes:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda ip: infer("ffmpeg", ip[1], work / f"tp-{mode}-{ip[0]}.mp4", mode), enumerate(parts)))
+        rates[mode] = frames / (time.perf_counter() - start)
+    return {"frames": frames, "frames_per_s": rates}
+
+
+def spread(values: list[float]) -> str:
+    return f"median {statistics.median(values):.2f} s (range {min(values):.2f}-{max(values):.2f}, n={len(values)})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="~20 s smoke run: small clip, one repeat")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--seconds", type=float, default=None, help="source length (default 60, quick 12)")
+    parser.add_argument("--size", default=None, help="source size (default 1280x720, quick 320x240)")
+    parser.add_argument("--segment-seconds", type=float, default=4.0)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="segments processed at once")
+    parser.add_argument("--no-flow", action="store_true", help="skip the Prefect flow measurement")
+    args = parser.parse_args()
+    seconds = args.seconds or (12.0 if args.quick else 60.0)
+    size = args.size or ("320x240" if args.quick else "1280x720")
+    repeat = args.repeat or (1 if args.quick else 3)
+    modes = ["grayscale"] if args.quick else ["grayscale", "scale", "denoise"]
+
+    with tempfile.TemporaryDirectory(prefix="video-bench-") as tmp, dynamodb_local():
+        work = Path(tmp)
+        os.environ["OBJECT_STORE_BASE_URL"] = (work / "objects").as_uri()
+        os.environ["PIPELINES_USE_BLOCKS"] = "0"
+        from tasks.tables import TABLE_SPECS, default_names, ensure_table
+
+        suffix = uuid.uuid4().hex[:6]
+        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_names("bench").items()}
+        for logical in TABLE_SPECS:
+            os.environ[f"TABLE_{logical.upper()}"] = names[logical]
+        for logical in ("video_jobs", "video_segment_completions", "video_reassembly_locks"):
+            ensure_table(names[logical], TABLE_SPECS[logical])
+
+        t0 = time.perf_counter()
+        source = make_source(work / "source.mp4", seconds, size, 30, args.segment_seconds / 2)
+        from tasks.video_ffmpeg import probe
+
+        info = probe(source)
+        print(f"source: {seconds:g} s {size} 30 fps, {info.frames} frames, {source.stat().st_size / 1e6:.1f} MB "
+              f"(generated in {time.perf_counter() - t0:.1f} s); segments of {args.segment_seconds:g} s")
+
+        raw, tasks_only, flow_times = [], [], []
+        for _ in range(repeat):
+            raw.append(raw_baseline(source, work / "raw", args.segment_seconds))
+            elapsed, done = pipeline_tasks(source, args.segment_seconds, args.workers)
+            tasks_only.append(elapsed)
+            assert done["frames"] == info.frames, (done["frames"], info.frames)
+        print(f"raw ffmpeg segment+concat:        {spread(raw)}")
+        print(f"pipeline task bodies:             {spread(tasks_only)}  "
+              f"ratio {statistics.median(tasks_only) / statistics.median(raw):.2f}x (goal <= 1.3x)")
+
+        if not args.no_flow:
+            from prefect.testing.utilities import prefect_test_harness
+
+            t0 = time.perf_counter()
+            with prefect_test_harness(server_startup_timeout=180):
+                print(f"(prefect server started in {time.perf_counter() - t0:.1f} s, not counted)")
+                pipeline_flow(source, args.segment_seconds)  # warm-up: imports, first task-run registration
+                for _ in range(repeat):
+                    raw_flow = raw_baseline(source, work / "raw", args.segment_seconds)
+                    flow_times.append(pipeline_flow(source, args.segment_seconds)[0])
+                    raw.append(raw_flow)
+            print(f"pipeline video-process flow:      {spread(flow_times)}  "
+                  f"ratio {statistics.median(flow_times) / statistics.median(raw):.2f}x (goal <= 1.3x)")
+
+        tp = backend_throughput(source, work, args.segment_seconds, modes, args.workers)
+        for mode, fps in tp["frames_per_s"].items():
+            print(f"ffmpeg backend {mode:<10} {fps:7.1f} frames/s ({tp['frames']} frames {size}, {args.workers} workers)")
+
+
+if __name__ == "__main__":
+    main()
