@@ -103,6 +103,25 @@ def test_unhealthy_node_restarts_on_a_spare_node(gpu_env):
     assert bad["node_status"] == "REBOOTING" and bad["health_status"] == "unhealthy"
     assert json.loads(bad["last_health_check"])["readings"]["exit_code"] == 1
     assert statuses("node", ["local-1", "local-2"]) == {"local-1": "AVAILABLE", "local-2": "AVAILABLE"}
+    artifact = latest_artifact("gpu-health-local-0")
+    assert artifact.description == "local-0: unhealthy" and "**unhealthy** (command)" in artifact.data
+
+
+def latest_artifact(key: str):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    async def read():
+        async with get_client() as client:
+            found = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
+            )
+            return found[0]
+
+    return asyncio.run(read())
 
 
 def test_unhealthy_node_restart_waits_for_the_rebooted_node(gpu_env):
@@ -237,6 +256,28 @@ def test_user_stop_from_the_cli_ends_a_hanging_job(gpu_env):
     assert not any(alive(p) for p in pids)
     assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "AVAILABLE"}
     assert main(["gpu", "stop", "job-stop"]) == 2  # nothing to stop any more
+
+
+def test_flow_cancellation_hook_stops_the_job(gpu_env):
+    from types import SimpleNamespace
+
+    from flows.gpu import _stop_on_cancel
+
+    gpu.launch_job(gpu_env, "job-cancel", 2, HANG)
+    pids = [t["pid"] for t in gpu.job_tasks(gpu.get_job("job-cancel"))]
+    # the hook runs in another process in production: it finds the tasks by their pid files
+    gpu_env.backend._processes.pop("job-cancel-r0-n0")
+    _stop_on_cancel(None, SimpleNamespace(parameters={"job_id": "job-cancel"}, id="run"), None)
+    job = gpu.get_job("job-cancel")
+    assert (job["job_status"], job["stop_reason"]) == ("USER_STOPPED", "flow run cancelled")
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids):  # the SIGKILLed orphan is reaped by nobody: check it is a zombie or gone
+        zombie = [p for p in pids if alive(p) and open(f"/proc/{p}/stat").read().split()[2] == "Z"]
+        if len(zombie) == len([p for p in pids if alive(p)]):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "AVAILABLE"}
 
 
 def test_scheduled_node_check_takes_bad_nodes_out_and_back(gpu_env):
