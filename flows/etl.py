@@ -48,7 +48,7 @@ orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 start_processing_task = task(etl_merge.start_processing, name="manifest-processing", **_dynamo)
-manifest_files_task = task(etl_merge.manifest_files, name="read-manifest", **_dynamo)
+manifest_files_task = task(etl_merge.manifest_files, name="read-manifest", **_dynamo, retry_condition_fn=_capacity_error)
 merge_task = task(
     etl_merge.merge_manifest, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
     retry_condition_fn=_capacity_error, **_side_effects,

@@ -241,24 +241,16 @@ def release(items: Sequence[dict[str, Any]]) -> int:
     return sum(r.applied for r in state_store.transition_many(table_name(TRACKING), changes))
 
 
-def claim_batch(candidates: Iterator[dict[str, Any]], batch_size: int, placeholder: str) -> list[dict[str, Any]]:
-    """Claim from ``candidates`` until ``batch_size`` files are won or the candidates run out."""
-    won: list[dict[str, Any]] = []
-    while len(won) < batch_size:
-        chunk = [item for _, item in zip(range(batch_size - len(won)), candidates)]
-        if not chunk:
-            break
-        won += _claim(chunk, placeholder)
-    return won
-
-
-def next_sequence(date_prefix: str) -> int:
-    """The date's next manifest number (an atomic ADD on a meta-record), so names never collide."""
+def next_sequences(date_prefix: str, count: int = 1) -> list[int]:
+    """``count`` fresh manifest numbers for a date (one atomic ADD on a meta-record), so names never collide."""
     table = table_name(TRACKING)
     key = tracking_key(date_prefix, keys.MANIFEST_SEQUENCE_KEY)
-    state_store.create_if_absent(table, {**key, "sequence": 0}, TRACKING_KEYS)
-    result = state_store.transition(table, key, None, None, add={"sequence": 1})
-    return int(result.item["sequence"])
+    result = state_store.transition(table, key, None, None, add={"sequence": count})
+    if not result.applied:  # the date's first manifest: create the counter, then count
+        state_store.create_if_absent(table, {**key, "sequence": 0}, TRACKING_KEYS)
+        result = state_store.transition(table, key, None, None, add={"sequence": count})
+    last = int(result.item["sequence"])
+    return list(range(last - count + 1, last + 1))
 
 
 @dataclass(frozen=True)
@@ -271,66 +263,78 @@ class ManifestRef:
     file_count: int
 
 
-def write_manifest(date_prefix: str, files: Sequence[dict[str, Any]], config: EtlSettings, partial: bool) -> ManifestRef:
-    """Manifest JSON (``fileLocations[].URIPrefixes[]``) and its ``MANIFEST#`` record (status ``pending``)."""
+def write_manifests(date_prefix: str, groups: Sequence[Sequence[dict[str, Any]]], config: EtlSettings, partial: bool) -> list[ManifestRef]:
+    """For each group of claimed files: manifest JSON (``fileLocations[].URIPrefixes[]``), its ``MANIFEST#`` record
+    (``pending``), and the files' ``manifest_path`` moved from the claim placeholder to the manifest (guarded)."""
+    if not groups:
+        return []
     created = now()
-    name = keys.manifest_name(next_sequence(date_prefix), created)
-    urls = [item["file_path"] for item in sorted(files, key=lambda i: i["file_key"])]
-    document = {
-        "fileLocations": [{"URIPrefixes": urls}],
-        "date_prefix": date_prefix,
-        "manifest_name": name,
-        "file_count": len(urls),
-        "partial_batch": partial,
-        "created_at": iso(created),
-    }
-    path = store(config.manifest_store_url).put_bytes(keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
-    record = {
-        **tracking_key(date_prefix, keys.manifest_record_key(name)),
-        "status": PENDING,
-        "manifest_path": path,
-        "file_count": len(urls),
-        "partial_batch": partial,
-        "created_at": iso(created),
-        "updated_at": iso(created),
-        "ttl": ttl_epoch(config),
-    }
-    state_store.create_if_absent(table_name(TRACKING), record, TRACKING_KEYS)
-    # the claimed files now point at the real manifest (they stay manifested#N; only the path changes)
-    changes = [(tracking_key(i["date_prefix"], i["file_key"]), i["status"], None, {"manifest_path": path}) for i in files]
+    target = store(config.manifest_store_url)
+    refs, records, changes = [], [], []
+    for sequence, files in zip(next_sequences(date_prefix, len(groups)), groups):
+        name = keys.manifest_name(sequence, created)
+        urls = [item["file_path"] for item in sorted(files, key=lambda i: i["file_key"])]
+        is_partial = partial or len(urls) < config.max_files_per_manifest
+        document = {
+            "fileLocations": [{"URIPrefixes": urls}],
+            "date_prefix": date_prefix,
+            "manifest_name": name,
+            "file_count": len(urls),
+            "partial_batch": is_partial,
+            "created_at": iso(created),
+        }
+        path = target.put_bytes(keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
+        records.append({
+            **tracking_key(date_prefix, keys.manifest_record_key(name)),
+            "status": PENDING,
+            "manifest_path": path,
+            "file_count": len(urls),
+            "partial_batch": is_partial,
+            "created_at": iso(created),
+            "updated_at": iso(created),
+            "ttl": ttl_epoch(config),
+        })
+        # the claimed files point at their manifest now (still manifested#N; only the path changes)
+        changes += [(tracking_key(i["date_prefix"], i["file_key"]), i["status"], None, {"manifest_path": path}) for i in files]
+        refs.append(ManifestRef(date_prefix, name, path, len(urls)))
+    state_store.create_many_if_absent(table_name(TRACKING), records, TRACKING_KEYS)
     state_store.transition_many(table_name(TRACKING), changes)
-    return ManifestRef(date_prefix, name, path, len(urls))
+    return refs
 
 
 def create_manifests(
-    date_prefix: str, threshold: int, config: EtlSettings, partial: bool = False, attempts: int = 3
+    date_prefix: str, threshold: int, config: EtlSettings, partial: bool = False, attempts: int = 3, claim_size: int = 100,
 ) -> list[ManifestRef]:
     """Claim-first batching of one date: batches of ``MAX_FILES_PER_MANIFEST``, none smaller than ``threshold``.
 
-    Claims are per-file conditional writes, so concurrent callers never share a file; a caller that wins
-    fewer than ``threshold`` files releases them and (after a jittered pause) looks again.
+    Claims are per-file conditional writes (``pending#N → manifested#N`` with a placeholder path), up to
+    ``claim_size`` per transaction, so concurrent callers never share a file; each caller starts at a random
+    point of the pending list to keep out of the others' way. Whatever is left below ``threshold`` is released
+    (``manifested#N → pending#N``) and, after a jittered pause, the date is looked at again.
     """
     batch_size = config.max_files_per_manifest
     threshold = max(1, min(threshold, batch_size))
+    step = max(batch_size, claim_size - claim_size % batch_size)
     made: list[ManifestRef] = []
     for attempt in range(attempts):
         pending = pending_files(date_prefix)
         if len(pending) < threshold:
             break
-        candidates = iter(pending)
-        released = False
-        while True:
-            won = claim_batch(candidates, batch_size, keys.claim_placeholder(uuid.uuid4().hex))
-            if not won:
-                break
-            if len(won) < threshold:
-                release(won)
-                released = True
-                break
-            made.append(write_manifest(date_prefix, won, config, partial=partial or len(won) < batch_size))
-        if not released:
-            break
-        time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+        start = random.randrange(len(pending))
+        pending = pending[start:] + pending[:start]
+        held: list[dict[str, Any]] = []
+        for offset in range(0, len(pending), step):
+            held += _claim(pending[offset:offset + step], keys.claim_placeholder(uuid.uuid4().hex))
+            full = len(held) - len(held) % batch_size
+            made += write_manifests(date_prefix, [held[i:i + batch_size] for i in range(0, full, batch_size)], config, partial)
+            held = held[full:]
+        if len(held) >= threshold:
+            made += write_manifests(date_prefix, [held], config, partial=True)
+        elif held:
+            release(held)
+            time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+            continue
+        break
     return made
 
 

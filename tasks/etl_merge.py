@@ -147,6 +147,30 @@ def _stringify(table: pa.Table, data: bytes) -> pa.Table:
     return pa.table(columns)
 
 
+def _date_columns(table: pa.Table) -> list[str]:
+    return [f.name for f in table.schema if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)]
+
+
+def _read_strings_as_written(data: bytes) -> pa.Table:
+    """pyarrow's reader, keeping date-like strings as written (pyarrow would turn them into timestamps)."""
+    sample = data[: 1 << 20]
+    sample = sample[: sample.rfind(b"\n") + 1] or sample
+    try:  # the first MB says which columns pyarrow would re-type; those are read as strings
+        dates = _date_columns(pajson.read_json(io.BytesIO(sample)))
+    except (pa.ArrowInvalid, ValueError):
+        dates = []
+    for _ in range(2):
+        options = pajson.ParseOptions(
+            explicit_schema=pa.schema([(name, pa.string()) for name in dates]), unexpected_field_behavior="infer"
+        )
+        table = pajson.read_json(io.BytesIO(data), parse_options=options)
+        later = _date_columns(table)
+        if not later:
+            return table
+        dates += later  # a date-like column that the sample did not show: read again with it
+    return table
+
+
 def read_ndjson(url: str) -> FileResult:
     """One NDJSON file as a table of strings; pyarrow's reader first, the line-by-line path when a line is bad."""
     try:
@@ -155,13 +179,7 @@ def read_ndjson(url: str) -> FileResult:
     except (ObjectNotFound, FileNotFoundError):
         return FileResult(url, error="file disappeared before the merge (not found)")
     try:
-        table = pajson.read_json(io.BytesIO(data))
-        timestamps = [f.name for f in table.schema if pa.types.is_timestamp(f.type) or pa.types.is_date(f.type)]
-        if timestamps:  # keep date strings as written: read those columns as strings
-            schema = pa.schema([(name, pa.string()) for name in timestamps])
-            options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer")
-            table = pajson.read_json(io.BytesIO(data), parse_options=options)
-        table = _stringify(table, data)
+        table = _stringify(_read_strings_as_written(data), data)
     except (pa.ArrowInvalid, ValueError):  # a malformed line, a non-object line or a column changing type
         return _parse_lines(url, data)
     return FileResult(url, table=table, rows=table.num_rows)
@@ -221,8 +239,8 @@ def merge_part(part: int, urls: list[str], date_prefix: str, manifest_name: str,
     for r in results:
         if r.table is not None and r.rows:
             tables.append(
-                r.table.append_column(PROCESSING_TIMESTAMP, pa.array([processed_at] * r.rows, pa.string()))
-                .append_column(SOURCE_FILE, pa.array([r.url] * r.rows, pa.string()))
+                r.table.append_column(PROCESSING_TIMESTAMP, pa.repeat(pa.scalar(processed_at, pa.string()), r.rows))
+                .append_column(SOURCE_FILE, pa.repeat(pa.scalar(r.url, pa.string()), r.rows))
             )
     written = None
     rows = 0

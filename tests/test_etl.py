@@ -252,3 +252,38 @@ def test_ops_remediate_follows_the_manifest_or_releases_dead_claims(etl_env):
     assert main(["etl", "status", "--status", "pending", "--before", TODAY]) == 0
     assert etl_ops.files_with_status("pending", TODAY) == {DAY: 2}
     assert main(["etl", "status"]) == 2  # a clear error, no trace
+
+
+def test_four_ingest_runs_at_once_put_every_file_in_exactly_one_manifest(etl_env, monkeypatch):
+    """Four ndjson-ingest flow runs in threads over 1,020 files on 3 dates, with redelivered events."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")
+    root, table = etl_env["root"], etl_env["table"]
+    dates = ["2026-01-01", "2026-01-02", "2026-01-03"]
+    urls = [write_input(root, dates[i % 3], f"c-{i:04d}.ndjson", [{"i": i, "pad": "x" * 20}]) for i in range(1020)]
+    quarters = [urls[q::4] for q in range(4)]
+    batches = [quarters[q] + quarters[(q + 1) % 4][:40] for q in range(4)]  # SQS redelivers some events elsewhere
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda b: ndjson_ingest(file_urls=b, merge_deployment=MISSING_DEPLOYMENT), batches))
+    assert sum(r["tracked"] for r in results) == 1020 and sum(r["already_tracked"] for r in results) == 160
+    made_by_ingest = [m for r in results for m in r["manifests"]]
+    ndjson_flush_orphans(today=TODAY, merge_deployment=MISSING_DEPLOYMENT)
+
+    manifests = {}
+    for date in dates:
+        for path in (root / "manifests" / date).glob("*.json"):
+            manifests[(date, path.name)] = json.loads(path.read_text())["fileLocations"][0]["URIPrefixes"]
+    listed = [u for files in manifests.values() for u in files]
+    assert len(listed) == len(set(listed)) == 1020 and set(listed) == set(urls)  # disjoint, complete
+    assert all(len(files) == 10 for (d, n), files in manifests.items() if n in made_by_ingest)
+    items = records(table)
+    file_items = {k: v for k, v in items.items() if k[1].startswith("c-")}
+    assert not [v for v in file_items.values() if not v["status"].startswith("manifested#")]  # none pending
+    meta = {k: v for k, v in items.items() if k[1].startswith("MANIFEST#")}
+    assert {(d, keys.manifest_name_from_record_key(f)) for d, f in meta} == set(manifests)
+    for (date, name), files in manifests.items():  # every file points at the one manifest that lists it
+        path = meta[(date, keys.manifest_record_key(name))]["manifest_path"]
+        assert {file_items[(date, Path(u).name)]["manifest_path"] for u in files} == {path}
+        assert meta[(date, keys.manifest_record_key(name))]["file_count"] == len(files)

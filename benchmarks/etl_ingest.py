@@ -1,0 +1,177 @@
+"""Files tracked + claimed per second against DynamoDB Local: the ETL's bulk conditional writes vs per-file requests.
+
+Both sides do the seed's per-file conditional semantics with 4 concurrent ingesters over the same files
+(every file delivered twice, as SQS may): track (``attribute_not_exists(file_key)``) and claim
+(``pending#N → manifested#N``).
+- baseline: one conditional PutItem / UpdateItem per file (the seed Lambda's calls), no manifests;
+- ours: ``tasks.etl`` (validation, ``create_many_if_absent``, claim-first ``transition_many`` batches,
+  manifest JSON + MANIFEST records), then an orphan flush for the remainders.
+Checks: zero double claims (every file in exactly one manifest). Goal: ≥ 100 files/s (seed: 3.9/s).
+
+    .venv/bin/python benchmarks/etl_ingest.py           # 3,000 files (about 1-2 minutes)
+    .venv/bin/python benchmarks/etl_ingest.py --quick   # 600 files (about 20 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ["PIPELINES_USE_BLOCKS"] = "0"  # settings from defaults + env, no Prefect API needed
+os.environ.update(EXPECTED_FILE_SIZE_MB="0.001", SIZE_TOLERANCE_PERCENT="99")
+
+from deployments import dynamodb_local  # noqa: E402
+
+DATES = ["2026-01-01", "2026-01-02", "2026-01-03"]
+WORKERS = 4
+
+
+def make_files(root: Path, count: int) -> list[str]:
+    from tasks import keys
+
+    urls = []
+    for i in range(count):
+        path = root / keys.input_key(DATES[i % len(DATES)], f"bench-{i:06d}.ndjson")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"i": i, "pad": "x" * 40}) + "\n")
+        urls.append(path.as_uri())
+    return urls
+
+
+def use_tables(suffix: str) -> dict[str, str]:
+    from blocks.base import clear_cache
+    from tasks import state_store
+    from tasks.tables import default_names, ensure_tables
+
+    names = {logical: f"{physical}-{suffix}" for logical, physical in default_names("bench").items()
+             if logical.startswith("etl_")}
+    for logical, physical in names.items():
+        os.environ[f"TABLE_{logical.upper()}"] = physical
+    clear_cache()
+    state_store.reset_clients()
+    from tasks.tables import TABLE_SPECS, ensure_table
+
+    for logical, physical in names.items():
+        ensure_table(physical, TABLE_SPECS[logical])
+    return names
+
+
+def deliveries(urls: list[str]) -> list[list[str]]:
+    """Each worker gets its quarter plus the next worker's quarter again (redelivered events)."""
+    quarters = [urls[q::WORKERS] for q in range(WORKERS)]
+    return [quarters[q] + quarters[(q + 1) % WORKERS] for q in range(WORKERS)]
+
+
+def run_baseline(urls: list[str]) -> dict:
+    """Per-file single conditional requests, as the seed's Lambda makes them."""
+    from tasks import etl, keys, state_store
+    from tasks.config import table_name
+
+    config = etl.settings()
+    table = table_name(etl.TRACKING)
+
+    def worker(batch: list[str]) -> int:
+        won = 0
+        for url in batch:
+            check = etl.validate_file(url, config)
+            state_store.create_if_absent(table, etl._file_item(check, etl.PENDING, config), etl.TRACKING_KEYS)
+        for url in batch:
+            name = keys.parse_input_path(url).filename
+            shard = keys.status_shard(name, config.num_status_shards)
+            result = state_store.transition(
+                table, etl.tracking_key(keys.parse_input_path(url).date_prefix, name),
+                keys.sharded_status("pending", shard), keys.sharded_status("manifested", shard),
+                set={"manifest_path": keys.claim_placeholder("baseline")},
+            )
+            won += result.applied
+        return won
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        won = sum(pool.map(worker, deliveries(urls)))
+    return {"claimed": won}
+
+
+def run_ours(urls: list[str], today: str) -> dict:
+    from tasks import etl
+
+    config = etl.settings()
+
+    def worker(batch: list[str]) -> int:
+        checks = etl.validate_files(batch, config)
+        tracked = etl.track_files([c for c in checks if c.valid], config)
+        return sum(len(etl.create_manifests(d, config.max_files_per_manifest, config)) for d in tracked["dates"])
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        manifests = sum(pool.map(worker, deliveries(urls)))
+    for date_prefix in etl.orphan_dates(config, today):  # remainders: the flush's partial batches
+        manifests += len(etl.create_manifests(date_prefix, config.min_files_for_partial_batch, config, partial=True))
+    return {"manifests": manifests}
+
+
+def check_exactly_once(root: Path, urls: list[str]) -> int:
+    """Files listed in more than one manifest (0 expected) after asserting every file is listed."""
+    from tasks import etl
+
+    listed = []
+    for path in (root / "objects" / "manifests").rglob("*.json"):
+        listed += json.loads(path.read_text())["fileLocations"][0]["URIPrefixes"]
+    missing = set(urls) - set(listed)
+    pending = [i for d in DATES for i in etl.file_records(d) if etl.base_status(i) != etl.MANIFESTED]
+    if missing or pending:
+        raise SystemExit(f"FAILED: {len(missing)} files in no manifest, {len(pending)} files not manifested")
+    return len(listed) - len(set(listed))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="600 files")
+    parser.add_argument("--files", type=int)
+    parser.add_argument("--max-files-per-manifest", type=int, default=10)
+    args = parser.parse_args()
+    count = args.files or (600 if args.quick else 3000)
+    os.environ["MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
+    work = Path(tempfile.mkdtemp(prefix="etl-ingest-bench-"))
+    port = dynamodb_local.free_port()
+    process = dynamodb_local.start(port, db_path=None, log_path=work / "dynamodb.log")
+    os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://127.0.0.1:{port}"
+    try:
+        urls = make_files(work / "in", count)
+        print(f"{count} files on {len(DATES)} dates, {WORKERS} concurrent ingesters, each file delivered twice, "
+              f"{args.max_files_per_manifest} files per manifest, DynamoDB Local on :{port}")
+        rates = {}
+        for name in ("baseline", "ours"):
+            use_tables(uuid.uuid4().hex[:8])
+            os.environ["OBJECT_STORE_BASE_URL"] = (work / "objects").as_uri()
+            start = time.perf_counter()
+            result = run_baseline(urls) if name == "baseline" else run_ours(urls, "2026-02-01")
+            elapsed = time.perf_counter() - start
+            rates[name] = count / elapsed
+            print(f"  {name:8s}: {elapsed:6.1f} s, {rates[name]:7.1f} files/s tracked+claimed  {result}")
+            if name == "baseline" and result["claimed"] != count:
+                raise SystemExit(f"FAILED: baseline claimed {result['claimed']} of {count}")
+        doubles = check_exactly_once(work, urls)
+        print(f"double claims: {doubles} (every one of {count} files in exactly one manifest)")
+        ratio = rates["ours"] / rates["baseline"]
+        print(f"RATIO ours/baseline = {ratio:.2f}; ours {rates['ours']:.0f} files/s, goal >= 100: "
+              f"{'met' if rates['ours'] >= 100 else 'NOT met'} (seed target 3.9/s)")
+        return 1 if doubles else 0
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

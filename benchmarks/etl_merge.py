@@ -1,0 +1,113 @@
+"""Merge throughput (MB/s of NDJSON in) of the ETL's Dask/pyarrow merge vs raw pyarrow on the same files.
+
+Baseline, same files, same run: ``pyarrow.json.read_json`` + ``pyarrow.parquet.write_table`` per file (no
+string casting, no metadata columns, no rejects handling). Ours: ``tasks.etl_merge.merge_manifest`` (every
+column to string, nested values as JSON text, ``_processing_timestamp``/``_source_file``, Snappy, ~128 MB
+parts, rejects). Goal: ratio ≥ 0.7.
+
+    .venv/bin/python benchmarks/etl_merge.py            # ~200 MB, 3 repeats (about 2 minutes)
+    .venv/bin/python benchmarks/etl_merge.py --quick    # ~30 MB, 2 repeats (about 20 s)
+    .venv/bin/python benchmarks/etl_merge.py --nested   # records with a nested object and a list too
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pyarrow.json as pajson  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from tasks import etl_merge, keys  # noqa: E402
+
+DATE = "2026-01-01"
+
+
+def make_files(root: Path, files: int, mb_each: float, nested: bool) -> list[str]:
+    """NDJSON files of about ``mb_each`` MB under pipeline/input/{DATE}/ with a realistic mix of types."""
+    rng = random.Random(7)
+    urls = []
+    for f in range(files):
+        path = root / keys.input_key(DATE, f"bench-{f:04d}.ndjson")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines, size, i = [], 0, 0
+        while size < mb_each * 1024 * 1024:
+            record = {
+                "event_id": f * 10_000_000 + i, "user": f"user-{rng.randrange(100000)}", "amount": round(rng.random() * 1000, 2),
+                "flag": rng.random() < 0.5, "country": rng.choice(["FR", "DE", "US", "JP", "BR"]),
+                "event_time": f"2026-01-01T{rng.randrange(24):02d}:{rng.randrange(60):02d}:00Z", "note": None,
+            }
+            if nested:
+                record["device"] = {"os": rng.choice(["ios", "android"]), "version": rng.randrange(20)}
+                record["tags"] = rng.sample(["a", "b", "c", "d"], 2)
+            line = json.dumps(record)
+            lines.append(line)
+            size += len(line) + 1
+            i += 1
+        path.write_text("\n".join(lines) + "\n")
+        urls.append(path.as_uri())
+    return urls
+
+
+def baseline(urls: list[str], out: Path) -> None:
+    for n, url in enumerate(urls):
+        pq.write_table(pajson.read_json(url[len("file://"):]), out / f"raw-{n:04d}.parquet")
+
+
+def ours(urls: list[str], out: Path) -> dict:
+    return etl_merge.merge_manifest(DATE, "batch-0001-20260101-000000.json", urls, out.as_uri(), target_file_mb=128)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="~30 MB, 2 repeats")
+    parser.add_argument("--nested", action="store_true", help="add a nested object and a list to every record")
+    parser.add_argument("--files", type=int)
+    parser.add_argument("--mb-each", type=float, default=10)
+    parser.add_argument("--repeats", type=int)
+    args = parser.parse_args()
+    files = args.files or (3 if args.quick else 20)
+    repeats = args.repeats or (2 if args.quick else 3)
+    work = Path(tempfile.mkdtemp(prefix="etl-merge-bench-"))
+    try:
+        urls = make_files(work / "in", files, args.mb_each, args.nested)
+        mb = sum(Path(u[7:]).stat().st_size for u in urls) / 1024 / 1024
+        print(f"{files} NDJSON files, {mb:.1f} MB{' (nested values)' if args.nested else ''}; {repeats} repeats, interleaved")
+        times = {"baseline": [], "ours": []}
+        rows = None
+        for r in range(repeats):
+            for name in ("baseline", "ours") if r % 2 == 0 else ("ours", "baseline"):
+                out = work / f"out-{name}-{r}"
+                out.mkdir()
+                start = time.perf_counter()
+                if name == "baseline":
+                    baseline(urls, out)
+                else:
+                    summary = ours(urls, out)
+                    rows = summary["rows"]
+                times[name].append(time.perf_counter() - start)
+                shutil.rmtree(out)
+        rates = {name: [mb / t for t in ts] for name, ts in times.items()}
+        for name, values in rates.items():
+            print(f"  {name:8s}: {statistics.median(values):7.1f} MB/s (range {min(values):.1f}-{max(values):.1f})")
+        ratio = statistics.median(rates["ours"]) / statistics.median(rates["baseline"])
+        ratios = [o / b for o, b in zip(rates["ours"], rates["baseline"])]
+        print(f"rows merged per run: {rows}")
+        print(f"RATIO ours/baseline = {ratio:.2f} (per-repeat {min(ratios):.2f}-{max(ratios):.2f}); goal >= 0.7: "
+              f"{'met' if ratio >= 0.7 else 'NOT met'}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
