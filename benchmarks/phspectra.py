@@ -1,0 +1,143 @@
+"""End-to-end spectra/s of the phspectra-survey flow vs a bare ProcessPoolExecutor loop of fit_gaussians.
+
+    .venv/bin/python benchmarks/phspectra.py [--workers N] [--seconds 60] [--channels 424] [--dask] [--quick]
+
+Both sides fit the same spectra of one synthetic cube on the same number of processes, in the same run.
+The cube is sized so the bare loop takes about ``--seconds`` (calibrated on a sample first). The flow time
+is end to end: split, DynamoDB records, fits, Parquet, artifacts. With ``--dask`` the flow runs on a
+LocalCluster of ``--workers`` processes, and is also compared with linear scaling of one process
+(``--workers`` x the single-process rate, measured on a sample of the same spectra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+# this file is named like the phspectra package: its folder goes last on the import path (after site-packages)
+_HERE = [p for p in sys.path if Path(p or ".").resolve() == Path(__file__).resolve().parent]
+sys.path[:] = [p for p in sys.path if p not in _HERE] + _HERE[:1]
+
+from _common import dynamodb_local, rate  # noqa: E402
+
+PARAMS: dict = {}
+
+
+def _fit(spectrum: np.ndarray) -> int:
+    import phspectra
+
+    return len(phspectra.fit_gaussians(spectrum, **PARAMS))
+
+
+def bare_pool(spectra: np.ndarray, workers: int) -> float:
+    """Seconds for a ProcessPoolExecutor of ``workers`` processes to fit every spectrum."""
+    start = time.perf_counter()
+    with ProcessPoolExecutor(workers) as pool:
+        list(pool.map(_fit, spectra, chunksize=4))
+    return time.perf_counter() - start
+
+
+def single_process(spectra: np.ndarray) -> float:
+    start = time.perf_counter()
+    for spectrum in spectra:
+        _fit(spectrum)
+    return time.perf_counter() - start
+
+
+def java_available() -> bool:
+    return shutil.which("java") is not None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seconds", type=float, default=60.0, help="target duration of the bare loop")
+    parser.add_argument("--channels", type=int, default=424)
+    parser.add_argument("--chunks-per-worker", type=int, default=6)
+    parser.add_argument("--dask", action="store_true", help="run the flow on a Dask LocalCluster of --workers")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds = 8.0
+
+    from deployments.samples.phspectra import synthetic_cube
+    from tasks import phspectra as ph
+
+    calibration = ph.prepare_spectra(synthetic_cube(4, 10, args.channels, seed=1, nan_channels=0))[0]
+    per_spectrum = single_process(calibration) / len(calibration)
+    n_target = max(args.workers * args.chunks_per_worker, int(args.seconds * args.workers / per_spectrum))
+    nx = 50
+    ny = math.ceil(n_target / nx)
+    cube = synthetic_cube(ny, nx, args.channels, seed=2, nan_channels=0)
+    spectra = ph.prepare_spectra(cube)[0]
+    n = len(spectra)
+    chunk_size = math.ceil(n / (args.workers * args.chunks_per_worker))
+    print(f"cube {cube.shape}: {n} spectra x {args.channels} channels, {args.workers} workers, chunk_size {chunk_size}"
+          f" (~{per_spectrum * 1000:.0f} ms per spectrum on one core)")  # fmt: skip
+
+    workdir = Path(tempfile.mkdtemp(prefix="phspectra-bench-"))
+    cube_path = workdir / "cube.npy"
+    np.save(cube_path, cube)
+    results: dict[str, float] = {}
+
+    results["bare ProcessPoolExecutor"] = rate(n, bare_pool(spectra, args.workers))
+    print(f"bare ProcessPoolExecutor x{args.workers}: {results['bare ProcessPoolExecutor']:.1f} spectra/s")
+    if args.dask:
+        sample = spectra[:: args.workers]
+        results["linear (1 process x workers)"] = rate(len(sample), single_process(sample)) * args.workers
+        print(f"linear: {results['linear (1 process x workers)']:.1f} spectra/s")
+
+    endpoint_owner = None
+    if not java_available() and not os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"):
+        from moto.server import ThreadedMotoServer  # no Java here: moto's DynamoDB stands in (say so)
+
+        endpoint_owner = ThreadedMotoServer(port=0, verbose=False)
+        endpoint_owner.start()
+        host, port = endpoint_owner.get_host_and_port()
+        os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://{host}:{port}"
+        print("(no Java: DynamoDB records on moto's server instead of DynamoDB Local)")
+    with dynamodb_local():
+        from prefect.testing.utilities import prefect_test_harness
+
+        from tasks.tables import TABLE_SPECS, ensure_table
+
+        table = f"phspectra-bench-{uuid.uuid4().hex[:6]}"
+        os.environ.update(
+            TABLE_PHSPECTRA_RUNS=table, OBJECT_STORE_BASE_URL=(workdir / "objects").as_uri(), PIPELINES_USE_BLOCKS="0"
+        )
+        ensure_table(table, TABLE_SPECS["phspectra_runs"])
+        with prefect_test_harness(server_startup_timeout=180):
+            from flows.phspectra import phspectra_survey
+
+            label = f"flow on {'Dask LocalCluster' if args.dask else 'ThreadPool'} x{args.workers}"
+            start = time.perf_counter()
+            summary = phspectra_survey(
+                cube_url=cube_path.as_uri(), survey="bench", chunk_size=chunk_size, workers=args.workers,
+                dask_workers=args.workers if args.dask else 0,
+            )  # fmt: skip
+            results[label] = rate(n, time.perf_counter() - start)
+            assert summary["spectra_fitted"] == n and summary["jobs_completed"] == summary["jobs_total"], summary
+            print(f"{label}: {results[label]:.1f} spectra/s ({summary['jobs_total']} chunks)")
+    if endpoint_owner is not None:
+        endpoint_owner.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+    print(f"\n{'':40} {'spectra/s':>10} {'flow / this':>12}")
+    for name, value in results.items():
+        print(f"{name:40} {value:10.1f} {results[label] / value:12.3f}")
+    print(f"\nRATIO flow / bare ProcessPoolExecutor = {results[label] / results['bare ProcessPoolExecutor']:.3f} (goal >= 0.95)")
+    if args.dask:
+        print(f"RATIO flow / linear = {results[label] / results['linear (1 process x workers)']:.3f} (goal >= 0.90)")
+
+
+if __name__ == "__main__":
+    main()
