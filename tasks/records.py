@@ -152,7 +152,7 @@ def _record_condition(kind: RecordKind, record: Mapping[str, Any], role: str, e:
     if kind.scope_attr:
         parts.append(f"{e.n(kind.scope_attr)} = {e.v(record[kind.scope_attr])}")
     created = record.get(kind.created_attr)
-    ca = e.n(kind.created_attr)
+    ca = e.n(kind.created_attr) if created is not None else ""
     if created is None:  # identifiable but unvalidated: mark failed, never over a terminal record
         parts.append(f"NOT ({terminal()})")
     elif role in TERMINAL_ROLES:  # newer or equal createdAt

@@ -94,3 +94,25 @@ def test_replay_of_a_subset_and_of_unknown_ids(tables, store_root):
     assert result["written"] == [] and list(result["failed"]) == [first]
     # the other one was not touched
     assert _archive_listing(store_root, dead_letter_prefix(day)) == [f"{report.outcomes[1].id}.json"]
+
+
+def test_sample_messages_through_the_cli(tables, store_root, tmp_path, capsys):
+    from deployments import cli
+    from deployments.samples import records as sample
+
+    sample.make(tmp_path)
+    assert cli.main(["records", "ingest", "--file", str(tmp_path / "records" / "messages.json")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["messages"], summary["ok"], summary["archived"]) == (6, 4, 2)
+    assert summary["records"]["granule"] == {"written": 5, "stale": 3, "rejected": 0}  # 5 = 2 running + 2 completed + 1 marked failed
+    text = sample.report()
+    assert "MOD09GQ.A2017025.h21v00.006: completed collection=MOD09GQ___006 createdAt=1700000000000 productVolume=1050" in text
+    assert "  execution demo-exec-1: completed" in text
+    assert "MOD09GQ.A2017025.h21v02.006: failed" in text  # invalid message, identifiable granule
+    assert cli.main(["records", "dla-list"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert sorted(e["error"]["type"] for e in listing) == ["SchemaValidationError", "UnparsableMessage"]
+    assert cli.main(["records", "dla-show", "--id", "msg-nope"]) == 2
+    assert "no archived message" in capsys.readouterr().err
+    assert cli.main(["records", "reconcile"]) == 0
+    assert json.loads(capsys.readouterr().out) == []

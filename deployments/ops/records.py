@@ -1,0 +1,100 @@
+"""`records` commands: granule/execution records, the dead-letter archive, and reconciliation.
+
+    python -m deployments.cli records ingest --file messages.json      # a JSON list, or one message per line
+    python -m deployments.cli records granule --granule-id G1
+    python -m deployments.cli records execution --arn ARN
+    python -m deployments.cli records dla-list [--day 2026-01-31] [--failed]
+    python -m deployments.cli records dla-show --day 2026-01-31 --id msg-…
+    python -m deployments.cli records replay --day 2026-01-31 [--id msg-… ...]
+    python -m deployments.cli records reconcile [--pipeline phspectra ...] [--apply]   # dry run unless --apply
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tasks import config, dead_letter, reconcile, records_messages, state_store
+from tasks.keys import dead_letter_id, dead_letter_prefix, safe_date
+
+
+def _read_messages(path: str) -> list:
+    text = Path(path).read_text()
+    try:
+        value = json.loads(text)
+    except ValueError:  # one message per line; a line that is not JSON is kept raw and gets archived
+        return [line for line in text.splitlines() if line.strip()]
+    if not isinstance(value, list):
+        raise ValueError(f"{path}: expected a JSON list of messages (or one message per line)")
+    return value
+
+
+def _ingest(args):
+    from flows.records import ingest_messages
+
+    return ingest_messages(_read_messages(args.file))
+
+
+def _get(logical: str, key: dict) -> dict:
+    item = state_store.get_item(config.table_name(logical), key)
+    if item is None:
+        raise LookupError(f"no {logical} record {key}")
+    return state_store.to_plain(item)
+
+
+def _dla_list(args):
+    store = config.object_store()
+    prefix = dead_letter_prefix(safe_date(args.day), failed=args.failed)
+    listing = []
+    for key in store.list(prefix):
+        if "/" in key[len(prefix):]:
+            continue
+        entry = dead_letter.read(key, store)
+        listing.append({"id": dead_letter_id(key), "key": key, "error": entry.get("error"), "attempts": entry.get("attempts")})
+    return listing
+
+
+def _dla_show(args):
+    key = f"{dead_letter_prefix(safe_date(args.day), failed=args.failed)}{args.id}.json"
+    store = config.object_store()
+    if not store.exists(key):
+        raise LookupError(f"no archived message {key}")
+    return dead_letter.read(key, store)
+
+
+def _replay(args):
+    from flows.records import replay_archive
+
+    return replay_archive(safe_date(args.day), args.id or None)
+
+
+def _reconcile(args):
+    return reconcile.rows(reconcile.reconcile(args.pipeline or None, dry_run=not args.apply))
+
+
+def register(subparsers) -> None:
+    group = subparsers.add_parser("records", help="granule/execution records, dead-letter archive, reconciliation (seed 004)")
+    commands = group.add_subparsers(dest="command", required=True)
+
+    def command(name, handler, help_text):
+        parser = commands.add_parser(name, help=help_text)
+        parser.set_defaults(handler=handler)
+        return parser
+
+    command("ingest", _ingest, "write the records of workflow messages from a file").add_argument("--file", required=True)
+    command("granule", lambda a: _get("granules", {"granuleId": a.granule_id}), "one granule record").add_argument(
+        "--granule-id", required=True)
+    command("execution", lambda a: _get("executions", {"arn": a.arn}), "one execution record").add_argument("--arn", required=True)
+    for name, handler, help_text in (("dla-list", _dla_list, "archived messages of a day, with their errors"),
+                                     ("dla-show", _dla_show, "one archived message")):
+        parser = command(name, handler, help_text)
+        parser.add_argument("--day", default=dead_letter.today(), help="YYYY-MM-DD (default: today, UTC)")
+        parser.add_argument("--failed", action="store_true", help="the failed/ archive (failed again on replay)")
+        if name == "dla-show":
+            parser.add_argument("--id", required=True)
+    replay = command("replay", _replay, "reprocess archived messages: written ones deleted, failed ones moved to failed/")
+    replay.add_argument("--day", required=True)
+    replay.add_argument("--id", action="append", help="only this message id (repeatable)")
+    rec = command("reconcile", _reconcile, "compare Prefect run states with the records (dry run unless --apply)")
+    rec.add_argument("--pipeline", action="append", help=f"adapter name (repeatable); known: {', '.join(sorted(reconcile.REGISTRY))}")
+    rec.add_argument("--apply", action="store_true", help="repair through guarded transitions")
