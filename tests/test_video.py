@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import http.server
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -259,15 +263,44 @@ def test_only_one_worker_claims_the_reassembly_lock(tables):
     assert v.claim_reassembly("claim", owner="rescuer", stale_after_s=-1).applied  # a stale claim is taken over
 
 
+_CLAIM_AND_HANG = """
+import sys, time
+from tasks import video
+assert video.claim_reassembly(sys.argv[1], owner="doomed-worker").applied
+print("claimed", flush=True)
+time.sleep(120)
+"""
+
+
 def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, store_root, source_video):
+    from flows.video import video_reassemble
+
     job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
     v.start_chunking(job_id)
     segment_keys = v.chunk_source(job_id, SEGMENT, "identity")
     triggered = [v.infer_segment(k, backend="ffmpeg")["triggered"] for k in segment_keys]
-    assert triggered == [False] * 4 + [True]  # the last completion won the lock ... and its worker died here
+    assert triggered == [False] * 4 + [True]  # the last completion won the lock ... and its worker dies
+
+    # a real reassembly worker claims the lock and is SIGKILLed before it writes anything
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _CLAIM_AND_HANG, job_id], cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert worker.stdout.readline().strip() == "claimed"
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=30)
+    assert worker.returncode == -signal.SIGKILL
     assert v.get_job(job_id)["status"] == "chunking_complete" and v.reassembly_pending(job_id)
-    job = _run(job_id=job_id)
-    assert job["status"] == "completed" and probe(store_root / job["final_key"]).frames == 50
+
+    # a re-run finds the fresh claim and leaves it alone; once the claim is stale, reassembly takes over
+    assert _run(job_id=job_id)["status"] == "chunking_complete"
+    assert not (store_root / keys.final_key(job_id)).exists()
+    result = video_reassemble(job_id, stale_after_s=0)
+    assert result["status"] == "completed" and result["frames"] == 50
+    lock = state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})
+    assert lock["reassembly_owner"] != "doomed-worker" and "reassembly_completed_at" in lock
     assert not v.reassembly_pending(job_id)
 
 
