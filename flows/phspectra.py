@@ -32,6 +32,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks import phspectra as ph
+from tasks.phspectra_worker import warm_up
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
@@ -137,6 +138,8 @@ def phspectra_survey(
         starts, slow_starts = ph.chunks_to_fit(run_id, stuck_before)
         logger.info("resuming run %s: %d chunk(s) to fit, %d for the slow lane", run_id, len(starts), len(slow_starts))
     else:
+        if not (dask_address or dask_workers):
+            warm_up()  # the fitting fork server starts while the cube is split
         run_id = run_id or str(uuid.uuid4())
         split = split_cube_task(run_id, survey, cube_url, chunk_size, fit_params, output_url)
         starts, slow_starts, stuck_before = split["starts"], [], None

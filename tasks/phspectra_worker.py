@@ -160,6 +160,11 @@ def _fork_server() -> _ForkServer:
         return _server
 
 
+def warm_up() -> None:
+    """Start this process's fork server in the background (it imports numpy/scipy/phspectra once)."""
+    threading.Thread(target=_fork_server, name="phspectra-forkserver-warm-up", daemon=True).start()
+
+
 def serve(address: str) -> None:
     """The fork server's loop; it exits when its parent dies."""
     from multiprocessing.connection import Listener

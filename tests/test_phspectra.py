@@ -325,3 +325,13 @@ def test_the_flow_reports_bad_input_and_cannot_resume_it(tables, store_root, tmp
     with pytest.raises(ValueError, match="failed before its chunks were written"):
         phspectra_survey(cube_url=cube_url, survey="grs-bad", run_id="bad-flow")
     assert to_plain(ph.get_run("bad-flow"))["status"] == "FAILED" and ph.list_chunks("bad-flow") == []
+
+
+def test_the_fits_run_on_a_dask_local_cluster(tables, store_root, tmp_path):
+    from flows.phspectra import phspectra_survey
+
+    cube_url = fits_cube(tmp_path, ny=2, nx=3, n_channels=48, nan_channels=0)
+    summary = phspectra_survey(cube_url=cube_url, survey="grs-dask", chunk_size=3, dask_workers=2)
+    assert summary["jobs_completed"] == summary["jobs_total"] == 2
+    assert output_rows(store_root, "grs-dask", summary["run_id"]) == direct_rows(cube_url, {})
+    assert all(c["prefect_task_run_id"] and c["worker_host"] for c in chunk_items(summary["run_id"]).values())
