@@ -304,20 +304,24 @@ def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, stor
     assert not v.reassembly_pending(job_id)
 
 
-def test_delete_cleans_up_and_the_job_reads_as_not_found(tables, store_root, source_video, capsys):
+def test_delete_cleans_up_and_the_job_reads_as_not_found(tables, store_root, tmp_path, capsys):
     from deployments.cli import main
+    from deployments.samples.video import make, report
 
-    job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
     other = _upload(store_root, b"another job's upload")  # must survive the cleanup
     with pytest.raises(ValueError, match="is created: only completed or failed jobs can be deleted"):
-        v.request_delete(job_id)
-    assert _run(job_id=job_id)["status"] == "completed"
+        v.request_delete(other)
+    # the demo's parameters: the flow creates the job from a source_url
+    job = video_process(**make(tmp_path / "demo"), segment_retry_delays=[0, 0])
+    job_id = job["job_id"]
+    assert (job["status"], job["total_segments"], job["mode"]) == ("completed", 6, "grayscale")
+    assert report(job_id).splitlines()[0] == f"video job {job_id}: completed, 6 segments, mode grayscale"
     assert v.request_delete(job_id)["status"] == "deleted"
     with pytest.raises(LookupError, match="not found"):
         v.get_job(job_id)
     assert job_id not in [j["job_id"] for j in v.list_jobs()]
     removed = video_delete_cleanup(job_id)
-    assert removed == {"objects": 1 + 5 + 5 + 1, "completion_records": 5, "locks": 1}
+    assert removed == {"objects": 1 + 6 + 6 + 1, "completion_records": 6, "locks": 1}
     assert _objects(store_root) == [keys.source_key(other)]
     assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
     row = state_store.get_item(tables["video_jobs"], {"job_id": job_id})
