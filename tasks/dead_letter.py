@@ -10,16 +10,15 @@ is deleted without having been written or moved.
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from tasks import config
+from tasks.records import run_logger
 from tasks.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix, safe_id
 
-log = logging.getLogger("records.dead_letter")
 
 # process(payloads, ids) -> one error dict (or None when written) per payload
 Processor = Callable[[list[Any], list[str]], list[Mapping[str, Any] | None]]
@@ -55,7 +54,7 @@ def archive(
         "previous_errors": list(previous_errors),
     }
     store.put_bytes(key, json.dumps(entry, indent=2, sort_keys=True, default=str).encode())
-    log.warning("archived message %s to %s: %s", message_id, key, error.get("message"))
+    run_logger().warning("archived message %s to %s: %s", message_id, key, error.get("message"))
     return key
 
 

@@ -16,7 +16,6 @@ Prefect API for the runs' states and decides, with one rule for every pipeline (
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -24,10 +23,10 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from tasks import config, state_store
+from tasks.records import run_logger
 from tasks.keys import CHUNK_SK_PREFIX, RUN_SK
 from tasks.state_store import Condition, Increment
 
-log = logging.getLogger("records.reconcile")
 
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 BAD = {"FAILED", "CRASHED", "CANCELLED"}
@@ -312,7 +311,7 @@ def reconcile(pipelines: Sequence[str] | None = None, dry_run: bool = True, run_
             if not dry_run:
                 result = adapter.repair(record, reason)
                 finding.outcome = "applied" if result.applied else "stale"
-            log.warning("%s %s: %s (%s)", adapter.name, finding.record, finding.problem, finding.outcome)
+            run_logger().warning("%s %s: %s (%s)", adapter.name, finding.record, finding.problem, finding.outcome)
             findings.append(finding)
         scopes = None if run_ids is None else {r.scope for r in tracked[adapter.name] if r.scope}
         if scopes is None or scopes:

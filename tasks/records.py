@@ -38,8 +38,17 @@ QUEUED, RUNNING, COMPLETED, FAILED = "queued", "running", "completed", "failed"
 LIGHT_ROLES = (QUEUED, RUNNING)
 TERMINAL_ROLES = (COMPLETED, FAILED)
 
-log = logging.getLogger("records")
 _deserializer = TypeDeserializer()
+
+
+def run_logger(name: str = "records") -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run logger inside a flow/task run (so drops show in the UI), else a standard logger."""
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:  # MissingContextError outside a run
+        return logging.getLogger(name)
 
 
 @dataclass(frozen=True)
@@ -364,7 +373,7 @@ def write_many(kind: RecordKind, records: Sequence[Mapping[str, Any]], table: st
             results.append(RecordResult(kind.name, key, status, Verdict.WRITTEN))
             continue
         verdict, why, current = _explain(op, reasons)
-        log.info("%s %s %s write %s: %s", kind.name, key, status, verdict.value, why)
+        run_logger().info("%s %s %s write %s: %s", kind.name, key, status, verdict.value, why)
         results.append(RecordResult(kind.name, key, status, verdict, why, current))
     return results
 

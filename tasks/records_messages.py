@@ -57,7 +57,7 @@ MESSAGE_SCHEMA: dict[str, Any] = {
     "properties": {
         "cumulus_meta": {
             "type": "object",
-            "required": ["state_machine", "execution_name", "workflow_start_time"],
+            "required": ["state_machine", "execution_name"],
             "properties": {
                 "state_machine": {"type": "string", "pattern": r"^arn:aws[a-z-]*:states:[^:]*:[^:]*:stateMachine:[A-Za-z0-9_-]{1,80}$"},
                 "execution_name": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,80}$"},
@@ -131,10 +131,13 @@ def validate(message: Mapping[str, Any]) -> None:
         where = "/".join(str(p) for p in error.absolute_path) or "(message)"
         problems.append(f"{where}: {error.message}")
     status = (message.get("meta") or {}).get("status") if isinstance(message.get("meta"), dict) else None
+    start = message["cumulus_meta"].get("workflow_start_time") if isinstance(message.get("cumulus_meta"), dict) else 0
     granules = (message.get("payload") or {}).get("granules") if isinstance(message.get("payload"), dict) else None
     for index, granule in enumerate(granules or []):
         if isinstance(granule, dict) and status is None and granule.get("status") is None:
             problems.append(f"payload/granules/{index}: no status (neither meta.status nor granule.status)")
+        if isinstance(granule, dict) and start is None and granule.get("createdAt") is None:
+            problems.append(f"payload/granules/{index}: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)")
     if problems:
         raise MessageError("SchemaValidationError", "; ".join(problems))
 
@@ -163,7 +166,7 @@ def derive(message: Mapping[str, Any], now_ms: int) -> tuple[dict[str, Any] | No
     """(execution record or None, granule records) of a valid message, per the seed's field table."""
     cumulus_meta, meta = message["cumulus_meta"], message["meta"]
     payload = message.get("payload") or {}
-    start = cumulus_meta["workflow_start_time"]
+    start = cumulus_meta.get("workflow_start_time")
     arn, collection = execution_arn(message), collection_id(message)
     provider = meta.get("provider")
     provider = provider.get("id") if isinstance(provider, dict) else provider
@@ -171,7 +174,7 @@ def derive(message: Mapping[str, Any], now_ms: int) -> tuple[dict[str, Any] | No
         "collectionId": collection,
         "timestamp": now_ms,
         "updatedAt": now_ms,
-        "duration": max(0, now_ms - start) / 1000,
+        "duration": None if start is None else max(0, now_ms - start) / 1000,
         "processingStartDateTime": _iso(start),
         "processingEndDateTime": _iso(cumulus_meta.get("workflow_stop_time")),
     }
@@ -204,7 +207,7 @@ def derive(message: Mapping[str, Any], now_ms: int) -> tuple[dict[str, Any] | No
             "arn": arn,
             "name": cumulus_meta["execution_name"],
             "status": meta["status"],
-            "createdAt": start,
+            "createdAt": start if start is not None else min((g["createdAt"] for g in granules), default=None),
             "type": meta.get("workflow_name"),
             "error": _error(message) if meta["status"] in records.TERMINAL_ROLES else None,
         }

@@ -45,7 +45,7 @@ def expected_granule(msg: dict, granule_id: str | None = None) -> dict:
     return record
 
 
-def test_derived_fields_follow_the_seed_table(tables):
+def test_derived_fields_follow_the_seed_table():
     msg = message("completed", "exec-a", 1_700_000_000_000, extra_ignored=None)
     msg["cumulus_meta"]["workflow_stop_time"] = 1_700_000_600_000
     msg["meta"]["granule"] = {"queryFields": {"cnm": "x"}}
@@ -77,6 +77,14 @@ def test_derived_fields_follow_the_seed_table(tables):
     assert execution["arn"] == granules[0]["execution"] and execution["status"] == "completed"
     msg["payload"]["granules"][0]["files"] = None
     assert records_messages.derive(msg, NOW)[1][0]["files"] == []
+    # createdAt: workflow_start_time, else the granule's own createdAt; neither is a schema error
+    del msg["cumulus_meta"]["workflow_start_time"]
+    msg["payload"]["granules"][0]["createdAt"] = 1_650_000_000_000
+    records_messages.validate(msg)
+    assert records_messages.derive(msg, NOW)[1][0]["createdAt"] == 1_650_000_000_000
+    del msg["payload"]["granules"][0]["createdAt"]
+    with pytest.raises(records_messages.MessageError, match=r"payload/granules/0: no createdAt \(neither"):
+        records_messages.validate(msg)
 
 
 def test_terminal_write_then_stale_running_and_older_completed_are_dropped(tables):
@@ -147,10 +155,10 @@ def _permutation_messages(order_index: int) -> list[dict]:
 
 
 def test_every_order_ends_at_newest_terminal_and_no_light_write_overwrites_terminal(tables):
-    """120 shuffled orders of 6 messages, one granule per order, applied step by step in bulk."""
+    """100 shuffled orders of 6 messages, one granule per order, applied step by step in bulk."""
     rng = random.Random(7)
     all_orders = list(itertools.permutations(range(6)))
-    chosen = rng.sample(all_orders, 120)
+    chosen = rng.sample(all_orders, 100)
     sets = [_permutation_messages(i) for i in range(len(chosen))]
     snapshots: dict[str, dict] = {}
     stale = light_after_terminal = 0
@@ -180,7 +188,7 @@ def test_every_order_ends_at_newest_terminal_and_no_light_write_overwrites_termi
     executions = {e["arn"].rsplit(":", 1)[1]: e["status"] for e in state_store.scan_all(tables["executions"])}
     assert {executions[f"A-{i:03d}"] for i in range(len(chosen))} == {"completed"}
     assert {executions[f"B-{i:03d}"] for i in range(len(chosen))} == {"failed"}
-    assert stale > 0 and light_after_terminal > 100  # the invariant was exercised, not vacuous
+    assert stale > 0 and light_after_terminal > 80  # the invariant was exercised, not vacuous
 
 
 def test_concurrent_shuffled_writers_end_at_newest_terminal(tables):
