@@ -18,6 +18,7 @@ def test_gpu_backend_refuses_cleanly_without_a_gpu(tmp_path):
     assert not (tmp_path / "o.mp4").exists()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(NO_GPU is not None, reason=f"no usable GPU: {NO_GPU}")
 @pytest.mark.parametrize("mode", sorted(video_ffmpeg.FILTERS))
 def test_gpu_backend_encodes_every_mode_with_nvenc(tmp_path, mode):
