@@ -84,6 +84,8 @@ def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False)
 def records_prefect_state(event: dict[str, Any]) -> list[dict]:
     """A Prefect flow-run/task-run Crashed/Failed event -> repair the records of that run."""
     name, run_ids = reconcile.run_ids_from_event(event)
+    states = reconcile.wait_until_ended(run_ids)
+    get_run_logger().info("event %s: Prefect now says %s", name, {r: s.name for r, s in states.items()})
     findings = reconcile_task(None, False, sorted(run_ids))
     get_run_logger().info("event %s for %s: %d records repaired", name, ", ".join(run_ids), len(findings))
     _summary_artifact("records-prefect-state", findings, False)

@@ -339,6 +339,19 @@ def run_ids_from_event(event: Mapping[str, Any]) -> tuple[str, set[str]]:
     raise ValueError(f"not a Prefect flow-run/task-run event: resource id {resource_id!r} (event {name!r})")
 
 
+def wait_until_ended(run_ids: set[str], timeout: float = 15.0, poll: float = 1.0) -> dict[str, RunState]:
+    """The runs' states once every one is terminal (or at ``timeout``): an event can arrive before the API
+    shows the state it announces (task-run states are recorded from events)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        states = prefect_states(run_ids, run_ids)
+        if all(r in states and states[r].type in TERMINAL for r in run_ids) or time.monotonic() >= deadline:
+            return states
+        time.sleep(poll)
+
+
 def rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
     """Findings as table-artifact rows."""
     return [asdict(f) for f in findings]
@@ -346,5 +359,5 @@ def rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
 
 __all__ = [
     "Adapter", "Finding", "REGISTRY", "RunState", "TableAdapter", "Tracked", "disagreements", "effective_state",
-    "prefect_states", "reconcile", "register", "rows", "run_ids_from_event", "transition_for",
+    "prefect_states", "reconcile", "register", "rows", "run_ids_from_event", "transition_for", "wait_until_ended",
 ]
