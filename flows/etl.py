@@ -97,7 +97,9 @@ def ndjson_ingest(
     tracked = track_task([c for c in checks if c.valid], config)
     made: list[ManifestRef] = []
     for date_prefix in tracked["dates"]:
-        made += create_manifests_task(date_prefix, config.max_files_per_manifest, config)
+        made += create_manifests_task(
+            date_prefix, config.max_files_per_manifest, config, prefer=tracked["new_files"].get(date_prefix, [])
+        )
     launches = _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)
     summary = {
         "files": len(checks),

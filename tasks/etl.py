@@ -195,6 +195,7 @@ def track_files(checks: Sequence[FileCheck], config: EtlSettings) -> dict[str, A
     new = [item for item, r in zip(items, results) if r.applied]
     return {
         "tracked": len(new),
+        "new_files": {d: [i["file_key"] for i in new if i["date_prefix"] == d] for d in sorted({i["date_prefix"] for i in new})},
         "already_tracked": len(items) - len(new),
         "dates": sorted({item["date_prefix"] for item in items}),
     }
@@ -219,16 +220,21 @@ def pending_files(date_prefix: str) -> list[dict[str, Any]]:
     return [item for item in file_records(date_prefix) if base_status(item) == PENDING]
 
 
-def _claim(items: Sequence[dict[str, Any]], placeholder: str) -> list[dict[str, Any]]:
-    """Per-file conditional claims ``pending#N → manifested#N``: the files this caller won."""
+def _claim(items: Sequence[dict[str, Any]], placeholders: str | Sequence[str]) -> list[dict[str, Any]]:
+    """Per-file conditional claims ``pending#N → manifested#N`` (each with its placeholder manifest path):
+    the files this caller won."""
     stamp = iso()
-    sets = {"manifest_path": placeholder, "updated_at": stamp, "manifested_at": stamp, **run_ids()}
+    if isinstance(placeholders, str):
+        placeholders = [placeholders] * len(items)
+    ids = run_ids()
     changes = [
-        (tracking_key(i["date_prefix"], i["file_key"]), i["status"], with_shard(MANIFESTED, i["status"]), sets)
-        for i in items
+        (tracking_key(i["date_prefix"], i["file_key"]), i["status"], with_shard(MANIFESTED, i["status"]),
+         {"manifest_path": path, "updated_at": stamp, "manifested_at": stamp, **ids})
+        for i, path in zip(items, placeholders)
     ]
     results = state_store.transition_many(table_name(TRACKING), changes)
-    return [dict(item, status=change[2]) for item, change, r in zip(items, changes, results) if r.applied]
+    return [dict(item, status=change[2], manifest_path=change[3]["manifest_path"])
+            for item, change, r in zip(items, changes, results) if r.applied]
 
 
 def release(items: Sequence[dict[str, Any]]) -> int:
@@ -263,16 +269,26 @@ class ManifestRef:
     file_count: int
 
 
-def write_manifests(date_prefix: str, groups: Sequence[Sequence[dict[str, Any]]], config: EtlSettings, partial: bool) -> list[ManifestRef]:
-    """For each group of claimed files: manifest JSON (``fileLocations[].URIPrefixes[]``), its ``MANIFEST#`` record
-    (``pending``), and the files' ``manifest_path`` moved from the claim placeholder to the manifest (guarded)."""
-    if not groups:
-        return []
+def reserve_manifests(date_prefix: str, count: int, config: EtlSettings) -> list[tuple[str, str]]:
+    """``count`` fresh (name, path) pairs: where manifests will be written (nothing is written yet)."""
     created = now()
     target = store(config.manifest_store_url)
+    names = [keys.manifest_name(sequence, created) for sequence in next_sequences(date_prefix, count)]
+    return [(name, target.url_for(keys.manifest_key(date_prefix, name))) for name in names]
+
+
+def write_manifests(
+    date_prefix: str, groups: Sequence[tuple[str, str, Sequence[dict[str, Any]]]], config: EtlSettings, partial: bool
+) -> list[ManifestRef]:
+    """For each (name, path, claimed files): the manifest JSON (``fileLocations[].URIPrefixes[]``), its
+    ``MANIFEST#`` record (``pending``), and, for files claimed under another placeholder, their
+    ``manifest_path`` moved to this manifest (guarded on ``manifested#N``)."""
+    if not groups:
+        return []
+    created = iso()
+    target = store(config.manifest_store_url)
     refs, records, changes = [], [], []
-    for sequence, files in zip(next_sequences(date_prefix, len(groups)), groups):
-        name = keys.manifest_name(sequence, created)
+    for name, path, files in groups:
         urls = [item["file_path"] for item in sorted(files, key=lambda i: i["file_key"])]
         is_partial = partial or len(urls) < config.max_files_per_manifest
         document = {
@@ -281,36 +297,59 @@ def write_manifests(date_prefix: str, groups: Sequence[Sequence[dict[str, Any]]]
             "manifest_name": name,
             "file_count": len(urls),
             "partial_batch": is_partial,
-            "created_at": iso(created),
+            "created_at": created,
         }
-        path = target.put_bytes(keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
+        target.put_bytes(keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
         records.append({
             **tracking_key(date_prefix, keys.manifest_record_key(name)),
             "status": PENDING,
             "manifest_path": path,
             "file_count": len(urls),
             "partial_batch": is_partial,
-            "created_at": iso(created),
-            "updated_at": iso(created),
+            "created_at": created,
+            "updated_at": created,
             "ttl": ttl_epoch(config),
         })
-        # the claimed files point at their manifest now (still manifested#N; only the path changes)
-        changes += [(tracking_key(i["date_prefix"], i["file_key"]), i["status"], None, {"manifest_path": path}) for i in files]
+        changes += [(tracking_key(i["date_prefix"], i["file_key"]), i["status"], None, {"manifest_path": path})
+                    for i in files if i.get("manifest_path") != path]
         refs.append(ManifestRef(date_prefix, name, path, len(urls)))
     state_store.create_many_if_absent(table_name(TRACKING), records, TRACKING_KEYS)
-    state_store.transition_many(table_name(TRACKING), changes)
+    if changes:
+        state_store.transition_many(table_name(TRACKING), changes)
     return refs
+
+
+def _regroup(
+    held: list[dict[str, Any]], size: int, date_prefix: str, config: EtlSettings, used: set[str]
+) -> list[tuple[str, str, list]]:
+    """Groups of ``size`` taken from ``held`` (files won under several placeholders), each named after its most
+    common placeholder (fewest path updates) or, when that one is ``used`` already, a fresh name."""
+    groups = []
+    while len(held) >= size:
+        files, held[:] = held[:size], held[size:]
+        path = max({f["manifest_path"] for f in files}, key=lambda p: sum(f["manifest_path"] == p for f in files))
+        if path in used:
+            name, path = reserve_manifests(date_prefix, 1, config)[0]
+        else:
+            name = path.rsplit("/", 1)[1]
+        used.add(path)
+        groups.append((name, path, files))
+    return groups
 
 
 def create_manifests(
     date_prefix: str, threshold: int, config: EtlSettings, partial: bool = False, attempts: int = 3, claim_size: int = 100,
+    prefer: Sequence[str] = (),
 ) -> list[ManifestRef]:
     """Claim-first batching of one date: batches of ``MAX_FILES_PER_MANIFEST``, none smaller than ``threshold``.
 
-    Claims are per-file conditional writes (``pending#N → manifested#N`` with a placeholder path), up to
-    ``claim_size`` per transaction, so concurrent callers never share a file; each caller starts at a random
-    point of the pending list to keep out of the others' way. Whatever is left below ``threshold`` is released
-    (``manifested#N → pending#N``) and, after a jittered pause, the date is looked at again.
+    Manifest names are reserved first (an atomic counter); each file is then claimed with a per-file
+    conditional write (``pending#N → manifested#N``) whose placeholder ``manifest_path`` is where its manifest
+    will be written, up to ``claim_size`` per transaction, so concurrent callers never share a file. Batches
+    won whole are written as they are; the files of broken batches are regrouped (their paths updated), and
+    whatever is left below ``threshold`` is released (``manifested#N → pending#N``) and, after a jittered pause,
+    the date is looked at again. Each caller claims the files it tracked itself first (``prefer``: file keys),
+    then the others from a random point of the pending list, away from concurrent callers.
     """
     batch_size = config.max_files_per_manifest
     threshold = max(1, min(threshold, batch_size))
@@ -321,15 +360,26 @@ def create_manifests(
         if len(pending) < threshold:
             break
         start = random.randrange(len(pending))
-        pending = pending[start:] + pending[:start]
+        mine = set(prefer)
+        pending = sorted(pending[start:] + pending[:start], key=lambda item: item["file_key"] not in mine)
         held: list[dict[str, Any]] = []
+        used: set[str] = set()
         for offset in range(0, len(pending), step):
-            held += _claim(pending[offset:offset + step], keys.claim_placeholder(uuid.uuid4().hex))
-            full = len(held) - len(held) % batch_size
-            made += write_manifests(date_prefix, [held[i:i + batch_size] for i in range(0, full, batch_size)], config, partial)
-            held = held[full:]
+            chunk = pending[offset:offset + step]
+            slots = reserve_manifests(date_prefix, -(-len(chunk) // batch_size), config)
+            won = _claim(chunk, [slots[i // batch_size][1] for i in range(len(chunk))])
+            groups = []
+            for name, path in slots:
+                files = [f for f in won if f["manifest_path"] == path]
+                if len(files) == batch_size:
+                    groups.append((name, path, files))
+                    used.add(path)
+                else:
+                    held += files
+            groups += _regroup(held, batch_size, date_prefix, config, used)
+            made += write_manifests(date_prefix, groups, config, partial)
         if len(held) >= threshold:
-            made += write_manifests(date_prefix, [held], config, partial=True)
+            made += write_manifests(date_prefix, _regroup(held, len(held), date_prefix, config, used), config, partial=True)
         elif held:
             release(held)
             time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
