@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seconds", type=float, default=60.0, help="target duration of the bare loop")
     parser.add_argument("--channels", type=int, default=424)
-    parser.add_argument("--chunks-per-worker", type=int, default=6)
+    parser.add_argument("--chunks-per-worker", type=int, default=4)
     parser.add_argument("--dask", action="store_true", help="run the flow on a Dask LocalCluster of --workers")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()

@@ -160,9 +160,10 @@ def test_a_killed_worker_leaves_a_stuck_chunk_that_the_sweeper_completes(tables,
     cube_url = fits_cube(tmp_path, ny=4, nx=5, n_channels=424, nan_channels=0)  # one slow chunk of 20 spectra
     run_id, survey = "killed-run-1", "grs-kill"
     env = {**os.environ, "PREFECT_API_URL": str(get_current_settings().api.url), "PYTHONPATH": str(REPO)}
-    code = (
-        "from flows.phspectra import phspectra_survey; "
-        f"phspectra_survey(cube_url={cube_url!r}, survey={survey!r}, chunk_size=20, run_id={run_id!r}, workers=1)"
+    code = (  # loaded from its entrypoint, as a deployment does (the file is named like the phspectra package)
+        "from prefect.flows import load_flow_from_entrypoint; "
+        "survey_flow = load_flow_from_entrypoint('flows/phspectra.py:phspectra_survey'); "
+        f"survey_flow(cube_url={cube_url!r}, survey={survey!r}, chunk_size=20, run_id={run_id!r}, workers=1)"
     )
     flow_process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, start_new_session=True)
     try:
