@@ -48,14 +48,15 @@ def video_reassemble(job_id: str, stale_after_s: float = 900.0) -> dict[str, Any
     return result
 
 
-def start_reassembly(job_id: str, deployment: str | None) -> dict[str, Any]:
+def start_reassembly(job_id: str, deployment: str | None, stale_after_s: float = 900.0) -> dict[str, Any]:
     """Send the job to reassembly: a `video-reassemble` deployment run when named, else the flow in-process."""
     if deployment:
         from prefect.deployments import run_deployment
 
-        run = run_deployment(deployment, parameters={"job_id": job_id}, timeout=0)
+        parameters = {"job_id": job_id, "stale_after_s": stale_after_s}
+        run = run_deployment(deployment, parameters=parameters, timeout=0)
         return {"job_id": job_id, "reassembly_flow_run_id": str(run.id)}
-    return video_reassemble(job_id)
+    return video_reassemble(job_id, stale_after_s)
 
 
 def _fail(job_id: str, reason: str) -> None:
@@ -74,6 +75,7 @@ def video_process(
     segment_retries: int = 2,
     segment_retry_delays: list[float] = [2.0, 10.0],  # noqa: B006 - Prefect parameters are copied per run
     reassembly_deployment: str | None = None,
+    reassembly_stale_after_s: float = 900.0,
 ) -> dict[str, Any]:
     """Chunk the job's source, process every segment, and let the last completion trigger reassembly."""
     config = load_config(VideoInference)
@@ -109,7 +111,7 @@ def video_process(
         _fail(job_id, f"{len(errors)} of {len(segment_keys)} segments failed after retries; first: {errors[0]}")
 
     if any(r["triggered"] for r in results) or v.reassembly_pending(job_id):
-        start_reassembly(job_id, reassembly_deployment)
+        start_reassembly(job_id, reassembly_deployment, reassembly_stale_after_s)
     return v.get_job(job_id)
 
 
