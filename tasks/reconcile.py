@@ -112,7 +112,7 @@ class TableAdapter:
     table: str  # logical
     status_attr: str
     in_flight: str
-    completed: str
+    completed: str | None  # None: completed records are not compared (their own exit status is the truth)
     failed: str
     key_attrs: tuple[str, ...]
     keep: Any = None  # extra predicate on items (e.g. chunk items only)
@@ -123,7 +123,9 @@ class TableAdapter:
         return config.table_name(self.table)
 
     def tracked(self) -> Iterable[Tracked]:
-        roles = {self.in_flight: "in_flight", self.completed: "completed"}
+        roles = {self.in_flight: "in_flight"}
+        if self.completed:
+            roles[self.completed] = "completed"
 
         def wanted(item: Mapping[str, Any]) -> bool:
             has_ids = item.get("prefect_task_run_id") or item.get("prefect_flow_run_id")
@@ -229,8 +231,14 @@ class PhspectraAdapter(TableAdapter):
 
 
 register(PhspectraAdapter())
-# seed 002: a GPU task IN_PROGRESS while its flow run ended (no counters in that schema)
-register(TableAdapter("gpu", "ecs_task", "task_status", "IN_PROGRESS", "COMPLETE", "TERMINATED", ("ecs_task_id",), error_attr="termination_reason"))
+# seed 002: a GPU task IN_PROGRESS while its flow run ended -> TERMINATED. A COMPLETE task (exit code 0) stays:
+# one flow run drives a whole multi-node job, so its failure does not undo a node's successful exit.
+register(
+    TableAdapter(
+        "gpu", "ecs_task", "task_status", "IN_PROGRESS", None, "TERMINATED", ("ecs_task_id",),
+        error_attr="termination_reason", ended_attr="updated_at",
+    )
+)
 
 
 # --------------------------------------------------------------------------- Prefect's side

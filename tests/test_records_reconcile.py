@@ -127,6 +127,8 @@ def test_killed_worker_is_reconciled_to_zero_disagreements(tables, tmp_path):
     # a GPU task record that the same flow run had in flight (seed 002 table)
     state_store.create_if_absent(tables["ecs_task"], {"ecs_task_id": "task-1", "task_status": "IN_PROGRESS",
                                  "prefect_flow_run_id": chunk["prefect_flow_run_id"]}, ["ecs_task_id"])
+    state_store.create_if_absent(tables["ecs_task"], {"ecs_task_id": "task-2", "task_status": "COMPLETE",
+                                 "prefect_flow_run_id": chunk["prefect_flow_run_id"]}, ["ecs_task_id"])
 
     # Stand-in for the server's missed-heartbeat (zombie) detection, which marks the flow run Crashed.
     with get_client(sync_client=True) as client:
@@ -150,7 +152,9 @@ def test_killed_worker_is_reconciled_to_zero_disagreements(tables, tmp_path):
     run = _item(table, run_id, RUN_SK)
     assert (run["jobs_completed"], run["jobs_failed"]) == (1, 1)
     gpu = state_store.to_plain(state_store.get_item(tables["ecs_task"], {"ecs_task_id": "task-1"}))
-    assert gpu["task_status"] == "TERMINATED"
+    assert gpu["task_status"] == "TERMINATED" and gpu["termination_reason"].startswith("reconciled: record IN_PROGRESS")
+    done = state_store.get_item(tables["ecs_task"], {"ecs_task_id": "task-2"})
+    assert done == {"ecs_task_id": "task-2", "task_status": "COMPLETE", "prefect_flow_run_id": chunk["prefect_flow_run_id"]}
     # a second pass finds nothing and changes nothing
     assert records_reconcile(dry_run=False) == []
 
