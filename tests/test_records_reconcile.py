@@ -194,9 +194,14 @@ def test_task_failed_events_move_their_records(tables):
     for c in chunks:
         _wait(lambda: _task_state(c["prefect_task_run_id"]) == "FAILED", 30, "the task run's Failed state")
 
-    for c in chunks:  # what a deployment trigger on prefect.task-run.Failed hands to the flow
-        event = {"event": "prefect.task-run.Failed", "resource": {"prefect.resource.id": f"prefect.task-run.{c['prefect_task_run_id']}"}}
-        records_prefect_state(event)
+    from prefect.events import Event
+
+    for c in chunks:  # what a deployment trigger on prefect.task-run.Failed hands over: `{{ event | tojson }}`
+        event = Event(event="prefect.task-run.Failed",
+                      resource={"prefect.resource.id": f"prefect.task-run.{c['prefect_task_run_id']}"},
+                      related=[{"prefect.resource.id": f"prefect.flow-run.{c['prefect_flow_run_id']}",
+                                "prefect.resource.role": "flow-run"}])
+        records_prefect_state(event.model_dump(mode="json"))
     assert [_item(table, run_id, chunk_sk(i))["status"] for i in (0, 1)] == ["FAILED", "FAILED"]
     run = _item(table, run_id, RUN_SK)
     assert (run["jobs_completed"], run["jobs_failed"]) == (0, 2)
