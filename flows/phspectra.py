@@ -44,12 +44,10 @@ find_stuck_task = task(ph.stuck_chunks, name="find-stuck-chunks", cache_policy=N
 def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0):
     """A Dask runner on an existing scheduler or a LocalCluster of ``dask_workers`` processes, else threads."""
     if dask_address or dask_workers:
-        import dask
         from prefect_dask import DaskTaskRunner
 
         if dask_address:
             return DaskTaskRunner(address=dask_address)
-        dask.config.set({"distributed.worker.daemon": False})  # workers start fitting processes of their own
         return DaskTaskRunner(
             cluster_class="distributed.LocalCluster",
             cluster_kwargs={"n_workers": dask_workers, "threads_per_worker": 1, "processes": True},
@@ -144,11 +142,15 @@ def phspectra_survey(
         split = split_cube_task(run_id, survey, cube_url, chunk_size, fit_params, output_url)
         starts, slow_starts, stuck_before = split["starts"], [], None
         logger.info("run %s: %d spectra in %d chunks", run_id, split["n_spectra"], split["n_chunks"])
-    progress_id = create_progress_artifact(0.0, key=_artifact_key("phspectra-progress", run_id), description=f"Chunks of run {run_id} fitted")
-    runner = task_runner(workers, dask_address, dask_workers)
-    fit_chunks.with_options(task_runner=runner)(
-        run_id, starts, slow_starts, output_url, time_limit_s, stuck_before, str(progress_id)
+    progress_id = create_progress_artifact(
+        0.0, key=_artifact_key("phspectra-progress", run_id), description=f"Chunks of run {run_id} fitted"
     )
+    if starts or slow_starts:
+        fit_chunks.with_options(task_runner=task_runner(workers, dask_address, dask_workers))(
+            run_id, starts, slow_starts, output_url, time_limit_s, stuck_before, str(progress_id)
+        )
+    else:
+        update_progress_artifact(progress_id, progress=100.0)
     summary = aggregate_task(run_id)
     publish_summary(summary)
     if summary["status"] == ph.RUN_FAILED:
