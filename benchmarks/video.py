@@ -1,6 +1,6 @@
 """Video pipeline benchmark (seed 003): chunk -> identity inference -> reassemble, against raw ffmpeg.
 
-    .venv/bin/python benchmarks/video.py [--quick] [--repeat N] [--seconds S] [--size WxH]
+    .venv/bin/python benchmarks/video.py [--quick [--flow]] [--repeat N] [--seconds S] [--size WxH] [--no-flow]
 
 Baseline, measured in the same run on the same file: ``ffmpeg -f segment`` + concat demuxer (stream copy),
 no records, no object store. The pipeline is timed twice: its task bodies called directly (DynamoDB
@@ -71,13 +71,16 @@ def pipeline_tasks(source: Path, segment_seconds: float, workers: int) -> tuple[
     start = time.perf_counter()
     v.start_chunking(job_id)
     segment_keys = v.chunk_source(job_id, segment_seconds, "identity")
+    chunked = time.perf_counter()
     with ThreadPoolExecutor(workers) as pool:
         results = list(pool.map(lambda key: v.infer_segment(key, backend="ffmpeg", mode="identity"), segment_keys))
     assert sum(r["triggered"] for r in results) == 1
+    inferred = time.perf_counter()
     done = v.reassemble(job_id)
-    elapsed = time.perf_counter() - start
+    end = time.perf_counter()
     assert done["status"] == "completed", done
-    return elapsed, done
+    done["phases"] = {"chunk": chunked - start, "infer+trigger": inferred - chunked, "reassemble": end - inferred}
+    return end - start, done
 
 
 def pipeline_flow(source: Path, segment_seconds: float) -> tuple[float, dict]:
@@ -124,6 +127,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=min(32, (os.cpu_count() or 2) + 4),
                         help="segments processed at once by the task bodies (Prefect's thread pool default)")
     parser.add_argument("--no-flow", action="store_true", help="skip the Prefect flow measurement")
+    parser.add_argument("--flow", action="store_true", help="with --quick: measure the Prefect flow too (+~45 s server start)")
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.quick else 60.0)
     size = args.size or ("320x240" if args.quick else "1280x720")
@@ -151,17 +155,21 @@ def main() -> None:
         print(f"source: {seconds:g} s {size} 30 fps, {info.frames} frames, {source.stat().st_size / 1e6:.1f} MB "
               f"(generated in {time.perf_counter() - t0:.1f} s); segments of {args.segment_seconds:g} s")
 
-        raw, tasks_only, flow_times = [], [], []
+        raw, tasks_only, flow_times, phases = [], [], [], []
+        pipeline_tasks(source, args.segment_seconds, args.workers)  # warm-up: imports, per-thread clients
         for _ in range(repeat):
             raw.append(raw_baseline(source, work / "raw", args.segment_seconds))
             elapsed, done = pipeline_tasks(source, args.segment_seconds, args.workers)
             tasks_only.append(elapsed)
+            phases.append(done["phases"])
             assert done["frames"] == info.frames, (done["frames"], info.frames)
         print(f"raw ffmpeg segment+concat:        {spread(raw)}")
         print(f"pipeline task bodies:             {spread(tasks_only)}  "
               f"ratio {statistics.median(tasks_only) / statistics.median(raw):.2f}x (goal <= 1.3x)")
+        print("  phases (median s): " + ", ".join(
+            f"{name} {statistics.median(p[name] for p in phases):.2f}" for name in phases[0]))
 
-        if not args.no_flow:
+        if not args.no_flow and (args.flow or not args.quick):
             from prefect.testing.utilities import prefect_test_harness
 
             t0 = time.perf_counter()
