@@ -8,7 +8,7 @@ Both sides do the seed's per-file conditional semantics with 4 concurrent ingest
   manifest JSON + MANIFEST records), then an orphan flush for the remainders.
 Checks: zero double claims (every file in exactly one manifest). Goal: ≥ 100 files/s (seed: 3.9/s).
 
-    .venv/bin/python benchmarks/etl_ingest.py           # 3,000 files (about 1-2 minutes)
+    .venv/bin/python benchmarks/etl_ingest.py           # 2,000 files (about 1-3 minutes)
     .venv/bin/python benchmarks/etl_ingest.py --quick   # 600 files (about 20 s)
 """
 
@@ -150,7 +150,7 @@ def main() -> int:
     args = parser.parse_args()
     global REDELIVERED
     REDELIVERED = args.redelivered
-    count = args.files or (600 if args.quick else 3000)
+    count = args.files or (600 if args.quick else 2000)
     os.environ["MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
     work = Path(tempfile.mkdtemp(prefix="etl-ingest-bench-"))
     port = dynamodb_local.free_port()

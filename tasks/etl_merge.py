@@ -131,17 +131,32 @@ def _parse_lines(url: str, data: bytes) -> FileResult:
     return result
 
 
+def _nested_as_json_text(data: bytes, names: list[str]) -> dict[str, pa.Array]:
+    """The JSON text of nested values, cut from each line by DuckDB's JSON extension (C++, no Python per row).
+
+    JSON ``null`` and missing keys give null; objects and arrays come back minified, as ``_to_text`` writes them.
+    """
+    import duckdb
+
+    lines = pa.array([line for _, line in _lines(data)], pa.binary()).cast(pa.string())
+    selects = ", ".join(
+        f"CASE WHEN json_type(j, ${i + 1}) = 'NULL' THEN NULL ELSE json_extract(j, ${i + 1})::VARCHAR END" for i in range(len(names))
+    )
+    paths = ["$." + json.dumps(name) for name in names]  # bound as parameters: no column name reaches the SQL text
+    with duckdb.connect() as con:
+        con.register("raw", pa.table({"j": lines}))
+        result = con.sql(f"SELECT {selects} FROM raw", params=paths).to_arrow_table()
+    return {name: result.column(i).combine_chunks() for i, name in enumerate(names)}
+
+
 def _stringify(table: pa.Table, data: bytes) -> pa.Table:
-    """Every column of a pyarrow-parsed table as string: scalars cast in C++, nested ones from the JSON text."""
+    """Every column of a pyarrow-parsed table as string: scalars cast in C++, nested ones as their JSON text."""
     nested = [f.name for f in table.schema if not (pa.types.is_string(f.type) or any(t(f.type) for t in _SCALARS))]
-    originals: dict[str, list] = {}
-    if nested:  # structs, lists (and anything pyarrow re-typed): the original JSON text of those values
-        records = [json.loads(line) for _, line in _lines(data)]
-        originals = {name: [_to_text(r.get(name)) for r in records] for name in nested}
+    originals: dict[str, pa.Array] = _nested_as_json_text(data, nested) if nested else {}
     columns = {}
     for f in table.schema:
         if f.name in originals:
-            columns[f.name] = pa.array(originals[f.name], pa.string())
+            columns[f.name] = originals[f.name]
         else:
             columns[f.name] = table[f.name].cast(pa.string())
     return pa.table(columns)
@@ -153,9 +168,9 @@ def _date_columns(table: pa.Table) -> list[str]:
 
 def _read_strings_as_written(data: bytes) -> pa.Table:
     """pyarrow's reader, keeping date-like strings as written (pyarrow would turn them into timestamps)."""
-    sample = data[: 1 << 20]
+    sample = data[: 1 << 18]
     sample = sample[: sample.rfind(b"\n") + 1] or sample
-    try:  # the first MB says which columns pyarrow would re-type; those are read as strings
+    try:  # the first 256 KB say which columns pyarrow would re-type; those are read as strings
         dates = _date_columns(pajson.read_json(io.BytesIO(sample)))
     except (pa.ArrowInvalid, ValueError):
         dates = []
