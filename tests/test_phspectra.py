@@ -280,6 +280,14 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     assert main(["phspectra", "get-run", "--run-id", "nope"]) == 2
     assert "no run nope" in capsys.readouterr().err
 
+    from deployments.samples.phspectra import make, report
+
+    text = report(survey="grs-ap")
+    assert text.startswith("phspectra run new-run (grs-ap): RUNNING, chunks 1 completed / 0 failed / 3 total")
+    assert text.endswith("stuck (>15 min): 1, failures: 1")
+    params = make(tmp_path / "demo")
+    assert ph.load_cube(params["cube_url"]).shape == (128, 6, 8) and params["survey"] == "grs-demo"
+
 
 @pytest.mark.parametrize(
     "case, message",
