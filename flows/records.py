@@ -63,8 +63,12 @@ def records_ingest(messages: list[dict[str, Any] | str]) -> dict[str, Any]:
 
 
 @flow(name="records-replay-dla", log_prints=True)
-def records_replay_dla(day: str, message_ids: list[str] | None = None) -> dict[str, Any]:
+def records_replay_dla(day: str | None = None, message_ids: list[str] | None = None) -> dict[str, Any]:
     """Reprocess dead-letter-archive/{day}/ (or only ``message_ids``)."""
+    if day is None:  # the scheduled run replays yesterday's archive (UTC)
+        from datetime import datetime, timedelta, timezone
+
+        day = (datetime.now(timezone.utc) - timedelta(days=1)).date().isoformat()
     result = replay_task(day, message_ids)
     get_run_logger().info("replayed %s: %d written (deleted), %d failed again (moved to failed/)",
                           day, len(result["written"]), len(result["failed"]))

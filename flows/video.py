@@ -116,8 +116,14 @@ def video_process(
 
 
 @flow(name="video-delete-cleanup", log_prints=True)
-def video_delete_cleanup(job_id: str) -> dict[str, int]:
-    """Asynchronous cleanup after a soft delete: objects, completion records and the lock; the job row stays."""
-    removed = cleanup_task(keys.safe_id(job_id, "job_id"))
-    print(f"video job {job_id} cleaned up: {removed}")
+def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]:
+    """Asynchronous cleanup after a soft delete: objects, completion records and the lock; the job row stays.
+
+    With no ``job_id`` (the scheduled run) it sweeps every deleted job whose cleanup has not finished.
+    """
+    job_ids = [keys.safe_id(job_id, "job_id")] if job_id else v.deleted_jobs_awaiting_cleanup()
+    removed = {}
+    for one in job_ids:
+        removed[one] = cleanup_task(one)
+        print(f"video job {one} cleaned up: {removed[one]}")
     return removed

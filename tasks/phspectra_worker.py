@@ -14,8 +14,6 @@ plain subprocess, so it works from Dask's daemonic worker processes too.
 from __future__ import annotations
 
 import atexit
-import importlib.machinery
-import importlib.util
 import inspect
 import os
 import pickle
@@ -31,28 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import phspectra
 
 
-def _import_phspectra():
-    """The phspectra fitting package, even where ``flows/phspectra.py`` or ``benchmarks/phspectra.py`` shadows it.
-
-    Prefect loads an entrypoint file as a module named after the file, with the file's folder first on
-    ``sys.path``; a plain ``import phspectra`` would then import the flow module instead of the package.
-    """
-    current = sys.modules.get("phspectra")
-    if current is not None and hasattr(current, "fit_gaussians"):
-        return current
-    for entry in sys.path:
-        spec = importlib.machinery.PathFinder.find_spec("phspectra", [entry or "."])
-        if spec is not None and spec.submodule_search_locations:  # the package, not a file named phspectra.py
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["phspectra"] = module
-            spec.loader.exec_module(module)
-            return module
-    raise ImportError("the phspectra package is not installed (pip install phspectra)")
-
-
-phspectra = _import_phspectra()
 TIMED_OUT = -1  # n_components of a spectrum whose fit exceeded the time limit (refitted by the slow lane)
 DEFAULT_BETA = inspect.signature(phspectra.fit_gaussians).parameters["beta"].default
 FIT_PARAM_NAMES = tuple(p for p in inspect.signature(phspectra.fit_gaussians).parameters if p != "signal")

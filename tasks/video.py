@@ -421,4 +421,14 @@ def cleanup_deleted_job(job_id: str) -> dict[str, int]:
         _completions(), [{"job_id": job_id, "segment_index": r["segment_index"]} for r in completions(job_id)]
     )
     lock = state_store.delete_if(_locks(), _key(job_id)).item is not None
+    # the row stays `deleted`; cleaned_up_at tells the scheduled sweep this job needs nothing more
+    state_store.transition(_jobs(), _key(job_id), DELETED, None, set={"cleaned_up_at": now()})
     return {"objects": objects, "completion_records": records, "locks": int(lock)}
+
+
+def deleted_jobs_awaiting_cleanup() -> list[str]:
+    """Ids of soft-deleted jobs whose cleanup has not finished (the scheduled sweep's work list)."""
+    items = state_store.scan_all(
+        _jobs(), keep=lambda item: item.get("status") == DELETED and not item.get("cleaned_up_at")
+    )
+    return sorted(item["job_id"] for item in items)

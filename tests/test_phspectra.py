@@ -56,7 +56,7 @@ def chunk_items(run_id: str) -> dict[str, dict]:
 
 
 def test_every_spectrum_equals_a_direct_fit_and_records_agree(tables, store_root, tmp_path):
-    from flows.phspectra import phspectra_survey
+    from flows.phspectra_survey import phspectra_survey
 
     cube_url = fits_cube(tmp_path, ny=4, nx=6, n_channels=96, nan_channels=3)
     params = {"beta": 3.0, "max_refine_iter": 2}
@@ -101,7 +101,7 @@ def test_every_spectrum_equals_a_direct_fit_and_records_agree(tables, store_root
 
 
 def test_spectra_past_the_time_limit_are_refitted_by_the_slow_lane(tables, store_root, tmp_path):
-    from flows.phspectra import phspectra_survey
+    from flows.phspectra_survey import phspectra_survey
 
     cube_url = fits_cube(tmp_path, ny=2, nx=4, n_channels=96, nan_channels=0)
     summary = phspectra_survey(cube_url=cube_url, survey="grs-slow", chunk_size=4, time_limit_s=1e-5, workers=2)
@@ -113,7 +113,7 @@ def test_spectra_past_the_time_limit_are_refitted_by_the_slow_lane(tables, store
 
 
 def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp_path, monkeypatch):
-    import flows.phspectra as flow_module
+    import flows.phspectra_survey as flow_module
 
     monkeypatch.setattr(flow_module, "fit_chunk_task", flow_module.fit_chunk_task.with_options(retry_delay_seconds=0))
     calls: dict[str, int] = {}
@@ -155,14 +155,14 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
 def test_a_killed_worker_leaves_a_stuck_chunk_that_the_sweeper_completes(tables, store_root, tmp_path):
     from prefect.settings import get_current_settings
 
-    from flows.phspectra import phspectra_sweep_stuck
+    from flows.phspectra_survey import phspectra_sweep_stuck
 
     cube_url = fits_cube(tmp_path, ny=4, nx=5, n_channels=424, nan_channels=0)  # one slow chunk of 20 spectra
     run_id, survey = "killed-run-1", "grs-kill"
     env = {**os.environ, "PREFECT_API_URL": str(get_current_settings().api.url), "PYTHONPATH": str(REPO)}
     code = (  # loaded from its entrypoint, as a deployment does (the file is named like the phspectra package)
         "from prefect.flows import load_flow_from_entrypoint; "
-        "survey_flow = load_flow_from_entrypoint('flows/phspectra.py:phspectra_survey'); "
+        "survey_flow = load_flow_from_entrypoint('flows/phspectra_survey.py:phspectra_survey'); "
         f"survey_flow(cube_url={cube_url!r}, survey={survey!r}, chunk_size=20, run_id={run_id!r}, workers=1)"
     )
     flow_process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, start_new_session=True)
@@ -326,7 +326,7 @@ def test_bad_input_fails_clearly_before_any_chunk_is_written(tables, store_root,
 
 
 def test_the_flow_reports_bad_input_and_cannot_resume_it(tables, store_root, tmp_path):
-    from flows.phspectra import phspectra_survey
+    from flows.phspectra_survey import phspectra_survey
 
     cube_url = fits_cube(tmp_path, ny=1, nx=2, n_channels=32)
     with pytest.raises(ValueError, match="unknown fit_params"):
@@ -337,7 +337,7 @@ def test_the_flow_reports_bad_input_and_cannot_resume_it(tables, store_root, tmp
 
 
 def test_the_fits_run_on_a_dask_local_cluster(tables, store_root, tmp_path):
-    from flows.phspectra import phspectra_survey
+    from flows.phspectra_survey import phspectra_survey
 
     cube_url = fits_cube(tmp_path, ny=2, nx=3, n_channels=48, nan_channels=0)
     summary = phspectra_survey(cube_url=cube_url, survey="grs-dask", chunk_size=3, dask_workers=2)

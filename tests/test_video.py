@@ -320,12 +320,14 @@ def test_delete_cleans_up_and_the_job_reads_as_not_found(tables, store_root, tmp
     with pytest.raises(LookupError, match="not found"):
         v.get_job(job_id)
     assert job_id not in [j["job_id"] for j in v.list_jobs()]
-    removed = video_delete_cleanup(job_id)
-    assert removed == {"objects": 1 + 6 + 6 + 1, "completion_records": 6, "locks": 1}
+    assert v.deleted_jobs_awaiting_cleanup() == [job_id]
+    removed = video_delete_cleanup()  # the scheduled sweep: every deleted job not yet cleaned up
+    assert removed == {job_id: {"objects": 1 + 6 + 6 + 1, "completion_records": 6, "locks": 1}}
+    assert video_delete_cleanup() == {} and v.deleted_jobs_awaiting_cleanup() == []
     assert _objects(store_root) == [keys.source_key(other)]
     assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
     row = state_store.get_item(tables["video_jobs"], {"job_id": job_id})
-    assert row["status"] == "deleted" and "deleted_at" in row
+    assert row["status"] == "deleted" and "deleted_at" in row and "cleaned_up_at" in row
     assert main(["video", "get-job", job_id]) == 2
     assert f"video job '{job_id}' not found" in capsys.readouterr().err
     assert main(["video", "delete", job_id, "--cleanup", "none"]) == 2

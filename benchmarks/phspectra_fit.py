@@ -116,7 +116,7 @@ def main() -> None:
         )
         ensure_table(table, TABLE_SPECS["phspectra_runs"])
         with prefect_test_harness(server_startup_timeout=180):
-            from flows.phspectra import phspectra_survey
+            from flows.phspectra_survey import phspectra_survey
 
             label = f"flow on {'Dask LocalCluster' if args.dask else 'ThreadPool'} x{args.workers}"
             start = time.perf_counter()
