@@ -297,7 +297,7 @@ def test_cli_and_sample_read_back_the_rows(gpu_env, tmp_path, capsys):
     from deployments.cli import main
     from deployments.samples import gpu as sample
 
-    params = sample.make(tmp_path)
+    params = sample.make(tmp_path, inject_failure=False)
     gpu.launch_job(gpu_env, "job-cli", params["num_nodes"], params["command"])
     assert gpu.watch_job(gpu_env, "job-cli", timeout_s=30)["job_status"] == "COMPLETE"
     capsys.readouterr()

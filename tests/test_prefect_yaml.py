@@ -96,5 +96,9 @@ def test_prefect_deploy_all_against_the_test_server():
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with get_client(sync_client=True) as client:
-        deployed = {(d.name, d.work_pool_name) for d in client.read_deployments()}
-    assert len([d for d in deployed if d[1] == "local-process"]) == len([d for d in DEPLOYMENTS if d["work_pool"]["name"] == "local-process"])
+        deployed = client.read_deployments()
+        flows = {f.id: f.name for f in client.read_flows()}
+    expected = {(_flow(d["entrypoint"]).name, d["name"], d["work_pool"]["name"]) for d in DEPLOYMENTS}
+    assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} >= expected
+    schedules = {flows[d.flow_id]: d.schedules for d in deployed if d.name == "local"}
+    assert schedules["records-replay-dla"][0].active is False and schedules["phspectra-sweep-stuck"][0].active is True

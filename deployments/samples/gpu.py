@@ -8,22 +8,28 @@ import time
 from pathlib import Path
 
 TRAIN = """\
-import os, time
+import os, sys, time
 print(f"node {os.environ['NODE_NAME']} index {os.environ['NODE_INDEX']} of {os.environ['GPU_JOB_NUM_NODES']}, "
       f"job {os.environ['GPU_JOB_ID']} retry {os.environ['GPU_JOB_RETRY']}")
 time.sleep(1)
+if "--fail-first-attempt" in sys.argv and os.environ["NODE_INDEX"] == "0" and os.environ["GPU_JOB_RETRY"] == "0":
+    sys.exit("injected failure: rank 0 dies on the first attempt")  # exit 1, like a GPU fault
 """
 
 
-def make(workdir: Path) -> dict:
-    """A tiny 'training' script; the gpu-job parameters that run it on 2 nodes."""
+def make(workdir: Path, inject_failure: bool = True) -> dict:
+    """A tiny 'training' script; the gpu-job parameters that run it on 2 nodes (rank 0 failing once)."""
     script = Path(workdir) / "gpu" / "train.py"
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(TRAIN)
     return {
-        "command": f"{shlex.quote(sys.executable)} {shlex.quote(str(script.resolve()))}",
+        "command": f"{shlex.quote(sys.executable)} {shlex.quote(str(script.resolve()))}"
+        + (" --fail-first-attempt" if inject_failure else ""),
         "num_nodes": 2,
         "job_id": f"demo-gpu-{time.strftime('%Y%m%d-%H%M%S')}",
+        # the failed node's health check says "unhealthy": it is rebooted and the job restarts on a spare node
+        "health_check": "command",
+        "health_command": f"{shlex.quote(sys.executable)} -c 'import sys; sys.exit(1)'",
     }
 
 
