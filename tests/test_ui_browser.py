@@ -1,0 +1,112 @@
+"""The Prefect UI, seen in a real browser: a demo run, its logs and its artifacts (progress, chunk table).
+
+Skipped when Chromium is absent (`make test` installs Debian's chromium when it can). The ephemeral test
+server serves no UI, so this test starts a real `prefect server start` on a free port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from deployments.dynamodb_local import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")]
+
+RUN_DEMO = """
+import json, sys
+from pathlib import Path
+from deployments.samples import phspectra as sample
+from flows.phspectra_survey import phspectra_survey
+from prefect.runtime import flow_run
+params = sample.make(Path(sys.argv[1]))
+summary = phspectra_survey(**params)
+print("RESULT " + json.dumps({"run_id": summary["run_id"]}))
+"""
+
+
+def _chromium(*args: str, user_dir: str) -> str:
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={user_dir}", "--window-size=1400,1000", "--virtual-time-budget=20000"]
+    result = subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=180)
+    return result.stdout
+
+
+@pytest.fixture
+def ui_server(tmp_path):
+    """A real Prefect server with its UI, on a free port, with its own database."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else the UI asks the default port 4200
+    }
+    env.pop("PREFECT_API_URL", None)
+    log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/api/health", timeout=2):
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        server.kill()
+        pytest.fail("prefect server did not start: " + (tmp_path / "server.log").read_text()[-2000:])
+    try:
+        yield base
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+
+def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store_root, tmp_path):
+    env = {**os.environ, "PREFECT_API_URL": f"{ui_server}/api", "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-c", RUN_DEMO, str(tmp_path / "demo")], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_id = json.loads(result.stdout.split("RESULT ", 1)[1])["run_id"]
+
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    import httpx
+
+    with SyncPrefectClient(f"{ui_server}/api") as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["phspectra-survey"])))
+    assert len(runs) == 1 and runs[0].state.is_completed()
+    flow_run = runs[0]
+
+    out = Path(os.environ.get("TEST_OUTPUT_DIR", REPO_ROOT / "test-output"))
+    out.mkdir(parents=True, exist_ok=True)
+    user_dir = tempfile.mkdtemp(prefix="chromium-")
+    page = f"{ui_server}/runs/flow-run/{flow_run.id}"
+    dom = _chromium("--dump-dom", page, user_dir=user_dir)
+    assert flow_run.name in dom, "the flow run page does not show the run"
+    assert "phspectra-survey" in dom
+    assert f"run {run_id}: 48 spectra in 4 chunks" in dom, "the run's log lines are not shown"
+    artifacts = _chromium("--dump-dom", f"{ui_server}/artifacts", user_dir=user_dir)
+    for prefix in ("phspectra-progress", "phspectra-chunks", "phspectra-summary"):
+        assert f"{prefix}-{run_id}" in artifacts, f"artifact {prefix} is not shown"
+    chunk_table = f"{ui_server}/artifacts/key/phspectra-chunks-{run_id}"
+    assert f"Chunks of run {run_id}" in _chromium("--dump-dom", chunk_table, user_dir=user_dir), "chunk table not shown"
+    _chromium(f"--screenshot={out / 'ui-flow-run.png'}", page, user_dir=user_dir)
+    _chromium(f"--screenshot={out / 'ui-chunk-table.png'}", chunk_table, user_dir=user_dir)
+    assert (out / "ui-flow-run.png").stat().st_size > 10_000
