@@ -21,8 +21,6 @@ Dropped stale writes are results (``Verdict.STALE``), counted and logged, never 
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +28,6 @@ from enum import Enum
 from typing import Any
 
 from boto3.dynamodb.types import TypeDeserializer
-from botocore.exceptions import ClientError
 
 from tasks import config, state_store
 
@@ -226,12 +223,6 @@ class _Op:
     def items(self) -> list[dict[str, Any]]:
         return [{"Update": self.update}] + ([{"ConditionCheck": self.check}] if self.check else [])
 
-    def item_ids(self) -> list[tuple]:
-        ids = [(self.update["TableName"], tuple(sorted(self.update["Key"].items())))]
-        if self.check:
-            ids.append((self.check["TableName"], tuple(sorted(self.check["Key"].items()))))
-        return ids
-
 
 def plan(kind: RecordKind, record: Mapping[str, Any], table: str, execution_table: str | None = None) -> _Op:
     """The guarded write for ``record`` (its status in the kind's vocabulary) as transaction items."""
@@ -288,73 +279,6 @@ def _plain(raw: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return state_store.to_plain({k: _deserializer.deserialize(v) for k, v in raw.items()})
 
 
-# --------------------------------------------------------------------------- LOCAL ADDITION to state_store
-# state_store has no conditional upsert (UpdateItem that may create) and no ConditionCheck on another item
-# inside the same TransactWriteItems. Proposed addition there:
-#     def transact_guarded(ops: Sequence[list[dict]]) -> list[tuple[bool, list[dict]]]
-# "apply groups of transaction items (Update/Put/ConditionCheck), each group all-or-nothing, packed into
-# transactions of <= 100 items with no item twice, order kept per item; returns per group applied or the
-# cancellation reasons". Until then it lives here, calling state_store.client().transact_write_items.
-
-
-def _pack(pending: list[int], ops: Sequence[_Op]) -> list[int]:
-    """The next transaction: ops in order, <= 100 items, no item twice; an op on an item that an earlier
-    pending op also touches waits for it (per-item order is kept)."""
-    batch, used, blocked, size = [], set(), set(), 0
-    for index in pending:
-        ids = ops[index].item_ids()
-        n = len(ids)
-        if size + n > state_store.TRANSACTION_LIMIT or used.intersection(ids) or blocked.intersection(ids):
-            blocked.update(ids)
-            continue
-        batch.append(index)
-        used.update(ids)
-        size += n
-    return batch
-
-
-def _transact(ops: Sequence[_Op]) -> list[list[Mapping[str, Any]] | None]:
-    """Apply ops (each all-or-nothing); None for applied, else that op's cancellation reasons."""
-    results: list[Any] = [False] * len(ops)  # False: not decided yet
-    pending = list(range(len(ops)))
-    conflicts = 0
-    while pending:
-        batch = _pack(pending, ops)
-        if len(batch) == 1 and ops[batch[0]].check is None:  # one plain update: no transaction needed
-            try:
-                state_store.client().update_item(**ops[batch[0]].update)
-                results[batch[0]] = None
-            except ClientError as error:
-                if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
-                    raise
-                results[batch[0]] = [{"Code": "ConditionalCheckFailed", "Item": error.response.get("Item")}]
-        else:
-            items = [item for i in batch for item in ops[i].items()]
-            try:
-                state_store.client().transact_write_items(TransactItems=items)
-            except ClientError as error:
-                if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
-                    raise
-                reasons = error.response.get("CancellationReasons") or []
-                position, failed = 0, False
-                for i in batch:
-                    mine = reasons[position : position + len(ops[i].items())]
-                    position += len(ops[i].items())
-                    if any(r.get("Code") == "ConditionalCheckFailed" for r in mine):
-                        results[i] = mine
-                        failed = True
-                if not failed:  # conflict with a concurrent transaction, or throttling: back off, retry
-                    conflicts += 1
-                    if conflicts > 50:
-                        raise
-                    time.sleep(min(1.0, 0.01 * 2 ** min(conflicts, 6)) * random.random())
-            else:
-                for i in batch:
-                    results[i] = None
-        pending = [i for i in pending if results[i] is False]
-    return results
-
-
 # --------------------------------------------------------------------------- the writer
 
 
@@ -365,7 +289,7 @@ def write_many(kind: RecordKind, records: Sequence[Mapping[str, Any]], table: st
     table = table or kind.table_name()
     execution_table = kind.execution_kind.table_name() if kind.execution_kind else None
     ops = [plan(kind, record, table, execution_table) for record in records]
-    outcomes = _transact(ops)
+    outcomes = state_store.transact_groups([op.items() for op in ops])
     results = []
     for op, reasons in zip(ops, outcomes):
         key, status = op.update["Key"], op.record[kind.status_attr]

@@ -430,41 +430,90 @@ def delete_if(table_name: str, key: Mapping[str, Any], condition: Condition | No
 TRANSACTION_LIMIT = 100  # DynamoDB's maximum items per TransactWriteItems
 
 
-def _run_each(operations: list[dict[str, Any]], lost: Outcome) -> list[WriteResult]:
-    """Apply conditional writes in transactions of up to 100, with one result per write.
+def _entry_id(entry: Mapping[str, Any]) -> tuple:
+    """(table, key) of one TransactItems entry: a transaction may name an item only once."""
+    operation = next(iter(entry.values()))
+    key = operation.get("Key")
+    if key is None:  # a Put: its key attributes are the ones its attribute_not_exists condition names
+        named = set(operation.get("ExpressionAttributeNames", {}).values())
+        key = {k: v for k, v in operation["Item"].items() if k in named} or operation["Item"]
+    return operation["TableName"], tuple(sorted((k, str(v)) for k, v in key.items()))
 
-    A transaction is all-or-nothing, so when some conditions fail the cancellation reasons say which;
-    those are reported ``lost`` (with the current item) and the others are sent again. Conflicts with
-    concurrent transactions are retried with jittered backoff.
+
+def _next_batch(pending: list[int], groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[int]:
+    """Groups for the next transaction: in order, <= 100 entries, no item twice; a group touching an item
+    that an earlier pending group also touches waits for it, so writes to one item keep their order."""
+    batch, used, blocked, size = [], set(), set(), 0
+    for index in pending:
+        ids = [_entry_id(entry) for entry in groups[index]]
+        if size + len(ids) > TRANSACTION_LIMIT or used.intersection(ids) or blocked.intersection(ids):
+            blocked.update(ids)
+            continue
+        batch.append(index)
+        used.update(ids)
+        size += len(ids)
+    return batch
+
+
+def transact_groups(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[dict[str, Any]] | None]:
+    """Apply groups of TransactItems entries (Put/Update/Delete/ConditionCheck), each group all-or-nothing.
+
+    Groups are packed into transactions of up to 100 entries. A transaction is all-or-nothing, so when some
+    conditions fail the cancellation reasons say which groups lost; the others are sent again. Conflicts
+    with concurrent transactions are retried with jittered backoff. Returns, per group, None when it was
+    applied, else its cancellation reasons (each with the item as it stands, ``ALL_OLD``, raw).
     """
-    results: list[WriteResult | None] = [None] * len(operations)
-    pending = list(range(len(operations)))
+    results: list[Any] = [False] * len(groups)  # False: not decided yet
+    pending = list(range(len(groups)))
     conflicts = 0
     while pending:
-        batch = pending[:TRANSACTION_LIMIT]
-        try:
-            client().transact_write_items(TransactItems=[operations[i] for i in batch])
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
-                raise
-            reasons = error.response.get("CancellationReasons") or []
-            failed = False
-            for index, reason in zip(batch, reasons):
-                if reason.get("Code") == "ConditionalCheckFailed":
-                    raw = reason.get("Item")
-                    current = {k: _deserializer.deserialize(v) for k, v in raw.items()} if raw else None
-                    results[index] = WriteResult(lost if current is not None else Outcome.STALE, current)
-                    failed = True
-            if not failed:  # TransactionConflict / throttling: back off and try the batch again
-                conflicts += 1
-                if conflicts > 50:
+        batch = _next_batch(pending, groups)
+        only = groups[batch[0]] if len(batch) == 1 else None
+        if only is not None and len(only) == 1 and "Update" in only[0]:  # one update: no transaction needed
+            try:
+                client().update_item(**only[0]["Update"])
+                results[batch[0]] = None
+            except ClientError as error:
+                if not _is_conditional_failure(error):
                     raise
-                time.sleep(min(1.0, 0.01 * 2 ** min(conflicts, 6)) * random.random())
+                results[batch[0]] = [{"Code": "ConditionalCheckFailed", "Item": error.response.get("Item")}]
         else:
-            for index in batch:
-                results[index] = WriteResult(Outcome.APPLIED, None)
-        pending = [i for i in pending if results[i] is None]
-    return results  # type: ignore[return-value]
+            try:
+                client().transact_write_items(TransactItems=[entry for i in batch for entry in groups[i]])
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                    raise
+                reasons = error.response.get("CancellationReasons") or []
+                position, failed = 0, False
+                for index in batch:
+                    mine = reasons[position : position + len(groups[index])]
+                    position += len(groups[index])
+                    if any(r.get("Code") == "ConditionalCheckFailed" for r in mine):
+                        results[index] = mine
+                        failed = True
+                if not failed:  # TransactionConflict / throttling: back off and send the batch again
+                    conflicts += 1
+                    if conflicts > 50:
+                        raise
+                    time.sleep(min(1.0, 0.01 * 2 ** min(conflicts, 6)) * random.random())
+            else:
+                for index in batch:
+                    results[index] = None
+        pending = [i for i in pending if results[i] is False]
+    return results
+
+
+def _run_each(operations: list[dict[str, Any]], lost: Outcome) -> list[WriteResult]:
+    """One conditional write per operation at transaction throughput; ``lost`` (or STALE if absent) when its condition fails."""
+    results = []
+    for reasons in transact_groups([[operation] for operation in operations]):
+        if reasons is None:
+            results.append(WriteResult(Outcome.APPLIED, None))
+            continue
+        raw = reasons[0].get("Item")
+        current = {k: _deserializer.deserialize(v) for k, v in raw.items()} if raw else None
+        results.append(WriteResult(lost if current is not None else Outcome.STALE, current))
+    return results
 
 
 def create_many_if_absent(table_name: str, items: Sequence[Mapping[str, Any]], key_names: Sequence[str]) -> list[WriteResult]:
