@@ -102,3 +102,10 @@ def test_prefect_deploy_all_against_the_test_server():
     assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} >= expected
     schedules = {flows[d.flow_id]: d.schedules for d in deployed if d.name == "local"}
     assert schedules["records-replay-dla"][0].active is False and schedules["phspectra-sweep-stuck"][0].active is True
+    # the server's scheduler path really creates runs (it fails on SQLAlchemy 2.1 with prefect 3.8)
+    sweep = next(d for d in deployed if flows[d.flow_id] == "phspectra-sweep-stuck" and d.name == "local")
+    with get_client(sync_client=True) as client:
+        response = client._client.post(f"/deployments/{sweep.id}/schedule", json={"max_runs": 3})
+        assert response.status_code < 300, response.text
+        runs = client.read_flow_runs()
+    assert len([r for r in runs if r.deployment_id == sweep.id and r.state_type.value == "SCHEDULED"]) >= 3
