@@ -111,13 +111,15 @@ class TableAdapter:
     name: str
     table: str  # logical
     status_attr: str
-    in_flight: str
+    in_flight: str  # the status a record has while its Prefect run works on it
     completed: str | None  # None: completed records are not compared (their own exit status is the truth)
     failed: str
     key_attrs: tuple[str, ...]
     keep: Any = None  # extra predicate on items (e.g. chunk items only)
     error_attr: str = "error"
     ended_attr: str | None = None
+    # the record is held by the whole flow run, not by the task that wrote it (that task ends at once)
+    flow_level: bool = False
 
     def table_name(self) -> str:
         return config.table_name(self.table)
@@ -137,7 +139,7 @@ class TableAdapter:
                 item[self.status_attr],
                 roles[item[self.status_attr]],
                 item.get("prefect_flow_run_id"),
-                item.get("prefect_task_run_id"),
+                None if self.flow_level else item.get("prefect_task_run_id"),
                 self.scope_of(item),
             )
 
@@ -150,7 +152,8 @@ class TableAdapter:
     def repair(self, record: Tracked, reason: str) -> state_store.WriteResult:
         """Move to failed only if still in the status we saw and still owned by the same Prefect runs."""
         parts, names, values = [], {}, {}
-        for i, attr in enumerate(("prefect_flow_run_id", "prefect_task_run_id")):
+        owners = ("prefect_flow_run_id",) if self.flow_level else ("prefect_flow_run_id", "prefect_task_run_id")
+        for i, attr in enumerate(owners):
             value = record.flow_run_id if i == 0 else record.task_run_id
             names[f"#p{i}"] = attr
             if value is None:
@@ -237,6 +240,23 @@ register(
     TableAdapter(
         "gpu", "ecs_task", "task_status", "IN_PROGRESS", None, "TERMINATED", ("ecs_task_id",),
         error_attr="termination_reason", ended_attr="updated_at",
+    )
+)
+
+# seed 001: a MANIFEST record `processing` while its ndjson-merge flow run ended -> failed; `etl remediate`
+# then moves its files (manifested#N -> failed#N) after the manifest's outcome.
+register(
+    TableAdapter(
+        "etl", "etl_file_tracking", "status", "processing", None, "failed", ("date_prefix", "file_key"),
+        keep=lambda item: str(item.get("file_key", "")).startswith("MANIFEST#"),
+        error_attr="error_message", ended_attr="updated_at", flow_level=True,
+    )
+)
+# seed 003: a video job `chunking_in_progress` while its video-process flow run ended -> failed.
+register(
+    TableAdapter(
+        "video", "video_jobs", "status", "chunking_in_progress", None, "failed", ("job_id",),
+        error_attr="failure_reason", ended_attr="failed_at", flow_level=True,
     )
 )
 

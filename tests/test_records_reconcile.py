@@ -219,3 +219,47 @@ def test_transition_rule_table():
         ("completed", "RUNNING"): None, ("completed", "COMPLETED"): None, ("completed", "FAILED"): "failed",
         ("completed", "CRASHED"): "failed", ("completed", "CANCELLED"): "failed", ("completed", "PENDING"): None,
     }
+
+
+def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
+    """Records held by a whole flow run (a merge's MANIFEST, a video job being chunked) move when it crashes."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    from tasks import reconcile
+
+    @flow(name="records-test-held")
+    def held() -> None:
+        pass
+
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow(held)
+        crashed = client.create_flow_run(held, state=Running())
+        client.set_flow_run_state(crashed.id, Crashed(message="worker killed"), force=True)
+        alive = client.create_flow_run(held, state=Running())
+    assert flow_id
+    tracking, jobs = tables["etl_file_tracking"], tables["video_jobs"]
+    finished_task = str(uuid.uuid4())  # the task that wrote the record ended long ago: only the flow run counts
+    for name, run in (("batch-0001-20260201-000000.json", crashed), ("batch-0002-20260201-000000.json", alive)):
+        state_store.put(tracking, {"date_prefix": "2026-02-01", "file_key": f"MANIFEST#{name}", "status": "processing",
+                                   "prefect_flow_run_id": str(run.id), "prefect_task_run_id": finished_task})
+    state_store.put(tracking, {"date_prefix": "2026-02-01", "file_key": "a.ndjson", "status": "manifested#3",
+                               "prefect_flow_run_id": str(crashed.id)})  # file records are not the adapter's
+    for job_id, run in (("job-crashed", crashed), ("job-alive", alive)):
+        state_store.put(jobs, {"job_id": job_id, "status": "chunking_in_progress",
+                               "prefect_flow_run_id": str(run.id), "prefect_task_run_id": finished_task})
+
+    findings = reconcile.reconcile(["etl", "video"], dry_run=False)
+    assert sorted((f.pipeline, f.record, f.outcome) for f in findings) == [
+        ("etl", "2026-02-01/MANIFEST#batch-0001-20260201-000000.json", "applied"),
+        ("video", "job-crashed", "applied"),
+    ]
+    manifest = state_store.get_item(tracking, {"date_prefix": "2026-02-01", "file_key": "MANIFEST#batch-0001-20260201-000000.json"})
+    assert manifest["status"] == "failed" and "Crashed" in manifest["error_message"]
+    assert state_store.get_item(tracking, {"date_prefix": "2026-02-01", "file_key": "MANIFEST#batch-0002-20260201-000000.json"})["status"] == "processing"
+    assert state_store.get_item(tracking, {"date_prefix": "2026-02-01", "file_key": "a.ndjson"})["status"] == "manifested#3"
+    assert state_store.get_item(jobs, {"job_id": "job-crashed"})["status"] == "failed"
+    assert state_store.get_item(jobs, {"job_id": "job-alive"})["status"] == "chunking_in_progress"
+    assert reconcile.reconcile(["etl", "video"], dry_run=True) == []  # zero disagreements left
