@@ -19,6 +19,7 @@ from tasks import etl, etl_merge
 from tasks.etl import ManifestRef
 from tasks.keys import INPUT_PREFIX
 from tasks.object_store import ObjectNotFound
+from tasks.notify import notify_on_failure
 
 # --------------------------------------------------------------------------- tasks
 
@@ -76,7 +77,7 @@ def _with_restarts(made: list[ManifestRef], restart_after_seconds: float) -> lis
 # --------------------------------------------------------------------------- flows
 
 
-@flow(name="ndjson-ingest", log_prints=True)
+@flow(name="ndjson-ingest", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def ndjson_ingest(
     file_urls: list[str] | None = None,
     landing_url: str | None = None,
@@ -116,7 +117,7 @@ def ndjson_ingest(
     return summary
 
 
-@flow(name="ndjson-merge", log_prints=True)
+@flow(name="ndjson-merge", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def ndjson_merge(
     date_prefix: str,
     manifest_name: str,
@@ -151,7 +152,7 @@ def ndjson_merge(
     return {"manifest": manifest_name, **summary, **statuses}
 
 
-@flow(name="ndjson-flush-orphans", log_prints=True)
+@flow(name="ndjson-flush-orphans", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def ndjson_flush_orphans(
     today: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",

@@ -26,6 +26,7 @@ from blocks.gpu import GpuCompute
 from tasks import gpu, keys
 from tasks.gpu_backends import make_backend
 from tasks.gpu_health import HealthResult
+from tasks.notify import notify_on_failure
 
 DEFAULT_COMMAND = "python3 -c \"import os; print('hello from', os.environ['NODE_NAME'])\""
 
@@ -101,7 +102,7 @@ def _job_artifact(job: dict[str, Any]) -> None:
     )
 
 
-@flow(name="gpu-job", log_prints=True, on_cancellation=[_stop_on_cancel])
+@flow(name="gpu-job", log_prints=True, on_cancellation=[_stop_on_cancel], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def gpu_job(
     command: str = DEFAULT_COMMAND,
     num_nodes: int = 2,
@@ -138,7 +139,7 @@ def gpu_job(
     return summary
 
 
-@flow(name="gpu-node-healthcheck", log_prints=True)
+@flow(name="gpu-node-healthcheck", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def gpu_node_healthcheck(
     health_check: Literal["nvml", "dcgmi", "command"] | None = None,
     health_command: str | None = None,

@@ -33,6 +33,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks import phspectra as ph
 from tasks.phspectra_worker import warm_up
+from tasks.notify import notify_on_failure
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
@@ -114,7 +115,7 @@ def publish_summary(summary: dict[str, Any]) -> None:
     )
 
 
-@flow(name="phspectra-survey", log_prints=True)
+@flow(name="phspectra-survey", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def phspectra_survey(
     cube_url: str,
     survey: str,
@@ -161,7 +162,7 @@ def phspectra_survey(
     return {k: v for k, v in summary.items() if k != "chunks"}
 
 
-@flow(name="phspectra-sweep-stuck", log_prints=True)
+@flow(name="phspectra-sweep-stuck", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def phspectra_sweep_stuck(
     stuck_minutes: float = 15.0,
     survey: str | None = None,

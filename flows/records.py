@@ -15,6 +15,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from tasks import dead_letter, reconcile, records_messages
+from tasks.notify import notify_on_failure
 
 
 def ingest_messages(messages: list[dict[str, Any] | str]) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def _summary_artifact(key: str, findings: list[dict], dry_run: bool) -> None:
     create_table_artifact(key=key, table=rows, description=f"records reconciliation ({'dry run' if dry_run else 'repairs applied'})")
 
 
-@flow(name="records-ingest", log_prints=True)
+@flow(name="records-ingest", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_ingest(messages: list[dict[str, Any] | str]) -> dict[str, Any]:
     """Cumulus workflow messages (dicts or raw JSON bodies) -> execution and granule records."""
     logger = get_run_logger()
@@ -62,7 +63,7 @@ def records_ingest(messages: list[dict[str, Any] | str]) -> dict[str, Any]:
     return summary
 
 
-@flow(name="records-replay-dla", log_prints=True)
+@flow(name="records-replay-dla", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_replay_dla(day: str | None = None, message_ids: list[str] | None = None) -> dict[str, Any]:
     """Reprocess dead-letter-archive/{day}/ (or only ``message_ids``)."""
     if day is None:  # the scheduled run replays yesterday's archive (UTC)
@@ -75,7 +76,7 @@ def records_replay_dla(day: str | None = None, message_ids: list[str] | None = N
     return result
 
 
-@flow(name="records-reconcile", log_prints=True)
+@flow(name="records-reconcile", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False) -> list[dict]:
     """Prefect <-> DynamoDB reconciliation for every registered pipeline (or ``pipelines``)."""
     findings = reconcile_task(pipelines, dry_run)
@@ -84,7 +85,7 @@ def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False)
     return findings
 
 
-@flow(name="records-prefect-state", log_prints=True)
+@flow(name="records-prefect-state", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_prefect_state(event: dict[str, Any]) -> list[dict]:
     """A Prefect flow-run/task-run Crashed/Failed event -> repair the records of that run."""
     name, run_ids = reconcile.run_ids_from_event(event)

@@ -16,6 +16,7 @@ from blocks import VideoInference, load_config
 from tasks import keys
 from tasks import video as v
 from tasks.video_ffmpeg import InvalidMedia
+from tasks.notify import notify_on_failure
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:
@@ -40,7 +41,7 @@ reassemble_task = task(v.reassemble, name="reassemble", retries=2, retry_delay_s
 cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
 
 
-@flow(name="video-reassemble", log_prints=True)
+@flow(name="video-reassemble", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_reassemble(job_id: str, stale_after_s: float = 900.0) -> dict[str, Any]:
     """Reassembly worker: claim the lock, concat from the completion store, final.mp4, job completed."""
     result = reassemble_task(keys.safe_id(job_id, "job_id"), stale_after_s=stale_after_s)
@@ -65,7 +66,7 @@ def _fail(job_id: str, reason: str) -> None:
     raise v.JobFailed(f"video job {job_id} failed: {reason}")
 
 
-@flow(name="video-process", log_prints=True)
+@flow(name="video-process", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_process(
     job_id: str | None = None,
     source_url: str | None = None,
@@ -115,7 +116,7 @@ def video_process(
     return v.get_job(job_id)
 
 
-@flow(name="video-delete-cleanup", log_prints=True)
+@flow(name="video-delete-cleanup", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]:
     """Asynchronous cleanup after a soft delete: objects, completion records and the lock; the job row stays.
 
