@@ -117,7 +117,8 @@ def ndjson_ingest(
     return summary
 
 
-@flow(name="ndjson-merge", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+# on_crashed only: a failed run has already sent its own, more detailed alert
+@flow(name="ndjson-merge", log_prints=True, on_crashed=[notify_on_failure])
 def ndjson_merge(
     date_prefix: str,
     manifest_name: str,

@@ -102,7 +102,8 @@ def _job_artifact(job: dict[str, Any]) -> None:
     )
 
 
-@flow(name="gpu-job", log_prints=True, on_cancellation=[_stop_on_cancel], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+# on_crashed only: a failed run has already sent its own, more detailed alert
+@flow(name="gpu-job", log_prints=True, on_cancellation=[_stop_on_cancel], on_crashed=[notify_on_failure])
 def gpu_job(
     command: str = DEFAULT_COMMAND,
     num_nodes: int = 2,

@@ -375,15 +375,8 @@ def finish_manifest(date_prefix: str, manifest_name: str, summary: dict[str, Any
 
 
 def notify_failure(message: str, block_name: str | None = None) -> str:
-    """Tell the configured Prefect notification block about a failed merge; log an error when there is none."""
-    block_name = block_name if block_name is not None else settings().notify_block
-    if block_name:
-        try:
-            from prefect.blocks.core import Block
+    """Tell the configured notification block about a failed merge (tasks.notify logs it when there is none)."""
+    from tasks.notify import notify
 
-            Block.load(block_name).notify(message, subject="ndjson-merge failed")  # "slack-webhook/alerts"
-            return f"notified {block_name}"
-        except Exception as error:  # noqa: BLE001 - fall through to the log, which always happens
-            log.error("could not notify block %r (%s)", block_name, error)
-    log.error("MERGE FAILED: %s", message)
-    return "logged"
+    block_name = block_name if block_name is not None else settings().notify_block
+    return notify("MERGE FAILED (ndjson-merge)", message, block_name)

@@ -103,17 +103,10 @@ def make_runner(config=None, **kwargs) -> Runner:
 
 
 def notify(message: str, config) -> None:
-    """Send ``message`` through the configured Prefect notification block, else log it clearly."""
-    if config.notification_block:
-        try:
-            from prefect.blocks.core import Block
+    """Send ``message`` through the configured notification block, else log it (tasks.notify)."""
+    from tasks.notify import notify as send
 
-            Block.load(config.notification_block).notify(message, subject="GPU job failed")
-            return
-        except Exception as error:  # the job's outcome is recorded already; say the alert failed
-            logger().error("NOTIFICATION FAILED (%s): %s", error, message)
-            return
-    logger().error("NOTIFICATION: %s", message)
+    send("GPU job failed", message, config.notification_block or None)
 
 
 # --------------------------------------------------------------------------- reads
@@ -274,11 +267,13 @@ def start_one_task(runner: Runner, job: dict[str, Any], node_name: str, index: i
 def terminate_tasks(runner: Runner, task_ids, reason: str) -> dict[str, dict[str, Any]]:
     """IN_PROGRESS -> TERMINATED, then stop; returns the tasks that had already stopped (with their rows)."""
     ended = {}
-    for task_id in task_ids:
-        result = state_store.transition(
-            _tables()[0], {"ecs_task_id": task_id}, TASK_IN_PROGRESS, TASK_TERMINATED,
-            status_attr="task_status", set={"stop_reason": reason, "updated_at": now()},
-        )
+    task_ids = list(task_ids)
+    results = state_store.transition_many(  # one round trip for all the job's tasks
+        _tables()[0],
+        [({"ecs_task_id": t}, TASK_IN_PROGRESS, TASK_TERMINATED, {"stop_reason": reason, "updated_at": now()}) for t in task_ids],
+        status_attr="task_status",
+    )
+    for task_id, result in zip(task_ids, results):
         if result.applied:
             try:
                 runner.backend.stop(task_id, reason)
