@@ -116,7 +116,7 @@ def http_backend(monkeypatch):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}/infer")
-    monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "0.5")
+    monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "30")  # generous: a loaded CI machine must not time out
     yield handler
     server.shutdown()
     server.server_close()
@@ -137,8 +137,11 @@ def test_http_backend_stores_the_endpoints_responses(tables, store_root, source_
     ("behaviour", "retries", "reason"),
     [("error", 2, "answered 500 model crashed"), ("slow", 1, "timed out after 0.5 s")],
 )
-def test_backend_errors_are_retried_then_fail_the_job(tables, store_root, source_video, http_backend, behaviour, retries, reason):
+def test_backend_errors_are_retried_then_fail_the_job(
+    tables, store_root, source_video, http_backend, behaviour, retries, reason, monkeypatch
+):
     http_backend.behaviour = behaviour
+    monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "0.5")  # the slow endpoint answers after 1.5 s
     job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
     with pytest.raises(v.JobFailed, match=reason):
         _run(job_id=job_id, mode="identity", backend="http", segment_retries=retries)
