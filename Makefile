@@ -23,6 +23,7 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.installed node_modules/.installed
 
+# PREFECT_SERVER_DB=postgres make up: the Prefect server on PostgreSQL (Debian's postgresql) instead of SQLite
 up: install
 	$(PY) -m deployments.local_stack up
 

@@ -12,14 +12,49 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+_created_tables: list[str] = []
+
+
+def ensure_table(name: str, spec) -> str:
+    """``tasks.core.tables.ensure_table`` for a benchmark's own table, removed again when ``dynamodb_local`` ends."""
+    from tasks.core.tables import ensure_table as ensure
+
+    state = ensure(name, spec)
+    if state == "created":
+        _created_tables.append(name)
+    return state
+
+
+def drop_created_tables() -> list[str]:
+    """Delete the tables this benchmark created (in the stack's DynamoDB they would otherwise stay); their names."""
+    from tasks.core import state_store
+
+    dropped = []
+    while _created_tables:
+        name = _created_tables.pop()
+        try:
+            state_store.client().delete_table(TableName=name)
+            dropped.append(name)
+        except Exception as error:  # noqa: BLE001 - report, keep removing the others
+            print(f"could not delete benchmark table {name}: {error}", file=sys.stderr)
+    return dropped
+
+
 @contextlib.contextmanager
 def dynamodb_local():
-    """Start an in-memory DynamoDB Local for this benchmark (unless AWS_ENDPOINT_URL_DYNAMODB is set)."""
+    """Start an in-memory DynamoDB Local for this benchmark (unless AWS_ENDPOINT_URL_DYNAMODB is set).
+
+    Tables made through ``ensure_table`` are deleted at the end, also when the endpoint is the stack's."""
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     if os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"):
-        yield os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
+        try:
+            yield os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
+        finally:
+            dropped = drop_created_tables()
+            if dropped:
+                print(f"(deleted benchmark tables: {', '.join(dropped)})")
         return
     from deployments import dynamodb_local as ddb
 
@@ -29,6 +64,7 @@ def dynamodb_local():
     try:
         yield os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
     finally:
+        drop_created_tables()
         process.kill()
         process.wait()
 

@@ -1,13 +1,16 @@
-"""Merge throughput (MB/s of NDJSON in) of the ETL's Dask/pyarrow merge vs raw pyarrow on the same files.
+"""Merge throughput (MB/s of NDJSON in) of the ETL's merge vs raw pyarrow and Spark local[2] on the same files.
 
-Baseline, same files, same run: ``pyarrow.json.read_json`` + ``pyarrow.parquet.write_table`` per file (no
-string casting, no metadata columns, no rejects handling). Ours: ``tasks.etl_merge.merge_manifest`` (every
-column to string, nested values as JSON text, ``_processing_timestamp``/``_source_file``, Snappy, ~128 MB
-parts, rejects). Goal: ratio ≥ 0.7.
+Baselines, same files, same run: ``pyarrow.json.read_json`` + ``pyarrow.parquet.write_table`` per file (no
+string casting, no metadata columns, no rejects handling); and, when pyspark is installed (the ``bench``
+extra; Java 17), Spark local[2] doing the merge's job (read the NDJSON, every column to string with nested ones
+as JSON, the two metadata columns, Snappy Parquet), timed on a warm JVM. Ours: ``merge_manifest`` (every value
+as written, ``_processing_timestamp``/``_source_file``, Snappy, ~128 MB parts, rejects, staged then published).
+Goals: ours/pyarrow ≥ 0.7, ours/spark ≥ 2.
 
     .venv/bin/python benchmarks/etl_merge.py            # ~200 MB, 3 repeats (about 2 minutes)
     .venv/bin/python benchmarks/etl_merge.py --quick    # ~30 MB, 2 repeats (about 20 s)
     .venv/bin/python benchmarks/etl_merge.py --nested   # records with a nested object and a list too
+    .venv/bin/python benchmarks/etl_merge.py --flow     # also the ndjson-merge flow (Prefect + DynamoDB Local)
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow.json as pajson  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from tasks import etl_merge, keys  # noqa: E402
+from tasks.etl import merge as etl_merge
+from tasks.core import keys
 
 DATE = "2026-01-01"
 
@@ -63,6 +67,44 @@ def baseline(urls: list[str], out: Path) -> None:
         pq.write_table(pajson.read_json(url[len("file://"):]), out / f"raw-{n:04d}.parquet")
 
 
+class Spark:
+    """A warm local[2] Spark session doing the merge's job (None when pyspark is not installed)."""
+
+    def __init__(self):
+        from pyspark.sql import SparkSession
+
+        self.session = (SparkSession.builder.master("local[2]").appName("etl-merge-bench")
+                        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
+                        .config("spark.driver.memory", "2g").getOrCreate())
+        self.session.sparkContext.setLogLevel("ERROR")
+
+    def run(self, urls: list[str], out: Path) -> None:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import ArrayType, MapType, StringType, StructType
+
+        frame = self.session.read.json([u[len("file://"):] for u in urls], mode="PERMISSIVE")
+        columns = [
+            (F.to_json(F.col(f"`{f.name}`")) if isinstance(f.dataType, (StructType, ArrayType, MapType))
+             else F.col(f"`{f.name}`").cast(StringType())).alias(f.name)
+            for f in frame.schema.fields
+        ]
+        frame = frame.select(*columns).withColumn("_processing_timestamp", F.lit(time.strftime("%Y-%m-%dT%H:%M:%SZ"))) \
+            .withColumn("_source_file", F.input_file_name())
+        frame.write.mode("overwrite").option("compression", "snappy").parquet(str(out / "spark"))
+
+    def stop(self) -> None:
+        self.session.stop()
+
+
+def start_spark() -> Spark | None:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        print("  (pyspark not installed: no Spark baseline; `pip install -e '.[bench]'`)")
+        return None
+    return Spark()
+
+
 def ours(urls: list[str], out: Path) -> dict:
     return etl_merge.merge_manifest(DATE, "batch-0001-20260101-000000.json", urls, out.as_uri(), target_file_mb=128)
 
@@ -74,6 +116,7 @@ def main() -> int:
     parser.add_argument("--files", type=int)
     parser.add_argument("--mb-each", type=float, default=10)
     parser.add_argument("--repeats", type=int)
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark baseline even when pyspark is installed")
     args = parser.parse_args()
     files = args.files or (3 if args.quick else 20)
     repeats = args.repeats or (2 if args.quick else 3)
@@ -82,20 +125,29 @@ def main() -> int:
         urls = make_files(work / "in", files, args.mb_each, args.nested)
         mb = sum(Path(u[7:]).stat().st_size for u in urls) / 1024 / 1024
         print(f"{files} NDJSON files, {mb:.1f} MB{' (nested values)' if args.nested else ''}; {repeats} repeats, interleaved")
-        times = {"baseline": [], "ours": []}
+        spark = None if args.no_spark else start_spark()
+        names = ["baseline", "ours"] + (["spark"] if spark else [])
+        if spark:  # warm the JVM (class loading, JIT) on one file
+            spark.run(urls[:1], work)
+            shutil.rmtree(work / "spark")
+        times = {name: [] for name in names}
         rows = None
         for r in range(repeats):
-            for name in ("baseline", "ours") if r % 2 == 0 else ("ours", "baseline"):
+            for name in names if r % 2 == 0 else names[::-1]:
                 out = work / f"out-{name}-{r}"
                 out.mkdir()
                 start = time.perf_counter()
                 if name == "baseline":
                     baseline(urls, out)
+                elif name == "spark":
+                    spark.run(urls, out)
                 else:
                     summary = ours(urls, out)
                     rows = summary["rows"]
                 times[name].append(time.perf_counter() - start)
                 shutil.rmtree(out)
+        if spark:
+            spark.stop()
         rates = {name: [mb / t for t in ts] for name, ts in times.items()}
         for name, values in rates.items():
             print(f"  {name:8s}: {statistics.median(values):7.1f} MB/s (range {min(values):.1f}-{max(values):.1f})")
@@ -104,6 +156,9 @@ def main() -> int:
         print(f"rows merged per run: {rows}")
         print(f"RATIO ours/baseline = {ratio:.2f} (per-repeat {min(ratios):.2f}-{max(ratios):.2f}); goal >= 0.7: "
               f"{'met' if ratio >= 0.7 else 'NOT met'}")
+        if "spark" in rates:
+            spark_ratio = statistics.median(rates["ours"]) / statistics.median(rates["spark"])
+            print(f"RATIO ours/spark = {spark_ratio:.2f}; goal >= 2: {'met' if spark_ratio >= 2 else 'NOT met'}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

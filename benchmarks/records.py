@@ -62,9 +62,10 @@ def main() -> None:
         suffix = uuid.uuid4().hex[:6]
         os.environ["TABLE_GRANULES"] = f"bench-granules-{suffix}"
         os.environ["TABLE_EXECUTIONS"] = f"bench-executions-{suffix}"
-        from tasks import records, state_store
-        from tasks.records import GRANULE
-        from tasks.tables import TABLE_SPECS, ensure_table
+        from tasks.records import rules as records
+        from tasks.core import state_store
+        from tasks.records.rules import GRANULE
+        from tasks.core.tables import TABLE_SPECS, ensure_table
 
         ensure_table(os.environ["TABLE_GRANULES"], TABLE_SPECS["granules"])
         ensure_table(os.environ["TABLE_EXECUTIONS"], TABLE_SPECS["executions"])

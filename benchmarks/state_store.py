@@ -25,8 +25,8 @@ def main() -> None:
         args.items, args.rounds = 200, 1
 
     with dynamodb_local():
-        from tasks import state_store as store
-        from tasks.tables import TABLE_SPECS, ensure_table
+        from tasks.core import state_store as store
+        from tasks.core.tables import TABLE_SPECS, ensure_table
 
         name = f"bench-{uuid.uuid4().hex[:6]}"
         ensure_table(name, TABLE_SPECS["etl_file_tracking"])

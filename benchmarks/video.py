@@ -1,6 +1,12 @@
-"""Video pipeline benchmark (seed 003): chunk -> identity inference -> reassemble, against raw ffmpeg.
+"""Video pipeline benchmark (seed 003): the whole flow against a bare ffmpeg script, and the task bodies.
 
     .venv/bin/python benchmarks/video.py [--quick [--flow]] [--repeat N] [--seconds S] [--size WxH] [--no-flow]
+    .venv/bin/python benchmarks/video.py --gray-only     # issue 16 goal 2 only: RATIO flow/bare
+
+Whole flow (issue 16, goal 2): `video-process` on a 60 s 720p clip with the grayscale mode, through a Prefect
+server, reassembly included, against a bare script doing the same ffmpeg work (segment, grayscale each part
+with as many processes at once as the flow's ``max_parallel_segments``, concat), interleaved in the same run;
+prints ``RATIO flow/bare = X`` (goal <= 1.3) and the orchestration share, 1 - bare/flow (goal <= 5%).
 
 Baseline, measured in the same run on the same file: ``ffmpeg -f segment`` + concat demuxer (stream copy),
 no records, no object store. The pipeline is timed twice: its task bodies called directly (DynamoDB
@@ -32,7 +38,7 @@ def make_source(path: Path, seconds: float, size: str, fps: int, keyframe_second
     """A testsrc2 clip at a realistic bitrate (12 Mb/s) with sine audio and a keyframe every ``keyframe_seconds``."""
     import ffmpeg
 
-    from tasks.video_ffmpeg import run
+    from tasks.video.ffmpeg import run
 
     gop = int(fps * keyframe_seconds)
     video = ffmpeg.input(f"testsrc2=size={size}:rate={fps}:duration={seconds}", f="lavfi")
@@ -44,7 +50,7 @@ def make_source(path: Path, seconds: float, size: str, fps: int, keyframe_second
 
 def raw_baseline(source: Path, work: Path, segment_seconds: float) -> float:
     """ffmpeg segment + concat of the same file, nothing else."""
-    from tasks.video_ffmpeg import concat, segment
+    from tasks.video.ffmpeg import concat, segment
 
     shutil.rmtree(work, ignore_errors=True)
     start = time.perf_counter()
@@ -54,9 +60,9 @@ def raw_baseline(source: Path, work: Path, segment_seconds: float) -> float:
 
 
 def _new_job(source: Path, segment_seconds: float) -> str:
-    from tasks import keys
-    from tasks import video as v
-    from tasks.config import object_store
+    from tasks.core import keys
+    from tasks.video import jobs as v
+    from tasks.core.config import object_store
 
     job_id = v.create_job(f"bench-{uuid.uuid4().hex[:10]}", "identity", segment_seconds)["job_id"]
     object_store().put_file(keys.source_key(job_id), source)  # the user's upload: not timed
@@ -65,7 +71,7 @@ def _new_job(source: Path, segment_seconds: float) -> str:
 
 def pipeline_tasks(source: Path, segment_seconds: float, workers: int) -> tuple[float, dict]:
     """The task bodies without Prefect: chunk, identity inference over a thread pool, trigger, reassemble."""
-    from tasks import video as v
+    from tasks.video import jobs as v
 
     job_id = _new_job(source, segment_seconds)
     start = time.perf_counter()
@@ -95,12 +101,43 @@ def pipeline_flow(source: Path, segment_seconds: float) -> tuple[float, dict]:
     return elapsed, job
 
 
+def bare_grayscale(source: Path, work: Path, segment_seconds: float, workers: int) -> float:
+    """The same ffmpeg work as the flow, nothing else: segment, grayscale each part (``workers`` at once), concat."""
+    from tasks.video.ffmpeg import concat, segment, transform
+
+    shutil.rmtree(work, ignore_errors=True)
+    start = time.perf_counter()
+    parts = segment(source, work / "parts", segment_seconds)
+    outputs = [p.with_name(p.stem + "-gray.mp4") for p in parts]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda io: transform(io[0], io[1], "grayscale"), zip(parts, outputs)))
+    concat(outputs, work / "final.mp4")
+    return time.perf_counter() - start
+
+
+def grayscale_flow(source: Path, segment_seconds: float, workers: int) -> tuple[float, dict]:
+    """The whole `video-process` flow (grayscale, reassembly included) through the Prefect server; upload not timed."""
+    from tasks.core import keys
+    from tasks.core.config import object_store
+    from tasks.video import jobs as v
+    from flows.video import video_process
+
+    job_id = v.create_job(f"bench-gray-{uuid.uuid4().hex[:10]}", "grayscale", segment_seconds)["job_id"]
+    object_store().put_file(keys.source_key(job_id), source)
+    start = time.perf_counter()
+    job = video_process(job_id=job_id, segment_seconds=segment_seconds, mode="grayscale", backend="ffmpeg",
+                        max_parallel_segments=workers)
+    elapsed = time.perf_counter() - start
+    assert job["status"] == "completed" and job["final_frames"] == job["source_frames"], job
+    return elapsed, job
+
+
 def backend_throughput(
     source: Path, work: Path, segment_seconds: float, modes: list[str], workers: int, max_segments: int = 4
 ) -> dict:
     """frames/s of the ffmpeg backend (decode + filter + libx264 encode) over the first segments of the source."""
-    from tasks.video_ffmpeg import probe, segment
-    from tasks.video_inference import infer
+    from tasks.video.ffmpeg import probe, segment
+    from tasks.video.inference import infer
 
     parts = segment(source, work / "tp-parts", segment_seconds)[:max_segments]
     frames = sum(probe(p).frames for p in parts)
@@ -117,6 +154,26 @@ def spread(values: list[float]) -> str:
     return f"median {statistics.median(values):.2f} s (range {min(values):.2f}-{max(values):.2f}, n={len(values)})"
 
 
+def whole_flow_vs_bare(source: Path, work: Path, segment_seconds: float, repeat: int, workers: int) -> None:
+    """Issue 16 goal 2: `video-process` (grayscale, through a Prefect server) against the bare script, interleaved."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    t0 = time.perf_counter()
+    with prefect_test_harness(server_startup_timeout=180):
+        print(f"(prefect server started in {time.perf_counter() - t0:.1f} s, not counted)")
+        small = make_source(work / "warm-up.mp4", 2 * segment_seconds, "320x240", 30, segment_seconds / 2)
+        grayscale_flow(small, segment_seconds, workers)  # warm-up (imports, first registrations) on a small clip
+        bare, flows = [], []
+        for _ in range(repeat):
+            bare.append(bare_grayscale(source, work / "bare", segment_seconds, workers))
+            flows.append(grayscale_flow(source, segment_seconds, workers)[0])
+    ratio = statistics.median(flows) / statistics.median(bare)
+    print(f"bare ffmpeg segment+grayscale+concat ({workers} at once): {spread(bare)}")
+    print(f"video-process flow, grayscale, reassembly included:    {spread(flows)}")
+    print(f"RATIO flow/bare = {ratio:.2f} (goal <= 1.3)")
+    print(f"orchestration + bookkeeping share of the flow's wall time: {(1 - 1 / ratio) * 100:.1f}% (goal <= 5%)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="~20 s smoke run: small clip, one repeat")
@@ -128,6 +185,8 @@ def main() -> None:
                         help="segments processed at once by the task bodies (Prefect's thread pool default)")
     parser.add_argument("--no-flow", action="store_true", help="skip the Prefect flow measurement")
     parser.add_argument("--flow", action="store_true", help="with --quick: measure the Prefect flow too (+~45 s server start)")
+    parser.add_argument("--gray-only", action="store_true",
+                        help="only the whole-flow grayscale measurement against the bare script (issue 16, goal 2)")
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.quick else 60.0)
     size = args.size or ("320x240" if args.quick else "1280x720")
@@ -138,7 +197,8 @@ def main() -> None:
         work = Path(tmp)
         os.environ["OBJECT_STORE_BASE_URL"] = (work / "objects").as_uri()
         os.environ["PIPELINES_USE_BLOCKS"] = "0"
-        from tasks.tables import TABLE_SPECS, default_names, ensure_table
+        from benchmarks._common import ensure_table  # dropped again at the end
+        from tasks.core.tables import TABLE_SPECS, default_names
 
         suffix = uuid.uuid4().hex[:6]
         names = {logical: f"{name}-bench-{suffix}" for logical, name in default_names("bench").items()}
@@ -149,12 +209,16 @@ def main() -> None:
 
         t0 = time.perf_counter()
         source = make_source(work / "source.mp4", seconds, size, 30, args.segment_seconds / 2)
-        from tasks.video_ffmpeg import probe
+        from tasks.video.ffmpeg import probe
 
         info = probe(source)
         print(f"source: {seconds:g} s {size} 30 fps, {info.frames} frames, {source.stat().st_size / 1e6:.1f} MB "
               f"(generated in {time.perf_counter() - t0:.1f} s); segments of {args.segment_seconds:g} s")
 
+        if not args.no_flow:
+            whole_flow_vs_bare(source, work, args.segment_seconds, repeat, os.cpu_count() or 2)
+        if args.gray_only:
+            return
         raw, tasks_only, flow_times, phases = [], [], [], []
         pipeline_tasks(source, args.segment_seconds, args.workers)  # warm-up: imports, per-thread clients
         for _ in range(repeat):

@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks import video_ffmpeg, video_inference  # noqa: E402
+from tasks.video import ffmpeg as video_ffmpeg
+from tasks.video import inference as video_inference
 
 
 def check(condition: bool, what: str, failures: list[str]) -> None:

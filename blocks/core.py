@@ -8,7 +8,7 @@ from prefect_aws import AwsCredentials
 from pydantic import Field
 
 from blocks.base import ConfigBlock
-from tasks.tables import TABLE_SPECS, default_names
+from tasks.core.tables import TABLE_SPECS, default_names
 
 
 class DynamoTables(ConfigBlock):
@@ -29,6 +29,7 @@ class DynamoTables(ConfigBlock):
     video_reassembly_locks: Optional[str] = None
     granules: Optional[str] = None
     executions: Optional[str] = None
+    health_incidents: Optional[str] = None
     aws_credentials: Optional[AwsCredentials] = Field(
         default=None, description="Credentials for DynamoDB in AWS; unset: boto3's default chain (env, role)."
     )
@@ -39,6 +40,7 @@ class DynamoTables(ConfigBlock):
         return {logical: getattr(self, logical) or defaults[logical] for logical in TABLE_SPECS}
 
     def name(self, logical: str) -> str:
+        """The physical name of one logical table."""
         return self.names()[logical]
 
 

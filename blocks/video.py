@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Optional
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from blocks.base import ConfigBlock
 
@@ -25,3 +25,19 @@ class VideoInference(ConfigBlock):
     api_key: Optional[SecretStr] = Field(default=None, description="http backend: sent as 'Authorization: Bearer'.")
     segment_seconds: float = Field(default=4.0, description="Default segment length in seconds.")
     mode: str = Field(default="identity", description="Default mode: identity, grayscale, scale or denoise.")
+    source_prefixes: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Allow-list for video-process's source_url: URL prefixes it may import from (file:///…/ or s3://bucket/"
+            "prefix/). Empty: any (the local default). In AWS set it to the upload buckets, e.g. "
+            "VIDEO_INFERENCE_SOURCE_PREFIXES=s3://my-uploads/incoming/ (comma-separated)."
+        ),
+    )
+
+    @field_validator("source_prefixes", mode="before")
+    @classmethod
+    def _split_prefixes(cls, value: object) -> object:
+        """A comma-separated string (the environment variable) becomes a list."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

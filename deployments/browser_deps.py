@@ -8,6 +8,7 @@ import subprocess
 
 
 def main() -> int:
+    """Install chromium with apt-get when it is missing and possible; always exit code 0."""
     if shutil.which("chromium") or shutil.which("chromium-browser"):
         return 0
     if os.geteuid() != 0 or shutil.which("apt-get") is None:

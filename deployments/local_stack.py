@@ -9,6 +9,7 @@ so state survives `down && up`. Processes are tracked by pid files in .data/run 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import subprocess
@@ -16,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from deployments import dynamodb_local
+from deployments import dynamodb_local, postgres_local
 from deployments.dynamodb_local import StackError, port_open
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA = REPO_ROOT / ".data"
+DATA = Path(os.environ.get("PIPELINES_DATA_DIR") or REPO_ROOT / ".data")  # another folder: a second stack (load test)
 RUN = DATA / "run"
 LOGS = DATA / "logs"
 HOST = "127.0.0.1"
@@ -29,6 +30,9 @@ PREFECT_PORT = int(os.environ.get("PREFECT_SERVER_PORT", "4200"))
 WORK_POOL = os.environ.get("LOCAL_WORK_POOL", "local-process")
 ECS_WORK_POOL = os.environ.get("ECS_WORK_POOL", "aws-ecs")
 ENV_FILE = DATA / "local.env"
+# the Prefect server's database: "sqlite" (embedded, the default) or "postgres" (Debian's postgresql, for load)
+SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "sqlite").strip().lower()
+POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
 
 
 def local_env() -> dict[str, str]:
@@ -89,14 +93,40 @@ def _check_port_free(name: str, port: int) -> None:
 
 
 def start_dynamodb() -> str:
+    """Start DynamoDB Local (data in .data/dynamodb) if it is not running; 'running' or 'started'."""
     if _pid("dynamodb") and port_open(HOST, DYNAMODB_PORT):
         return "running"
     _check_port_free("dynamodb", DYNAMODB_PORT)
     LOGS.mkdir(parents=True, exist_ok=True)
-    process = dynamodb_local.start(DYNAMODB_PORT, db_path=DATA / "dynamodb", log_path=LOGS / "dynamodb.log")
+    start = functools.partial(dynamodb_local.start, DYNAMODB_PORT, db_path=DATA / "dynamodb", log_path=LOGS / "dynamodb.log")
+    if os.environ.get("DYNAMODB_LOCAL_ISOLATE", "1") == "0":
+        print(f"WARNING: DYNAMODB_LOCAL_ISOLATE=0: DynamoDB Local listens on every interface (*:{DYNAMODB_PORT}) and "
+              "accepts any credentials: any host that reaches this machine can read and change every pipeline's state.")
+        process, state = start(), "started"
+    else:
+        try:
+            process, state = start(loopback_only=True), "started"
+        except dynamodb_local.CannotIsolate as error:
+            print(f"WARNING: DynamoDB Local cannot be kept to loopback here ({error}): it listens on every interface "
+                  f"(*:{DYNAMODB_PORT}) and accepts any credentials, so any host that reaches this machine can read and "
+                  "change every pipeline's state. Block the port in a firewall, or run the stack where user namespaces "
+                  "are allowed (sysctl kernel.unprivileged_userns_clone=1).")
+            process, state = start(), "started"
     RUN.mkdir(parents=True, exist_ok=True)
     (RUN / "dynamodb.pid").write_text(str(process.pid))
-    return "started"
+    return state
+
+
+def dynamodb_reach() -> str:
+    """Who can reach the running DynamoDB Local: 'loopback only' or 'every interface'."""
+    pid = _pid("dynamodb")
+    if pid is None:
+        return "not running"
+    try:
+        isolated = b"loopback_ns.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "reach unknown"
+    return "loopback only" if isolated else f"every interface: *:{DYNAMODB_PORT}"
 
 
 def _prefect(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
@@ -111,7 +141,29 @@ def _prefect(*args: str, check: bool = True, quiet: bool = False) -> subprocess.
     return result
 
 
+def server_database_env() -> dict[str, str]:
+    """The Prefect server's database setting: none for SQLite (its default), the PostgreSQL URL otherwise."""
+    if SERVER_DB in ("", "sqlite"):
+        return {}
+    if SERVER_DB in ("postgres", "postgresql"):
+        return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres_local.url(POSTGRES_PORT)}
+    raise StackError(f"PREFECT_SERVER_DB={SERVER_DB!r}: use 'sqlite' (default) or 'postgres'")
+
+
+def start_postgres() -> str:
+    """Start the project's PostgreSQL (data in .data/postgres) if the server should use it; state word."""
+    if not server_database_env():
+        return "not used"
+    if _pid("postgres") and port_open(HOST, POSTGRES_PORT):
+        return "running"
+    process = postgres_local.start(POSTGRES_PORT, DATA / "postgres", LOGS / "postgres.log")
+    RUN.mkdir(parents=True, exist_ok=True)
+    (RUN / "postgres.pid").write_text(str(process.pid))
+    return "started"
+
+
 def start_prefect_server() -> str:
+    """Start the Prefect server if it is not running and wait until it is healthy; 'running' or 'started'."""
     if _pid("prefect-server") and port_open(HOST, PREFECT_PORT):
         return "running"
     _check_port_free("prefect-server", PREFECT_PORT)
@@ -119,7 +171,7 @@ def start_prefect_server() -> str:
     pid = _spawn(
         "prefect-server",
         [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
-        local_env(),
+        {**local_env(), **server_database_env()},
     )
     _wait_port("prefect-server", PREFECT_PORT, pid, 120)
     _wait_healthy()
@@ -141,22 +193,46 @@ def _wait_healthy(seconds: float = 60) -> None:
     raise StackError("the Prefect server does not answer /api/health; see .data/logs/prefect-server.log")
 
 
-def ensure_work_pools() -> None:
+def ecs_base_job_template() -> dict:
+    """prefect-aws's ECS worker default base job template (what `prefect work-pool create --type ecs` gives)."""
+    from prefect_aws.workers.ecs_worker import ECSWorker
+
+    return ECSWorker.get_default_base_job_template()
+
+
+def create_work_pools(client) -> dict[str, str]:
+    """The local process pool and the ECS pool (with the ECS worker's template; an empty one is filled in)."""
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectNotFound
+
+    states = {}
+    for pool, kind in ((WORK_POOL, "process"), (ECS_WORK_POOL, "ecs")):
+        template = ecs_base_job_template() if kind == "ecs" else None
+        try:
+            existing = client.read_work_pool(pool)
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=pool, type=kind, **({"base_job_template": template} if template else {})))
+            states[pool] = "created"
+            continue
+        if template and not existing.base_job_template:  # made by an older `make up` with no template
+            client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
+            states[pool] = "template set"
+        else:
+            states[pool] = "exists"
+    return states
+
+
+def ensure_work_pools() -> dict[str, str]:
     """The local process pool (served by `make up`'s worker) and an ECS pool for the AWS deployments."""
     os.environ.update(local_env())
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectNotFound
 
     with get_client(sync_client=True) as client:
-        for pool, kind in ((WORK_POOL, "process"), (ECS_WORK_POOL, "ecs")):
-            try:
-                client.read_work_pool(pool)
-            except ObjectNotFound:
-                client.create_work_pool(WorkPoolCreate(name=pool, type=kind))
+        return create_work_pools(client)
 
 
 def start_worker() -> str:
+    """Start a process worker on the local pool if none is running; 'running' or 'started'."""
     if _pid("worker"):
         return "running"
     _spawn(
@@ -168,21 +244,26 @@ def start_worker() -> str:
 
 
 def ensure_tables_and_blocks() -> dict[str, str]:
+    """Create or check every table, register the blocks and save their defaults; table -> 'created'/'exists'."""
     os.environ.update(local_env())
     from blocks import DynamoTables, ObjectStorage, load_config
-    from tasks import state_store
-    from tasks.tables import ensure_tables
+    from tasks.core import state_store
+    from tasks.core.tables import ensure_tables
 
     state_store.reset_clients()
     result = ensure_tables(load_config(DynamoTables).names())
     _prefect("block", "register", "-m", "blocks", quiet=True)
     # save the defaults so the UI shows (and a person can edit) the configuration the flows use
     load_config(DynamoTables).save("default", overwrite=True)
+    from blocks.health import HealthThresholds
+
+    load_config(HealthThresholds).save("default", overwrite=True)  # the alarms' thresholds, editable in the UI
     ObjectStorage(base_url=local_env()["OBJECT_STORE_BASE_URL"]).save("default", overwrite=True)
     return result
 
 
 def deploy_all() -> str:
+    """Run ``prefect deploy --all`` (skipped without prefect.yaml); says what was done."""
     if not (REPO_ROOT / "prefect.yaml").exists():
         return "skipped (no prefect.yaml)"
     _prefect("--no-prompt", "deploy", "--all", quiet=True)
@@ -190,23 +271,27 @@ def deploy_all() -> str:
 
 
 def write_env_file() -> None:
+    """Write .data/local.env: ``export`` lines of ``local_env()`` for a shell to source."""
     DATA.mkdir(parents=True, exist_ok=True)
     ENV_FILE.write_text("".join(f"export {k}={v}\n" for k, v in local_env().items()))
 
 
 def up() -> None:
+    """Start the whole local stack (idempotent) and print each part's state."""
     dynamodb_local.java()
     dynamodb_local.jar_path()
-    print(f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb)")
-    print(f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}")
-    ensure_work_pools()
+    print(f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; {dynamodb_reach()})")
+    print(f"postgres         {start_postgres():8} " + (f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)" if server_database_env() else "(PREFECT_SERVER_DB=postgres to use it)"))
+    print(f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}  (database: {'PostgreSQL' if server_database_env() else 'SQLite'})")
+    for pool, state in ensure_work_pools().items():
+        print(f"work pool        {state:8} {pool}")
     for table, state in ensure_tables_and_blocks().items():
         print(f"table            {state:8} {table}")
     register_extras()
     print(f"deployments      {deploy_all()}")
     print(f"worker           {start_worker():8} pool {WORK_POOL}")
     write_env_file()
-    print(f"\nUse it from a shell with:  source {ENV_FILE.relative_to(REPO_ROOT)}")
+    print(f"\nUse it from a shell with:  source {os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}")
     print(f"Prefect UI: http://{HOST}:{PREFECT_PORT}")
 
 
@@ -243,18 +328,21 @@ def _stop(name: str) -> str:
 
 
 def down() -> None:
-    for name in ("worker", "prefect-server", "dynamodb"):
+    """Stop the worker, the Prefect server and DynamoDB Local, printing each one's state."""
+    for name in ("worker", "prefect-server", "postgres", "dynamodb"):
         print(f"{name:16} {_stop(name)}")
 
 
 def status() -> None:
-    for name, port in (("dynamodb", DYNAMODB_PORT), ("prefect-server", PREFECT_PORT), ("worker", None)):
+    """Print whether each local process runs, with its pid."""
+    for name, port in (("dynamodb", DYNAMODB_PORT), ("postgres", POSTGRES_PORT), ("prefect-server", PREFECT_PORT), ("worker", None)):
         pid = _pid(name)
         state = "running" if pid and (port is None or port_open(HOST, port)) else "stopped"
-        print(f"{name:16} {state}{f' (pid {pid})' if pid else ''}")
+        print(f"{name:16} {state}{f' (pid {pid})' if pid else ''}{f' ({dynamodb_reach()})' if pid and name == 'dynamodb' else ''}")
 
 
 def main() -> int:
+    """The ``up|down|status`` command line; exit code 2 on a StackError."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["up", "down", "status"])
     args = parser.parse_args()

@@ -1,11 +1,14 @@
 """NDJSON→Parquet ETL (seed 001) as Prefect flows.
 
     files ──> ndjson-ingest: validate ─┬─> quarantine (copy + reason, tracked quarantined#N)
-                                       └─> track pending#N ─> claim batch (pending#N → manifested#N)
-                                            ─> manifest JSON + MANIFEST# (pending) ─> run_deployment(ndjson-merge)
-    ndjson-merge: MANIFEST pending → processing ─> Dask/pyarrow merge (Snappy Parquet, rejects)
+                                       └─> manifest JSON ─> track + claim + MANIFEST# (pending) in one transaction
+                                            (rest: pending#N, claimed in batches: pending#N → manifested#N + MANIFEST#)
+                                            ─> run_deployment(ndjson-merge)
+    ndjson-merge: MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
+                  ─> publish (rename parts, publish record; a published manifest is skipped)
                   ─> MANIFEST completed | failed ─> files manifested#N → completed#N | failed#N ─> (notify)
-    ndjson-flush-orphans (scheduled): pending#N of earlier dates ─> partial manifests; pending manifests restarted
+    ndjson-flush-orphans (scheduled): dead claims released ─> pending#N of earlier dates ─> partial manifests
+                  ─> pending manifests restarted
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import etl, etl_merge
-from tasks.etl import ManifestRef
-from tasks.keys import INPUT_PREFIX
-from tasks.object_store import ObjectNotFound
-from tasks.notify import notify_on_failure
+from tasks.etl import ingest as etl
+from tasks.etl import merge as etl_merge
+from tasks.etl import ops as etl_ops
+from tasks.etl.ingest import ManifestRef
+from tasks.core.runtime import today_iso
+from tasks.core.keys import INPUT_PREFIX
+from tasks.core.object_store import ObjectNotFound
+from tasks.core.notify import notify_on_failure
 
 # --------------------------------------------------------------------------- tasks
 
@@ -43,13 +49,15 @@ _dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
 list_landing_task = task(etl.landing_urls, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
 quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
-track_task = task(etl.track_files, name="track-files", **_dynamo)
+track_task = task(etl.track_and_batch, name="track-and-batch-files", **_dynamo)
 create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", **_dynamo)
 orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
+release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 start_processing_task = task(etl_merge.start_processing, name="manifest-processing", **_dynamo)
 manifest_files_task = task(etl_merge.manifest_files, name="read-manifest", **_dynamo, retry_condition_fn=_capacity_error)
+attached_files_task = task(etl_merge.attached_files, name="files-still-in-manifest", **_dynamo)
 merge_task = task(
     etl_merge.merge_manifest, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
     retry_condition_fn=_capacity_error, **_side_effects,
@@ -96,7 +104,7 @@ def ndjson_ingest(
         logger.warning("quarantined %s: %s", check.url, check.reason)
     quarantined = quarantine_task(refused, config) if refused else []
     tracked = track_task([c for c in checks if c.valid], config)
-    made: list[ManifestRef] = []
+    made: list[ManifestRef] = list(tracked["manifests"])
     for date_prefix in tracked["dates"]:
         made += create_manifests_task(
             date_prefix, config.max_files_per_manifest, config, prefer=tracked["new_files"].get(date_prefix, [])
@@ -107,6 +115,7 @@ def ndjson_ingest(
         "quarantined": len(quarantined),
         "tracked": tracked["tracked"],
         "already_tracked": tracked["already_tracked"],
+        "revalidated": len(tracked["revalidated"]),
         "manifests": [ref.manifest_name for ref in made],
         "launched": sum(1 for launch in launches if launch["launched"]),
         "launch_failures": sum(1 for launch in launches if not launch["launched"]),
@@ -133,7 +142,7 @@ def ndjson_merge(
         print(f"{manifest_name}: already taken by another run; nothing to do")
         return {"manifest": manifest_name, "skipped": True}
     try:
-        urls = manifest_files_task(record["manifest_path"])
+        urls = attached_files_task(date_prefix, record["manifest_path"], manifest_files_task(record["manifest_path"]))
         summary = merge_task(
             date_prefix, manifest_name, urls, config.output_store_url, target_file_mb or config.target_file_mb, dask_scheduler
         )
@@ -148,7 +157,8 @@ def ndjson_merge(
                                  [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
     metric_task("merge", {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
                           "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"]}, config)
-    print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s), "
+    print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s)"
+          f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
           f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed")
     return {"manifest": manifest_name, **summary, **statuses}
 
@@ -158,16 +168,20 @@ def ndjson_flush_orphans(
     today: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",
     restart_pending_after_seconds: float = 120.0,
+    release_claims_after_seconds: float = 600.0,
 ) -> dict[str, Any]:
-    """Partial manifests for pending files of earlier dates (every shard); restart manifests left pending."""
+    """Release dead claims; partial manifests for pending files of earlier dates (every shard); restart manifests
+    left pending."""
     config = etl.settings()
-    today = today or etl.now().date().isoformat()
+    today = today or today_iso()
+    released = release_dead_claims_task(release_claims_after_seconds)
     dates = orphan_dates_task(config, today)
     made: list[ManifestRef] = []
     for date_prefix in dates:
         made += create_manifests_task(date_prefix, config.min_files_for_partial_batch, config, partial=True)
     launches = _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)
     summary = {
+        "released_claims": released["moved"],
         "orphaned_dates": dates,
         "manifests": [ref.manifest_name for ref in made],
         "launched": sum(1 for launch in launches if launch["launched"]),

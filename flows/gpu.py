@@ -1,18 +1,26 @@
 """Seed 002: GPU jobs with failure detection, node health checks and restarts.
 
-    assign AVAILABLE nodes ─▶ start one task per node ─▶ watch
-        all exit 0 ─────────▶ tasks COMPLETE, job COMPLETE, nodes AVAILABLE
-        a task exits ≠ 0 ───▶ stop the others, job PENDING_HEALTHCHECK ─▶ gpu-healthcheck (subflow) per node
-            healthy ────────▶ job FAILED (application), nodes AVAILABLE
-            unhealthy ──────▶ node FAILED ─▶ REBOOTING; job PENDING_RESTART ─▶ RESTARTING (retry+1) ─▶ IN_PROGRESS
-            retry ≥ max ────▶ job FAILED + notification
-        user stop ──────────▶ tasks TERMINATED, job USER_STOPPED, nodes AVAILABLE
+    run ─────────────▶ assign AVAILABLE nodes, start one task per node                     (launch_job)
+    detect failure ──▶ all exit 0: tasks COMPLETE, job COMPLETE, nodes AVAILABLE            (detect_failure)
+                       a task exits ≠ 0: job PENDING_HEALTHCHECK, the other tasks stopped   (isolate_failure)
+    health check ────▶ gpu-healthcheck (subflow) per failed node                            (health_check_nodes)
+        healthy ─────▶ job FAILED (application), nodes AVAILABLE
+    reboot ──────────▶ unhealthy node FAILED ─▶ REBOOTING; job PENDING_RESTART              (reboot_unhealthy)
+        retry ≥ max ─▶ job FAILED + notification
+    restart ─────────▶ a spare or the rebooted node; RESTARTING (retry+1) ─▶ IN_PROGRESS   (restart_job)
+    user stop ───────▶ tasks TERMINATED, job USER_STOPPED, nodes AVAILABLE                 (gpu stop, cancel)
 
-``gpu-node-healthcheck`` (scheduled) checks idle nodes and takes bad ones out of service.
+Whoever sees a task stop first moves the job on through the same guarded transitions: the job's own watcher
+(``gpu-job``), ``gpu-sweep`` (scheduled every minute: every in-flight job, even one whose flow run is gone,
+and nodes nobody will move any more), ``gpu stop`` and ``records-reconcile``. ``advance`` is one pass of
+the steps above over one job; both flows run it. ``gpu-node-healthcheck`` (scheduled) checks idle nodes.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from prefect import flow, task
@@ -23,16 +31,102 @@ from prefect.states import Cancelled
 
 from blocks import load_config
 from blocks.gpu import GpuCompute
-from tasks import gpu, keys
-from tasks.gpu_backends import make_backend
-from tasks.gpu_health import HealthResult
-from tasks.notify import notify_on_failure
+from tasks.core import keys
+from tasks.core.notify import notify_on_failure
+from tasks.core.runtime import artifact_key
+from tasks.gpu import jobs as gpu
+from tasks.gpu.backends import make_backend
+from tasks.gpu.health import HealthResult
+from tasks.records import reconcile
 
 DEFAULT_COMMAND = "python3 -c \"import os; print('hello from', os.environ['NODE_NAME'])\""
 
 start_gpu_task = task(gpu.start_one_task, name="start-gpu-task", cache_policy=NO_CACHE)
-handle_task_stopped_task = task(gpu.handle_task_stopped, name="handle-task-stopped", cache_policy=NO_CACHE)
 register_nodes_task = task(gpu.register_nodes, name="register-nodes", cache_policy=NO_CACHE)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The seed's steps after "run", each a function of tasks/gpu/jobs.py (records and guarded transitions)."""
+
+    detect_failure: Callable[..., Any]
+    isolate_failure: Callable[..., Any]
+    health_check: Callable[..., Any]
+    reboot: Callable[..., Any]
+    restart: Callable[..., Any]
+    resume_start: Callable[..., Any]
+
+
+# plain functions: tests and benchmarks drive a job without Prefect runs
+PLAIN = Steps(gpu.detect_failure, gpu.isolate_failure, gpu.health_check_nodes, gpu.reboot_unhealthy, gpu.restart_job,
+              gpu.resume_start)
+# in the flows: every step that changes the job is a Prefect task run (polling for stops stays plain: it runs
+# every poll interval); the health check of each node is the gpu-healthcheck subflow (see _flow_runner)
+TASKS = Steps(
+    gpu.detect_failure,
+    task(gpu.isolate_failure, name="stop-other-tasks", cache_policy=NO_CACHE),
+    gpu.health_check_nodes,
+    task(gpu.reboot_unhealthy, name="reboot-unhealthy-nodes", cache_policy=NO_CACHE),
+    task(gpu.restart_job, name="restart-job", cache_policy=NO_CACHE),
+    task(gpu.resume_start, name="start-tasks", cache_policy=NO_CACHE),
+)
+
+
+def advance(runner: gpu.Runner, job_id: str, steps: Steps = TASKS, wait: bool = True) -> dict[str, Any] | None:
+    """One pass over one job in the seed's order: detect failure → health check → reboot → restart.
+
+    A step between two statuses is resumed only by its owner, or by whoever takes over from an owner that is
+    gone (``take_over``); ``wait``: a restart waits for nodes (the job's watcher) or tries once (the sweep).
+    """
+    job = gpu.get_job(job_id)
+    if job is None or job["job_status"] in gpu.JOB_TERMINAL:
+        return job
+    if gpu.needs_owner(job):
+        job = gpu.take_over(runner, job)
+    else:
+        job = steps.detect_failure(runner, job)  # detect failure
+    if job is None:
+        return gpu.get_job(job_id)
+    if job["job_status"] == gpu.JOB_PENDING_HEALTHCHECK:
+        failed_nodes = steps.isolate_failure(runner, job)
+        verdicts = steps.health_check(runner, job, failed_nodes)  # health check
+        if not steps.reboot(runner, job, verdicts):  # reboot (none unhealthy: an application failure)
+            return gpu.get_job(job_id)
+        job = gpu.get_job(job_id)
+    if job["job_status"] == gpu.JOB_PENDING_RESTART:
+        runner.events.append(steps.restart(runner, job, wait))  # restart
+    elif gpu.needs_owner(job):  # RESTARTING, or IN_PROGRESS whose tasks were not all started
+        runner.events.append(steps.resume_start(runner, job))
+    return gpu.get_job(job_id)
+
+
+def watch(runner: gpu.Runner, job_id: str, steps: Steps = TASKS, timeout_s: float | None = None) -> dict[str, Any]:
+    """The job's own watcher: ``advance`` every poll interval until the job ends (``gpu-sweep`` does the same
+    every minute, so a watcher that stops early loses nothing)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        job = advance(runner, job_id, steps)
+        if job["job_status"] in gpu.JOB_TERMINAL:
+            return job
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {job['job_status']} after {timeout_s} s (gpu-sweep carries on)")
+        time.sleep(runner.config.poll_interval_s)
+
+
+def sweep(runner: gpu.Runner, steps: Steps = TASKS) -> dict[str, Any]:
+    """One sweep: ``advance`` every in-flight job once (a restart tries once, no waiting), then put back the
+    nodes nobody will move any more and stop tasks recorded TERMINATED that still run."""
+    jobs = {}
+    for job in gpu.list_jobs(gpu.JOB_ACTIVE):
+        jobs[job["job_id"]] = advance(runner, job["job_id"], steps, wait=False)["job_status"]
+    return {"jobs": jobs, "nodes": gpu.free_stranded_nodes(runner), "stopped_tasks": gpu.stop_terminated_tasks(runner)}
+
+
+def run_ended(flow_run_id: str) -> bool:
+    """Whether Prefect says the flow run ended (Completed, Failed, Crashed, Cancelled)."""
+    state = reconcile.prefect_states([flow_run_id], []).get(flow_run_id)
+    return state is not None and state.type in reconcile.TERMINAL
+
 
 
 def _config(**overrides: Any) -> GpuCompute:
@@ -47,7 +141,7 @@ def _health_artifact(node_name: str, result: HealthResult) -> None:
     for device in devices:
         rows.append(f"| GPU {device.get('index')} | {', '.join(f'{k}={v}' for k, v in device.items() if k != 'index')} |")
     create_markdown_artifact(
-        key=f"gpu-health-{node_name.lower().replace('_', '-').replace('.', '-')}",
+        key=artifact_key("gpu-health", node_name),
         markdown=(
             f"## Health check of {node_name}: **{result.status}** ({result.method})\n\n{result.reason}\n\n"
             f"checked at {result.checked_at}, {result.duration_s} s\n\n| reading | value |\n|---|---|\n" + "\n".join(rows)
@@ -74,9 +168,10 @@ def _flow_runner(config: GpuCompute) -> gpu.Runner:
     """A Runner whose health checks run as the gpu-healthcheck subflow."""
 
     def check(node_name: str) -> HealthResult:
+        """The node's health, checked by the gpu-healthcheck subflow."""
         return HealthResult(**gpu_healthcheck(node_name, config.health_check, config.health_command))
 
-    return gpu.Runner(make_backend(config), config, health_check=check)
+    return gpu.Runner(make_backend(config), config, health_check=check, run_ended=run_ended)
 
 
 def _job_id() -> str:
@@ -93,7 +188,7 @@ def _stop_on_cancel(flow_obj, run, state) -> None:
 def _job_artifact(job: dict[str, Any]) -> None:
     tasks = gpu.job_tasks(job)
     create_table_artifact(
-        key=f"gpu-job-{job['job_id'].lower().replace('_', '-').replace('.', '-')}"[:64],
+        key=artifact_key("gpu-job", job["job_id"]),
         table=[
             {k: t.get(k) for k in ("ecs_task_id", "node_name", "node_index_in_job", "retry", "task_status", "exit_code", "stop_reason")}
             for t in tasks
@@ -116,8 +211,10 @@ def gpu_job(
     health_check: Literal["nvml", "dcgmi", "command"] | None = None,
     health_command: str | None = None,
     timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
 ):
-    """Run ``command`` on ``num_nodes`` nodes (one task each) and see it through failures and restarts."""
+    """Run ``command`` on ``num_nodes`` nodes (one task each, with ``env`` and the node's variables) and see
+    it through failures and restarts."""
     config = _config(
         max_retries=max_retries, node_wait=node_wait, node_wait_timeout_s=node_wait_timeout_s,
         poll_interval_s=poll_interval_s, health_check=health_check, health_command=health_command,
@@ -125,12 +222,8 @@ def gpu_job(
     runner = _flow_runner(config)
     job_id = keys.gpu_job_id(job_id) if job_id else _job_id()
     gpu.launch_job(runner, job_id, num_nodes, command, nodes, config.node_wait == "wait", config.node_wait_timeout_s,
-                   start_task=start_gpu_task)
-
-    def on_stopped(task_id: str, exit_code: int | None, reason: str) -> dict[str, Any]:
-        return handle_task_stopped_task(task_id, exit_code, reason, runner)
-
-    job = gpu.watch_job(runner, job_id, on_stopped, timeout_s)
+                   start_task=start_gpu_task, env=env)  # run
+    job = watch(runner, job_id, TASKS, timeout_s)  # detect failure → health check → reboot → restart, until it ends
     _job_artifact(job)
     summary = {k: job.get(k) for k in ("job_id", "job_status", "retry", "assigned_nodes", "failure_reason")}
     if job["job_status"] == gpu.JOB_FAILED:
@@ -138,6 +231,23 @@ def gpu_job(
     if job["job_status"] == gpu.JOB_USER_STOPPED:
         return Cancelled(message=f"GPU job {job_id} USER_STOPPED", data=summary)
     return summary
+
+
+@flow(name="gpu-sweep", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+def gpu_sweep() -> dict[str, Any]:
+    """Scheduled every minute: ask the backend about every in-flight job's tasks and move each job on (also one
+    whose flow run is gone); resume steps whose owner is gone; put back nodes nobody will move any more."""
+    result = sweep(_flow_runner(_config()), TASKS)
+    jobs, nodes, stopped = result["jobs"], result["nodes"], result["stopped_tasks"]
+    create_table_artifact(
+        key="gpu-sweep",
+        table=[{"record": f"job {j}", "now": s} for j, s in sorted(jobs.items())]
+        + [{"record": f"node {n}", "now": o} for n, o in sorted(nodes.items())]
+        + [{"record": f"task {t}", "now": "stopped (its record said TERMINATED)"} for t in stopped]
+        or [{"record": "-", "now": "nothing in flight"}],
+        description=f"{len(jobs)} job(s) in flight, {len(nodes)} node(s) put back, {len(stopped)} task(s) stopped",
+    )
+    return result
 
 
 @flow(name="gpu-node-healthcheck", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])

@@ -1,13 +1,16 @@
 """PHSpectra survey (seed 000): split -> map(fit chunk) -> slow lane -> aggregate; and the stuck-chunk sweep.
 
-    cube ─split─> chunks/{run_id}/chunk-*.npz, RUN item + every CHUNK item (PENDING)       [before any fit]
+    cube ─split─> RUN item, then chunks/{run_id}/chunk-*.npz + every CHUNK item (PENDING)    [before any fit]
          ─map(fit-chunk)─> decompositions/survey=…/run_id=…/chunk-*.parquet   CHUNK: IN_PROGRESS -> COMPLETED | FAILED
                            (jobs_completed / jobs_failed in the same transaction)
          ─slow lane─> spectra past the time limit refitted without it; the chunk's Parquet patched
          ─aggregate─> RUN status, progress / table / markdown artifacts
 
-    phspectra-sweep-stuck: IN_PROGRESS chunks older than the threshold (their worker died) re-driven,
-    taken with a conditional transition so two sweepers never fit the same chunk.
+    phspectra-sweep-stuck: no run stays RUNNING. A run whose driving flow run ended (or that went quiet) is
+    taken over conditionally and re-driven (a crashed split finished, PENDING/FAILED/dead chunks fitted, the
+    slow lane retried), at most ``max_sweeps`` times, then FAILED with the reason; in a live run, IN_PROGRESS
+    chunks older than the threshold are re-driven. Chunks are taken with conditional transitions, so two
+    sweepers never fit the same chunk.
 
 The fits run on a ThreadPool (one child process per chunk, ``workers`` at a time) or, when the
 deployment names ``dask_address`` / ``dask_workers``, on a DaskTaskRunner.
@@ -16,7 +19,6 @@ deployment names ``dask_address`` / ``dask_workers``, on a DaskTaskRunner.
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from typing import Any
 
@@ -31,15 +33,19 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from tasks import phspectra as ph
-from tasks.phspectra_worker import warm_up
-from tasks.notify import notify_on_failure
+from tasks.phspectra import survey as ph
+from tasks.phspectra.worker import warm_up
+from tasks.core.runtime import artifact_key, iso_ago, now_iso
+from tasks.core.notify import notify_on_failure
+from tasks.records import reconcile
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
 slow_lane_task = task(ph.refit_timed_out, name="slow-lane-refit", retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
 aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
 find_stuck_task = task(ph.stuck_chunks, name="find-stuck-chunks", cache_policy=NO_CACHE)
+complete_split_task = task(ph.complete_split, name="complete-split", cache_policy=NO_CACHE)
+give_up_task = task(ph.give_up, name="give-up-run", cache_policy=NO_CACHE)
 
 
 def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0):
@@ -54,10 +60,6 @@ def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers:
             cluster_kwargs={"n_workers": dask_workers, "threads_per_worker": 1, "processes": True},
         )
     return ThreadPoolTaskRunner(max_workers=workers or os.cpu_count() or 1)
-
-
-def _artifact_key(prefix: str, run_id: str) -> str:
-    return re.sub(r"[^a-z0-9-]", "-", f"{prefix}-{run_id}".lower())
 
 
 @flow(name="phspectra-fit-chunks", log_prints=True)
@@ -99,10 +101,10 @@ def publish_summary(summary: dict[str, Any]) -> None:
     """The run's chunk table and markdown summary as Prefect artifacts."""
     run_id = summary["run_id"]
     create_table_artifact(
-        key=_artifact_key("phspectra-chunks", run_id), table=summary["chunks"], description=f"Chunks of run {run_id}"
+        key=artifact_key("phspectra-chunks", run_id), table=summary["chunks"], description=f"Chunks of run {run_id}"
     )
     create_markdown_artifact(
-        key=_artifact_key("phspectra-summary", run_id),
+        key=artifact_key("phspectra-summary", run_id),
         markdown=(
             f"# PHSpectra run `{run_id}` ({summary['survey']})\n\n"
             f"| status | chunks completed / failed / total | spectra fitted / total | components | "
@@ -133,7 +135,10 @@ def phspectra_survey(
     logger = get_run_logger()
     if run_id and ph.get_run(run_id) is not None:
         ph.reopen_run(run_id, survey, fit_params)
-        stuck_before = ph.iso_ago(stuck_minutes * 60)
+        missing = complete_split_task(run_id, output_url)
+        if missing:
+            logger.warning("run %s: the split had not finished; wrote %d missing chunk(s)", run_id, len(missing))
+        stuck_before = iso_ago(stuck_minutes * 60)
         starts, slow_starts = ph.chunks_to_fit(run_id, stuck_before)
         logger.info("resuming run %s: %d chunk(s) to fit, %d for the slow lane", run_id, len(starts), len(slow_starts))
     else:
@@ -144,7 +149,7 @@ def phspectra_survey(
         starts, slow_starts, stuck_before = split["starts"], [], None
         logger.info("run %s: %d spectra in %d chunks", run_id, split["n_spectra"], split["n_chunks"])
     progress_id = create_progress_artifact(
-        0.0, key=_artifact_key("phspectra-progress", run_id), description=f"Chunks of run {run_id} fitted"
+        0.0, key=artifact_key("phspectra-progress", run_id), description=f"Chunks of run {run_id} fitted"
     )
     if starts or slow_starts:
         fit_chunks.with_options(task_runner=task_runner(workers, dask_address, dask_workers))(
@@ -159,6 +164,8 @@ def phspectra_survey(
             f"run {run_id}: {summary['jobs_failed']} of {summary['jobs_total']} chunks failed; "
             f"see `python -m deployments.cli phspectra failures --run-id {run_id}`"
         )
+    if summary["status"] == ph.RUN_RUNNING:  # e.g. the slow lane failed: Prefect must not say Completed
+        raise RuntimeError(f"run {run_id} is unfinished ({ph.unfinished(summary)}); phspectra-sweep-stuck re-drives it")
     return {k: v for k, v in summary.items() if k != "chunks"}
 
 
@@ -169,23 +176,62 @@ def phspectra_sweep_stuck(
     output_url: str | None = None,
     time_limit_s: float = 60.0,
     workers: int = 0,
+    max_sweeps: int = 3,
 ) -> dict[str, Any]:
-    """Re-drive chunks IN_PROGRESS for longer than ``stuck_minutes`` in every RUNNING run (or one survey's)."""
+    """No run stays RUNNING: re-drive runs nobody drives any more (bounded by ``max_sweeps``), else FAILED.
+
+    A RUNNING run is orphaned when the Prefect flow run driving it ended (crashed, cancelled, failed, or
+    completed with the slow lane failed) or nothing in it moved for ``stuck_minutes``. The sweeper takes it
+    over conditionally (one sweeper per run), writes the chunks a crashed split never wrote, fits every chunk
+    not COMPLETED (PENDING, FAILED, IN_PROGRESS of the dead driver), runs the slow lane and finalizes it.
+    In a run still driven, only chunks IN_PROGRESS for longer than ``stuck_minutes`` are re-driven.
+    """
     logger = get_run_logger()
     swept: dict[str, Any] = {}
-    for run in ph.active_runs(survey):
-        run_id = run["PK"]
-        cutoff = ph.iso_ago(stuck_minutes * 60)
-        stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_stuck_task(run_id, stuck_minutes * 60)]
-        if not stuck:
-            continue
-        logger.warning("run %s: %d stuck chunk(s) %s, re-driving", run_id, len(stuck), stuck)
-        results = fit_chunks.with_options(task_runner=task_runner(workers))(
-            run_id, stuck, None, output_url, time_limit_s, cutoff, None
-        )
+    runs = ph.active_runs(survey)
+    drivers = reconcile.prefect_states([r.get("driver_flow_run_id") for r in runs], [])
+    for run in runs:
+        run_id, cutoff = run["PK"], iso_ago(stuck_minutes * 60)
+        driver = drivers.get(str(run.get("driver_flow_run_id")))
+        if ph.orphaned(run, driver is not None and driver.type in reconcile.TERMINAL, cutoff):
+            attempts = int(run.get("sweep_attempts", 0))
+            reason = None
+            if driver is not None and driver.type == "CANCELLED":  # a person stopped it: finish it as FAILED, not re-drive
+                reason = f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); resume with run_id"
+            elif attempts >= max_sweeps:
+                reason = f"gave up after {attempts} sweeps: {ph.unfinished(ph.summarize(run_id))}"
+            if reason:
+                summary = give_up_task(run_id, reason)
+                logger.error("run %s closed as %s: %s", run_id, summary.get("status"), reason)
+                publish_summary(summary)
+                swept[run_id] = {"redriven": [], "status": summary["status"]}
+                continue
+            if not ph.take_over(run):
+                continue  # another sweeper (or a resume) took it first
+            try:
+                complete_split_task(run_id, output_url)
+            except ValueError as error:
+                summary = give_up_task(run_id, str(error))
+                publish_summary(summary)
+                swept[run_id] = {"redriven": [], "status": summary["status"]}
+                continue
+            stuck, slow = ph.chunks_to_fit(run_id, now_iso())  # the dead driver's IN_PROGRESS chunks too
+            why = f"driver {driver.name}" if driver is not None and driver.type in reconcile.TERMINAL else "quiet"
+            logger.warning("run %s orphaned (%s): re-driving %d chunk(s), slow lane %d", run_id, why, len(stuck), len(slow))
+        else:
+            stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_stuck_task(run_id, stuck_minutes * 60)]
+            slow = []
+            if not stuck:
+                continue
+            logger.warning("run %s: %d stuck chunk(s) %s, re-driving", run_id, len(stuck), stuck)
+        results = []
+        if stuck or slow:
+            results = fit_chunks.with_options(task_runner=task_runner(workers))(
+                run_id, stuck, slow, output_url or run.get("output_url"), time_limit_s, cutoff, None
+            )
         summary = aggregate_task(run_id)
         if summary["status"] != ph.RUN_RUNNING:
             publish_summary(summary)
-        swept[run_id] = {"redriven": [r.get("start") for r in results if r.get("outcome") == "completed"],
+        swept[run_id] = {"redriven": sorted(r["start"] for r in results if r.get("outcome") == "completed"),
                          "status": summary["status"]}  # fmt: skip
     return swept

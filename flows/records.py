@@ -9,40 +9,78 @@
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import Flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from tasks import dead_letter, reconcile, records_messages
-from tasks.notify import notify_on_failure
+from tasks.core.runtime import utc_now
+from tasks.records import reconcile
+from tasks.records import messages as records_messages
+from tasks.core.notify import notify_on_failure
 
 
-def ingest_messages(messages: list[dict[str, Any] | str]) -> dict[str, Any]:
-    """Write the records of a batch of messages under the write rules; archive rejected messages."""
-    report = records_messages.ingest(messages)
-    return {**report.counts(), "errors": report.errors()}
+# The Prefect server stores a flow run's parameters as given but serves them back through orjson, which refuses
+# integers beyond 64 bits: one such run makes every flow-run listing that includes it answer 500 (Prefect issue
+# #15031), the UI's Runs page included. Prefect Cloud also caps a run's parameters at 512 KB.
+JSON_INTS = (-(2**63), 2**64 - 1)
+PARAMETERS_BYTES = 512 * 1024
 
 
-def replay_archive(day: str, message_ids: list[str] | None) -> dict[str, Any]:
-    """Reprocess archived messages of one day; delete what was written, move what failed to failed/."""
-
-    def process(payloads: list[Any], ids: list[str]) -> list[dict | None]:
-        report = records_messages.ingest(payloads, ids=ids, archive=False)
-        return [o.error for o in report.outcomes]
-
-    return dead_letter.replay(day, process, message_ids).as_dict()
+class UnservableParameters(ValueError):
+    """Flow-run parameters the Prefect server could not serve back: refused before the run is created."""
 
 
-def reconcile_records(pipelines: list[str] | None, dry_run: bool, run_ids: list[str] | None = None) -> list[dict]:
-    """Compare Prefect run states with the pipelines' records and repair through guarded transitions."""
-    findings = reconcile.reconcile(pipelines, dry_run=dry_run, run_ids=set(run_ids) if run_ids else None)
-    return reconcile.rows(findings)
+def parameter_problems(value: Any, path: str = "") -> list[str]:
+    """Where ``value`` (JSON-ready) holds what the Prefect server cannot serve back: big integers, NaN/Infinity."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return []
+    if isinstance(value, int):
+        return [] if JSON_INTS[0] <= value <= JSON_INTS[1] else [f"{path or '(value)'}: integer beyond 64 bits"]
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [f"{path or '(value)'}: {value} is not JSON"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in parameter_problems(v, f"{path}/{k}" if path else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in parameter_problems(v, f"{path}/{i}" if path else str(i))]
+    return []
 
 
-ingest_task = task(ingest_messages, name="ingest-messages", retries=2, retry_delay_seconds=[2, 10])
-replay_task = task(replay_archive, name="replay-dead-letters", retries=1, retry_delay_seconds=[5])
-reconcile_task = task(reconcile_records, name="reconcile-records", retries=2, retry_delay_seconds=[5, 30])
+class CheckedFlow(Flow):
+    """A flow that refuses, before its run exists, parameters that would break the Prefect server's listings or
+    exceed Prefect Cloud's cap (``with_options`` returns a plain Flow: check again if you use it)."""
+
+    def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """Prefect's serialisation, then the checks; ``UnservableParameters`` names every problem."""
+        serialized = super().serialize_parameters(parameters)
+        problems = parameter_problems(serialized)
+        if problems:
+            raise UnservableParameters(
+                f"{self.name}: refused before creating the flow run, the Prefect server could not list it "
+                f"(Prefect issue #15031): {'; '.join(problems[:5])}{' …' if len(problems) > 5 else ''}. "
+                "Pass messages as text bodies (as SQS delivers them) or as messages_url."
+            )
+        size = len(json.dumps(serialized))
+        if size > PARAMETERS_BYTES:
+            raise UnservableParameters(
+                f"{self.name}: parameters of {size} bytes exceed {PARAMETERS_BYTES} (Prefect Cloud's cap): "
+                "write the batch to the object store and pass messages_url"
+            )
+        return serialized
+
+
+def checked_flow(**options: Any) -> Callable[[Callable[..., Any]], CheckedFlow]:
+    """``@flow(**options)`` making a ``CheckedFlow``."""
+    return lambda fn: CheckedFlow(fn, **options)
+
+
+ingest_task = task(records_messages.ingest_messages, name="ingest-messages", retries=2, retry_delay_seconds=[2, 10])
+replay_task = task(records_messages.replay_archive, name="replay-dead-letters", retries=1, retry_delay_seconds=[5])
+reconcile_task = task(reconcile.reconcile_rows, name="reconcile-records", retries=2, retry_delay_seconds=[5, 30])
 
 
 def _summary_artifact(key: str, findings: list[dict], dry_run: bool) -> None:
@@ -50,33 +88,35 @@ def _summary_artifact(key: str, findings: list[dict], dry_run: bool) -> None:
     create_table_artifact(key=key, table=rows, description=f"records reconciliation ({'dry run' if dry_run else 'repairs applied'})")
 
 
-@flow(name="records-ingest", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
-def records_ingest(messages: list[dict[str, Any] | str]) -> dict[str, Any]:
-    """Cumulus workflow messages (dicts or raw JSON bodies) -> execution and granule records."""
+@checked_flow(name="records-ingest", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+def records_ingest(messages: list[str] | None = None, messages_url: str | None = None) -> dict[str, Any]:
+    """Cumulus workflow messages as text bodies (as SQS delivers them), or the batch file at ``messages_url``
+    (a JSON list or one body per line, file:// or s3://) -> execution and granule records."""
+    if (messages is None) == (messages_url is None):
+        raise ValueError("records-ingest: give messages (a list of text bodies) or messages_url (an object-store URL), not both")
     logger = get_run_logger()
-    summary = ingest_task(messages)
+    summary = ingest_task(messages, messages_url)
     stale = sum(kind["stale"] for kind in summary["records"].values())
     logger.info("%d messages: %d ok, %d archived; %d stale writes dropped; records %s",
                 summary["messages"], summary["ok"], summary["archived"], stale, summary["records"])
     for message_id, error in summary["errors"].items():
-        logger.warning("message %s archived: %s: %s", message_id, error["type"], error["message"])
+        text = error["message"] if len(error["message"]) <= 1000 else error["message"][:1000] + " …"
+        logger.warning("message %s archived: %s: %s", message_id, error["type"], text)
     return summary
 
 
-@flow(name="records-replay-dla", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@checked_flow(name="records-replay-dla", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_replay_dla(day: str | None = None, message_ids: list[str] | None = None) -> dict[str, Any]:
     """Reprocess dead-letter-archive/{day}/ (or only ``message_ids``)."""
     if day is None:  # the scheduled run replays yesterday's archive (UTC)
-        from datetime import datetime, timedelta, timezone
-
-        day = (datetime.now(timezone.utc) - timedelta(days=1)).date().isoformat()
+        day = (utc_now() - timedelta(days=1)).date().isoformat()
     result = replay_task(day, message_ids)
     get_run_logger().info("replayed %s: %d written (deleted), %d failed again (moved to failed/)",
                           day, len(result["written"]), len(result["failed"]))
     return result
 
 
-@flow(name="records-reconcile", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@checked_flow(name="records-reconcile", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False) -> list[dict]:
     """Prefect <-> DynamoDB reconciliation for every registered pipeline (or ``pipelines``)."""
     findings = reconcile_task(pipelines, dry_run)
@@ -85,7 +125,7 @@ def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False)
     return findings
 
 
-@flow(name="records-prefect-state", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@checked_flow(name="records-prefect-state", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_prefect_state(event: dict[str, Any]) -> list[dict]:
     """A Prefect flow-run/task-run Crashed/Failed event -> repair the records of that run."""
     name, run_ids = reconcile.run_ids_from_event(event)

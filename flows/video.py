@@ -7,44 +7,52 @@ that won the reassembly lock. `video-delete-cleanup` removes what a soft-deleted
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from prefect import flow, get_run_logger, task, unmapped
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
-from tasks import keys
-from tasks import video as v
-from tasks.video_ffmpeg import InvalidMedia
-from tasks.notify import notify_on_failure
+from tasks.core import keys
+from tasks.video import jobs as v
+from tasks.video.ffmpeg import InvalidMedia
+from tasks.core.notify import notify_on_failure
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:
     """Bad input (not a video, empty, truncated, bad id) is final; anything else is worth a retry."""
     error = state.result(raise_on_failure=False)
-    return not isinstance(error, (InvalidMedia, keys.InvalidKey, LookupError, ValueError))
+    return not isinstance(error, (InvalidMedia, keys.InvalidKey, LookupError, ValueError, v.JobFailed))
 
+
+# bookkeeping steps run once (their writes are guarded); work steps retry transient faults, not bad input
+RETRIED = {"retries": 2, "retry_delay_seconds": [2, 10], "cache_policy": NO_CACHE}
+WORK_RETRIED = {**RETRIED, "retry_condition_fn": _retry_unless_bad_input}
 
 create_job_task = task(v.create_job, name="create-job", cache_policy=NO_CACHE)
-import_source_task = task(v.import_source, name="import-source", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+import_source_task = task(v.import_source, name="import-source", **RETRIED)
 start_chunking_task = task(v.start_chunking, name="start-chunking", cache_policy=NO_CACHE)
-chunk_source_task = task(
-    v.chunk_source, name="chunk-source", retries=2, retry_delay_seconds=[2, 10],
-    retry_condition_fn=_retry_unless_bad_input, cache_policy=NO_CACHE,
-)
-infer_segment_task = task(
-    v.infer_segment, name="infer-segment", retries=2, retry_delay_seconds=[2, 10],
-    retry_condition_fn=_retry_unless_bad_input, cache_policy=NO_CACHE,
-)
+reopen_task = task(v.reopen_failed_job, name="reopen-failed-job", **RETRIED)
+chunk_source_task = task(v.chunk_source, name="chunk-source", **WORK_RETRIED)
+infer_segment_task = task(v.infer_segment, name="infer-segment", **WORK_RETRIED)
 fail_job_task = task(v.fail_job, name="fail-job", cache_policy=NO_CACHE)
-reassemble_task = task(v.reassemble, name="reassemble", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
-cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+reassemble_task = task(v.reassemble, name="reassemble", **WORK_RETRIED)
+recover_stuck_task = task(v.recover_stuck_job, name="recover-stuck-job", **WORK_RETRIED)
+cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", **RETRIED)
 
 
 @flow(name="video-reassemble", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_reassemble(job_id: str, stale_after_s: float = 900.0) -> dict[str, Any]:
     """Reassembly worker: claim the lock, concat from the completion store, final.mp4, job completed."""
-    result = reassemble_task(keys.safe_id(job_id, "job_id"), stale_after_s=stale_after_s)
+    job_id = keys.safe_id(job_id, "job_id")
+    try:
+        result = reassemble_task(job_id, stale_after_s=stale_after_s)
+    except v.JobFailed:
+        raise
+    except Exception as error:  # after retries: the job must not stay chunking_complete
+        _fail(job_id, f"reassembly failed: {error}")
     print(f"reassembly of {job_id}: {result}")
     return result
 
@@ -56,11 +64,25 @@ def start_reassembly(job_id: str, deployment: str | None, stale_after_s: float =
 
         parameters = {"job_id": job_id, "stale_after_s": stale_after_s}
         run = run_deployment(deployment, parameters=parameters, timeout=0)
+        v.note_reassembly_run(job_id, str(run.id))
         return {"job_id": job_id, "reassembly_flow_run_id": str(run.id)}
     return video_reassemble(job_id, stale_after_s)
 
 
+def _bounded_submit(task_, items: list[str], limit: int, **kwargs: Any) -> list:
+    """Submit ``task_`` for every item, at most ``limit`` running at once (a sliding window); futures in item order."""
+    futures, running = [], []
+    for item in items:
+        while len(running) >= limit:
+            running.remove(next(as_completed(running)))
+        future = task_.submit(item, **kwargs)
+        futures.append(future)
+        running.append(future)
+    return futures
+
+
 def _fail(job_id: str, reason: str) -> None:
+    reason = v.public_reason(reason)  # object keys, no secrets: the same text in the record, the log and alerts
     fail_job_task(job_id, reason)
     get_run_logger().error(f"video job {job_id} failed: {reason}")
     raise v.JobFailed(f"video job {job_id} failed: {reason}")
@@ -77,19 +99,29 @@ def video_process(
     segment_retry_delays: list[float] = [2.0, 10.0],  # noqa: B006 - Prefect parameters are copied per run
     reassembly_deployment: str | None = None,
     reassembly_stale_after_s: float = 900.0,
+    max_parallel_segments: int = 0,
 ) -> dict[str, Any]:
-    """Chunk the job's source, process every segment, and let the last completion trigger reassembly."""
+    """Chunk the job's source, process every segment, and let the last completion trigger reassembly.
+
+    ``max_parallel_segments`` segments are processed at once (0: one per CPU core; raise it for the http backend).
+    """
     config = load_config(VideoInference)
     segment_seconds = segment_seconds or config.segment_seconds
     mode = mode or config.mode
     backend = backend or config.backend
     if source_url is not None:  # "pass a source_url and let the flow create the job"
+        v.check_source_allowed(source_url)  # refused before any job exists
         job_id = create_job_task(job_id, mode, segment_seconds)["job_id"]
-        import_source_task(job_id, source_url)
+        try:
+            import_source_task(job_id, source_url)
+        except Exception as error:
+            _fail(job_id, f"import of the source failed: {error}")
     if job_id is None:
         raise ValueError("give a job_id (source uploaded to input/{job_id}/source.mp4) or a source_url")
     keys.safe_id(job_id, "job_id")
 
+    if reopen_task(job_id):  # the documented re-run of a failed job: old attempt cleared, failed -> created
+        print(f"video job {job_id} was failed: cleared and re-run")
     job = start_chunking_task(job_id)
     if job["status"] == v.COMPLETED:
         print(f"video job {job_id} is already completed: {job.get('final_key')}")
@@ -101,7 +133,7 @@ def video_process(
     print(f"video job {job_id}: {len(segment_keys)} segments of {segment_seconds:g} s, mode {mode}, backend {backend}")
 
     infer = infer_segment_task.with_options(retries=segment_retries, retry_delay_seconds=segment_retry_delays)
-    futures = infer.map(segment_keys, backend=unmapped(backend), mode=unmapped(mode))
+    futures = _bounded_submit(infer, segment_keys, max_parallel_segments or os.cpu_count() or 1, backend=backend, mode=mode)
     results, errors = [], []
     for segment_key, future in zip(segment_keys, futures):
         try:
@@ -114,6 +146,27 @@ def video_process(
     if any(r["triggered"] for r in results) or v.reassembly_pending(job_id):
         start_reassembly(job_id, reassembly_deployment, reassembly_stale_after_s)
     return v.get_job(job_id)
+
+
+@flow(name="video-sweep-stuck", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
+    """Jobs `chunking_complete` for longer than ``stuck_minutes`` whose Prefect runs all ended: reassemble or fail.
+
+    A job whose process or reassembly run is still scheduled, pending or running is left alone.
+    """
+    from tasks.records.reconcile import TERMINAL, prefect_states
+
+    candidates = v.stuck_candidates(stuck_minutes * 60)
+    states = prefect_states([r for c in candidates for r in c["flow_run_ids"]], [])
+    swept: dict[str, dict[str, Any]] = {}
+    for candidate in candidates:
+        alive = [r for r in candidate["flow_run_ids"] if r in states and states[r].type not in TERMINAL]
+        if alive:
+            print(f"video job {candidate['job_id']}: still held by run(s) {alive}, left alone")
+            continue
+        swept[candidate["job_id"]] = recover_stuck_task(candidate["job_id"])
+        print(f"video job {candidate['job_id']}: {swept[candidate['job_id']]}")
+    return swept
 
 
 @flow(name="video-delete-cleanup", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])

@@ -60,8 +60,8 @@ def prefect_server(dynamodb_endpoint):
 def tables(monkeypatch) -> dict[str, str]:
     """Fresh tables for this test (logical -> physical name), exposed to the code through TABLE_* variables."""
     from blocks.base import clear_cache
-    from tasks import state_store
-    from tasks.tables import TABLE_SPECS, default_names, ensure_tables
+    from tasks.core import state_store
+    from tasks.core.tables import TABLE_SPECS, default_names, ensure_tables
 
     suffix = uuid.uuid4().hex[:8]
     names = {logical: f"{physical}-{suffix}" for logical, physical in default_names("test").items()}
@@ -80,3 +80,23 @@ def store_root(tmp_path, monkeypatch) -> Path:
     root.mkdir()
     monkeypatch.setenv("OBJECT_STORE_BASE_URL", root.as_uri())
     return root
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server on loopback (tests/s3.py), started once for the tests that need an S3 API."""
+    from tests.s3 import moto_server
+
+    with moto_server(TEST_OUTPUT / "moto-s3.log") as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_base(s3_endpoint, monkeypatch) -> str:
+    """This test's own bucket as the object store: OBJECT_STORE_BASE_URL=s3://bucket/pipelines, AWS_ENDPOINT_URL_S3."""
+    from tests.s3 import new_bucket
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    base = f"s3://{new_bucket(s3_endpoint)}/pipelines"
+    monkeypatch.setenv("OBJECT_STORE_BASE_URL", base)
+    return base

@@ -15,7 +15,10 @@ import pytest
 from blocks import load_config
 from blocks.etl import EtlSettings
 from flows.etl import ndjson_flush_orphans, ndjson_ingest, ndjson_merge
-from tasks import etl, etl_merge, etl_ops, keys, state_store
+from tasks.etl import ingest as etl
+from tasks.etl import merge as etl_merge
+from tasks.etl import ops as etl_ops
+from tasks.core import keys, state_store
 
 DAY = "2026-01-05"
 TODAY = "2026-01-10"
@@ -86,8 +89,8 @@ def test_bad_input_gets_a_recorded_reason_and_good_files_still_flow(etl_env):
     assert reasons[undated_key].startswith("unparseable input path") and items[(keys.UNDATED_PREFIX, undated_key)]
     # copies and reason files in quarantine; nothing removed from the input
     assert (root / keys.quarantine_key(DAY, "big.ndjson")).read_bytes() == Path(too_big[7:]).read_bytes()
-    assert json.loads((root / keys.quarantine_reason_key(DAY, "data.json")).read_text())["reason"] == reasons["data.json"]
-    assert (root / (keys.undated_quarantine_key(undated) + ".reason.json")).exists()
+    assert json.loads((root / keys.quarantine_reason_key(keys.quarantine_key(DAY, "data.json"))).read_text())["reason"] == reasons["data.json"]
+    assert (root / keys.quarantine_reason_key(keys.undated_quarantine_key(undated))).exists()
     assert all(Path(u[7:]).exists() for u in good + [wrong_ext, too_big, empty, undated])
     # valid files: pending#N with the seed's MD5 shard, TTL ~30 days ahead
     for i in range(3):

@@ -6,13 +6,13 @@ import pytest
 from prefect import flow, task
 
 from blocks import DynamoTables, ObjectStorage, load_config
-from tasks import keys, state_store
-from tasks.object_store import LocalStore, ObjectNotFound, ObjectStore
-from tasks.tables import TABLE_SPECS, SchemaMismatch, TableSpec, ensure_table
+from tasks.core import keys, state_store
+from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore
+from tasks.core.tables import TABLE_SPECS, SchemaMismatch, TableSpec, ensure_table
 
 
 def test_ensure_tables_is_idempotent_and_matches_the_seeds(tables):
-    from tasks.tables import ensure_tables
+    from tasks.core.tables import ensure_tables
 
     assert set(ensure_tables(tables).values()) == {"exists"}
     description = state_store.client().describe_table(TableName=tables["etl_file_tracking"])["Table"]

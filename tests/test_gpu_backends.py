@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from blocks.gpu import GpuCompute
-from tasks import gpu_health
-from tasks.gpu_backends import BackendError, EcsBackend, TaskSpec
+from tasks.gpu import health as gpu_health
+from tasks.gpu.backends import BackendError, EcsBackend, TaskSpec
 
 
 def test_nvml_without_a_gpu_says_no_gpu_not_healthy():
@@ -89,6 +89,9 @@ def test_ecs_backend_api_shapes_against_moto(monkeypatch):
         assert {"name": "NODE_NAME", "value": instance.id} in override["environment"]
         assert described["containerInstanceArn"] == node["container_instance_arn"]
         assert backend.poll(started.task_id) is None  # RUNNING
+        # a start resumed after a crash (the task row was never written) finds the task, starts no second one
+        again = backend.start_task(TaskSpec("job-1", 0, node, 0, 1, "python train.py --epochs 1"))
+        assert again.task_id == started.task_id and len(ecs.list_tasks(cluster="gpu")["taskArns"]) == 1
         backend.stop(started.task_id, "stopped: another task of the job failed")
         stopped = backend.poll(started.task_id)
         assert stopped is not None and stopped.reason

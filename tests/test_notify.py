@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from prefect import flow
 
-from tasks.notify import notify_on_failure
+from tasks.core.notify import notify_on_failure
 
 
 @flow(name="notify-test-fails", on_failure=[notify_on_failure])

@@ -19,9 +19,10 @@ import pyarrow.dataset as ds
 import pytest
 
 from deployments.samples.phspectra import synthetic_cube, write_fits
-from tasks import keys, state_store
-from tasks import phspectra as ph
-from tasks.state_store import to_plain
+from tasks.core import keys, state_store
+from tasks.phspectra import survey as ph
+from tasks.core.runtime import iso_ago, now_iso
+from tasks.core.state_store import to_plain
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -222,7 +223,7 @@ def test_two_sweepers_cannot_both_take_a_stuck_chunk(tables, store_root, tmp_pat
     first = race(None)  # PENDING -> IN_PROGRESS: exactly one claim
     assert len(first) == 1
     assert race(None) == []  # IN_PROGRESS and not stuck: nobody takes it
-    second = race(ph.now_iso())  # stuck: exactly one sweeper re-drives it
+    second = race(now_iso())  # stuck: exactly one sweeper re-drives it
     assert len(second) == 1 and second[0]["started_at"] > first[0]["started_at"]
     assert to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key("race-run", 0)))["attempts"] == 2
 
@@ -237,7 +238,7 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     ph.fit_chunk("new-run", 0)
     ph.claim_chunk("new-run", 1)
     state_store.transition(
-        tables["phspectra_runs"], ph.chunk_key("new-run", 1), "IN_PROGRESS", None, set={"started_at": ph.iso_ago(3600)}
+        tables["phspectra_runs"], ph.chunk_key("new-run", 1), "IN_PROGRESS", None, set={"started_at": iso_ago(3600)}
     )
     ph.claim_chunk("new-run", 2)
     state_store.transition(tables["phspectra_runs"], ph.chunk_key("new-run", 2), "IN_PROGRESS", "FAILED", set={"error": "boom"})
@@ -247,7 +248,9 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
 
     client, name = boto3.client("dynamodb"), tables["phspectra_runs"]  # a raw client, typed like the aws CLI
 
-    plain = lambda items: [{k: TypeDeserializer().deserialize(v) for k, v in i.items()} for i in items]  # noqa: E731
+    plain = lambda items: [  # noqa: E731 - the state store's write token is its bookkeeping, hidden from its reads
+        {k: TypeDeserializer().deserialize(v) for k, v in i.items() if k != state_store.WRITE_TOKEN} for i in items
+    ]
     chunks_cli = {":pk": {"S": "new-run"}, ":prefix": {"S": "CHUNK#"}}
     seed = {  # the seed's `aws dynamodb ...` commands, as the same requests
         "get-run": plain([client.get_item(TableName=name, Key={"PK": {"S": "new-run"}, "SK": {"S": "RUN"}})["Item"]])[0],
@@ -344,3 +347,150 @@ def test_the_fits_run_on_a_dask_local_cluster(tables, store_root, tmp_path):
     assert summary["jobs_completed"] == summary["jobs_total"] == 2
     assert output_rows(store_root, "grs-dask", summary["run_id"]) == direct_rows(cube_url, {})
     assert all(c["prefect_task_run_id"] and c["worker_host"] for c in chunk_items(summary["run_id"]).values())
+
+
+# --------------------------------------------------------------------------- fault paths (issue 12)
+
+
+def test_a_split_that_died_before_its_chunk_items_resumes_to_every_spectrum(tables, store_root, tmp_path, monkeypatch):
+    from flows.phspectra_survey import phspectra_survey
+
+    cube_url = fits_cube(tmp_path, ny=2, nx=5, n_channels=48, nan_channels=0)
+
+    def crash(*args, **kwargs):
+        raise SystemExit("process died after the RUN item, before the CHUNK items")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(state_store, "create_many_if_absent", crash)
+        with pytest.raises(SystemExit):
+            ph.split_cube("half-split", "grs-half", cube_url, chunk_size=4)
+    assert to_plain(ph.get_run("half-split"))["jobs_total"] == 3 and ph.list_chunks("half-split") == []
+    assert ph.finalize_run("half-split")["status"] == "RUNNING"  # 0 of 3 chunk items: not COMPLETED
+
+    summary = phspectra_survey(cube_url=cube_url, survey="grs-half", run_id="half-split", workers=2)
+    assert (summary["status"], summary["spectra_fitted"], summary["jobs_completed"]) == ("COMPLETED", 10, 3)
+    assert output_rows(store_root, "grs-half", "half-split") == direct_rows(cube_url, {})
+
+
+def test_a_second_start_with_one_run_id_cannot_overwrite_or_fail_the_first(tables, store_root, tmp_path):
+    first = fits_cube(tmp_path / "a", ny=1, nx=4, n_channels=32, seed=1)
+    ph.split_cube("twice", "grs-twice", first, chunk_size=2)
+    files = {p: p.read_bytes() for p in store_root.rglob("*.npz")}
+    assert len(files) == 2
+    other = fits_cube(tmp_path / "b", ny=1, nx=6, n_channels=32, seed=2)
+    with pytest.raises(ValueError, match="already exists"):
+        ph.split_cube("twice", "grs-twice", other, chunk_size=2)
+    assert {p: p.read_bytes() for p in store_root.rglob("*.npz")} == files
+    with pytest.raises(ValueError, match="unknown fit_params"):  # a bad second start: the first run is untouched
+        ph.split_cube("twice", "grs-twice", first, chunk_size=2, fit_params={"bogus": 1})
+    run = to_plain(ph.get_run("twice"))
+    assert (run["status"], run["jobs_total"], "error" in run) == ("RUNNING", 2, False)
+    with pytest.raises(ValueError, match="unknown fit_params"):  # a failed start's reason is still updated
+        ph.split_cube("failed-twice", "grs-twice", first, fit_params={"bogus": 1})
+    with pytest.raises(ValueError, match="chunk_size"):
+        ph.split_cube("failed-twice", "grs-twice", first, chunk_size=0)
+    assert "chunk_size" in to_plain(ph.get_run("failed-twice"))["error"]
+
+
+def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root):
+    starts = [0, 5_000_000, 10_000_000, 15_000_000]
+    assert [keys.chunk_start_from_sk(keys.chunk_sk(s)) for s in starts] == starts
+    assert keys.chunk_sk(0) == "CHUNK#chunk-0000000" and keys.chunk_sk(10_000_000) == "CHUNK#chunk-10000000"
+    for bad in ("CHUNK#chunk-000000", "CHUNK#chunk-00000000", "CHUNK#chunk-1e7"):
+        with pytest.raises(keys.InvalidKey):
+            keys.chunk_start_from_sk(bad)
+    table = tables["phspectra_runs"]
+    run = {**ph.run_key("wide"), "GSI1_PK": "grs-wide", "GSI1_SK": now_iso(), "survey": "grs-wide", "status": "RUNNING",
+           "created_at": now_iso(), "jobs_total": 4, "jobs_completed": 3, "jobs_failed": 0, "n_spectra": 15_000_001,
+           "n_chunks": 4, "chunk_size": 5_000_000, "n_channels": 8, "cube_url": "file:///nowhere.npy"}  # fmt: skip
+    state_store.create_if_absent(table, run, ["PK", "SK"])
+    for start in starts:
+        status = "PENDING" if start == 15_000_000 else "COMPLETED"
+        item = {**ph.chunk_key("wide", start), "status": status, "n_spectra": 1 if status == "PENDING" else 5_000_000}
+        state_store.create_if_absent(table, item, ["PK", "SK"])
+    assert [keys.chunk_start_from_sk(c["SK"]) for c in ph.list_chunks("wide")] == starts  # spectrum order
+    assert ph.complete_split("wide") == [] and ph.chunks_to_fit("wide", now_iso()) == ([15_000_000], [])
+    assert [c["chunk"] for c in ph.summarize("wide")["chunks"]][-2:] == ["chunk-10000000", "chunk-15000000"]
+    assert ph.finalize_run("wide")["status"] == "RUNNING"
+
+
+def _driven_then_abandoned(run_id: str, cube_url: str, survey: str) -> None:
+    """A flow run that splits, completes chunk 0, loses chunk 4 (FAILED, as the reconciler marks it), leaves 8 PENDING."""
+    from prefect import flow
+
+    @flow(name="phspectra-abandoned")
+    def abandoned() -> None:
+        ph.split_cube(run_id, survey, cube_url, chunk_size=4)
+        ph.fit_chunk(run_id, 0)
+        ph.claim_chunk(run_id, 4)
+        state_store.transition(
+            ph.runs_table(), ph.chunk_key(run_id, 4), "IN_PROGRESS", "FAILED", set={"error": "reconciled: crashed"},
+            increments=[state_store.Increment(ph.runs_table(), ph.run_key(run_id), {"jobs_failed": 1})],
+        )  # fmt: skip
+
+    abandoned()
+
+
+def test_the_sweeper_finishes_runs_whose_driver_ended(tables, store_root, tmp_path):
+    from flows.phspectra_survey import phspectra_sweep_stuck
+
+    cube_url = fits_cube(tmp_path, ny=2, nx=5, n_channels=48, nan_channels=0)
+    _driven_then_abandoned("abandoned", cube_url, "grs-sweep")
+    assert to_plain(ph.get_run("abandoned"))["status"] == "RUNNING"
+    assert phspectra_sweep_stuck(survey="grs-sweep") == {"abandoned": {"redriven": [4, 8], "status": "COMPLETED"}}
+    run = to_plain(ph.get_run("abandoned"))
+    assert (run["status"], run["jobs_completed"], run["jobs_failed"], run["sweep_attempts"]) == ("COMPLETED", 3, 0, 1)
+    assert output_rows(store_root, "grs-sweep", "abandoned") == direct_rows(cube_url, {})
+    assert phspectra_sweep_stuck(survey="grs-sweep") == {}
+
+    from prefect import get_client
+    from prefect.states import Cancelled
+
+    _driven_then_abandoned("cancelled", cube_url, "grs-sweep")  # a person cancelled it: FAILED, not re-driven
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(ph.get_run("cancelled")["driver_flow_run_id"], Cancelled(), force=True)
+    assert phspectra_sweep_stuck(survey="grs-sweep") == {"cancelled": {"redriven": [], "status": "FAILED"}}
+    run = to_plain(ph.get_run("cancelled"))
+    assert run["status"] == "FAILED" and "was cancelled (chunks 1 COMPLETED, 1 FAILED, 1 PENDING of 3)" in run["error"]
+
+
+def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(tables, store_root, tmp_path, monkeypatch):
+    import flows.phspectra_survey as flow_module
+
+    real_slow_lane = flow_module.slow_lane_task
+
+    @flow_module.task(name="slow-lane-refit")
+    def broken_slow_lane(run_id, start, output_url=None):
+        raise RuntimeError("slow lane worker lost")
+
+    cube_url = fits_cube(tmp_path, ny=1, nx=4, n_channels=64, nan_channels=0)
+    monkeypatch.setattr(flow_module, "slow_lane_task", broken_slow_lane)
+    with pytest.raises(RuntimeError, match="unfinished .*4 spectra still past the time limit"):
+        flow_module.phspectra_survey(
+            cube_url=cube_url, survey="grs-lane", run_id="lane", chunk_size=2, time_limit_s=1e-5, workers=2
+        )
+    assert to_plain(ph.get_run("lane"))["status"] == "RUNNING"
+    assert flow_module.phspectra_sweep_stuck(survey="grs-lane", max_sweeps=1) == {"lane": {"redriven": [], "status": "RUNNING"}}
+    swept = flow_module.phspectra_sweep_stuck(survey="grs-lane", max_sweeps=1)  # bounded: gives up with the reason
+    assert swept == {"lane": {"redriven": [], "status": "FAILED"}}
+    run = to_plain(ph.get_run("lane"))
+    assert run["status"] == "FAILED" and run["error"].startswith("gave up after 1 sweeps: chunks 2 COMPLETED of 2")
+    assert "4 spectra still past the time limit" in run["error"]
+
+    monkeypatch.setattr(flow_module, "slow_lane_task", real_slow_lane)  # a resume with the slow lane back: COMPLETED
+    summary = flow_module.phspectra_survey(cube_url=cube_url, survey="grs-lane", run_id="lane", workers=2)
+    assert summary["status"] == "COMPLETED" and summary["n_slow_refit"] == 4
+    assert output_rows(store_root, "grs-lane", "lane") == direct_rows(cube_url, {})
+
+
+def test_a_flow_killed_while_its_fork_server_starts_leaves_no_fork_server(tmp_path):
+    code = (  # the flow starts the fork server (warm_up) and dies while it still imports numpy/scipy/phspectra
+        "import glob, os, threading, time; from tasks.phspectra import worker; "
+        "threading.Thread(target=worker._fork_server, daemon=True).start(); "
+        "spawned = lambda: any(open(f).read().strip() for f in glob.glob(f'/proc/{os.getpid()}/task/*/children')); "
+        "exec('while not spawned(): time.sleep(0.005)'); os.kill(os.getpid(), 9)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # the pipes close only once every process holding them (the fork server) has exited
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, timeout=90)
+    assert result.returncode == -signal.SIGKILL

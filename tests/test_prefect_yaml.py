@@ -25,8 +25,10 @@ MAINTENANCE_FLOWS = {
     "phspectra-sweep-stuck",
     "gpu-node-healthcheck",
     "video-delete-cleanup",
+    "video-sweep-stuck",
     "records-reconcile",
     "records-replay-dla",
+    "pipeline-health",
 }
 
 
@@ -79,16 +81,13 @@ def test_maintenance_flows_are_scheduled():
 
 def test_prefect_deploy_all_against_the_test_server():
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.settings import PREFECT_API_URL
 
+    from deployments.local_stack import create_work_pools
+
     with get_client(sync_client=True) as client:
-        for name, kind in (("local-process", "process"), ("aws-ecs", "ecs")):
-            try:
-                client.create_work_pool(WorkPoolCreate(name=name, type=kind))
-            except ObjectAlreadyExists:
-                pass
+        create_work_pools(client)  # as `make up`: the ECS pool with the ECS worker's template, so job variables are checked
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
     result = subprocess.run(
         [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
@@ -107,5 +106,5 @@ def test_prefect_deploy_all_against_the_test_server():
     with get_client(sync_client=True) as client:
         response = client._client.post(f"/deployments/{sweep.id}/schedule", json={"max_runs": 3})
         assert response.status_code < 300, response.text
-        runs = client.read_flow_runs()
-    assert len([r for r in runs if r.deployment_id == sweep.id and r.state_type.value == "SCHEDULED"]) >= 3
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[sweep.id])))
+    assert len([r for r in runs if r.state_type.value == "SCHEDULED"]) >= 3

@@ -9,8 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tasks import records, records_messages, state_store
-from tasks.records import EXECUTION, GRANULE, PHSPECTRA_CHUNK, Verdict
+from tasks.records import rules as records
+from tasks.records import messages as records_messages
+from tasks.core import state_store
+from tasks.records.rules import COMPLETED, EXECUTION, FAILED, GRANULE, QUEUED, RUNNING, RecordKind, Verdict
 
 STATE_MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:IngestGranule"
 NOW = 1_700_000_900_000
@@ -218,6 +220,18 @@ def test_bulk_batch_keeps_per_record_order(tables):
     assert granule(tables, "G-001") == expected_granule(msgs[5])
 
 
+# another record kind through the same writer: chunk-like items with their own status names (queued=PENDING, ...)
+CHUNK_LIKE = RecordKind(
+    "phspectra-chunk",
+    "phspectra_runs",
+    ("PK", "SK"),
+    created_attr="created_at",
+    light_attrs=("started_at", "prefect_flow_run_id", "prefect_task_run_id"),
+    terminal_removes=("error",),
+    statuses={QUEUED: "PENDING", RUNNING: "IN_PROGRESS", COMPLETED: "COMPLETED", FAILED: "FAILED"},
+)
+
+
 CHUNK_KEY = {"PK": "run-1", "SK": "CHUNK#chunk-0000000"}
 
 
@@ -242,7 +256,7 @@ def test_generic_writer_on_phspectra_chunk_records(tables):
     guarded = 0
     for step in range(6):
         batch = [{**attempts[order[step]], **key} for order, key in zip(orders, keys)]
-        results = records.write_many(PHSPECTRA_CHUNK, batch, table)
+        results = records.write_many(CHUNK_LIKE, batch, table)
         now = {i["PK"]: i for i in state_store.scan_all(table)}
         for record, result in zip(batch, results):
             before = snapshot.get(record["PK"])
@@ -266,7 +280,7 @@ def test_generic_writer_on_phspectra_chunk_records(tables):
 
 def test_unknown_status_and_missing_scope_are_clear_errors(tables):
     with pytest.raises(ValueError, match="unknown status 'DONE'"):
-        records.write(PHSPECTRA_CHUNK, chunk("DONE", "x"), tables["phspectra_runs"])
+        records.write(CHUNK_LIKE, chunk("DONE", "x"), tables["phspectra_runs"])
     with pytest.raises(ValueError, match="no collectionId"):
         records.write(GRANULE, {"granuleId": "g", "status": "completed", "createdAt": 1}, tables["granules"])
     assert EXECUTION.role("running") == "running"

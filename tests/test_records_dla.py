@@ -7,8 +7,11 @@ import json
 import pytest
 
 from flows.records import records_ingest, records_replay_dla
-from tasks import dead_letter, records_messages, state_store
-from tasks.keys import dead_letter_prefix
+from tasks.core.runtime import today_iso
+from tasks.records import dead_letter
+from tasks.records import messages as records_messages
+from tasks.core import state_store
+from tasks.core.keys import dead_letter_prefix
 from test_records import message
 
 NOW_MS = 1_700_000_900_000
@@ -28,11 +31,12 @@ def test_rejected_messages_are_archived_and_replay_writes_fixed_ones_and_moves_t
     unparsable = fixed_body[:-5]  # truncated JSON, as a broken queue body would be
     conflict = message("completed", "exec-4", 4000, granule="G1", collection=("OTHER", "002"))
 
-    summary = records_ingest([good, invalid, unparsable, conflict])
+    bodies = {"good": json.dumps(good), "invalid": json.dumps(invalid), "unparsable": unparsable,
+              "conflict": json.dumps(conflict)}  # text bodies, as SQS delivers them
+    summary = records_ingest(list(bodies.values()))
     assert (summary["messages"], summary["ok"], summary["archived"]) == (4, 1, 3)
-    day = dead_letter.today()
-    ids = {name: records_messages.message_id(m) for name, m in
-           {"invalid": invalid, "unparsable": unparsable, "conflict": conflict}.items()}
+    day = today_iso()
+    ids = {name: records_messages.message_id(bodies[name]) for name in ("invalid", "unparsable", "conflict")}
     assert _archive_listing(store_root, dead_letter_prefix(day)) == sorted(f"{i}.json" for i in ids.values())
 
     entries = {name: dead_letter.read(f"{dead_letter_prefix(day)}{i}.json") for name, i in ids.items()}
@@ -86,7 +90,7 @@ def test_replay_of_a_subset_and_of_unknown_ids(tables, store_root):
     report = records_messages.ingest(bad, now_ms=NOW_MS)
     assert [o.error["type"] for o in report.outcomes] == ["UnparsableMessage", "UnparsableMessage"]
     assert report.outcomes[1].error["message"] == "message body is JSON list, not an object"
-    day = dead_letter.today()
+    day = today_iso()
     first = report.outcomes[0].id
     with pytest.raises(LookupError, match="not in dead-letter-archive/"):
         records_replay_dla(day, ["msg-does-not-exist"])

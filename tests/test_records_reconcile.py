@@ -16,8 +16,8 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.runtime import flow_run, task_run
 
-from tasks import state_store
-from tasks.keys import RUN_SK, chunk_sk
+from tasks.core import state_store
+from tasks.core.keys import RUN_SK, chunk_sk
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def _ids() -> dict[str, str]:
 
 def _start_chunk(run_id: str, start: int) -> None:
     """What a pipeline worker does first: PENDING -> IN_PROGRESS with its Prefect run ids."""
-    from tasks import config
+    from tasks.core import config
 
     result = state_store.transition(
         config.table_name("phspectra_runs"), {"PK": run_id, "SK": chunk_sk(start)}, "PENDING", "IN_PROGRESS",
@@ -59,7 +59,7 @@ if __name__ == "__main__":  # the worker subprocess
 import pytest  # noqa: E402
 
 from flows.records import records_prefect_state, records_reconcile  # noqa: E402
-from tasks import reconcile  # noqa: E402
+from tasks.records import reconcile
 
 
 def _seed_run(table: str, run_id: str, chunks: dict[int, str], completed: int = 0, failed: int = 0) -> None:
@@ -167,7 +167,7 @@ def start_then_fail(run_id: str, start: int) -> str:
 
 @task(name="complete-then-fail")
 def complete_then_fail(run_id: str, start: int) -> str:
-    from tasks import config
+    from tasks.core import config
 
     _start_chunk(run_id, start)
     table = config.table_name("phspectra_runs")
@@ -228,7 +228,7 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
-    from tasks import reconcile
+    from tasks.records import reconcile
 
     @flow(name="records-test-held")
     def held() -> None:

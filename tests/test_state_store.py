@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from botocore.exceptions import ClientError
 
-from tasks import state_store as store
-from tasks.state_store import Condition, Increment, Outcome
+from tasks.core import state_store as store
+from tasks.core.state_store import Condition, Increment, Outcome
 
 
 def test_create_if_absent_twice_leaves_one_item(tables):

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from flows.video import video_delete_cleanup, video_process
-from tasks import keys, state_store
-from tasks import video as v
-from tasks.object_store import LocalStore
-from tasks.video_ffmpeg import make_test_video, probe
+from tasks.core import keys, state_store
+from tasks.video import jobs as v
+from tasks.core.object_store import LocalStore
+from tasks.video.ffmpeg import make_test_video, probe
 
 SECONDS, FPS, SEGMENT = 5.0, 10, 1.0  # 5 segments of 10 frames
 
@@ -167,7 +167,7 @@ def test_bad_input_fails_the_job_with_the_reason(tables, store_root, source_vide
     if make_bytes is None:
         import ffmpeg
 
-        from tasks.video_ffmpeg import run
+        from tasks.video.ffmpeg import run
 
         audio = tmp_path / "audio.mp4"
         run(ffmpeg.input("sine=duration=1", f="lavfi").output(str(audio), acodec="aac"))
@@ -268,7 +268,7 @@ def test_only_one_worker_claims_the_reassembly_lock(tables):
 
 _CLAIM_AND_HANG = """
 import sys, time
-from tasks import video
+from tasks.video import jobs as video
 assert video.claim_reassembly(sys.argv[1], owner="doomed-worker").applied
 print("claimed", flush=True)
 time.sleep(120)

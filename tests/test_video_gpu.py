@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import video_ffmpeg, video_inference
+from tasks.video import ffmpeg as video_ffmpeg
+from tasks.video import inference as video_inference
 
 NO_GPU = video_inference.gpu_available()
 

@@ -1,10 +1,10 @@
-"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files."""
+"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files, release quarantined files."""
 
 from __future__ import annotations
 
 import argparse
 
-from tasks import etl_ops
+from tasks.etl import ops as etl_ops
 
 
 def _status(args: argparse.Namespace):
@@ -16,6 +16,7 @@ def _status(args: argparse.Namespace):
 
 
 def register(subparsers) -> None:
+    """Add the ``etl`` subcommands: status, remediate, reprocess, release-quarantine."""
     group = subparsers.add_parser("etl", help="NDJSON→Parquet ETL (seed 001) records").add_subparsers(dest="command", required=True)
 
     status = group.add_parser("status", help="files by status for a date, or files in a status across dates")
@@ -35,3 +36,11 @@ def register(subparsers) -> None:
     reprocess.add_argument("--file", action="append", dest="files", help="only this file (repeatable)")
     reprocess.add_argument("--dry-run", action="store_true")
     reprocess.set_defaults(handler=lambda a: etl_ops.reprocess_failed(a.date, a.files, a.dry_run))
+
+    release = group.add_parser(
+        "release-quarantine", help="validate quarantined files again (current settings); those that pass go back to pending"
+    )
+    release.add_argument("--date", required=True)
+    release.add_argument("--file", action="append", dest="files", help="only this file (repeatable)")
+    release.add_argument("--dry-run", action="store_true", help="say what would be released, change nothing")
+    release.set_defaults(handler=lambda a: etl_ops.release_quarantine(a.date, a.files, a.dry_run))

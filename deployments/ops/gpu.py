@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tasks import gpu, keys
+from tasks.gpu import jobs as gpu
+from tasks.core import keys
 
 
 def register_local_nodes(count: int | None = None) -> dict[str, str]:
@@ -48,11 +49,12 @@ def _tasks(args) -> list[dict]:
 
 
 def _stop(args) -> dict:
-    job = gpu.request_stop(args.job_id)
+    job = gpu.stop_job(gpu.make_runner(), args.job_id)
     return {"job_id": job["job_id"], "job_status": job["job_status"], "stop_requested": True}
 
 
 def register(subparsers) -> None:
+    """Add the ``gpu`` subcommands: register-nodes, nodes, jobs, job, tasks, stop."""
     group = subparsers.add_parser("gpu", help="GPU jobs, tasks and nodes (seed 002)")
     commands = group.add_subparsers(dest="command", required=True)
 
@@ -77,6 +79,6 @@ def register(subparsers) -> None:
     p.add_argument("--job", dest="job_id", required=True)
     p.set_defaults(handler=_tasks)
 
-    p = commands.add_parser("stop", help="user stop: the job's watcher ends it USER_STOPPED")
+    p = commands.add_parser("stop", help="user stop: tasks TERMINATED and stopped, job USER_STOPPED, nodes AVAILABLE (now, with or without a watcher)")
     p.add_argument("job_id")
     p.set_defaults(handler=_stop)

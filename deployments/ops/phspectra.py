@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from tasks import phspectra as ph
-from tasks.state_store import to_plain
+from tasks.phspectra import survey as ph
+from tasks.core.state_store import to_plain
 
 
 def _get_run(args):
@@ -37,10 +37,12 @@ def _failures(args):
 
 
 def register(subparsers) -> None:
+    """Add the ``phspectra`` subcommands: the seed's five access patterns."""
     group = subparsers.add_parser("phspectra", help="PHSpectra survey runs and chunks (seed 000)")
     commands = group.add_subparsers(dest="command", required=True)
 
     def command(name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        """Add subcommand ``name`` that runs ``handler``; returns its parser for the arguments."""
         parser = commands.add_parser(name, help=help_text)
         parser.set_defaults(handler=handler)
         return parser

@@ -11,28 +11,17 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from tasks import config, dead_letter, reconcile, records_messages, state_store
-from tasks.keys import dead_letter_id, dead_letter_prefix, safe_date
-
-
-def _read_messages(path: str) -> list:
-    text = Path(path).read_text()
-    try:
-        value = json.loads(text)
-    except ValueError:  # one message per line; a line that is not JSON is kept raw and gets archived
-        return [line for line in text.splitlines() if line.strip()]
-    if not isinstance(value, list):
-        raise ValueError(f"{path}: expected a JSON list of messages (or one message per line)")
-    return value
+from tasks.core import config, state_store
+from tasks.core.runtime import today_iso
+from tasks.records import dead_letter, reconcile
+from tasks.records import messages as records_messages
+from tasks.core.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix, safe_date
 
 
 def _ingest(args):
-    from flows.records import ingest_messages
-
-    return ingest_messages(_read_messages(args.file))
+    return records_messages.ingest_messages(records_messages.batch_from_text(Path(args.file).read_text(), args.file))
 
 
 def _get(logical: str, key: dict) -> dict:
@@ -55,7 +44,7 @@ def _dla_list(args):
 
 
 def _dla_show(args):
-    key = f"{dead_letter_prefix(safe_date(args.day), failed=args.failed)}{args.id}.json"
+    key = (dead_letter_failed_key if args.failed else dead_letter_key)(args.day, args.id)  # validates day and id
     store = config.object_store()
     if not store.exists(key):
         raise LookupError(f"no archived message {key}")
@@ -63,9 +52,7 @@ def _dla_show(args):
 
 
 def _replay(args):
-    from flows.records import replay_archive
-
-    return replay_archive(safe_date(args.day), args.id or None)
+    return records_messages.replay_archive(safe_date(args.day), args.id or None)
 
 
 def _reconcile(args):
@@ -73,10 +60,12 @@ def _reconcile(args):
 
 
 def register(subparsers) -> None:
+    """Add the ``records`` command group and its subcommands to the CLI."""
     group = subparsers.add_parser("records", help="granule/execution records, dead-letter archive, reconciliation (seed 004)")
     commands = group.add_subparsers(dest="command", required=True)
 
     def command(name, handler, help_text):
+        """A new ``records`` subcommand parser that runs ``handler``."""
         parser = commands.add_parser(name, help=help_text)
         parser.set_defaults(handler=handler)
         return parser
@@ -88,7 +77,7 @@ def register(subparsers) -> None:
     for name, handler, help_text in (("dla-list", _dla_list, "archived messages of a day, with their errors"),
                                      ("dla-show", _dla_show, "one archived message")):
         parser = command(name, handler, help_text)
-        parser.add_argument("--day", default=dead_letter.today(), help="YYYY-MM-DD (default: today, UTC)")
+        parser.add_argument("--day", default=today_iso(), help="YYYY-MM-DD (default: today, UTC)")
         parser.add_argument("--failed", action="store_true", help="the failed/ archive (failed again on replay)")
         if name == "dla-show":
             parser.add_argument("--id", required=True)

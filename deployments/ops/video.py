@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tasks import video
+from tasks.video import jobs as video
 
 CLEANUP_DEPLOYMENT = "video-delete-cleanup/local"
 
@@ -29,6 +29,7 @@ def _delete(args: argparse.Namespace) -> dict:
 
 
 def register(subparsers) -> None:
+    """Add the ``video`` subcommands: create-job, get-job, list, delete."""
     group = subparsers.add_parser("video", help="video pipeline (seed 003) jobs").add_subparsers(dest="command", required=True)
 
     create = group.add_parser("create-job", help="create a job; prints job_id and where to upload source.mp4")

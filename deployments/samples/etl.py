@@ -45,7 +45,7 @@ def make(workdir: Path) -> dict:
 
 def report(date_prefixes: list[str] | None = None, **_ids) -> str:
     """Per date: files by status (from the table, meta-records filtered in code) and each manifest's status."""
-    from tasks import etl_ops
+    from tasks.etl import ops as etl_ops
 
     lines = []
     for date in date_prefixes or DATES:

@@ -35,7 +35,7 @@ def make(workdir: Path, inject_failure: bool = True) -> dict:
 
 def report(job_id: str | None = None) -> str:
     """The job, its tasks and the nodes, read back by key (job row -> task ids -> task rows)."""
-    from tasks import gpu
+    from tasks.gpu import jobs as gpu
 
     job = gpu.get_job(job_id) if job_id else (gpu.list_jobs() or [None])[-1]
     if job is None:

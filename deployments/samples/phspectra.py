@@ -25,6 +25,7 @@ def synthetic_cube(ny: int = 6, nx: int = 8, n_channels: int = 128, seed: int = 
 
 
 def write_fits(cube: np.ndarray, path: Path) -> Path:
+    """Write ``cube`` as float32 to a FITS file at ``path`` (creating its folder); returns ``path``."""
     from astropy.io import fits
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,8 +41,8 @@ def make(workdir: Path) -> dict:
 
 def report(run_id: str | None = None, survey: str = SURVEY) -> str:
     """The run read back with the seed's access patterns: latest run, its chunks, stuck chunks, failures."""
-    from tasks import phspectra as ph
-    from tasks.state_store import to_plain
+    from tasks.phspectra import survey as ph
+    from tasks.core.state_store import to_plain
 
     run = to_plain(ph.get_run(run_id) if run_id else ph.latest_run(survey))
     if not run:

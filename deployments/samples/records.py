@@ -39,12 +39,13 @@ def make(workdir: Path) -> dict:
     folder = Path(workdir) / "records"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "messages.json").write_text(json.dumps(messages, indent=2))
-    return {"messages": messages}
+    # records-ingest takes text bodies, as SQS delivers them (a parsed payload could hold what Prefect cannot list)
+    return {"messages": [m if isinstance(m, str) else json.dumps(m) for m in messages]}
 
 
 def report(granule_ids: list[str] | None = None, **_ids) -> str:
     """Granule records by granuleId and their executions by arn (the seed's lookups)."""
-    from tasks import config, state_store
+    from tasks.core import config, state_store
 
     granule_ids = granule_ids or ["MOD09GQ.A2017025.h21v00.006", "MOD09GQ.A2017025.h21v01.006", "MOD09GQ.A2017025.h21v02.006"]
     lines = []

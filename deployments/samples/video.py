@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks import video
-from tasks.video_ffmpeg import make_test_video
+from tasks.video import jobs as video
+from tasks.video.ffmpeg import make_test_video
 
 
 def make(workdir: Path) -> dict:

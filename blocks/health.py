@@ -1,0 +1,39 @@
+"""Thresholds of the ``pipeline-health`` alarms (seed 001's CloudWatch alarms, over all five pipelines)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+from pydantic import Field
+
+from blocks.base import ConfigBlock
+
+__all__ = ["HealthThresholds"]
+
+
+class HealthThresholds(ConfigBlock):
+    """When each alarm fires (env ``HEALTH_<FIELD>`` overrides) and where its notification goes."""
+
+    _block_type_name = "Pipeline Health Thresholds"
+    _env_prefix: ClassVar[str] = "HEALTH_"
+
+    dead_letter_max: int = Field(default=0, description="Records: alarm when the dead-letter archive holds more objects.")
+    pending_file_minutes: float = Field(default=60, description="ETL: a file pending longer than this is late (seed: 1 hour).")
+    late_pending_files_max: int = Field(default=0, description="ETL: alarm when more files are late than this.")
+    pending_files_max: int = Field(default=1000, description="ETL: alarm when more files are pending (seed: depth > 1000).")
+    failed_manifests_max: int = Field(default=0, description="ETL: alarm when more manifests are failed.")
+    stuck_chunk_minutes: float = Field(
+        default=30, description="phspectra: a chunk IN_PROGRESS longer than this is stuck (the sweep re-drives at 15)."
+    )
+    video_stuck_minutes: float = Field(default=60, description="Video: a job unchanged this long in a non-terminal status.")
+    gpu_job_stuck_minutes: float = Field(
+        default=60, description="GPU: a job this long in PENDING_HEALTHCHECK / PENDING_RESTART / RESTARTING."
+    )
+    gpu_job_running_minutes: float = Field(default=1440, description="GPU: a job IN_PROGRESS this long with no update.")
+    gpu_node_out_minutes: float = Field(default=15, description="GPU: a node FAILED / REBOOTING / UNKNOWN this long.")
+    notify_lease_seconds: float = Field(
+        default=300, description="A notification claimed but not confirmed (its sender died) is sent again after this."
+    )
+    notify_block: Optional[str] = Field(
+        default=None, description="Notification block as 'block-type-slug/name' (unset: PIPELINES_NOTIFY_BLOCK, else the log)."
+    )

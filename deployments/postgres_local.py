@@ -1,0 +1,85 @@
+"""A PostgreSQL for the Prefect server (``PREFECT_SERVER_DB=postgres make up``): Debian's ``postgresql`` binaries,
+a cluster of the project's own in ``.data/postgres``, listening on 127.0.0.1 only, started and stopped like
+DynamoDB Local. SQLite stays the default: PostgreSQL is for load (many concurrent runs) where SQLite reports
+"database is locked".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from deployments.dynamodb_local import StackError, port_open
+
+USER = DATABASE = "prefect"
+
+
+def bindir() -> Path:
+    """The folder of ``postgres`` and ``initdb``, or a StackError saying how to get them."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    if found:
+        return found[-1].parent
+    on_path = shutil.which("postgres")
+    if on_path:
+        return Path(on_path).parent
+    raise StackError("PostgreSQL is missing: install it (Debian: apt-get install postgresql), or leave PREFECT_SERVER_DB unset for SQLite.")
+
+
+def _as_owner(args: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: as root, run it as the `postgres` user the Debian package made."""
+    if os.geteuid() != 0:
+        return args
+    if shutil.which("runuser") is None:
+        raise StackError("running as root without `runuser`: PostgreSQL must run as a non-root user.")
+    return ["runuser", "-u", "postgres", "--", *args]
+
+
+def url(port: int) -> str:
+    """The Prefect server's connection URL for the cluster on ``port``."""
+    return f"postgresql+asyncpg://{USER}@127.0.0.1:{port}/{DATABASE}"
+
+
+def _init(data_dir: Path, log) -> None:
+    if (data_dir / "PG_VERSION").exists():
+        return
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        shutil.chown(data_dir, "postgres", "postgres")
+        if subprocess.run(_as_owner(["test", "-w", str(data_dir)])).returncode != 0:
+            raise StackError(f"the `postgres` user cannot reach {data_dir}: a folder above it is private (mode 700?)")
+    # trust on loopback only (the server listens on 127.0.0.1 and its socket folder is the data folder)
+    result = subprocess.run(
+        _as_owner([str(bindir() / "initdb"), "-D", str(data_dir), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-instructions"]),
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    if result.returncode != 0:
+        raise StackError(f"initdb failed (code {result.returncode}); see the PostgreSQL log")
+
+
+def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
+    """Initialise ``data_dir`` if new, start PostgreSQL on 127.0.0.1:``port``, create the database; the process."""
+    if port_open("127.0.0.1", port):
+        raise StackError(f"port {port} on 127.0.0.1 is already taken: stop what uses it or set PREFECT_POSTGRES_PORT.")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        _init(data_dir, log)
+    process = subprocess.Popen(
+        _as_owner([str(bindir() / "postgres"), "-D", str(data_dir), "-h", "127.0.0.1", "-p", str(port), "-k", str(data_dir),
+                   "-c", "max_connections=200"]),
+        stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not port_open("127.0.0.1", port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise StackError(f"PostgreSQL did not start on 127.0.0.1:{port}; see {log_path}")
+        time.sleep(0.3)
+    created = subprocess.run(
+        [str(bindir() / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE], capture_output=True, text=True
+    )
+    if created.returncode != 0 and "already exists" not in created.stderr:
+        raise StackError(f"createdb {DATABASE} failed: {created.stderr.strip()}")
+    return process

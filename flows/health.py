@@ -1,0 +1,34 @@
+"""pipeline-health: seed 001's CloudWatch alarms, asked of all five pipelines on a schedule.
+
+    dead-letter archive ─┐
+    ETL pending / failed ├─▶ alarms (thresholds block) ─▶ incidents (guarded writes) ─▶ one notification each
+    phspectra chunks     │                                                          └─▶ table artifact
+    video / GPU jobs     │
+    GPU nodes ───────────┘
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
+
+from tasks.core.notify import notify_on_failure
+from tasks.health.run import check_health
+
+check_task = task(check_health, name="check-health", retries=2, retry_delay_seconds=[5, 30])
+
+
+@flow(name="pipeline-health", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
+    """Read every pipeline's records, raise or clear each alarm, notify new incidents once."""
+    rows = check_task(notify_block)
+    firing = [r for r in rows if r["state"] != "OK"]
+    create_table_artifact(
+        key="pipeline-health", table=rows,
+        description=f"{len(firing)} of {len(rows)} alarm(s) firing" + (f": {', '.join(r['name'] for r in firing)}" if firing else ""),
+    )
+    for row in firing:
+        get_run_logger().warning("%s %s: %s (incident %s, notified %s)", row["state"], row["name"], row["detail"], row["incident"], row["notified"])
+    return rows

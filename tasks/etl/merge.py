@@ -1,0 +1,353 @@
+"""Task bodies of the merge (seed 001's Step Functions + Glue job + batch_status_updater), callable without Prefect.
+
+The merge runs on Dask (one task per output part, its files read in parallel threads), the way the Glue job
+spreads a manifest over Spark workers: every value kept as written (``ndjson_text``: strings decoded, numbers
+and nested JSON as their text, malformed lines to a rejects output with file name and line number), plus
+``_processing_timestamp`` and ``_source_file``, written as Snappy Parquet parts of about ``target_file_mb``.
+
+Output is published once: parts are written under a staging prefix, then renamed to deterministic names
+(``publish``, through the object store) and a publish record is written last; a re-run finds that record and
+skips the merge, and a failed manifest's output is removed (``unpublish``) before its files can go elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.core import keys, state_store
+from tasks.core.runtime import now_iso, prefect_ids
+from tasks.core.config import table_name
+from tasks.etl.ingest import (
+    COMPLETED, FAILED, MANIFESTED, PENDING, PROCESSING, TRACKING, base_status, file_records, 
+    settings, store, tracking_key, with_shard,
+)
+from tasks.core import object_store
+from tasks.core.object_store import ObjectNotFound, open_url
+from tasks.etl.ndjson_text import parse_ndjson
+
+log = logging.getLogger(__name__)
+
+SOURCE_FILE = "_source_file"
+PROCESSING_TIMESTAMP = "_processing_timestamp"
+INPUT_SUFFIX = "__input"  # appended to an input field named like a column the merge adds (README)
+_METADATA_LIKE = re.compile(rf"^(?:{SOURCE_FILE}|{PROCESSING_TIMESTAMP})(?:{INPUT_SUFFIX})*$")
+NDJSON_TO_PARQUET = 0.25  # typical Snappy Parquet size / NDJSON size: how much input fills one output part
+
+
+# --------------------------------------------------------------------------- the MANIFEST record
+
+
+def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
+    """The ``MANIFEST#`` meta-record, or LookupError."""
+    key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
+    item = state_store.get_item(table_name(TRACKING), key)
+    if item is None:
+        raise LookupError(f"no manifest record {key['file_key']} for {date_prefix}")
+    return item
+
+
+def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) -> dict[str, Any] | None:
+    """MANIFEST ``pending → processing`` (``failed``/``completed`` too when ``rerun``), with the Prefect run ids.
+
+    Returns the record, or None when another run already has it (a duplicate launch does nothing). A retry of
+    the same flow run finds its own ``processing`` record and carries on.
+    """
+    key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
+    expected = [PENDING, FAILED, COMPLETED] if rerun else PENDING
+    ids = prefect_ids()
+    result = state_store.transition(
+        table_name(TRACKING), key, expected, PROCESSING, set={"processing_at": now_iso(), "updated_at": now_iso(), **ids},
+    )
+    if result.applied:
+        return result.item
+    current = result.item
+    if current is None:
+        raise LookupError(f"no manifest record {key['file_key']} for {date_prefix}")
+    mine = ids.get("prefect_flow_run_id")
+    if current.get("status") == PROCESSING and mine and current.get("prefect_flow_run_id") == mine:
+        return current
+    log.info("manifest %s is %s already; this run does nothing", manifest_name, current.get("status"))
+    return None
+
+
+def manifest_files(manifest_path: str) -> list[str]:
+    """File URLs of a manifest JSON (``fileLocations[].URIPrefixes[]``)."""
+    source, key = open_url(manifest_path)
+    document = json.loads(source.get_bytes(key))
+    return [url for location in document["fileLocations"] for url in location["URIPrefixes"]]
+
+
+# --------------------------------------------------------------------------- reading NDJSON as written
+
+
+@dataclass
+class FileResult:
+    """One input file read: its string table (None if nothing usable), malformed lines, or why it failed."""
+
+    url: str
+    table: pa.Table | None = None
+    rows: int = 0
+    rejects: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+def user_column(name: str) -> str:
+    """The column of an input field: a name the merge adds itself gets ``__input`` appended (and so on, injectively)."""
+    return name + INPUT_SUFFIX if _METADATA_LIKE.match(name) else name
+
+
+def read_ndjson(url: str) -> FileResult:
+    """One NDJSON file as a table of strings kept as written (``ndjson_text``); bad lines become rejects."""
+    try:
+        source, key = open_url(url)
+        data = source.get_bytes(key)
+    except (ObjectNotFound, FileNotFoundError):
+        return FileResult(url, error="file disappeared before the merge (not found)")
+    parsed = parse_ndjson(url, data, user_column)
+    result = FileResult(url, parsed.table, parsed.rows, parsed.rejects)
+    if parsed.table is None:
+        bad = len(parsed.rejects)
+        result.error = f"not JSON: all {bad} non-empty lines are malformed" if bad else "no records"
+    return result
+
+
+# --------------------------------------------------------------------------- one output part (a Dask task)
+
+
+def plan_parts(urls: list[str], target_file_mb: float) -> list[list[str]]:
+    """Deterministic groups of input files, each about ``target_file_mb`` of Parquet (sizes from the store)."""
+    budget = target_file_mb * 1024 * 1024 / NDJSON_TO_PARQUET
+    parts: list[list[str]] = [[]]
+    filled = 0.0
+    for url in urls:
+        try:
+            source, key = open_url(url)
+            size = source.size(key)
+        except (ObjectNotFound, FileNotFoundError):
+            size = 0
+        if parts[-1] and filled + size > budget:
+            parts.append([])
+            filled = 0.0
+        parts[-1].append(url)
+        filled += size
+    return parts
+
+
+def _unify(tables: list[pa.Table]) -> pa.Table:
+    """Concatenate string tables with different columns (missing values are null), first-seen column order."""
+    names = list(dict.fromkeys(name for t in tables for name in t.column_names))
+    return pa.concat_tables([t.select([c for c in names if c in t.column_names]) for t in tables], promote_options="default").select(names)
+
+
+def write_parquet(output_url: str, key: str, table: pa.Table) -> str:
+    """Write Snappy Parquet through the store's pyarrow filesystem (locally: temp file + rename)."""
+    target = store(output_url)
+    fs = target.arrow_filesystem()
+    path = target.arrow_path(key)
+    import pyarrow.fs as pafs
+
+    if isinstance(fs, pafs.LocalFileSystem):
+        parent, name = path.rsplit("/", 1)
+        fs.create_dir(parent, recursive=True)
+        temp = f"{parent}/.{name}.{uuid.uuid4().hex}.part"
+        pq.write_table(table, temp, filesystem=fs, compression="snappy")
+        fs.move(temp, path)
+    else:
+        pq.write_table(table, path, filesystem=fs, compression="snappy")
+    return target.url_for(key)
+
+
+def merge_part(part: int, urls: list[str], staging_prefix: str, output_url: str, processed_at: str) -> dict[str, Any]:
+    """Read a group of files (in parallel), add the metadata columns, write one staged Parquet part (a Dask task)."""
+    with ThreadPoolExecutor(min(len(urls), os.cpu_count() or 1) or 1) as pool:
+        results = list(pool.map(read_ndjson, urls))
+    tables = [
+        r.table.append_column(PROCESSING_TIMESTAMP, pa.repeat(pa.scalar(processed_at, pa.string()), r.rows))
+        .append_column(SOURCE_FILE, pa.repeat(pa.scalar(r.url, pa.string()), r.rows))
+        for r in results if r.table is not None and r.rows
+    ]
+    staged = None
+    rows = sum(t.num_rows for t in tables)
+    if tables:
+        staged = f"{staging_prefix}part-{part:05d}.parquet"
+        write_parquet(output_url, staged, _unify(tables) if len(tables) > 1 else tables[0])
+    return {
+        "part": part,
+        "staged": staged,
+        "rows": rows,
+        "files": [{"url": r.url, "rows": r.rows, "rejected_lines": len(r.rejects), "error": r.error} for r in results],
+        "rejects": [reject for r in results for reject in r.rejects],
+    }
+
+
+# --------------------------------------------------------------------------- the whole manifest on Dask
+
+
+def run_dask(calls: list, scheduler: str) -> list:
+    """Compute delayed calls on the local threaded scheduler or a Dask cluster (``tcp://…`` address)."""
+    import dask
+
+    if scheduler.startswith(("tcp://", "tls://", "inproc://")):
+        from distributed import Client
+
+        with Client(scheduler) as client:
+            return list(client.gather(client.compute(calls)))
+    return list(dask.compute(*calls, scheduler=scheduler))
+
+
+def published(date_prefix: str, manifest_name: str, output_url: str = "") -> dict[str, Any] | None:
+    """The summary a finished publish of this manifest left (None when its output is not all published)."""
+    try:
+        return json.loads(store(output_url).get_bytes(keys.merged_published_key(date_prefix, manifest_name)))
+    except ObjectNotFound:
+        return None
+
+
+def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
+    """Make the staged parts visible (one rename each), drop parts an earlier run left, then write the publish record.
+
+    Until the record is written the manifest is not published: a re-run merges again and overwrites the same
+    part names; a failed manifest's parts are removed (``unpublish``) before its files can be merged elsewhere.
+    """
+    target = store(output_url)
+    parts = []
+    for o in sorted(outputs, key=lambda o: o["part"]):
+        if o["staged"]:
+            final = keys.merged_part_key(date_prefix, manifest_name, o["part"])
+            parts.append(object_store.rename(target, o["staged"], final))
+    written = {keys.merged_part_key(date_prefix, manifest_name, o["part"]) for o in outputs if o["staged"]}
+    for key in list(target.list(keys.merged_part_prefix(date_prefix, manifest_name))):
+        if key not in written:  # a part an earlier run wrote that this run does not (fewer rows now)
+            target.delete(key)
+    rejects = [r for o in outputs for r in o["rejects"]]
+    rejects_key = keys.rejects_key(date_prefix, manifest_name)
+    summary = {**summary, "parts": parts, "rejects_path": None}
+    if rejects:
+        summary["rejects_path"] = target.put_bytes(rejects_key, "".join(json.dumps(r) + "\n" for r in rejects).encode())
+    elif target.exists(rejects_key):
+        target.delete(rejects_key)
+    target.put_bytes(keys.merged_published_key(date_prefix, manifest_name), json.dumps(summary).encode())
+    return summary
+
+
+def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int:
+    """Remove a failed manifest's output (publish record first, then parts and rejects); how many objects went."""
+    target = store(output_url)
+    removed = 0
+    marker = keys.merged_published_key(date_prefix, manifest_name)
+    if target.exists(marker):
+        removed += target.delete(marker)
+    for key in list(target.list(keys.merged_part_prefix(date_prefix, manifest_name))):
+        removed += target.delete(key)
+    if target.exists(keys.rejects_key(date_prefix, manifest_name)):
+        removed += target.delete(keys.rejects_key(date_prefix, manifest_name))
+    return removed
+
+
+def attached_files(date_prefix: str, manifest_path: str, urls: list[str]) -> list[str]:
+    """The manifest's files whose records still belong to it (a reprocessed file has moved on to another manifest)."""
+    mine = {item["file_path"] for item in file_records(keys.safe_date(date_prefix)) if item.get("manifest_path") == manifest_path}
+    return [url for url in urls if url in mine]
+
+
+def merge_manifest(
+    date_prefix: str, manifest_name: str, urls: list[str], output_url: str = "", target_file_mb: float = 128,
+    scheduler: str = "threads",
+) -> dict[str, Any]:
+    """Merge a manifest's files into staged Parquet parts on Dask, then publish them; a published run is skipped."""
+    from dask import delayed
+
+    done = published(date_prefix, manifest_name, output_url)
+    if done is not None and sorted(f["url"] for f in done["files"]) == sorted(urls) and not done["files_failed"]:
+        return {**done, "already_published": True}
+    token = uuid.uuid4().hex
+    staging = keys.merged_staging_prefix(date_prefix, manifest_name, token)
+    processed_at = now_iso()
+    parts = plan_parts(sorted(urls), target_file_mb)
+    calls = [delayed(merge_part)(i, group, staging, output_url, processed_at) for i, group in enumerate(parts)]
+    try:
+        outputs = run_dask(calls, scheduler)
+    except BaseException:
+        store(output_url).delete_prefix(staging)  # nothing was published
+        raise
+    files = [f for o in outputs for f in o["files"]]
+    summary = {
+        "rows": sum(o["rows"] for o in outputs),
+        "rejected_lines": sum(len(o["rejects"]) for o in outputs),
+        "files": files,
+        "files_failed": sum(1 for f in files if f["error"]),
+    }
+    summary = publish(date_prefix, manifest_name, output_url, outputs, summary)
+    return {**summary, "already_published": False}
+
+
+# --------------------------------------------------------------------------- status after the merge
+
+
+def finish_manifest(date_prefix: str, manifest_name: str, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+    """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
+
+    Files are found by querying the date and matching ``manifest_path`` in code (meta-records filtered in
+    code too); a file that could not be read fails on its own with its reason while the others complete. A
+    re-run moves the files an earlier run left ``failed#N`` too; a failed run first removes the manifest's
+    output, and fails its files whatever an earlier run made of them, so `etl reprocess` can take them all.
+    """
+    record = manifest_record(date_prefix, manifest_name)
+    table = table_name(TRACKING)
+    outcome = FAILED if summary is None else COMPLETED
+    if outcome == FAILED:
+        unpublish(date_prefix, manifest_name, settings().output_store_url)
+    stamp = now_iso()
+    ids = prefect_ids()
+    sets: dict[str, Any] = {"updated_at": stamp, f"{outcome}_time": stamp}
+    if summary is not None:
+        sets.update(rows=summary["rows"], rejected_lines=summary["rejected_lines"], files_failed=summary["files_failed"],
+                    parts=summary["parts"], rejects_path=summary["rejects_path"] or "")
+    if error:
+        sets["error_message"] = error[:1000]
+    manifest_result = state_store.transition(table, tracking_key(date_prefix, record["file_key"]), PROCESSING, outcome, set=sets)
+
+    per_file = {f["url"]: f for f in (summary or {}).get("files", [])}
+    movable = (MANIFESTED, FAILED) if outcome == COMPLETED else (MANIFESTED, COMPLETED)
+    changes = []
+    for item in file_records(date_prefix):
+        if item.get("manifest_path") != record["manifest_path"] or base_status(item) not in movable:
+            continue
+        info = per_file.get(item["file_path"], {})
+        file_error = error or info.get("error") or (None if info else "not merged by this run")
+        new = FAILED if file_error else COMPLETED
+        if with_shard(new, item["status"]) == item["status"]:
+            continue
+        file_sets: dict[str, Any] = {"updated_at": stamp, f"{new}_time": stamp, **ids}
+        if "prefect_flow_run_id" in ids:
+            file_sets["glue_job_run_id"] = ids["prefect_flow_run_id"]  # the seed's field, holding the merge run
+        if info:
+            file_sets.update(rows=info["rows"], rejected_lines=info["rejected_lines"])
+        if file_error:
+            file_sets["error_message"] = file_error[:1000]
+        changes.append((tracking_key(date_prefix, item["file_key"]), item["status"], with_shard(new, item["status"]), file_sets))
+    results = state_store.transition_many(table, changes)
+    moved = [change[2] for change, r in zip(changes, results) if r.applied]
+    return {
+        "manifest_status": outcome if manifest_result.applied else (manifest_result.item or {}).get("status"),
+        "files_completed": sum(1 for s in moved if s.startswith(COMPLETED)),
+        "files_failed": sum(1 for s in moved if s.startswith(FAILED)),
+    }
+
+
+def notify_failure(message: str, block_name: str | None = None) -> str:
+    """Tell the configured notification block about a failed merge (tasks.core.notify logs it when there is none)."""
+    from tasks.core.notify import notify
+
+    block_name = block_name if block_name is not None else settings().notify_block
+    return notify("MERGE FAILED (ndjson-merge)", message, block_name)

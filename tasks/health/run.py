@@ -1,0 +1,15 @@
+"""One ``pipeline-health`` pass as a plain function: read every pipeline, then open/clear/notify incidents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blocks import load_config
+from blocks.health import HealthThresholds
+from tasks.health import checks, incidents
+
+
+def check_health(notify_block: str | None = None) -> list[dict[str, Any]]:
+    """Evaluate every alarm against the thresholds block and apply the incidents; one row per alarm."""
+    limits = load_config(HealthThresholds)
+    return incidents.apply(checks.evaluate(limits), limits.notify_lease_seconds, notify_block or limits.notify_block)

@@ -1,0 +1,600 @@
+"""Task bodies of the video pipeline (seed 003), plain functions callable without Prefect.
+
+upload -> chunking -> segment processing (inference) -> segment completion -> reassembly trigger ->
+reassembly -> final output; plus soft delete and cleanup. The job store (``video_jobs``) is authoritative
+for status: created -> chunking_in_progress -> chunking_complete -> completed, or failed, or deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from boto3.dynamodb.conditions import Key
+
+from blocks import VideoInference, load_config
+from tasks.core import faults, keys, state_store
+from tasks.video import ffmpeg as video_ffmpeg
+from tasks.video import inference as video_inference
+from tasks.core.runtime import iso_ago, now_iso, prefect_ids
+from tasks.core.config import object_store, table_name
+from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore, open_url
+from tasks.core.state_store import Condition, Outcome
+from urllib.parse import unquote, urlparse
+
+CREATED = "created"
+CHUNKING = "chunking_in_progress"
+CHUNKED = "chunking_complete"
+COMPLETED = "completed"
+FAILED = "failed"
+DELETED = "deleted"
+ACTIVE = (CREATED, CHUNKING, CHUNKED)
+DELETABLE = (COMPLETED, FAILED)
+
+
+class JobFailed(RuntimeError):
+    """The job was marked failed; the message is the recorded reason."""
+
+
+class SourceRefused(ValueError):
+    """A ``source_url`` outside the VideoInference block's ``source_prefixes`` allow-list."""
+
+
+def _jobs() -> str:
+    return table_name("video_jobs")
+
+
+def _completions() -> str:
+    return table_name("video_segment_completions")
+
+
+def _locks() -> str:
+    return table_name("video_reassembly_locks")
+
+
+
+def _key(job_id: str) -> dict[str, str]:
+    return {"job_id": keys.safe_id(job_id, "job_id")}
+
+
+@contextlib.contextmanager
+def local_path(store: ObjectStore, key: str) -> Iterator[Path]:
+    """A readable local path with the object's bytes: the file itself for a local store, else a temporary copy."""
+    if isinstance(store, LocalStore):
+        path = store.path(key)
+        if not path.is_file():
+            raise ObjectNotFound(store.url_for(key))
+        yield path
+    else:
+        with store.local_copy(key) as path:
+            yield path
+
+
+@contextlib.contextmanager
+def scratch_dir(store: ObjectStore, prefix: str) -> Iterator[Path]:
+    """A temporary folder, beside a local store's root when possible (so finished files can be renamed in)."""
+    parent = None
+    if isinstance(store, LocalStore):
+        with contextlib.suppress(OSError):
+            store.root.parent.mkdir(parents=True, exist_ok=True)
+            parent = store.root.parent if os.access(store.root.parent, os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix=f".{prefix}", dir=parent) as tmp:
+        yield Path(tmp)
+
+
+def put_finished_file(store: ObjectStore, key: str, path: Path) -> None:
+    """Store a finished local file at ``key``: renamed in (atomic, no copy) on a local store, else uploaded."""
+    if isinstance(store, LocalStore):
+        target = store.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError), _write_point("put_file", key):  # EXDEV: another filesystem, copy instead
+            os.replace(path, target)
+            return
+    store.put_file(key, path)
+
+
+def copy_object(store: ObjectStore, src: str, dst: str) -> None:
+    """``dst`` gets ``src``'s bytes: a hard link on a local store (objects are never rewritten in place), else a copy."""
+    if isinstance(store, LocalStore):
+        source, target = store.path(src), store.path(dst)
+        if not source.is_file():
+            raise ObjectNotFound(store.url_for(src))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+        with contextlib.suppress(OSError), _write_point("copy", dst):
+            os.link(source, staged)
+            os.replace(staged, target)
+            return
+    store.copy(src, dst)
+
+
+@contextlib.contextmanager
+def _write_point(operation: str, key: str) -> Iterator[None]:
+    """The local fast paths (rename, hard link) are object writes too: crash points like ``put_file``/``copy``."""
+    number = faults.before("objects", operation, key) if faults.armed else 0
+    yield
+    if faults.armed:
+        faults.after(number, operation, key)
+
+
+# --------------------------------------------------------------------------- job store
+
+
+def create_job(
+    job_id: str | None = None, mode: str | None = None, segment_seconds: float | None = None
+) -> dict[str, Any]:
+    """Create a job (status ``created``); returns its id and the upload target for ``input/{job_id}/source.mp4``."""
+    job_id = keys.safe_id(uuid.uuid4().hex if job_id is None else job_id, "job_id")
+    if mode is not None and mode not in video_ffmpeg.FILTERS:
+        raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(video_ffmpeg.FILTERS)}")
+    item = {"job_id": job_id, "status": CREATED, "created_at": now_iso(), "source_key": keys.source_key(job_id)}
+    if mode:
+        item["mode"] = mode
+    if segment_seconds:
+        item["segment_seconds"] = float(segment_seconds)
+    result = state_store.create_if_absent(_jobs(), item, ["job_id"])
+    if not result.applied:
+        raise ValueError(f"video job {job_id!r} already exists (status {result.item.get('status')})")
+    target = object_store().presign_put(keys.source_key(job_id))
+    return {"job_id": job_id, "status": CREATED, "source_key": item["source_key"], "upload_target": target}
+
+
+def _normal_url(url: str) -> str:
+    """``url`` in one spelling for prefix checks: ``file://`` paths resolved (no ``..``, no symlinks), ``s3://`` as is."""
+    parsed = urlparse(url)
+    if parsed.scheme == "s3" and parsed.netloc:
+        return f"s3://{parsed.netloc}{parsed.path or '/'}"
+    if parsed.scheme in ("file", ""):
+        return Path(unquote(parsed.path) if parsed.scheme else url).resolve().as_uri()
+    raise SourceRefused(f"unsupported source_url {url!r}: use file:// or s3://")
+
+
+def check_source_allowed(source_url: str, prefixes: list[str] | None = None) -> str:
+    """``source_url`` if it lies under one of ``prefixes`` (default: the block's ``source_prefixes``; empty = any).
+
+    Prefixes match whole path segments: ``s3://b/uploads/`` admits ``s3://b/uploads/x.mp4``, not ``s3://b/uploads-x/``.
+    """
+    prefixes = load_config(VideoInference).source_prefixes if prefixes is None else prefixes
+    normal = _normal_url(source_url)
+    if not prefixes:
+        return source_url
+    for prefix in prefixes:
+        base = _normal_url(prefix).rstrip("/")
+        if normal == base or normal.startswith(base + "/"):
+            return source_url
+    raise SourceRefused(
+        f"source_url {source_url!r} is not under an allowed prefix ({', '.join(prefixes)}); "
+        "set VideoInference.source_prefixes (VIDEO_INFERENCE_SOURCE_PREFIXES) to allow it"
+    )
+
+
+def import_source(job_id: str, source_url: str) -> str:
+    """Copy a source under the allow-list (file://, s3://, path) to ``input/{job_id}/source.mp4``; returns its key."""
+    check_source_allowed(source_url)
+    store = object_store()
+    source_store, source = open_url(source_url)
+    try:
+        with local_path(source_store, source) as path:
+            store.put_file(keys.source_key(job_id), path)
+    except ObjectNotFound:
+        raise video_ffmpeg.InvalidMedia(f"no source at {source}") from None
+    return keys.source_key(job_id)
+
+
+def get_job(job_id: str) -> dict[str, Any]:
+    """The job record; LookupError when it does not exist or was deleted (a deleted job is never served)."""
+    item = state_store.get_item(_jobs(), _key(job_id))
+    if item is None or item.get("status") == DELETED:
+        raise LookupError(f"video job {job_id!r} not found")
+    return state_store.to_plain(item)
+
+
+def list_jobs(status: str | None = None) -> list[dict[str, Any]]:
+    """Jobs that are not deleted (optionally of one status), oldest first."""
+    if status == DELETED:
+        raise ValueError("deleted jobs are not listed")
+    items = state_store.scan_all(
+        _jobs(), keep=lambda item: item.get("status") != DELETED and (status is None or item.get("status") == status)
+    )
+    return sorted((state_store.to_plain(i) for i in items), key=lambda i: i.get("created_at", ""))
+
+
+# an absolute path (optionally a file:// URL), not part of another URL; group 1 is its last component
+_ABSOLUTE_PATH = re.compile(r"(?<![\w./:])(?:file://)?/(?:[^\s'\"()\[\]:,;]+/)+([^\s'\"()\[\]:,;/]+)")
+
+
+def public_reason(reason: str) -> str:
+    """A failure message fit for records, logs and notifications: object keys instead of local paths, no secrets."""
+    store = object_store()
+    if isinstance(store, LocalStore):
+        reason = reason.replace(store.url + "/", "").replace(f"{store.root}/", "")
+    reason = _ABSOLUTE_PATH.sub(r"\1", reason)
+    config = load_config(VideoInference)
+    secrets = [config.api_key.get_secret_value() if config.api_key else None, os.environ.get("VIDEO_INFERENCE_API_KEY")]
+    return video_inference.redact(reason, secrets + video_inference.url_secrets(config.endpoint_url))[:2000]
+
+
+def fail_job(job_id: str, reason: str) -> str | None:
+    """Move an active job to ``failed`` with the (public) reason; returns it, or None when the job was not active."""
+    reason = public_reason(reason)
+    result = state_store.transition(
+        _jobs(), _key(job_id), ACTIVE, FAILED, set={"failure_reason": reason, "failed_at": now_iso()}
+    )
+    return reason if result.applied else None
+
+
+# attributes of one attempt, removed when a failed job is opened again
+_ATTEMPT_ATTRS = (
+    "failure_reason", "failed_at", "total_segments", "segment_frames", "segment_durations", "source_duration",
+    "source_frames", "source_has_audio", "chunking_started_at", "chunking_completed_at", "final_key", "final_frames",
+    "final_duration", "completed_at", "reconciled_at",
+)
+
+
+def clear_job_outputs(job_id: str) -> dict[str, int]:
+    """Remove a job's segments, outputs, completion records and lock (its input stays)."""
+    store = object_store()
+    objects = sum(store.delete_prefix(prefix) for prefix in (keys.segments_prefix(job_id), keys.job_output_prefix(job_id)))
+    records = state_store.batch_delete(
+        _completions(), [{"job_id": job_id, "segment_index": r["segment_index"]} for r in completions(job_id)]
+    )
+    lock = state_store.delete_if(_locks(), _key(job_id)).item is not None
+    return {"objects": objects, "completion_records": records, "locks": int(lock)}
+
+
+def reopen_failed_job(job_id: str) -> bool:
+    """A re-run of a failed job: clear its old segments, outputs, completions and lock, then failed -> created.
+
+    Clearing comes first and is idempotent, so a crash in between leaves the job failed and the next re-run
+    clears again. True when the job was reopened; False when it was not failed (nothing changed).
+    """
+    job = state_store.get_item(_jobs(), _key(job_id))
+    if job is None or job.get("status") != FAILED:
+        return False
+    clear_job_outputs(job_id)
+    result = state_store.transition(
+        _jobs(), _key(job_id), FAILED, CREATED,
+        set={"previous_failure_reason": job.get("failure_reason", ""), "reopened_at": now_iso()},
+        add={"attempts": 1}, remove=[a for a in _ATTEMPT_ATTRS if a in job],
+    )
+    if not result.applied:
+        status = None if result.item is None else result.item.get("status")
+        if status != CREATED:
+            raise ValueError(f"video job {job_id!r} is {status}: it cannot be re-run")
+    return True
+
+
+# --------------------------------------------------------------------------- chunking
+
+
+def start_chunking(job_id: str) -> dict[str, Any]:
+    """created -> chunking_in_progress (a retry finds it already there), recording the Prefect run ids."""
+    result = state_store.transition(
+        _jobs(), _key(job_id), (CREATED, CHUNKING), CHUNKING, set={"chunking_started_at": now_iso(), **prefect_ids()}
+    )
+    if result.applied:
+        return state_store.to_plain(result.item)
+    if result.item is None:
+        raise LookupError(f"video job {job_id!r} not found")
+    status = result.item.get("status")
+    if status in (CHUNKED, COMPLETED):  # a re-run: chunking is done, later steps are idempotent
+        return state_store.to_plain(result.item)
+    raise ValueError(f"video job {job_id!r} is {status}: it cannot be processed")
+
+
+def segment_keys_of(job: dict[str, Any]) -> list[str]:
+    """The object keys of the job's ``total_segments`` segments, in order."""
+    total = int(job["total_segments"])
+    return [keys.segment_key(job["job_id"], i, total, job["mode"]) for i in range(total)]
+
+
+def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
+    """Split the source into segments (stream copy), upload them, then set total_segments + chunking_complete at once."""
+    if mode not in video_ffmpeg.FILTERS:
+        raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(video_ffmpeg.FILTERS)}")
+    if not segment_seconds or segment_seconds <= 0:
+        raise ValueError(f"segment_seconds must be > 0, got {segment_seconds!r}")
+    job = state_store.to_plain(state_store.get_item(_jobs(), _key(job_id)) or {})
+    if job.get("status") in (CHUNKED, COMPLETED):
+        return segment_keys_of(job)
+    store = object_store()
+    source = keys.source_key(job_id)
+    with scratch_dir(store, "video-chunk-") as tmp:
+        try:
+            with local_path(store, source) as path:
+                info = video_ffmpeg.probe(path, source)
+                parts = video_ffmpeg.segment(path, tmp, segment_seconds)
+        except ObjectNotFound:
+            raise video_ffmpeg.InvalidMedia(f"no upload at {source}") from None
+        total = len(parts)
+        segment_keys = [keys.segment_key(job_id, i, total, mode) for i in range(total)]
+        # each segment probed once here; its output must match (frames, duration) before it counts as done
+        probes = [video_ffmpeg.probe(part, key) for part, key in zip(parts, segment_keys)]
+        if sum(p.frames for p in probes) != info.frames:
+            raise video_ffmpeg.InvalidMedia(
+                f"segmenting {source} kept {sum(p.frames for p in probes)} of its {info.frames} frames"
+            )
+        for part, key in zip(parts, segment_keys):
+            put_finished_file(store, key, part)
+    result = state_store.transition(
+        _jobs(), _key(job_id), CHUNKING, CHUNKED,
+        set={
+            "total_segments": total, "mode": mode, "segment_seconds": float(segment_seconds),
+            "source_duration": info.duration, "source_frames": info.frames, "source_has_audio": info.has_audio,
+            "segment_frames": [p.frames for p in probes], "segment_durations": [round(p.duration, 6) for p in probes],
+            "chunking_completed_at": now_iso(),
+        },
+    )
+    if not result.applied:
+        current = result.item or {}
+        if current.get("status") in (CHUNKED, COMPLETED) and int(current.get("total_segments", -1)) == total:
+            return segment_keys
+        raise RuntimeError(f"video job {job_id!r} left chunking_in_progress while chunking (now {current.get('status')})")
+    return segment_keys
+
+
+# --------------------------------------------------------------------------- segments and the trigger
+
+
+def count_completions(job_id: str) -> int:
+    """count(SegmentCompletions) for the job: Query with Select=COUNT, strongly consistent, all pages."""
+    return state_store.count(
+        _completions(), KeyConditionExpression=Key("job_id").eq(keys.safe_id(job_id, "job_id")), ConsistentRead=True
+    )
+
+
+def completions(job_id: str) -> list[dict[str, Any]]:
+    """The job's SegmentCompletion records in segment order (strongly consistent)."""
+    items = state_store.query_all(
+        _completions(), KeyConditionExpression=Key("job_id").eq(keys.safe_id(job_id, "job_id")), ConsistentRead=True
+    )
+    return [state_store.to_plain(i) for i in items]
+
+
+def record_completion(segment: keys.SegmentKey, output_key: str) -> Outcome:
+    """Write the segment's SegmentCompletion once (a retry or duplicate finds it there)."""
+    item = {
+        "job_id": segment.job_id, "segment_index": segment.segment_index, "total_segments": segment.total_segments,
+        "segment_key": keys.segment_key(segment.job_id, segment.segment_index, segment.total_segments, segment.mode),
+        "output_key": output_key, "completed_at": now_iso(), **prefect_ids(),
+    }
+    return state_store.create_if_absent(_completions(), item, ["job_id", "segment_index"]).outcome
+
+
+def trigger_on_write(job_id: str) -> bool:
+    """After a completion put: if chunking_complete and all segments are done, create the lock. True for the one winner."""
+    job = state_store.get_item(_jobs(), _key(job_id))
+    if job is None or job.get("status") != CHUNKED:
+        return False
+    if count_completions(job_id) != int(job["total_segments"]):
+        return False
+    lock = {"job_id": job_id, "triggered_at": now_iso(), **prefect_ids()}
+    return state_store.create_if_absent(_locks(), lock, ["job_id"]).applied
+
+
+def check_output(path: Path, output_key: str, index: int, job: dict[str, Any], backend: str) -> None:
+    """The backend's output is the segment's video: same frame count, same duration (within a frame).
+
+    A backend that answers 200 with something else (a JSON error body, a cut-short file) raises InferenceError
+    here, before anything records the segment as done.
+    """
+    frames, durations = job.get("segment_frames"), job.get("segment_durations")
+    try:
+        info = video_ffmpeg.probe(path, output_key)
+    except video_ffmpeg.InvalidMedia as error:
+        raise video_inference.InferenceError(f"{backend} backend output for segment {index} is no video: {error}") from None
+    if frames is None or durations is None:  # a job chunked before segments were probed
+        return
+    want_frames, want_duration = int(frames[index]), float(durations[index])
+    tolerance = 1.5 / info.fps if info.fps else 0.1
+    if info.frames != want_frames or abs(info.duration - want_duration) > tolerance:
+        raise video_inference.InferenceError(
+            f"{backend} backend output for segment {index} has {info.frames} frames / {info.duration:.3f} s; "
+            f"the segment has {want_frames} frames / {want_duration:.3f} s"
+        )
+
+
+def infer_segment(segment_key: str, backend: str | None = None, mode: str | None = None) -> dict[str, Any]:
+    """Run the backend on one segment, store its output, record the completion, then run the trigger."""
+    segment = keys.parse_segment_key(segment_key)
+    config = load_config(VideoInference)
+    backend = backend or config.backend
+    mode = mode or segment.mode
+    job = state_store.get_item(_jobs(), _key(segment.job_id))
+    if job is None or job.get("status") != CHUNKED:
+        status = None if job is None else job.get("status")
+        return {"segment_index": segment.segment_index, "skipped": f"job is {status}", "triggered": False}
+    store = object_store()
+    output = keys.output_segment_key(segment.job_id, segment.segment_index, segment.total_segments, mode)
+    if not store.exists(output):  # outputs are written atomically: present means complete
+        if backend == "ffmpeg" and mode == "identity":
+            copy_object(store, segment_key, output)  # identity: the output is the segment, unchanged
+        else:
+            with scratch_dir(store, "video-infer-") as tmp, local_path(store, segment_key) as path:
+                target = tmp / "output.mp4"
+                api_key = config.api_key.get_secret_value() if config.api_key else None
+                video_inference.infer(
+                    backend, path, target, mode, endpoint_url=config.endpoint_url, timeout_s=config.timeout_s,
+                    api_key=api_key,
+                )
+                check_output(target, output, segment.segment_index, job, backend)
+                put_finished_file(store, output, target)
+    outcome = record_completion(segment, output)
+    return {
+        "segment_index": segment.segment_index, "output_key": output, "completion": outcome.value,
+        "triggered": trigger_on_write(segment.job_id),
+    }
+
+
+# --------------------------------------------------------------------------- reassembly
+
+
+def claim_reassembly(job_id: str, owner: str, stale_after_s: float = 900.0) -> state_store.WriteResult:
+    """Set ``reassembly_started_at`` on the lock only if unset (or ours, or stale): one worker reassembles."""
+    stale = iso_ago(stale_after_s)
+    return state_store.transition(
+        _locks(), _key(job_id), None, None,
+        set={"reassembly_started_at": now_iso(), "reassembly_owner": owner, **prefect_ids()},
+        condition=Condition(
+            "attribute_not_exists(#started) OR #owner = :owner OR #started < :stale",
+            names={"#started": "reassembly_started_at", "#owner": "reassembly_owner"},
+            values={":owner": owner, ":stale": stale},
+        ),
+    )
+
+
+def reassembly_pending(job_id: str) -> bool:
+    """The trigger fired but no reassembly finished (e.g. the worker died): a re-run should reassemble."""
+    job = state_store.get_item(_jobs(), _key(job_id))
+    lock = state_store.get_item(_locks(), _key(job_id))
+    return bool(job and job.get("status") == CHUNKED and lock and "reassembly_completed_at" not in lock)
+
+
+def _valid_final(store: ObjectStore, key: str, frames: int) -> video_ffmpeg.MediaInfo | None:
+    """The probe of an existing final.mp4 with ``frames`` frames (a finished earlier attempt), else None."""
+    if not store.exists(key):
+        return None
+    with local_path(store, key) as path:
+        try:
+            info = video_ffmpeg.probe(path, key)
+        except video_ffmpeg.InvalidMedia:
+            return None
+    return info if info.frames == frames else None
+
+
+def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900.0) -> dict[str, Any]:
+    """Claim the lock, concat the outputs listed by the completion store, write final.mp4, mark the job completed."""
+    job = state_store.get_item(_jobs(), _key(job_id))
+    if job is None:
+        raise LookupError(f"video job {job_id!r} not found")
+    final = keys.final_key(job_id)
+    if job["status"] == COMPLETED:
+        return {"job_id": job_id, "status": COMPLETED, "final_key": final, "reassembled": False}
+    if job["status"] != CHUNKED:
+        raise ValueError(f"video job {job_id!r} is {job['status']}: nothing to reassemble")
+    owner = owner or prefect_ids().get("prefect_flow_run_id") or uuid.uuid4().hex
+    claim = claim_reassembly(job_id, owner, stale_after_s)
+    if not claim.applied:
+        if claim.item is None:
+            raise LookupError(f"video job {job_id!r} has no reassembly lock: the trigger has not fired")
+        return {"job_id": job_id, "status": CHUNKED, "reassembled": False, "skipped": "another worker holds the lock"}
+    total = int(job["total_segments"])
+    records = completions(job_id)
+    indices = [r["segment_index"] for r in records]
+    if indices != list(range(total)):
+        raise RuntimeError(f"video job {job_id!r}: completions {indices} do not cover segments 0..{total - 1}")
+    store = object_store()
+    expected = int(job.get("source_frames", 0))
+    info = _valid_final(store, final, expected)
+    reused = info is not None
+    if info is None:
+        try:  # bad media here cannot get better by retrying: the job fails with the reason
+            with scratch_dir(store, "video-concat-") as tmp, contextlib.ExitStack() as stack:
+                parts = [stack.enter_context(local_path(store, r["output_key"])) for r in records]
+                target = tmp / "final.mp4"
+                video_ffmpeg.concat(parts, target)
+                info = video_ffmpeg.probe(target, final)
+                if expected and info.frames != expected:
+                    raise video_ffmpeg.InvalidMedia(f"{final} has {info.frames} frames, the source {expected}")
+                put_finished_file(store, final, target)
+        except (video_ffmpeg.FfmpegError, video_ffmpeg.InvalidMedia, ObjectNotFound) as error:
+            reason = fail_job(job_id, f"reassembly failed: {error}")
+            raise JobFailed(f"video job {job_id} failed: {reason or public_reason(str(error))}") from None
+    done = state_store.transition(
+        _jobs(), _key(job_id), CHUNKED, COMPLETED,
+        set={"final_key": final, "completed_at": now_iso(), "final_duration": info.duration, "final_frames": info.frames},
+    )
+    if not done.applied and (done.item or {}).get("status") != COMPLETED:
+        raise RuntimeError(f"video job {job_id!r} left chunking_complete during reassembly ({(done.item or {}).get('status')})")
+    state_store.transition(_locks(), _key(job_id), None, None, set={"reassembly_completed_at": now_iso()})
+    return {
+        "job_id": job_id, "status": COMPLETED, "final_key": final, "reassembled": not reused,
+        "duration": info.duration, "frames": info.frames, "segments": total,
+    }
+
+
+# --------------------------------------------------------------------------- removal
+
+
+def request_delete(job_id: str) -> dict[str, Any]:
+    """Soft delete: completed/failed -> deleted. A running job is refused; a deleted one is not found."""
+    result = state_store.transition(_jobs(), _key(job_id), DELETABLE, DELETED, set={"deleted_at": now_iso()})
+    if result.applied:
+        return {"job_id": job_id, "status": DELETED, "message": "Job removed. Cleanup in progress."}
+    status = None if result.item is None else result.item.get("status")
+    if status in (None, DELETED):
+        raise LookupError(f"video job {job_id!r} not found")
+    raise ValueError(f"video job {job_id!r} is {status}: only completed or failed jobs can be deleted")
+
+
+def cleanup_deleted_job(job_id: str) -> dict[str, int]:
+    """Remove a deleted job's input, segments, outputs, completion and lock records; the job row stays."""
+    job = state_store.get_item(_jobs(), _key(job_id))
+    if job is None or job.get("status") != DELETED:
+        status = None if job is None else job.get("status")
+        raise ValueError(f"video job {job_id!r} is {status}: only deleted jobs are cleaned up")
+    inputs = object_store().delete_prefix(keys.input_prefix(job_id))
+    removed = clear_job_outputs(job_id)
+    # the row stays `deleted`; cleaned_up_at tells the scheduled sweep this job needs nothing more
+    state_store.transition(_jobs(), _key(job_id), DELETED, None, set={"cleaned_up_at": now_iso()})
+    return {**removed, "objects": removed["objects"] + inputs}
+
+
+def deleted_jobs_awaiting_cleanup() -> list[str]:
+    """Ids of soft-deleted jobs whose cleanup has not finished (the scheduled sweep's work list)."""
+    items = state_store.scan_all(
+        _jobs(), keep=lambda item: item.get("status") == DELETED and not item.get("cleaned_up_at")
+    )
+    return sorted(item["job_id"] for item in items)
+
+
+# --------------------------------------------------------------------------- stuck jobs
+
+
+def note_reassembly_run(job_id: str, flow_run_id: str) -> None:
+    """Record on the lock the `video-reassemble` run that was queued, so the stuck-job sweep knows it is alive."""
+    state_store.transition(_locks(), _key(job_id), None, None, set={"reassembly_flow_run_id": flow_run_id})
+
+
+def stuck_candidates(older_than_s: float) -> list[dict[str, Any]]:
+    """Jobs ``chunking_complete`` for longer than ``older_than_s``, with the Prefect flow runs that may hold them."""
+    cutoff = iso_ago(older_than_s)
+    items = state_store.scan_all(
+        _jobs(), keep=lambda i: i.get("status") == CHUNKED and str(i.get("chunking_completed_at", "")) < cutoff
+    )
+    found = []
+    for job in sorted(items, key=lambda i: i["job_id"]):
+        lock = state_store.get_item(_locks(), _key(job["job_id"])) or {}
+        runs = {job.get("prefect_flow_run_id"), lock.get("prefect_flow_run_id"), lock.get("reassembly_flow_run_id")}
+        found.append({"job_id": job["job_id"], "flow_run_ids": sorted(r for r in runs if r)})
+    return found
+
+
+def recover_stuck_job(job_id: str) -> dict[str, Any]:
+    """A job left ``chunking_complete`` with no live run: reassemble when every segment is done, else fail it.
+
+    The caller has checked that no Prefect run holding the job is alive, so a reassembly claim is taken over.
+    """
+    job = state_store.get_item(_jobs(), _key(job_id))
+    if job is None or job.get("status") != CHUNKED:
+        return {"job_id": job_id, "status": None if job is None else job.get("status"), "action": "none"}
+    total, done = int(job["total_segments"]), count_completions(job_id)
+    if done == total:
+        lock = {"job_id": job_id, "triggered_at": now_iso(), **prefect_ids()}
+        state_store.create_if_absent(_locks(), lock, ["job_id"])  # the trigger, if its worker died before it
+        try:
+            result = reassemble(job_id, owner=f"sweep-{uuid.uuid4().hex}", stale_after_s=0)
+        except JobFailed as error:
+            return {"job_id": job_id, "status": FAILED, "action": "reassembly failed", "reason": str(error)}
+        return {"job_id": job_id, "status": result["status"], "action": "reassembled"}
+    reason = fail_job(
+        job_id, f"stuck in chunking_complete with {done} of {total} segments done and no run working on it; "
+        "re-run video-process for the job",
+    )
+    return {"job_id": job_id, "status": FAILED, "action": "failed", "reason": reason}

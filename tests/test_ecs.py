@@ -1,0 +1,196 @@
+"""ECS: every ``*-ecs`` deployment rendered through the aws-ecs pool's template and submitted as the ECS worker
+would (register the task definition, run_task) to moto's ECS; the GPU backend's tasks on the same cluster.
+
+moto stands in for the ECS API only (it cannot run here); the work pool, its template and the rendering are
+Prefect's and prefect-aws's own code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+moto = pytest.importorskip("moto")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ECS_DEPLOYMENTS = [d for d in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"] if d["name"] == "ecs"]
+ACCOUNT = "123456789012"
+AWS_ENV = {  # what README's "Pointing it at AWS" sets before `prefect deploy --all`
+    "PIPELINES_IMAGE": f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/pipelines:1.0",
+    "ECS_CLUSTER": "pipelines",
+    "ECS_TASK_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/pipelines-task",
+    "PIPELINES_BUCKET_URL": "s3://pipelines-data/prod",
+}
+
+
+@pytest.fixture(scope="module")
+def ecs_pool():
+    """The aws-ecs work pool as `make up` creates it, on the test server."""
+    from prefect.client.orchestration import get_client
+
+    from deployments.local_stack import ECS_WORK_POOL, create_work_pools
+
+    with get_client(sync_client=True) as client:
+        create_work_pools(client)
+        return client.read_work_pool(ECS_WORK_POOL)
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    """moto's AWS in this process, with the cluster the deployments name and the README's variables."""
+    for name, value in {**AWS_ENV, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_ECS", "AWS_ENDPOINT_URL_EC2"):
+        monkeypatch.delenv(name, raising=False)
+    import boto3
+    from moto.ecs.models import EC2ContainerServiceBackend
+
+    # moto sums container-level memory only; a Fargate task definition (prefect-aws's) sets it per task, as AWS allows.
+    # (The shim writes memoryReservation=0 into moto's copy of such containers; nothing below reads it.)
+    sizes = EC2ContainerServiceBackend._calculate_task_resource_requirements
+
+    def task_level_memory(task_definition):
+        """moto's requirement sum, with containers that leave memory to the task counted as 0."""
+        for container in task_definition.container_definitions:
+            if not any(k in container for k in ("memory", "memoryReservation", "Memory", "MemoryReservation")):
+                container.setdefault("memoryReservation", 0)
+        return sizes(task_definition)
+
+    monkeypatch.setattr(EC2ContainerServiceBackend, "_calculate_task_resource_requirements", staticmethod(task_level_memory))
+    with moto.mock_aws():
+        session = boto3.Session(region_name="us-east-1")
+        session.client("ecs").create_cluster(clusterName=AWS_ENV["ECS_CLUSTER"])
+        yield session
+
+
+def job_variables(deployment: dict) -> dict:
+    """The deployment's job variables with `{{ $VAR }}` filled from the environment, as `prefect deploy` does."""
+    from prefect.utilities.templating import apply_values
+    import os
+
+    return apply_values(deployment["work_pool"].get("job_variables") or {}, os.environ, remove_notset=False)
+
+
+def submit(pool, deployment: dict, session) -> dict:
+    """Render the pool's template with the deployment's job variables and submit it as the ECS worker does."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect_aws.workers.ecs_worker import ECSJobConfiguration, ECSWorker
+
+    variables = job_variables(deployment)
+    configuration = asyncio.run(ECSJobConfiguration.from_template_and_values(pool.base_job_template, variables))
+    flow_run = FlowRun(id=uuid.uuid4(), name="ecs-test", flow_id=uuid.uuid4(), deployment_id=uuid.uuid4())
+    configuration.prepare_for_flow_run(flow_run)
+    ecs = session.client("ecs")
+    worker = ECSWorker(work_pool_name=pool.name)
+    worker._work_pool = pool
+    task_arn, cluster_arn = worker._prepare_and_create_task(logging.getLogger("ecs-test"), ecs, configuration, flow_run)
+    task = ecs.describe_tasks(cluster=cluster_arn, tasks=[task_arn])["tasks"][0]
+    definition = ecs.describe_task_definition(taskDefinition=task["taskDefinitionArn"])["taskDefinition"]
+    return {"variables": variables, "task": task, "definition": definition, "cluster_arn": cluster_arn}
+
+
+def test_the_ecs_pool_has_the_ecs_workers_template(ecs_pool):
+    from prefect_aws.workers.ecs_worker import ECSWorker
+
+    assert ecs_pool.type == "ecs"
+    assert ecs_pool.base_job_template == ECSWorker.get_default_base_job_template()
+    assert {"image", "cluster", "task_role_arn", "cpu", "memory", "env"} <= set(ecs_pool.base_job_template["variables"]["properties"])
+
+
+def test_an_old_empty_ecs_pool_gets_the_template(ecs_pool):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from deployments import local_stack
+
+    name = f"aws-ecs-old-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=name, type="ecs"))
+        assert client.read_work_pool(name).base_job_template == {}  # what `make up` made before
+        original = local_stack.ECS_WORK_POOL
+        local_stack.ECS_WORK_POOL = name
+        try:
+            assert local_stack.create_work_pools(client)[name] == "template set"
+            assert local_stack.create_work_pools(client)[name] == "exists"
+        finally:
+            local_stack.ECS_WORK_POOL = original
+        assert client.read_work_pool(name).base_job_template == ecs_pool.base_job_template
+
+
+@pytest.mark.parametrize("deployment", ECS_DEPLOYMENTS, ids=lambda d: d["entrypoint"].split(":")[1])
+def test_each_ecs_deployment_registers_and_runs_on_ecs(ecs_pool, aws, deployment):
+    variables = job_variables(deployment)
+    import jsonschema
+
+    # what the server checks at `prefect deploy`, and no variable the template would silently ignore
+    jsonschema.validate(variables, {**ecs_pool.base_job_template["variables"], "additionalProperties": False})
+    submitted = submit(ecs_pool, deployment, aws)
+    task, definition = submitted["task"], submitted["definition"]
+    container = definition["containerDefinitions"][0]
+    assert container["image"] == AWS_ENV["PIPELINES_IMAGE"]
+    assert (definition["cpu"], definition["memory"]) == (str(variables["cpu"]), str(variables["memory"]))
+    assert definition["requiresCompatibilities"] == ["FARGATE"] and definition["networkMode"] == "awsvpc"
+    assert submitted["cluster_arn"].endswith(f":cluster/{AWS_ENV['ECS_CLUSTER']}")
+    assert task["launchType"] == "FARGATE" and task["overrides"]["taskRoleArn"] == AWS_ENV["ECS_TASK_ROLE_ARN"]
+    override = task["overrides"]["containerOverrides"][0]
+    env = {e["name"]: e["value"] for e in override["environment"]}
+    assert env["TABLE_ENV"] == "prod" and env["OBJECT_STORE_BASE_URL"] == AWS_ENV["PIPELINES_BUCKET_URL"]
+    assert "PREFECT__FLOW_RUN_ID" in env and override["name"] == container["name"]
+
+
+def test_a_typo_in_a_job_variable_is_caught(ecs_pool, aws):
+    import jsonschema
+    from botocore.exceptions import ClientError
+
+    schema = {**ecs_pool.base_job_template["variables"], "additionalProperties": False}
+    jsonschema.validate(job_variables(ECS_DEPLOYMENTS[0]), schema)
+    bad = json.loads(json.dumps(ECS_DEPLOYMENTS[0]))
+    bad["work_pool"]["job_variables"]["task_role"] = bad["work_pool"]["job_variables"].pop("task_role_arn")
+    with pytest.raises(jsonschema.ValidationError, match="'task_role' was unexpected"):
+        jsonschema.validate(job_variables(bad), schema)
+    bad = json.loads(json.dumps(ECS_DEPLOYMENTS[0]))
+    bad["work_pool"]["job_variables"]["launch_type"] = "FARGATE_SPOTT"
+    with pytest.raises(jsonschema.ValidationError, match="FARGATE_SPOTT"):
+        jsonschema.validate(job_variables(bad), schema)
+    with pytest.raises(ClientError, match="launch type should be one of"):
+        submit(ecs_pool, bad, aws)
+
+
+def test_the_gpu_backend_starts_describes_stops_and_health_checks_on_the_same_cluster(aws):
+    from moto.ec2 import utils as ec2_utils
+
+    from blocks.gpu import GpuCompute
+    from tasks.gpu.backends import EcsBackend, TaskSpec
+
+    cluster = AWS_ENV["ECS_CLUSTER"]
+    ecs, ec2 = aws.client("ecs"), aws.client("ec2")
+    for family, command in (("gpu-train", ["python", "train.py"]), ("gpu-dcgm", ["dcgmi", "diag", "-r", "1"])):
+        ecs.register_task_definition(family=family, requiresCompatibilities=["EC2"], containerDefinitions=[
+            {"name": "main", "image": AWS_ENV["PIPELINES_IMAGE"], "memory": 1024, "cpu": 512, "command": command,
+             "resourceRequirements": [{"type": "GPU", "value": "1"}]}])
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    instance = aws.resource("ec2").create_instances(ImageId=image, MinCount=1, MaxCount=1)[0]
+    ecs.register_container_instance(
+        cluster=cluster, instanceIdentityDocument=json.dumps(ec2_utils.generate_instance_identity_document(instance)))
+    config = GpuCompute(backend="ecs", cluster_name=cluster, task_definition="gpu-train", health_task_definition="gpu-dcgm",
+                        container_name="main", health_timeout_s=5, poll_interval_s=0.1, region_name="us-east-1")
+    backend = EcsBackend(config, session=aws)
+    (node,) = backend.discover_nodes()
+    started = backend.start_task(TaskSpec("job-1", 0, node, 0, 1, "python train.py --epochs 1"))
+    described = ecs.describe_tasks(cluster=cluster, tasks=[started.task_id])["tasks"][0]
+    assert described["containerInstanceArn"] == node["container_instance_arn"]
+    assert described["overrides"]["containerOverrides"][0]["command"] == ["python", "train.py", "--epochs", "1"]
+    assert backend.poll(started.task_id) is None
+    backend.stop(started.task_id, "stopped by the test")
+    assert backend.poll(started.task_id) is not None
+    health = backend.health_check(node)
+    assert health.method == "dcgmi" and health.readings["task_id"]
+    dcgm = ecs.describe_tasks(cluster=cluster, tasks=[health.readings["task_id"]])["tasks"][0]
+    assert dcgm["taskDefinitionArn"].endswith("task-definition/gpu-dcgm:1") and dcgm["lastStatus"] == "STOPPED"

@@ -1,0 +1,80 @@
+"""Seed 002 through the deployments, as a user runs them: `prefect deploy`, a process worker, `prefect deployment
+run 'gpu-job/local'`; the job's flow process is SIGKILLed while its tasks run, the worker reports the run Crashed,
+and `prefect deployment run 'gpu-sweep/local'` ends the job COMPLETE.
+
+About a minute (a worker and three flow-run processes): run with PIPELINES_DEPLOYMENT_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tasks.gpu import jobs as gpu
+from tests.crashpoints import REPO_ROOT
+from tests.test_gpu import gpu_env, statuses  # noqa: F401 (fixture)
+from tests.test_gpu_recovery import running_job
+from tests.test_records_reconcile import _wait
+
+pytestmark = pytest.mark.skipif(os.environ.get("PIPELINES_DEPLOYMENT_TESTS") != "1",
+                                reason="slow (a worker and flow-run processes): PIPELINES_DEPLOYMENT_TESTS=1")
+NODES = ["local-0", "local-1", "local-2"]
+
+
+def _prefect(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _flow_run_state(flow_run_id: str) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state.type.value
+
+
+@pytest.mark.timeout(600)
+def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.settings import PREFECT_API_URL
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name="local-process", type="process"))
+        except ObjectAlreadyExists:
+            pass
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT),
+           "PIPELINES_USE_BLOCKS": "0", "PYTHONPATH": str(REPO_ROOT), "PREFECT_WORKER_QUERY_SECONDS": "1",
+           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+    _prefect("deploy", "--name", "gpu-job/local", "--name", "gpu-sweep/local", env=env)
+    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
+                              cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        _prefect("deployment", "run", "gpu-job/local", "--param", "job_id=job-deployed", "--param", "num_nodes=2",
+                 "--param", f"command={sys.executable} -c 'import time; time.sleep(4)'", env=env)
+        job = _wait(lambda: running_job("job-deployed"), 120, "the deployed job's tasks to run")
+        os.kill(int(job["owner_pid"]), signal.SIGKILL)  # the flow-run process the worker started
+        killed_at = time.monotonic()
+        _wait(lambda: _flow_run_state(job["prefect_flow_run_id"]) == "CRASHED", 60, "the worker to report Crashed")
+        assert gpu.get_job("job-deployed")["job_status"] == "IN_PROGRESS"
+        while gpu.get_job("job-deployed")["job_status"] != "COMPLETE":  # as the every-minute schedule would
+            assert time.monotonic() - killed_at < 180
+            _prefect("deployment", "run", "gpu-sweep/local", "--watch", env=env)
+        print(f"\ndeployment: killed gpu-job flow process -> job COMPLETE through gpu-sweep/local in "
+              f"{time.monotonic() - killed_at:.1f} s (tasks ran 4 s)")
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+    job = gpu.get_job("job-deployed")
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-deployed-r0-n0": "COMPLETE", "job-deployed-r0-n1": "COMPLETE"}
+    assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")

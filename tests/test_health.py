@@ -1,0 +1,240 @@
+"""pipeline-health: each alarm fires on real records, notifies once per incident, clears and notifies on recurrence;
+crashes between its writes lose no notification."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from tasks.core import keys, state_store
+from tasks.core.runtime import iso_ago, now_iso
+from tasks.etl import ingest as etl
+from tasks.gpu import jobs as gpu
+from tasks.health import incidents
+from tasks.health.run import check_health
+from tasks.phspectra import survey
+from tasks.records import dead_letter
+from tasks.video import jobs as video
+from tests.crashpoints import count_writes, crash_points, killed, run_child
+
+ALARMS = {
+    "records-dead-letter-archive", "etl-files-pending-too-long", "etl-files-pending", "etl-failed-manifests",
+    "phspectra-stuck-chunks", "video-stuck-jobs", "gpu-stuck-jobs", "gpu-nodes-out-of-service",
+}
+TWO_HOURS = 2 * 3600
+
+
+@pytest.fixture
+def health(tables, store_root, monkeypatch):
+    """Fresh tables and store; thresholds from the environment; notifications captured in a list."""
+    monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
+    monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
+    sent: list[tuple[str, str]] = []
+    monkeypatch.setattr(incidents, "notify", lambda subject, body, block=None: sent.append((subject, body)) or "test")
+    return sent
+
+
+def _backdate(table: str, key: dict, **stamps: str) -> None:
+    state_store.transition(table, key, None, None, set=stamps)
+
+
+def make_dead_letter(message_id: str = "m-1") -> str:
+    """A message rejected by records-ingest, archived as the pipeline does."""
+    return dead_letter.archive(message_id, {"type": "ValidationError", "message": "no granules"}, body="{not json")
+
+
+def make_etl_records(tables: dict) -> None:
+    """Two files tracked by the ingest (one two hours old) and a manifest whose merge failed."""
+    config = etl.settings()
+    checks = [etl.FileCheck(f"file:///in/pipeline/input/2026-11-20/f{i}.ndjson", "2026-11-20", f"f{i}.ndjson", 10) for i in (1, 2)]
+    etl.track_files(checks, config)
+    _backdate(tables["etl_file_tracking"], etl.tracking_key("2026-11-20", "f1.ndjson"), created_at=iso_ago(TWO_HOURS))
+    stamp = now_iso()
+    state_store.create_if_absent(tables["etl_file_tracking"], {
+        **etl.tracking_key("2026-11-20", keys.manifest_record_key("manifest-0001")), "status": etl.FAILED,
+        "manifest_path": "manifests/2026-11-20/manifest-0001.json", "file_count": 2, "created_at": stamp,
+        "updated_at": stamp, "error_message": "merge failed: disk full",
+    }, etl.TRACKING_KEYS)
+
+
+def make_phspectra_stuck(tables: dict) -> None:
+    """A running survey with one chunk IN_PROGRESS for two hours and one PENDING."""
+    table, now = tables["phspectra_runs"], now_iso()
+    state_store.create_if_absent(table, {**survey.run_key("run-1"), "GSI1_PK": "grs", "GSI1_SK": now, "survey": "grs",
+                                         "status": survey.RUN_RUNNING, "jobs_total": 2, "created_at": now}, ["PK", "SK"])
+    for start, status in ((0, survey.IN_PROGRESS), (10, survey.PENDING)):
+        item = {**survey.chunk_key("run-1", start), "status": status, "created_at": now, "started_at": iso_ago(TWO_HOURS)}
+        state_store.create_if_absent(table, item, ["PK", "SK"])
+
+
+def make_video_stuck(tables: dict) -> None:
+    """A job created two hours ago and never uploaded (still ``created``), and a fresh one (not stuck)."""
+    old = video.create_job(job_id="job-old")["job_id"]
+    video.create_job(job_id="job-new")
+    _backdate(tables["video_jobs"], {"job_id": old}, created_at=iso_ago(TWO_HOURS))
+
+
+def make_gpu_records(tables: dict) -> None:
+    """A job PENDING_RESTART for two hours, a node FAILED for two hours, and a healthy node."""
+    then = iso_ago(TWO_HOURS)
+    state_store.create_if_absent(tables["ecs_job"], {"job_id": "gpu-job-1", "job_status": gpu.JOB_PENDING_RESTART,
+                                                      "created_at": then, "updated_at": then, "retry": "0"}, ["job_id"])
+    for name, status in (("node-a", gpu.NODE_FAILED), ("node-b", gpu.NODE_AVAILABLE)):
+        state_store.create_if_absent(tables["ecs_node"], {"node_name": name, "node_status": status, "cluster_name": "c",
+                                                           "created_at": then, "updated_at": then}, ["node_name"])
+
+
+def make_all(tables: dict) -> None:
+    """One real cause for every alarm."""
+    make_dead_letter()
+    make_etl_records(tables)
+    make_phspectra_stuck(tables)
+    make_video_stuck(tables)
+    make_gpu_records(tables)
+
+
+def _by_name(rows: list[dict]) -> dict[str, dict]:
+    return {row["name"]: row for row in rows}
+
+
+def test_healthy_pipelines_raise_no_alarm(health, tables):
+    video.create_job(job_id="fresh")
+    rows = _by_name(check_health())
+    assert set(rows) == ALARMS
+    assert {r["state"] for r in rows.values()} == {"OK"} and health == []
+    assert state_store.get_item(tables["health_incidents"], {"alarm": "video-stuck-jobs"}) is None
+
+
+def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
+    make_all(tables)
+    rows = _by_name(check_health())
+    assert {n for n, r in rows.items() if r["state"] == "ALARM"} == ALARMS
+    assert rows["etl-files-pending-too-long"]["value"] == 1 and "2026-11-20/f1.ndjson" in rows["etl-files-pending-too-long"]["detail"]
+    assert rows["etl-files-pending"]["value"] == 2
+    assert rows["etl-failed-manifests"]["detail"] == "1 failed manifest(s): 2026-11-20/manifest-0001"
+    assert rows["phspectra-stuck-chunks"]["detail"] == f"1 chunk(s) IN_PROGRESS > 30 min: run-1/{keys.chunk_sk(0)}"
+    assert rows["video-stuck-jobs"]["detail"].endswith(": job-old (created)")
+    assert rows["gpu-stuck-jobs"]["detail"].endswith(": gpu-job-1 (PENDING_RESTART)")
+    assert rows["gpu-nodes-out-of-service"]["detail"].endswith(": node-a (FAILED)")
+    assert rows["records-dead-letter-archive"]["value"] == 1
+    assert all(r["incident"] == "opened" and r["notified"] == "sent now" for r in rows.values())
+    subjects = sorted(s for s, _ in health)
+    assert subjects == sorted(f"ALARM {n} ({rows[n]['pipeline']}): incident 1" for n in ALARMS)
+    # a second run while every incident lasts: nothing is sent again
+    again = _by_name(check_health())
+    assert all(r["incident"] == "ongoing" and r["notified"] not in ("-", "sent now") for r in again.values())
+    assert len(health) == len(ALARMS)
+
+
+def test_an_incident_notifies_again_only_after_it_clears_and_recurs(health, tables, store_root):
+    key = make_dead_letter()
+    check_health()
+    assert [s for s, _ in health] == ["ALARM records-dead-letter-archive (records): incident 1"]
+    check_health()
+    assert len(health) == 1
+    (store_root / key).unlink()  # replayed: the archive is empty
+    rows = _by_name(check_health())
+    assert rows["records-dead-letter-archive"]["state"] == "OK" and rows["records-dead-letter-archive"]["incident"] == "cleared"
+    item = incidents.get("records-dead-letter-archive")
+    assert item["status"] == incidents.CLEARED and "cleared_at" in item
+    check_health()
+    assert len(health) == 1
+    make_dead_letter("m-2")
+    rows = _by_name(check_health())
+    assert rows["records-dead-letter-archive"]["incident"] == "opened" and rows["records-dead-letter-archive"]["incident_no"] == 2
+    assert [s for s, _ in health][1:] == ["ALARM records-dead-letter-archive (records): incident 2"]
+    check_health()
+    assert len(health) == 2
+
+
+def test_concurrent_health_runs_send_one_notification_per_incident(health, tables):
+    make_all(tables)
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        barrier.wait()
+        try:
+            check_health()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert sorted(s for s, _ in health) == sorted({s for s, _ in health}) and len(health) == len(ALARMS)
+
+
+def test_a_check_that_cannot_read_its_records_is_an_alarm_with_the_reason(health, tables, monkeypatch):
+    monkeypatch.setenv("TABLE_ECS_NODE", "no-such-table")
+    rows = _by_name(check_health())
+    node = rows["gpu-nodes-out-of-service"]
+    assert node["state"] == "ERROR" and "ResourceNotFoundException" in node["detail"] and node["notified"] == "sent now"
+    assert rows["gpu-stuck-jobs"]["state"] == "OK"  # the other checks still ran
+    check_health()
+    assert len(health) == 1
+
+
+def test_the_flow_shows_every_alarm_in_a_table_artifact(health, tables):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.health import pipeline_health
+
+    make_gpu_records(tables)
+    rows = pipeline_health()
+    assert {r["name"] for r in rows if r["state"] == "ALARM"} == {"gpu-stuck-jobs", "gpu-nodes-out-of-service"}
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-health"])))
+    latest = max(artifacts, key=lambda a: a.created)
+    table = json.loads(latest.data) if isinstance(latest.data, str) else latest.data
+    assert {r["name"]: r["state"] for r in table}["gpu-nodes-out-of-service"] == "ALARM"
+    assert latest.description.startswith("2 of 8 alarm(s) firing")
+
+
+# --------------------------------------------------------------------------- crash points
+
+
+def child_check(notify_file: str) -> list[dict]:
+    """The crash child's step: one health pass whose notifications are appended to ``notify_file``."""
+
+    def send(subject: str, body: str, block: str | None = None) -> str:
+        with open(notify_file, "a") as handle:
+            handle.write(subject + "\n")
+        return "file"
+
+    incidents.notify = send  # this child process only
+    return check_health()
+
+
+def test_crash_points_of_a_health_run_lose_no_notification(health, tables, tmp_path, monkeypatch):
+    monkeypatch.setenv("HEALTH_NOTIFY_LEASE_SECONDS", "0")  # the next run takes over a dead run's claim at once
+    alarm = "records-dead-letter-archive"
+    make_dead_letter()
+    sent_file = tmp_path / "sent.txt"
+    call, kwargs = "tests.test_health:child_check", {"notify_file": str(sent_file)}
+    writes = count_writes(call, kwargs, tmp_path / "writes.log")
+    # open (create-if-absent), claim the notification, [send], confirm it
+    assert [w.operation for w in writes] == ["put", "update", "update"]
+    exercised = 0
+    for number in crash_points(writes):
+        # "after N" = between writes; "before" the confirm = after the send, the one window that sends twice
+        for when in ("after", "before") if number == 3 else ("after",):
+            state_store.delete_if(tables["health_incidents"], {"alarm": alarm})
+            sent_file.unlink(missing_ok=True)
+            result = run_child(call, kwargs, f"{number}:kill:{when}")
+            assert killed(result), result.stderr[-2000:]
+            child_check(str(sent_file))  # the next scheduled pipeline-health run
+            item = incidents.get(alarm)
+            assert item["status"] == incidents.OPEN and item.get("notified_at"), (number, when, item)
+            sent = sent_file.read_text().splitlines()
+            assert sent == [f"ALARM {alarm} (records): incident 1"] * (2 if (number, when) == (3, "before") else 1)
+            exercised += 1
+    print(f"pipeline-health: {exercised} crash points exercised ({len(writes)} writes per incident)")
+    assert health == []

@@ -1,0 +1,137 @@
+"""Who can reach the local stack: DynamoDB Local answers on loopback and not on the machine's other addresses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import boto3
+import pytest
+
+from deployments import dynamodb_local, local_stack
+
+
+def non_loopback_address() -> str | None:
+    """An IPv4 address of this machine other than 127.0.0.0/8 (the one its default route uses), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing address
+        except OSError:
+            return None
+        address = sock.getsockname()[0]
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def answers(host: str, port: int) -> bool:
+    """Whether a TCP connection to host:port is accepted within a second."""
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _stop(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=20)
+
+
+@pytest.fixture
+def address():
+    found = non_loopback_address()
+    if found is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to test from")
+    return found
+
+
+def test_dynamodb_local_answers_on_loopback_only(address, tmp_path):
+    port = dynamodb_local.free_port()
+    try:
+        process = dynamodb_local.start(port, db_path=None, log_path=tmp_path / "dynamodb.log", loopback_only=True)
+    except dynamodb_local.CannotIsolate as error:
+        pytest.skip(f"no private network namespace here: {error}")
+    try:
+        client = boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                              aws_access_key_id="local", aws_secret_access_key="local")
+        client.create_table(TableName="reach", KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+                            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST")
+        assert client.list_tables()["TableNames"] == ["reach"]
+        assert not answers(address, port), f"DynamoDB Local answers on {address}:{port}"
+    finally:
+        _stop(process)
+    assert not answers("127.0.0.1", port)  # stopping the relay stopped the jar and its namespace
+
+
+def test_without_isolation_the_jar_answers_on_every_interface(address, tmp_path):
+    """The control: what the test above guards against is real on this machine."""
+    port = dynamodb_local.free_port()
+    process = dynamodb_local.start(port, db_path=None, log_path=tmp_path / "dynamodb.log")
+    try:
+        assert answers(address, port)
+    finally:
+        _stop(process)
+
+
+def test_make_up_says_plainly_when_it_cannot_isolate(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def fake_start(port, db_path=None, log_path=None, loopback_only=False):
+        calls.append(loopback_only)
+        if loopback_only:
+            raise dynamodb_local.CannotIsolate("loopback_ns: cannot make a private network namespace (unshare: EPERM)")
+        return subprocess.Popen(["sleep", "30"], start_new_session=True)
+
+    monkeypatch.setattr(local_stack, "DATA", tmp_path)
+    monkeypatch.setattr(local_stack, "RUN", tmp_path / "run")
+    monkeypatch.setattr(local_stack, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(local_stack, "DYNAMODB_PORT", dynamodb_local.free_port())
+    monkeypatch.setattr(dynamodb_local, "start", fake_start)
+    assert local_stack.start_dynamodb() == "started"
+    out = capsys.readouterr().out
+    assert calls == [True, False]
+    assert "WARNING: DynamoDB Local cannot be kept to loopback here (loopback_ns: cannot make" in out
+    assert "any host that reaches this machine can read and change every pipeline's state" in out
+    assert local_stack.dynamodb_reach().startswith("every interface")
+    pid = int((tmp_path / "run" / "dynamodb.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+def test_the_prefect_servers_postgresql_answers_on_loopback_only(address, tmp_path):
+    import asyncio
+
+    from deployments import postgres_local
+
+    try:
+        postgres_local.bindir()
+    except dynamodb_local.StackError as error:
+        pytest.skip(str(error))
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="pg-reach-"))  # under /tmp: the `postgres` user (as root) can reach it
+    folder.chmod(0o755)
+    port = dynamodb_local.free_port()
+    try:
+        process = postgres_local.start(port, folder / "pg", folder / "pg.log")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    try:
+        import asyncpg
+
+        async def one() -> int:
+            connection = await asyncpg.connect(postgres_local.url(port).replace("postgresql+asyncpg", "postgresql"))
+            try:
+                return await connection.fetchval("select 1")
+            finally:
+                await connection.close()
+
+        assert asyncio.run(one()) == 1
+        assert not answers(address, port)
+        with pytest.raises(dynamodb_local.StackError, match="already taken"):  # a second start is refused
+            postgres_local.start(port, folder / "pg", folder / "pg.log")
+    finally:
+        _stop(process)
+        shutil.rmtree(folder, ignore_errors=True)
