@@ -7,7 +7,7 @@ export AWS_ACCESS_KEY_ID ?= local
 export AWS_SECRET_ACCESS_KEY ?= local
 export AWS_DEFAULT_REGION ?= us-east-1
 
-.PHONY: install up down status demo test bench clean-data
+.PHONY: install up down status demo test test-sweep bench clean-data
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is missing: install it (pyenv install 3.11, or apt-get install python3.11)"; exit 1; }
@@ -38,7 +38,11 @@ demo: up
 
 test: install
 	$(PY) -m deployments.browser_deps || true
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -m "not sweep"
+
+# every write of every pipeline's run as a crash point, and the slow deployment runs (CI runs it after `make test`)
+test-sweep: install
+	CRASHPOINTS_LIMIT=40 $(PY) -m pytest tests -m "sweep or crashpoints"
 
 bench: install
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

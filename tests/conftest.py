@@ -24,6 +24,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_OUTPUT = REPO_ROOT / "test-output"
 
 
+def pytest_terminal_summary(terminalreporter):
+    """How many crash points each pipeline's sweep exercised (issue: print them per pipeline)."""
+    from tests.crashpoints import SUMMARY
+
+    if SUMMARY:
+        terminalreporter.section("crash points")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def dynamodb_endpoint():
     """DynamoDB Local on a free port (or the one in AWS_ENDPOINT_URL_DYNAMODB if it already answers)."""

@@ -111,6 +111,7 @@ def deployment_run(deployment: str, parameters: dict) -> str:
     return result.stdout
 
 
+@pytest.mark.sweep  # a Dask cluster and a worker of processes: in `make test-sweep`, which CI runs
 @pytest.mark.timeout(600)  # two flow-run processes and two Dask workers that import the project: slow on a busy machine
 def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(tables, s3_base, tmp_path, monkeypatch):
     from deployments.samples.phspectra import synthetic_cube, write_fits

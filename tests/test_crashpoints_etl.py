@@ -12,11 +12,15 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from deployments.cli import main as cli
 from flows.records import records_reconcile
 from tasks.core import keys
 from tasks.records import reconcile
-from tests.crashpoints import count_writes, crash_points, killed, report_crashed_runs, run_child
+from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+
+pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
 from tests.test_etl import etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
 from tests.test_etl_merge import merged_rows
 
@@ -65,7 +69,8 @@ def _check(root: Path, table: str, date: str, urls: list[str]) -> None:
     assert reconcile.disagreements() == []
 
 
-def test_etl_crash_points(etl_env, monkeypatch, tmp_path, capsys):
+@pytest.mark.timeout(900)  # ~13 s a point: the full sweep (25 writes) needs more than the default 300 s
+def test_etl_crash_points(etl_env, monkeypatch, tmp_path):
     monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "2")
     root, table = etl_env["root"], etl_env["table"]
     start = dt.date(2026, 3, 1)
@@ -85,6 +90,4 @@ def test_etl_crash_points(etl_env, monkeypatch, tmp_path, capsys):
         _recover(date, urls)
         _check(root, table, date, urls)
         print(f"point {point} ({writes[point - 1].kind}, {when}): recovered")
-    with capsys.disabled():
-        print(f"\nETL crash points: {len(points)} of {len(writes)} writes exercised "
-              f"({json.dumps(dict(sorted(kinds.items())))})")
+    report(f"etl: {len(points)} crash points exercised of {len(writes)} writes ({json.dumps(dict(sorted(kinds.items())))})")

@@ -23,7 +23,9 @@ import pytest
 
 from tasks.core import state_store
 from tasks.gpu import jobs as gpu
-from tests.crashpoints import EXHAUSTIVE, REPO_ROOT, Write, child_env, crash_points, report_crashed_runs
+from tests.crashpoints import REPO_ROOT, Write, child_env, crash_points, report, report_crashed_runs
+
+pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
 from tests.test_gpu import FAIL_FIRST, gpu_env  # noqa: F401 (fixture)
 from tests.test_records_reconcile import _wait
 
@@ -173,12 +175,12 @@ def test_gpu_job_crash_points(gpu_env, tmp_path, monkeypatch):
 
     assert gpu_sweep()["jobs"] == {} and records_reconcile(pipelines=["gpu"], dry_run=False) == []
     kinds = Counter(w.kind.split("-")[0] for w in writes if w.number in points)
-    print(f"\ngpu crash points: {len(points)} of {len(writes)} writes exercised ({dict(kinds)}); outcomes {dict(outcomes)}")
+    report(f"gpu-job: {len(points)} of {len(writes)} writes exercised ({dict(kinds)}); outcomes {dict(outcomes)}")
 
 
 # the sweep's own writes (take over, resume the recovery, restart, put nodes back) are crash points too; each point
 # needs a job abandoned mid-recovery first (about 15 s a point), so this runs with the full sweep only
-# (CRASHPOINTS_LIMIT above 12, e.g. `CRASHPOINTS_LIMIT=40 make test`)
+# (marker `sweep`: `make test-sweep`, which CI runs)
 
 
 def _abandon_in_recovery(runner, job_id: str) -> None:
@@ -195,7 +197,7 @@ def _abandon_in_recovery(runner, job_id: str) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(EXHAUSTIVE <= 12, reason="full crash-point sweep only: CRASHPOINTS_LIMIT above 12")
+@pytest.mark.sweep
 def test_gpu_sweep_crash_points(gpu_env, tmp_path, monkeypatch):
     from flows.gpu import run_ended
 
@@ -211,4 +213,4 @@ def test_gpu_sweep_crash_points(gpu_env, tmp_path, monkeypatch):
                            "flows.gpu:gpu_sweep", lambda job_id: {})
     children.close()
     kinds = Counter(w.kind.split("-")[0] for w in writes if w.number in points)
-    print(f"\ngpu-sweep crash points: {len(points)} of {len(writes)} writes exercised ({dict(kinds)}); outcomes {dict(outcomes)}")
+    report(f"gpu-sweep: {len(points)} of {len(writes)} writes exercised ({dict(kinds)}); outcomes {dict(outcomes)}")

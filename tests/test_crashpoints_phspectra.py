@@ -15,7 +15,9 @@ import pytest
 from tasks.core.state_store import to_plain
 from tasks.phspectra import survey as ph
 from tasks.records import reconcile
-from tests.crashpoints import count_writes, crash_points, killed, report_crashed_runs, run_child
+from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+
+pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
 from tests.test_phspectra import direct_rows, fits_cube, output_rows
 
 SURVEY = "grs-crash"
@@ -72,4 +74,4 @@ def test_phspectra_survives_a_crash_at_every_write(tables, store_root, tmp_path)
         else:
             assert run.get("error"), f"{where}: FAILED without a reason"
         assert reconcile.disagreements(["phspectra"]) == [], where
-    print(f"phspectra crash points exercised: {len(points)} of {len(writes)} writes; recovered by {paths}")
+    report(f"phspectra: {len(points)} crash points exercised of {len(writes)} writes; recovered by {paths}")

@@ -22,7 +22,9 @@ from tasks.core.runtime import today_iso
 from tasks.records import reconcile
 from tasks.records import messages as records_messages
 from test_records import message
-from tests.crashpoints import count_writes, crash_points, killed, report_crashed_runs, run_child
+from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+
+pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
 
 CALL = "flows.records:records_ingest"
 VOLATILE = {"timestamp", "updatedAt", "duration"}  # set from the clock of the run that wrote them
@@ -114,5 +116,5 @@ def test_records_ingest_crash_points(tables, store_root, tmp_path):
         assert state == expected, plan
         # Prefect agrees: the killed run Crashed, the redelivery Completed
         assert _ingest_run_states() == sorted(before + ["COMPLETED", "CRASHED"]), plan
-    print(f"records: {len(plans)} crash points exercised of {len(writes)} writes "
+    report(f"records: {len(plans)} crash points exercised of {len(writes)} writes "
           f"({', '.join(sorted({w.kind for w in writes}))})")

@@ -13,7 +13,9 @@ from tasks.core import keys, state_store
 from tasks.core.object_store import LocalStore
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
-from tests.crashpoints import count_writes, crash_points, killed, report_crashed_runs, run_child
+from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+
+pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
 
 SECONDS, FPS, SEGMENT = 2.0, 10, 1.0  # 2 segments, 20 frames
 
@@ -88,7 +90,7 @@ def test_video_process_survives_a_crash_at_every_write(tables, store_root, tmp_p
         assert hidden == [], where
         assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
     assert reconcile.disagreements(["video"]) == []
-    print(f"video crash points exercised: {len(points)} of {len(writes)} writes: {points}")
+    report(f"video: {len(points)} crash points exercised of {len(writes)} writes: {points}")
 
 
 def cleanup_job(job_id: str) -> dict:

@@ -2,7 +2,7 @@
 run 'gpu-job/local'`; the job's flow process is SIGKILLed while its tasks run, the worker reports the run Crashed,
 and `prefect deployment run 'gpu-sweep/local'` ends the job COMPLETE.
 
-About a minute (a worker and three flow-run processes): run with PIPELINES_DEPLOYMENT_TESTS=1.
+About a minute (a worker and three flow-run processes): marker `sweep`, run by `make test-sweep` (and CI).
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import time
 import pytest
 
 from tasks.gpu import jobs as gpu
-from tests.crashpoints import REPO_ROOT
+from tests.crashpoints import REPO_ROOT, report
 from tests.test_gpu import gpu_env, statuses  # noqa: F401 (fixture)
 from tests.test_gpu_recovery import running_job
 from tests.test_records_reconcile import _wait
 
-pytestmark = pytest.mark.skipif(os.environ.get("PIPELINES_DEPLOYMENT_TESTS") != "1",
-                                reason="slow (a worker and flow-run processes): PIPELINES_DEPLOYMENT_TESTS=1")
+pytestmark = pytest.mark.sweep  # slow (a worker and flow-run processes): `make test-sweep`, which CI runs
 NODES = ["local-0", "local-1", "local-2"]
 
 
@@ -70,8 +69,8 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
         while gpu.get_job("job-deployed")["job_status"] != "COMPLETE":  # as the every-minute schedule would
             assert time.monotonic() - killed_at < 180
             _prefect("deployment", "run", "gpu-sweep/local", "--watch", env=env)
-        print(f"\ndeployment: killed gpu-job flow process -> job COMPLETE through gpu-sweep/local in "
-              f"{time.monotonic() - killed_at:.1f} s (tasks ran 4 s)")
+        report(f"gpu-job/local deployment: killed gpu-job flow process -> job COMPLETE through gpu-sweep/local in "
+               f"{time.monotonic() - killed_at:.1f} s (tasks ran 4 s)")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
