@@ -37,7 +37,7 @@ demo: up
 	$(PY) -m deployments.demo
 
 test: install
-	$(PY) -m deployments.browser_deps || true
+	$(PY) -m deployments.test_packages || true
 	$(PY) -m pytest tests -m "not sweep"
 
 # every write of every pipeline's run as a crash point, and the slow deployment runs (CI runs it after `make test`)
