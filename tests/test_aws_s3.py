@@ -393,6 +393,7 @@ def etl_s3(tables, s3_base, monkeypatch):
     return ObjectStore.from_url(s3_base)
 
 
+@pytest.mark.sweep  # a process worker runs the merge: `make test-sweep`, which CI runs
 def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
     """Ingest starts each merge as its own flow run of the `ndjson-merge` deployment, which a process worker runs."""
     import uuid

@@ -13,12 +13,15 @@ import json
 import time
 import uuid
 
+import pytest
+
 from tasks.core import keys, state_store
 from tasks.records import reconcile
 from tests.crashpoints import killed, run_child
 from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 
+@pytest.mark.sweep  # a server, a worker and its trigger: `make test-sweep`, which CI runs
 def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_records_agree(tables, store_root, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed

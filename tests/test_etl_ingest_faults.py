@@ -104,6 +104,7 @@ def ingest_body(root: str, date: str) -> dict:
     return {"manifests": made}
 
 
+@pytest.mark.sweep  # a child killed at each write: `make test-sweep`, which CI runs
 def test_ingest_killed_at_each_write_then_redelivered_and_flushed_loses_and_duplicates_nothing(etl_env, tmp_path):
     root, table = etl_env["root"], etl_env["table"]
     call = "tests.test_etl_ingest_faults:ingest_body"

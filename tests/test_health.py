@@ -213,6 +213,7 @@ def child_check(notify_file: str) -> list[dict]:
     return check_health()
 
 
+@pytest.mark.sweep  # a child killed at each write: `make test-sweep`, which CI runs
 def test_crash_points_of_a_health_run_lose_no_notification(health, tables, tmp_path, monkeypatch):
     monkeypatch.setenv("HEALTH_NOTIFY_LEASE_SECONDS", "0")  # the next run takes over a dead run's claim at once
     alarm = "records-dead-letter-archive"

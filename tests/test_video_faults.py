@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -206,6 +207,7 @@ def test_a_same_host_redirect_keeps_the_token(tmp_path, clip, endpoints):
 def test_secrets_never_reach_the_record_the_logs_or_the_run_state(tables, store_root, clip, endpoints, monkeypatch):
     from prefect import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
 
     (backend, url), _ = endpoints
     backend.behaviour = "echo-key"
@@ -216,10 +218,16 @@ def test_secrets_never_reach_the_record_the_logs_or_the_run_state(tables, store_
     assert state.is_failed()
     reason = _job(tables, job_id)["failure_reason"]
     assert f"http backend: {url}/infer?api_key=***&region=*** answered 500" in reason
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(state.state_details.flow_run_id)
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
-    texts = [reason, state.message or "", run.state.message or "", *[log.message for log in logs]]
+    APILogWorker.drain_all(timeout=30)  # logs reach the API from a background worker: send what it holds
+    deadline = time.monotonic() + 30
+    while True:  # and give the server the moment it takes to store them
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(state.state_details.flow_run_id)
+            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+        texts = [reason, state.message or "", run.state.message or "", *[log.message for log in logs]]
+        if any("answered 500" in text for text in texts[3:]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert any("answered 500" in text for text in texts[3:])  # the failure is logged ...
     for secret in ("KEY-in-query-42", "bearer-secret-77", "eu-west-1"):
         assert not [text for text in texts if secret in text], secret  # ... without the secrets

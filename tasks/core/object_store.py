@@ -284,11 +284,16 @@ class S3Store(ObjectStore):
 
     @staticmethod
     def transfer_config():
-        """boto3's transfer settings: multipart above ``multipart_bytes()``, in parts of that size."""
+        """boto3's transfer settings: multipart above ``multipart_bytes()``, in parts of that size, with memory
+        bounded whatever the load: s3transfer's defaults let a slow disk queue 100 download pieces (25 MiB) and a
+        slow network hold 10 parts of a stream going up."""
         from boto3.s3.transfer import TransferConfig
 
         size = multipart_bytes()
-        return TransferConfig(multipart_threshold=size, multipart_chunksize=size, max_concurrency=4)
+        config = TransferConfig(multipart_threshold=size, multipart_chunksize=size, max_concurrency=4, max_io_queue=16)
+        # s3transfer's own settings, which boto3's TransferConfig (its subclass) does not take as arguments
+        config.max_in_memory_upload_chunks = config.max_in_memory_download_chunks = 4
+        return config
 
     def _key(self, key: str) -> str:
         safe_key(key)
