@@ -161,3 +161,13 @@ def test_guarded_put_and_delete(tables):
     assert store.delete_if(name, {"job_id": "j"}, Condition("#s = :t", {"#s": "reassembly_started_at"}, {":t": "nope"})).outcome is Outcome.STALE
     assert store.delete_if(name, {"job_id": "j"}).applied
     assert store.get_item(name, {"job_id": "j"}) is None
+
+
+def test_get_many_reads_past_one_request_skips_absent_and_duplicate_keys_and_hides_the_token(tables):
+    name = tables["ecs_job"]
+    written = [{"job_id": f"j{i:03d}", "job_status": "IN_PROGRESS"} for i in range(150)]
+    assert all(r.applied for r in store.create_many_if_absent(name, written, ["job_id"]))  # token-carrying puts
+    keys = [{"job_id": f"j{i:03d}"} for i in range(0, 160, 1)] + [{"job_id": "j007"}]  # 10 absent, 1 twice
+    found = store.get_many(name, keys)
+    assert sorted(found, key=lambda i: i["job_id"]) == written  # more than BatchGetItem's 100 keys, no token
+    assert store.get_many(name, []) == []

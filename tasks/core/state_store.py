@@ -254,6 +254,25 @@ def get_item(table_name: str, key: Mapping[str, Any], consistent: bool = True) -
     return _hide(table(table_name).get_item(Key=dict(key), ConsistentRead=consistent).get("Item"))
 
 
+def get_many(table_name: str, keys: Iterable[Mapping[str, Any]], consistent: bool = True) -> list[dict[str, Any]]:
+    """The items that exist for ``keys``, strongly consistent by default: BatchGetItem, 100 keys a request, keys
+    DynamoDB leaves unprocessed (throttling) asked again with backoff. Any order; absent keys are simply missing."""
+    wanted = list({tuple(sorted(dict(key).items())): dict(key) for key in keys}.values())  # a duplicate is refused
+    found: list[dict[str, Any]] = []
+    for start in range(0, len(wanted), 100):  # BatchGetItem's limit
+        request = {table_name: {"Keys": wanted[start:start + 100], "ConsistentRead": consistent}}
+        for attempt in range(20):
+            response = dynamodb().batch_get_item(RequestItems=request)
+            found.extend(_hide(item) for item in response["Responses"].get(table_name, []))
+            request = response.get("UnprocessedKeys") or {}
+            if not request:
+                break
+            time.sleep(min(1.0, 0.02 * 2 ** attempt) * random.random())
+        else:
+            raise RuntimeError(f"DynamoDB left keys unprocessed 20 times in a row ({table_name})")
+    return found
+
+
 def _pages(request: Callable[..., dict[str, Any]], **kwargs: Any) -> Iterator[dict[str, Any]]:
     """Every page of a Query or Scan, following LastEvaluatedKey."""
     while True:

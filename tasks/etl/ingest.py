@@ -156,23 +156,9 @@ def _file_item(check: FileCheck, status: str, config: EtlSettings, **extra: Any)
 
 
 def tracked_items(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """The tracking items that exist for these (date, file key) pairs: strongly consistent BatchGetItem reads."""
-    table = table_name(TRACKING)
-    wanted = list(dict.fromkeys(pairs))
-    found: dict[tuple[str, str], dict[str, Any]] = {}
-    for start in range(0, len(wanted), 100):  # BatchGetItem's limit
-        request = {table: {"Keys": [tracking_key(d, f) for d, f in wanted[start:start + 100]], "ConsistentRead": True}}
-        for attempt in range(20):
-            response = state_store.dynamodb().batch_get_item(RequestItems=request)
-            for item in response["Responses"].get(table, []):
-                found[(item["date_prefix"], item["file_key"])] = item
-            request = response.get("UnprocessedKeys") or {}
-            if not request:
-                break
-            time.sleep(min(1.0, 0.02 * 2 ** attempt) * random.random())  # throttled: back off, ask for the rest
-        else:
-            raise RuntimeError(f"DynamoDB left keys unprocessed 20 times in a row ({table})")
-    return found
+    """The tracking items that exist for these (date, file key) pairs: strongly consistent batch reads."""
+    items = state_store.get_many(table_name(TRACKING), (tracking_key(d, f) for d, f in pairs))
+    return {(item["date_prefix"], item["file_key"]): item for item in items}
 
 
 def _version(url: str) -> tuple[int | None, str | None]:

@@ -174,12 +174,11 @@ def job_tasks(job: dict[str, Any]) -> list[dict[str, Any]]:
 def register_nodes(backend: ComputeBackend, cluster_name: str) -> dict[str, str]:
     """Create a node row (AVAILABLE) for every node the backend knows; existing rows are left alone."""
     stamp = now_iso()
-    results = {}
-    for node in backend.discover_nodes():
-        item = {**node, "cluster_name": cluster_name, "node_status": NODE_AVAILABLE, "created_at": stamp, "updated_at": stamp}
-        result = state_store.create_if_absent(_tables()[2], item, ["node_name"])
-        results[node["node_name"]] = "registered" if result.applied else f"exists ({result.item.get('node_status')})"
-    return results
+    items = [{**node, "cluster_name": cluster_name, "node_status": NODE_AVAILABLE, "created_at": stamp, "updated_at": stamp}
+             for node in backend.discover_nodes()]
+    results = state_store.create_many_if_absent(_tables()[2], items, ["node_name"])
+    return {item["node_name"]: "registered" if result.applied else f"exists ({(result.item or {}).get('node_status')})"
+            for item, result in zip(items, results)}
 
 
 def claim_node(node_name: str, job_id: str, runner: Runner | None = None) -> bool:

@@ -568,9 +568,11 @@ def stuck_candidates(older_than_s: float) -> list[dict[str, Any]]:
     items = state_store.scan_all(
         _jobs(), keep=lambda i: i.get("status") == CHUNKED and str(i.get("chunking_completed_at", "")) < cutoff
     )
+    jobs = sorted(items, key=lambda i: i["job_id"])
+    locks = {lock["job_id"]: lock for lock in state_store.get_many(_locks(), (_key(job["job_id"]) for job in jobs))}
     found = []
-    for job in sorted(items, key=lambda i: i["job_id"]):
-        lock = state_store.get_item(_locks(), _key(job["job_id"])) or {}
+    for job in jobs:
+        lock = locks.get(job["job_id"], {})
         runs = {job.get("prefect_flow_run_id"), lock.get("prefect_flow_run_id"), lock.get("reassembly_flow_run_id")}
         found.append({"job_id": job["job_id"], "flow_run_ids": sorted(r for r in runs if r)})
     return found
