@@ -72,6 +72,50 @@ def test_local_store_round_trip(tmp_path):
         store.get_bytes("a/b/c.txt")
 
 
+def write_and_die(root: str, key: str) -> None:
+    """The child's step: a local write whose writer is SIGKILLed halfway through the stream."""
+    import os
+    import signal
+
+    def pieces():
+        yield b"x" * 1024
+        os.kill(os.getpid(), signal.SIGKILL)
+        yield b"never"
+
+    class Stream:
+        def __init__(self):
+            self.source = pieces()
+
+        def read(self, _size=-1):
+            return next(self.source, b"")
+
+    LocalStore(root).put_stream(key, Stream())
+
+
+def test_a_killed_local_writer_leaves_no_object_and_its_temp_file_is_cleaned_up(tmp_path):
+    import os
+    import time
+
+    from tests.crashpoints import killed, run_child
+
+    store = LocalStore(tmp_path / "store")
+    store.put_bytes("jobs/a/keep.bin", b"kept")
+    for key in ("jobs/a/segments/1.mp4", "jobs/a/segments/2.mp4", "jobs/b/segments/1.mp4"):
+        assert killed(run_child("tests.test_foundation:write_and_die", {"root": str(store.root), "key": key}))
+    left = sorted(p.name for p in store.root.rglob("*.part"))
+    assert len(left) == 3 and all(name.startswith((".1.mp4.", ".2.mp4.")) for name in left), left
+    assert not store.exists("jobs/a/segments/1.mp4") and list(store.list("jobs/")) == ["jobs/a/keep.bin"]
+    # an age threshold spares what a live writer may still be writing
+    assert store.abort_incomplete_uploads(older_than_s=3600, prefix="jobs/b/") == 0
+    old = time.time() - 7200
+    for part in (store.root / "jobs/b/segments").glob(".*.part"):
+        os.utime(part, (old, old))
+    assert store.abort_incomplete_uploads(older_than_s=3600, prefix="jobs/") == 1
+    # deleting a prefix takes its unfinished writes too, and nothing outside it
+    assert store.delete_prefix("jobs/a/segments/") == 0
+    assert list(store.root.rglob("*.part")) == [] and store.get_bytes("jobs/a/keep.bin") == b"kept"
+
+
 def test_s3_store_through_moto():
     moto = pytest.importorskip("moto")
     import boto3

@@ -44,6 +44,17 @@ def _chromium(*args: str, user_dir: str) -> str:
     return result.stdout
 
 
+def _dom_showing(url: str, needles: list[str], *, user_dir: str, attempts: int = 4) -> str:
+    """The page's DOM once it shows every needle; a loaded machine may dump the app shell before its route loads."""
+    dom = ""
+    for _ in range(attempts):
+        dom = _chromium("--dump-dom", url, user_dir=user_dir)
+        if all(needle in dom for needle in needles):
+            break
+        time.sleep(2)
+    return dom
+
+
 @pytest.fixture
 def ui_server(tmp_path):
     """A real Prefect server with its UI, on a free port, with its own database."""
@@ -87,7 +98,6 @@ def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store
 
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-    import httpx
 
     with SyncPrefectClient(f"{ui_server}/api") as client:
         runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["phspectra-survey"])))
@@ -98,15 +108,17 @@ def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store
     out.mkdir(parents=True, exist_ok=True)
     user_dir = tempfile.mkdtemp(prefix="chromium-")
     page = f"{ui_server}/runs/flow-run/{flow_run.id}"
-    dom = _chromium("--dump-dom", page, user_dir=user_dir)
+    dom = _dom_showing(page, [flow_run.name, f"run {run_id}: 48 spectra in 4 chunks"], user_dir=user_dir)
     assert flow_run.name in dom, "the flow run page does not show the run"
     assert "phspectra-survey" in dom
     assert f"run {run_id}: 48 spectra in 4 chunks" in dom, "the run's log lines are not shown"
-    artifacts = _chromium("--dump-dom", f"{ui_server}/artifacts", user_dir=user_dir)
-    for prefix in ("phspectra-progress", "phspectra-chunks", "phspectra-summary"):
-        assert f"{prefix}-{run_id}" in artifacts, f"artifact {prefix} is not shown"
+    keys = [f"{prefix}-{run_id}" for prefix in ("phspectra-progress", "phspectra-chunks", "phspectra-summary")]
+    artifacts = _dom_showing(f"{ui_server}/artifacts", keys, user_dir=user_dir)
+    for key in keys:
+        assert key in artifacts, f"artifact {key} is not shown"
     chunk_table = f"{ui_server}/artifacts/key/phspectra-chunks-{run_id}"
-    assert f"Chunks of run {run_id}" in _chromium("--dump-dom", chunk_table, user_dir=user_dir), "chunk table not shown"
+    title = f"Chunks of run {run_id}"
+    assert title in _dom_showing(chunk_table, [title], user_dir=user_dir), "chunk table not shown"
     _chromium(f"--screenshot={out / 'ui-flow-run.png'}", page, user_dir=user_dir)
     _chromium(f"--screenshot={out / 'ui-chunk-table.png'}", chunk_table, user_dir=user_dir)
     assert (out / "ui-flow-run.png").stat().st_size > 10_000

@@ -8,7 +8,9 @@ Large objects are streamed, never held whole in memory: files and streams go up 
 (parts of ``OBJECT_STORE_MULTIPART_MB``, default 8 MiB) and come down in ranged parts straight to disk;
 copies above the threshold are multipart server-side copies. A multipart upload is invisible until its last
 part completes it, so a writer killed mid-upload leaves no half object (only parts that
-``S3Store.abort_incomplete_uploads`` or the bucket's AbortIncompleteMultipartUpload lifecycle rule removes).
+``abort_incomplete_uploads`` or the bucket's AbortIncompleteMultipartUpload lifecycle rule removes). Locally a
+killed writer leaves a hidden ``.part`` file, which ``list`` skips and ``abort_incomplete_uploads`` removes;
+``delete_prefix`` removes both kinds of leftover under its prefix.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import io
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -113,12 +116,17 @@ class ObjectStore:
     def arrow_path(self, key: str) -> str:
         """The path of ``key`` in ``arrow_filesystem()``."""
 
+    def abort_incomplete_uploads(self, older_than_s: float = 24 * 3600, prefix: str = "") -> int:
+        """Remove writes under ``prefix`` left unfinished for longer than ``older_than_s`` (their writer died)."""
+        raise NotImplementedError
+
     def delete_prefix(self, prefix: str) -> int:
-        """Delete every object under ``prefix``; returns how many."""
+        """Delete every object under ``prefix``, and every unfinished write there; returns how many objects."""
         safe_key(prefix)
         count = 0
         for key in list(self.list(prefix)):
             count += self.delete(key)
+        self.abort_incomplete_uploads(older_than_s=0, prefix=prefix)
         return count
 
     def move(self, src: str, dst: str) -> str:
@@ -223,17 +231,36 @@ class LocalStore(ObjectStore):
 
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys starting with ``prefix``, skipping unfinished ``.part`` writes."""
-        base = self.root / prefix if prefix else self.root
+        for key, unfinished in self._walk(prefix):
+            if not unfinished:
+                yield key
+
+    def _walk(self, prefix: str) -> Iterator[tuple[str, bool]]:
+        """Every file under ``prefix`` as (key, whether it is an unfinished ``.part`` write)."""
+        base = self.root / safe_key(prefix) if prefix else self.root
         folder = base if prefix.endswith("/") or not prefix else base.parent
         if not folder.exists():
             return
         for dirpath, _dirs, files in os.walk(folder):
             for name in sorted(files):
-                if name.startswith(".") and name.endswith(".part"):
-                    continue  # an unfinished write
                 key = Path(dirpath, name).relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    yield key
+                unfinished = name.startswith(".") and name.endswith(".part")
+                # a temp file is `.{name}.{random}.part` beside its target: it belongs to the prefix its target does
+                written = Path(dirpath, name[1:-len(".part")]).relative_to(self.root).as_posix() if unfinished else key
+                if written.startswith(prefix):
+                    yield key, unfinished
+
+    def abort_incomplete_uploads(self, older_than_s: float = 24 * 3600, prefix: str = "") -> int:
+        """Remove ``.part`` files under ``prefix`` older than ``older_than_s`` (left by a killed writer); how many."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for key, unfinished in list(self._walk(prefix)):
+            if unfinished:
+                with contextlib.suppress(FileNotFoundError):
+                    if older_than_s <= 0 or (self.root / key).stat().st_mtime <= cutoff:
+                        (self.root / key).unlink()
+                        removed += 1
+        return removed
 
     @_write_point
     def delete(self, key: str) -> bool:
