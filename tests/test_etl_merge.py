@@ -4,6 +4,8 @@ across manifests after a failed merge, a failed manifest that can be re-run."""
 from __future__ import annotations
 
 import json
+import random
+import re
 from collections import Counter
 
 import pyarrow.parquet as pq
@@ -84,6 +86,85 @@ def test_bad_lines_are_rejects_with_their_line_numbers_and_the_rest_merges():
     parsed = parse_ndjson("file:///x.ndjson", data)
     assert [r["line_number"] for r in parsed.rejects] == [3, 4, 5, 6, 7, 8]
     assert [r["a"] for r in parsed.table.to_pylist()] == ["1", "I N"]
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _as_written(line: str) -> dict[str, str | None] | None:
+    """The README's rule for one line, by a slow independent route (json's own scanner); None for a reject."""
+    decoder = json.JSONDecoder(parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+    try:
+        if not isinstance(decoder.decode(line), dict):
+            return None
+    except ValueError:
+        return None
+    row, at = {}, line.index("{") + 1
+    space = re.compile(r"[ \t\r\n]*")
+    while True:
+        at = space.match(line, at).end()
+        if line[at] == "}":
+            return row
+        if line[at] == ",":
+            at = space.match(line, at + 1).end()
+        key, at = json.decoder.scanstring(line, at + 1)
+        at = space.match(line, space.match(line, at).end() + 1).end()  # past the colon
+        value, end = decoder.raw_decode(line, at)
+        if isinstance(value, str) and _lone_surrogate(value):  # even a value a repeated key replaces: not Unicode
+            return None
+        text = line[at:end]
+        if text[0] in "{[":  # whitespace between tokens removed, strings untouched
+            text = re.sub(r'("(?:[^"\\]|\\.)*")|[ \t\r\n]+', lambda m: m.group(1) or "", text)
+        row[key] = None if value is None else value if isinstance(value, str) else text
+        at = end
+
+
+def _lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
+    """Seeded random files of odd but valid lines (and some bad ones) against a slow reference, value by value."""
+    rng = random.Random(14)
+    atoms = ["1.50", "-0", "1e3", "2E-7", "9007199254740993", "123456789012345678901234567890", "true", "false",
+             "null", '"x"', '"caf\\u00e9"', '"a\\"b"', '"\\\\"', '"日本"', '""', '" : , { } [ ]"', '"\\n\\t\\/"',
+             "NaN", "-Infinity", '"\\ud800"']
+    names = ['"a"', '"b"', '"\\u00e9"', '"é"', '"k:1"', '"_source_file"', '""', '"{"', '"a\\"q"']
+    gap = ["", "", "", " ", "  ", "\t", " \r"]
+
+    def value(depth: int = 0) -> str:
+        pick = rng.random()
+        if depth < 3 and pick < 0.15:
+            return "{" + rng.choice(gap) + ",".join(f"{rng.choice(names)}{rng.choice(gap)}:{value(depth + 1)}{rng.choice(gap)}"
+                                                 for _ in range(rng.randrange(3))) + "}"
+        if depth < 3 and pick < 0.3:
+            return "[" + ("," + rng.choice(gap)).join(value(depth + 1) for _ in range(rng.randrange(4))) + rng.choice(gap) + "]"
+        return rng.choice(atoms)
+
+    def line() -> str:
+        if rng.random() < 0.05:
+            return rng.choice(["[1,2]", "{bad", '"s"', "{}{}", '{"a":1} {"b":2}', "", "   ", '{"a":01}', "{'a':1}", '{"a":tru}'])
+        members = ("," + rng.choice(gap)).join(f"{rng.choice(names)}{rng.choice(gap)}:{rng.choice(gap)}{value()}"
+                                               for _ in range(rng.randrange(6)))
+        return rng.choice(gap) + "{" + rng.choice(gap) + members + rng.choice(gap) + "}" + rng.choice(gap)
+
+    seen_rejects = seen_nested = 0
+    for _ in range(150):
+        lines = [line() for _ in range(rng.randrange(1, 12))]
+        parsed = parse_ndjson("file:///odd.ndjson", ("\n".join(lines) + rng.choice(["", "\n"])).encode())
+        expected = {n: _as_written(text) for n, text in enumerate(lines, 1) if text.strip()}
+        good = [row for row in expected.values() if row is not None]
+        columns = list(dict.fromkeys(key for row in good for key in row))
+        assert [r["line_number"] for r in parsed.rejects] == [n for n, row in expected.items() if row is None], lines
+        assert (parsed.table.column_names if parsed.table else []) == columns, lines
+        assert (parsed.table.to_pylist() if parsed.table else []) == [{c: row.get(c) for c in columns} for row in good], lines
+        seen_rejects += len(parsed.rejects)
+        seen_nested += sum(1 for row in good for v in row.values() if v and v[0] in "{[")
+    assert seen_rejects > 50 and seen_nested > 50  # the sample really holds both
 
 
 def _fail_second_part(monkeypatch):

@@ -1,4 +1,4 @@
-"""NDJSON to a table of strings that keeps every value as written: one vectorised pass per file, no Python per row.
+"""NDJSON to a table of strings that keeps every value as written: one compiled pass per file, no Python per row.
 
 What "as written" means (the README's "What the merged Parquet holds"):
 - a top-level string is its decoded value, byte for byte (``"caf\\u00e9"`` → ``café``);
@@ -9,10 +9,11 @@ What "as written" means (the README's "What the merged Parquet holds"):
 - keys are decoded (escapes, any script); two spellings of one key (``"é"``, ``"\\u00e9"``) are one column, and a key
   that appears twice in a line keeps its last value (as ``json.loads`` does).
 
-How: pyarrow's C++ JSON parser validates the whole file (no columns built); numpy finds, on the byte buffer, the
-unescaped quotes, the structural characters outside strings and their depth, hence each top-level member's key
-and value spans; Arrow ``take`` gathers the spans into string columns. A line that is not a JSON object (or holds
-``NaN``/``Infinity``, or invalid UTF-8) becomes a reject with its line number; the others still merge.
+How: pyarrow's C++ JSON parser validates the whole file (no columns built); a Numba-compiled pass over the bytes
+(``_members``, GIL released, so a part's files parse on all cores) finds each top-level member's key and value
+spans and packs nested values without their whitespace; Arrow ``take`` gathers the spans into string columns. A
+line that is not a JSON object (or holds ``NaN``/``Infinity``, or invalid UTF-8) becomes a reject with its line
+number; the others still merge.
 """
 
 from __future__ import annotations
@@ -27,53 +28,219 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
+from numba import njit
 
-QUOTE, BACKSLASH, OPEN_OBJ, CLOSE_OBJ, OPEN_ARR, CLOSE_ARR, COLON, COMMA, NEWLINE, NOT_JSON = range(1, 11)
-_CLASS = np.zeros(256, np.uint8)
-for _char, _kind in {'"': QUOTE, "\\": BACKSLASH, "{": OPEN_OBJ, "}": CLOSE_OBJ, "[": OPEN_ARR, "]": CLOSE_ARR,
-                     ":": COLON, ",": COMMA, "\n": NEWLINE, "N": NOT_JSON, "I": NOT_JSON}.items():
-    _CLASS[ord(_char)] = _kind
-_SPACE = np.zeros(256, bool)
-_SPACE[[ord(c) for c in " \t\r\n"]] = True
-_CLASS_TABLE = _CLASS.tobytes()  # bytes.translate maps a whole buffer in one C loop (faster than numpy indexing)
-_CLASS_OR_SPACE_TABLE = np.where(_SPACE, 255, _CLASS).astype(np.uint8).tobytes()
+STRING, NULL, NESTED, SCALAR = range(4)  # a member's value
+KEY_ESCAPED, VALUE_ESCAPED = 1, 2  # a member's flags: its key or string value holds a backslash escape
+PROBLEMS = {1: "NaN or Infinity is not JSON", 2: "more than one JSON value on the line", 3: "no JSON object on the line"}
 _VALIDATE = pajson.ParseOptions(explicit_schema=pa.schema([]), unexpected_field_behavior="ignore")
 CHECK_LINES = 4096  # lines per group when a file fails validation: good groups stay in C++, bad ones go line by line
+# cache: a worker compiles once, not per process; boundscheck: an IndexError, never a stray read, costs ~3%
+_COMPILED = {"nogil": True, "cache": True, "boundscheck": True}
 
 
 @dataclass
 class Parsed:
-    """One file: its string columns (first-seen order), how many good lines, and the rejected ones."""
+    """One file: its string columns (first-seen order), how many good lines, and the rejects."""
 
     table: pa.Table | None
     rows: int
     rejects: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _line_bounds(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (excluding the newline) of every line."""
+@njit(**_COMPILED)
+def _is_space(b: int) -> bool:
+    return b == 32 or b == 9 or b == 13 or b == 10
+
+
+def _lines(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start and end (without the newline) of every line, and whether it holds more than whitespace."""
     ends = np.flatnonzero(a == 10)
     if len(a) and a[-1] != 10:
         ends = np.append(ends, len(a))
-    starts = np.concatenate(([0], ends[:-1] + 1)).astype(np.int64)
-    return starts, ends.astype(np.int64)
+    starts = np.concatenate((np.zeros(1, np.int64), ends[:-1] + 1)) if len(ends) else ends
+    return starts, ends, _filled(a, starts, ends)
 
 
-def _trim(a: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Spans without leading and trailing JSON whitespace (a few vectorised steps: whitespace runs are short)."""
-    start, end = start.copy(), end.copy()
-    last = len(a) - 1
-    while True:
-        step = (start < end) & _SPACE[a[np.minimum(start, last)]]
-        if not step.any():
-            break
-        start += step
-    while True:
-        step = (end > start) & _SPACE[a[np.maximum(end - 1, 0)]]
-        if not step.any():
-            break
-        end -= step
-    return start, end
+@njit(**_COMPILED)
+def _filled(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each line holds more than whitespace (a look at its first bytes, mostly)."""
+    filled = np.empty(len(starts), np.bool_)
+    for line in range(len(starts)):
+        i = starts[line]
+        while i < ends[line] and _is_space(a[i]):
+            i += 1
+        filled[line] = i < ends[line]
+    return filled
+
+
+@njit(**_COMPILED)
+def _string_end(a: np.ndarray, i: int) -> tuple[int, bool]:
+    """The closing quote of the string whose contents start at ``i``, and whether an escape lies between."""
+    escaped = False
+    while a[i] != 34:
+        if a[i] == 92:
+            escaped = True
+            i += 2
+        else:
+            i += 1
+    return i, escaped
+
+
+@njit(**_COMPILED)
+def _members(a: np.ndarray, most: int, lines: int):
+    """Every top-level member of a buffer of validated object lines, each line ending in a newline.
+
+    Per member: its line; its key's span (inside the quotes), as bounds with gaps between keys (one zero-copy
+    Arrow array); its value's span: in ``a`` (a string's inside the quotes), or in ``packed`` for a nested value
+    (its text without whitespace between tokens); its kind and escape flags. Per line: how many objects begin on
+    it and a problem code (``PROBLEMS``), 0 if none.
+    """
+    n = len(a)
+    line_of = np.empty(most, np.int64)
+    key = np.empty(2 * most + 2, np.int64)  # gap, key, gap, key, ...: bounds of one zero-copy Arrow array
+    start = np.empty(most, np.int64)
+    end = np.empty(most, np.int64)
+    kind = np.empty(most, np.uint8)
+    flags = np.empty(most, np.uint8)
+    packed = np.empty(n, np.uint8)
+    objects = np.zeros(lines + 1, np.int64)
+    problem = np.zeros(lines + 1, np.uint8)
+    key[0] = 0
+    m, p, line, i = 0, 0, 0, 0
+    while i < n:
+        b = a[i]
+        if b == 10:
+            line += 1
+        if b != 123:  # whitespace or a newline outside objects
+            i += 1
+            continue
+        objects[line] += 1
+        if objects[line] > 1:  # pyarrow reads `{..}{..}` as two rows; json.loads calls it extra data
+            problem[line] = 2
+        i += 1
+        while True:
+            while _is_space(a[i]):
+                i += 1
+            if a[i] == 125:  # }
+                i += 1
+                break
+            if a[i] == 44:  # ,
+                i += 1
+                while _is_space(a[i]):
+                    i += 1
+            line_of[m] = line
+            key[2 * m + 1] = i + 1
+            i, escaped = _string_end(a, i + 1)
+            key[2 * m + 2] = i
+            flags[m] = KEY_ESCAPED if escaped else 0
+            i += 1
+            while a[i] != 58:  # :
+                i += 1
+            i += 1
+            while _is_space(a[i]):
+                i += 1
+            b = a[i]
+            if b == 34:  # "
+                start[m] = i + 1
+                i, escaped = _string_end(a, i + 1)
+                end[m] = i
+                kind[m] = STRING
+                if escaped:
+                    flags[m] |= VALUE_ESCAPED
+                i += 1
+            elif b == 123 or b == 91:  # { [
+                start[m] = p
+                depth = 0
+                while True:
+                    c = a[i]
+                    if c == 34:  # a string inside: copied as written, escapes and spaces included
+                        j, escaped = _string_end(a, i + 1)
+                        for k in range(i, j + 1):
+                            packed[p] = a[k]
+                            p += 1
+                        i = j + 1
+                        continue
+                    i += 1
+                    if _is_space(c):
+                        continue
+                    packed[p] = c
+                    p += 1
+                    if c == 123 or c == 91:
+                        depth += 1
+                    elif c == 125 or c == 93:
+                        depth -= 1
+                        if depth == 0:
+                            break
+                    elif c == 78 or c == 73:  # N(aN), I(nfinity): pyarrow reads them, JSON has none
+                        problem[line] = 1
+                end[m] = p
+                kind[m] = NESTED
+            else:
+                start[m] = i
+                while not (a[i] == 44 or a[i] == 125 or _is_space(a[i])):
+                    if a[i] == 78 or a[i] == 73:
+                        problem[line] = 1
+                    i += 1
+                end[m] = i
+                kind[m] = NULL if b == 110 else SCALAR
+            m += 1
+    key[2 * m + 1] = n
+    return line_of[:m], key[:2 * m + 2], start[:m], end[:m], kind[:m], flags[:m], packed[:p], objects[:line], problem[:line]
+
+
+@njit(**_COMPILED)
+def _gather(rows: int, columns: int, column: np.ndarray, line_of: np.ndarray, start: np.ndarray, end: np.ndarray,
+            source: np.ndarray, null: np.ndarray, buf: np.ndarray, packed: np.ndarray, decoded: np.ndarray):
+    """Every column's values in one data buffer: offsets (``columns`` runs of ``rows + 1``) and validity.
+
+    Member ``j`` goes to row ``line_of[j]`` of column ``column[j]``, its bytes ``start[j]:end[j]`` of ``buf``,
+    ``packed`` or ``decoded`` (``source[j]`` 0, 1, 2), null if ``null[j]``; a key repeated in a line: the last wins.
+    """
+    m = len(column)
+    first = np.zeros(columns + 1, np.int64)  # members sorted by column, stably (so by line within a column)
+    for j in range(m):
+        first[column[j] + 1] += 1
+    for c in range(columns):
+        first[c + 1] += first[c]
+    order = np.empty(m, np.int64)
+    fill = first[:columns].copy()
+    for j in range(m):
+        order[fill[column[j]]] = j
+        fill[column[j]] += 1
+    offsets = np.zeros(columns * (rows + 1), np.int64)
+    valid = np.zeros(columns * rows, np.bool_)
+    size = np.zeros(rows, np.int64)
+    total = 0
+    for c in range(columns):
+        for k in range(first[c], first[c + 1]):
+            j = order[k]
+            valid[c * rows + line_of[j]] = not null[j]
+            size[line_of[j]] = 0 if null[j] else end[j] - start[j]
+        base = c * (rows + 1)
+        offsets[base] = total
+        for r in range(rows):
+            total += size[r]
+            offsets[base + r + 1] = total
+            size[r] = 0
+    data = np.empty(total, np.uint8)
+    for c in range(columns):
+        base = c * (rows + 1)
+        for k in range(first[c], first[c + 1]):
+            j = order[k]
+            if null[j] or (k + 1 < first[c + 1] and line_of[order[k + 1]] == line_of[j]):
+                continue  # null, or not the last value of its key in the line
+            at = offsets[base + line_of[j]] - start[j]
+            if source[j] == 0:  # values are short: a plain loop beats a slice copy
+                for i in range(start[j], end[j]):
+                    data[at + i] = buf[i]
+            elif source[j] == 1:
+                for i in range(start[j], end[j]):
+                    data[at + i] = packed[i]
+            else:
+                for i in range(start[j], end[j]):
+                    data[at + i] = decoded[i]
+    return offsets, valid, data
 
 
 def _line_error(line: bytes) -> str | None:
@@ -111,7 +278,7 @@ def _bad_lines(data: bytes, starts: np.ndarray, ends: np.ndarray, candidates: np
     """Line index → reason for every non-blank line that is not a JSON object in valid UTF-8."""
     bad: dict[int, str] = {}
     try:
-        data.decode("utf-8")
+        data.isascii() or data.decode("utf-8")  # ASCII is UTF-8, and far quicker to tell
     except UnicodeDecodeError:
         for i in candidates:  # rare: find the lines with invalid bytes
             try:
@@ -131,66 +298,16 @@ def _bad_lines(data: bytes, starts: np.ndarray, ends: np.ndarray, candidates: np
     return bad
 
 
-def _escaped(pos: np.ndarray, kind: np.ndarray) -> np.ndarray:
-    """Which candidate characters are escaped (preceded by an odd run of backslashes right before them)."""
-    escaped = np.zeros(len(pos), bool)
-    slash = kind == BACKSLASH
-    if not slash.any():
-        return escaped
-    idx = np.arange(len(pos))
-    joined = np.zeros(len(pos), bool)  # this backslash continues the run of the one before it
-    joined[1:] = slash[1:] & slash[:-1] & (pos[1:] == pos[:-1] + 1)
-    run_start = np.maximum.accumulate(np.where(slash & ~joined, idx, 0))
-    run_length = idx - run_start + 1
-    after = np.zeros(len(pos), bool)  # the previous candidate is a backslash right before this one
-    after[1:] = slash[:-1] & (pos[1:] == pos[:-1] + 1)
-    escaped[1:] = after[1:] & (run_length[:-1] % 2 == 1)
-    return escaped
-
-
-def _outside_strings(a: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Positions and kinds of structural characters outside strings, and of backslashes (inside strings)."""
-    cls = np.frombuffer(a.translate(_CLASS_TABLE), np.uint8)
-    pos = np.flatnonzero(cls)
-    kind = cls[pos]
-    quote = (kind == QUOTE) & ~_escaped(pos, kind)
-    inside = (np.cumsum(quote, dtype=np.uint8) & 1).astype(bool)  # uint8 wraps: the parity stays right
-    keep = ~inside & ~quote & (kind != BACKSLASH)
-    return pos[keep], kind[keep], pos[kind == BACKSLASH]
-
-
-def _compact(values: pa.Array) -> pa.Array:
-    """Nested JSON texts (a large_binary array without nulls) without the whitespace between tokens."""
-    offsets = np.frombuffer(values.buffers()[1], np.int64)[values.offset:values.offset + len(values) + 1]
-    data = np.frombuffer(values.buffers()[2], np.uint8)[offsets[0]:offsets[-1]]
-    offsets = offsets - offsets[0]
-    cls = np.frombuffer(data.tobytes().translate(_CLASS_OR_SPACE_TABLE), np.uint8)
-    pos = np.flatnonzero(cls)
-    kind = cls[pos]
-    if not (kind == 255).any():
-        return values
-    kind = np.where(kind == 255, 0, kind)
-    quote = (kind == QUOTE) & ~_escaped(pos, kind)
-    inside = (np.cumsum(quote, dtype=np.uint8) & 1).astype(bool)
-    drop = pos[(kind == 0) & ~inside]
-    keep = np.ones(len(data), bool)
-    keep[drop] = False
-    new_offsets = offsets - np.searchsorted(drop, offsets)
-    return pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), len(values), [None, pa.py_buffer(new_offsets), pa.py_buffer(data[keep])]
-    )
-
-
-def _decode_strings(raw: pa.Array) -> tuple[pa.Array, np.ndarray]:
+def _decode_strings(raw: list[bytes]) -> tuple[pa.Array, np.ndarray]:
     """Escaped string contents decoded (one ``json.loads`` of them all), and which hold a lone surrogate."""
-    texts = json.loads(b'["' + b'","'.join(raw.to_pylist()) + b'"]')
+    texts = json.loads(b'["' + b'","'.join(raw) + b'"]')
     broken = np.zeros(len(texts), bool)
     for i, text in enumerate(texts):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
             broken[i], texts[i] = True, None
-    return pa.array(texts, pa.large_string()).view(pa.large_binary()), broken
+    return pa.array(texts, pa.large_string()), broken
 
 
 def _key_names(raw_keys: pa.Array, rename: Callable[[str], str]) -> list[str]:
@@ -202,92 +319,57 @@ def _key_names(raw_keys: pa.Array, rename: Callable[[str], str]) -> list[str]:
     return names
 
 
+def _binary(bounds: np.ndarray, data: Any) -> pa.Array:
+    """A zero-copy Arrow array over ``data`` whose element ``i`` is ``data[bounds[i]:bounds[i + 1]]``."""
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(bounds) - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)])
+
+
 def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict[int, str]]:
     """Columns of a buffer of valid object lines; also good-line index → reason for lines found bad here."""
     a = np.frombuffer(buf, np.uint8)
-    pos, kind, slashes = _outside_strings(buf)
-    newline = kind == NEWLINE
-    line_of = np.cumsum(newline) - newline  # the line of each character
-    if (kind == NOT_JSON).any():
-        return pa.table({}), 0, {int(i): "NaN or Infinity is not JSON" for i in np.unique(line_of[kind == NOT_JSON])}
-    lines = int(newline.sum())
-    structural = ~newline
-    line_of = line_of[structural]
-    pos, kind = pos[structural], kind[structural]
-    delta = np.zeros(len(kind), np.int32)
-    delta[(kind == OPEN_OBJ) | (kind == OPEN_ARR)] = 1
-    delta[(kind == CLOSE_OBJ) | (kind == CLOSE_ARR)] = -1
-    depth = np.cumsum(delta)  # after each character
-    opens = (kind == OPEN_OBJ) & (depth == 1)
-    per_line = np.bincount(line_of[opens], minlength=lines)
-    if (per_line != 1).any():  # pyarrow reads `{..}{..}` on one line as two rows; json.loads calls it extra data
-        return pa.table({}), 0, {int(i): "more than one JSON value on the line" for i in np.flatnonzero(per_line != 1)}
-    top = opens | ((kind == CLOSE_OBJ) & (depth == 0)) | (((kind == COLON) | (kind == COMMA)) & (depth == 1))
-    d_pos, d_kind, d_open = pos[top], kind[top], opens[top]
-    rows = int(d_open.sum())
-    line = np.cumsum(d_open) - 1
-    colon = np.flatnonzero(d_kind == COLON)
-    member_line = line[colon]
-    key_start, key_end = _trim(a, d_pos[colon - 1] + 1, d_pos[colon])
-    value_start, value_end = _trim(a, d_pos[colon] + 1, d_pos[colon + 1])
-    first = a[np.minimum(value_start, len(a) - 1)]
-    is_string = first == ord('"')
-    is_null = first == ord("n")
-    is_nested = (first == ord("{")) | (first == ord("["))
-    key_start, key_end = key_start + 1, key_end - 1
-    value_start, value_end = value_start + is_string, value_end - is_string
-    # every key and value span as one zero-copy array over the buffer: gap, key, gap, value, gap, key, ...
-    bounds = np.empty(4 * len(colon) + 2, np.int64)
-    bounds[0], bounds[-1] = 0, len(a)
-    bounds[1:-1:4], bounds[2:-1:4], bounds[3:-1:4], bounds[4:-1:4] = key_start, key_end, value_start, value_end
-    spans = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(bounds) - 1, [None, pa.py_buffer(bounds), pa.py_buffer(buf)])
-    member = np.arange(len(colon), dtype=np.int64)
-    element = 4 * member + 3
-    extra: list[pa.Array] = []
-    escapes = np.zeros(len(colon), bool)
-    if len(slashes):
-        escapes = np.searchsorted(slashes, value_end) > np.searchsorted(slashes, value_start)
-    replace = np.flatnonzero(is_string & escapes)
-    base = len(spans)
-    if len(replace):
-        decoded, broken = _decode_strings(spans.take(pa.array(element[replace])))
+    # a member has a colon: counting them (a C loop) beats a generous bound, whose pages cost to map and unmap
+    line_of, key_bounds, start, end, kind, flags, packed, objects, problem = _members(a, buf.count(b":"), buf.count(b"\n"))
+    problem = np.where(objects == 0, np.uint8(3), problem)
+    if problem.any():
+        return pa.table({}), 0, {int(i): PROBLEMS[int(problem[i])] for i in np.flatnonzero(problem)}
+    rows = len(objects)
+    source = (kind == NESTED).astype(np.uint8)
+    decoded = np.zeros(0, np.uint8)
+    escaped = np.flatnonzero((kind == STRING) & (flags & VALUE_ESCAPED).astype(bool))
+    if len(escaped):
+        texts, broken = _decode_strings([buf[start[j]:end[j]] for j in escaped.tolist()])
         if broken.any():
-            return pa.table({}), 0, {int(member_line[replace[i]]): "a string holds a lone surrogate: not valid Unicode"
+            return pa.table({}), 0, {int(line_of[escaped[i]]): "a string holds a lone surrogate: not valid Unicode"
                                      for i in np.flatnonzero(broken)}
-        element[replace] = base + np.arange(len(replace))
-        base += len(replace)
-        extra.append(decoded)
-    nested = np.flatnonzero(is_nested)
-    if len(nested):
-        compact = _compact(spans.take(pa.array(element[nested])))
-        element[nested] = base + np.arange(len(nested))
-        extra.append(compact)
-    source = pa.concat_arrays([spans, *extra]) if extra else spans
-    keys_raw = pc.dictionary_encode(spans.take(pa.array(4 * member + 1)))
+        bounds = np.frombuffer(texts.buffers()[1], np.int64)[: len(texts) + 1]
+        decoded = np.frombuffer(texts.buffers()[2], np.uint8) if texts.buffers()[2] is not None else decoded
+        source[escaped], start[escaped], end[escaped] = 2, bounds[:-1], bounds[1:]
+    keys_raw = pc.dictionary_encode(_binary(key_bounds, buf).take(pa.array(2 * np.arange(len(kind), dtype=np.int64) + 1)))
     names = _key_names(keys_raw.dictionary, rename)
     column_of_name = {name: i for i, name in enumerate(dict.fromkeys(names))}
-    column = np.array([column_of_name[n] for n in names], np.int64)[keys_raw.indices.to_numpy(zero_copy_only=False)] \
-        if len(names) else np.zeros(0, np.int64)
-    order = np.argsort(column, kind="stable")
-    edges = np.searchsorted(column[order], np.arange(len(column_of_name) + 1))
+    if not column_of_name:  # only empty objects: rows without columns
+        return pa.table({"rows": pa.nulls(rows, pa.string())}).drop_columns(["rows"]), rows, {}
+    column = np.array([column_of_name[n] for n in names], np.int64)[keys_raw.indices.to_numpy(zero_copy_only=False)]
+    offsets, valid, data = _gather(rows, len(column_of_name), column, line_of, start, end, source, kind == NULL, a,
+                                   packed, decoded)
+    wide = len(data) >= 2**31  # string offsets are int32: past that, large_string, then a cast that says which column
+    offsets = offsets if wide else offsets.astype(np.int32)
+    data_buffer = pa.py_buffer(data)
     columns = {}
     for name, c in column_of_name.items():
-        chosen = order[edges[c]:edges[c + 1]]
-        index = np.full(rows, -1, np.int64)
-        index[member_line[chosen]] = np.where(is_null[chosen], -1, element[chosen])  # a repeated key: the last wins
-        taken = source.take(pa.array(index, mask=index < 0))
-        columns[name] = taken.view(pa.large_string()).cast(pa.string())
-    if not columns:  # only empty objects: rows without columns
-        return pa.table({"rows": pa.nulls(rows, pa.string())}).drop_columns(["rows"]), rows, {}
+        present = valid[c * rows:(c + 1) * rows]
+        nulls = rows - int(np.count_nonzero(present))
+        bitmap = pa.py_buffer(np.packbits(present, bitorder="little")) if nulls else None
+        column_offsets = pa.py_buffer(offsets[c * (rows + 1):(c + 1) * (rows + 1)])
+        array = pa.Array.from_buffers(pa.large_string() if wide else pa.string(), rows, [bitmap, column_offsets, data_buffer], nulls)
+        columns[name] = array.cast(pa.string()) if wide else array
     return pa.table(columns), rows, {}
 
 
 def parse_ndjson(url: str, data: bytes, rename: Callable[[str], str] = str) -> Parsed:
     """Every non-blank line of an NDJSON file as strings (see the module doc); bad lines become rejects."""
-    a = np.frombuffer(data, np.uint8)
-    starts, ends = _line_bounds(a)
-    s, e = _trim(a, starts, ends)
-    lines = np.flatnonzero(e > s)  # blank lines are skipped, not rejected
+    starts, ends, filled = _lines(np.frombuffer(data, np.uint8))
+    lines = np.flatnonzero(filled)  # blank lines are skipped, not rejected
     bad = _bad_lines(data, starts, ends, lines) if len(lines) else {}
     while True:
         good = lines[~np.isin(lines, np.fromiter(bad, np.int64, len(bad)))] if bad else lines
