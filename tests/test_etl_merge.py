@@ -130,7 +130,9 @@ def _lone_surrogate(text: str) -> bool:
 def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
     """Seeded random files of odd but valid lines (and some bad ones) against a slow reference, value by value."""
     rng = random.Random(14)
-    atoms = ["1.50", "-0", "1e3", "2E-7", "9007199254740993", "123456789012345678901234567890", "true", "false",
+    atoms = ["1.", ".5", "-", "1e", "+1", '"\\x"', '"\\u12"', '"a\tb"', "01", "-01", "1.5e+", "tru", "nul", "[1,]",
+             '{"a":1,}', '{"a" 1}', "[1 2]", "{1:2}", "[}", "{]",  # not JSON: the line is a reject
+             "1.50", "-0", "1e3", "2E-7", "9007199254740993", "123456789012345678901234567890", "true", "false",
              "null", '"x"', '"caf\\u00e9"', '"a\\"b"', '"\\\\"', '"日本"', '""', '" : , { } [ ]"', '"\\n\\t\\/"',
              "NaN", "-Infinity", '"\\ud800"']
     names = ['"a"', '"b"', '"\\u00e9"', '"é"', '"k:1"', '"_source_file"', '""', '"{"', '"a\\"q"']
@@ -164,7 +166,18 @@ def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
         assert (parsed.table.to_pylist() if parsed.table else []) == [{c: row.get(c) for c in columns} for row in good], lines
         seen_rejects += len(parsed.rejects)
         seen_nested += sum(1 for row in good for v in row.values() if v and v[0] in "{[")
-    assert seen_rejects > 50 and seen_nested > 50  # the sample really holds both
+    assert seen_rejects > 100 and seen_nested > 20  # the sample really holds both
+
+
+def test_a_byte_order_mark_deep_nesting_and_refused_lines_get_clear_outcomes():
+    deep = lambda levels: '{"a":' + "[" * levels + "]" * levels + "}"  # noqa: E731
+    data = ("\ufeff" + '{"a": 1}\n' + deep(600) + "\n" + deep(400) + '\n{"x": NaN}\n{"y":1}{"z":2}\n[1]\n{"a":01}\n').encode()
+    parsed = parse_ndjson("file:///x.ndjson", data)
+    assert [(r["line_number"], r["error"]) for r in parsed.rejects] == [
+        (2, "values nested deeper than 512 levels"), (4, "NaN is not JSON"), (5, "more than one JSON value on the line"),
+        (6, "a JSON list, not an object"), (7, "Expecting ',' delimiter: line 1 column 7 (char 6)"),
+    ]
+    assert [row["a"] for row in parsed.table.to_pylist()] == ["1", "[" * 400 + "]" * 400]
 
 
 def _fail_second_part(monkeypatch):

@@ -9,16 +9,16 @@ What "as written" means (the README's "What the merged Parquet holds"):
 - keys are decoded (escapes, any script); two spellings of one key (``"é"``, ``"\\u00e9"``) are one column, and a key
   that appears twice in a line keeps its last value (as ``json.loads`` does).
 
-How: pyarrow's C++ JSON parser validates the whole file (no columns built); a Numba-compiled pass over the bytes
-(``_members``, GIL released, so a part's files parse on all cores) finds each top-level member's key and value
-spans and packs nested values without their whitespace; Arrow ``take`` gathers the spans into string columns. A
-line that is not a JSON object (or holds ``NaN``/``Infinity``, or invalid UTF-8) becomes a reject with its line
-number; the others still merge.
+How: one Numba-compiled pass over the bytes (``_members``; GIL released, so a part's files parse on all cores)
+checks every line against ``json.loads``'s grammar, finds each top-level member's key and value spans and packs
+nested values without their whitespace; a second (``_gather``) copies the spans into string columns. A line that
+is not a JSON object (or holds ``NaN``/``Infinity``, invalid UTF-8, or values nested deeper than ``MAX_DEPTH``)
+becomes a reject with its line number and ``json.loads``'s reason; the others still merge.
 """
 
 from __future__ import annotations
 
-import io
+import codecs
 import json
 from dataclasses import dataclass, field
 from collections.abc import Callable
@@ -27,14 +27,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pajson
 from numba import njit
 
 STRING, NULL, NESTED, SCALAR = range(4)  # a member's value
 KEY_ESCAPED, VALUE_ESCAPED = 1, 2  # a member's flags: its key or string value holds a backslash escape
-PROBLEMS = {1: "NaN or Infinity is not JSON", 2: "more than one JSON value on the line", 3: "no JSON object on the line"}
-_VALIDATE = pajson.ParseOptions(explicit_schema=pa.schema([]), unexpected_field_behavior="ignore")
-CHECK_LINES = 4096  # lines per group when a file fails validation: good groups stay in C++, bad ones go line by line
+NOT_JSON, MANY_VALUES, TOO_DEEP = 1, 2, 3  # a line's problem (its reason: ``_line_error``)
+MAX_DEPTH = 512  # nesting levels a value may have (json.loads itself stops near 1000, with a RecursionError)
 # cache: a worker compiles once, not per process; boundscheck: an IndexError, never a stray read, costs ~3%
 _COMPILED = {"nogil": True, "cache": True, "boundscheck": True}
 
@@ -75,118 +73,250 @@ def _filled(a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 @njit(**_COMPILED)
+def _skip_space(a: np.ndarray, i: int) -> int:
+    """Past spaces, tabs and carriage returns (a newline ends the line: every scan stops at it)."""
+    while a[i] == 32 or a[i] == 9 or a[i] == 13:
+        i += 1
+    return i
+
+
+@njit(**_COMPILED)
 def _string_end(a: np.ndarray, i: int) -> tuple[int, bool]:
-    """The closing quote of the string whose contents start at ``i``, and whether an escape lies between."""
+    """The closing quote of a string whose contents start at ``i`` (-1 if not valid JSON), and whether it has escapes."""
     escaped = False
-    while a[i] != 34:
-        if a[i] == 92:
+    while True:
+        c = a[i]
+        if c == 34:
+            return i, escaped
+        if c < 32:  # a control character, or the line's end: the string is not closed
+            return -1, escaped
+        if c == 92:
             escaped = True
-            i += 2
+            e = a[i + 1]
+            if e == 117:  # \uXXXX
+                for k in range(i + 2, i + 6):
+                    h = a[k]
+                    if not (48 <= h <= 57 or 65 <= h <= 70 or 97 <= h <= 102):
+                        return -1, escaped
+                i += 6
+            elif e == 34 or e == 92 or e == 47 or e == 98 or e == 102 or e == 110 or e == 114 or e == 116:
+                i += 2
+            else:
+                return -1, escaped
         else:
             i += 1
-    return i, escaped
+
+
+@njit(**_COMPILED)
+def _digits_end(a: np.ndarray, i: int) -> int:
+    while 48 <= a[i] <= 57:
+        i += 1
+    return i
+
+
+@njit(**_COMPILED)
+def _scalar_end(a: np.ndarray, i: int) -> int:
+    """The end of the number, ``true``, ``false`` or ``null`` starting at ``i``; -1 if there is none."""
+    c = a[i]
+    if c == 116 or c == 102 or c == 110:  # t f n
+        word = (116, 114, 117, 101, 0) if c == 116 else (102, 97, 108, 115, 101) if c == 102 else (110, 117, 108, 108, 0)
+        for k in range(5):
+            if word[k] == 0:
+                return i + k
+            if a[i + k] != word[k]:
+                return -1
+        return i + 5
+    if c == 45:  # -
+        i += 1
+    if a[i] == 48:  # a leading 0 stands alone
+        i += 1
+    elif 49 <= a[i] <= 57:
+        i = _digits_end(a, i)
+    else:
+        return -1
+    if a[i] == 46:  # .
+        if not 48 <= a[i + 1] <= 57:
+            return -1
+        i = _digits_end(a, i + 1)
+    if a[i] == 101 or a[i] == 69:  # e E
+        i += 1
+        if a[i] == 43 or a[i] == 45:
+            i += 1
+        if not 48 <= a[i] <= 57:
+            return -1
+        i = _digits_end(a, i)
+    return i
+
+
+@njit(**_COMPILED)
+def _nested_end(a: np.ndarray, i: int, packed: np.ndarray, p: int, stack: np.ndarray) -> tuple[int, int]:
+    """Check the object or array starting at ``i`` and copy it to ``packed[p:]`` without whitespace between tokens.
+
+    Returns its end and the new ``p``; the end is -1 when it is not valid JSON, -2 when nested deeper than
+    ``len(stack)`` levels. The grammar is ``json.loads``'s, less ``NaN`` and ``Infinity``.
+    """
+    VALUE, VALUE_OR_CLOSE, KEY, KEY_OR_CLOSE, COLON, COMMA_OR_CLOSE = 0, 1, 2, 3, 4, 5
+    depth, state = 0, VALUE
+    while True:
+        c = a[i]
+        if c == 32 or c == 9 or c == 13:
+            i += 1
+            continue
+        closing = (c == 125 and (state == KEY_OR_CLOSE or state == COMMA_OR_CLOSE)) or \
+                  (c == 93 and (state == VALUE_OR_CLOSE or state == COMMA_OR_CLOSE))
+        if closing:
+            if stack[depth - 1] != (123 if c == 125 else 91):
+                return -1, p
+            packed[p] = c
+            p += 1
+            i += 1
+            depth -= 1
+            if depth == 0:
+                return i, p
+            state = COMMA_OR_CLOSE
+        elif state == VALUE or state == VALUE_OR_CLOSE:
+            if c == 123 or c == 91:
+                if depth == len(stack):
+                    return -2, p
+                stack[depth] = c
+                depth += 1
+                packed[p] = c
+                p += 1
+                i += 1
+                state = KEY_OR_CLOSE if c == 123 else VALUE_OR_CLOSE
+                continue
+            if c == 34:
+                j, _ = _string_end(a, i + 1)
+                j += 1 if j >= 0 else 0
+            else:
+                j = _scalar_end(a, i)
+            if j < 0:
+                return -1, p
+            for k in range(i, j):  # a string keeps its escapes and spaces as written
+                packed[p] = a[k]
+                p += 1
+            i = j
+            state = COMMA_OR_CLOSE
+        elif state == KEY or state == KEY_OR_CLOSE:
+            if c != 34:
+                return -1, p
+            j, _ = _string_end(a, i + 1)
+            if j < 0:
+                return -1, p
+            for k in range(i, j + 1):
+                packed[p] = a[k]
+                p += 1
+            i = j + 1
+            state = COLON
+        elif state == COLON:
+            if c != 58:
+                return -1, p
+            packed[p] = c
+            p += 1
+            i += 1
+            state = VALUE
+        else:  # COMMA_OR_CLOSE, and not a matching close
+            if c != 44:
+                return -1, p
+            packed[p] = c
+            p += 1
+            i += 1
+            state = KEY if stack[depth - 1] == 123 else VALUE
+
+
+@njit(**_COMPILED)
+def _object_line(a, i, m, p, line, line_of, key, start, end, kind, flags, packed, stack):
+    """Check one line holding one JSON object and record its top-level members (see ``_members``).
+
+    Returns where the line's newline is, the new member count and ``packed`` length, and a problem code (0 none).
+    """
+    i = _skip_space(a, i)
+    if a[i] != 123:
+        return i, m, p, NOT_JSON
+    i = _skip_space(a, i + 1)
+    if a[i] == 125:
+        i += 1
+    else:
+        while True:
+            if a[i] != 34:
+                return i, m, p, NOT_JSON
+            j, escaped = _string_end(a, i + 1)
+            if j < 0:
+                return i, m, p, NOT_JSON
+            line_of[m] = line
+            key[2 * m + 1], key[2 * m + 2] = i + 1, j
+            flags[m] = KEY_ESCAPED if escaped else 0
+            i = _skip_space(a, j + 1)
+            if a[i] != 58:  # :
+                return i, m, p, NOT_JSON
+            i = _skip_space(a, i + 1)
+            c = a[i]
+            if c == 34:  # a string: its contents, escapes decoded later
+                j, escaped = _string_end(a, i + 1)
+                if j < 0:
+                    return i, m, p, NOT_JSON
+                start[m], end[m], kind[m] = i + 1, j, STRING
+                if escaped:
+                    flags[m] |= VALUE_ESCAPED
+                i = j + 1
+            elif c == 123 or c == 91:  # an object or array: its packed text
+                j, q = _nested_end(a, i, packed, p, stack)
+                if j < 0:
+                    return i, m, p, NOT_JSON if j == -1 else TOO_DEEP
+                start[m], end[m], kind[m] = p, q, NESTED
+                i, p = j, q
+            else:
+                j = _scalar_end(a, i)
+                if j < 0:
+                    return i, m, p, NOT_JSON
+                start[m], end[m], kind[m] = i, j, NULL if c == 110 else SCALAR
+                i = j
+            m += 1
+            i = _skip_space(a, i)
+            if a[i] == 44:  # ,
+                i = _skip_space(a, i + 1)
+                continue
+            if a[i] == 125:  # }
+                i += 1
+                break
+            return i, m, p, NOT_JSON
+    i = _skip_space(a, i)
+    if a[i] == 10:
+        return i, m, p, 0
+    return i, m, p, MANY_VALUES if a[i] == 123 else NOT_JSON
 
 
 @njit(**_COMPILED)
 def _members(a: np.ndarray, most: int, lines: int):
-    """Every top-level member of a buffer of validated object lines, each line ending in a newline.
+    """Check every line of a buffer (each ending in a newline) and find each object's top-level members.
 
     Per member: its line; its key's span (inside the quotes), as bounds with gaps between keys (one zero-copy
     Arrow array); its value's span: in ``a`` (a string's inside the quotes), or in ``packed`` for a nested value
-    (its text without whitespace between tokens); its kind and escape flags. Per line: how many objects begin on
-    it and a problem code (``PROBLEMS``), 0 if none.
+    (its text without whitespace between tokens); its kind and escape flags. Per line: a problem code (0 none);
+    a line with a problem has no members.
     """
-    n = len(a)
     line_of = np.empty(most, np.int64)
     key = np.empty(2 * most + 2, np.int64)  # gap, key, gap, key, ...: bounds of one zero-copy Arrow array
     start = np.empty(most, np.int64)
     end = np.empty(most, np.int64)
     kind = np.empty(most, np.uint8)
     flags = np.empty(most, np.uint8)
-    packed = np.empty(n, np.uint8)
-    objects = np.zeros(lines + 1, np.int64)
-    problem = np.zeros(lines + 1, np.uint8)
+    packed = np.empty(len(a), np.uint8)
+    problem = np.zeros(lines, np.uint8)
+    stack = np.empty(MAX_DEPTH, np.uint8)
     key[0] = 0
-    m, p, line, i = 0, 0, 0, 0
-    while i < n:
-        b = a[i]
-        if b == 10:
-            line += 1
-        if b != 123:  # whitespace or a newline outside objects
-            i += 1
-            continue
-        objects[line] += 1
-        if objects[line] > 1:  # pyarrow reads `{..}{..}` as two rows; json.loads calls it extra data
-            problem[line] = 2
+    m, p, i = 0, 0, 0
+    for line in range(lines):
+        i, m2, p2, code = _object_line(a, i, m, p, line, line_of, key, start, end, kind, flags, packed, stack)
+        if code:
+            problem[line] = code
+            while a[i] != 10:
+                i += 1
+        else:
+            m, p = m2, p2
         i += 1
-        while True:
-            while _is_space(a[i]):
-                i += 1
-            if a[i] == 125:  # }
-                i += 1
-                break
-            if a[i] == 44:  # ,
-                i += 1
-                while _is_space(a[i]):
-                    i += 1
-            line_of[m] = line
-            key[2 * m + 1] = i + 1
-            i, escaped = _string_end(a, i + 1)
-            key[2 * m + 2] = i
-            flags[m] = KEY_ESCAPED if escaped else 0
-            i += 1
-            while a[i] != 58:  # :
-                i += 1
-            i += 1
-            while _is_space(a[i]):
-                i += 1
-            b = a[i]
-            if b == 34:  # "
-                start[m] = i + 1
-                i, escaped = _string_end(a, i + 1)
-                end[m] = i
-                kind[m] = STRING
-                if escaped:
-                    flags[m] |= VALUE_ESCAPED
-                i += 1
-            elif b == 123 or b == 91:  # { [
-                start[m] = p
-                depth = 0
-                while True:
-                    c = a[i]
-                    if c == 34:  # a string inside: copied as written, escapes and spaces included
-                        j, escaped = _string_end(a, i + 1)
-                        for k in range(i, j + 1):
-                            packed[p] = a[k]
-                            p += 1
-                        i = j + 1
-                        continue
-                    i += 1
-                    if _is_space(c):
-                        continue
-                    packed[p] = c
-                    p += 1
-                    if c == 123 or c == 91:
-                        depth += 1
-                    elif c == 125 or c == 93:
-                        depth -= 1
-                        if depth == 0:
-                            break
-                    elif c == 78 or c == 73:  # N(aN), I(nfinity): pyarrow reads them, JSON has none
-                        problem[line] = 1
-                end[m] = p
-                kind[m] = NESTED
-            else:
-                start[m] = i
-                while not (a[i] == 44 or a[i] == 125 or _is_space(a[i])):
-                    if a[i] == 78 or a[i] == 73:
-                        problem[line] = 1
-                    i += 1
-                end[m] = i
-                kind[m] = NULL if b == 110 else SCALAR
-            m += 1
-    key[2 * m + 1] = n
-    return line_of[:m], key[:2 * m + 2], start[:m], end[:m], kind[:m], flags[:m], packed[:p], objects[:line], problem[:line]
+    key[2 * m + 1] = len(a)
+    return line_of[:m], key[:2 * m + 2], start[:m], end[:m], kind[:m], flags[:m], packed[:p], problem
 
 
 @njit(**_COMPILED)
@@ -243,39 +373,27 @@ def _gather(rows: int, columns: int, column: np.ndarray, line_of: np.ndarray, st
     return offsets, valid, data
 
 
-def _line_error(line: bytes) -> str | None:
-    """Why one line is not a JSON object (None when it is): the careful per-line check of a failing group."""
+def _line_error(line: bytes, problem: int = NOT_JSON) -> str:
+    """Why one line was refused, in ``json.loads``'s words where it has them."""
+    if problem == MANY_VALUES:
+        return "more than one JSON value on the line"
+    if problem == TOO_DEEP:
+        return f"values nested deeper than {MAX_DEPTH} levels"
     try:
-        record = json.loads(line, parse_constant=_no_constant)
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return str(error)[:300]
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not an object"
-    for value in record.values():
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return "a string holds a lone surrogate (\\ud800-\\udfff): not valid Unicode"
-    return None
+    return "not valid JSON"
 
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _valid(chunk: bytes, longest: int) -> bool:
-    """Whether pyarrow's parser accepts every line (objects only); nothing is built."""
-    try:
-        pajson.read_json(io.BytesIO(chunk), read_options=pajson.ReadOptions(block_size=max(1 << 20, longest + 2)),
-                         parse_options=_VALIDATE)
-        return True
-    except (pa.ArrowInvalid, ValueError):
-        return False
-
-
-def _bad_lines(data: bytes, starts: np.ndarray, ends: np.ndarray, candidates: np.ndarray) -> dict[int, str]:
-    """Line index → reason for every non-blank line that is not a JSON object in valid UTF-8."""
+def _not_utf8(data: bytes, starts: np.ndarray, ends: np.ndarray, candidates: np.ndarray) -> dict[int, str]:
+    """Line index → reason for every candidate line that is not valid UTF-8."""
     bad: dict[int, str] = {}
     try:
         data.isascii() or data.decode("utf-8")  # ASCII is UTF-8, and far quicker to tell
@@ -285,16 +403,6 @@ def _bad_lines(data: bytes, starts: np.ndarray, ends: np.ndarray, candidates: np
                 data[starts[i]:ends[i]].decode("utf-8")
             except UnicodeDecodeError as error:
                 bad[int(i)] = str(error)[:300]
-    longest = int((ends - starts).max()) if len(starts) else 0
-    if _valid(data, longest):
-        return bad
-    for g in range(0, len(candidates), CHECK_LINES):
-        group = candidates[g:g + CHECK_LINES]
-        if _valid(data[starts[group[0]]:ends[group[-1]]], longest):
-            continue
-        for i in group:
-            if int(i) not in bad and (reason := _line_error(data[starts[i]:ends[i]])):
-                bad[int(i)] = reason
     return bad
 
 
@@ -328,11 +436,13 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
     """Columns of a buffer of valid object lines; also good-line index → reason for lines found bad here."""
     a = np.frombuffer(buf, np.uint8)
     # a member has a colon: counting them (a C loop) beats a generous bound, whose pages cost to map and unmap
-    line_of, key_bounds, start, end, kind, flags, packed, objects, problem = _members(a, buf.count(b":"), buf.count(b"\n"))
-    problem = np.where(objects == 0, np.uint8(3), problem)
+    lines = buf.count(b"\n")
+    line_of, key_bounds, start, end, kind, flags, packed, problem = _members(a, buf.count(b":"), lines)
     if problem.any():
-        return pa.table({}), 0, {int(i): PROBLEMS[int(problem[i])] for i in np.flatnonzero(problem)}
-    rows = len(objects)
+        starts = np.concatenate(([0], np.flatnonzero(a == 10)[:-1] + 1))
+        return pa.table({}), 0, {int(i): _line_error(buf[starts[i]:buf.index(b"\n", starts[i])], int(problem[i]))
+                                 for i in np.flatnonzero(problem)}
+    rows = lines
     source = (kind == NESTED).astype(np.uint8)
     decoded = np.zeros(0, np.uint8)
     escaped = np.flatnonzero((kind == STRING) & (flags & VALUE_ESCAPED).astype(bool))
@@ -368,9 +478,11 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
 
 def parse_ndjson(url: str, data: bytes, rename: Callable[[str], str] = str) -> Parsed:
     """Every non-blank line of an NDJSON file as strings (see the module doc); bad lines become rejects."""
+    if data.startswith(codecs.BOM_UTF8):  # some Windows tools begin a file with one: it is not part of the data
+        data = b" " * len(codecs.BOM_UTF8) + data[len(codecs.BOM_UTF8):]
     starts, ends, filled = _lines(np.frombuffer(data, np.uint8))
     lines = np.flatnonzero(filled)  # blank lines are skipped, not rejected
-    bad = _bad_lines(data, starts, ends, lines) if len(lines) else {}
+    bad = _not_utf8(data, starts, ends, lines) if len(lines) else {}
     while True:
         good = lines[~np.isin(lines, np.fromiter(bad, np.int64, len(bad)))] if bad else lines
         if not len(good):
