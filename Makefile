@@ -38,7 +38,7 @@ demo: up
 
 test: install
 	$(PY) -m deployments.test_packages || true
-	$(PY) -m pytest tests -m "not sweep"
+	$(PY) -m pytest tests -m "not sweep" --durations=25
 
 # every write of every pipeline's run as a crash point, and the slow deployment runs (CI runs it after `make test`)
 test-sweep: install

@@ -95,13 +95,16 @@ def write_and_die(root: str, key: str) -> None:
 def test_a_killed_local_writer_leaves_no_object_and_its_temp_file_is_cleaned_up(tmp_path):
     import os
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     from tests.crashpoints import killed, run_child
 
     store = LocalStore(tmp_path / "store")
     store.put_bytes("jobs/a/keep.bin", b"kept")
-    for key in ("jobs/a/segments/1.mp4", "jobs/a/segments/2.mp4", "jobs/b/segments/1.mp4"):
-        assert killed(run_child("tests.test_foundation:write_and_die", {"root": str(store.root), "key": key}))
+    keys_written = ("jobs/a/segments/1.mp4", "jobs/a/segments/2.mp4", "jobs/b/segments/1.mp4")
+    with ThreadPoolExecutor(3) as pool:  # three writers at once, each killed mid-stream
+        results = list(pool.map(lambda key: run_child("tests.test_foundation:write_and_die", {"root": str(store.root), "key": key}), keys_written))
+    assert all(killed(result) for result in results), [result.stderr[-500:] for result in results]
     left = sorted(p.name for p in store.root.rglob("*.part"))
     assert len(left) == 3 and all(name.startswith((".1.mp4.", ".2.mp4.")) for name in left), left
     assert not store.exists("jobs/a/segments/1.mp4") and list(store.list("jobs/")) == ["jobs/a/keep.bin"]

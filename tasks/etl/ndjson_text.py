@@ -433,10 +433,10 @@ def _binary(bounds: np.ndarray, data: Any) -> pa.Array:
 
 
 def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict[int, str]]:
-    """Columns of a buffer of valid object lines; also good-line index → reason for lines found bad here."""
+    """Columns of a buffer of non-blank lines, each ending in a newline; or line index → reason for refused lines."""
     a = np.frombuffer(buf, np.uint8)
-    # a member has a colon: counting them (a C loop) beats a generous bound, whose pages cost to map and unmap
     lines = buf.count(b"\n")
+    # a member has a colon: counting them (a C loop) beats a generous bound, whose pages cost to map and unmap
     line_of, key_bounds, start, end, kind, flags, packed, problem = _members(a, buf.count(b":"), lines)
     if problem.any():
         starts = np.concatenate(([0], np.flatnonzero(a == 10)[:-1] + 1))
