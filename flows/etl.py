@@ -148,10 +148,10 @@ def ndjson_merge(
         )
     except Exception as error:
         message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
-        finish_task(date_prefix, manifest_name, None, error=message)
+        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=record["manifest_path"])
         notify_task(message, config.notify_block)
         raise
-    statuses = finish_task(date_prefix, manifest_name, summary)
+    statuses = finish_task(date_prefix, manifest_name, summary, manifest_path=record["manifest_path"])
     if summary["files_failed"]:
         get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
                                  [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])

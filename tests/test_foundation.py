@@ -158,3 +158,33 @@ def test_a_flow_writes_through_the_state_store_on_the_ephemeral_server(tables):
     state_store.create_if_absent(name, {"PK": "r", "SK": "CHUNK#chunk-0000000", "status": "PENDING"}, ["PK", "SK"])
     assert bump_twice(name, "r") == ["applied", "stale"]
     assert state_store.get_item(name, {"PK": "r", "SK": "RUN"})["jobs_completed"] == 1
+
+
+@flow
+def tiny_flow() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id)
+
+
+def test_flow_runs_still_send_heartbeats_once_their_exit_stops_waiting_for_the_heartbeat_thread():
+    import time
+
+    from prefect import flow_engine, get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    import flows  # noqa: F401 - importing the flows installs the quick exit, as a worker does
+
+    assert getattr(flow_engine._send_heartbeats, "quick_exit", False)
+    run_id = tiny_flow()
+    EventsWorker.drain_all()
+    wanted = EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                         resource=EventResourceFilter(id=[f"prefect.flow-run.{run_id}"]))
+    with get_client(sync_client=True) as client:
+        for _ in range(50):  # the server files incoming events in the background
+            if client.read_events(filter=wanted, limit=50).events:
+                break
+            time.sleep(0.2)
+        assert [e.resource.id for e in client.read_events(filter=wanted, limit=50).events] == [f"prefect.flow-run.{run_id}"]
+        assert client.read_flow_run(run_id).state.is_completed()

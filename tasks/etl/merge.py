@@ -312,15 +312,19 @@ def merge_manifest(
 # --------------------------------------------------------------------------- status after the merge
 
 
-def finish_manifest(date_prefix: str, manifest_name: str, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+def finish_manifest(
+    date_prefix: str, manifest_name: str, summary: dict[str, Any] | None, error: str | None = None, manifest_path: str | None = None,
+) -> dict[str, Any]:
     """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
 
     Files are found by querying the date and matching ``manifest_path`` in code (meta-records filtered in
     code too); a file that could not be read fails on its own with its reason while the others complete. A
     re-run moves the files an earlier run left ``failed#N`` too; a failed run first removes the manifest's
     output, and fails its files whatever an earlier run made of them, so `etl reprocess` can take them all.
+    ``manifest_path`` (from the record ``start_processing`` returned) saves reading the record again.
     """
-    record = manifest_record(date_prefix, manifest_name)
+    if manifest_path is None:
+        manifest_path = manifest_record(date_prefix, manifest_name)["manifest_path"]
     table = table_name(TRACKING)
     outcome = FAILED if summary is None else COMPLETED
     if outcome == FAILED:
@@ -333,13 +337,14 @@ def finish_manifest(date_prefix: str, manifest_name: str, summary: dict[str, Any
                     parts=summary["parts"], rejects_path=summary["rejects_path"] or "")
     if error:
         sets["error_message"] = error[:1000]
-    manifest_result = state_store.transition(table, tracking_key(date_prefix, record["file_key"]), PROCESSING, outcome, set=sets)
+    manifest_key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
+    manifest_result = state_store.transition(table, manifest_key, PROCESSING, outcome, set=sets)
 
     per_file = {f["url"]: f for f in (summary or {}).get("files", [])}
     movable = (MANIFESTED, FAILED) if outcome == COMPLETED else (MANIFESTED, COMPLETED)
     changes = []
     for item in file_records(date_prefix):
-        if item.get("manifest_path") != record["manifest_path"] or base_status(item) not in movable:
+        if item.get("manifest_path") != manifest_path or base_status(item) not in movable:
             continue
         info = per_file.get(item["file_path"], {})
         file_error = error or info.get("error") or (None if info else "not merged by this run")
