@@ -141,17 +141,19 @@ def ndjson_merge(
     if record is None:
         print(f"{manifest_name}: already taken by another run; nothing to do")
         return {"manifest": manifest_name, "skipped": True}
+    manifest_path, listed = record["manifest_path"], None
     try:
-        urls = attached_files_task(date_prefix, record["manifest_path"], manifest_files_task(record["manifest_path"]))
+        listed = manifest_files_task(manifest_path)
+        urls = attached_files_task(date_prefix, manifest_path, listed)
         summary = merge_task(
             date_prefix, manifest_name, urls, config.output_store_url, target_file_mb or config.target_file_mb, dask_scheduler
         )
     except Exception as error:
         message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
-        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=record["manifest_path"])
+        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path, listed=listed)
         notify_task(message, config.notify_block)
         raise
-    statuses = finish_task(date_prefix, manifest_name, summary, manifest_path=record["manifest_path"])
+    statuses = finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=listed)
     if summary["files_failed"]:
         get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
                                  [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])

@@ -272,9 +272,17 @@ def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int
     return removed
 
 
+def listed_file_records(date_prefix: str, urls: list[str]) -> list[dict[str, Any]]:
+    """The tracking records of a manifest's listed files, read by key (one batch read per 100 files, however many
+    files the date holds); a listed file always has one: it was claimed for the manifest before it was listed."""
+    date = keys.safe_date(date_prefix)
+    names = {keys.parse_input_path(url.split("?", 1)[0]).filename for url in urls}
+    return state_store.get_many(table_name(TRACKING), (tracking_key(date, name) for name in sorted(names)))
+
+
 def attached_files(date_prefix: str, manifest_path: str, urls: list[str]) -> list[str]:
     """The manifest's files whose records still belong to it (a reprocessed file has moved on to another manifest)."""
-    mine = {item["file_path"] for item in file_records(keys.safe_date(date_prefix)) if item.get("manifest_path") == manifest_path}
+    mine = {item["file_path"] for item in listed_file_records(date_prefix, urls) if item.get("manifest_path") == manifest_path}
     return [url for url in urls if url in mine]
 
 
@@ -313,12 +321,13 @@ def merge_manifest(
 
 
 def finish_manifest(
-    date_prefix: str, manifest_name: str, summary: dict[str, Any] | None, error: str | None = None, manifest_path: str | None = None,
+    date_prefix: str, manifest_name: str, summary: dict[str, Any] | None, error: str | None = None,
+    manifest_path: str | None = None, listed: list[str] | None = None,
 ) -> dict[str, Any]:
     """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
 
-    Files are found by querying the date and matching ``manifest_path`` in code (meta-records filtered in
-    code too); a file that could not be read fails on its own with its reason while the others complete. A
+    Files are the records whose ``manifest_path`` is the manifest's, among the ``listed`` files of its JSON
+    (read by key) or, when the JSON could not be read, among every record of the date (a query); a file that could not be read fails on its own with its reason while the others complete. A
     re-run moves the files an earlier run left ``failed#N`` too; a failed run first removes the manifest's
     output, and fails its files whatever an earlier run made of them, so `etl reprocess` can take them all.
     ``manifest_path`` (from the record ``start_processing`` returned) saves reading the record again.
@@ -343,7 +352,8 @@ def finish_manifest(
     per_file = {f["url"]: f for f in (summary or {}).get("files", [])}
     movable = (MANIFESTED, FAILED) if outcome == COMPLETED else (MANIFESTED, COMPLETED)
     changes = []
-    for item in file_records(date_prefix):
+    candidates = listed_file_records(date_prefix, listed) if listed is not None else file_records(date_prefix)
+    for item in candidates:
         if item.get("manifest_path") != manifest_path or base_status(item) not in movable:
             continue
         info = per_file.get(item["file_path"], {})
