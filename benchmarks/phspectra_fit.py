@@ -67,7 +67,11 @@ def flow_phases(run_id: str, start_iso: str, flow_s: float) -> dict[str, float]:
     print(f"before the first fit: flow start -> RUN item (cube read) {seconds(start_iso, run['created_at']):.2f} s, "
           f"-> chunk items (chunk files) {seconds(run['created_at'], chunks[0]['created_at']):.2f} s, "
           f"-> first claim (subflow, task submission) {seconds(chunks[0]['created_at'], min(c['started_at'] for c in chunks)):.2f} s")
-    fitting = seconds(min(c["started_at"] for c in chunks), max(c["completed_at"] for c in chunks))
+    first = min(c["started_at"] for c in chunks)
+    fitting = seconds(first, max(c["completed_at"] for c in chunks))
+    print("chunks (s from the first claim: claimed -> completed, fit in its child):",
+          ", ".join(f"{seconds(first, c['started_at']):.1f}->{seconds(first, c['completed_at']):.1f}"
+                    for c in sorted(chunks, key=lambda c: c["started_at"])))
     return {"before": before, "fitting": fitting, "after": flow_s - before - fitting}
 
 
