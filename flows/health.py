@@ -16,6 +16,9 @@ from prefect.artifacts import create_table_artifact
 
 from tasks.core.notify import notify_on_failure
 from tasks.health.run import check_health
+from tasks.core.runtime import quick_heartbeat_exit
+
+quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 
 check_task = task(check_health, name="check-health", retries=2, retry_delay_seconds=[5, 30])
 

@@ -18,10 +18,12 @@ from typing import Any
 from prefect import Flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from tasks.core.runtime import utc_now
+from tasks.core.runtime import quick_heartbeat_exit, utc_now
 from tasks.records import reconcile
 from tasks.records import messages as records_messages
 from tasks.core.notify import notify_on_failure
+
+quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 
 
 # The Prefect server stores a flow run's parameters as given but serves them back through orjson, which refuses

@@ -19,6 +19,9 @@ from tasks.core import keys
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import InvalidMedia
 from tasks.core.notify import notify_on_failure
+from tasks.core.runtime import quick_heartbeat_exit
+
+quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:

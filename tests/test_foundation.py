@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from prefect import flow, task
 
@@ -9,6 +13,8 @@ from blocks import DynamoTables, ObjectStorage, load_config
 from tasks.core import keys, state_store
 from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore
 from tasks.core.tables import TABLE_SPECS, SchemaMismatch, TableSpec, ensure_table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ensure_tables_is_idempotent_and_matches_the_seeds(tables):
@@ -174,9 +180,13 @@ def test_flow_runs_still_send_heartbeats_once_their_exit_stops_waiting_for_the_h
     from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
     from prefect.events.worker import EventsWorker
 
-    import flows  # noqa: F401 - importing the flows installs the quick exit, as a worker does
+    import flows.etl  # noqa: F401 - loading a flow module installs the quick exit
 
     assert getattr(flow_engine._send_heartbeats, "quick_exit", False)
+    by_path = ("from prefect.utilities.importtools import load_script_as_module as load; load('flows/video.py'); "
+               "from prefect import flow_engine; print(getattr(flow_engine._send_heartbeats, 'quick_exit', False))")
+    loaded = subprocess.run([sys.executable, "-c", by_path], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert loaded.stdout.strip().splitlines()[-1:] == ["True"], loaded.stderr[-2000:]  # as a worker loads a flow
     run_id = tiny_flow()
     EventsWorker.drain_all()
     wanted = EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
