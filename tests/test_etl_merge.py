@@ -264,3 +264,24 @@ def test_rerunning_a_failed_manifest_after_its_files_were_reprocessed_merges_not
     assert late["rows"] == 0 and late["files"] == []
     _exactly_once(root, urls)
     assert file_statuses(table) == {"completed": 5}
+
+
+def test_a_manifest_listing_a_path_that_is_no_input_file_still_merges_and_finishes_its_own_files(etl_env, caplog):
+    from tasks.core.object_store import open_url
+
+    root, table = etl_env["root"], etl_env["table"]
+    urls = _ingest_five(root, "odd")
+    ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
+    (key,) = manifests(table)
+    name = keys.manifest_name_from_record_key(key)
+    source, manifest_key = open_url(manifests(table)[key]["manifest_path"])
+    document = json.loads(source.get_bytes(manifest_key))
+    stray = (root / "elsewhere" / "notes.ndjson").as_uri()  # e.g. a hand-edited manifest
+    document["fileLocations"][0]["URIPrefixes"].append(stray)
+    source.put_bytes(manifest_key, json.dumps(document).encode())
+
+    summary = ndjson_merge(date_prefix=DAY, manifest_name=name)
+    assert (summary["manifest_status"], summary["files_completed"], summary["rows"]) == ("completed", 5, 15)
+    assert stray not in [f["url"] for f in summary["files"]] and f"manifest lists {stray}" in caplog.text
+    assert file_statuses(table) == {"completed": 5}
+    _exactly_once(root, urls)

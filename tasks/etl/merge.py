@@ -275,8 +275,12 @@ def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int
 def listed_file_records(date_prefix: str, urls: list[str]) -> list[dict[str, Any]]:
     """The tracking records of a manifest's listed files, read by key (one batch read per 100 files, however many
     files the date holds); a listed file always has one: it was claimed for the manifest before it was listed."""
-    date = keys.safe_date(date_prefix)
-    names = {keys.parse_input_path(url.split("?", 1)[0]).filename for url in urls}
+    date, names = keys.safe_date(date_prefix), set()
+    for url in urls:
+        try:
+            names.add(keys.parse_input_path(url.split("?", 1)[0]).filename)
+        except keys.InvalidKey:  # not an input path, so never tracked: not attached (a failed merge still finishes)
+            log.warning("manifest lists %s, which is not an input file path; it is not merged", url)
     return state_store.get_many(table_name(TRACKING), (tracking_key(date, name) for name in sorted(names)))
 
 
