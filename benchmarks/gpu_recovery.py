@@ -61,12 +61,13 @@ def events(log: Path, job_id: str) -> dict[tuple[str, str, str], float]:
 
 def setup(workdir: Path, poll: float, reboot_s: float, nodes: int):
     suffix = uuid.uuid4().hex[:8]
-    from tasks.core.tables import TABLE_SPECS, default_names, ensure_tables
+    from _common import ensure_table  # dropped again at the end
+    from tasks.core.tables import TABLE_SPECS, default_names
 
     names = {logical: f"{physical}-bench-{suffix}" for logical, physical in default_names("bench").items()}
-    for logical in TABLE_SPECS:
+    for logical, spec in TABLE_SPECS.items():
         os.environ[f"TABLE_{logical.upper()}"] = names[logical]
-    ensure_tables(names)
+        ensure_table(names[logical], spec)
     os.environ.update({
         "PIPELINES_USE_BLOCKS": "0", "GPU_LOCAL_STATE_DIR": str(workdir / "slots"), "GPU_LOCAL_NODES": str(nodes),
         "GPU_POLL_INTERVAL_S": str(poll), "GPU_LOCAL_REBOOT_S": str(reboot_s), "GPU_HEALTH_CHECK": "command",

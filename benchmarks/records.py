@@ -65,7 +65,8 @@ def main() -> None:
         from tasks.records import rules as records
         from tasks.core import state_store
         from tasks.records.rules import GRANULE
-        from tasks.core.tables import TABLE_SPECS, ensure_table
+        from _common import ensure_table  # dropped again at the end
+        from tasks.core.tables import TABLE_SPECS
 
         ensure_table(os.environ["TABLE_GRANULES"], TABLE_SPECS["granules"])
         ensure_table(os.environ["TABLE_EXECUTIONS"], TABLE_SPECS["executions"])

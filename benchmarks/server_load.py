@@ -134,8 +134,9 @@ def measure(database: str, per_pipeline: int, timeout_s: float, root: Path) -> d
     finally:
         print(stack("down", env).strip(), flush=True)
     outcomes = collections.Counter((flow, state) for flow, state, _ in runs)
+    mine = collections.Counter(state for _, state, run in runs if str(run.id) in set(submitted))
     return {"database": database, "up_s": round(up_s, 1), "load_s": round(load_s, 1), "submitted": len(submitted),
-            "refused_submissions": dict(refused),
+            "refused_submissions": dict(refused), "submitted_outcomes": dict(mine),
             "runs": len(runs), "errors": errors, "worker_error_lines": worker_errors,
             "outcomes": {f"{flow}: {state}": n for (flow, state), n in sorted(outcomes.items())}}
 

@@ -26,7 +26,8 @@ def main() -> None:
 
     with dynamodb_local():
         from tasks.core import state_store as store
-        from tasks.core.tables import TABLE_SPECS, ensure_table
+        from _common import ensure_table  # dropped again at the end
+        from tasks.core.tables import TABLE_SPECS
 
         name = f"bench-{uuid.uuid4().hex[:6]}"
         ensure_table(name, TABLE_SPECS["etl_file_tracking"])

@@ -81,6 +81,8 @@ def test_video_process_survives_a_crash_at_every_write(tables, store_root, tmp_p
             assert [r["segment_index"] for r in v.completions(job_id)] == list(range(total)), where
         else:
             assert job["status"] == v.FAILED and job["failure_reason"], where
+        # Prefect and the job record agree while the job still exists (before the delete below removes it)
+        assert reconcile.disagreements(["video"]) == [], where
         # the user removes the job; the scheduled cleanup leaves nothing behind
         v.request_delete(job_id)
         assert v.deleted_jobs_awaiting_cleanup() == [job_id], where
@@ -89,7 +91,6 @@ def test_video_process_survives_a_crash_at_every_write(tables, store_root, tmp_p
         hidden = [f"{d}/{name}" for d, _, files in os.walk(store_root) for name in files if job_id in f"{d}/{name}"]
         assert hidden == [], where
         assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
-    assert reconcile.disagreements(["video"]) == []
     report(f"video: {len(points)} crash points exercised of {len(writes)} writes: {points}")
 
 

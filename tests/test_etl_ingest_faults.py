@@ -154,6 +154,27 @@ def test_a_quarantined_file_uploaded_again_is_validated_again_and_batched(etl_en
     assert _consistent(table, root, TODAY) == {records(table)[(TODAY, "late.ndjson")]["manifest_path"]: ["late.ndjson"]}
 
 
+def test_a_quarantined_file_uploaded_again_with_the_same_size_is_validated_again(etl_env, monkeypatch):
+    """A new version of the same size (another ETag; locally another mtime) is validated again with the settings
+    of the day; the same version is not (that takes `etl release-quarantine`)."""
+    root, table = etl_env["root"], etl_env["table"]
+    url = write_input(root, TODAY, "same-size.ndjson", good_lines(40, 1))
+    size = Path(root / "pipeline" / "input" / TODAY / "same-size.ndjson").stat().st_size
+    assert ndjson_ingest(file_urls=[url], merge_deployment=MISSING_DEPLOYMENT)["quarantined"] == 1
+    monkeypatch.setenv("EXPECTED_FILE_SIZE_MB", str(size / (1024 * 1024)))  # the settings are fixed
+    unchanged = ndjson_ingest(file_urls=[url], merge_deployment=MISSING_DEPLOYMENT)  # the same version again
+    assert unchanged["revalidated"] == 0 and records(table)[(TODAY, "same-size.ndjson")]["status"].startswith("quarantined#")
+
+    path = root / "pipeline" / "input" / TODAY / "same-size.ndjson"
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b"row-", b"ROW-"))  # other bytes, same length
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # a later upload
+    assert path.stat().st_size == size and path.read_bytes() != data
+    again = ndjson_ingest(file_urls=[url], merge_deployment=MISSING_DEPLOYMENT)
+    item = records(table)[(TODAY, "same-size.ndjson")]
+    assert again["revalidated"] == 1 and item["status"] == f"pending#{item['shard_id']}" and item["released_at"]
+
+
 def test_release_quarantine_after_the_settings_are_fixed(etl_env, monkeypatch, capsys):
     from deployments.cli import main
 

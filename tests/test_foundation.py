@@ -198,3 +198,20 @@ def test_flow_runs_still_send_heartbeats_once_their_exit_stops_waiting_for_the_h
             time.sleep(0.2)
         assert [e.resource.id for e in client.read_events(filter=wanted, limit=50).events] == [f"prefect.flow-run.{run_id}"]
         assert client.read_flow_run(run_id).state.is_completed()
+
+
+@pytest.mark.parametrize("benchmark", ["state_store.py", "records.py"])
+def test_a_benchmark_against_the_stacks_dynamodb_leaves_no_table_behind(benchmark):
+    """Pointed at a running DynamoDB (as after `make up`), a benchmark removes the tables it made."""
+    import os
+
+    def all_tables() -> set[str]:
+        pages = state_store.client().get_paginator("list_tables").paginate()
+        return {name for page in pages for name in page["TableNames"]}
+
+    before = all_tables()
+    result = subprocess.run([sys.executable, f"benchmarks/{benchmark}", "--quick"], cwd=Path(__file__).resolve().parents[1],
+                            env={**os.environ, "PIPELINES_USE_BLOCKS": "0"}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "RATIO" in result.stdout or "ratio" in result.stdout.lower(), result.stdout[-2000:]
+    assert all_tables() == before

@@ -1,6 +1,8 @@
 """Seed 002 through the deployments, as a user runs them: `prefect deploy`, a process worker, `prefect deployment
-run 'gpu-job/local'`; the job's flow process is SIGKILLed while its tasks run, the worker reports the run Crashed,
-and `prefect deployment run 'gpu-sweep/local'` ends the job COMPLETE.
+run 'gpu-job/local'`; `prefect deployment run 'records-reconcile/local'` while the job's tasks run leaves them
+alone; the job's flow process is SIGKILLed while its tasks run, the worker reports the run Crashed, and
+`prefect deployment run 'gpu-sweep/local'` ends the job COMPLETE. The job's commands saw their own variables and
+none of the worker's secrets.
 
 About a minute (a worker and three flow-run processes): marker `sweep`, run by `make test-sweep` (and CI).
 """
@@ -40,7 +42,7 @@ def _flow_run_state(flow_run_id: str) -> str:
 
 
 @pytest.mark.timeout(600)
-def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatch):
+def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatch, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
@@ -54,14 +56,21 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT),
            "PIPELINES_USE_BLOCKS": "0", "PYTHONPATH": str(REPO_ROOT), "PREFECT_WORKER_QUERY_SECONDS": "1",
            "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
-    _prefect("deploy", "--name", "gpu-job/local", "--name", "gpu-sweep/local", env=env)
+    _prefect("deploy", "--name", "gpu-job/local", "--name", "gpu-sweep/local", "--name", "records-reconcile/local", env=env)
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
                               cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
+        # the command records its environment, then runs long enough for a reconcile to see it live
+        command = f"sh -c 'env > {tmp_path}/$NODE_NAME.env; sleep 30'"
         _prefect("deployment", "run", "gpu-job/local", "--param", "job_id=job-deployed", "--param", "num_nodes=2",
-                 "--param", f"command={sys.executable} -c 'import time; time.sleep(4)'", env=env)
+                 "--param", f"command={command}", "--param", 'env={"EPOCHS": "3"}', env=env)
         job = _wait(lambda: running_job("job-deployed"), 120, "the deployed job's tasks to run")
+        started_at = time.monotonic()
+        tasks = job["submitted_ecs_task_ids"]
+        _prefect("deployment", "run", "records-reconcile/local", "--param", 'pipelines=["gpu"]', "--watch", env=env)
+        assert statuses("task", tasks) == dict.fromkeys(tasks, "IN_PROGRESS")  # live tasks are never TERMINATED
+        assert gpu.get_job("job-deployed")["job_status"] == "IN_PROGRESS"
         os.kill(int(job["owner_pid"]), signal.SIGKILL)  # the flow-run process the worker started
         killed_at = time.monotonic()
         _wait(lambda: _flow_run_state(job["prefect_flow_run_id"]) == "CRASHED", 60, "the worker to report Crashed")
@@ -69,11 +78,17 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
         while gpu.get_job("job-deployed")["job_status"] != "COMPLETE":  # as the every-minute schedule would
             assert time.monotonic() - killed_at < 180
             _prefect("deployment", "run", "gpu-sweep/local", "--watch", env=env)
+        still_running = max(0.0, 30 - (killed_at - started_at))  # the tasks' own time left at the kill
         report(f"gpu-job/local deployment: killed gpu-job flow process -> job COMPLETE through gpu-sweep/local in "
-               f"{time.monotonic() - killed_at:.1f} s (tasks ran 4 s)")
+               f"{time.monotonic() - killed_at:.1f} s, of which ~{still_running:.0f} s the tasks still ran (sweeps "
+               f"back to back; on the every-minute schedule add up to 60 s)")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
     job = gpu.get_job("job-deployed")
     assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-deployed-r0-n0": "COMPLETE", "job-deployed-r0-n1": "COMPLETE"}
     assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")
+    for node in job["assigned_nodes"]:
+        seen = dict(line.split("=", 1) for line in (tmp_path / f"{node}.env").read_text().splitlines() if "=" in line)
+        assert seen["EPOCHS"] == "3" and seen["GPU_JOB_ID"] == "job-deployed", sorted(seen)
+        assert not {"AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "PREFECT_API_URL"} & set(seen), sorted(seen)

@@ -239,3 +239,38 @@ def test_crash_points_of_a_health_run_lose_no_notification(health, tables, tmp_p
             exercised += 1
     print(f"pipeline-health: {exercised} crash points exercised ({len(writes)} writes per incident)")
     assert health == []
+
+
+def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(tables, store_root, monkeypatch, webhook):
+    """As deployed: no HEALTH_* variables, the `HealthThresholds` block saved as `default` on the server, its
+    `notify_block` a real notification block (a webhook on loopback)."""
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    from blocks.base import clear_cache
+    from blocks.health import HealthThresholds
+    from flows.health import pipeline_health
+
+    monkeypatch.delenv("PIPELINES_USE_BLOCKS", raising=False)
+    monkeypatch.delenv("PIPELINES_NOTIFY_BLOCK", raising=False)
+    url, received = webhook
+    CustomWebhookNotificationBlock(name="health", url=url, json_data={"subject": "{{subject}}", "body": "{{body}}"}).save(
+        "test-health-hook", overwrite=True)
+    make_dead_letter("m-1")
+    make_dead_letter("m-2")
+    try:
+        # above the block's threshold (1, where the default is 0): the alarm fires and notifies through the block
+        HealthThresholds(dead_letter_max=1, notify_block="custom-webhook/test-health-hook").save("default", overwrite=True)
+        clear_cache()
+        rows = _by_name(pipeline_health())
+        assert rows["records-dead-letter-archive"]["state"] == "ALARM" and rows["records-dead-letter-archive"]["value"] == 2
+        assert [r["subject"] for r in received] == ["ALARM records-dead-letter-archive (records): incident 1"]
+        assert {n for n, r in rows.items() if r["state"] != "OK"} == {"records-dead-letter-archive"}
+        # the threshold raised in the block (as in the UI): the same records are no alarm, and nothing is sent
+        HealthThresholds(dead_letter_max=5, notify_block="custom-webhook/test-health-hook").save("default", overwrite=True)
+        clear_cache()
+        rows = _by_name(pipeline_health())
+        assert rows["records-dead-letter-archive"]["state"] == "OK" and len(received) == 1
+        assert state_store.get_item(tables["health_incidents"], {"alarm": "records-dead-letter-archive"})["status"] == "CLEARED"
+    finally:
+        HealthThresholds.delete("default")
+        clear_cache()

@@ -1,0 +1,143 @@
+"""Issue 14's re-runs as a user runs them: `prefect deploy` from prefect.yaml, a process worker, and
+`prefect deployment run` for every step (README, "Re-drive, remediate, replay").
+
+- video: a truncated upload fails the job (the reason names the object key, not a local path); the user uploads
+  again to the same target and runs `video-process` for the job again: it completes with every frame.
+- ETL: a merge fails on its worker (a fault injected at one of its writes); once the cause is fixed,
+  `ndjson-merge --param rerun=true` completes the manifest and its files, each line exactly once, and a later
+  `etl reprocess` + flush merges nothing twice.
+
+About a minute (a worker and several flow-run processes): marker `sweep`, run by `make test-sweep` (and CI).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tasks.core import keys, state_store
+from tasks.etl import ops as etl_ops
+from tasks.video import jobs as v
+from tasks.video.ffmpeg import make_test_video, probe
+from tests.crashpoints import REPO_ROOT
+from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, wait_for_runs
+from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - etl_env is a fixture
+from tests.test_etl_merge import _exactly_once, _ingest_five, file_statuses, manifests
+
+pytestmark = pytest.mark.sweep  # a worker and flow-run processes: `make test-sweep`, which CI runs
+
+
+def _deployment_run(deployment: str, *params: str) -> None:
+    """`prefect deployment run DEPLOYMENT --param …` (no --watch: the test waits on the run's state itself)."""
+    from prefect.settings import PREFECT_API_URL
+
+    args = [arg for param in params for arg in ("--param", param)]
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deployment", "run", deployment, *args],
+        cwd=REPO_ROOT, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+class Deployed:
+    """prefect.yaml's 'local' deployments of some flows, renamed for this test, on a pool of their own."""
+
+    def __init__(self, tmp_path: Path, flows: set[str]):
+        self.tmp_path, self.name = tmp_path, f"faults-{uuid.uuid4().hex[:6]}"
+        self.pool = f"pool-{self.name}"
+        self.deployments = deploy_from_prefect_yaml(tmp_path, flows, self.pool, self.name)
+        self.worker: Worker | None = None
+
+    def start_worker(self, **env: str) -> None:
+        """A (new) process worker for the pool, with this test's environment plus ``env``."""
+        self.stop_worker()
+        self.worker = Worker(self.pool, self.tmp_path / f"worker-{uuid.uuid4().hex[:4]}.log", env)
+
+    def stop_worker(self) -> None:
+        """Stop the worker and its flow runs."""
+        if self.worker:
+            self.worker.stop()
+            self.worker = None
+
+
+@pytest.fixture
+def deployed(tmp_path):
+    """Yields a function that deploys ``flows`` and starts a worker for them; the worker is stopped at the end."""
+    made: list[Deployed] = []
+
+    def deploy(flows: set[str], **worker_env: str) -> Deployed:
+        made.append(Deployed(tmp_path, flows))
+        made[-1].start_worker(**worker_env)
+        return made[-1]
+
+    yield deploy
+    for one in made:
+        one.stop_worker()
+
+
+@pytest.mark.timeout(600)
+def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, tmp_path, deployed):
+    deployments = deployed({"video-process", "video-reassemble"}).deployments
+    clip = make_test_video(tmp_path / "clip.mp4", 3.0, 10, keyframe_seconds=1.0)
+    data = clip.read_bytes()
+    job = v.create_job(mode="grayscale", segment_seconds=1.0)
+    job_id, upload = job["job_id"], Path(job["upload_target"])
+    upload.write_bytes(data[: len(data) // 2])  # the user's upload is cut short
+
+    process = deployments["video-process"]
+    _deployment_run(process, f"job_id={job_id}", "segment_retries=0")
+    (run,) = wait_for_runs(process, 1)
+    failed = v.get_job(job_id)
+    assert (run.state_name, failed["status"]) == ("Failed", "failed"), failed
+    assert "chunking failed" in failed["failure_reason"] and keys.source_key(job_id) in failed["failure_reason"]
+    assert str(store_root) not in failed["failure_reason"]  # object keys, not this machine's paths
+
+    upload.write_bytes(data)  # uploaded again to the same target, then the documented re-run
+    _deployment_run(process, f"job_id={job_id}", "segment_retries=0")
+    runs = wait_for_runs(process, 2)
+    assert sorted(r.state_name for r in runs) == ["Completed", "Failed"]
+    wait_for_runs(deployments["video-reassemble"], 1)
+    job = v.get_job(job_id)
+    assert (job["status"], job["total_segments"], job["final_frames"], job["attempts"]) == ("completed", 3, 30, 1)
+    assert "chunking failed" in job["previous_failure_reason"] and "failure_reason" not in job
+    assert probe(store_root / keys.final_key(job_id)).frames == 30
+    assert [r["segment_index"] for r in v.completions(job_id)] == [0, 1, 2]
+
+
+@pytest.mark.timeout(600)
+def test_a_failed_merge_is_rerun_through_its_deployment(etl_env, tmp_path, deployed):
+    from flows.etl import ndjson_flush_orphans, ndjson_ingest
+
+    root, table = etl_env["root"], etl_env["table"]
+    # the merge's flow-run processes on this worker fail at their second write (a part of the merge): the crash-point
+    # injector (tasks/core/faults.py) in raise mode, a fault the merge does not retry
+    stack = deployed({"ndjson-merge"}, PIPELINES_FAULT="2:raise:before")
+    merge = stack.deployments["ndjson-merge"]
+    urls = _ingest_five(root, "d")
+
+    summary = ndjson_ingest(file_urls=urls, merge_deployment=merge)
+    assert (summary["tracked"], summary["launched"]) == (5, 1)
+    (run,) = wait_for_runs(merge, 1, worker=stack.worker)
+    (key,) = manifests(table)
+    assert (run.state_name, manifests(table)[key]["status"]) == ("Failed", "failed"), stack.worker.tail()
+    assert "InjectedFault" in manifests(table)[key]["error_message"]
+    assert file_statuses(table) == {"failed": 5} and not list(root.glob(f"{keys.merged_output_prefix(DAY)}*.parquet"))
+
+    stack.start_worker()  # the cause is fixed (a worker without the fault); the README's re-run of a failed merge
+    name = keys.manifest_name_from_record_key(key)
+    _deployment_run(merge, f"date_prefix={DAY}", f"manifest_name={name}", "rerun=true")
+    runs = wait_for_runs(merge, 2, worker=stack.worker)
+    assert sorted(r.state_name for r in runs) == ["Completed", "Failed"]
+    assert manifests(table)[key]["status"] == "completed" and file_statuses(table) == {"completed": 5}
+    _exactly_once(root, urls)
+    # nothing is left to reprocess, and the flush finds nothing to batch again
+    assert etl_ops.reprocess_failed(DAY)["moved"] == 0
+    assert ndjson_flush_orphans(today=TODAY, merge_deployment=merge)["launched"] == 0
+    _exactly_once(root, urls)
+    assert not list(state_store.scan_all(table, keep=lambda i: str(i.get("status", "")).startswith("pending")))
