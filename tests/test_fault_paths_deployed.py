@@ -91,7 +91,7 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     upload.write_bytes(data[: len(data) // 2])  # the user's upload is cut short
 
     process = deployments["video-process"]
-    _deployment_run(process, f"job_id={job_id}", "segment_retries=0")
+    _deployment_run(process, f"job_id={job_id}", "segment_seconds=1.0", "segment_retries=0")
     (run,) = wait_for_runs(process, 1)
     failed = v.get_job(job_id)
     assert (run.state_name, failed["status"]) == ("Failed", "failed"), failed
@@ -99,7 +99,7 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     assert str(store_root) not in failed["failure_reason"]  # object keys, not this machine's paths
 
     upload.write_bytes(data)  # uploaded again to the same target, then the documented re-run
-    _deployment_run(process, f"job_id={job_id}", "segment_retries=0")
+    _deployment_run(process, f"job_id={job_id}", "segment_seconds=1.0", "segment_retries=0")
     runs = wait_for_runs(process, 2)
     assert sorted(r.state_name for r in runs) == ["Completed", "Failed"]
     wait_for_runs(deployments["video-reassemble"], 1)
