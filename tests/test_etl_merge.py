@@ -285,3 +285,27 @@ def test_a_manifest_listing_a_path_that_is_no_input_file_still_merges_and_finish
     assert stray not in [f["url"] for f in summary["files"]] and f"manifest lists {stray}" in caplog.text
     assert file_statuses(table) == {"completed": 5}
     _exactly_once(root, urls)
+
+
+@pytest.mark.parametrize("new_column_in", [None, 1, 2])
+def test_a_part_is_written_while_its_files_are_read_and_a_late_new_column_rewrites_it_whole(tmp_path, monkeypatch, new_column_in):
+    """Rows stream into the part file as each file is parsed (row groups of ROW_GROUP_ROWS); a file that brings a
+    column the first lacks makes the part be written again whole: same rows, columns in first-seen order."""
+    monkeypatch.setattr(etl_merge, "ROW_GROUP_ROWS", 2)
+    root = tmp_path / "objects"
+    files = []
+    for f in range(3):
+        rows = [{"id": f"{f}-{k}", "v": k} | ({"late": f"x{k}"} if f == new_column_in else {}) for k in range(3)]
+        if f == 1:
+            rows = [{"v": r["v"], **{k: v for k, v in r.items() if k != "v"}} for r in rows]  # another key order
+        files.append(write_input(root, DAY, f"s-{f}.ndjson", rows))
+    out = etl_merge.merge_part(0, files, "pipeline/output/_staging/t/", root.as_uri(), "2026-02-01T00:00:00Z")
+    part = pq.ParquetFile(root / out["staged"])
+    assert out["rows"] == 9 and part.metadata.num_rows == 9
+    expected = ["id", "v", "_processing_timestamp", "_source_file"] + (["late"] if new_column_in is not None else [])
+    assert part.schema_arrow.names == expected  # first-seen order, streamed or written again whole
+    if new_column_in is None:  # streamed: a row group every 2 rows or more, written while later files were read
+        assert part.num_row_groups > 1
+    rows = part.read().to_pylist()
+    assert [(r["id"], r["v"], r.get("late"), r["_source_file"]) for r in rows] == [
+        (f"{f}-{k}", str(k), f"x{k}" if f == new_column_in else None, files[f]) for f in range(3) for k in range(3)]

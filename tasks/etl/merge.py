@@ -19,6 +19,7 @@ import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -166,43 +167,78 @@ def repetitive_columns(table: pa.Table, sample: int = 4096) -> list[str]:
     return chosen
 
 
-def write_parquet(output_url: str, key: str, table: pa.Table) -> str:
-    """Write Snappy Parquet through the store's pyarrow filesystem (locally: temp file + rename)."""
-    options = {"compression": "snappy", "use_dictionary": repetitive_columns(table)}
-    target = store(output_url)
-    fs = target.arrow_filesystem()
-    path = target.arrow_path(key)
+ROW_GROUP_ROWS = 1 << 17  # rows per row group while later files of the part are still being parsed
+
+
+def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns in its order (a column it lacks is null), all text."""
+    return pa.table([table[name] if name in table.column_names else pa.nulls(table.num_rows, pa.string())
+                     for name in schema.names], schema=schema)
+
+
+def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Table]) -> str | None:
+    """Write Snappy Parquet through the store's pyarrow filesystem (locally: temp file + rename); None when no
+    table came.
+
+    ``tables`` may arrive one by one (a part's files, each as soon as it is parsed): they are written as they come,
+    so the write overlaps the parsing of the files after them. Columns keep their first-seen order; a table with a
+    column the first one lacks ends the streaming and the part is written again whole from every table.
+    """
+    pending = iter([tables] if isinstance(tables, pa.Table) else tables)
+    first = next(pending, None)
+    if first is None:
+        return None
     import pyarrow.fs as pafs
 
+    target = store(output_url)
+    fs = target.arrow_filesystem()
+    path = destination = target.arrow_path(key)
     if isinstance(fs, pafs.LocalFileSystem):
         parent, name = path.rsplit("/", 1)
         fs.create_dir(parent, recursive=True)
-        temp = f"{parent}/.{name}.{uuid.uuid4().hex}.part"
-        pq.write_table(table, temp, filesystem=fs, **options)
-        fs.move(temp, path)
-    else:
-        pq.write_table(table, path, filesystem=fs, **options)
+        destination = f"{parent}/.{name}.{uuid.uuid4().hex}.part"
+    seen, schema, streamed = [first], first.schema, True
+    with pq.ParquetWriter(destination, schema, filesystem=fs, compression="snappy",
+                          use_dictionary=repetitive_columns(first)) as writer:
+        buffered = [first]
+        for table in pending:
+            seen.append(table)
+            if not set(table.column_names) <= set(schema.names):
+                streamed = False
+                break
+            buffered.append(_conformed(table, schema))
+            if sum(t.num_rows for t in buffered) >= ROW_GROUP_ROWS:
+                writer.write_table(pa.concat_tables(buffered))
+                buffered = []
+        if streamed and buffered:
+            writer.write_table(pa.concat_tables(buffered))
+    if not streamed:  # a new column: every table (the rest too) unified, then written whole
+        whole = _unify(seen + list(pending))
+        pq.write_table(whole, destination, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(whole))
+    if destination != path:
+        fs.move(destination, path)
     return target.url_for(key)
 
 
 def merge_part(part: int, urls: list[str], staging_prefix: str, output_url: str, processed_at: str) -> dict[str, Any]:
-    """Read a group of files (in parallel), add the metadata columns, write one staged Parquet part (a Dask task)."""
-    with ThreadPoolExecutor(min(len(urls), os.cpu_count() or 1) or 1) as pool:
-        results = list(pool.map(read_ndjson, urls))
-    tables = [
-        r.table.append_column(PROCESSING_TIMESTAMP, pa.repeat(pa.scalar(processed_at, pa.string()), r.rows))
-        .append_column(SOURCE_FILE, pa.repeat(pa.scalar(r.url, pa.string()), r.rows))
-        for r in results if r.table is not None and r.rows
-    ]
-    staged = None
-    rows = sum(t.num_rows for t in tables)
-    if tables:
-        staged = f"{staging_prefix}part-{part:05d}.parquet"
-        write_parquet(output_url, staged, _unify(tables) if len(tables) > 1 else tables[0])
+    """Read a group of files (in parallel), add the metadata columns, write one staged Parquet part (a Dask task);
+    each file's rows are written while the files after it are still being read."""
+    results: list[FileResult] = []
+
+    def parsed_tables() -> Iterator[pa.Table]:
+        with ThreadPoolExecutor(min(len(urls), os.cpu_count() or 1) or 1) as pool:
+            for r in pool.map(read_ndjson, urls):  # in file order, each as soon as it and those before it are read
+                results.append(r)
+                if r.table is not None and r.rows:
+                    yield (r.table.append_column(PROCESSING_TIMESTAMP, pa.repeat(pa.scalar(processed_at, pa.string()), r.rows))
+                           .append_column(SOURCE_FILE, pa.repeat(pa.scalar(r.url, pa.string()), r.rows)))
+
+    key = f"{staging_prefix}part-{part:05d}.parquet"
+    staged = key if write_parquet(output_url, key, parsed_tables()) else None
     return {
         "part": part,
         "staged": staged,
-        "rows": rows,
+        "rows": sum(r.rows for r in results if r.table is not None),
         "files": [{"url": r.url, "rows": r.rows, "rejected_lines": len(r.rejects), "error": r.error} for r in results],
         "rejects": [reject for r in results for reject in r.rejects],
     }
