@@ -2,7 +2,8 @@
 run 'gpu-job/local'`; `prefect deployment run 'records-reconcile/local'` while the job's tasks run leaves them
 alone; the job's flow process is SIGKILLed while its tasks run, the worker reports the run Crashed, and
 `prefect deployment run 'gpu-sweep/local'` ends the job COMPLETE. The job's commands saw their own variables and
-none of the worker's secrets.
+none of the worker's secrets. A job whose command fails (no train.py) on nodes without a GPU fails without
+taking the nodes out of service.
 
 About a minute (a worker and three flow-run processes): marker `sweep`, run by `make test-sweep` (and CI).
 """
@@ -55,7 +56,8 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
             pass
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT),
            "PIPELINES_USE_BLOCKS": "0", "PYTHONPATH": str(REPO_ROOT), "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+           "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+           "GPU_HEALTH_CHECK": "nvml"}  # the default check: "unknown" here (no GPU), "healthy" on a GPU machine
     _prefect("deploy", "--name", "gpu-job/local", "--name", "gpu-sweep/local", "--name", "records-reconcile/local", env=env)
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
                               cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -82,6 +84,13 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
         report(f"gpu-job/local deployment: killed gpu-job flow process -> job COMPLETE through gpu-sweep/local in "
                f"{time.monotonic() - killed_at:.1f} s, of which ~{still_running:.0f} s the tasks still ran (sweeps "
                f"back to back; on the every-minute schedule add up to 60 s)")
+        # an application failure (no train.py) on nodes without a GPU: the job fails, the nodes stay in service
+        _prefect("deployment", "run", "gpu-job/local", "--param", "job_id=job-appfail", "--param", "num_nodes=2",
+                 "--param", f"command={sys.executable} train.py", env=env)
+        failed = _wait(lambda: (gpu.get_job("job-appfail") or {}).get("job_status") == "FAILED" and gpu.get_job("job-appfail"),
+                       120, "the failing job to end")
+        assert failed["retry"] == "0" and failed["failure_reason"].startswith("application failure"), failed
+        assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
