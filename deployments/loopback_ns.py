@@ -104,6 +104,7 @@ def main(argv: list[str]) -> int:
     print(f"loopback_ns: 127.0.0.1:{port} -> private namespace (pid {child.pid})", flush=True)
 
     def accept() -> None:
+        """Relay every connection to the namespace, one thread each."""
         while True:
             client, _ = outer.accept()
             threading.Thread(target=_relay, args=(client, port), daemon=True).start()

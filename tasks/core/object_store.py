@@ -51,6 +51,7 @@ def _write_point(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def write(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        """The write, as a crash point when the fault injector is armed."""
         if not faults.armed:
             return method(self, key, *args, **kwargs)
         number = faults.before("objects", method.__name__, key)
@@ -186,6 +187,7 @@ class LocalStore(ObjectStore):
 
     def _copy_file(self, key: str, path: str | Path) -> str:
         def write(handle):
+            """Stream the local file into ``handle``."""
             with open(path, "rb") as source:
                 shutil.copyfileobj(source, handle, STREAM_CHUNK)
 

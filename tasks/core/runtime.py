@@ -71,6 +71,7 @@ def quick_heartbeat_exit() -> None:
 
     @contextmanager
     def send_heartbeats(engine, join_on_exit: bool = True):
+        """Prefect's heartbeat context, never joining the heartbeat thread at exit."""
         with sending(engine, join_on_exit=False):
             yield
 

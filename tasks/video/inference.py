@@ -76,6 +76,7 @@ class _KeepCredentialsHome(urllib.request.HTTPRedirectHandler):
     """Follow 307/308 with the same POST body; send ``Authorization`` only back to the endpoint's own origin."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 - urllib's hook
+        """Follow only 307/308 (they keep the POST), and drop the credentials when the host changes."""
         if code not in (307, 308):  # 301/302/303 turn the POST into a GET without the segment
             raise _RedirectRefused(f"redirected ({code}) to {public_url(newurl)}; only 307/308 keep the segment")
         new = urllib.request.Request(
@@ -110,6 +111,7 @@ def infer_http(source: Path, target: Path, mode: str, endpoint_url: str | None, 
         request.add_header("Authorization", f"Bearer {api_key}")
 
     def fail(what: str) -> InferenceError:
+        """The error for ``what`` went wrong, with the endpoint and secrets redacted."""
         return InferenceError(redact(f"http backend: {where} {what}", secrets))
 
     try:
