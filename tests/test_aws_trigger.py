@@ -17,14 +17,12 @@ import pytest
 
 from tasks.core import keys, state_store
 from tasks.records import reconcile
-from tests.crashpoints import killed, run_child
 from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 
 @pytest.mark.sweep  # a server, a worker and its trigger: `make test-sweep`, which CI runs
 def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_records_agree(tables, store_root, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
-    from prefect.states import Crashed
 
     from flows.etl import ndjson_ingest
     from flows.phspectra_survey import phspectra_survey
@@ -34,12 +32,14 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
         monkeypatch.setenv(name, value)
     name, survey_run = f"trigger-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
     deployments = deploy_from_prefect_yaml(tmp_path, {"records-prefect-state"}, f"pool-{name}", name)
+    merges = deploy_from_prefect_yaml(tmp_path, {"ndjson-merge"}, f"pool-{name}-merge", f"{name}-merge")
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name(deployments["records-prefect-state"])
         automations = [a for a in client.read_automations() if str(deployment.id) in a.model_dump_json()]
     assert len(automations) == 1 and automations[0].enabled  # prefect.yaml's trigger, as `prefect deploy` made it
 
-    # a manifest ready to merge (its launch failed), then a merge whose process dies right after taking it
+    # a merge, started by the ingest as a deployment run, whose flow process dies right after taking its manifest:
+    # its worker (the crash-point injector armed in the flow-run processes it starts) reports the run Crashed
     day = "2026-04-01"
     urls = []
     for i in range(2):
@@ -47,18 +47,14 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join('{"id": "%d-%d", "pad": "%s"}\n' % (i, k, "x" * 40) for k in range(10)))
         urls.append(path.as_uri())
-    [manifest] = ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")["manifests"]
     worker = Worker(f"pool-{name}", tmp_path / "worker.log")
+    merge_worker = Worker(f"pool-{name}-merge", tmp_path / "merge-worker.log", {"PIPELINES_FAULT": "1:kill:after"})
     try:
-        crashed = run_child("flows.etl:ndjson_merge", {"date_prefix": day, "manifest_name": manifest}, "1:kill:after")
-        assert killed(crashed), crashed.stderr[-2000:]
+        [manifest] = ndjson_ingest(file_urls=urls, merge_deployment=merges["ndjson-merge"])["manifests"]
+        [merge_run] = wait_for_runs(merges["ndjson-merge"], 1, timeout=120, worker=merge_worker)
+        assert merge_run.state_name == "Crashed", merge_worker.tail()  # reported by the worker itself
         key = {"date_prefix": day, "file_key": keys.manifest_record_key(manifest)}
-        record = state_store.get_item(tables["etl_file_tracking"], key)
-        assert record["status"] == "processing"  # taken by a process that is gone
-        assert [f.problem for f in reconcile.disagreements(["etl"])] == []  # Prefect still says Running
-        crashed_run = record["prefect_flow_run_id"]
-        with get_client(sync_client=True) as client:  # what a process worker reports when its flow process dies
-            client.set_flow_run_state(crashed_run, Crashed(message="flow process killed"), force=True)
+        crashed_run = str(merge_run.id)
 
         # a pipeline run that fails: a survey of a cube that is not there (its split task fails, then the flow)
         started = time.monotonic()
@@ -83,6 +79,7 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
         print(f"crash and failure -> 3 records-prefect-state runs completed in {time.monotonic() - started:.1f} s")
     finally:
         worker.stop()
+        merge_worker.stop()
         with get_client(sync_client=True) as client:
             client.delete_deployment(deployment.id)  # and its trigger: later crashes in the session start nothing
 
