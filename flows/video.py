@@ -106,11 +106,10 @@ def video_process(
 ) -> dict[str, Any]:
     """Chunk the job's source, process every segment, and let the last completion trigger reassembly.
 
+    ``mode`` and ``segment_seconds``: this run's, else those the job was created with, else the block's.
     ``max_parallel_segments`` segments are processed at once (0: one per CPU core; raise it for the http backend).
     """
     config = load_config(VideoInference)
-    segment_seconds = segment_seconds or config.segment_seconds
-    mode = mode or config.mode
     backend = backend or config.backend
     if source_url is not None:  # "pass a source_url and let the flow create the job"
         v.check_source_allowed(source_url)  # refused before any job exists
@@ -129,6 +128,8 @@ def video_process(
     if job["status"] == v.COMPLETED:
         print(f"video job {job_id} is already completed: {job.get('final_key')}")
         return job
+    segment_seconds = float(segment_seconds or job.get("segment_seconds") or config.segment_seconds)
+    mode = mode or job.get("mode") or config.mode
     try:
         segment_keys = chunk_source_task(job_id, segment_seconds, mode)
     except Exception as error:  # bad input or ffmpeg failure after retries

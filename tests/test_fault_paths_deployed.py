@@ -91,7 +91,7 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     upload.write_bytes(data[: len(data) // 2])  # the user's upload is cut short
 
     process = deployments["video-process"]
-    _deployment_run(process, f"job_id={job_id}", "segment_seconds=1.0", "segment_retries=0")
+    _deployment_run(process, f"job_id={job_id}", "segment_retries=0")  # the job's own mode and segment length
     (run,) = wait_for_runs(process, 1)
     failed = v.get_job(job_id)
     assert (run.state_name, failed["status"]) == ("Failed", "failed"), failed
@@ -99,7 +99,7 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     assert str(store_root) not in failed["failure_reason"]  # object keys, not this machine's paths
 
     upload.write_bytes(data)  # uploaded again to the same target, then the documented re-run
-    _deployment_run(process, f"job_id={job_id}", "segment_seconds=1.0", "segment_retries=0")
+    _deployment_run(process, f"job_id={job_id}", "segment_retries=0")  # the job's own mode and segment length
     runs = wait_for_runs(process, 2)
     assert sorted(r.state_name for r in runs) == ["Completed", "Failed"]
     wait_for_runs(deployments["video-reassemble"], 1)
@@ -108,6 +108,8 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     assert "chunking failed" in job["previous_failure_reason"] and "failure_reason" not in job
     assert probe(store_root / keys.final_key(job_id)).frames == 30
     assert [r["segment_index"] for r in v.completions(job_id)] == [0, 1, 2]
+    assert sorted((store_root / f"jobs/{job_id}/segments").iterdir()) == [  # the job's mode, not the block's
+        store_root / keys.output_segment_key(job_id, i, 3, "grayscale") for i in range(3)]
 
 
 @pytest.mark.timeout(600)

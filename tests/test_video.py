@@ -122,6 +122,21 @@ def http_backend(monkeypatch):
     server.server_close()
 
 
+def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with(tables, store_root, source_video, monkeypatch):
+    """`video create-job --mode grayscale --segment-seconds 1` then `video-process` with only the job id: the job's
+    own settings, not the block's defaults (here 2.5 s segments, identity)."""
+    monkeypatch.setenv("VIDEO_INFERENCE_SEGMENT_SECONDS", "2.5")
+    monkeypatch.setenv("VIDEO_INFERENCE_MODE", "identity")
+    job_id = _upload(store_root, source_video.read_bytes(), mode="grayscale")  # created with 1 s segments
+    job = video_process(job_id=job_id, segment_retry_delays=[0, 0])
+    assert (job["status"], job["total_segments"]) == ("completed", 5)
+    outputs = [k for k in _objects(store_root) if k.startswith(f"jobs/{job_id}/segments/")]
+    assert outputs == [keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
+    # a run's own parameters still come first
+    other = _upload(store_root, source_video.read_bytes(), mode="grayscale")
+    assert video_process(job_id=other, segment_seconds=2.5, mode="identity", segment_retry_delays=[0, 0])["total_segments"] == 2
+
+
 def test_http_backend_stores_the_endpoints_responses(tables, store_root, source_video, http_backend):
     job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
     job = _run(job_id=job_id, mode="identity", backend="http")
