@@ -102,7 +102,16 @@ def server_errors(log: Path, offset: int) -> dict[str, int]:
 
 
 def measure(database: str, per_pipeline: int, timeout_s: float, root: Path) -> dict:
-    """One database: stack up, the load, the figures, stack down."""
+    """One database: stack up, the load, the figures, stack down (this process's environment as it was)."""
+    saved = dict(os.environ)  # the stack's local.env is applied below: the next stack, or a caller, must not see it
+    try:
+        return _measure(database, per_pipeline, timeout_s, root)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _measure(database: str, per_pipeline: int, timeout_s: float, root: Path) -> dict:
     data = root / database
     env = {
         **os.environ, "PIPELINES_DATA_DIR": str(data), "PREFECT_SERVER_DB": database,

@@ -200,20 +200,30 @@ def flow_name(entrypoint: str) -> str:
     return entrypoint.split(":")[1].replace("_", "-")
 
 
+def prefect_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    """``prefect --no-prompt ARGS`` against the test server (or with ``env``), as a user types it; must succeed."""
+    import subprocess
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    env = env or {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
 def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: str) -> dict[str, str]:
     """`prefect deploy` the 'local' deployments of ``flows`` from prefect.yaml as ``{flow}/{name}`` on ``pool``.
 
     Everything else (entrypoint, parameters, triggers, pull step) is prefect.yaml's own; references from one
     deployment to another (``merge_deployment``, ``reassembly_deployment``) are pointed at the copies.
     """
-    import subprocess
-    import sys
-
     import yaml
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
-    from prefect.settings import PREFECT_API_URL
 
     config = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
     chosen = []
@@ -235,12 +245,7 @@ def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: s
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
         except ObjectAlreadyExists:
             pass
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all", "--prefect-file", str(path)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    prefect_cli("deploy", "--all", "--prefect-file", str(path))
     return {flow: f"{flow}/{name}" for flow in flows}
 
 

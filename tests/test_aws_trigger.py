@@ -85,6 +85,7 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
 
     record = state_store.to_plain(state_store.get_item(tables["etl_file_tracking"], key))
     assert record["status"] == "failed" and "Crashed" in record["error_message"]
+    assert record["prefect_flow_run_id"] == crashed_run  # the crashed run had taken the manifest before it died
     run = state_store.to_plain(state_store.get_item(tables["phspectra_runs"], {"PK": survey_run, "SK": keys.RUN_SK}))
     assert run["status"] == "FAILED" and "cube not found" in run["error"]
     assert reconcile.disagreements() == []

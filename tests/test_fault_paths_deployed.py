@@ -12,9 +12,6 @@ About a minute (a worker and several flow-run processes): marker `sweep`, run by
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -24,8 +21,7 @@ from tasks.core import keys, state_store
 from tasks.etl import ops as etl_ops
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
-from tests.crashpoints import REPO_ROOT
-from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, wait_for_runs
+from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
 from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - etl_env is a fixture
 from tests.test_etl_merge import _exactly_once, _ingest_five, file_statuses, manifests
 
@@ -34,15 +30,7 @@ pytestmark = pytest.mark.sweep  # a worker and flow-run processes: `make test-sw
 
 def _deployment_run(deployment: str, *params: str) -> None:
     """`prefect deployment run DEPLOYMENT --param …` (no --watch: the test waits on the run's state itself)."""
-    from prefect.settings import PREFECT_API_URL
-
-    args = [arg for param in params for arg in ("--param", param)]
-    result = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deployment", "run", deployment, *args],
-        cwd=REPO_ROOT, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    prefect_cli("deployment", "run", deployment, *[arg for param in params for arg in ("--param", param)], timeout=120)
 
 
 class Deployed:

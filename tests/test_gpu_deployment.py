@@ -20,19 +20,13 @@ import pytest
 
 from tasks.gpu import jobs as gpu
 from tests.crashpoints import REPO_ROOT, report
+from tests.test_aws_s3 import prefect_cli
 from tests.test_gpu import gpu_env, statuses  # noqa: F401 (fixture)
 from tests.test_gpu_recovery import running_job
 from tests.test_records_reconcile import _wait
 
 pytestmark = pytest.mark.sweep  # slow (a worker and flow-run processes): `make test-sweep`, which CI runs
 NODES = ["local-0", "local-1", "local-2"]
-
-
-def _prefect(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 def _flow_run_state(flow_run_id: str) -> str:
@@ -58,19 +52,19 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
            "PIPELINES_USE_BLOCKS": "0", "PYTHONPATH": str(REPO_ROOT), "PREFECT_WORKER_QUERY_SECONDS": "1",
            "PREFECT_WORKER_PREFETCH_SECONDS": "1",
            "GPU_HEALTH_CHECK": "nvml"}  # the default check: "unknown" here (no GPU), "healthy" on a GPU machine
-    _prefect("deploy", "--name", "gpu-job/local", "--name", "gpu-sweep/local", "--name", "records-reconcile/local", env=env)
+    prefect_cli("deploy", "--name", "gpu-job/local", "--name", "gpu-sweep/local", "--name", "records-reconcile/local", env=env)
     worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
                               cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
         # the command records its environment, then runs long enough for a reconcile to see it live
         command = f"sh -c 'env > {tmp_path}/$NODE_NAME.env; sleep 30'"
-        _prefect("deployment", "run", "gpu-job/local", "--param", "job_id=job-deployed", "--param", "num_nodes=2",
+        prefect_cli("deployment", "run", "gpu-job/local", "--param", "job_id=job-deployed", "--param", "num_nodes=2",
                  "--param", f"command={command}", "--param", 'env={"EPOCHS": "3"}', env=env)
         job = _wait(lambda: running_job("job-deployed"), 120, "the deployed job's tasks to run")
         started_at = time.monotonic()
         tasks = job["submitted_ecs_task_ids"]
-        _prefect("deployment", "run", "records-reconcile/local", "--param", 'pipelines=["gpu"]', "--watch", env=env)
+        prefect_cli("deployment", "run", "records-reconcile/local", "--param", 'pipelines=["gpu"]', "--watch", env=env)
         assert statuses("task", tasks) == dict.fromkeys(tasks, "IN_PROGRESS")  # live tasks are never TERMINATED
         assert gpu.get_job("job-deployed")["job_status"] == "IN_PROGRESS"
         os.kill(int(job["owner_pid"]), signal.SIGKILL)  # the flow-run process the worker started
@@ -79,13 +73,13 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
         assert gpu.get_job("job-deployed")["job_status"] == "IN_PROGRESS"
         while gpu.get_job("job-deployed")["job_status"] != "COMPLETE":  # as the every-minute schedule would
             assert time.monotonic() - killed_at < 180
-            _prefect("deployment", "run", "gpu-sweep/local", "--watch", env=env)
+            prefect_cli("deployment", "run", "gpu-sweep/local", "--watch", env=env)
         still_running = max(0.0, 30 - (killed_at - started_at))  # the tasks' own time left at the kill
         report(f"gpu-job/local deployment: killed gpu-job flow process -> job COMPLETE through gpu-sweep/local in "
                f"{time.monotonic() - killed_at:.1f} s, of which ~{still_running:.0f} s the tasks still ran (sweeps "
                f"back to back; on the every-minute schedule add up to 60 s)")
         # an application failure (no train.py) on nodes without a GPU: the job fails, the nodes stay in service
-        _prefect("deployment", "run", "gpu-job/local", "--param", "job_id=job-appfail", "--param", "num_nodes=2",
+        prefect_cli("deployment", "run", "gpu-job/local", "--param", "job_id=job-appfail", "--param", "num_nodes=2",
                  "--param", f"command={sys.executable} train.py", env=env)
         failed = _wait(lambda: (gpu.get_job("job-appfail") or {}).get("job_status") == "FAILED" and gpu.get_job("job-appfail"),
                        120, "the failing job to end")

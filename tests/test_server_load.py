@@ -30,13 +30,12 @@ def test_a_postgresql_server_under_concurrent_runs_of_every_pipeline_logs_no_err
         pytest.skip(str(error))
     root = Path(tempfile.mkdtemp(prefix="server-load-"))  # under /tmp: the `postgres` user (as root) can reach it
     root.chmod(0o755)
-    saved = dict(os.environ)  # measure() points this process at the stack it starts
+    before = dict(os.environ)
     try:
         result = measure("postgres", per_pipeline=1, timeout_s=600, root=root)
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
         shutil.rmtree(root, ignore_errors=True)
+    assert dict(os.environ) == before  # the stack's settings stay with the stack
     print(result)
     assert result["refused_submissions"] == {}, result
     assert result["errors"] == {"database is locked": 0, "ERROR lines": 0, "tracebacks": 0}, result

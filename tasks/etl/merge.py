@@ -200,16 +200,17 @@ def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Tabl
     seen, schema, streamed = [first], first.schema, True
     with pq.ParquetWriter(destination, schema, filesystem=fs, compression="snappy",
                           use_dictionary=repetitive_columns(first)) as writer:
-        buffered = [first]
+        buffered, rows, names = [first], first.num_rows, set(schema.names)
         for table in pending:
             seen.append(table)
-            if not set(table.column_names) <= set(schema.names):
+            if not set(table.column_names) <= names:
                 streamed = False
                 break
             buffered.append(_conformed(table, schema))
-            if sum(t.num_rows for t in buffered) >= ROW_GROUP_ROWS:
+            rows += table.num_rows
+            if rows >= ROW_GROUP_ROWS:
                 writer.write_table(pa.concat_tables(buffered))
-                buffered = []
+                buffered, rows = [], 0
         if streamed and buffered:
             writer.write_table(pa.concat_tables(buffered))
     if not streamed:  # a new column: every table (the rest too) unified, then written whole
