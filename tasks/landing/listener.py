@@ -1,0 +1,117 @@
+"""The loop every pipeline's listener runs: receive arrivals, hand them over in micro-batches, ack what is durable.
+
+    source.receive() ──> micro-batch (up to batch_size, or batch_seconds after its first arrival)
+        ──> handler(batch) ──> Outcome.done  ──> source.ack()      (the work is durable)
+                           └─> Outcome.retry ──> source.release()  (offered again later, with the reason)
+
+A handler that raises releases its whole batch (nothing is lost); every arrival it does not account for is
+released too, so a handler bug cannot silently drop an object. Like the SQS batch of the seeds' Lambdas, a
+batch is bounded by count and by time, never one flow run per object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from tasks.landing.sources import Arrival, EventSource
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What a handler made of a batch: arrivals whose work is durable, and arrivals to offer again (with why)."""
+
+    done: list[Arrival] = field(default_factory=list)
+    retry: list[tuple[Arrival, str]] = field(default_factory=list)
+
+
+Handler = Callable[[list[Arrival]], Outcome]
+
+
+@dataclass
+class PumpStats:
+    """Counts over one pump: what was received, acked and released, in how many batches."""
+
+    received: int = 0
+    acked: int = 0
+    released: int = 0
+    batches: int = 0
+
+
+def settle(source: EventSource, batch: Sequence[Arrival], outcome: Outcome, stats: PumpStats) -> None:
+    """Ack the durable arrivals and release the rest (one log line per reason), counting both."""
+    done_ids = {id(a) for a in outcome.done}
+    retry_ids = {id(a) for a, _ in outcome.retry}
+    unaccounted = [a for a in batch if id(a) not in done_ids and id(a) not in retry_ids]
+    retry = list(outcome.retry) + [(a, "the handler did not account for it") for a in unaccounted]
+    if outcome.done:
+        source.ack(outcome.done)
+        stats.acked += len(outcome.done)
+    by_reason: dict[str, list[Arrival]] = {}
+    for arrival, reason in retry:
+        by_reason.setdefault(reason, []).append(arrival)
+    for reason, arrivals in by_reason.items():
+        LOG.warning("offering %d arrival(s) again (%s): %s", len(arrivals), reason, arrivals[0].url)
+        source.release(arrivals, reason)
+        stats.released += len(arrivals)
+
+
+def handle_batch(source: EventSource, handler: Handler, batch: list[Arrival], stats: PumpStats) -> None:
+    """Run the handler on one batch; a handler that raises releases the whole batch with the error."""
+    stats.batches += 1
+    try:
+        outcome = handler(batch)
+    except Exception as exc:  # noqa: BLE001 - the batch is offered again, never lost
+        LOG.exception("handler failed on a batch of %d; offering it again", len(batch))
+        outcome = Outcome(retry=[(a, f"{type(exc).__name__}: {exc}") for a in batch])
+    settle(source, batch, outcome, stats)
+
+
+def pump(
+    source: EventSource,
+    handler: Handler,
+    *,
+    batch_size: int = 100,
+    batch_seconds: float = 2.0,
+    wait_seconds: float = 20.0,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> PumpStats:
+    """Receive until ``should_stop()``, handing arrivals to ``handler`` in batches bounded by count and age."""
+    stats = PumpStats()
+    batch: list[Arrival] = []
+    first_at = 0.0
+    while not should_stop():
+        if batch:
+            wait = max(0.0, batch_seconds - (time.monotonic() - first_at))
+        else:
+            wait = wait_seconds
+        received = source.receive(max_items=max(1, min(10, batch_size - len(batch))), wait_seconds=wait)
+        if received and not batch:
+            first_at = time.monotonic()
+        batch += received
+        stats.received += len(received)
+        if batch and (len(batch) >= batch_size or time.monotonic() - first_at >= batch_seconds):
+            handle_batch(source, handler, batch, stats)
+            batch = []
+    if batch:  # stopping: finish what was received rather than wait for a redelivery
+        handle_batch(source, handler, batch, stats)
+    return stats
+
+
+def emit_landed(arrival: Arrival, pipeline: str, outcome: str, flow_run_id: str | None = None) -> None:
+    """One Prefect event per arrival: the object (its URL) and, where one was started, the run it started."""
+    from prefect.events import emit_event
+
+    related = []
+    if flow_run_id:
+        related.append({"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"})
+    emit_event(
+        event=f"pipelines.{pipeline}.object.{outcome}",
+        resource={"prefect.resource.id": arrival.url, "prefect.resource.name": arrival.key or arrival.url, "pipelines.pipeline": pipeline},
+        related=related,
+        payload={"size": arrival.size, "event_time": arrival.event_time, "event_id": arrival.event_id},
+    )
