@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -147,6 +148,7 @@ def ndjson_merge(
     try:
         listed = manifest_files_task(manifest_path)
         urls = attached_files_task(date_prefix, manifest_path, listed)
+        merge_started = time.monotonic()
         summary = merge_task(
             date_prefix, manifest_name, urls, config.output_store_url, target_file_mb or config.target_file_mb, dask_scheduler
         )
@@ -160,7 +162,10 @@ def ndjson_merge(
         get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
                                  [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
     metric_task("merge", {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
-                          "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"]}, config)
+                          "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
+                          "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
+                          "seconds": round(time.monotonic() - merge_started, 3),
+                          "skipped": summary["already_published"]}, config)
     print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s)"
           f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
           f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed")

@@ -196,6 +196,10 @@ def test_the_flow_shows_every_alarm_in_a_table_artifact(health, tables):
     table = json.loads(latest.data) if isinstance(latest.data, str) else latest.data
     assert {r["name"]: r["state"] for r in table}["gpu-nodes-out-of-service"] == "ALARM"
     assert latest.description.startswith("2 of 8 alarm(s) firing")
+    with get_client(sync_client=True) as client:
+        boards = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"])))
+    board = max(boards, key=lambda a: a.created).data
+    assert board.startswith("# Pipelines, last 24 hours") and "| gpu | 0 jobs | 0 | - |" in board
 
 
 # --------------------------------------------------------------------------- crash points

@@ -1,4 +1,4 @@
-"""The Prefect UI, seen in a real browser: a demo run, its logs and its artifacts (progress, chunk table).
+"""The Prefect UI, seen in a real browser: a demo run, its logs and its artifacts (progress, chunk table, dashboard).
 
 Skipped when Chromium is absent (`make test` installs Debian's chromium when it can). The ephemeral test
 server serves no UI, so this test starts a real `prefect server start` on a free port.
@@ -32,6 +32,8 @@ from flows.phspectra_survey import phspectra_survey
 from prefect.runtime import flow_run
 params = sample.make(Path(sys.argv[1]))
 summary = phspectra_survey(**params)
+from flows.health import pipeline_health
+pipeline_health()
 print("RESULT " + json.dumps({"run_id": summary["run_id"]}))
 """
 
@@ -119,6 +121,11 @@ def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store
     chunk_table = f"{ui_server}/artifacts/key/phspectra-chunks-{run_id}"
     title = f"Chunks of run {run_id}"
     assert title in _dom_showing(chunk_table, [title], user_dir=user_dir), "chunk table not shown"
+    dashboard = f"{ui_server}/artifacts/key/pipeline-dashboard"
+    shown = _dom_showing(dashboard, ["Pipelines, last 24 hours", "1 runs"], user_dir=user_dir)
+    assert "Pipelines, last 24 hours" in shown and "ETL files tracked per hour" in shown, "dashboard not shown"
+    assert "1 runs" in shown, "the dashboard does not count the finished phspectra run"
+    _chromium(f"--screenshot={out / 'ui-dashboard.png'}", dashboard, user_dir=user_dir)
     _chromium(f"--screenshot={out / 'ui-flow-run.png'}", page, user_dir=user_dir)
     _chromium(f"--screenshot={out / 'ui-chunk-table.png'}", chunk_table, user_dir=user_dir)
     assert (out / "ui-flow-run.png").stat().st_size > 10_000
