@@ -21,7 +21,7 @@ from tasks.core.keys import dead_letter_failed_key, dead_letter_id, dead_letter_
 
 
 def _ingest(args):
-    return records_messages.ingest_messages(records_messages.batch_from_text(Path(args.file).read_text(), args.file))
+    return records_messages.ingest_messages(records_messages.batch_from_bytes(Path(args.file).read_bytes(), args.file))
 
 
 def _get(logical: str, key: dict) -> dict:
