@@ -6,6 +6,7 @@ import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,14 +60,13 @@ def dynamodb_local():
     from deployments import dynamodb_local as ddb
 
     port = ddb.free_port()
-    process = ddb.start(port, None)
+    process = ddb.start_private(port, None, Path(tempfile.mkdtemp(prefix="bench-dynamodb-")) / "dynamodb.log")
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://127.0.0.1:{port}"
     try:
         yield os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
     finally:
         drop_created_tables()
-        process.kill()
-        process.wait()
+        ddb.stop(process)
 
 
 def rate(count: int, seconds: float) -> float:

@@ -36,7 +36,8 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session", autouse=True)
 def dynamodb_endpoint():
-    """DynamoDB Local on a free port (or the one in AWS_ENDPOINT_URL_DYNAMODB if it already answers)."""
+    """DynamoDB Local on a free port, loopback only where the machine allows it (or the one in
+    AWS_ENDPOINT_URL_DYNAMODB if it already answers)."""
     preset = os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
     if preset:
         from urllib.parse import urlparse
@@ -47,14 +48,13 @@ def dynamodb_endpoint():
             return
     port = dynamodb_local.free_port()
     TEST_OUTPUT.mkdir(exist_ok=True)
-    process = dynamodb_local.start(port, db_path=None, log_path=TEST_OUTPUT / "dynamodb-local.log")
+    process = dynamodb_local.start_private(port, db_path=None, log_path=TEST_OUTPUT / "dynamodb-local.log")
     endpoint = f"http://127.0.0.1:{port}"
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
     try:
         yield endpoint
     finally:
-        process.kill()
-        process.wait(timeout=10)
+        dynamodb_local.stop(process)
 
 
 @pytest.fixture(scope="session", autouse=True)
