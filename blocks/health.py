@@ -34,6 +34,9 @@ class HealthThresholds(ConfigBlock):
     notify_lease_seconds: float = Field(
         default=300, description="A notification claimed but not confirmed (its sender died) is sent again after this."
     )
+    notify_retry_seconds: float = Field(
+        default=300, description="A notification the block failed to deliver (webhook down) is sent again after this."
+    )
     notify_block: Optional[str] = Field(
         default=None, description="Notification block as 'block-type-slug/name' (unset: PIPELINES_NOTIFY_BLOCK, else the log)."
     )

@@ -9,7 +9,6 @@ so state survives `down && up`. Processes are tracked by pid files in .data/run 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import signal
 import subprocess
@@ -98,23 +97,10 @@ def start_dynamodb() -> str:
         return "running"
     _check_port_free("dynamodb", DYNAMODB_PORT)
     LOGS.mkdir(parents=True, exist_ok=True)
-    start = functools.partial(dynamodb_local.start, DYNAMODB_PORT, db_path=DATA / "dynamodb", log_path=LOGS / "dynamodb.log")
-    if os.environ.get("DYNAMODB_LOCAL_ISOLATE", "1") == "0":
-        print(f"WARNING: DYNAMODB_LOCAL_ISOLATE=0: DynamoDB Local listens on every interface (*:{DYNAMODB_PORT}) and "
-              "accepts any credentials: any host that reaches this machine can read and change every pipeline's state.")
-        process, state = start(), "started"
-    else:
-        try:
-            process, state = start(loopback_only=True), "started"
-        except dynamodb_local.CannotIsolate as error:
-            print(f"WARNING: DynamoDB Local cannot be kept to loopback here ({error}): it listens on every interface "
-                  f"(*:{DYNAMODB_PORT}) and accepts any credentials, so any host that reaches this machine can read and "
-                  "change every pipeline's state. Block the port in a firewall, or run the stack where user namespaces "
-                  "are allowed (sysctl kernel.unprivileged_userns_clone=1).")
-            process, state = start(), "started"
+    process = dynamodb_local.start_private(DYNAMODB_PORT, db_path=DATA / "dynamodb", log_path=LOGS / "dynamodb.log")
     RUN.mkdir(parents=True, exist_ok=True)
     (RUN / "dynamodb.pid").write_text(str(process.pid))
-    return state
+    return "started"
 
 
 def dynamodb_reach() -> str:
@@ -123,7 +109,7 @@ def dynamodb_reach() -> str:
     if pid is None:
         return "not running"
     try:
-        isolated = b"loopback_ns.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        isolated = dynamodb_local.isolated(pid)
     except OSError:
         return "reach unknown"
     return "loopback only" if isolated else f"every interface: *:{DYNAMODB_PORT}"

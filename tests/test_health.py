@@ -33,7 +33,7 @@ def health(tables, store_root, monkeypatch):
     monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
     monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
     sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(incidents, "notify", lambda subject, body, block=None: sent.append((subject, body)) or "test")
+    monkeypatch.setattr(incidents, "deliver", lambda subject, body, block=None: sent.append((subject, body)) or "test")
     return sent
 
 
@@ -213,7 +213,7 @@ def child_check(notify_file: str) -> list[dict]:
             handle.write(subject + "\n")
         return "file"
 
-    incidents.notify = send  # this child process only
+    incidents.deliver = send  # this child process only
     return check_health()
 
 

@@ -12,4 +12,7 @@ from tasks.health import checks, incidents
 def check_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     """Evaluate every alarm against the thresholds block and apply the incidents; one row per alarm."""
     limits = load_config(HealthThresholds)
-    return incidents.apply(checks.evaluate(limits), limits.notify_lease_seconds, notify_block or limits.notify_block)
+    return incidents.apply(
+        checks.evaluate(limits), limits.notify_lease_seconds, notify_block or limits.notify_block,
+        retry_seconds=limits.notify_retry_seconds,
+    )
