@@ -6,6 +6,7 @@ setup configured, as AWS does. Listing uses ListObjectsV2's sizes, never a HEAD 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -15,7 +16,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import boto3
 import pytest
@@ -66,6 +66,26 @@ def receive_until(source: SqsSource, n: int, deadline_s: float = 30) -> list:
     while len(got) < n and time.monotonic() < deadline:
         got += source.receive(wait_seconds=1)
     return got
+
+
+@pytest.fixture
+def small_files(monkeypatch):
+    """ETL settings for small files: 1 KiB ± 99%, 2 files per manifest."""
+    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "2",
+                        "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+
+
+@contextlib.contextmanager
+def s3_requests():
+    """Counts S3 requests by operation, of every client the code makes meanwhile (boto3's default session)."""
+    requests, events = Counter(), boto3._get_default_session().events
+    count = lambda model, **_: requests.update([model.name])  # noqa: E731
+    events.register("before-call.s3", count)
+    try:
+        yield requests
+    finally:
+        events.unregister("before-call.s3", count)
 
 
 def s3_event(bucket: str, *object_keys: str) -> str:
@@ -197,10 +217,7 @@ def test_a_message_with_several_records_is_deleted_once_all_are_acked(aws, capsy
     assert counts(made["queue_url"]) == (0, 0)
 
 
-def test_etl_on_s3_from_arrivals_tracks_each_file_once_when_events_come_twice(aws, capsys, tables, monkeypatch):
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "2",
-                        "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
-        monkeypatch.setenv(name, value)
+def test_etl_on_s3_from_arrivals_tracks_each_file_once_when_events_come_twice(aws, capsys, tables, small_files):
     made, store, config = setup("etl", capsys), ObjectStore.from_url(os.environ["OBJECT_STORE_BASE_URL"]), etl.settings()
     source = SqsSource.for_pipeline("etl", visibility_timeout_s=2)
     assert source.receive(wait_seconds=1) == []  # the test event
@@ -208,18 +225,13 @@ def test_etl_on_s3_from_arrivals_tracks_each_file_once_when_events_come_twice(aw
     for name in names:
         store.put_bytes(keys.input_key(DAY, name), b'{"id": 1}\n' * 40)
 
-    requests, events = Counter(), boto3._get_default_session().events  # the clients the product makes from now on
-    count = lambda model, **_: requests.update([model.name])  # noqa: E731
-    events.register("before-call.s3", count)
-    try:
-        outcomes = []
+    outcomes = []
+    with s3_requests() as requests:
         for _delivery in range(2):  # the first consumer dies before its ack: the same events come again
             arrivals = receive_until(source, 3)
             checks = etl.validate_files([a.url for a in arrivals], config, [a.size for a in arrivals])
             outcomes.append(etl.track_and_batch(checks, config))
-        source.ack(arrivals)
-    finally:
-        events.unregister("before-call.s3", count)
+    source.ack(arrivals)
 
     assert requests["HeadObject"] == 0 and requests["PutObject"] == 1  # one manifest, no HEAD per file
     assert [(o["tracked"], o["already_tracked"], len(o["manifests"])) for o in outcomes] == [(3, 0, 1), (0, 3, 0)]
@@ -294,3 +306,16 @@ def test_local_list_objects_skips_unfinished_writes(tmp_path):
     assert isinstance(listed[0], ListedObject) and etl.landing_objects(store.url_for("in")) == [
         ListedObject(o.key.removeprefix("in/"), o.size, o.url, o.last_modified) for o in listed
     ]
+
+
+def test_ndjson_ingest_over_an_s3_landing_prefix_validates_with_the_listing_sizes(aws, tables, monkeypatch, small_files):
+    from flows.etl import ndjson_ingest
+
+    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")  # 3 files: no full batch, so no merge to start
+    store = ObjectStore.from_url(os.environ["OBJECT_STORE_BASE_URL"])
+    for i in range(3):
+        store.put_bytes(keys.input_key(DAY, f"part-{i}.ndjson"), b'{"id": 1}\n' * 40)
+    with s3_requests() as requests:
+        summary = ndjson_ingest(merge_deployment="ndjson-merge/none-needed")
+    assert (summary["files"], summary["tracked"], summary["quarantined"], summary["manifests"]) == (3, 3, 0, [])
+    assert requests["HeadObject"] == 0 and requests["ListObjectsV2"] == 1

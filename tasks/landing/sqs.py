@@ -270,7 +270,7 @@ class SqsSource:
         else:
             try:
                 records = s3_records(message.get("Body", ""))
-                found = [] if records is None else [a for r in records if (a := self._object(r, receipt, count, message_id))]
+                found = [] if records is None else [a for r in records if (a := self._object(r, receipt, count))]
             except PoisonMessage as error:
                 log.error("poison message %s on %s (receive %d): %s; released, the queue's redrive policy sends it to "
                           "the dead-letter queue", message_id, self.queue_url, count, error)
@@ -285,7 +285,7 @@ class SqsSource:
             self._unacked[receipt] = set(found)
         return found
 
-    def _object(self, record: dict[str, Any], receipt: str, count: int, message_id: str) -> Arrival | None:
+    def _object(self, record: dict[str, Any], receipt: str, count: int) -> Arrival | None:
         """The Arrival of one S3 record; None (with one log line) for one this source does not hand on."""
         bucket, obj = record["s3"]["bucket"]["name"], record["s3"]["object"]
         key = unquote_plus(obj["key"])  # S3 sends keys URL-encoded, spaces as '+'
@@ -303,7 +303,7 @@ class SqsSource:
             log.warning("%s: %s; ignored (no pipeline may read it)", url, error)
             return None
         size = obj.get("size")
-        event_id = obj.get("sequencer") or f"{message_id}:{obj.get('eTag', '')}"
+        event_id = obj.get("sequencer") or f"{key}@{obj.get('eTag', '')}"  # a duplicate S3 send: the same id
         return Arrival(url=url, key=relative, size=int(size) if size is not None else None,
                        event_time=record.get("eventTime") or _iso_from_millis(None), event_id=event_id,
                        receipt=receipt, receive_count=count)
