@@ -155,11 +155,17 @@ def test_records_queue_carries_messages_in_batches_of_ten(aws, capsys):
     assert counts(made["queue_url"]) == (0, 0)
 
 
-def test_unknown_pipeline_is_refused(aws):
+def test_for_pipeline_finds_the_queue_by_variable_or_by_its_seed_name(aws, capsys, monkeypatch):
     with pytest.raises(ValueError, match="unknown pipeline 'nope'"):
         SqsSource.for_pipeline("nope")
     with pytest.raises(LookupError, match="aws-events setup --pipeline video"):
         SqsSource.for_pipeline("video")  # its queue was never set up
+    monkeypatch.setenv("PIPELINES_VIDEO_QUEUE_URL", "http://127.0.0.1:1/123456789012/named-outright")
+    assert SqsSource.for_pipeline("video").queue_url == "http://127.0.0.1:1/123456789012/named-outright"
+    monkeypatch.delenv("PIPELINES_VIDEO_QUEUE_URL")
+    made = setup("video", capsys)
+    assert (made["prefix"], made["visibility_timeout_s"]) == ("pipelines/input/", 900)
+    assert SqsSource.for_pipeline("video").queue_url == made["queue_url"]
 
 
 # --------------------------------------------------------------------------- arrivals

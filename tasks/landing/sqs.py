@@ -202,12 +202,13 @@ class SqsSource:
     # ------------------------------------------------------------------ EventSource
 
     def receive(self, max_items: int = 10, wait_seconds: float = 20.0) -> list[Arrival]:
-        """Up to ``max_items`` arrivals from one long poll (then quick polls while full batches keep coming)."""
+        """Arrivals of up to ``max_items`` messages from one long poll (then quick polls while full batches keep
+        coming); a message with several S3 records gives one arrival each."""
         arrivals: list[Arrival] = []
-        wait = int(min(max(wait_seconds, 0), MAX_WAIT_S))
-        while len(arrivals) < max_items:
+        taken, wait = 0, int(min(max(wait_seconds, 0), MAX_WAIT_S))
+        while taken < max_items:
             request = dict(
-                QueueUrl=self.queue_url, MaxNumberOfMessages=min(MAX_BATCH, max_items - len(arrivals)),
+                QueueUrl=self.queue_url, MaxNumberOfMessages=min(MAX_BATCH, max_items - taken),
                 WaitTimeSeconds=wait, AttributeNames=SYSTEM_ATTRIBUTES,
             )  # fmt: skip
             if self.visibility_timeout_s is not None:
@@ -215,6 +216,7 @@ class SqsSource:
             messages = self._client.receive_message(**request).get("Messages", [])
             for message in messages:
                 arrivals += self._arrivals(message)
+            taken += len(messages)
             if len(messages) < request["MaxNumberOfMessages"]:
                 break
             wait = 0  # the queue had a full batch: take what else is there without waiting
