@@ -88,13 +88,13 @@ def s3_requests():
         events.unregister("before-call.s3", count)
 
 
-def s3_event(bucket: str, *object_keys: str) -> str:
-    """An S3 notification body with one ObjectCreated record per key (keys URL-encoded, as S3 sends them)."""
+def s3_event(bucket: str, *events: tuple[str, str]) -> str:
+    """An S3 notification body with one record per (event name, key) (keys URL-encoded, as S3 sends them)."""
     from urllib.parse import quote_plus
 
-    records = [{"eventName": "ObjectCreated:Put", "eventTime": "2026-02-01T00:00:00.000Z",
+    records = [{"eventName": name, "eventTime": "2026-02-01T00:00:00.000Z",
                 "s3": {"bucket": {"name": bucket}, "object": {"key": quote_plus(k), "size": 3, "sequencer": f"0{n}"}}}
-               for n, k in enumerate(object_keys)]  # fmt: skip
+               for n, (name, k) in enumerate(events)]  # fmt: skip
     return json.dumps({"Records": records})
 
 
@@ -208,11 +208,13 @@ def test_a_message_with_several_records_is_deleted_once_all_are_acked(aws, capsy
     made, bucket = setup("etl", capsys), aws
     source = SqsSource.for_pipeline("etl", visibility_timeout_s=60, release_backoff_s=(0,))
     assert source.receive(wait_seconds=1) == []  # the test event
-    envelope = {"Type": "Notification", "Message": s3_event(bucket, "pipelines/a.ndjson", "pipelines/b c.ndjson",
-                                                            "elsewhere/x")}  # S3 → SNS → SQS
-    sqs().send_message(QueueUrl=made["queue_url"], MessageBody=json.dumps(envelope))
+    created, removed = "ObjectCreated:Put", "ObjectRemoved:Delete"
+    body = s3_event(bucket, (created, "pipelines/a.ndjson"), (created, "pipelines/b c.ndjson"),
+                    (created, "elsewhere/x"), (removed, "pipelines/old.ndjson"))  # fmt: skip
+    sqs().send_message(QueueUrl=made["queue_url"], MessageBody=json.dumps({"Type": "Notification", "Message": body}))
 
-    first, second = sorted(source.receive(wait_seconds=1), key=lambda a: a.key)  # the object outside the store: none
+    # S3 → SNS → SQS: an arrival per object created in the store; none for the one outside it or the removal
+    first, second = sorted(source.receive(wait_seconds=1), key=lambda a: a.key)
     assert (first.key, second.key, first.receipt == second.receipt) == ("a.ndjson", "b c.ndjson", True)
     source.release([first], "a test gives it back")
     first, second = sorted(receive_until(source, 2), key=lambda a: a.key)  # the whole message again

@@ -108,7 +108,8 @@ def landing_objects(landing_url: str) -> list[ListedObject]:
 def validate_file(url: str, config: EtlSettings, size: int | None = None) -> FileCheck:
     """The seed's checks: path under ``pipeline/input/YYYY-MM-DD/``, ``.ndjson`` extension, size within tolerance.
 
-    ``size`` is the one a listing or an S3 event reported; only without it is the object asked (a HEAD)."""
+    ``size`` is the one a listing or an S3 event reported; only without it is the object asked (a HEAD). An
+    object deleted after its event is then found missing by its merge, which fails the file with the reason."""
     try:
         parsed = keys.parse_input_path(url.split("?", 1)[0])
     except keys.InvalidKey as error:
