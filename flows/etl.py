@@ -49,7 +49,7 @@ def _capacity_error(task_, task_run, state) -> bool:
 _side_effects = dict(cache_policy=NO_CACHE)
 _dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
 
-list_landing_task = task(etl.landing_urls, name="list-landing", **_dynamo)
+list_landing_task = task(etl.landing_objects, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
 quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
 track_task = task(etl.track_and_batch, name="track-and-batch-files", **_dynamo)
@@ -94,14 +94,17 @@ def ndjson_ingest(
     landing_url: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",
     restart_pending_after_seconds: float = 120.0,
+    file_sizes: list[int | None] | None = None,
 ) -> dict[str, Any]:
-    """Validate and track a batch of file events (or a landing prefix), batch full dates, start their merges."""
+    """Validate and track a batch of file events (or a landing prefix), batch full dates, start their merges.
+    ``file_sizes`` (one per URL, from the events) and a landing listing's sizes spare a HEAD per file."""
     logger = get_run_logger()
     config = etl.settings()
     if not file_urls:
         landing = landing_url or etl.store(config.input_store_url).url_for(INPUT_PREFIX)
-        file_urls = list_landing_task(landing)
-    checks = validate_task(file_urls, config)
+        listed = list_landing_task(landing)
+        file_urls, file_sizes = [o.url for o in listed], [o.size for o in listed]
+    checks = validate_task(file_urls, config, file_sizes)
     refused = [c for c in checks if not c.valid]
     for check in refused:
         logger.warning("quarantined %s: %s", check.url, check.reason)

@@ -316,9 +316,12 @@ def final_key(job_id: str) -> str:
     return f"{job_output_prefix(job_id)}final.mp4"
 
 
+VIDEO_INPUT_PREFIX = "input/"  # every job's upload lands under it
+
+
 def input_prefix(job_id: str) -> str:
     """``input/{job_id}/``: a job's uploaded inputs."""
-    return f"input/{safe_id(job_id, 'job_id')}/"
+    return f"{VIDEO_INPUT_PREFIX}{safe_id(job_id, 'job_id')}/"
 
 
 # --------------------------------------------------------------------------- seed 004: dead-letter archive
