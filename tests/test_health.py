@@ -61,12 +61,16 @@ def make_etl_records(tables: dict) -> None:
 
 
 def make_phspectra_stuck(tables: dict) -> None:
-    """A running survey with one chunk IN_PROGRESS for two hours and one PENDING."""
+    """A running survey: a chunk whose lease expired two hours ago, one PENDING, and one fitted for two hours
+    whose lease is renewed (not stuck)."""
     table, now = tables["phspectra_runs"], now_iso()
     state_store.create_if_absent(table, {**survey.run_key("run-1"), "GSI1_PK": "grs", "GSI1_SK": now, "survey": "grs",
-                                         "status": survey.RUN_RUNNING, "jobs_total": 2, "created_at": now}, ["PK", "SK"])
-    for start, status in ((0, survey.IN_PROGRESS), (10, survey.PENDING)):
-        item = {**survey.chunk_key("run-1", start), "status": status, "created_at": now, "started_at": iso_ago(TWO_HOURS)}
+                                         "status": survey.RUN_RUNNING, "jobs_total": 3, "created_at": now}, ["PK", "SK"])
+    leases = ((0, survey.IN_PROGRESS, iso_ago(TWO_HOURS - 60)), (10, survey.PENDING, None),
+              (20, survey.IN_PROGRESS, survey.lease_until(60)))
+    for start, status, lease in leases:
+        item = {**survey.chunk_key("run-1", start), "status": status, "created_at": now, "started_at": iso_ago(TWO_HOURS),
+                **({"lease_expires_at": lease} if lease else {})}
         state_store.create_if_absent(table, item, ["PK", "SK"])
 
 
@@ -115,7 +119,7 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
     assert rows["etl-files-pending-too-long"]["value"] == 1 and "2026-11-20/f1.ndjson" in rows["etl-files-pending-too-long"]["detail"]
     assert rows["etl-files-pending"]["value"] == 2
     assert rows["etl-failed-manifests"]["detail"] == "1 failed manifest(s): 2026-11-20/manifest-0001"
-    assert rows["phspectra-stuck-chunks"]["detail"] == f"1 chunk(s) IN_PROGRESS > 30 min: run-1/{keys.chunk_sk(0)}"
+    assert rows["phspectra-stuck-chunks"]["detail"] == f"1 chunk(s) IN_PROGRESS with a lease expired > 30 min: run-1/{keys.chunk_sk(0)}"
     assert rows["video-stuck-jobs"]["detail"].endswith(": job-old (created)")
     assert rows["gpu-stuck-jobs"]["detail"].endswith(": gpu-job-1 (PENDING_RESTART)")
     assert rows["gpu-nodes-out-of-service"]["detail"].endswith(": node-a (FAILED)")
