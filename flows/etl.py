@@ -23,6 +23,7 @@ from tasks.etl import ingest as etl
 from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.etl.ingest import ManifestRef
+from tasks.core import limits
 from tasks.core.runtime import quick_heartbeat_exit, today_iso
 from tasks.core.keys import INPUT_PREFIX
 from tasks.core.object_store import ObjectNotFound
@@ -52,8 +53,8 @@ _dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
 list_landing_task = task(etl.landing_objects, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
 quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
-track_task = task(etl.track_and_batch, name="track-and-batch-files", **_dynamo)
-create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", **_dynamo)
+track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.ETL_MANIFEST_BUILDER_TIMEOUT_S, **_dynamo)
+create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.ETL_MANIFEST_BUILDER_TIMEOUT_S, **_dynamo)
 orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
 release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
@@ -65,7 +66,7 @@ merge_task = task(
     etl_merge.merge_manifest, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
     retry_condition_fn=_capacity_error, **_side_effects,
 )
-finish_task = task(etl_merge.finish_manifest, name="batch-status-update", **_dynamo)
+finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.ETL_STATUS_UPDATE_TIMEOUT_S, **_dynamo)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 
 
@@ -83,6 +84,16 @@ def _with_restarts(made: list[ManifestRef], restart_after_seconds: float) -> lis
     names = {ref.manifest_name for ref in made}
     stale = pending_manifests_task(older_than_seconds=restart_after_seconds)
     return made + [ref for ref in stale if ref.manifest_name not in names]
+
+
+
+def _fail_timed_out_merge(flow, flow_run, state) -> None:
+    """A merge that ran past its timeout (Prefect: Failed/TimedOut): its MANIFEST and files failed with the same words."""
+    if state.name != "TimedOut":
+        return  # any other failure was recorded by the flow itself
+    params = flow_run.parameters
+    etl_merge.finish_manifest(params["date_prefix"], params["manifest_name"], None, error=state.message)
+    notify_on_failure(flow, flow_run, state)
 
 
 # --------------------------------------------------------------------------- flows
@@ -133,7 +144,8 @@ def ndjson_ingest(
 
 
 # on_crashed only: a failed run has already sent its own, more detailed alert
-@flow(name="ndjson-merge", log_prints=True, on_crashed=[notify_on_failure])
+@flow(name="ndjson-merge", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-merge"], on_failure=[_fail_timed_out_merge],
+      on_crashed=[notify_on_failure])
 def ndjson_merge(
     date_prefix: str,
     manifest_name: str,
@@ -175,7 +187,7 @@ def ndjson_merge(
     return {"manifest": manifest_name, **summary, **statuses}
 
 
-@flow(name="ndjson-flush-orphans", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="ndjson-flush-orphans", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-flush-orphans"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def ndjson_flush_orphans(
     today: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",

@@ -15,6 +15,7 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from tasks.core import limits
 from tasks.core.notify import notify_on_failure
 from tasks.health.dashboard import dashboard
 from tasks.health.run import check_health
@@ -26,7 +27,7 @@ check_task = task(check_health, name="check-health", retries=2, retry_delay_seco
 dashboard_task = task(dashboard, name="dashboard", retries=2, retry_delay_seconds=[5, 30])
 
 
-@flow(name="pipeline-health", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="pipeline-health", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["pipeline-health"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     """Read every pipeline's records, raise or clear each alarm, notify new incidents once."""
     rows = check_task(notify_block)

@@ -36,6 +36,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from tasks.core import limits
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
 from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
@@ -45,8 +46,8 @@ from tasks.records import reconcile
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
-fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
-slow_lane_task = task(ph.refit_timed_out, name="slow-lane-refit", retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
+fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", tags=[limits.CPU_HEAVY_TAG], retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+slow_lane_task = task(ph.refit_timed_out, name="slow-lane-refit", tags=[limits.CPU_HEAVY_TAG], retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
 aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
 find_expired_task = task(ph.expired_leases, name="find-expired-leases", cache_policy=NO_CACHE)
 complete_split_task = task(ph.complete_split, name="complete-split", cache_policy=NO_CACHE)
@@ -183,7 +184,7 @@ def phspectra_survey(
     return {k: v for k, v in summary.items() if k != "chunks"}
 
 
-@flow(name="phspectra-sweep-stuck", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="phspectra-sweep-stuck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["phspectra-sweep-stuck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def phspectra_sweep_stuck(
     survey: str | None = None,
     time_limit_s: float = 60.0,

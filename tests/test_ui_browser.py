@@ -13,12 +13,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from deployments.dynamodb_local import free_port
+from tests.conftest import prefect_server_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -60,35 +59,8 @@ def _dom_showing(url: str, needles: list[str], *, user_dir: str, attempts: int =
 @pytest.fixture
 def ui_server(tmp_path):
     """A real Prefect server with its UI, on a free port, with its own database."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else the UI asks the default port 4200
-    }
-    env.pop("PREFECT_API_URL", None)
-    log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/api/health", timeout=2):
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        server.kill()
-        pytest.fail("prefect server did not start: " + (tmp_path / "server.log").read_text()[-2000:])
-    try:
+    with prefect_server_process(tmp_path) as base:
         yield base
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
 
 
 def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store_root, tmp_path):
