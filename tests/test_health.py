@@ -13,7 +13,7 @@ from tasks.core import keys, state_store
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.etl import ingest as etl
 from tasks.gpu import jobs as gpu
-from tasks.health import incidents
+from tasks.health import incidents, service_alarms
 from tasks.health.run import check_health
 from tasks.phspectra import survey
 from tasks.records import dead_letter
@@ -34,6 +34,8 @@ def health(tables, store_root, monkeypatch):
     monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
     sent: list[tuple[str, str]] = []
     monkeypatch.setattr(incidents, "deliver", lambda subject, body, block=None: sent.append((subject, body)) or "test")
+    # the service alarms read every run on the shared test server: tests/test_health_service_alarms.py has them
+    monkeypatch.setattr(service_alarms, "CHECKS", {})
     return sent
 
 
@@ -218,6 +220,7 @@ def child_check(notify_file: str) -> list[dict]:
         return "file"
 
     incidents.deliver = send  # this child process only
+    service_alarms.CHECKS = {}  # as the health fixture: only the record alarms, whose writes the test counts
     return check_health()
 
 
