@@ -360,7 +360,10 @@ def _manifest_stem(manifest: str) -> str:
 
 def merged_staging_prefix(date_prefix: str, manifest: str, token: str) -> str:
     """``pipeline/output/_staging/{date}/{manifest stem}/{token}/``: one merge run's parts before they are published."""
-    return f"{OUTPUT_PREFIX}_staging/{safe_date(date_prefix)}/{_manifest_stem(manifest)}/{safe_id(token, 'staging token')}/"
+    return f"{MERGED_STAGING_PREFIX}{safe_date(date_prefix)}/{_manifest_stem(manifest)}/{safe_id(token, 'staging token')}/"
+
+
+MERGED_STAGING_PREFIX = f"{OUTPUT_PREFIX}_staging/"
 
 
 def merged_published_key(date_prefix: str, manifest: str) -> str:

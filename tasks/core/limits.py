@@ -22,7 +22,7 @@ PREFECT_RETENTION_DAYS = 3
 
 MAINTENANCE_FLOWS = (
     "phspectra-sweep-stuck", "ndjson-flush-orphans", "gpu-sweep", "gpu-node-healthcheck", "video-sweep-stuck",
-    "video-delete-cleanup", "records-replay-dla", "records-reconcile", "pipeline-health",
+    "video-delete-cleanup", "records-replay-dla", "records-reconcile", "pipeline-health", "pipelines-retention",
 )
 # flow name -> its timeout: the flows' decorators and the duration-near-timeout alarm read the same numbers
 FLOW_TIMEOUT_S: dict[str, float] = {"ndjson-merge": ETL_MERGE_TIMEOUT_S, **{name: MAINTENANCE_TIMEOUT_S for name in MAINTENANCE_FLOWS}}

@@ -44,25 +44,25 @@ class TableSpec:
 # logical name -> spec. Logical names are the DynamoTables block's field names.
 TABLE_SPECS: dict[str, TableSpec] = {
     # seed 000
-    "phspectra_runs": TableSpec("PK", "SK", gsis=(Index("GSI1", "GSI1_PK", "GSI1_SK"),)),
+    "phspectra_runs": TableSpec("PK", "SK", gsis=(Index("GSI1", "GSI1_PK", "GSI1_SK"),), ttl_attribute="ttl"),
     # seed 001
     "etl_file_tracking": TableSpec(
         "date_prefix", "file_key", gsis=(Index("status-index", "status", "date_prefix"),), ttl_attribute="ttl"
     ),
     "etl_metrics": TableSpec("metric_type", "timestamp", ttl_attribute="ttl", key_types={"timestamp": "N"}),
     # seed 002
-    "ecs_task": TableSpec("ecs_task_id"),
-    "ecs_job": TableSpec("job_id"),
+    "ecs_task": TableSpec("ecs_task_id", ttl_attribute="ttl"),
+    "ecs_job": TableSpec("job_id", ttl_attribute="ttl"),
     "ecs_node": TableSpec("node_name"),
     # seed 003 (names are ours: the seed describes them abstractly)
-    "video_jobs": TableSpec("job_id"),
-    "video_segment_completions": TableSpec("job_id", "segment_index", key_types={"segment_index": "N"}),
-    "video_reassembly_locks": TableSpec("job_id"),
-    # seed 004
+    "video_jobs": TableSpec("job_id", ttl_attribute="ttl"),
+    "video_segment_completions": TableSpec("job_id", "segment_index", key_types={"segment_index": "N"}, ttl_attribute="ttl"),
+    "video_reassembly_locks": TableSpec("job_id", ttl_attribute="ttl"),
+    # seed 004: no TTL, Cumulus keeps granule and execution records until an operator deletes them
     "granules": TableSpec("granuleId"),
     "executions": TableSpec("arn"),
     # pipeline-health (ours): one item per alarm, its incident OPEN or CLEARED (created once, then guarded moves)
-    "health_incidents": TableSpec("alarm"),
+    "health_incidents": TableSpec("alarm", ttl_attribute="ttl"),
 }
 
 

@@ -52,7 +52,7 @@ def open_incident(alarm: Alarm) -> str:
         return "ongoing"
     reopened = state_store.transition(
         _table(), {"alarm": alarm.name}, CLEARED, OPEN, set=fields, add={"incident": 1},
-        remove=["notified_at", "notify_claimed_at", "cleared_at", "notify_error", "notify_failed_at", "notify_attempts"],
+        remove=["notified_at", "notify_claimed_at", "cleared_at", "notify_error", "notify_failed_at", "notify_attempts", "ttl"],
     )
     return "opened" if reopened.applied else "ongoing"
 

@@ -568,7 +568,7 @@ def reopen_run(
         )
     state_store.transition(
         runs_table(), run_key(run_id), [RUN_RUNNING, RUN_COMPLETED, RUN_FAILED], RUN_RUNNING,
-        set={**driver_claim(), "sweep_attempts": 0}, remove=["error"],
+        set={**driver_claim(), "sweep_attempts": 0}, remove=["error", "ttl"],  # live again: no retention
     )  # fmt: skip
     return run
 

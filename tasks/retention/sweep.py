@@ -1,0 +1,145 @@
+"""Retention: finished records get a DynamoDB TTL, staging left by dead runs and old dead letters age out.
+
+    every table with a TTL attribute ──> terminal record without ``ttl`` ──stamp (guarded: still terminal)──▶ ttl = ended + N days
+                                     └─> live record with ``ttl`` (reopened) ──remove (guarded: still live)──▶ kept for ever
+    ETL merge staging older than the merge timeout ──────────────────────────────────────────────▶ deleted
+    dead-letter archive ``failed/`` (replayed and failed again) older than ``dead_letter_days`` ──▶ deleted (off by default)
+
+DynamoDB deletes an item some time after its ``ttl`` (epoch seconds) passes, so a record is stamped once it is
+terminal and the stamp is guarded by the terminal status: live work is never given a ttl, and a record that
+went live again (a failed video job reopened, a run resumed) loses its stamp on the next pass. The ETL tables
+stamp their own ttl at write (seed 001: 30 days). Granules and executions (seed 004) have none: Cumulus keeps
+them until an operator deletes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from boto3.dynamodb.conditions import Key
+
+from tasks.core import keys, limits, state_store
+from tasks.core.config import object_store, table_name
+from tasks.core.object_store import ObjectStore
+from tasks.etl import ingest as etl
+from tasks.gpu import jobs as gpu
+from tasks.health import incidents
+from tasks.phspectra import survey
+from tasks.video import jobs as video
+
+DAY_S = 86400
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One table's retention: which records are finished, since when, and which items go with them."""
+
+    table: str  # logical name
+    key: tuple[str, ...]
+    status_attr: str
+    terminal: tuple[str, ...]
+    ended_attrs: tuple[str, ...]  # the first present is when it finished
+    keep: Callable[[Mapping[str, Any]], bool] = lambda item: True  # only these items are parents here
+    children: Callable[[Mapping[str, Any]], list[tuple[str, dict[str, Any]]]] = lambda item: []  # (table, key)
+
+
+def _chunks(run: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [("phspectra_runs", {"PK": c["PK"], "SK": c["SK"]}) for c in survey.list_chunks(run["PK"])]
+
+
+def _video_items(job: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    done = state_store.query_all(table_name("video_segment_completions"), KeyConditionExpression=Key("job_id").eq(job["job_id"]))
+    items = [("video_segment_completions", {"job_id": c["job_id"], "segment_index": c["segment_index"]}) for c in done]
+    if state_store.get_item(table_name("video_reassembly_locks"), {"job_id": job["job_id"]}):
+        items.append(("video_reassembly_locks", {"job_id": job["job_id"]}))
+    return items
+
+
+def _gpu_tasks(job: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    found = state_store.scan_all(table_name("ecs_task"), keep=lambda task: task.get("job_id") == job["job_id"])
+    return [("ecs_task", {"ecs_task_id": task["ecs_task_id"]}) for task in found]
+
+
+RULES = (
+    Rule("phspectra_runs", ("PK", "SK"), "status", (survey.RUN_COMPLETED, survey.RUN_FAILED), ("completed_at", "created_at"),
+         keep=lambda item: item["SK"] == keys.RUN_SK, children=_chunks),
+    Rule("video_jobs", ("job_id",), "status", (video.COMPLETED, video.FAILED, video.DELETED),
+         ("deleted_at", "completed_at", "failed_at", "created_at"), children=_video_items),
+    Rule("ecs_job", ("job_id",), "job_status", gpu.JOB_TERMINAL, ("updated_at", "created_at"), children=_gpu_tasks),
+    Rule("health_incidents", ("alarm",), "status", (incidents.CLEARED,), ("cleared_at", "opened_at", "created_at")),
+)
+
+
+def _epoch(iso: str) -> int:
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp())
+
+
+@dataclass
+class Report:
+    """What one retention pass did, per table and per object area."""
+
+    stamped: dict[str, int] = field(default_factory=dict)
+    unstamped: dict[str, int] = field(default_factory=dict)
+    deleted_objects: dict[str, int] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """The pass as one flat dict (the flow's summary and artifact)."""
+        return {"stamped": self.stamped, "unstamped": self.unstamped, "deleted_objects": self.deleted_objects}
+
+
+def stamp_finished_records(days: float, report: Report) -> None:
+    """Give every terminal record (and its child items) a ttl ``days`` after it ended; take it off live ones."""
+    for rule in RULES:
+        table = table_name(rule.table)
+        stamped = unstamped = 0
+        for item in state_store.scan_all(table, keep=rule.keep):
+            key = {k: item[k] for k in rule.key}
+            if item.get(rule.status_attr) in rule.terminal:
+                if "ttl" in item:
+                    continue
+                ended = next((str(item[a]) for a in rule.ended_attrs if item.get(a)), None)
+                if ended is None:
+                    continue  # no time to count from: kept (a record the pipelines always stamp would not be here)
+                ttl = _epoch(ended) + int(days * DAY_S)
+                result = state_store.transition(table, key, rule.terminal, None, status_attr=rule.status_attr, set={"ttl": ttl})
+                if result.applied:
+                    stamped += 1
+                    for child_table, child_key in rule.children(item):
+                        state_store.transition(table_name(child_table), child_key, None, None, set={"ttl": ttl})
+            elif "ttl" in item:  # live again (reopened, resumed): keep it and its items for good
+                live = tuple({item[rule.status_attr]})
+                if state_store.transition(table, key, live, None, status_attr=rule.status_attr, remove=["ttl"]).applied:
+                    unstamped += 1
+                    for child_table, child_key in rule.children(item):
+                        state_store.transition(table_name(child_table), child_key, None, None, remove=["ttl"])
+        report.stamped[rule.table], report.unstamped[rule.table] = stamped, unstamped
+
+
+def _older_than(store: ObjectStore, prefix: str, cutoff: datetime) -> list[str]:
+    return [o.key for o in store.list_objects(prefix) if datetime.fromisoformat(o.last_modified) < cutoff]
+
+
+def age_out_objects(dead_letter_days: float | None, now: datetime, report: Report) -> None:
+    """Delete merge staging older than the merge timeout (no live merge can own it) and, if asked, dead letters
+    that were replayed and failed again (``failed/``) older than ``dead_letter_days``; never the waiting ones."""
+    staging_cutoff = now - timedelta(seconds=limits.ETL_MERGE_TIMEOUT_S)
+    output = etl.store(etl.settings().output_store_url)
+    report.deleted_objects["etl-staging"] = sum(output.delete(k) for k in _older_than(output, keys.MERGED_STAGING_PREFIX, staging_cutoff))
+    if dead_letter_days is None:
+        report.deleted_objects["dead-letter-failed"] = 0
+        return
+    archive = object_store()
+    old = _older_than(archive, f"{keys.DEAD_LETTER_PREFIX}failed/", now - timedelta(days=dead_letter_days))
+    report.deleted_objects["dead-letter-failed"] = sum(archive.delete(k) for k in old)
+
+
+def apply_retention(record_days: float = 30, dead_letter_days: float | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """One retention pass over every table and object area; what it did."""
+    report = Report()
+    stamp_finished_records(record_days, report)
+    age_out_objects(dead_letter_days, now or datetime.now(timezone.utc), report)
+    return report.row()
+
