@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -105,3 +106,98 @@ def test_a_released_arrival_comes_back_after_a_delay_with_its_count(watched):
     assert source.receive(max_items=10, wait_seconds=0.5) == []  # not before 1 s
     (second,) = receive_all(source, 3, until=1)
     assert (second.event_id, second.receive_count) == (first.event_id, 2)
+
+
+# --------------------------------------------------------------------------- the ETL listener
+
+DAY = "2026-01-05"
+TODAY = "2026-01-10"
+
+
+@pytest.fixture
+def etl_env(tables, store_root, monkeypatch):
+    """Fresh tables and store; small files (1 KiB ± 99%), 5 files per manifest, 4 shards."""
+    for name, value in {
+        "EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "5",
+        "MIN_FILES_FOR_PARTIAL_BATCH": "1", "NUM_STATUS_SHARDS": "4", "TTL_DAYS": "30",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("NOTIFY_BLOCK", raising=False)
+    return {"root": store_root, "table": tables["etl_file_tracking"]}
+
+
+def land(root: Path, date: str, name: str, rows: list[int]) -> str:
+    """Land an NDJSON file the way uploads do: written beside, renamed in (the store's atomic write)."""
+    from tasks.core.object_store import LocalStore
+
+    body = "".join(json.dumps({"id": i, "name": f"row-{i}"}) + "\n" for i in rows)
+    return LocalStore(root).put_bytes(f"{INPUT}{date}/{name}", body.encode())
+
+
+def statuses(table: str) -> dict[str, str]:
+    """file key -> status of every file record (meta-records left out)."""
+    from tasks.core import keys, state_store
+
+    return {i["file_key"]: i["status"] for i in state_store.scan_all(table) if not keys.is_meta_record(i["file_key"])}
+
+
+def manifests(table: str) -> dict[str, dict]:
+    """MANIFEST# record key -> record."""
+    from tasks.core import state_store
+
+    return {i["file_key"]: i for i in state_store.scan_all(table) if i["file_key"].startswith("MANIFEST#")}
+
+
+def merged_ids(root: Path, date: str) -> list[int]:
+    """Every id in the date's merged Parquet, sorted (repeats kept)."""
+    import duckdb
+
+    from tasks.core import keys
+
+    out = root / keys.merged_output_prefix(date)
+    return sorted(int(r[0]) for r in duckdb.sql(f"select id from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall())
+
+
+def no_launch(made):
+    """A launcher that starts nothing (merges left pending for the flush)."""
+    from tasks.etl import ingest as etl
+
+    return etl.launch_merges(made, lambda ref: None)
+
+
+def arrival_for(url: str, size: int | None = 10):
+    from tasks.landing.sources import Arrival
+
+    return Arrival(url=url, key=url.split("/objects/", 1)[-1], size=size, event_time="2026-01-05T00:00:00+00:00", event_id=url)
+
+
+def test_repeated_late_gone_and_unknown_arrivals_change_nothing_and_say_so_once(etl_env, caplog):
+    from tasks.etl import ingest as etl
+    from tasks.etl.landing import handle_landed
+
+    root, table = etl_env["root"], etl_env["table"]
+    config = etl.settings()
+    urls = [land(root, DAY, f"f-{i}.ndjson", [i]) for i in range(3)]
+    bad = land(root, DAY, "notes.txt", [9])
+    gone = (root / INPUT / DAY / "gone.ndjson").as_uri()
+    outside = land(root, "x", "y.ndjson", [7]).replace(f"/{INPUT}x/", "/elsewhere/x/")
+    first = [arrival_for(u) for u in urls] + [arrival_for(urls[0]), arrival_for(bad)]
+    with caplog.at_level("INFO", logger="tasks.etl.landing"):
+        outcome = handle_landed(first, config, no_launch)
+        assert outcome.done == first and outcome.retry == []
+        later = [arrival_for(urls[1]), arrival_for(gone), arrival_for(outside)]  # a late repeat, a deleted file, unknown
+        again = handle_landed(later, config, no_launch)
+        assert again.done == later and again.retry == []
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.etl.landing"]
+    assert lines == [
+        f"{urls[0]}: tracked ({DAY})", f"{urls[1]}: tracked ({DAY})", f"{urls[2]}: tracked ({DAY})",
+        f"{urls[0]}: already tracked (a repeat in this batch): nothing to do",
+        f"{bad}: quarantined: wrong extension: expected .ndjson",
+        f"{outside}: outside every known prefix (pipeline/input/YYYY-MM-DD/): ignored",
+        f"{gone}: missing (deleted since it landed): nothing to do",
+        f"{urls[1]}: already tracked ({statuses(table)['f-1.ndjson']}): nothing to do",
+    ]
+    found = statuses(table)
+    assert sorted(found) == ["f-0.ndjson", "f-1.ndjson", "f-2.ndjson", "notes.txt"]
+    assert [found[f"f-{i}.ndjson"].split("#")[0] for i in range(3)] == ["pending"] * 3  # 3 < 5: no manifest yet
+    assert found["notes.txt"].startswith("quarantined#") and manifests(table) == {}

@@ -115,3 +115,23 @@ def emit_landed(arrival: Arrival, pipeline: str, outcome: str, flow_run_id: str 
         related=related,
         payload={"size": arrival.size, "event_time": arrival.event_time, "event_id": arrival.event_id},
     )
+
+
+def listen(
+    source: EventSource,
+    handler: Handler,
+    *,
+    batch_size: int = 100,
+    batch_seconds: float = 2.0,
+    max_runtime_seconds: float = 0.0,
+    wait_seconds: float = 5.0,
+) -> PumpStats:
+    """A listener deployment's body: pump until ``max_runtime_seconds`` elapse (0: until killed), then close."""
+    deadline = time.monotonic() + max_runtime_seconds
+    try:
+        return pump(
+            source, handler, batch_size=batch_size, batch_seconds=batch_seconds, wait_seconds=wait_seconds,
+            should_stop=lambda: max_runtime_seconds > 0 and time.monotonic() >= deadline,
+        )
+    finally:
+        source.close()

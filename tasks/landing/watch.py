@@ -114,7 +114,7 @@ class LocalWatchSource:
         if not store_url:
             from tasks.core.config import object_store
 
-            store_url = object_store().url_for("")
+            store_url = object_store().url
         return cls(store_url, prefix, suffixes=suffixes, **options)
 
     # ------------------------------------------------------------------ the watch thread and the listing
