@@ -75,10 +75,17 @@ notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effe
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
 
 
+def _merge_inline(ref: ManifestRef) -> str:
+    """Run the merge of ``ref`` as a subflow (raising as it does); the id of its flow run."""
+    state = ndjson_merge(date_prefix=ref.date_prefix, manifest_name=ref.manifest_name, return_state=True)
+    state.result()
+    return str(state.state_details.flow_run_id)
+
+
 def _launch(manifests: list[ManifestRef], merge_deployment: str | None) -> list[dict[str, Any]]:
     """Start each manifest's merge: the deployment (no waiting), or inline as a subflow when None."""
     if merge_deployment is None:
-        launcher = lambda ref: ndjson_merge(date_prefix=ref.date_prefix, manifest_name=ref.manifest_name)  # noqa: E731
+        launcher = _merge_inline
     else:
         launcher = etl.deployment_launcher(merge_deployment)
     return etl.launch_merges(manifests, launcher)
@@ -211,19 +218,22 @@ def ndjson_listen(
     batch_seconds: float = 2.0,
     merge_deployment: str | None = "ndjson-merge/local",
     max_runtime_seconds: float = 0.0,
+    idle_exit_seconds: float = 0.0,
     settle_seconds: float = 1.0,
     rescan_seconds: float = 60.0,
     restart_pending_after_seconds: float = 120.0,
 ) -> dict[str, int]:
     """Files landing under ``pipeline/input/{date}/`` (a file watch locally, S3 notifications on SQS in AWS) go
-    through the ingest in micro-batches and start their merges; runs until ``max_runtime_seconds`` (0: forever)."""
+    through the ingest in micro-batches and start their merges; runs until ``max_runtime_seconds`` or
+    ``idle_exit_seconds`` without an arrival (0: forever; a catch-up run sets the idle exit)."""
     config = etl.settings()
     events = open_source(source, "etl", config.input_store_url, INPUT_PREFIX,
                          settle_seconds=settle_seconds, rescan_seconds=rescan_seconds)
     launch = lambda made: _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)  # noqa: E731
     print(f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s")
     stats = listen(events, lambda batch: handle_landed_task(batch, config, launch),
-                   batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds)
+                   batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds,
+                   idle_exit_seconds=idle_exit_seconds)
     print(f"listener stopped: {stats.received} received, {stats.acked} done, {stats.released} offered again "
           f"in {stats.batches} batches")
     return vars(stats)

@@ -110,20 +110,7 @@ def test_a_released_arrival_comes_back_after_a_delay_with_its_count(watched):
 
 # --------------------------------------------------------------------------- the ETL listener
 
-DAY = "2026-01-05"
-TODAY = "2026-01-10"
-
-
-@pytest.fixture
-def etl_env(tables, store_root, monkeypatch):
-    """Fresh tables and store; small files (1 KiB ± 99%), 5 files per manifest, 4 shards."""
-    for name, value in {
-        "EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "5",
-        "MIN_FILES_FOR_PARTIAL_BATCH": "1", "NUM_STATUS_SHARDS": "4", "TTL_DAYS": "30",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NOTIFY_BLOCK", raising=False)
-    return {"root": store_root, "table": tables["etl_file_tracking"]}
+from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - the ETL tests' small-file settings
 
 
 def land(root: Path, date: str, name: str, rows: list[int]) -> str:
@@ -201,3 +188,50 @@ def test_repeated_late_gone_and_unknown_arrivals_change_nothing_and_say_so_once(
     assert sorted(found) == ["f-0.ndjson", "f-1.ndjson", "f-2.ndjson", "notes.txt"]
     assert [found[f"f-{i}.ndjson"].split("#")[0] for i in range(3)] == ["pending"] * 3  # 3 < 5: no manifest yet
     assert found["notes.txt"].startswith("quarantined#") and manifests(table) == {}
+
+
+def landed_events(url: str, wait_for: int = 1) -> list:
+    """The Prefect events whose resource is ``url`` (the server files events in the background: polled)."""
+    from prefect import get_client
+    from prefect.events.filters import EventFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()
+    wanted = EventFilter(resource=EventResourceFilter(id=[url]))
+    with get_client(sync_client=True) as client:
+        for _ in range(100):
+            events = client.read_events(filter=wanted, limit=50).events
+            if len(events) >= wait_for:
+                return events
+            time.sleep(0.2)
+    return events
+
+
+def test_files_landing_while_the_listener_runs_end_completed_once_in_the_parquet_with_their_events(etl_env):
+    import threading
+
+    from flows.etl import ndjson_listen
+
+    root, table = etl_env["root"], etl_env["table"]
+    before = [land(root, DAY, f"a-{i}.ndjson", [i]) for i in range(5)]  # landed while nothing watched
+    later = threading.Timer(2.0, lambda: [land(root, DAY, f"b-{i}.ndjson", [10 + i]) for i in range(5)])
+    later.start()
+    stats = ndjson_listen(merge_deployment=None, batch_size=5, batch_seconds=0.5, settle_seconds=0.2,
+                          idle_exit_seconds=4, max_runtime_seconds=120)
+    later.join()
+    assert stats["received"] == stats["acked"] == 10 and stats["released"] == 0
+    found = statuses(table)
+    assert sorted(found) == sorted([f"a-{i}.ndjson" for i in range(5)] + [f"b-{i}.ndjson" for i in range(5)])
+    assert {s.split("#")[0] for s in found.values()} == {"completed"}
+    assert [m["status"] for m in manifests(table).values()] == ["completed", "completed"]
+    assert merged_ids(root, DAY) == list(range(5)) + list(range(10, 15))  # every row exactly once
+
+    (event,) = landed_events(before[0])
+    assert event.event == "pipelines.etl.object.tracked"
+    assert event.payload["size"] == (root / INPUT / DAY / "a-0.ndjson").stat().st_size
+    runs = [r.id for r in event.related if r.role == "flow-run"]
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:  # related to the listener's run and the merge it started
+        flows = sorted(client.read_flow(client.read_flow_run(r.removeprefix("prefect.flow-run.")).flow_id).name for r in runs)
+    assert flows == ["ndjson-listen", "ndjson-merge"]
