@@ -235,3 +235,72 @@ def test_files_landing_while_the_listener_runs_end_completed_once_in_the_parquet
     with get_client(sync_client=True) as client:  # related to the listener's run and the merge it started
         flows = sorted(client.read_flow(client.read_flow_run(r.removeprefix("prefect.flow-run.")).flow_id).name for r in runs)
     assert flows == ["ndjson-listen", "ndjson-merge"]
+
+
+LISTENER = """
+import sys
+from tasks.etl import ingest as etl
+from tasks.etl.landing import handle_landed
+from tasks.landing.listener import listen
+from tasks.landing.watch import LocalWatchSource
+
+config = etl.settings()
+launch = lambda made: etl.launch_merges(made, lambda ref: None)  # merges left pending: the flush starts them
+source = LocalWatchSource(sys.argv[1], "pipeline/input/", settle_seconds=0.2)
+listen(source, lambda batch: handle_landed(batch, config, launch), batch_size=3, batch_seconds=0.2,
+       idle_exit_seconds=float(sys.argv[2]), max_runtime_seconds=120)
+"""
+
+
+def start_listener(root: Path, idle_exit_seconds: float):
+    """A real listener process (pump over the watch source and the ETL handler) on this test's tables and store."""
+    import subprocess
+    import sys
+
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen([sys.executable, "-c", LISTENER, root.as_uri(), str(idle_exit_seconds)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def manifest_files(table: str) -> list[str]:
+    """Every file URL listed in any manifest JSON (a file listed twice would be a double claim)."""
+    from tasks.core.object_store import open_url
+
+    listed = []
+    for record in manifests(table).values():
+        store, key = open_url(record["manifest_path"])
+        listed += json.loads(store.get_bytes(key))["fileLocations"][0]["URIPrefixes"]
+    return listed
+
+
+@pytest.mark.sweep  # ~35 s: two listener processes and three merges
+def test_a_listener_killed_mid_batch_and_started_again_loses_nothing_and_claims_nothing_twice(etl_env):
+    import signal
+
+    from flows.etl import ndjson_flush_orphans
+
+    root, table = etl_env["root"], etl_env["table"]
+    for i in range(12):
+        land(root, DAY, f"k-{i:02d}.ndjson", [i])
+    first = start_listener(root, idle_exit_seconds=60)
+    deadline = time.monotonic() + 120
+    while not statuses(table) and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)  # mid-run: some batches tracked, the rest received or not yet
+    first.wait(timeout=30)
+    assert 0 < len(statuses(table)) < 12, first.stderr.read()[-2000:]
+    again = start_listener(root, idle_exit_seconds=3)
+    assert again.wait(timeout=180) == 0, again.stderr.read()[-2000:]
+
+    found = statuses(table)
+    assert sorted(found) == [f"k-{i:02d}.ndjson" for i in range(12)]  # 0 lost
+    listed = manifest_files(table)
+    assert len(listed) == len(set(listed))  # 0 double claims
+    in_manifest = {u.rsplit("/", 1)[1] for u in listed}
+    assert {k for k, s in found.items() if s.startswith("manifested#")} == in_manifest
+    assert {s.split("#")[0] for s in found.values()} <= {"pending", "manifested"}
+    ndjson_flush_orphans(today=TODAY, merge_deployment=None, restart_pending_after_seconds=0)
+    assert {s.split("#")[0] for s in statuses(table).values()} == {"completed"}
+    assert merged_ids(root, DAY) == list(range(12))  # every row exactly once
