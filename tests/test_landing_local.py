@@ -304,3 +304,37 @@ def test_a_listener_killed_mid_batch_and_started_again_loses_nothing_and_claims_
     ndjson_flush_orphans(today=TODAY, merge_deployment=None, restart_pending_after_seconds=0)
     assert {s.split("#")[0] for s in statuses(table).values()} == {"completed"}
     assert merged_ids(root, DAY) == list(range(12))  # every row exactly once
+
+
+def test_make_up_starts_each_listener_once_and_replaces_one_whose_process_died():
+    import subprocess
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.states import Cancelled, Running
+
+    from deployments.local_stack import create_work_pools, start_listeners
+    from flows.etl import ndjson_listen
+
+    with get_client(sync_client=True) as client:
+        create_work_pools(client)
+        deployment_id = client.create_deployment(
+            client.create_flow(ndjson_listen), "local", work_pool_name="local-process",
+            entrypoint="flows/etl.py:ndjson_listen", concurrency_limit=1,
+        )
+        runs = lambda: client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))  # noqa: E731
+        try:
+            assert start_listeners(client, worker_restarted=False)["ndjson-listen/local"] == "started"
+            assert start_listeners(client, worker_restarted=False)["ndjson-listen/local"] == "running"
+            (first,) = runs()
+            gone = subprocess.Popen(["true"])
+            gone.wait()
+            client.update_flow_run(first.id, infrastructure_pid=f"localhost:{gone.pid}")
+            client.set_flow_run_state(first.id, Running(), force=True)
+            assert start_listeners(client, worker_restarted=False)["ndjson-listen/local"] == "restarted"
+            states = sorted(r.state_name for r in runs())
+            assert states == ["Crashed", "Scheduled"]
+            assert start_listeners(client, worker_restarted=True)["ndjson-listen/local"] == "running"  # scheduled: the worker takes it
+        finally:
+            for run in runs():
+                client.set_flow_run_state(run.id, Cancelled(), force=True)  # no worker of this session may take them
