@@ -253,17 +253,6 @@ def _run_pid(infrastructure_pid: str | None) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _listener_runs(client, state_types: list) -> dict[str, tuple]:
     """Each deployed listener -> (its deployment, its runs in ``state_types``); names not deployed are left out."""
     from prefect.client.schemas.filters import (
@@ -291,12 +280,14 @@ def start_listeners(client, worker_restarted: bool) -> dict[str, str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
+    from tasks.gpu.backends import pid_alive
+
     found = _listener_runs(client, [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
     states = {name: "not deployed" for name in LISTENERS if name not in found}
     for name, (deployment, runs) in found.items():
         pids = {r.id: _run_pid(r.infrastructure_pid) for r in runs}
         dead = [r for r in runs if r.state_type != StateType.SCHEDULED
-                and (not _alive(pids[r.id]) if pids[r.id] is not None else worker_restarted)]
+                and (not pid_alive(pids[r.id]) if pids[r.id] is not None else worker_restarted)]
         for run in dead:
             crashed = Crashed(message="the listener's process is gone (found by `make up`); a new run replaces it")
             if client.set_flow_run_state(run.id, crashed).status.value != "ACCEPT":
@@ -328,13 +319,15 @@ def stop_listeners() -> dict[str, str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled
 
+    from tasks.gpu.backends import pid_alive
+
     states = {}
     with get_client(sync_client=True) as client:
         for name, (_deployment, runs) in _listener_runs(client, [StateType.PENDING, StateType.RUNNING]).items():
             states[name] = "stopped" if runs else "not running"
             for run in runs:
                 pid = _run_pid(run.infrastructure_pid)
-                if pid is not None and _alive(pid):
+                if pid is not None and pid_alive(pid):
                     os.kill(pid, signal.SIGTERM)
                 client.set_flow_run_state(run.id, Cancelled(message="stopped by `make down`"), force=True)
     return states
