@@ -283,7 +283,7 @@ def start_listeners(client, worker_restarted: bool) -> dict[str, str]:
     from tasks.gpu.backends import pid_alive
 
     found = _listener_runs(client, [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
-    states = {name: "not deployed" for name in LISTENERS if name not in found}
+    states = {name: "not deployed" for name in LISTENERS}
     for name, (deployment, runs) in found.items():
         pids = {r.id: _run_pid(r.infrastructure_pid) for r in runs}
         dead = [r for r in runs if r.state_type != StateType.SCHEDULED
