@@ -338,3 +338,29 @@ def test_make_up_starts_each_listener_once_and_replaces_one_whose_process_died()
         finally:
             for run in runs():
                 client.set_flow_run_state(run.id, Cancelled(), force=True)  # no worker of this session may take them
+
+
+def test_an_unreachable_database_offers_the_batch_again_and_the_next_offer_tracks_it(etl_env, monkeypatch):
+    from botocore.config import Config
+
+    from deployments import dynamodb_local
+    from tasks.core import state_store
+    from tasks.etl import ingest as etl
+    from tasks.etl.landing import handle_landed
+
+    root, table = etl_env["root"], etl_env["table"]
+    config = etl.settings()
+    urls = [land(root, DAY, f"d-{i}.ndjson", [i]) for i in range(2)]
+    batch = [arrival_for(u) for u in urls] + [arrival_for((root / "other" / "x.ndjson").as_uri())]
+    endpoint = os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
+    monkeypatch.setattr(state_store, "BOTO_CONFIG", Config(retries={"max_attempts": 1}, connect_timeout=1))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"http://127.0.0.1:{dynamodb_local.free_port()}")  # nothing listens
+    state_store.reset_clients()
+    down = handle_landed(batch, config, no_launch)
+    assert down.done == batch[2:]  # the unknown object needs no database
+    assert [(a.url, reason.split(":")[0]) for a, reason in down.retry] == [(u, "EndpointConnectionError") for u in urls]
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
+    state_store.reset_clients()
+    again = handle_landed([a for a, _ in down.retry], config, no_launch)
+    assert [a.url for a in again.done] == urls and again.retry == []
+    assert sorted(statuses(table)) == ["d-0.ndjson", "d-1.ndjson"]
