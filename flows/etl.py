@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -213,7 +213,7 @@ def ndjson_flush_orphans(
 
 @flow(name="ndjson-listen", log_prints=True, on_crashed=[notify_on_failure])
 def ndjson_listen(
-    source: str = "local",
+    source: Literal["local", "sqs"] = "local",
     batch_size: int = 100,
     batch_seconds: float = 2.0,
     merge_deployment: str | None = "ndjson-merge/local",
