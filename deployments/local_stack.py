@@ -29,6 +29,8 @@ PREFECT_PORT = int(os.environ.get("PREFECT_SERVER_PORT", "4200"))
 WORK_POOL = os.environ.get("LOCAL_WORK_POOL", "local-process")
 ECS_WORK_POOL = os.environ.get("ECS_WORK_POOL", "aws-ecs")
 ENV_FILE = DATA / "local.env"
+# the long-running listener deployments `up` starts, one run each (a name not deployed yet is skipped)
+LISTENERS = ("ndjson-listen/local", "video-listen/local", "phspectra-listen/local", "records-listen/local")
 # the Prefect server's database: "sqlite" (embedded, the default) or "postgres" (Debian's postgresql, for load)
 SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "sqlite").strip().lower()
 POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
@@ -259,6 +261,94 @@ def start_worker() -> str:
     return "started"
 
 
+def _run_pid(infrastructure_pid: str | None) -> int | None:
+    """The process id a worker recorded for a run (``[host:]pid``), or None."""
+    try:
+        return int(str(infrastructure_pid).rsplit(":", 1)[-1])
+    except ValueError:
+        return None
+
+
+def _listener_runs(client, state_types: list) -> dict[str, tuple]:
+    """Each deployed listener -> (its deployment, its runs in ``state_types``); names not deployed are left out."""
+    from prefect.client.schemas.filters import (
+        DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+    )
+    from prefect.exceptions import ObjectNotFound
+
+    found = {}
+    for name in LISTENERS:
+        try:
+            deployment = client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            continue
+        found[name] = (deployment, client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=state_types))),
+        ))
+    return found
+
+
+def start_listeners(client, worker_restarted: bool) -> dict[str, str]:
+    """One run of each deployed listener unless one is scheduled, pending or running (never two at once);
+    a run whose process is gone (or, with no pid, whose worker was just restarted) is marked Crashed and
+    replaced. Listener -> 'started', 'running', 'restarted' or 'not deployed'."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    from tasks.gpu.backends import pid_alive
+
+    found = _listener_runs(client, [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
+    states = {name: "not deployed" for name in LISTENERS}
+    for name, (deployment, runs) in found.items():
+        pids = {r.id: _run_pid(r.infrastructure_pid) for r in runs}
+        dead = [r for r in runs if r.state_type != StateType.SCHEDULED
+                and (not pid_alive(pids[r.id]) if pids[r.id] is not None else worker_restarted)]
+        for run in dead:
+            crashed = Crashed(message="the listener's process is gone (found by `make up`); a new run replaces it")
+            if client.set_flow_run_state(run.id, crashed).status.value != "ACCEPT":
+                client.set_flow_run_state(run.id, crashed, force=True)
+        if len(runs) > len(dead):
+            states[name] = "running"
+            continue
+        client.create_flow_run_from_deployment(deployment.id)
+        states[name] = "restarted" if dead else "started"
+    return states
+
+
+def ensure_listeners(worker_restarted: bool) -> dict[str, str]:
+    """``start_listeners`` against the local server."""
+    os.environ.update(local_env())
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return start_listeners(client, worker_restarted)
+
+
+def stop_listeners() -> dict[str, str]:
+    """Stop the listeners' processes (their runs marked Cancelled) before the worker goes: a flow process may
+    outlive its worker. Listener -> 'stopped' or 'not running'; {} when the server is already down."""
+    if not (_pid("prefect-server") and port_open(HOST, PREFECT_PORT)):
+        return {}
+    os.environ.update(local_env())
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled
+
+    from tasks.gpu.backends import pid_alive
+
+    states = {}
+    with get_client(sync_client=True) as client:
+        for name, (_deployment, runs) in _listener_runs(client, [StateType.PENDING, StateType.RUNNING]).items():
+            states[name] = "stopped" if runs else "not running"
+            for run in runs:
+                pid = _run_pid(run.infrastructure_pid)
+                if pid is not None and pid_alive(pid):
+                    os.kill(pid, signal.SIGTERM)
+                client.set_flow_run_state(run.id, Cancelled(message="stopped by `make down`"), force=True)
+    return states
+
+
 def ensure_tables_and_blocks() -> dict[str, str]:
     """Create or check every table, register the blocks and save their defaults; table -> 'created'/'exists'."""
     os.environ.update(local_env())
@@ -340,7 +430,10 @@ def up() -> None:
     for tag, slots in ensure_tag_limits().items():
         print(f"task limit       {slots:<8} tasks tagged {tag!r} at once")
     print(f"deployments      {deploy_all()}")
-    print(f"worker           {start_worker():8} pool {WORK_POOL}")
+    worker = start_worker()
+    print(f"worker           {worker:8} pool {WORK_POOL}")
+    for listener, state in ensure_listeners(worker_restarted=worker == "started").items():
+        print(f"listener         {state:8} {listener}")
     write_env_file()
     print(f"\nUse it from a shell with:  source {os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}")
     print(f"Prefect UI: http://{HOST}:{PREFECT_PORT}")
@@ -379,7 +472,9 @@ def _stop(name: str) -> str:
 
 
 def down() -> None:
-    """Stop the worker, the Prefect server and DynamoDB Local, printing each one's state."""
+    """Stop the listeners, the worker, the Prefect server and DynamoDB Local, printing each one's state."""
+    for listener, state in stop_listeners().items():
+        print(f"{listener:16} {state}")
     for name in ("worker", "prefect-server", "postgres", "dynamodb"):
         print(f"{name:16} {_stop(name)}")
 

@@ -7,6 +7,9 @@
     ndjson-merge: MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
                   ─> publish (rename parts, publish record; a published manifest is skipped)
                   ─> MANIFEST completed | failed ─> files manifested#N → completed#N | failed#N ─> (notify)
+    ndjson-listen (long-running): files landing under pipeline/input/{date}/ (watch or SQS) ─> micro-batches
+                  (count, age) ─> the ingest's validate → quarantine | track + claim-first batching ─> merges;
+                  one Prefect event per file
     ndjson-flush-orphans (scheduled): dead claims released ─> pending#N of earlier dates ─> partial manifests
                   ─> pending manifests restarted
 """
@@ -14,12 +17,13 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.etl import ingest as etl
+from tasks.etl import landing as etl_landing
 from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.etl.ingest import ManifestRef
@@ -28,6 +32,8 @@ from tasks.core.runtime import quick_heartbeat_exit, today_iso
 from tasks.core.keys import INPUT_PREFIX
 from tasks.core.object_store import ObjectNotFound
 from tasks.core.notify import notify_on_failure
+from tasks.landing.listener import listen
+from tasks.landing.sources import open_source
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 
@@ -68,12 +74,20 @@ merge_task = task(
 )
 finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.ETL_STATUS_UPDATE_TIMEOUT_S, **_dynamo)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
+handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
+
+
+def _merge_inline(ref: ManifestRef) -> str:
+    """Run the merge of ``ref`` as a subflow (raising as it does); the id of its flow run."""
+    state = ndjson_merge(date_prefix=ref.date_prefix, manifest_name=ref.manifest_name, return_state=True)
+    state.result()
+    return str(state.state_details.flow_run_id)
 
 
 def _launch(manifests: list[ManifestRef], merge_deployment: str | None) -> list[dict[str, Any]]:
     """Start each manifest's merge: the deployment (no waiting), or inline as a subflow when None."""
     if merge_deployment is None:
-        launcher = lambda ref: ndjson_merge(date_prefix=ref.date_prefix, manifest_name=ref.manifest_name)  # noqa: E731
+        launcher = _merge_inline
     else:
         launcher = etl.deployment_launcher(merge_deployment)
     return etl.launch_merges(manifests, launcher)
@@ -215,3 +229,31 @@ def ndjson_flush_orphans(
                           "launched": summary["launched"]}, config)
     print(f"flush: {sum(dates.values())} orphaned files on {len(dates)} date(s) → {len(made)} partial manifests")
     return summary
+
+
+@flow(name="ndjson-listen", log_prints=True, on_crashed=[notify_on_failure])
+def ndjson_listen(
+    source: Literal["local", "sqs"] = "local",
+    batch_size: int = 100,
+    batch_seconds: float = 2.0,
+    merge_deployment: str | None = "ndjson-merge/local",
+    max_runtime_seconds: float = 0.0,
+    idle_exit_seconds: float = 0.0,
+    settle_seconds: float = 1.0,
+    rescan_seconds: float = 60.0,
+    restart_pending_after_seconds: float = 120.0,
+) -> dict[str, int]:
+    """Files landing under ``pipeline/input/{date}/`` (a file watch locally, S3 notifications on SQS in AWS) go
+    through the ingest in micro-batches and start their merges; runs until ``max_runtime_seconds`` or
+    ``idle_exit_seconds`` without an arrival (0: forever; a catch-up run sets the idle exit)."""
+    config = etl.settings()
+    events = open_source(source, "etl", config.input_store_url, INPUT_PREFIX,
+                         settle_seconds=settle_seconds, rescan_seconds=rescan_seconds)
+    launch = lambda made: _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)  # noqa: E731
+    print(f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s")
+    stats = listen(events, lambda batch: handle_landed_task(batch, config, launch),
+                   batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds,
+                   idle_exit_seconds=idle_exit_seconds)
+    print(f"listener stopped: {stats.received} received, {stats.acked} done, {stats.released} offered again "
+          f"in {stats.batches} batches")
+    return vars(stats)

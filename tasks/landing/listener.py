@@ -79,9 +79,10 @@ def pump(
     batch_seconds: float = 2.0,
     wait_seconds: float = 20.0,
     should_stop: Callable[[], bool] = lambda: False,
+    stats: PumpStats | None = None,
 ) -> PumpStats:
     """Receive until ``should_stop()``, handing arrivals to ``handler`` in batches bounded by count and age."""
-    stats = PumpStats()
+    stats = stats if stats is not None else PumpStats()
     batch: list[Arrival] = []
     first_at = 0.0
     while not should_stop():
@@ -115,3 +116,32 @@ def emit_landed(arrival: Arrival, pipeline: str, outcome: str, flow_run_id: str 
         related=related,
         payload={"size": arrival.size, "event_time": arrival.event_time, "event_id": arrival.event_id},
     )
+
+
+def listen(
+    source: EventSource,
+    handler: Handler,
+    *,
+    batch_size: int = 100,
+    batch_seconds: float = 2.0,
+    max_runtime_seconds: float = 0.0,
+    idle_exit_seconds: float = 0.0,
+    wait_seconds: float = 5.0,
+) -> PumpStats:
+    """A listener deployment's body: pump until ``max_runtime_seconds`` elapse or nothing arrived for
+    ``idle_exit_seconds`` (0: never), then close the source."""
+    stats = PumpStats()
+    started = time.monotonic()
+    last = {"seen": (-1, -1), "at": started}
+
+    def should_stop() -> bool:
+        now = time.monotonic()
+        if (stats.received, stats.batches) != last["seen"]:  # idle: nothing received nor handled since
+            last.update(seen=(stats.received, stats.batches), at=now)
+        return (0 < max_runtime_seconds <= now - started) or (0 < idle_exit_seconds <= now - last["at"])
+
+    try:
+        return pump(source, handler, batch_size=batch_size, batch_seconds=batch_seconds,
+                    wait_seconds=min(wait_seconds, idle_exit_seconds or wait_seconds), should_stop=should_stop, stats=stats)
+    finally:
+        source.close()
