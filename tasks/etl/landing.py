@@ -14,6 +14,7 @@ One Prefect event per arrival (its URL, related to the merge run it started wher
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse
@@ -115,6 +116,10 @@ def handle_landed(arrivals: Sequence[Arrival], config: EtlSettings, launch: Laun
             logger.info("%s: tracked (%s)", arrival.url, check.date_prefix)
             labels[id(arrival)] = TRACKED
         seen.add(pair)
+    counts = Counter(labels.values())
+    if present:  # the same metrics row as an ndjson-ingest run: the dashboard's files per hour
+        etl.record_metric("ingest", {"files": len(present), "tracked": counts[TRACKED], "quarantined": counts[QUARANTINED],
+                                     "already_tracked": counts[ALREADY_TRACKED], "source": "listener"}, config)
     for arrival in arrivals:
         if id(arrival) in labels:
             outcome.done.append(arrival)
