@@ -263,3 +263,34 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     assert state_store.get_item(jobs, {"job_id": "job-crashed"})["status"] == "failed"
     assert state_store.get_item(jobs, {"job_id": "job-alive"})["status"] == "chunking_in_progress"
     assert reconcile.reconcile(["etl", "video"], dry_run=True) == []  # zero disagreements left
+
+
+def test_a_completed_chunk_stays_completed_when_its_flow_crashed_before_the_task_state_arrived(tables):
+    """Issue 23, 9a (confirmed, then fixed): a COMPLETED chunk whose task run is still Running on the server (or
+    was never reported) while its flow run is Crashed kept the flip to FAILED and jobs_completed - 1."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    table = tables["phspectra_runs"]
+    run_id = "run-crash-after-complete"
+    _seed_run(table, run_id, {0: "COMPLETED", 1: "COMPLETED", 2: "IN_PROGRESS"}, completed=2)
+    with get_client(sync_client=True) as client:
+        crashed = client.create_flow_run(failing, state=Running())
+        running_task = client.create_task_run(complete_then_fail, crashed.id, "0", state=Running())
+        client.set_flow_run_state(crashed.id, Crashed(message="flow process killed"), force=True)
+    owners = {0: str(running_task.id), 1: str(uuid.uuid4()), 2: str(uuid.uuid4())}  # 1, 2: never reached the server
+    for start, task_run_id in owners.items():
+        state_store.transition(table, {"PK": run_id, "SK": chunk_sk(start)}, None, None,
+                               set={"prefect_flow_run_id": str(crashed.id), "prefect_task_run_id": task_run_id})
+    assert _task_state(owners[0]) == "RUNNING"
+
+    findings = reconcile.reconcile(["phspectra"], dry_run=False, run_ids={str(crashed.id)})
+    # only the chunk that was still in flight moves; the two recorded results stand
+    assert [(f.record, f.problem, f.outcome) for f in findings] == [
+        (f"{run_id}/CHUNK#chunk-0000002", "IN_PROGRESS while Prefect Crashed", "applied")]
+    assert [_item(table, run_id, chunk_sk(i))["status"] for i in range(3)] == ["COMPLETED", "COMPLETED", "FAILED"]
+    run = _item(table, run_id, RUN_SK)
+    assert (run["jobs_completed"], run["jobs_failed"]) == (2, 1)
+    assert reconcile.disagreements(["phspectra"]) == []

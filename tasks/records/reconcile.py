@@ -8,9 +8,11 @@ Prefect API for the runs' states and decides, with one rule for every pipeline (
 - record in flight, its Prefect task run (or, when that never ended, its flow run) is terminal -> FAILED
   (a worker that was killed runs no hooks; FAILED rather than back to PENDING so the chunk is counted in
   ``jobs_failed`` and the pipeline's own re-drive of FAILED chunks picks it up);
-- record COMPLETED while its Prefect run is Failed/Crashed/Cancelled -> FAILED (the pipelines write COMPLETED
-  as their last step, so Prefect saying otherwise means the result is not trustworthy; re-drive rewrites
-  the same deterministic output keys);
+- record COMPLETED while its own Prefect task run is Failed/Crashed/Cancelled -> FAILED (the pipelines write
+  COMPLETED as their last step, so Prefect saying otherwise means the result is not trustworthy; re-drive
+  rewrites the same deterministic output keys); a task run not yet ended (its flow crashed before the task's
+  final state reached the server) is no evidence, so the recorded result stands;
+- a video job whose runs all ended -> recovered as ``video-sweep-stuck`` does (reassembled, re-driven, failed);
 - run counters that do not match their chunk items -> set to the counts, conditional on the values read.
 """
 
@@ -42,6 +44,8 @@ class Tracked:
     flow_run_id: str | None
     task_run_id: str | None
     scope: str | None = None  # the run (for counters)
+    # other flow runs that hold the record too (a video job's reassembly runs): it is alive while one of them is
+    holders: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class TableAdapter:
     ended_attr: str | None = None
     # the record is held by the whole flow run, not by the task that wrote it (that task ends at once)
     flow_level: bool = False
+    action: str = "failed"  # what a repair does (shown in findings)
 
     def table_name(self) -> str:
         """The physical name of the adapter's table."""
@@ -282,13 +287,45 @@ register(
         error_attr="error_message", ended_attr="updated_at", flow_level=True,
     )
 )
-# seed 003: a video job `chunking_in_progress` while its video-process flow run ended -> failed.
-register(
-    TableAdapter(
-        "video", "video_jobs", "status", "chunking_in_progress", None, "failed", ("job_id",),
-        error_attr="failure_reason", ended_attr="failed_at", flow_level=True,
-    )
-)
+
+
+class VideoJobAdapter(TableAdapter):
+    """Seed 003 jobs chunking or ``chunking_complete``: held by their video-process run and by the reassembly runs
+    of their lock (``video_jobs.holders``). Once every one has ended, the job is recovered the way
+    ``video-sweep-stuck`` does it (``recover_stuck_job``): reassembled, re-driven, or failed with the reason."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "video", "video_jobs", "status", "chunking_in_progress", None, "failed", ("job_id",),
+            error_attr="failure_reason", ended_attr="failed_at", flow_level=True, action="recover",
+        )
+
+    def tracked(self) -> Iterable[Tracked]:
+        """Jobs chunking or chunking_complete with a process run, with the reassembly runs that also hold them."""
+        from tasks.video import jobs as video
+
+        active = (video.CHUNKING, video.CHUNKED)
+        jobs = list(state_store.scan_all(
+            self.table_name(), keep=lambda item: item.get("status") in active and bool(item.get("prefect_flow_run_id"))
+        ))
+        locks = {lock["job_id"]: lock for lock in state_store.get_many(config.table_name("video_reassembly_locks"),
+                                                                       ({"job_id": job["job_id"]} for job in jobs))}
+        for job in jobs:
+            owner = str(job["prefect_flow_run_id"])
+            others = tuple(r for r in video.holders(job, locks.get(job["job_id"])) if r != owner)
+            yield Tracked({"job_id": job["job_id"]}, job["status"], "in_flight", owner, None, holders=others)
+
+    def repair(self, record: Tracked, reason: str) -> state_store.WriteResult:
+        """``recover_stuck_job`` for the job, only while it is held by the same run (else: stale)."""
+        from tasks.video import jobs as video
+
+        result = video.recover_stuck_job(record.key["job_id"], owner=record.flow_run_id, why=reason)
+        run_logger(__name__).warning("video job %s: %s", record.key["job_id"], result)
+        outcome = state_store.Outcome.STALE if result["action"] == "none" else state_store.Outcome.APPLIED
+        return state_store.WriteResult(outcome, result)
+
+
+register(VideoJobAdapter())
 
 
 # --------------------------------------------------------------------------- Prefect's side
@@ -327,9 +364,19 @@ def prefect_states(flow_run_ids: Iterable[str | None], task_run_ids: Iterable[st
 
 def effective_state(record: Tracked, states: Mapping[str, RunState]) -> RunState | None:
     """The task run's state when it ended; else the flow run's when that ended (a killed worker leaves its
-    task runs Running while the flow run is marked Crashed); else the task's (or flow's) live state."""
+    task runs Running while the flow run is marked Crashed); else the task's (or flow's) live state.
+
+    A run in ``record.holders`` that has not ended keeps the record alive (its live state is returned). A
+    completed record is judged by its own task run's end alone (None until then): a flow that crashed before
+    its task runs' terminal states reached the server says nothing against work whose result was recorded.
+    """
     task = states.get(record.task_run_id or "")
     flow = states.get(record.flow_run_id or "")
+    live = [states[r] for r in record.holders if r in states and states[r].type not in TERMINAL]
+    if live:
+        return live[0]
+    if record.role == "completed" and record.task_run_id:
+        return task if task is not None and task.type in TERMINAL else None
     if task is not None and task.type in TERMINAL:
         return task
     if flow is not None and flow.type in TERMINAL:
@@ -347,25 +394,27 @@ def reconcile(pipelines: Sequence[str] | None = None, dry_run: bool = True, run_
     for adapter in adapters:
         records = list(adapter.tracked())
         if run_ids is not None:
-            records = [r for r in records if {r.flow_run_id, r.task_run_id} & run_ids]
+            records = [r for r in records if {r.flow_run_id, r.task_run_id, *r.holders} & run_ids]
         tracked[adapter.name] = records
     every = [r for records in tracked.values() for r in records]
-    states = prefect_states([r.flow_run_id for r in every], [r.task_run_id for r in every]) if every else {}
+    flow_runs = [run for r in every for run in (r.flow_run_id, *r.holders)]
+    states = prefect_states(flow_runs, [r.task_run_id for r in every]) if every else {}
     findings: list[Finding] = []
     for adapter in adapters:
         for record in tracked[adapter.name]:
             state = effective_state(record, states)
             if state is None:
-                findings.append(
-                    Finding(adapter.name, _show(record.key), "Prefect run not found", record.status, "-", "none", "report-only")
-                )
+                if not {record.flow_run_id, record.task_run_id, *record.holders} & states.keys():
+                    findings.append(Finding(adapter.name, _show(record.key), "Prefect run not found", record.status,
+                                            "-", "none", "report-only"))
                 continue
             target = transition_for(record.role, state.type)
             if target is None:
                 continue
             label = f"{state.what} {state.id} {state.name}"
             reason = f"reconciled: record {record.status} while Prefect {label}"
-            finding = Finding(adapter.name, _show(record.key), f"{record.status} while Prefect {state.name}", record.status, label, f"-> {target}")
+            finding = Finding(adapter.name, _show(record.key), f"{record.status} while Prefect {state.name}", record.status, label,
+                              f"-> {getattr(adapter, 'action', target)}")
             if not dry_run:
                 result = adapter.repair(record, reason)
                 finding.outcome = "applied" if result.applied else "stale"
