@@ -41,7 +41,8 @@ def _job(tables, job_id: str) -> dict:
 
 
 class _Endpoint(http.server.BaseHTTPRequestHandler):
-    """``ok``: echo; ``json``: 200 with a JSON error body; ``redirect-NNN``: to ``target``; ``echo-key``: 500 naming the URL."""
+    """``ok``: echo; ``json``: 200 with a JSON error body; ``redirect-NNN``: to ``target``; ``echo-key``: 500 naming the URL;
+    ``hold-after-first``: echo the first request, hold later ones until the behaviour changes."""
 
     behaviour, target = "ok", ""
     seen: list[dict] = []
@@ -49,6 +50,8 @@ class _Endpoint(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server's naming
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         type(self).seen.append({"path": self.path, "authorization": self.headers.get("Authorization"), "size": len(body)})
+        while self.behaviour == "hold-after-first" and len(self.seen) > 1:  # one answer, then hang until told
+            time.sleep(0.1)
         if self.behaviour.startswith("redirect-"):
             self.send_response(int(self.behaviour.split("-")[1]))
             self.send_header("Location", self.target + self.path)
