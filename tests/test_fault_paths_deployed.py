@@ -24,6 +24,7 @@ from tasks.video.ffmpeg import make_test_video, probe
 from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
 from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - etl_env is a fixture
 from tests.test_etl_merge import _exactly_once, _ingest_five, file_statuses, manifests
+from tests.test_records_reconcile import _wait
 from tests.test_video_faults import endpoints  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.sweep  # a worker and flow-run processes: `make test-sweep`, which CI runs
@@ -147,18 +148,6 @@ def _flow_run_process(worker: Worker, flow_run_id: str):
     return None
 
 
-def _wait(predicate, timeout: float, what: str, worker: Worker):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}\n{worker.tail()}")
-
-
 @pytest.mark.timeout(600)
 def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, store_root, tmp_path, deployed, endpoints):
     """Issue 23, item 2: a `video-process` flow process SIGKILLed while a segment is at the backend. Its worker reports
@@ -182,14 +171,14 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
     try:
         params = {"job_id": job_id, "backend": "http", "max_parallel_segments": 1, "segment_retries": 0}
         crashed = str(run_deployment(process, parameters=params, timeout=0, as_subflow=False).id)
-        _wait(lambda: len(backend.seen) >= 2, 240, "segment 0 done and segment 1 at the backend", stack.worker)
+        _wait(lambda: len(backend.seen) >= 2, 240, "segment 0 done and segment 1 at the backend")
         assert [c["segment_index"] for c in v.completions(job_id)] == [0]
         _flow_run_process(stack.worker, crashed).send_signal(signal.SIGKILL)  # mid-inference: no hook, no final state
         killed = time.monotonic()
         backend.behaviour = "ok"  # the backend is well again: a re-drive can finish the job
 
         redriven = _wait(lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
-                         120, "the job to be re-driven", stack.worker)
+                         120, "the job to be re-driven")
         redrive_s = time.monotonic() - killed
         runs = wait_for_runs(process, 2, worker=stack.worker)
         wait_for_runs(stack.deployments["video-reassemble"], 1, worker=stack.worker)
