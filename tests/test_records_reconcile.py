@@ -294,3 +294,51 @@ def test_a_completed_chunk_stays_completed_when_its_flow_crashed_before_the_task
     run = _item(table, run_id, RUN_SK)
     assert (run["jobs_completed"], run["jobs_failed"]) == (2, 1)
     assert reconcile.disagreements(["phspectra"]) == []
+
+
+def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
+    """Issue 23, item 2 for every pipeline: the Crashed event of a flow run (what prefect.yaml's trigger hands
+    `records-prefect-state`) finds the records that run held, each stored as its flow stores it: a phspectra chunk
+    (its fit task's run ids), a GPU task (its gpu-job run's), an ETL manifest and a video job (the flow run's:
+    they are held by the whole run). Records of a live run are left alone."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    with get_client(sync_client=True) as client:
+        crashed, alive = (client.create_flow_run(failing, state=Running()) for _ in range(2))
+        fit = client.create_task_run(fit_chunk_then_hang, crashed.id, "0", state=Running())  # never finished
+        client.set_flow_run_state(crashed.id, Crashed(message="flow process killed"), force=True)
+    for held_by, run_id in ((crashed, "run-held"), (alive, "run-alive")):
+        ids = {"prefect_flow_run_id": str(held_by.id)}
+        _seed_run(tables["phspectra_runs"], run_id, {0: "PENDING"})
+        state_store.transition(tables["phspectra_runs"], {"PK": run_id, "SK": chunk_sk(0)}, "PENDING", "IN_PROGRESS",
+                               set={**ids, "prefect_task_run_id": str(fit.id) if held_by is crashed else str(uuid.uuid4())})
+        state_store.put(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}", "task_status": "IN_PROGRESS", **ids})
+        state_store.put(tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "status": "processing", **ids,
+                                                      "file_key": f"MANIFEST#batch-{run_id}.json"})
+        state_store.put(tables["video_jobs"], {"job_id": f"job-{run_id}", "status": "chunking_in_progress", **ids})
+
+    findings = records_prefect_state(_crash_event(crashed.id))
+    assert sorted((f["pipeline"], f["record"], f["outcome"]) for f in findings) == [
+        ("etl", "2026-02-02/MANIFEST#batch-run-held.json", "applied"), ("gpu", "task-run-held", "applied"),
+        ("phspectra", "run-held/CHUNK#chunk-0000000", "applied"),
+        ("video", "job-run-held", "applied"),
+    ]
+    statuses = {
+        run_id: (_item(tables["phspectra_runs"], run_id, chunk_sk(0))["status"],
+                 state_store.get_item(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}"})["task_status"],
+                 state_store.get_item(tables["etl_file_tracking"], {"date_prefix": "2026-02-02",
+                                                                    "file_key": f"MANIFEST#batch-{run_id}.json"})["status"],
+                 state_store.get_item(tables["video_jobs"], {"job_id": f"job-{run_id}"})["status"])
+        for run_id in ("run-held", "run-alive")
+    }
+    assert statuses == {"run-held": ("FAILED", "TERMINATED", "failed", "failed"),
+                        "run-alive": ("IN_PROGRESS", "IN_PROGRESS", "processing", "chunking_in_progress")}
+    assert records_prefect_state(_crash_event(crashed.id)) == []  # a second report finds nothing left to do
+
+
+def _crash_event(run_id) -> dict:
+    """The event prefect.yaml's trigger hands `records-prefect-state` for a crashed flow run."""
+    return {"event": "prefect.flow-run.Crashed", "resource": {"prefect.resource.id": f"prefect.flow-run.{run_id}"}}

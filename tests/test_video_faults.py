@@ -16,6 +16,7 @@ from tasks.core.object_store import LocalStore
 from tasks.video import inference
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
+from tests.test_records_reconcile import _crash_event
 
 SECONDS, FPS, SEGMENT = 3.0, 10, 1.0  # 3 segments of 10 frames
 
@@ -176,11 +177,6 @@ def _video_deployment(client) -> "uuid.UUID":
 
     flow_id = client.create_flow(video_process)
     return client.create_deployment(flow_id, f"redrive-{uuid.uuid4().hex[:6]}", entrypoint="flows/video.py:video_process")
-
-
-def _crash_event(run_id) -> dict:
-    """The event the server's trigger hands `records-prefect-state` for a crashed flow run."""
-    return {"event": "prefect.flow-run.Crashed", "resource": {"prefect.resource.id": f"prefect.flow-run.{run_id}"}}
 
 
 def _hold(tables, job_id: str, run_id, **lock) -> None:
