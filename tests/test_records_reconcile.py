@@ -244,6 +244,7 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     finished_task = str(uuid.uuid4())  # the task that wrote the record ended long ago: only the flow run counts
     for name, run in (("batch-0001-20260201-000000.json", crashed), ("batch-0002-20260201-000000.json", alive)):
         state_store.put(tracking, {"date_prefix": "2026-02-01", "file_key": f"MANIFEST#{name}", "status": "processing",
+                                   "manifest_path": f"manifests/2026-02-01/{name}",
                                    "prefect_flow_run_id": str(run.id), "prefect_task_run_id": finished_task})
     state_store.put(tracking, {"date_prefix": "2026-02-01", "file_key": "a.ndjson", "status": "manifested#3",
                                "prefect_flow_run_id": str(crashed.id)})  # file records are not the adapter's
@@ -316,8 +317,11 @@ def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
         state_store.transition(tables["phspectra_runs"], {"PK": run_id, "SK": chunk_sk(0)}, "PENDING", "IN_PROGRESS",
                                set={**ids, "prefect_task_run_id": str(fit.id) if held_by is crashed else str(uuid.uuid4())})
         state_store.put(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}", "task_status": "IN_PROGRESS", **ids})
+        manifest = f"manifests/2026-02-02/batch-{run_id}.json"
         state_store.put(tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "status": "processing", **ids,
-                                                      "file_key": f"MANIFEST#batch-{run_id}.json"})
+                                                      "file_key": f"MANIFEST#batch-{run_id}.json", "manifest_path": manifest})
+        state_store.put(tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "file_key": f"{run_id}.ndjson",
+                                                      "status": "manifested#1", "manifest_path": manifest, **ids})
         state_store.put(tables["video_jobs"], {"job_id": f"job-{run_id}", "status": "chunking_in_progress", **ids})
 
     findings = records_prefect_state(_crash_event(crashed.id))
@@ -331,11 +335,13 @@ def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
                  state_store.get_item(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}"})["task_status"],
                  state_store.get_item(tables["etl_file_tracking"], {"date_prefix": "2026-02-02",
                                                                     "file_key": f"MANIFEST#batch-{run_id}.json"})["status"],
+                 state_store.get_item(tables["etl_file_tracking"], {"date_prefix": "2026-02-02",
+                                                                    "file_key": f"{run_id}.ndjson"})["status"],
                  state_store.get_item(tables["video_jobs"], {"job_id": f"job-{run_id}"})["status"])
         for run_id in ("run-held", "run-alive")
     }
-    assert statuses == {"run-held": ("FAILED", "TERMINATED", "failed", "failed"),
-                        "run-alive": ("IN_PROGRESS", "IN_PROGRESS", "processing", "chunking_in_progress")}
+    assert statuses == {"run-held": ("FAILED", "TERMINATED", "failed", "failed#1", "failed"),  # the files follow at once
+                        "run-alive": ("IN_PROGRESS", "IN_PROGRESS", "processing", "manifested#1", "chunking_in_progress")}
     assert records_prefect_state(_crash_event(crashed.id)) == []  # a second report finds nothing left to do
 
 

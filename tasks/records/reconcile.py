@@ -278,15 +278,31 @@ class GpuTaskAdapter(TableAdapter):
 
 register(GpuTaskAdapter())
 
-# seed 001: a MANIFEST record `processing` while its ndjson-merge flow run ended -> failed; `etl remediate`
-# then moves its files (manifested#N -> failed#N) after the manifest's outcome.
-register(
-    TableAdapter(
-        "etl", "etl_file_tracking", "status", "processing", None, "failed", ("date_prefix", "file_key"),
-        keep=lambda item: str(item.get("file_key", "")).startswith(MANIFEST_PREFIX),
-        error_attr="error_message", ended_attr="updated_at", flow_level=True,
-    )
-)
+
+
+class EtlManifestAdapter(TableAdapter):
+    """Seed 001: a MANIFEST record `processing` while its ndjson-merge flow run ended -> failed, and its files follow
+    at once (``manifested#N -> failed#N``, what ``etl remediate`` / the hourly flush would do later)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "etl", "etl_file_tracking", "status", "processing", None, "failed", ("date_prefix", "file_key"),
+            keep=lambda item: str(item.get("file_key", "")).startswith(MANIFEST_PREFIX),
+            error_attr="error_message", ended_attr="updated_at", flow_level=True,
+        )
+
+    def repair(self, record: Tracked, reason: str) -> state_store.WriteResult:
+        """The manifest to failed (guarded), then ``remediate_manifested`` for its date (guarded per file)."""
+        from tasks.etl import ops as etl_ops
+
+        result = super().repair(record, reason)
+        if result.applied:
+            moved = etl_ops.remediate_manifested(record.key["date_prefix"])
+            run_logger(__name__).warning("etl %s: files followed the failed manifest: %s", _show(record.key), moved)
+        return result
+
+
+register(EtlManifestAdapter())
 
 
 class VideoJobAdapter(TableAdapter):
