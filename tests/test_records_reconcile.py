@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from prefect import flow, task
@@ -223,8 +224,6 @@ def test_transition_rule_table():
 
 def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     """Records held by a whole flow run (a merge's MANIFEST, a video job being chunked) move when it crashes."""
-    import uuid
-
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
@@ -269,8 +268,6 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
 def test_a_completed_chunk_stays_completed_when_its_flow_crashed_before_the_task_state_arrived(tables):
     """Issue 23, 9a (confirmed, then fixed): a COMPLETED chunk whose task run is still Running on the server (or
     was never reported) while its flow run is Crashed kept the flip to FAILED and jobs_completed - 1."""
-    import uuid
-
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
@@ -302,8 +299,6 @@ def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
     `records-prefect-state`) finds the records that run held, each stored as its flow stores it: a phspectra chunk
     (its fit task's run ids), a GPU task (its gpu-job run's), an ETL manifest and a video job (the flow run's:
     they are held by the whole run). Records of a live run are left alone."""
-    import uuid
-
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
@@ -348,3 +343,68 @@ def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
 def _crash_event(run_id) -> dict:
     """The event prefect.yaml's trigger hands `records-prefect-state` for a crashed flow run."""
     return {"event": "prefect.flow-run.Crashed", "resource": {"prefect.resource.id": f"prefect.flow-run.{run_id}"}}
+
+
+def test_records_of_an_in_process_subflow_follow_its_crashed_parent(tables):
+    """The fast form of the next test: a subflow run in its parent's process (no deployment) ended with its parent;
+    one with a deployment of its own (a `run_deployment` child, another process) did not."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    table = tables["phspectra_runs"]
+    _seed_run(table, "run-sub", {0: "PENDING", 6: "PENDING"})
+    with get_client(sync_client=True) as client:
+        parent = client.create_flow_run(failing, state=Running())
+        calls = [client.create_task_run(fit_chunk_then_hang, parent.id, str(i), state=Running()) for i in range(2)]
+        in_process = client.create_flow_run(worker, parent_task_run_id=calls[0].id, state=Running())
+        deployment = client.create_deployment(client.create_flow(worker), "own-process")
+        elsewhere = client.create_flow_run_from_deployment(deployment, parent_task_run_id=calls[1].id, state=Running())
+        client.set_flow_run_state(parent.id, Crashed(message="flow process killed"), force=True)
+    for start, held_by in ((0, in_process), (6, elsewhere)):
+        state_store.transition(table, {"PK": "run-sub", "SK": chunk_sk(start)}, "PENDING", "IN_PROGRESS",
+                               set={"prefect_flow_run_id": str(held_by.id), "prefect_task_run_id": str(uuid.uuid4())})
+    assert reconcile.with_subflows({str(parent.id)}) == {str(parent.id), str(in_process.id)}
+    states = reconcile.prefect_states([str(in_process.id), str(elsewhere.id)], [])
+    assert (states[str(in_process.id)].type, states[str(elsewhere.id)].type) == ("CRASHED", "RUNNING")
+
+    findings = records_prefect_state(_crash_event(parent.id))
+    assert [(f["record"], f["outcome"]) for f in findings] == [("run-sub/CHUNK#chunk-0000000", "applied")]
+    assert [_item(table, "run-sub", chunk_sk(s))["status"] for s in (0, 6)] == ["FAILED", "IN_PROGRESS"]
+
+
+@pytest.mark.sweep  # a survey run twice in a child process (~1 min on a loaded machine): `make test-sweep`
+@pytest.mark.timeout(600)
+def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_root, tmp_path):
+    """A `phspectra-survey` process SIGKILLed mid-fit: its worker reports only the run it started Crashed, while the
+    chunks were claimed by the fit tasks of its in-process `phspectra-fit-chunks` subflow, which stays Running on
+    the server. The Crashed event still reaches them (the subflow died with its parent); before, 0 records."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.states import Crashed
+
+    from tests.crashpoints import count_writes, killed, run_child
+    from tests.test_phspectra import fits_cube
+
+    call = "flows.phspectra_survey:phspectra_survey"
+    kwargs = {"cube_url": fits_cube(tmp_path, ny=3, nx=4, n_channels=32), "survey": "grs-crash-event", "chunk_size": 6,
+              "workers": 1}  # 2 chunks, fitted one after the other
+    writes = count_writes(call, {**kwargs, "run_id": "counted"}, tmp_path / "writes.log")
+    first_fit = next(w.number for w in writes if w.kind == "objects:put_bytes:decompositions")  # a fit output
+    assert killed(run_child(call, {**kwargs, "run_id": "crash-event"}, f"{first_fit}:kill:after"))
+    with get_client(sync_client=True) as client:
+        live = FlowRunFilterStateType(any_=["RUNNING", "PENDING"])
+        runs = [r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=live)))
+                if r.parameters.get("run_id") == "crash-event"]
+        (survey,) = [r for r in runs if r.parent_task_run_id is None]
+        (subflow,) = [r for r in runs if r.parent_task_run_id is not None]
+        client.set_flow_run_state(survey.id, Crashed(message="flow process killed"), force=True)  # as its worker does
+    table = tables["phspectra_runs"]
+    chunk = _item(table, "crash-event", chunk_sk(0))
+    assert (chunk["status"], chunk["prefect_flow_run_id"]) == ("IN_PROGRESS", str(subflow.id))
+
+    findings = records_prefect_state(_crash_event(survey.id))
+    assert [(f["record"], f["problem"], f["outcome"]) for f in findings] == [
+        ("crash-event/CHUNK#chunk-0000000", "IN_PROGRESS while Prefect Crashed (with its parent flow run "
+         f"{survey.id})", "applied")]
+    assert [_item(table, "crash-event", chunk_sk(s))["status"] for s in (0, 6)] == ["FAILED", "PENDING"]
+    assert reconcile.disagreements(["phspectra"]) == []

@@ -369,13 +369,54 @@ def prefect_states(flow_run_ids: Iterable[str | None], task_run_ids: Iterable[st
             part = flows[start : start + 200]
             for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=part)), limit=len(part)):
                 if run.state is not None:
-                    states[str(run.id)] = RunState(str(run.id), run.state.type.value, run.state.name, "flow run")
+                    states[str(run.id)] = _ended_with_parent(client, run) or RunState(
+                        str(run.id), run.state.type.value, run.state.name, "flow run")
         for start in range(0, len(tasks), 200):
             part = tasks[start : start + 200]
             for run in client.read_task_runs(task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=part)), limit=len(part)):
                 if run.state is not None:
                     states[str(run.id)] = RunState(str(run.id), run.state.type.value, run.state.name, "task run")
     return states
+
+
+def _in_process(run: Any) -> bool:
+    """Whether a flow run is a subflow run in its parent's process (no deployment of its own): it dies with it."""
+    return run.parent_task_run_id is not None and run.deployment_id is None
+
+
+def _ended_with_parent(client: Any, run: Any, depth: int = 8) -> RunState | None:
+    """A live in-process subflow run whose parent flow run ended: it ended too (the process that ran it is gone,
+    and nothing reports it), so it takes its parent's end state; None otherwise."""
+    from prefect.exceptions import ObjectNotFound
+
+    if depth == 0 or run.state is None or run.state.type.value in TERMINAL or not _in_process(run):
+        return None
+    try:
+        parent = client.read_flow_run(client.read_task_run(run.parent_task_run_id).flow_run_id)
+    except ObjectNotFound:
+        return None
+    ended = _ended_with_parent(client, parent, depth - 1)
+    if ended is None and parent.state is not None and parent.state.type.value in TERMINAL:
+        ended = RunState(str(parent.id), parent.state.type.value, parent.state.name, "flow run")
+    if ended is None:
+        return None
+    return RunState(str(run.id), ended.type, f"{ended.name} (with its parent flow run {ended.id})", "flow run")
+
+
+def with_subflows(run_ids: set[str]) -> set[str]:
+    """``run_ids`` and, recursively, the in-process subflow runs of those flow runs (a crashed run's event names
+    only the run its worker started; its subflows died with it and hold records of their own)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    found, frontier = set(run_ids), _uuids(run_ids)
+    with get_client(sync_client=True) as client:
+        while frontier:
+            children = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))
+            frontier = [c.id for c in children if _in_process(c) and str(c.id) not in found]
+            found |= {str(c) for c in frontier}
+    return found
 
 
 def effective_state(record: Tracked, states: Mapping[str, RunState]) -> RunState | None:
@@ -406,6 +447,8 @@ def reconcile(pipelines: Sequence[str] | None = None, dry_run: bool = True, run_
     if unknown:
         raise LookupError(f"no reconciliation adapter for {', '.join(unknown)}; known: {', '.join(sorted(REGISTRY))}")
     adapters = [REGISTRY[p] for p in (pipelines or sorted(REGISTRY))]
+    if run_ids is not None:
+        run_ids = with_subflows(run_ids)
     tracked = {}
     for adapter in adapters:
         records = list(adapter.tracked())
@@ -488,4 +531,5 @@ def rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
 __all__ = [
     "Adapter", "Finding", "REGISTRY", "RunState", "TableAdapter", "Tracked", "disagreements", "effective_state",
     "prefect_states", "reconcile", "register", "rows", "run_ids_from_event", "transition_for", "wait_until_ended",
+    "with_subflows",
 ]
