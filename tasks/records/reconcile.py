@@ -279,7 +279,6 @@ class GpuTaskAdapter(TableAdapter):
 register(GpuTaskAdapter())
 
 
-
 class EtlManifestAdapter(TableAdapter):
     """Seed 001: a MANIFEST record `processing` while its ndjson-merge flow run ended -> failed, and its files follow
     at once (``manifested#N -> failed#N``, what ``etl remediate`` / the hourly flush would do later)."""
@@ -307,7 +306,7 @@ register(EtlManifestAdapter())
 
 class VideoJobAdapter(TableAdapter):
     """Seed 003 jobs chunking or ``chunking_complete``: held by their video-process run and by the reassembly runs
-    of their lock (``video_jobs.holders``). Once every one has ended, the job is recovered the way
+    of their lock (``tasks.video.jobs.holders``). Once every one has ended, the job is recovered the way
     ``video-sweep-stuck`` does it (``recover_stuck_job``): reassembled, re-driven, or failed with the reason."""
 
     def __init__(self) -> None:
