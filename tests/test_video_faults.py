@@ -247,6 +247,7 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
         "failed", f"stuck in chunking_complete with 0 of 3 segments done after 2 re-drives (reconciled: record "
         f"chunking_complete while Prefect flow run {spent_run.id} Crashed); re-run video-process for the job")
     assert reconcile.disagreements(["video"]) == []
+    assert v.reopen_failed_job(spent) and "redrives" not in _job(tables, spent)  # a person's re-run starts afresh
 
 
 # --------------------------------------------------------------------------- 10: a failed job can be re-run

@@ -233,7 +233,7 @@ def fail_job(job_id: str, reason: str) -> str | None:
 _ATTEMPT_ATTRS = (
     "failure_reason", "failed_at", "total_segments", "segment_frames", "segment_durations", "source_duration",
     "source_frames", "source_has_audio", "chunking_started_at", "chunking_completed_at", "final_key", "final_frames",
-    "final_duration", "completed_at", "reconciled_at",
+    "final_duration", "completed_at", "reconciled_at", "redrives", "redriven_at",
 )
 
 
