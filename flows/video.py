@@ -156,9 +156,11 @@ def video_process(
 
 @flow(name="video-sweep-stuck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["video-sweep-stuck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
-    """Jobs `chunking_complete` for longer than ``stuck_minutes`` whose Prefect runs all ended: reassemble or fail.
+    """Jobs `chunking_complete` for longer than ``stuck_minutes`` whose Prefect runs all ended: reassemble,
+    re-drive (a new run of the dead run's deployment, at most ``MAX_REDRIVES`` times) or fail with the reason.
 
-    A job whose process or reassembly run is still scheduled, pending or running is left alone.
+    A job whose process or reassembly run is still scheduled, pending or running is left alone. The same
+    recovery runs at once when a run that held a job crashes (`records-prefect-state`); this sweep is the backstop.
     """
     from tasks.records.reconcile import TERMINAL, prefect_states
 

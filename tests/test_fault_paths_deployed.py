@@ -24,6 +24,8 @@ from tasks.video.ffmpeg import make_test_video, probe
 from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
 from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - etl_env is a fixture
 from tests.test_etl_merge import _exactly_once, _ingest_five, file_statuses, manifests
+from tests.test_records_reconcile import _wait
+from tests.test_video_faults import endpoints  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.sweep  # a worker and flow-run processes: `make test-sweep`, which CI runs
 
@@ -131,3 +133,67 @@ def test_a_failed_merge_is_rerun_through_its_deployment(etl_env, tmp_path, deplo
     assert ndjson_flush_orphans(today=TODAY, merge_deployment=merge)["launched"] == 0
     _exactly_once(root, urls)
     assert not list(state_store.scan_all(table, keep=lambda i: str(i.get("status", "")).startswith("pending")))
+
+
+def _flow_run_process(worker: Worker, flow_run_id: str):
+    """The worker's child process that runs ``flow_run_id`` (None until it started)."""
+    import psutil
+
+    for child in psutil.Process(worker.process.pid).children(recursive=True):
+        try:
+            if child.environ().get("PREFECT__FLOW_RUN_ID") == flow_run_id:
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+@pytest.mark.timeout(600)
+def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, store_root, tmp_path, deployed, endpoints):
+    """Issue 23, item 2: a `video-process` flow process SIGKILLed while a segment is at the backend. Its worker reports
+    the run Crashed, prefect.yaml's trigger starts `records-prefect-state`, which re-drives the job through the
+    crashed run's deployment (no wait for `video-sweep-stuck`); the new run finishes it with every frame."""
+    import signal
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from tasks.records import reconcile
+    from tests.test_video_faults import _upload
+
+    (backend, url), _ = endpoints
+    backend.behaviour = "hold-after-first"
+    stack = deployed({"video-process", "video-reassemble", "records-prefect-state"}, VIDEO_INFERENCE_ENDPOINT_URL=f"{url}/infer")
+    clip = make_test_video(tmp_path / "clip.mp4", 3.0, 10, keyframe_seconds=1.0)
+    job_id = _upload(clip.read_bytes())
+    process = stack.deployments["video-process"]
+    try:
+        params = {"job_id": job_id, "backend": "http", "max_parallel_segments": 1, "segment_retries": 0}
+        crashed = str(run_deployment(process, parameters=params, timeout=0, as_subflow=False).id)
+        _wait(lambda: len(backend.seen) >= 2, 240, "segment 0 done and segment 1 at the backend")
+        assert [c["segment_index"] for c in v.completions(job_id)] == [0]
+        _flow_run_process(stack.worker, crashed).send_signal(signal.SIGKILL)  # mid-inference: no hook, no final state
+        killed = time.monotonic()
+        backend.behaviour = "ok"  # the backend is well again: a re-drive can finish the job
+
+        redriven = _wait(lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
+                         120, "the job to be re-driven")
+        redrive_s = time.monotonic() - killed
+        runs = wait_for_runs(process, 2, worker=stack.worker)
+        wait_for_runs(stack.deployments["video-reassemble"], 1, worker=stack.worker)
+        done_s = time.monotonic() - killed
+        repairs = wait_for_runs(stack.deployments["records-prefect-state"], 1, worker=stack.worker)
+    finally:
+        with get_client(sync_client=True) as client:  # its trigger goes too: later crashes in the session start nothing
+            client.delete_deployment(client.read_deployment_by_name(stack.deployments["records-prefect-state"]).id)
+    print(f"killed mid-inference -> re-driven in {redrive_s:.1f} s, completed in {done_s:.1f} s")
+    assert redrive_s < 60, redrive_s
+    assert {str(r.id): r.state_name for r in runs} == {crashed: "Crashed", redriven: "Completed"}
+    crash_repair = [r for r in repairs if crashed in str(r.parameters)]
+    assert [r.state_name for r in crash_repair] == ["Completed"]
+    job = v.get_job(job_id)
+    assert (job["status"], job["final_frames"], job["redrives"]) == ("completed", 30, 1)
+    assert probe(store_root / keys.final_key(job_id)).frames == 30
+    assert [r["segment_index"] for r in v.completions(job_id)] == [0, 1, 2]
+    assert reconcile.disagreements(["video"]) == []  # DynamoDB and Prefect agree

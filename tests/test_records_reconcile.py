@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from prefect import flow, task
@@ -223,8 +224,6 @@ def test_transition_rule_table():
 
 def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     """Records held by a whole flow run (a merge's MANIFEST, a video job being chunked) move when it crashes."""
-    import uuid
-
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
@@ -244,6 +243,7 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     finished_task = str(uuid.uuid4())  # the task that wrote the record ended long ago: only the flow run counts
     for name, run in (("batch-0001-20260201-000000.json", crashed), ("batch-0002-20260201-000000.json", alive)):
         state_store.put(tracking, {"date_prefix": "2026-02-01", "file_key": f"MANIFEST#{name}", "status": "processing",
+                                   "manifest_path": f"manifests/2026-02-01/{name}",
                                    "prefect_flow_run_id": str(run.id), "prefect_task_run_id": finished_task})
     state_store.put(tracking, {"date_prefix": "2026-02-01", "file_key": "a.ndjson", "status": "manifested#3",
                                "prefect_flow_run_id": str(crashed.id)})  # file records are not the adapter's
@@ -263,3 +263,148 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     assert state_store.get_item(jobs, {"job_id": "job-crashed"})["status"] == "failed"
     assert state_store.get_item(jobs, {"job_id": "job-alive"})["status"] == "chunking_in_progress"
     assert reconcile.reconcile(["etl", "video"], dry_run=True) == []  # zero disagreements left
+
+
+def test_a_completed_chunk_stays_completed_when_its_flow_crashed_before_the_task_state_arrived(tables):
+    """Issue 23, 9a (confirmed, then fixed): a COMPLETED chunk whose task run is still Running on the server (or
+    was never reported) while its flow run is Crashed kept the flip to FAILED and jobs_completed - 1."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    table = tables["phspectra_runs"]
+    run_id = "run-crash-after-complete"
+    _seed_run(table, run_id, {0: "COMPLETED", 1: "COMPLETED", 2: "IN_PROGRESS"}, completed=2)
+    with get_client(sync_client=True) as client:
+        crashed = client.create_flow_run(failing, state=Running())
+        running_task = client.create_task_run(complete_then_fail, crashed.id, "0", state=Running())
+        client.set_flow_run_state(crashed.id, Crashed(message="flow process killed"), force=True)
+    owners = {0: str(running_task.id), 1: str(uuid.uuid4()), 2: str(uuid.uuid4())}  # 1, 2: never reached the server
+    for start, task_run_id in owners.items():
+        state_store.transition(table, {"PK": run_id, "SK": chunk_sk(start)}, None, None,
+                               set={"prefect_flow_run_id": str(crashed.id), "prefect_task_run_id": task_run_id})
+    assert _task_state(owners[0]) == "RUNNING"
+
+    findings = reconcile.reconcile(["phspectra"], dry_run=False, run_ids={str(crashed.id)})
+    # only the chunk that was still in flight moves; the two recorded results stand
+    assert [(f.record, f.problem, f.outcome) for f in findings] == [
+        (f"{run_id}/CHUNK#chunk-0000002", "IN_PROGRESS while Prefect Crashed", "applied")]
+    assert [_item(table, run_id, chunk_sk(i))["status"] for i in range(3)] == ["COMPLETED", "COMPLETED", "FAILED"]
+    run = _item(table, run_id, RUN_SK)
+    assert (run["jobs_completed"], run["jobs_failed"]) == (2, 1)
+    assert reconcile.disagreements(["phspectra"]) == []
+
+
+def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
+    """Issue 23, item 2 for every pipeline: the Crashed event of a flow run (what prefect.yaml's trigger hands
+    `records-prefect-state`) finds the records that run held, each stored as its flow stores it: a phspectra chunk
+    (its fit task's run ids), a GPU task (its gpu-job run's), an ETL manifest and a video job (the flow run's:
+    they are held by the whole run). Records of a live run are left alone."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    with get_client(sync_client=True) as client:
+        crashed, alive = (client.create_flow_run(failing, state=Running()) for _ in range(2))
+        fit = client.create_task_run(fit_chunk_then_hang, crashed.id, "0", state=Running())  # never finished
+        client.set_flow_run_state(crashed.id, Crashed(message="flow process killed"), force=True)
+    for held_by, run_id in ((crashed, "run-held"), (alive, "run-alive")):
+        ids = {"prefect_flow_run_id": str(held_by.id)}
+        _seed_run(tables["phspectra_runs"], run_id, {0: "PENDING"})
+        state_store.transition(tables["phspectra_runs"], {"PK": run_id, "SK": chunk_sk(0)}, "PENDING", "IN_PROGRESS",
+                               set={**ids, "prefect_task_run_id": str(fit.id) if held_by is crashed else str(uuid.uuid4())})
+        state_store.put(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}", "task_status": "IN_PROGRESS", **ids})
+        manifest = f"manifests/2026-02-02/batch-{run_id}.json"
+        state_store.put(tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "status": "processing", **ids,
+                                                      "file_key": f"MANIFEST#batch-{run_id}.json", "manifest_path": manifest})
+        state_store.put(tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "file_key": f"{run_id}.ndjson",
+                                                      "status": "manifested#1", "manifest_path": manifest, **ids})
+        state_store.put(tables["video_jobs"], {"job_id": f"job-{run_id}", "status": "chunking_in_progress", **ids})
+
+    findings = records_prefect_state(_crash_event(crashed.id))
+    assert sorted((f["pipeline"], f["record"], f["outcome"]) for f in findings) == [
+        ("etl", "2026-02-02/MANIFEST#batch-run-held.json", "applied"), ("gpu", "task-run-held", "applied"),
+        ("phspectra", "run-held/CHUNK#chunk-0000000", "applied"),
+        ("video", "job-run-held", "applied"),
+    ]
+    statuses = {
+        run_id: (_item(tables["phspectra_runs"], run_id, chunk_sk(0))["status"],
+                 state_store.get_item(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}"})["task_status"],
+                 state_store.get_item(tables["etl_file_tracking"], {"date_prefix": "2026-02-02",
+                                                                    "file_key": f"MANIFEST#batch-{run_id}.json"})["status"],
+                 state_store.get_item(tables["etl_file_tracking"], {"date_prefix": "2026-02-02",
+                                                                    "file_key": f"{run_id}.ndjson"})["status"],
+                 state_store.get_item(tables["video_jobs"], {"job_id": f"job-{run_id}"})["status"])
+        for run_id in ("run-held", "run-alive")
+    }
+    assert statuses == {"run-held": ("FAILED", "TERMINATED", "failed", "failed#1", "failed"),  # the files follow at once
+                        "run-alive": ("IN_PROGRESS", "IN_PROGRESS", "processing", "manifested#1", "chunking_in_progress")}
+    assert records_prefect_state(_crash_event(crashed.id)) == []  # a second report finds nothing left to do
+
+
+def _crash_event(run_id) -> dict:
+    """The event prefect.yaml's trigger hands `records-prefect-state` for a crashed flow run."""
+    return {"event": "prefect.flow-run.Crashed", "resource": {"prefect.resource.id": f"prefect.flow-run.{run_id}"}}
+
+
+def test_records_of_an_in_process_subflow_follow_its_crashed_parent(tables):
+    """The fast form of the next test: a subflow run in its parent's process (no deployment) ended with its parent;
+    one with a deployment of its own (a `run_deployment` child, another process) did not."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Running
+
+    table = tables["phspectra_runs"]
+    _seed_run(table, "run-sub", {0: "PENDING", 6: "PENDING"})
+    with get_client(sync_client=True) as client:
+        parent = client.create_flow_run(failing, state=Running())
+        calls = [client.create_task_run(fit_chunk_then_hang, parent.id, str(i), state=Running()) for i in range(2)]
+        in_process = client.create_flow_run(worker, parent_task_run_id=calls[0].id, state=Running())
+        deployment = client.create_deployment(client.create_flow(worker), "own-process")
+        elsewhere = client.create_flow_run_from_deployment(deployment, parent_task_run_id=calls[1].id, state=Running())
+        client.set_flow_run_state(parent.id, Crashed(message="flow process killed"), force=True)
+    for start, held_by in ((0, in_process), (6, elsewhere)):
+        state_store.transition(table, {"PK": "run-sub", "SK": chunk_sk(start)}, "PENDING", "IN_PROGRESS",
+                               set={"prefect_flow_run_id": str(held_by.id), "prefect_task_run_id": str(uuid.uuid4())})
+    assert reconcile.with_subflows({str(parent.id)}) == {str(parent.id), str(in_process.id)}
+    states = reconcile.prefect_states([str(in_process.id), str(elsewhere.id)], [])
+    assert (states[str(in_process.id)].type, states[str(elsewhere.id)].type) == ("CRASHED", "RUNNING")
+
+    findings = records_prefect_state(_crash_event(parent.id))
+    assert [(f["record"], f["outcome"]) for f in findings] == [("run-sub/CHUNK#chunk-0000000", "applied")]
+    assert [_item(table, "run-sub", chunk_sk(s))["status"] for s in (0, 6)] == ["FAILED", "IN_PROGRESS"]
+
+
+@pytest.mark.sweep  # a survey run twice in a child process (~1 min on a loaded machine): `make test-sweep`
+@pytest.mark.timeout(600)
+def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_root, tmp_path):
+    """A `phspectra-survey` process SIGKILLed mid-fit: its worker reports only the run it started Crashed, while the
+    chunks were claimed by the fit tasks of its in-process `phspectra-fit-chunks` subflow, which stays Running on
+    the server. The Crashed event still reaches them (the subflow died with its parent); before, 0 records."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.states import Crashed
+
+    from tests.crashpoints import count_writes, killed, run_child
+    from tests.test_phspectra import fits_cube
+
+    call = "flows.phspectra_survey:phspectra_survey"
+    kwargs = {"cube_url": fits_cube(tmp_path, ny=3, nx=4, n_channels=32), "survey": "grs-crash-event", "chunk_size": 6,
+              "workers": 1}  # 2 chunks, fitted one after the other
+    writes = count_writes(call, {**kwargs, "run_id": "counted"}, tmp_path / "writes.log")
+    first_fit = next(w.number for w in writes if w.kind == "objects:put_bytes:decompositions")  # a fit output
+    assert killed(run_child(call, {**kwargs, "run_id": "crash-event"}, f"{first_fit}:kill:after"))
+    with get_client(sync_client=True) as client:
+        live = FlowRunFilterStateType(any_=["RUNNING", "PENDING"])
+        runs = [r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=live)))
+                if r.parameters.get("run_id") == "crash-event"]
+        (survey,) = [r for r in runs if r.parent_task_run_id is None]
+        (subflow,) = [r for r in runs if r.parent_task_run_id is not None]
+        client.set_flow_run_state(survey.id, Crashed(message="flow process killed"), force=True)  # as its worker does
+    table = tables["phspectra_runs"]
+    chunk = _item(table, "crash-event", chunk_sk(0))
+    assert (chunk["status"], chunk["prefect_flow_run_id"]) == ("IN_PROGRESS", str(subflow.id))
+
+    findings = records_prefect_state(_crash_event(survey.id))
+    assert [(f["record"], f["problem"], f["outcome"]) for f in findings] == [
+        ("crash-event/CHUNK#chunk-0000000", "IN_PROGRESS while Prefect Crashed (with its parent flow run "
+         f"{survey.id})", "applied")]
+    assert [_item(table, "crash-event", chunk_sk(s))["status"] for s in (0, 6)] == ["FAILED", "PENDING"]
+    assert reconcile.disagreements(["phspectra"]) == []

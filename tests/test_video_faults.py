@@ -16,6 +16,7 @@ from tasks.core.object_store import LocalStore
 from tasks.video import inference
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
+from tests.test_records_reconcile import _crash_event
 
 SECONDS, FPS, SEGMENT = 3.0, 10, 1.0  # 3 segments of 10 frames
 
@@ -41,7 +42,8 @@ def _job(tables, job_id: str) -> dict:
 
 
 class _Endpoint(http.server.BaseHTTPRequestHandler):
-    """``ok``: echo; ``json``: 200 with a JSON error body; ``redirect-NNN``: to ``target``; ``echo-key``: 500 naming the URL."""
+    """``ok``: echo; ``json``: 200 with a JSON error body; ``redirect-NNN``: to ``target``; ``echo-key``: 500 naming the URL;
+    ``hold-after-first``: echo the first request, hold later ones until the behaviour changes."""
 
     behaviour, target = "ok", ""
     seen: list[dict] = []
@@ -49,6 +51,8 @@ class _Endpoint(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 - http.server's naming
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         type(self).seen.append({"path": self.path, "authorization": self.headers.get("Authorization"), "size": len(body)})
+        while self.behaviour == "hold-after-first" and len(self.seen) > 1:  # one answer, then hang until told
+            time.sleep(0.1)
         if self.behaviour.startswith("redirect-"):
             self.send_response(int(self.behaviour.split("-")[1]))
             self.send_header("Location", self.target + self.path)
@@ -162,6 +166,88 @@ def test_the_sweep_leaves_a_job_alone_while_a_run_that_holds_it_is_alive(tables,
         client.set_flow_run_state(run.id, Crashed(message="worker killed (test)"), force=True)
     swept = video_sweep_stuck(stuck_minutes=0)
     assert swept[job_id]["status"] == "failed" and "with 1 of 3 segments done" in _job(tables, job_id)["failure_reason"]
+
+
+# --------------------------------------------------------------------------- issue 23 item 2: a crashed run is recovered at once
+
+
+def _video_deployment(client) -> "uuid.UUID":
+    """A deployment of video-process with no work pool (the test runs its flow runs itself)."""
+    import uuid
+
+    flow_id = client.create_flow(video_process)
+    return client.create_deployment(flow_id, f"redrive-{uuid.uuid4().hex[:6]}", entrypoint="flows/video.py:video_process")
+
+
+def _hold(tables, job_id: str, run_id, **lock) -> None:
+    state_store.transition(tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run_id)})
+    if lock:
+        state_store.put(tables["video_reassembly_locks"], {"job_id": job_id, **lock})
+
+
+def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(tables, store_root, clip):
+    """A crashed run's report (the `records-prefect-state` flow, called directly) recovers the jobs it held the
+    way `video-sweep-stuck` does, at once: re-driven through the run's deployment (bounded), reassembled, or failed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.states import Crashed, Running
+
+    from flows.records import records_prefect_state
+    from tasks.records import reconcile
+
+    partial, done, spent = (_upload(clip.read_bytes()) for _ in range(3))
+    for job_id in (partial, done, spent):
+        v.start_chunking(job_id)
+        v.chunk_source(job_id, SEGMENT, "identity")
+    v.infer_segment(v.segment_keys_of(v.get_job(partial))[0], backend="ffmpeg")  # 1 of 3 when its run died
+    for key in v.segment_keys_of(v.get_job(done)):
+        v.infer_segment(key, backend="ffmpeg")  # all 3 (the trigger took the lock); the reassembly run dies
+    state_store.transition(tables["video_jobs"], {"job_id": spent}, None, None, set={"redrives": 2})
+    with get_client(sync_client=True) as client:
+        deployment = _video_deployment(client)
+        params = {"segment_seconds": SEGMENT, "segment_retries": 0, "source_url": "file:///was/imported.mp4"}
+        crashed = client.create_flow_run_from_deployment(deployment, parameters={**params, "job_id": partial}, state=Running())
+        spent_run = client.create_flow_run_from_deployment(deployment, parameters={"job_id": spent}, state=Running())
+        reassembly = client.create_flow_run(video_sweep_stuck, state=Running())  # stands in for video-reassemble
+        _hold(tables, partial, crashed.id)
+        _hold(tables, spent, spent_run.id)
+        _hold(tables, done, crashed.id, reassembly_flow_run_id=str(reassembly.id))
+        for run in (crashed, spent_run):
+            client.set_flow_run_state(run.id, Crashed(message="flow process killed (test)"), force=True)
+
+        findings = records_prefect_state(_crash_event(crashed.id))
+        # `done` is still held by its live reassembly run: left alone; `partial` gets a new run of the deployment
+        assert [(f["record"], f["action"], f["outcome"]) for f in findings] == [(partial, "-> recover", "applied")]
+        job = _job(tables, partial)
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment])))
+        redriven = next(r for r in runs if r.id not in (crashed.id, spent_run.id))
+        assert (job["status"], job["prefect_flow_run_id"], job["redrives"]) == ("chunking_complete", str(redriven.id), 1)
+        assert redriven.parameters == {"segment_seconds": SEGMENT, "segment_retries": 0, "job_id": partial}
+        assert redriven.state.type.value == "SCHEDULED"
+        # a second report of the same crash changes nothing and starts nothing
+        assert records_prefect_state(_crash_event(crashed.id)) == []
+        assert len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment])))) == 3
+
+        # the re-driven run (what a worker does with it) finishes the job with every frame
+        from prefect.flow_engine import run_flow
+
+        finished = run_flow(video_process, flow_run=redriven, parameters=redriven.parameters, return_type="state")
+        assert finished.is_completed(), finished
+        assert (_job(tables, partial)["status"], probe(store_root / keys.final_key(partial)).frames) == ("completed", 30)
+
+        # the reassembly run dies too: every segment is done, so the job is reassembled right away
+        client.set_flow_run_state(reassembly.id, Crashed(message="flow process killed (test)"), force=True)
+        assert [f["record"] for f in records_prefect_state(_crash_event(reassembly.id))] == [done]
+        assert (_job(tables, done)["status"], probe(store_root / keys.final_key(done)).frames) == ("completed", 30)
+
+        # a job re-driven twice already is failed with the reason
+        assert [f["record"] for f in records_prefect_state(_crash_event(spent_run.id))] == [spent]
+    failed = _job(tables, spent)
+    assert (failed["status"], failed["failure_reason"]) == (
+        "failed", f"stuck in chunking_complete with 0 of 3 segments done after 2 re-drives (reconciled: record "
+        f"chunking_complete while Prefect flow run {spent_run.id} Crashed); re-run video-process for the job")
+    assert reconcile.disagreements(["video"]) == []
+    assert v.reopen_failed_job(spent) and "redrives" not in _job(tables, spent)  # a person's re-run starts afresh
 
 
 # --------------------------------------------------------------------------- 10: a failed job can be re-run

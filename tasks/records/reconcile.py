@@ -8,9 +8,11 @@ Prefect API for the runs' states and decides, with one rule for every pipeline (
 - record in flight, its Prefect task run (or, when that never ended, its flow run) is terminal -> FAILED
   (a worker that was killed runs no hooks; FAILED rather than back to PENDING so the chunk is counted in
   ``jobs_failed`` and the pipeline's own re-drive of FAILED chunks picks it up);
-- record COMPLETED while its Prefect run is Failed/Crashed/Cancelled -> FAILED (the pipelines write COMPLETED
-  as their last step, so Prefect saying otherwise means the result is not trustworthy; re-drive rewrites
-  the same deterministic output keys);
+- record COMPLETED while its own Prefect task run is Failed/Crashed/Cancelled -> FAILED (the pipelines write
+  COMPLETED as their last step, so Prefect saying otherwise means the result is not trustworthy; re-drive
+  rewrites the same deterministic output keys); a task run not yet ended (its flow crashed before the task's
+  final state reached the server) is no evidence, so the recorded result stands;
+- a video job whose runs all ended -> recovered as ``video-sweep-stuck`` does (reassembled, re-driven, failed);
 - run counters that do not match their chunk items -> set to the counts, conditional on the values read.
 """
 
@@ -42,6 +44,8 @@ class Tracked:
     flow_run_id: str | None
     task_run_id: str | None
     scope: str | None = None  # the run (for counters)
+    # other flow runs that hold the record too (a video job's reassembly runs): it is alive while one of them is
+    holders: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,7 @@ class TableAdapter:
     ended_attr: str | None = None
     # the record is held by the whole flow run, not by the task that wrote it (that task ends at once)
     flow_level: bool = False
+    action: str = "failed"  # what a repair does (shown in findings)
 
     def table_name(self) -> str:
         """The physical name of the adapter's table."""
@@ -292,22 +297,69 @@ class GpuTaskAdapter(TableAdapter):
 
 register(GpuTaskAdapter())
 
-# seed 001: a MANIFEST record `processing` while its ndjson-merge flow run ended -> failed; `etl remediate`
-# then moves its files (manifested#N -> failed#N) after the manifest's outcome.
-register(
-    TableAdapter(
-        "etl", "etl_file_tracking", "status", "processing", None, "failed", ("date_prefix", "file_key"),
-        keep=lambda item: str(item.get("file_key", "")).startswith(MANIFEST_PREFIX),
-        error_attr="error_message", ended_attr="updated_at", flow_level=True,
-    )
-)
-# seed 003: a video job `chunking_in_progress` while its video-process flow run ended -> failed.
-register(
-    TableAdapter(
-        "video", "video_jobs", "status", "chunking_in_progress", None, "failed", ("job_id",),
-        error_attr="failure_reason", ended_attr="failed_at", flow_level=True,
-    )
-)
+
+class EtlManifestAdapter(TableAdapter):
+    """Seed 001: a MANIFEST record `processing` while its ndjson-merge flow run ended -> failed, and its files follow
+    at once (``manifested#N -> failed#N``, what ``etl remediate`` / the hourly flush would do later)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "etl", "etl_file_tracking", "status", "processing", None, "failed", ("date_prefix", "file_key"),
+            keep=lambda item: str(item.get("file_key", "")).startswith(MANIFEST_PREFIX),
+            error_attr="error_message", ended_attr="updated_at", flow_level=True,
+        )
+
+    def repair(self, record: Tracked, reason: str) -> state_store.WriteResult:
+        """The manifest to failed (guarded), then ``remediate_manifested`` for its date (guarded per file)."""
+        from tasks.etl import ops as etl_ops
+
+        result = super().repair(record, reason)
+        if result.applied:
+            moved = etl_ops.remediate_manifested(record.key["date_prefix"])
+            run_logger(__name__).warning("etl %s: files followed the failed manifest: %s", _show(record.key), moved)
+        return result
+
+
+register(EtlManifestAdapter())
+
+
+class VideoJobAdapter(TableAdapter):
+    """Seed 003 jobs chunking or ``chunking_complete``: held by their video-process run and by the reassembly runs
+    of their lock (``tasks.video.jobs.holders``). Once every one has ended, the job is recovered the way
+    ``video-sweep-stuck`` does it (``recover_stuck_job``): reassembled, re-driven, or failed with the reason."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "video", "video_jobs", "status", "chunking_in_progress", None, "failed", ("job_id",),
+            error_attr="failure_reason", ended_attr="failed_at", flow_level=True, action="recover",
+        )
+
+    def tracked(self) -> Iterable[Tracked]:
+        """Jobs chunking or chunking_complete with a process run, with the reassembly runs that also hold them."""
+        from tasks.video import jobs as video
+
+        active = (video.CHUNKING, video.CHUNKED)
+        jobs = list(state_store.scan_all(
+            self.table_name(), keep=lambda item: item.get("status") in active and bool(item.get("prefect_flow_run_id"))
+        ))
+        locks = {lock["job_id"]: lock for lock in state_store.get_many(config.table_name("video_reassembly_locks"),
+                                                                       ({"job_id": job["job_id"]} for job in jobs))}
+        for job in jobs:
+            owner = str(job["prefect_flow_run_id"])
+            others = tuple(r for r in video.holders(job, locks.get(job["job_id"])) if r != owner)
+            yield Tracked({"job_id": job["job_id"]}, job["status"], "in_flight", owner, None, holders=others)
+
+    def repair(self, record: Tracked, reason: str) -> state_store.WriteResult:
+        """``recover_stuck_job`` for the job, only while it is held by the same run (else: stale)."""
+        from tasks.video import jobs as video
+
+        result = video.recover_stuck_job(record.key["job_id"], owner=record.flow_run_id, why=reason)
+        run_logger(__name__).warning("video job %s: %s", record.key["job_id"], result)
+        outcome = state_store.Outcome.STALE if result["action"] == "none" else state_store.Outcome.APPLIED
+        return state_store.WriteResult(outcome, result)
+
+
+register(VideoJobAdapter())
 
 
 # --------------------------------------------------------------------------- Prefect's side
@@ -335,7 +387,8 @@ def prefect_states(flow_run_ids: Iterable[str | None], task_run_ids: Iterable[st
             part = flows[start : start + 200]
             for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=part)), limit=len(part)):
                 if run.state is not None:
-                    states[str(run.id)] = RunState(str(run.id), run.state.type.value, run.state.name, "flow run")
+                    states[str(run.id)] = _ended_with_parent(client, run) or RunState(
+                        str(run.id), run.state.type.value, run.state.name, "flow run")
         for start in range(0, len(tasks), 200):
             part = tasks[start : start + 200]
             for run in client.read_task_runs(task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=part)), limit=len(part)):
@@ -344,11 +397,61 @@ def prefect_states(flow_run_ids: Iterable[str | None], task_run_ids: Iterable[st
     return states
 
 
+def _in_process(run: Any) -> bool:
+    """Whether a flow run is a subflow run in its parent's process (no deployment of its own): it dies with it."""
+    return run.parent_task_run_id is not None and run.deployment_id is None
+
+
+def _ended_with_parent(client: Any, run: Any, depth: int = 8) -> RunState | None:
+    """A live in-process subflow run whose parent flow run ended: it ended too (the process that ran it is gone,
+    and nothing reports it), so it takes its parent's end state; None otherwise."""
+    from prefect.exceptions import ObjectNotFound
+
+    if depth == 0 or run.state is None or run.state.type.value in TERMINAL or not _in_process(run):
+        return None
+    try:
+        parent = client.read_flow_run(client.read_task_run(run.parent_task_run_id).flow_run_id)
+    except ObjectNotFound:
+        return None
+    ended = _ended_with_parent(client, parent, depth - 1)
+    if ended is None and parent.state is not None and parent.state.type.value in TERMINAL:
+        ended = RunState(str(parent.id), parent.state.type.value, parent.state.name, "flow run")
+    if ended is None:
+        return None
+    return RunState(str(run.id), ended.type, f"{ended.name} (with its parent flow run {ended.id})", "flow run")
+
+
+def with_subflows(run_ids: set[str]) -> set[str]:
+    """``run_ids`` and, recursively, the in-process subflow runs of those flow runs (a crashed run's event names
+    only the run its worker started; its subflows died with it and hold records of their own)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    found, frontier = set(run_ids), _uuids(run_ids)
+    with get_client(sync_client=True) as client:
+        while frontier:
+            children = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))
+            frontier = [c.id for c in children if _in_process(c) and str(c.id) not in found]
+            found |= {str(c) for c in frontier}
+    return found
+
+
 def effective_state(record: Tracked, states: Mapping[str, RunState]) -> RunState | None:
     """The task run's state when it ended; else the flow run's when that ended (a killed worker leaves its
-    task runs Running while the flow run is marked Crashed); else the task's (or flow's) live state."""
+    task runs Running while the flow run is marked Crashed); else the task's (or flow's) live state.
+
+    A run in ``record.holders`` that has not ended keeps the record alive (its live state is returned). A
+    completed record is judged by its own task run's end alone (None until then): a flow that crashed before
+    its task runs' terminal states reached the server says nothing against work whose result was recorded.
+    """
     task = states.get(record.task_run_id or "")
     flow = states.get(record.flow_run_id or "")
+    live = [states[r] for r in record.holders if r in states and states[r].type not in TERMINAL]
+    if live:
+        return live[0]
+    if record.role == "completed" and record.task_run_id:
+        return task if task is not None and task.type in TERMINAL else None
     if task is not None and task.type in TERMINAL:
         return task
     if flow is not None and flow.type in TERMINAL:
@@ -362,29 +465,33 @@ def reconcile(pipelines: Sequence[str] | None = None, dry_run: bool = True, run_
     if unknown:
         raise LookupError(f"no reconciliation adapter for {', '.join(unknown)}; known: {', '.join(sorted(REGISTRY))}")
     adapters = [REGISTRY[p] for p in (pipelines or sorted(REGISTRY))]
+    if run_ids is not None:
+        run_ids = with_subflows(run_ids)
     tracked = {}
     for adapter in adapters:
         records = list(adapter.tracked())
         if run_ids is not None:
-            records = [r for r in records if {r.flow_run_id, r.task_run_id} & run_ids]
+            records = [r for r in records if {r.flow_run_id, r.task_run_id, *r.holders} & run_ids]
         tracked[adapter.name] = records
     every = [r for records in tracked.values() for r in records]
-    states = prefect_states([r.flow_run_id for r in every], [r.task_run_id for r in every]) if every else {}
+    flow_runs = [run for r in every for run in (r.flow_run_id, *r.holders)]
+    states = prefect_states(flow_runs, [r.task_run_id for r in every]) if every else {}
     findings: list[Finding] = []
     for adapter in adapters:
         for record in tracked[adapter.name]:
             state = effective_state(record, states)
             if state is None:
-                findings.append(
-                    Finding(adapter.name, _show(record.key), "Prefect run not found", record.status, "-", "none", "report-only")
-                )
+                if not {record.flow_run_id, record.task_run_id, *record.holders} & states.keys():
+                    findings.append(Finding(adapter.name, _show(record.key), "Prefect run not found", record.status,
+                                            "-", "none", "report-only"))
                 continue
             target = transition_for(record.role, state.type)
             if target is None:
                 continue
             label = f"{state.what} {state.id} {state.name}"
             reason = f"reconciled: record {record.status} while Prefect {label}"
-            finding = Finding(adapter.name, _show(record.key), f"{record.status} while Prefect {state.name}", record.status, label, f"-> {target}")
+            finding = Finding(adapter.name, _show(record.key), f"{record.status} while Prefect {state.name}", record.status, label,
+                              f"-> {getattr(adapter, 'action', target)}")
             if not dry_run:
                 result = adapter.repair(record, reason)
                 finding.outcome = "applied" if result.applied else "stale"
@@ -442,4 +549,5 @@ def rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
 __all__ = [
     "Adapter", "Finding", "REGISTRY", "RunState", "TableAdapter", "Tracked", "disagreements", "effective_state",
     "prefect_states", "reconcile", "register", "rows", "run_ids_from_event", "transition_for", "wait_until_ended",
+    "with_subflows",
 ]

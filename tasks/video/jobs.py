@@ -233,7 +233,8 @@ def fail_job(job_id: str, reason: str) -> str | None:
 _ATTEMPT_ATTRS = (
     "failure_reason", "failed_at", "total_segments", "segment_frames", "segment_durations", "source_duration",
     "source_frames", "source_has_audio", "chunking_started_at", "chunking_completed_at", "final_key", "final_frames",
-    "final_duration", "completed_at", "reconciled_at", "ttl",  # ttl: a finished job's retention (tasks/retention)
+    "final_duration", "completed_at", "reconciled_at", "redrives", "redriven_at",
+    "ttl",  # a finished job's retention (tasks/retention)
 )
 
 
@@ -562,6 +563,16 @@ def note_reassembly_run(job_id: str, flow_run_id: str) -> None:
     state_store.transition(_locks(), _key(job_id), None, None, set={"reassembly_flow_run_id": flow_run_id})
 
 
+MAX_REDRIVES = 2  # re-runs a job gets after its runs died, before it is failed with the reason
+
+
+def holders(job: dict[str, Any], lock: dict[str, Any] | None) -> list[str]:
+    """The Prefect flow runs that may be working on a job: its process run, and the reassembly runs of its lock."""
+    lock = lock or {}
+    runs = {job.get("prefect_flow_run_id"), lock.get("prefect_flow_run_id"), lock.get("reassembly_flow_run_id")}
+    return sorted(str(r) for r in runs if r)
+
+
 def stuck_candidates(older_than_s: float) -> list[dict[str, Any]]:
     """Jobs ``chunking_complete`` for longer than ``older_than_s``, with the Prefect flow runs that may hold them."""
     cutoff = iso_ago(older_than_s)
@@ -570,23 +581,43 @@ def stuck_candidates(older_than_s: float) -> list[dict[str, Any]]:
     )
     jobs = sorted(items, key=lambda i: i["job_id"])
     locks = {lock["job_id"]: lock for lock in state_store.get_many(_locks(), (_key(job["job_id"]) for job in jobs))}
-    found = []
-    for job in jobs:
-        lock = locks.get(job["job_id"], {})
-        runs = {job.get("prefect_flow_run_id"), lock.get("prefect_flow_run_id"), lock.get("reassembly_flow_run_id")}
-        found.append({"job_id": job["job_id"], "flow_run_ids": sorted(r for r in runs if r)})
-    return found
+    return [{"job_id": job["job_id"], "flow_run_ids": holders(job, locks.get(job["job_id"]))} for job in jobs]
 
 
-def recover_stuck_job(job_id: str) -> dict[str, Any]:
-    """A job left ``chunking_complete`` with no live run: reassemble when every segment is done, else fail it.
+def redrive_run(job_id: str, ended_run_id: str) -> str | None:
+    """A new run of the deployment whose run ``ended_run_id`` held the job, with that run's parameters for this job;
+    its id, or None when that run had no deployment. Idempotent: a second call for the same ended run gets the
+    same new run (so two handlers of one crash start one run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound as RunNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            ended = client.read_flow_run(uuid.UUID(str(ended_run_id)))
+        except (RunNotFound, ValueError):
+            return None
+        if ended.deployment_id is None:
+            return None
+        parameters = {k: v for k, v in (ended.parameters or {}).items() if k != "source_url"}  # imported already
+        run = client.create_flow_run_from_deployment(
+            ended.deployment_id, parameters={**parameters, "job_id": job_id},
+            idempotency_key=f"video-redrive-{job_id}-{ended_run_id}",
+        )
+    return str(run.id)
+
+
+def recover_stuck_job(job_id: str, owner: str | None = None, why: str = "", max_redrives: int = MAX_REDRIVES) -> dict[str, Any]:
+    """A job left chunking (or ``chunking_complete``) with no live run: reassemble when every segment is done, else
+    re-drive it (a new run of its deployment, at most ``max_redrives`` times), else fail it with the reason.
 
     The caller has checked that no Prefect run holding the job is alive, so a reassembly claim is taken over.
+    ``owner``: act only while the job is still held by that run (a re-driven job belongs to its new run).
     """
     job = state_store.get_item(_jobs(), _key(job_id))
-    if job is None or job.get("status") != CHUNKED:
-        return {"job_id": job_id, "status": None if job is None else job.get("status"), "action": "none"}
-    total, done = int(job["total_segments"]), count_completions(job_id)
+    status = None if job is None else job.get("status")
+    if job is None or status not in (CHUNKING, CHUNKED) or (owner and job.get("prefect_flow_run_id") != owner):
+        return {"job_id": job_id, "status": status, "action": "none"}
+    total, done = (int(job["total_segments"]), count_completions(job_id)) if status == CHUNKED else (None, 0)
     if done == total:
         lock = {"job_id": job_id, "triggered_at": now_iso(), **prefect_ids()}
         state_store.create_if_absent(_locks(), lock, ["job_id"])  # the trigger, if its worker died before it
@@ -595,8 +626,19 @@ def recover_stuck_job(job_id: str) -> dict[str, Any]:
         except JobFailed as error:
             return {"job_id": job_id, "status": FAILED, "action": "reassembly failed", "reason": str(error)}
         return {"job_id": job_id, "status": result["status"], "action": "reassembled"}
+    progress = "chunking" if total is None else f"{done} of {total} segments done"
+    redrives, ended = int(job.get("redrives", 0)), job.get("prefect_flow_run_id")
+    new_run = redrive_run(job_id, ended) if ended and redrives < max_redrives else None
+    if new_run:  # the job now belongs to the new run, so a late or second report of the old one changes nothing
+        moved = state_store.transition(
+            _jobs(), _key(job_id), status, None, set={"prefect_flow_run_id": new_run, "redriven_at": now_iso()},
+            add={"redrives": 1}, remove=["prefect_task_run_id"],
+            condition=state_store.unchanged({"prefect_flow_run_id": ended, "redrives": job.get("redrives")}, "r"),
+        )
+        action = "re-driven" if moved.applied else "none"
+        return {"job_id": job_id, "status": status, "action": action, "flow_run_id": new_run, "redrives": redrives + 1}
+    cause = f"after {redrives} re-drives" if redrives else "and no run working on it"
     reason = fail_job(
-        job_id, f"stuck in chunking_complete with {done} of {total} segments done and no run working on it; "
-        "re-run video-process for the job",
+        job_id, f"stuck in {status} with {progress} {cause}{f' ({why})' if why else ''}; re-run video-process for the job",
     )
-    return {"job_id": job_id, "status": FAILED, "action": "failed", "reason": reason}
+    return {"job_id": job_id, "status": FAILED if reason else status, "action": "failed" if reason else "none", "reason": reason}
