@@ -115,26 +115,8 @@ def s3_base(s3_endpoint, monkeypatch) -> str:
 @pytest.fixture
 def webhook():
     """A webhook receiver on loopback for notification blocks: ``(url, received JSON bodies)``."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from tests.webhooks import webhook_receiver
 
-    received: list[dict] = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's naming
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/hook", received
-    finally:
-        server.shutdown()
-        server.server_close()
+    with webhook_receiver() as hook:
+        yield hook
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 
+from tasks.core.redact import redact
+
 logger = logging.getLogger("pipelines.notify")
 
 NOTIFY_BLOCK_ENV = "PIPELINES_NOTIFY_BLOCK"  # e.g. "slack-webhook/on-call"
@@ -21,6 +23,7 @@ def notify(subject: str, body: str, block: str | None = None) -> str:
     must not turn a handled failure into a crash.
     """
     block = block or os.environ.get(NOTIFY_BLOCK_ENV)
+    subject, body = redact(subject), redact(body)  # reasons quote URLs: no credential leaves in an alert
     if block:
         try:
             from prefect.blocks.core import Block
@@ -28,7 +31,7 @@ def notify(subject: str, body: str, block: str | None = None) -> str:
             Block.load(block).notify(body=body, subject=subject)
             return f"block:{block}"
         except Exception as error:  # noqa: BLE001 - fall back to the log, say why
-            logger.error("notification block %s failed (%s); logging instead", block, error)
+            logger.error("notification block %s failed (%s); logging instead", block, redact(str(error)))
     logger.error("NOTIFY %s: %s", subject, body)
     return "log"
 
