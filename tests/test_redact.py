@@ -77,14 +77,21 @@ def _no_secret(text: str) -> bool:
     return not any(secret in text for secret in (PASSWORD, SLACK, SIGNATURE))
 
 
-def test_a_failing_object_url_leaves_no_secret_in_the_failure_reason(tables, store_root, caplog):
+def test_a_failing_object_url_leaves_no_secret_in_the_failure_reason_or_the_run_logs(tables, store_root, caplog, monkeypatch):
+    from flows.phspectra_survey import phspectra_survey
+
+    monkeypatch.delenv("PIPELINES_NOTIFY_BLOCK", raising=False)  # the failure alert goes to the log
     caplog.set_level(logging.INFO)
     with pytest.raises(ValueError):
-        survey.split_cube("run-secret", "grs", SECRET_URL, chunk_size=4)
+        phspectra_survey(cube_url=SECRET_URL, survey="grs", run_id="run-secret", chunk_size=4)
     run = state_store.get_item(tables["phspectra_runs"], survey.run_key("run-secret"))
     assert run["status"] == survey.RUN_FAILED
     assert run["error"].startswith("cannot read cube https://objects.example.com/hooks/***/***/***/cube.npy?X-Amz-Signature=***")
-    assert _no_secret(run["error"]) and _no_secret(caplog.text)
+    assert _no_secret(run["error"])
+    # the engine's traceback, the task's and flow's final states and the failure alert are logged, redacted
+    assert "Traceback" in caplog.text and "cannot read cube https://objects.example.com/hooks/***/***/***/cube.npy" in caplog.text
+    assert any(r.name == "pipelines.notify" for r in caplog.records)
+    assert _no_secret(caplog.text)
 
 
 @pytest.fixture

@@ -6,13 +6,17 @@ finds: user info and fragment dropped, every query value masked, and in http(s) 
 like a token masked (a canonical UUID counts as an id). Object URLs (``s3://``, ``file://``) keep their paths: their keys name data, and a reason
 must say which object failed. Known secrets (an API key) are masked wherever they appear.
 
-The state store passes every reason attribute it writes through here (``REASON_ATTRIBUTE``), and
-``tasks.core.notify`` every notification and its delivery errors. A sink like ``keys``: standard library only.
+The state store passes every reason attribute it writes through here (``REASON_ATTRIBUTE``),
+``tasks.core.notify`` every notification and its delivery errors, and every flow module the run logs
+(``redact_logs``: the pipelines' messages and Prefect's own, tracebacks included). A sink like ``keys``:
+standard library only.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import traceback
 import urllib.parse
 from collections.abc import Iterable
 from typing import Any
@@ -94,3 +98,30 @@ def redact_value(value: Any) -> Any:
 def redact_attribute(name: str, value: Any) -> Any:
     """``value`` redacted when attribute ``name`` holds a reason or an error (``REASON_ATTRIBUTE``), else as is."""
     return redact_value(value) if REASON_ATTRIBUTE.search(name) else value
+
+
+class RedactingFilter(logging.Filter):
+    """A log record's message and traceback through ``redact`` before any handler (console, Prefect API) sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Rewrite the record in place; never drop it."""
+        message = record.getMessage()
+        public = redact(message)
+        if public != message:
+            record.msg, record.args = public, None
+        if record.exc_info and not record.exc_text:  # formatters reuse exc_text instead of formatting again
+            record.exc_text = redact("".join(traceback.format_exception(*record.exc_info))).rstrip("\n")
+        return True
+
+
+# where failure reasons are logged: Prefect's run loggers (run_logger, the engine's "Finished in state Failed(…)"
+# and its tracebacks) and the notifier; a logger's filter sees the records made on that logger itself
+REDACTED_LOGGERS = ("prefect.flow_runs", "prefect.task_runs", "pipelines.notify")
+
+
+def redact_logs(names: Iterable[str] = REDACTED_LOGGERS) -> None:
+    """Give each logger in ``names`` a ``RedactingFilter`` (once; Prefect's logging setup keeps logger filters)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+            logger.addFilter(RedactingFilter())
