@@ -57,7 +57,8 @@ def pid_alive(pid: int, identity: str | None = None) -> bool:
                 return False
     except (FileNotFoundError, IndexError):
         return os.name != "posix" or not Path("/proc/self").exists()
-    return identity is None or process_identity(pid) == identity
+    # an identity that cannot be read now (the process just ended, no /proc) is no evidence of a reused pid
+    return identity is None or process_identity(pid) in (identity, None)
 
 
 class BackendError(RuntimeError):
