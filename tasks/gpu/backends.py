@@ -57,8 +57,13 @@ def pid_alive(pid: int, identity: str | None = None) -> bool:
                 return False
     except (FileNotFoundError, IndexError):
         return os.name != "posix" or not Path("/proc/self").exists()
-    # an identity that cannot be read now (the process just ended, no /proc) is no evidence of a reused pid
-    return identity is None or process_identity(pid) in (identity, None)
+    return not pid_reused(pid, identity)
+
+
+def pid_reused(pid: int, identity: str | None) -> bool:
+    """Whether ``pid`` now names another process than the one ``identity`` recorded: only a readable, different
+    start time says so (one that cannot be read now, the process just ended or no /proc, is no evidence)."""
+    return identity is not None and process_identity(pid) not in (identity, None)
 
 
 class BackendError(RuntimeError):
@@ -257,9 +262,10 @@ class LocalBackend:
 
     def stop(self, task_id: str, reason: str) -> None:
         """SIGTERM the task's process group, SIGKILL after 5 s (whichever process started it)."""
-        if not self._running(task_id):  # gone: its pid may belong to another process by now
+        started = self._started_process(task_id)
+        if started is None or pid_reused(*started):  # never signal the group of a process that got the pid since
             return
-        pid = self._started_process(task_id)[0]
+        pid = started[0]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(pid, sig)
