@@ -29,6 +29,7 @@ from tasks.etl import ops as etl_ops
 from tasks.etl.ingest import ManifestRef
 from tasks.core import limits
 from tasks.core.runtime import quick_heartbeat_exit, today_iso
+from tasks.core.redact import redact_logs
 from tasks.core.keys import INPUT_PREFIX
 from tasks.core.object_store import ObjectNotFound
 from tasks.core.notify import notify_on_failure
@@ -36,6 +37,7 @@ from tasks.landing.listener import listen
 from tasks.landing.sources import open_source
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
+redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 # --------------------------------------------------------------------------- tasks
 

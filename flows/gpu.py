@@ -34,12 +34,14 @@ from blocks.gpu import GpuCompute
 from tasks.core import keys, limits
 from tasks.core.notify import notify_on_failure
 from tasks.core.runtime import artifact_key, quick_heartbeat_exit
+from tasks.core.redact import redact_logs
 from tasks.gpu import jobs as gpu
 from tasks.gpu.backends import make_backend
 from tasks.gpu.health import HealthResult
 from tasks.records import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
+redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 DEFAULT_COMMAND = "python3 -c \"import os; print('hello from', os.environ['NODE_NAME'])\""
 

@@ -20,8 +20,10 @@ from tasks.core.notify import notify_on_failure
 from tasks.health.dashboard import dashboard
 from tasks.health.run import check_health
 from tasks.core.runtime import quick_heartbeat_exit
+from tasks.core.redact import redact_logs
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
+redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 check_task = task(check_health, name="check-health", retries=2, retry_delay_seconds=[5, 30])
 dashboard_task = task(dashboard, name="dashboard", retries=2, retry_delay_seconds=[5, 30])

@@ -40,10 +40,12 @@ from tasks.core import limits
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
 from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
+from tasks.core.redact import redact_logs
 from tasks.core.notify import notify_on_failure
 from tasks.records import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
+redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", tags=[limits.CPU_HEAVY_TAG], retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)

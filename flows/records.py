@@ -20,11 +20,13 @@ from prefect.artifacts import create_table_artifact
 
 from tasks.core import limits
 from tasks.core.runtime import quick_heartbeat_exit, utc_now
+from tasks.core.redact import redact_logs
 from tasks.records import reconcile
 from tasks.records import messages as records_messages
 from tasks.core.notify import notify_on_failure
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
+redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 
 # The Prefect server stores a flow run's parameters as given but serves them back through orjson, which refuses

@@ -20,8 +20,10 @@ from tasks.video import jobs as v
 from tasks.video.ffmpeg import InvalidMedia
 from tasks.core.notify import notify_on_failure
 from tasks.core.runtime import quick_heartbeat_exit
+from tasks.core.redact import redact_logs
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
+redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:

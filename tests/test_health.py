@@ -53,7 +53,8 @@ def make_etl_records(tables: dict) -> None:
     config = etl.settings()
     checks = [etl.FileCheck(f"file:///in/pipeline/input/2026-11-20/f{i}.ndjson", "2026-11-20", f"f{i}.ndjson", 10) for i in (1, 2)]
     etl.track_files(checks, config)
-    _backdate(tables["etl_file_tracking"], etl.tracking_key("2026-11-20", "f1.ndjson"), created_at=iso_ago(TWO_HOURS))
+    _backdate(tables["etl_file_tracking"], etl.tracking_key("2026-11-20", "f1.ndjson"), created_at=iso_ago(TWO_HOURS),
+              updated_at=iso_ago(TWO_HOURS))
     stamp = now_iso()
     state_store.create_if_absent(tables["etl_file_tracking"], {
         **etl.tracking_key("2026-11-20", keys.manifest_record_key("manifest-0001")), "status": etl.FAILED,

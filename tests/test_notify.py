@@ -52,7 +52,7 @@ def test_a_webhook_that_answers_500_is_a_delivery_error_without_the_url_secret(w
         deliver("subject", "body", block)
     reason = str(raised.value)
     assert reason.startswith(f"notification block {block} did not deliver: HTTPStatusError: Server error '500")
-    assert f"{webhook_server.url}/…" in reason
+    assert f"{webhook_server.url}/***/***/***/***?token=***" in reason  # the host stays: where it failed
     assert "T0001" not in reason and "Zm9vYmFyc2VjcmV0" not in reason and "s3cr3tvalue" not in reason
     assert [p["path"] for p in webhook_server.posts] == [f"{SECRET_PATH}?token=s3cr3tvalue"]  # it did try
     webhook_server.status = 200

@@ -10,6 +10,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import date, datetime
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -99,20 +101,47 @@ OUTPUT_PREFIX = "pipeline/output/"
 MANIFEST_PREFIX = "MANIFEST#"
 LOCK_PREFIX = "LOCK#"
 _INPUT = re.compile(r"(?:^|/)pipeline/input/([^/]+)/([^/]+)$")
+INPUT_TREE_PREFIX = "tree-"  # file keys of inputs outside the pipeline's own input store: tree-{digest}/{name}
+_TREE_FILE_KEY = re.compile(r"^tree-[0-9a-f]{16}/(.+)$")
 
 
 @dataclass(frozen=True)
 class InputFile:
     date_prefix: str
     filename: str
+    tree: str = ""  # the input tree holding it: the URL before pipeline/input/ (a bucket, folder or prefix)
+
+
+def input_tree(url: str) -> str:
+    """One spelling per input tree (``s3://bucket/prefix`` or a resolved ``file://`` folder), for comparing trees."""
+    parts = urlsplit(url)
+    if parts.scheme in ("", "file"):
+        return Path(unquote(parts.path) if parts.scheme else url).resolve().as_uri().rstrip("/")
+    return f"{parts.scheme}://{parts.netloc}/{parts.path.strip('/')}".rstrip("/")
 
 
 def parse_input_path(path: str) -> InputFile:
-    """Date prefix and file name from ``…/pipeline/input/YYYY-MM-DD/name``; InvalidKey if it does not parse."""
+    """Date prefix, file name and input tree of ``…/pipeline/input/YYYY-MM-DD/name``; InvalidKey if it does not parse."""
     match = _INPUT.search(path)
     if not match:
         raise InvalidKey(f"{path!r} is not under pipeline/input/YYYY-MM-DD/")
-    return InputFile(safe_date(match.group(1)), safe_id(match.group(2), "file name"))
+    tree = path[:match.start()] or "."
+    return InputFile(safe_date(match.group(1)), safe_id(match.group(2), "file name"), input_tree(tree))
+
+
+def input_file_key(parsed: InputFile, home_tree: str) -> str:
+    """A file's tracking ``file_key``: its name in the pipeline's own input tree ``home_tree`` (the seed's key),
+    else ``tree-{digest of its tree}/{name}``, so one name under two buckets or prefixes is two records."""
+    if parsed.tree == input_tree(home_tree):
+        return parsed.filename
+    return f"{INPUT_TREE_PREFIX}{hashlib.md5(parsed.tree.encode()).hexdigest()[:16]}/{parsed.filename}"
+
+
+def safe_file_key(file_key: str) -> str:
+    """A file record's ``file_key`` (a safe file name, or ``tree-{digest}/{name}``), else InvalidKey."""
+    match = _TREE_FILE_KEY.match(file_key) if isinstance(file_key, str) else None
+    safe_id(match.group(1) if match else file_key, "file key")
+    return file_key
 
 
 def input_key(date_prefix: str, filename: str) -> str:
@@ -180,9 +209,9 @@ def rejects_key(date_prefix: str, manifest: str) -> str:
     return f"{OUTPUT_PREFIX}rejects/{safe_date(date_prefix)}/{stem}.ndjson"
 
 
-def quarantine_key(date_prefix: str, filename: str) -> str:
-    """``quarantine/{date}/{filename}``: where a refused input file is copied."""
-    return f"quarantine/{safe_date(date_prefix)}/{safe_id(filename, 'file name')}"
+def quarantine_key(date_prefix: str, file_key: str) -> str:
+    """``quarantine/{date}/{file_key}``: where a refused input file is copied."""
+    return f"quarantine/{safe_date(date_prefix)}/{safe_file_key(file_key)}"
 
 
 def quarantine_reason_key(quarantined_key: str) -> str:

@@ -10,33 +10,22 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import urllib.parse
+
+from tasks.core.redact import redact
 
 logger = logging.getLogger("pipelines.notify")
 
 NOTIFY_BLOCK_ENV = "PIPELINES_NOTIFY_BLOCK"  # e.g. "slack-webhook/on-call"
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
 class DeliveryError(RuntimeError):
     """A notification block did not deliver; the message says why, without any URL path, query or secret."""
 
 
-def _origin(match: re.Match) -> str:
-    """A URL cut to scheme and host (http/https) or to its scheme: a webhook's path, query or host may be its token."""
-    parts = urllib.parse.urlsplit(match.group(0))
-    if parts.scheme.lower() not in ("http", "https"):
-        return f"{parts.scheme}://…"
-    try:
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        port = ""
-    return f"{parts.scheme}://{parts.hostname or ''}{port}/…"
-
-
 def _secret_values(block) -> list[str]:
-    """The secret field values of a block (SecretStr, SecretDict), to keep out of any message."""
+    """What of a block must stay out of any message: its secret field values (SecretStr, SecretDict) and every
+    path segment and query value of its destination URLs (a webhook's whole path is its credential)."""
     found: list[str] = []
 
     def collect(value) -> None:
@@ -49,16 +38,19 @@ def _secret_values(block) -> list[str]:
     for name in type(block).model_fields:
         value = getattr(block, name, None)
         if hasattr(value, "get_secret_value"):
-            collect(value.get_secret_value())
+            value = value.get_secret_value()
+            collect(value)
+        if isinstance(value, str) and "://" in value:
+            parts = urllib.parse.urlsplit(value)
+            found += [s for s in parts.path.split("/") if len(s) >= 3] + [v for _, v in urllib.parse.parse_qsl(parts.query)]
     return found
 
 
 def delivery_reason(error: BaseException, secrets: list[str] = ()) -> str:
-    """One secret-free line on why a delivery failed: the error's type and text, URLs cut to their host."""
+    """One secret-free line on why a delivery failed: the error's type and text, the block's secrets and the
+    URLs' credentials and token-like segments masked."""
     text = " ".join(str(error).split()) or "no detail"
-    for secret in sorted(set(secrets), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return f"{type(error).__name__}: {_URL.sub(_origin, text)}"[:500]
+    return f"{type(error).__name__}: {redact(text, secrets)}"[:500]
 
 
 def deliver(subject: str, body: str, block: str | None = None) -> str:
@@ -67,6 +59,7 @@ def deliver(subject: str, body: str, block: str | None = None) -> str:
     Returns where it went ("block:<name>" or "log"); raises DeliveryError when the block did not deliver.
     """
     block = block or os.environ.get(NOTIFY_BLOCK_ENV)
+    subject, body = redact(subject), redact(body)  # reasons quote URLs: no credential leaves in an alert
     if not block:
         logger.error("NOTIFY %s: %s", subject, body)
         return "log"

@@ -7,6 +7,7 @@ Rules (../shared/DESIGN.md):
 - a lost race is a normal result (``Outcome.STALE`` / ``Outcome.EXISTS``), never an escaping exception;
 - FilterExpression never names a key attribute: callers filter in code (``query_all(keep=...)``);
 - throttling is retried by botocore's adaptive mode; batch writes retry unprocessed items;
+- a reason or error attribute is written without secrets (``tasks.core.redact``: URLs reduced, tokens masked);
 - every conditional write is recognisably its own (``WRITE_TOKEN``): when botocore retries a write whose
   response was lost after it landed, the retry finds its own token and reads APPLIED, never STALE, and an
   update is never applied twice (its condition requires another token).
@@ -34,6 +35,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tasks.core import faults
+from tasks.core.redact import redact_attribute
 
 BOTO_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 10}, max_pool_connections=64)
 
@@ -244,11 +246,11 @@ def to_plain(value: Any) -> Any:
 
 
 def to_dynamo(value: Any) -> Any:
-    """Python floats to Decimal (DynamoDB rejects float), recursively."""
+    """Python floats to Decimal (DynamoDB rejects float), recursively; reason attributes without secrets (redact)."""
     if isinstance(value, float):
         return Decimal(repr(value))
     if isinstance(value, dict):
-        return {k: to_dynamo(v) for k, v in value.items()}
+        return {k: to_dynamo(redact_attribute(k, v)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_dynamo(v) for v in value]
     return value
@@ -401,7 +403,7 @@ class Expression:
         """An UpdateExpression: SET, ADD and REMOVE clauses for the given attributes."""
         parts = []
         if sets:
-            parts.append("SET " + ", ".join(f"{self.name(a)} = {self.value(v)}" for a, v in sets.items()))
+            parts.append("SET " + ", ".join(f"{self.name(a)} = {self.value(redact_attribute(a, v))}" for a, v in sets.items()))
         if adds:
             parts.append("ADD " + ", ".join(f"{self.name(a)} {self.value(v)}" for a, v in adds.items()))
         if removes:

@@ -90,7 +90,7 @@ class FileCheck:
 
     url: str
     date_prefix: str
-    filename: str
+    file_key: str  # keys.input_file_key: the file name, qualified by its input tree outside the pipeline's own
     size: int | None
     reason: str | None = None
 
@@ -105,13 +105,25 @@ def landing_objects(landing_url: str) -> list[ListedObject]:
     return store(landing_url).list_objects("")
 
 
-def validate_file(url: str, config: EtlSettings, size: int | None = None) -> FileCheck:
+def input_home(config: EtlSettings) -> str:
+    """The URL of the pipeline's own input tree (``input_store_url``, else the object store): its files keep
+    their bare names as ``file_key``."""
+    return store(config.input_store_url).url
+
+
+def input_file(url: str, home: str) -> tuple[keys.InputFile, str]:
+    """The parsed input path of ``url`` and its tracking ``file_key``; InvalidKey if it is no input path."""
+    parsed = keys.parse_input_path(url.split("?", 1)[0])
+    return parsed, keys.input_file_key(parsed, home)
+
+
+def validate_file(url: str, config: EtlSettings, size: int | None = None, home: str | None = None) -> FileCheck:
     """The seed's checks: path under ``pipeline/input/YYYY-MM-DD/``, ``.ndjson`` extension, size within tolerance.
 
     ``size`` is the one a listing or an S3 event reported; only without it is the object asked (a HEAD). An
     object deleted after its event is then found missing by its merge, which fails the file with the reason."""
     try:
-        parsed = keys.parse_input_path(url.split("?", 1)[0])
+        parsed, file_key = input_file(url, home or input_home(config))
     except keys.InvalidKey as error:
         return FileCheck(url, keys.UNDATED_PREFIX, keys.undated_file_key(url), None, f"unparseable input path: {error}")
     try:
@@ -119,34 +131,35 @@ def validate_file(url: str, config: EtlSettings, size: int | None = None) -> Fil
             source, key = open_url(url)
             size = source.size(key)
     except (ObjectNotFound, FileNotFoundError):
-        return FileCheck(url, parsed.date_prefix, parsed.filename, None, "file not found (deleted before ingest?)")
+        return FileCheck(url, parsed.date_prefix, file_key, None, "file not found (deleted before ingest?)")
     if not parsed.filename.endswith(".ndjson"):
-        return FileCheck(url, parsed.date_prefix, parsed.filename, size, "wrong extension: expected .ndjson")
+        return FileCheck(url, parsed.date_prefix, file_key, size, "wrong extension: expected .ndjson")
     if size == 0:
-        return FileCheck(url, parsed.date_prefix, parsed.filename, size, "empty file (0 bytes)")
+        return FileCheck(url, parsed.date_prefix, file_key, size, "empty file (0 bytes)")
     low, high = config.size_bounds_bytes()
     if not low <= size <= high:
         return FileCheck(
-            url, parsed.date_prefix, parsed.filename, size,
+            url, parsed.date_prefix, file_key, size,
             f"size {size} bytes outside {config.expected_file_size_mb} MB ± {config.size_tolerance_percent}% "
             f"({int(low)}..{int(high)} bytes)",
         )
-    return FileCheck(url, parsed.date_prefix, parsed.filename, size)
+    return FileCheck(url, parsed.date_prefix, file_key, size)
 
 
 def validate_files(urls: Sequence[str], config: EtlSettings, sizes: Sequence[int | None] | None = None) -> list[FileCheck]:
     """``validate_file`` for a batch of file events; ``sizes`` (one per URL, None where unknown) spare the HEADs."""
     if sizes is not None and len(sizes) != len(urls):
         raise ValueError(f"{len(sizes)} sizes for {len(urls)} files")
-    return [validate_file(url, config, size) for url, size in zip(urls, sizes or [None] * len(urls))]
+    home = input_home(config)
+    return [validate_file(url, config, size, home) for url, size in zip(urls, sizes or [None] * len(urls))]
 
 
 def _file_item(check: FileCheck, status: str, config: EtlSettings, **extra: Any) -> dict[str, Any]:
-    shard = keys.status_shard(check.filename, config.num_status_shards)
+    shard = keys.status_shard(check.file_key, config.num_status_shards)
     stamp = now_iso()
     item = {
         "date_prefix": check.date_prefix,
-        "file_key": check.filename,
+        "file_key": check.file_key,
         "file_path": check.url,
         "status": keys.sharded_status(status, shard),
         "shard_id": shard,
@@ -180,7 +193,7 @@ def _quarantine_copy(check: FileCheck, config: EtlSettings, size: int | None, ve
     if check.date_prefix == keys.UNDATED_PREFIX:
         key = keys.undated_quarantine_key(check.url)
     else:
-        key = keys.quarantine_key(check.date_prefix, check.filename)
+        key = keys.quarantine_key(check.date_prefix, check.file_key)
     reason = check.reason or ""
     copied = ""
     if size is not None:  # it exists: keep its bytes
@@ -207,11 +220,11 @@ def quarantine_files(checks: Sequence[FileCheck], config: EtlSettings) -> list[d
     copied again; a new version that is still refused replaces the copy and the reason (guarded on the old
     version); a file tracked in another status keeps its record (``outcome: exists``).
     """
-    existing = tracked_items((c.date_prefix, c.filename) for c in checks)
+    existing = tracked_items((c.date_prefix, c.file_key) for c in checks)
     items, outcomes = [], []
     for check in checks:
         size, version = _version(check.url) if check.size is not None else (None, None)
-        current = existing.get((check.date_prefix, check.filename))
+        current = existing.get((check.date_prefix, check.file_key))
         if current is not None:
             same = (current.get("source_etag"), current.get("source_size_bytes")) == (version, size)
             if base_status(current) != QUARANTINED or same:
@@ -221,7 +234,7 @@ def quarantine_files(checks: Sequence[FileCheck], config: EtlSettings) -> list[d
             sets = {"error_message": reason[:1000], "quarantine_path": copied, "updated_at": now_iso(),
                     "source_size_bytes": size, "source_etag": version}
             result = state_store.transition(
-                table_name(TRACKING), tracking_key(check.date_prefix, check.filename), current["status"], None,
+                table_name(TRACKING), tracking_key(check.date_prefix, check.file_key), current["status"], None,
                 set={k: v for k, v in sets.items() if v is not None}, condition=_version_guard(current),
             )
             outcomes.append(dict(state_store.to_plain(current), **sets, outcome=result.outcome.value))
@@ -493,20 +506,20 @@ def track_and_batch(checks: Sequence[FileCheck], config: EtlSettings) -> dict[st
     validated again and released to ``pending#N`` (``revalidated``). Returns what ``track_files`` returns plus
     the manifests made.
     """
-    unique = list({(c.date_prefix, c.filename): c for c in checks}.values())
-    existing = tracked_items((c.date_prefix, c.filename) for c in unique)
-    fresh = [c for c in unique if (c.date_prefix, c.filename) not in existing]
+    unique = list({(c.date_prefix, c.file_key): c for c in checks}.values())
+    existing = tracked_items((c.date_prefix, c.file_key) for c in unique)
+    fresh = [c for c in unique if (c.date_prefix, c.file_key) not in existing]
     quarantined = [item for item in existing.values() if base_status(item) == QUARANTINED]
     made: list[ManifestRef] = []
     left: list[FileCheck] = []
     batch_size = config.max_files_per_manifest
     for date_prefix in sorted({c.date_prefix for c in fresh}):
-        mine = sorted((c for c in fresh if c.date_prefix == date_prefix), key=lambda c: c.filename)
+        mine = sorted((c for c in fresh if c.date_prefix == date_prefix), key=lambda c: c.file_key)
         batches = _in_batches(mine, batch_size, batch_size) if batch_size + 1 <= state_store.TRANSACTION_LIMIT else []
         refs, lost = publish_batches(date_prefix, batches, config)
         made += refs
-        batched = {c.filename for i, b in enumerate(batches) if i not in lost for c in b}
-        left += [c for c in mine if c.filename not in batched]
+        batched = {c.file_key for i, b in enumerate(batches) if i not in lost for c in b}
+        left += [c for c in mine if c.file_key not in batched]
     items = [_file_item(c, PENDING, config) for c in left]
     results = state_store.create_many_if_absent(table_name(TRACKING), items, TRACKING_KEYS)
     new = [item for item, r in zip(items, results) if r.applied]
@@ -538,7 +551,7 @@ def revalidate_quarantined(items: Sequence[dict[str, Any]], config: EtlSettings,
             out["unchanged"].append(item["file_key"])
             continue
         check = validate_file(item["file_path"], config)
-        if not check.valid or (check.date_prefix, check.filename) != (item["date_prefix"], item["file_key"]):
+        if not check.valid or (check.date_prefix, check.file_key) != (item["date_prefix"], item["file_key"]):
             out["refused"][item["file_key"]] = check.reason or "its path names another record"
             continue
         sets = {"updated_at": now_iso(), "released_at": now_iso(), "error_message": "", "source_size_bytes": size,

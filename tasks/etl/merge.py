@@ -30,7 +30,7 @@ from tasks.core import keys, state_store
 from tasks.core.runtime import now_iso, prefect_ids
 from tasks.core.config import table_name
 from tasks.etl.ingest import (
-    COMPLETED, FAILED, MANIFESTED, PENDING, PROCESSING, TRACKING, base_status, file_records, 
+    COMPLETED, FAILED, MANIFESTED, PENDING, PROCESSING, TRACKING, base_status, file_records, input_file, input_home,
     settings, store, tracking_key, with_shard,
 )
 from tasks.core import object_store
@@ -321,10 +321,10 @@ def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int
 def listed_file_records(date_prefix: str, urls: list[str]) -> list[dict[str, Any]]:
     """The tracking records of a manifest's listed files, read by key (one batch read per 100 files, however many
     files the date holds); a listed file always has one: it was claimed for the manifest before it was listed."""
-    date, names = keys.safe_date(date_prefix), set()
+    date, names, home = keys.safe_date(date_prefix), set(), input_home(settings())
     for url in urls:
         try:
-            names.add(keys.parse_input_path(url.split("?", 1)[0]).filename)
+            names.add(input_file(url, home)[1])
         except keys.InvalidKey:  # not an input path, so never tracked: not attached (a failed merge still finishes)
             log.warning("manifest lists %s, which is not an input file path; it is not merged", url)
     return state_store.get_many(table_name(TRACKING), (tracking_key(date, name) for name in sorted(names)))

@@ -27,19 +27,43 @@ LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
 _CHILDREN: dict[str, subprocess.Popen] = {}  # launchers started by this process, so poll() can reap them
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (an exited child nobody reaped yet)."""
+def process_identity(pid: int) -> str | None:
+    """Which process ``pid`` is now: this boot's id and the process's start time (``/proc/<pid>/stat`` field 22).
+
+    The kernel reuses a pid once its process is gone, so a stored pid names its process only together with
+    this. None where there is no /proc (or no such process).
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            start_ticks = handle.read().rsplit(")", 1)[1].split()[19]  # fields after "(comm)" begin at field 3
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return f"{handle.read().strip()}:{start_ticks}"
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int, identity: str | None = None) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an exited child nobody reaped yet); with
+    ``identity`` (``process_identity`` when it started) also that it is still that process, not a reuse of its pid."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass  # it exists, under another user
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+            if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
     except (FileNotFoundError, IndexError):
         return os.name != "posix" or not Path("/proc/self").exists()
+    return not pid_reused(pid, identity)
+
+
+def pid_reused(pid: int, identity: str | None) -> bool:
+    """Whether ``pid`` now names another process than the one ``identity`` recorded: only a readable, different
+    start time says so (one that cannot be read now, the process just ended or no /proc, is no evidence)."""
+    return identity is not None and process_identity(pid) not in (identity, None)
 
 
 class BackendError(RuntimeError):
@@ -112,6 +136,11 @@ def task_env(spec: TaskSpec) -> dict[str, str]:
 # --------------------------------------------------------------------------- local
 
 
+def _recorded_process(record: dict[str, Any]) -> tuple[int, str | None]:
+    """(pid, process identity) of a ``pids/<task>`` record; records written before identities have none."""
+    return int(record["pid"]), record.get("process")
+
+
 class LocalBackend:
     """Node slots on this machine; a task is a subprocess (no shell) under ``launcher.py``; a reboot resets the slot.
 
@@ -176,9 +205,9 @@ class LocalBackend:
         if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
             raise BackendError(f"command cannot start on {spec.node['node_name']}: No such file or executable {argv[0]!r}")
         with self._lock:
-            known = self._started_pid(task_id)
+            known = self._started_process(task_id)
             if known is not None:  # a retried or resumed start: this attempt's task exists already
-                return self._started(task_id, known)
+                return self._started(task_id, known[0])
             logs = self.state_dir / "logs"
             logs.mkdir(exist_ok=True)
             launcher = [sys.executable, "-I", "-S", str(LAUNCHER), str(self._task_file("exits", task_id)), "--"]
@@ -191,18 +220,24 @@ class LocalBackend:
             except OSError as error:
                 raise BackendError(f"command cannot start on {spec.node['node_name']}: {error}") from None
             _CHILDREN[task_id] = process  # reaped by poll(): no zombie in a long-lived process
-            self._task_file("pids", task_id).write_text(json.dumps({"pid": process.pid, "node": spec.node["node_name"]}))
+            record = {"pid": process.pid, "node": spec.node["node_name"], "process": process_identity(process.pid)}
+            self._task_file("pids", task_id).write_text(json.dumps(record))
         return self._started(task_id, process.pid)
 
     def _started(self, task_id: str, pid: int) -> StartedTask:
         return StartedTask(task_id, "local:subprocess", "local", "0", {"pid": str(pid)})
 
-    def _started_pid(self, task_id: str) -> int | None:
-        """The pid recorded for a task started before (running or not), else None."""
+    def _started_process(self, task_id: str) -> tuple[int, str | None] | None:
+        """The pid and process identity recorded for a task started before (running or not), else None."""
         try:
-            return int(json.loads(self._task_file("pids", task_id).read_text())["pid"])
-        except (FileNotFoundError, ValueError, KeyError):
+            return _recorded_process(json.loads(self._task_file("pids", task_id).read_text()))
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
+
+    def _running(self, task_id: str) -> bool:
+        """Whether the task's own launcher still runs (not merely some later process that got its pid)."""
+        started = self._started_process(task_id)
+        return started is not None and pid_alive(*started)
 
     def poll(self, task_id: str) -> TaskExit | None:
         """How the task ended (its launcher's exit file), or None while it runs; any process may ask."""
@@ -212,14 +247,14 @@ class LocalBackend:
         try:
             code = int(self._task_file("exits", task_id).read_text())
         except (FileNotFoundError, ValueError):
-            pid = self._started_pid(task_id)
-            if pid is not None and pid_alive(pid):
+            if self._running(task_id):
                 return None
             # read again: the launcher may have written the file just before it exited
             try:
                 code = int(self._task_file("exits", task_id).read_text())
             except (FileNotFoundError, ValueError):
-                what = "was never started here" if pid is None else "was killed before it could record its exit code"
+                started = self._started_process(task_id) is not None
+                what = "was killed before it could record its exit code" if started else "was never started here"
                 return TaskExit(None, f"task process {what}")
         if code < 0:
             return TaskExit(code, f"killed by signal {signal.Signals(-code).name}")
@@ -227,9 +262,10 @@ class LocalBackend:
 
     def stop(self, task_id: str, reason: str) -> None:
         """SIGTERM the task's process group, SIGKILL after 5 s (whichever process started it)."""
-        pid = self._started_pid(task_id)
-        if pid is None:
+        started = self._started_process(task_id)
+        if started is None or pid_reused(*started):  # never signal the group of a process that got the pid since
             return
+        pid = started[0]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(pid, sig)
@@ -240,7 +276,7 @@ class LocalBackend:
                 child = _CHILDREN.get(task_id)
                 if child is not None:
                     child.poll()
-                if not pid_alive(pid):
+                if not self._running(task_id):
                     return
                 time.sleep(0.02)
 
@@ -250,9 +286,10 @@ class LocalBackend:
         for path in sorted((self.state_dir / "pids").glob("*")) if (self.state_dir / "pids").is_dir() else []:
             try:
                 record = json.loads(path.read_text())
-            except ValueError:
+                process = _recorded_process(record)
+            except (ValueError, KeyError, TypeError):
                 continue
-            if record.get("node") == node_name and pid_alive(int(record["pid"])):
+            if record.get("node") == node_name and pid_alive(*process):
                 tasks.append(path.name)
         return tasks
 

@@ -69,12 +69,18 @@ def _pending_files() -> list[dict[str, Any]]:
     return found
 
 
+def pending_since(item: Mapping[str, Any]) -> str:
+    """When a pending file became pending: its last status change (``updated_at``, written by every move back to
+    ``pending#N``: release, reprocess, revalidation), else its creation; never the first ingest of a re-run file."""
+    return str(item.get("updated_at") or item.get("created_at", ""))
+
+
 def etl_pending(limits: HealthThresholds) -> list[Alarm]:
     """ETL: files pending longer than ``pending_file_minutes`` (message age) and pending files (queue depth)."""
     pending = _pending_files()
     cutoff = iso_ago(limits.pending_file_minutes * 60)
     names = [f"{item['date_prefix']}/{item['file_key']}" for item in pending]
-    late = [n for n, item in zip(names, pending) if str(item.get("created_at", "")) < cutoff]
+    late = [n for n, item in zip(names, pending) if pending_since(item) < cutoff]
     minutes = f"{limits.pending_file_minutes:g}"
     return [
         _alarm("etl-files-pending-too-long", "etl", late, limits.late_pending_files_max, f"file(s) pending > {minutes} min"),

@@ -15,6 +15,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from tasks.core.redact import public_url, redact, url_secrets
 from tasks.video import ffmpeg as video_ffmpeg
 
 BACKENDS = ("ffmpeg", "http", "gpu")
@@ -34,33 +35,6 @@ def infer_ffmpeg(source: Path, target: Path, mode: str) -> None:
         video_ffmpeg.transform(source, target, mode)
     except video_ffmpeg.FfmpegError as error:
         raise InferenceError(f"ffmpeg backend: {error}") from None
-
-
-def public_url(url: str) -> str:
-    """``url`` fit for messages: no user or password, every query value masked (an endpoint may carry a key there)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    query = "&".join(f"{name}=***" for name, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, query, ""))
-
-
-def url_secrets(url: str | None) -> list[str]:
-    """The secret-looking parts of a URL: its query values, user and password (to redact from any text)."""
-    if not url:
-        return []
-    parts = urllib.parse.urlsplit(url)
-    values = [value for _, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)]
-    return [v for v in (*values, parts.username, parts.password) if v]
-
-
-def redact(text: str, secrets: list[str | None]) -> str:
-    """``text`` with every secret (and its URL-quoted form) replaced by ``***``; longest first."""
-    for secret in sorted({s for s in secrets if s and len(s) >= 3}, key=len, reverse=True):
-        for form in {secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret)}:
-            text = text.replace(form, "***")
-    return text
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

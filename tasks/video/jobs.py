@@ -25,6 +25,7 @@ from tasks.video import inference as video_inference
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore, open_url
+from tasks.core.redact import redact, url_secrets
 from tasks.core.state_store import Condition, Outcome
 from urllib.parse import unquote, urlparse
 
@@ -217,7 +218,7 @@ def public_reason(reason: str) -> str:
     reason = _ABSOLUTE_PATH.sub(r"\1", reason)
     config = load_config(VideoInference)
     secrets = [config.api_key.get_secret_value() if config.api_key else None, os.environ.get("VIDEO_INFERENCE_API_KEY")]
-    return video_inference.redact(reason, secrets + video_inference.url_secrets(config.endpoint_url))[:2000]
+    return redact(reason, secrets + url_secrets(config.endpoint_url))[:2000]
 
 
 def fail_job(job_id: str, reason: str) -> str | None:
