@@ -364,3 +364,18 @@ def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exac
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)
     assert file_statuses(table) == {"completed": 10}
     _exactly_once(root, urls)
+
+
+def test_a_file_whose_every_line_brings_a_new_key_merges_to_parquet_with_each_value_in_its_row(tmp_path):
+    """Such a file's columns are sparse in the reader (runs of values between slices of one null column)."""
+    root = tmp_path / "objects"
+    lines = [{"id": i, f"key_{i}": f"v{i}"} | ({"every_third": i} if i % 3 == 0 else {}) for i in range(300)]
+    url = write_input(root, DAY, "wide.ndjson", lines)
+    assert any(parse_ndjson(url, (root / "pipeline" / "input" / DAY / "wide.ndjson").read_bytes()).table[f"key_{i}"].num_chunks > 1
+               for i in range(300))  # the sparse layout is the one written here
+    out = etl_merge.merge_part(0, [url], "pipeline/output/_staging/w/", root.as_uri(), "2026-02-01T00:00:00Z")
+    rows = pq.read_table(root / out["staged"]).to_pylist()
+    assert out["rows"] == 300 and len(rows[0]) == 1 + 300 + 1 + 2
+    assert rows == [{"id": str(i), "every_third": str(i) if i % 3 == 0 else None,
+                     **{f"key_{k}": f"v{k}" if k == i else None for k in range(300)},
+                     "_processing_timestamp": "2026-02-01T00:00:00Z", "_source_file": url} for i in range(300)]

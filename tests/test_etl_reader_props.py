@@ -25,7 +25,7 @@ from tasks.etl.ndjson_text import MAX_DEPTH, parse_ndjson
 from tests.test_etl_merge import _lone_surrogate
 
 QUICK = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-SWEEP = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SWEEP = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # --------------------------------------------------------------------------- the reference: json.loads + the policy
