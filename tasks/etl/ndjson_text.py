@@ -334,7 +334,8 @@ def _gather(rows: int, columns: int, column: np.ndarray, line_of: np.ndarray, st
     Member ``j`` goes to row ``line_of[j]`` of column ``column[j]``, its bytes ``start[j]:end[j]`` of ``buf``,
     ``packed`` or ``decoded`` (``source[j]`` 0, 1, 2), null if ``null[j]``; a key repeated in a line: the last wins.
     Returns the slots' offsets (one more than slots) and validity, the data, each column's first slot (and one
-    past the last), whether it is dense, and each sparse column's rows (``sparse_row[sparse_first[c]:sparse_first[c + 1]]``).
+    past the last), whether it is dense, and the rows of each sparse column's slots (``sparse_row`` from
+    ``sparse_first[c]`` to ``sparse_first[c + 1]``).
     """
     m = len(column)
     first = np.zeros(columns + 1, np.int64)  # members sorted by column, stably (so by line within a column)
