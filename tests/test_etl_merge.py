@@ -309,3 +309,73 @@ def test_a_part_is_written_while_its_files_are_read_and_a_late_new_column_rewrit
     rows = part.read().to_pylist()
     assert [(r["id"], r["v"], r.get("late"), r["_source_file"]) for r in rows] == [
         (f"{f}-{k}", str(k), f"x{k}" if f == new_column_in else None, files[f]) for f in range(3) for k in range(3)]
+
+
+ISSUE_23_LINES = ['{"a"}', '{"a" "b"}', '{"foo":"bar","a"}', '{"\\ud800x":2}', '{"id":2,"name"']  # the last: a cut file
+
+
+def test_lines_the_reader_once_raised_on_are_rejects_and_every_file_of_the_manifest_completes(etl_env, monkeypatch):
+    """Issue 23: ten files with one such line each ended failed#N and the manifest failed, at every re-run."""
+    root, table = etl_env["root"], etl_env["table"]
+    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")
+    urls = []
+    for i in range(10):
+        bad = ISSUE_23_LINES[i % len(ISSUE_23_LINES)]
+        path = root / "pipeline" / "input" / DAY / f"b-{i}.ndjson"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f'{{"id":"b{i}-0"}}\n{bad}\n{{"id":"b{i}-1"}}\n' if i % 5 != 4 else f'{{"id":"b{i}-0"}}\n{{"id":"b{i}-1"}}\n{bad}')
+        urls.append(path.as_uri())
+    ndjson_ingest(file_urls=urls, merge_deployment=None)
+    assert file_statuses(table) == {"completed": 10}
+    ((_, manifest),) = manifests(table).items()
+    assert (manifest["status"], manifest["rows"], manifest["rejected_lines"], manifest["files_failed"]) == ("completed", 20, 10, 0)
+    _exactly_once(root, urls, lines_per_file=2)
+    rejects = [json.loads(line) for line in (root / keys.rejects_key(DAY, keys.manifest_name_from_record_key(
+        next(iter(manifests(table)))))).read_text().splitlines()]
+    assert sorted((r["source_file"], r["line_number"]) for r in rejects) == sorted(
+        (url, 3 if i % 5 == 4 else 2) for i, url in enumerate(urls))
+
+
+def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exactly_once(etl_env, monkeypatch):
+    root, table = etl_env["root"], etl_env["table"]
+    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")
+    urls = [write_input(root, DAY, f"t-{i}.ndjson", [{"id": f"t{i}-{k}", "v": k} for k in range(3)]) for i in range(10)]
+    ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked and in a manifest, not merged yet
+    (key,) = manifests(table)
+    unreadable = root / "pipeline" / "input" / DAY / "t-4.ndjson"
+    unreadable.unlink()
+    unreadable.mkdir()  # still listed and tracked, but reading it raises (IsADirectoryError)
+
+    summary = ndjson_merge(date_prefix=DAY, manifest_name=keys.manifest_name_from_record_key(key))
+    assert (summary["manifest_status"], summary["files_completed"], summary["files_failed"], summary["rows"]) == ("completed", 9, 1, 27)
+    files = {k[1]: v for k, v in records(table).items() if k[0] == DAY and k[1].endswith(".ndjson")}
+    failed = files.pop("t-4.ndjson")
+    assert failed["status"].startswith("failed#")
+    assert failed["error_message"] == f"could not be read: IsADirectoryError: [Errno 21] Is a directory: '{unreadable}'"
+    assert {v["status"].split("#")[0] for v in files.values()} == {"completed"} and len(files) == 9
+    assert manifests(table)[key]["status"] == "completed"
+    nine = [u for u in urls if not u.endswith("/t-4.ndjson")]
+    _exactly_once(root, nine)
+    assert {r["_source_file"] for r in merged_rows(root)} == set(nine)  # none of the failed file's lines
+    # fixed, then reprocessed: its lines arrive once, and nothing of the nine twice
+    unreadable.rmdir()
+    write_input(root, DAY, "t-4.ndjson", [{"id": f"t4-{k}", "v": k} for k in range(3)])
+    assert etl_ops.reprocess_failed(DAY)["moved"] == 1
+    ndjson_flush_orphans(today=TODAY, merge_deployment=None)
+    assert file_statuses(table) == {"completed": 10}
+    _exactly_once(root, urls)
+
+
+def test_a_file_whose_every_line_brings_a_new_key_merges_to_parquet_with_each_value_in_its_row(tmp_path):
+    """Such a file's columns are sparse in the reader (runs of values between slices of one null column)."""
+    root = tmp_path / "objects"
+    lines = [{"id": i, f"key_{i}": f"v{i}"} | ({"every_third": i} if i % 3 == 0 else {}) for i in range(300)]
+    url = write_input(root, DAY, "wide.ndjson", lines)
+    assert any(parse_ndjson(url, (root / "pipeline" / "input" / DAY / "wide.ndjson").read_bytes()).table[f"key_{i}"].num_chunks > 1
+               for i in range(300))  # the sparse layout is the one written here
+    out = etl_merge.merge_part(0, [url], "pipeline/output/_staging/w/", root.as_uri(), "2026-02-01T00:00:00Z")
+    rows = pq.read_table(root / out["staged"]).to_pylist()
+    assert out["rows"] == 300 and len(rows[0]) == 1 + 300 + 1 + 2
+    assert rows == [{"id": str(i), "every_third": str(i) if i % 3 == 0 else None,
+                     **{f"key_{k}": f"v{k}" if k == i else None for k in range(300)},
+                     "_processing_timestamp": "2026-02-01T00:00:00Z", "_source_file": url} for i in range(300)]

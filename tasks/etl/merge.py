@@ -107,16 +107,28 @@ def user_column(name: str) -> str:
     return name + INPUT_SUFFIX if _METADATA_LIKE.match(name) else name
 
 
+# more time can fix these (the merge task retries them); any other error reading a file is that file's alone
+_CAPACITY_ERRORS = (MemoryError, ConnectionError, TimeoutError)
+
+
 def read_ndjson(url: str) -> FileResult:
-    """One NDJSON file as a table of strings kept as written (``ndjson_text``); bad lines become rejects."""
-    try:
-        source, key = open_url(url)
-        data = source.get_bytes(key)
-    except (ObjectNotFound, FileNotFoundError):
-        return FileResult(url, error="file disappeared before the merge (not found)")
+    """One NDJSON file as a table of strings kept as written (``ndjson_text``); bad lines become rejects.
+
+    A file that cannot be read (or whose reading raises) fails alone with the reason, none of its lines merged (a
+    reprocess after a fix then merges each line once); the other files of its manifest merge as usual.
+    """
     from tasks.etl.ndjson_text import parse_ndjson  # here, not at the top: only a merge pays for loading Numba
 
-    parsed = parse_ndjson(url, data, user_column)
+    try:
+        source, key = open_url(url)
+        parsed = parse_ndjson(url, source.get_bytes(key), user_column)
+    except (ObjectNotFound, FileNotFoundError):
+        return FileResult(url, error="file disappeared before the merge (not found)")
+    except _CAPACITY_ERRORS:
+        raise
+    except Exception as error:  # noqa: BLE001 - one unreadable file must not fail its manifest
+        log.warning("%s could not be read; the file fails alone", url, exc_info=True)  # the traceback: logs only
+        return FileResult(url, error=f"could not be read: {type(error).__name__}: {error}"[:1000])
     result = FileResult(url, parsed.table, parsed.rows, parsed.rejects)
     if parsed.table is None:
         bad = len(parsed.rejects)

@@ -11,9 +11,12 @@ What "as written" means (the README's "What the merged Parquet holds"):
 
 How: one Numba-compiled pass over the bytes (``_members``; GIL released, so a part's files parse on all cores)
 checks every line against ``json.loads``'s grammar, finds each top-level member's key and value spans and packs
-nested values without their whitespace; a second (``_gather``) copies the spans into string columns. A line that
-is not a JSON object (or holds ``NaN``/``Infinity``, invalid UTF-8, or values nested deeper than ``MAX_DEPTH``)
-becomes a reject with its line number and ``json.loads``'s reason; the others still merge.
+nested values without their whitespace; a second (``_gather``) copies the spans into string columns, its memory
+following the values, not rows × columns (a file whose every line brings new keys gets sparse columns: runs of
+values between slices of one all-null column). A line that is not a JSON object (or holds ``NaN``/``Infinity``,
+invalid UTF-8, values nested deeper than ``MAX_DEPTH``, or a top-level key or string value with a lone surrogate
+escape such as ``"\\ud800"``: Arrow and Parquet need UTF-8, column names included) becomes a reject with its line
+number and ``json.loads``'s reason (or the rule it breaks); the others still merge.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from numba import njit
 STRING, NULL, NESTED, SCALAR = range(4)  # a member's value
 KEY_ESCAPED, VALUE_ESCAPED = 1, 2  # a member's flags: its key or string value holds a backslash escape
 NOT_JSON, MANY_VALUES, TOO_DEEP = 1, 2, 3  # a line's problem (its reason: ``_line_error``)
+DENSE_CELLS_PER_MEMBER = 32  # past rows × columns of this many per value, the sparsest columns are sparse
 MAX_DEPTH = 512  # nesting levels a value may have (json.loads itself stops near 1000, with a RecursionError)
 # cache: a worker compiles once, not per process; boundscheck: an IndexError, never a stray read, costs ~3%
 _COMPILED = {"nogil": True, "cache": True, "boundscheck": True}
@@ -243,13 +247,13 @@ def _object_line(a, i, m, p, line, line_of, key, start, end, kind, flags, packed
             j, escaped = _string_end(a, i + 1)
             if j < 0:
                 return i, m, p, NOT_JSON
+            colon = _skip_space(a, j + 1)
+            if a[colon] != 58:  # checked before the member is recorded: the arrays hold one member per colon
+                return colon, m, p, NOT_JSON
             line_of[m] = line
             key[2 * m + 1], key[2 * m + 2] = i + 1, j
             flags[m] = KEY_ESCAPED if escaped else 0
-            i = _skip_space(a, j + 1)
-            if a[i] != 58:  # :
-                return i, m, p, NOT_JSON
-            i = _skip_space(a, i + 1)
+            i = _skip_space(a, colon + 1)
             c = a[i]
             if c == 34:  # a string: its contents, escapes decoded later
                 j, escaped = _string_end(a, i + 1)
@@ -321,11 +325,17 @@ def _members(a: np.ndarray, most: int, lines: int):
 
 @njit(**_COMPILED)
 def _gather(rows: int, columns: int, column: np.ndarray, line_of: np.ndarray, start: np.ndarray, end: np.ndarray,
-            source: np.ndarray, null: np.ndarray, buf: np.ndarray, packed: np.ndarray, decoded: np.ndarray):
-    """Every column's values in one data buffer: offsets (``columns`` runs of ``rows + 1``) and validity.
+            source: np.ndarray, null: np.ndarray, buf: np.ndarray, packed: np.ndarray, decoded: np.ndarray,
+            cells_per_member: int):
+    """Every column's values in one data buffer, in slots: a dense column has a slot per row, a sparse one a slot
+    per value. Columns are dense unless rows × columns would pass ``cells_per_member`` per member (a file whose
+    lines bring new keys): then the columns with the fewest values are sparse, so memory follows the members.
 
     Member ``j`` goes to row ``line_of[j]`` of column ``column[j]``, its bytes ``start[j]:end[j]`` of ``buf``,
     ``packed`` or ``decoded`` (``source[j]`` 0, 1, 2), null if ``null[j]``; a key repeated in a line: the last wins.
+    Returns the slots' offsets (one more than slots) and validity, the data, each column's first slot (and one
+    past the last), whether it is dense, and the rows of each sparse column's slots (``sparse_row`` from
+    ``sparse_first[c]`` to ``sparse_first[c + 1]``).
     """
     m = len(column)
     first = np.zeros(columns + 1, np.int64)  # members sorted by column, stably (so by line within a column)
@@ -338,29 +348,63 @@ def _gather(rows: int, columns: int, column: np.ndarray, line_of: np.ndarray, st
     for j in range(m):
         order[fill[column[j]]] = j
         fill[column[j]] += 1
-    offsets = np.zeros(columns * (rows + 1), np.int64)
-    valid = np.zeros(columns * rows, np.bool_)
+    dense = np.ones(columns, np.bool_)
+    cells = columns * rows
+    if cells > cells_per_member * m:
+        for c in np.argsort(first[1:] - first[:-1], kind="mergesort"):  # the sparsest first
+            if cells <= cells_per_member * m:
+                break
+            dense[c] = False
+            cells -= rows
+    slot_first = np.zeros(columns + 1, np.int64)
+    sparse_first = np.zeros(columns + 1, np.int64)
+    for c in range(columns):
+        values = 0
+        if not dense[c]:  # a slot per line that has the key
+            for k in range(first[c], first[c + 1]):
+                values += k + 1 == first[c + 1] or line_of[order[k + 1]] != line_of[order[k]]
+        slot_first[c + 1] = slot_first[c] + (rows if dense[c] else values)
+        sparse_first[c + 1] = sparse_first[c] + values
+    slots = slot_first[columns]
+    offsets = np.empty(slots + 1, np.int64)
+    valid = np.zeros(slots, np.bool_)
+    sparse_row = np.empty(sparse_first[columns], np.int64)
     size = np.zeros(rows, np.int64)
     total = 0
     for c in range(columns):
+        s = slot_first[c]
+        if dense[c]:  # members come in line order: the last of a key in a line writes last
+            for k in range(first[c], first[c + 1]):
+                j = order[k]
+                valid[s + line_of[j]] = not null[j]
+                size[line_of[j]] = 0 if null[j] else end[j] - start[j]
+            for r in range(rows):
+                offsets[s + r] = total
+                total += size[r]
+                size[r] = 0
+            continue
+        slot = 0
         for k in range(first[c], first[c + 1]):
             j = order[k]
-            valid[c * rows + line_of[j]] = not null[j]
-            size[line_of[j]] = 0 if null[j] else end[j] - start[j]
-        base = c * (rows + 1)
-        offsets[base] = total
-        for r in range(rows):
-            total += size[r]
-            offsets[base + r + 1] = total
-            size[r] = 0
+            if k + 1 < first[c + 1] and line_of[order[k + 1]] == line_of[j]:
+                continue  # not the last value of its key in the line
+            valid[s + slot] = not null[j]
+            offsets[s + slot] = total
+            sparse_row[sparse_first[c] + slot] = line_of[j]
+            total += 0 if null[j] else end[j] - start[j]
+            slot += 1
+    offsets[slots] = total
     data = np.empty(total, np.uint8)
     for c in range(columns):
-        base = c * (rows + 1)
+        slot = slot_first[c] - 1
         for k in range(first[c], first[c + 1]):
             j = order[k]
-            if null[j] or (k + 1 < first[c + 1] and line_of[order[k + 1]] == line_of[j]):
-                continue  # null, or not the last value of its key in the line
-            at = offsets[base + line_of[j]] - start[j]
+            if k + 1 < first[c + 1] and line_of[order[k + 1]] == line_of[j]:
+                continue  # not the last value of its key in the line
+            slot = slot_first[c] + line_of[j] if dense[c] else slot + 1
+            if null[j]:
+                continue
+            at = offsets[slot] - start[j]
             if source[j] == 0:  # values are short: a plain loop beats a slice copy
                 for i in range(start[j], end[j]):
                     data[at + i] = buf[i]
@@ -370,7 +414,7 @@ def _gather(rows: int, columns: int, column: np.ndarray, line_of: np.ndarray, st
             else:
                 for i in range(start[j], end[j]):
                     data[at + i] = decoded[i]
-    return offsets, valid, data
+    return offsets, valid, data, slot_first, dense, sparse_first, sparse_row
 
 
 def _line_error(line: bytes, problem: int = NOT_JSON) -> str:
@@ -411,25 +455,51 @@ def _decode_strings(raw: list[bytes]) -> tuple[pa.Array, np.ndarray]:
     texts = json.loads(b'["' + b'","'.join(raw) + b'"]')
     broken = np.zeros(len(texts), bool)
     for i, text in enumerate(texts):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
+        if not _is_unicode(text):
             broken[i], texts[i] = True, None
     return pa.array(texts, pa.large_string()), broken
 
 
-def _key_names(raw_keys: pa.Array, rename: Callable[[str], str]) -> list[str]:
-    """Decoded key names (escapes decoded, metadata-like names renamed)."""
-    names = []
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` can be UTF-8 (a ``\\ud800`` escape decodes to a lone surrogate, which cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _key_names(raw_keys: pa.Array, rename: Callable[[str], str]) -> list[str | None]:
+    """Decoded key names (escapes decoded, metadata-like names renamed); None for a key with a lone surrogate."""
+    names: list[str | None] = []
     for raw in raw_keys.to_pylist():
-        name = json.loads(b'"' + raw + b'"') if b"\\" in raw else raw.decode("utf-8")
-        names.append(rename(name))
+        if b"\\" not in raw:
+            names.append(rename(raw.decode("utf-8")))
+            continue
+        name = json.loads(b'"' + raw + b'"')
+        names.append(rename(name) if _is_unicode(name) else None)
     return names
 
 
 def _binary(bounds: np.ndarray, data: Any) -> pa.Array:
     """A zero-copy Arrow array over ``data`` whose element ``i`` is ``data[bounds[i]:bounds[i + 1]]``."""
     return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(bounds) - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)])
+
+
+def _spread(values: pa.Array, at_rows: np.ndarray, gaps: pa.Array) -> pa.ChunkedArray:
+    """A sparse column: ``values[i]`` at row ``at_rows[i]`` (increasing), null elsewhere, as runs of ``values`` and
+    slices of the all-null ``gaps`` (zero-copy, so it costs its values, not its rows)."""
+    one_run = at_rows[-1] - at_rows[0] == len(at_rows) - 1  # the usual sparse column: quicker to tell than diff
+    breaks = [] if one_run else (np.flatnonzero(np.diff(at_rows) != 1) + 1).tolist()
+    chunks, row = [], 0
+    for first, last in zip([0] + breaks, breaks + [len(at_rows)]):
+        if at_rows[first] > row:
+            chunks.append(gaps.slice(row, int(at_rows[first]) - row))
+        chunks.append(values.slice(first, last - first))
+        row = int(at_rows[last - 1]) + 1
+    if row < len(gaps):
+        chunks.append(gaps.slice(row))
+    return pa.chunked_array(chunks, values.type)
 
 
 def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict[int, str]]:
@@ -456,22 +526,31 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
         source[escaped], start[escaped], end[escaped] = 2, bounds[:-1], bounds[1:]
     keys_raw = pc.dictionary_encode(_binary(key_bounds, buf).take(pa.array(2 * np.arange(len(kind), dtype=np.int64) + 1)))
     names = _key_names(keys_raw.dictionary, rename)
+    key_index = keys_raw.indices.to_numpy(zero_copy_only=False)
+    if None in names:  # a column name must be UTF-8 (Parquet, Arrow): the line is refused, as for such a value
+        broken = np.flatnonzero(np.isin(key_index, [i for i, name in enumerate(names) if name is None]))
+        return pa.table({}), 0, {int(line_of[j]): "a key holds a lone surrogate: not valid Unicode" for j in broken}
     column_of_name = {name: i for i, name in enumerate(dict.fromkeys(names))}
     if not column_of_name:  # only empty objects: rows without columns
         return pa.table({"rows": pa.nulls(rows, pa.string())}).drop_columns(["rows"]), rows, {}
-    column = np.array([column_of_name[n] for n in names], np.int64)[keys_raw.indices.to_numpy(zero_copy_only=False)]
-    offsets, valid, data = _gather(rows, len(column_of_name), column, line_of, start, end, source, kind == NULL, a,
-                                   packed, decoded)
+    column = np.array([column_of_name[n] for n in names], np.int64)[key_index]
+    offsets, valid, data, slot_first, dense, sparse_first, sparse_row = _gather(
+        rows, len(column_of_name), column, line_of, start, end, source, kind == NULL, a, packed, decoded,
+        DENSE_CELLS_PER_MEMBER)
     wide = len(data) >= 2**31  # string offsets are int32: past that, large_string, then a cast that says which column
+    text = pa.large_string() if wide else pa.string()
     offsets = offsets if wide else offsets.astype(np.int32)
     data_buffer = pa.py_buffer(data)
+    gaps = pa.nulls(rows, text) if not dense.all() else None  # one all-null column: sparse ones are slices of it
     columns = {}
     for name, c in column_of_name.items():
-        present = valid[c * rows:(c + 1) * rows]
-        nulls = rows - int(np.count_nonzero(present))
+        present = valid[slot_first[c]:slot_first[c + 1]]
+        nulls = len(present) - int(np.count_nonzero(present))
         bitmap = pa.py_buffer(np.packbits(present, bitorder="little")) if nulls else None
-        column_offsets = pa.py_buffer(offsets[c * (rows + 1):(c + 1) * (rows + 1)])
-        array = pa.Array.from_buffers(pa.large_string() if wide else pa.string(), rows, [bitmap, column_offsets, data_buffer], nulls)
+        column_offsets = pa.py_buffer(offsets[slot_first[c]:slot_first[c + 1] + 1])
+        array = pa.Array.from_buffers(text, len(present), [bitmap, column_offsets, data_buffer], nulls)
+        if not dense[c]:
+            array = _spread(array, sparse_row[sparse_first[c]:sparse_first[c + 1]], gaps)
         columns[name] = array.cast(pa.string()) if wide else array
     return pa.table(columns), rows, {}
 
