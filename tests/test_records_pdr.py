@@ -141,6 +141,25 @@ ECHO10 = """<?xml version="1.0" encoding="UTF-8"?>
 </Granule>"""
 ECHO10_SINGLE = """<Granule><GranuleUR>G</GranuleUR><InsertTime>2017-02-03T06:51:04Z</InsertTime>
   <Temporal><SingleDateTime>2017-01-26T10:30:00Z</SingleDateTime></Temporal></Granule>"""
+ISO = """<gmd:DS_Series xmlns:gmd="http://www.isotc211.org/2005/gmd" xmlns:gmi="http://www.isotc211.org/2005/gmi"
+  xmlns:gco="http://www.isotc211.org/2005/gco" xmlns:gml="http://www.opengis.net/gml/3.2">
+ <gmd:composedOf><gmd:DS_DataSet><gmd:has><gmi:MI_Metadata>
+  <gmd:identificationInfo><gmd:MD_DataIdentification>
+   <gmd:citation><gmd:CI_Citation><gmd:title><gco:CharacterString>MOD09GQ.A2017025</gco:CharacterString></gmd:title></gmd:CI_Citation></gmd:citation>
+   <gmd:extent><gmd:EX_Extent><gmd:temporalElement><gmd:EX_TemporalExtent><gmd:extent>TEMPORAL</gmd:extent></gmd:EX_TemporalExtent></gmd:temporalElement></gmd:EX_Extent></gmd:extent>
+  </gmd:MD_DataIdentification></gmd:identificationInfo>
+  <gmd:identificationInfo><gmd:MD_DataIdentification><gmd:citation><gmd:CI_Citation>
+   <gmd:title><gco:CharacterString>UpdateTime</gco:CharacterString></gmd:title>
+   <gmd:date><gmd:CI_Date><gmd:date><gco:DateTime>2017-02-04T12:00:00.000Z</gco:DateTime></gmd:date></gmd:CI_Date></gmd:date>
+  </gmd:CI_Citation></gmd:citation></gmd:MD_DataIdentification></gmd:identificationInfo>
+  <gmd:dataQualityInfo><gmd:DQ_DataQuality><gmd:lineage><gmd:LI_Lineage><gmd:processStep><gmi:LE_ProcessStep>
+   <gmd:dateTime><gco:DateTime>2017-02-03T06:51:04.000Z</gco:DateTime></gmd:dateTime>
+  </gmi:LE_ProcessStep></gmd:processStep></gmd:LI_Lineage></gmd:lineage></gmd:DQ_DataQuality></gmd:dataQualityInfo>
+ </gmi:MI_Metadata></gmd:has></gmd:DS_DataSet></gmd:composedOf>
+</gmd:DS_Series>"""
+ISO_PERIOD = """<gml:TimePeriod gml:id="t1"><gml:beginPosition>2017-01-25T00:00:00.000Z</gml:beginPosition>
+  <gml:endPosition>2017-01-25T23:59:59.999Z</gml:endPosition></gml:TimePeriod>"""
+ISO_INSTANT = """<gml:TimeInstant gml:id="t1"><gml:timePosition>2017-01-26T10:30:00Z</gml:timePosition></gml:TimeInstant>"""
 BILLION_LAUGHS = """<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;">]>
 <Granule><InsertTime>&lol2;</InsertTime></Granule>"""
 
@@ -171,6 +190,12 @@ def cmr_files(store_root: Path, name: str, content: str | bytes) -> list[dict]:
         ("single.cmr.xml", ECHO10_SINGLE, {  # no LastUpdate: InsertTime
             "beginningDateTime": "2017-01-26T10:30:00Z", "endingDateTime": "2017-01-26T10:30:00Z",
             "lastUpdateDateTime": "2017-02-03T06:51:04Z"}),
+        ("range.cmr_iso.xml", ISO.replace("TEMPORAL", ISO_PERIOD), {
+            "beginningDateTime": "2017-01-25T00:00:00.000Z", "endingDateTime": "2017-01-25T23:59:59.999Z",
+            "productionDateTime": "2017-02-03T06:51:04.000Z", "lastUpdateDateTime": "2017-02-04T12:00:00.000Z"}),
+        ("single.cmr_iso.xml", ISO.replace("TEMPORAL", ISO_INSTANT), {
+            "beginningDateTime": "2017-01-26T10:30:00Z", "endingDateTime": "2017-01-26T10:30:00Z",
+            "productionDateTime": "2017-02-03T06:51:04.000Z", "lastUpdateDateTime": "2017-02-04T12:00:00.000Z"}),
     ],
 )
 def test_cmr_temporal_values_follow_the_seeds_selection(store_root, name, content, expected):
@@ -185,6 +210,7 @@ def test_cmr_temporal_values_follow_the_seeds_selection(store_root, name, conten
         ("bad.cmr.xml", "<Granule><Temporal>", "not well-formed XML"),
         ("laughs.cmr.xml", BILLION_LAUGHS, "DOCTYPE or entity declarations is refused"),
         ("other.cmr.xml", "<Collection/>", "not an ECHO10 granule (root element <Collection>)"),
+        ("other.cmr_iso.xml", "<gmi:MI_Metadata/>", "not an ISO granule (root element <gmi:MI_Metadata>"),
         ("huge.cmr.json", b" " * (cmr.CMR_FILE_BYTES + 1), f"is over {cmr.CMR_FILE_BYTES} bytes"),
     ],
 )

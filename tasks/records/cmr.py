@@ -1,14 +1,16 @@
 """A granule's CMR temporal values (seed 004's "CMR Temporal Values"), read from its CMR metadata file.
 
-The file is the first of the granule's ``files`` whose name ends ``cmr.json`` (UMM-G) or ``cmr.xml`` (ECHO10),
-at ``s3://{bucket}/{key}`` or its ``filename`` URL, read through the object store. Selection, per the seed:
+The file is the first of the granule's ``files`` whose name ends ``cmr.json`` (UMM-G), ``cmr.xml`` (ECHO10) or
+``cmr_iso.xml`` (ISO 19115-2), at ``s3://{bucket}/{key}`` or its ``filename`` URL, read through the object store.
+Selection, per the seed:
 
-- ``beginningDateTime``/``endingDateTime``: the RangeDateTime's Beginning/EndingDateTime when the range has
-  both; else SingleDateTime for both; else what the range has (an open range keeps its beginning). (The seed's
-  table says ``BeginningDateTime`` for the end too: a typo, Cumulus reads ``EndingDateTime``.)
-- ``productionDateTime``: ``DataGranule.ProductionDateTime``;
+- ``beginningDateTime``/``endingDateTime``: the RangeDateTime's Beginning/EndingDateTime (ISO: the TimePeriod's
+  begin/endPosition) when the range has both; else SingleDateTime (ISO: the TimeInstant's timePosition) for both;
+  else what the range has (an open range keeps its beginning). (The seed's table says ``BeginningDateTime`` for
+  the end too: a typo, Cumulus reads ``EndingDateTime``.)
+- ``productionDateTime``: ``DataGranule.ProductionDateTime`` (ISO: the LE_ProcessStep's dateTime);
 - ``lastUpdateDateTime``: the most recent of the UMM-G ``ProviderDates`` of Type Update, Insert or Create
-  (ECHO10: of ``LastUpdate`` and ``InsertTime``).
+  (ECHO10: of ``LastUpdate`` and ``InsertTime``; ISO: the date of the citation titled ``UpdateTime``).
 
 Values are kept as the file writes them; one that is not an ISO 8601 date-time is left out. A file that is
 missing, unreadable, too large, not JSON/XML, or not UMM-G/ECHO10 gives no values, and the reason is logged:
@@ -47,7 +49,7 @@ def _name(file: Mapping[str, Any]) -> str:
 def cmr_file(files: Sequence[Any]) -> Mapping[str, Any] | None:
     """The granule's CMR metadata file (first ``*cmr.json`` / ``*cmr.xml``), or None."""
     for file in files or []:
-        if isinstance(file, Mapping) and _name(file).endswith(("cmr.json", "cmr.xml")):
+        if isinstance(file, Mapping) and _name(file).endswith(("cmr.json", "cmr.xml", "cmr_iso.xml")):
             return file
     return None
 
@@ -161,9 +163,44 @@ def echo10_temporal(root: ET.Element) -> dict[str, str]:
     )
 
 
+def _children(elements: Sequence[ET.Element], path: str) -> list[ET.Element]:
+    """The elements at ``path`` (``/``-separated tags as written, prefixes included) below each of ``elements``."""
+    for tag in path.split("/"):
+        elements = [child for element in elements for child in element if child.tag == tag]
+    return elements
+
+
+def _text(elements: Sequence[ET.Element], path: str) -> str | None:
+    found = _children(elements, path)
+    return found[0].text if found else None
+
+
+ISO_DATA_ID = "gmd:identificationInfo/gmd:MD_DataIdentification"
+ISO_TEMPORAL = "gmd:extent/gmd:EX_Extent/gmd:temporalElement/gmd:EX_TemporalExtent/gmd:extent"
+
+
+def iso_temporal(root: ET.Element) -> dict[str, str]:
+    """The temporal values of an ISO 19115-2 granule (``gmd:DS_Series`` as CMR writes it, prefixes as Cumulus reads them)."""
+    metadata = _children([root], "gmd:composedOf/gmd:DS_DataSet/gmd:has/gmi:MI_Metadata")
+    if root.tag != "gmd:DS_Series" or not metadata:
+        raise CmrFileError(f"not an ISO granule (root element <{root.tag}> without gmd:DS_Series/…/gmi:MI_Metadata)")
+    identifications = _children(metadata, ISO_DATA_ID)
+    with_extent = [i for i in identifications if _children([i], "gmd:extent")][:1]
+    updates = [i for i in identifications if _text([i], "gmd:citation/gmd:CI_Citation/gmd:title/gco:CharacterString") == "UpdateTime"]
+    return _select(
+        _text(with_extent, f"{ISO_TEMPORAL}/gml:TimePeriod/gml:beginPosition"),
+        _text(with_extent, f"{ISO_TEMPORAL}/gml:TimePeriod/gml:endPosition"),
+        _text(with_extent, f"{ISO_TEMPORAL}/gml:TimeInstant/gml:timePosition"),
+        _text(metadata, "gmd:dataQualityInfo/gmd:DQ_DataQuality/gmd:lineage/gmd:LI_Lineage/gmd:processStep/gmi:LE_ProcessStep/gmd:dateTime/gco:DateTime"),
+        [_text(updates[:1], "gmd:citation/gmd:CI_Citation/gmd:date/gmd:CI_Date/gmd:date/gco:DateTime")],
+    )
+
+
 def read_temporal(url: str) -> dict[str, str]:
     """The temporal values of the CMR file at ``url``; CmrFileError saying why there are none."""
     data = read_limited(url)
+    if url.endswith("cmr_iso.xml"):
+        return iso_temporal(parse_xml(data))
     if not url.endswith("cmr.json"):
         return echo10_temporal(parse_xml(data))
     try:
