@@ -276,3 +276,19 @@ def test_processing_times_come_from_the_executions_prefect_flow_run(tables):
     assert (execution["processingStartDateTime"], execution["processingEndDateTime"]) == (started, ended)
     g2 = state_store.get_item(tables["granules"], {"granuleId": "G2"})  # falls back to the message's times
     assert (g2["processingStartDateTime"], g2["processingEndDateTime"]) == ("1970-01-01T00:00:01.000+00:00", "1970-01-01T00:00:02.000+00:00")
+
+
+def test_a_cmr_file_on_s3_is_read_by_bucket_and_key(s3_base, s3_endpoint, tables):
+    """The file model Cumulus writes (``bucket``, ``key``), read from a real S3 API (moto's server)."""
+    from tests.s3 import s3_client
+
+    bucket = s3_base.split("/")[2]
+    s3_client(s3_endpoint).put_object(Bucket=bucket, Key="granules/G1.cmr.xml", Body=ECHO10.encode())
+    files = [{"bucket": bucket, "key": "granules/G1.cmr.xml", "fileName": "G1.cmr.xml", "size": len(ECHO10)},
+             {"bucket": bucket, "key": "granules/G2.cmr.json", "fileName": "G2.cmr.json"}]  # the second is absent
+    granules = [{"granuleId": "G1", "files": files[:1]}, {"granuleId": "G2", "files": files[1:]}]
+    assert records_messages.ingest([message("completed", "exec-s3", 1000, granules=granules)], now_ms=NOW).errors() == {}
+    g1 = state_store.get_item(tables["granules"], {"granuleId": "G1"})
+    assert (g1["beginningDateTime"], g1["lastUpdateDateTime"]) == ("2017-01-25T00:00:00.000Z", "2017-02-05T10:00:00Z")
+    g2 = state_store.get_item(tables["granules"], {"granuleId": "G2"})
+    assert g2["status"] == "completed" and not set(cmr.TEMPORAL_ATTRS) & set(g2)
