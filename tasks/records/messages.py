@@ -280,8 +280,8 @@ def derive_pdr(message: Mapping[str, Any], now_ms: int) -> dict[str, Any] | None
         start = min((g["createdAt"] for g in payload.get("granules") or [] if g.get("createdAt") is not None), default=None)
     if not pdr or status not in PDR.statuses.values() or start is None:
         return None
-    stats = {state: len(payload.get(state) or []) for state in ("running", "completed", "failed")}
-    stats = {"processing": stats["running"], "completed": stats["completed"], "failed": stats["failed"], "total": sum(stats.values())}
+    counts = {state: len(payload.get(state) or []) for state in ("running", "completed", "failed")}
+    stats = {"processing": counts["running"], "completed": counts["completed"], "failed": counts["failed"], "total": sum(counts.values())}
     progress = 100 * (stats["total"] - stats["processing"]) / stats["total"] if stats["total"] else 0
     return {
         **_stamps(message, now_ms),
