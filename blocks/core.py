@@ -29,6 +29,7 @@ class DynamoTables(ConfigBlock):
     video_reassembly_locks: Optional[str] = None
     granules: Optional[str] = None
     executions: Optional[str] = None
+    pdrs: Optional[str] = None
     health_incidents: Optional[str] = None
     aws_credentials: Optional[AwsCredentials] = Field(
         default=None, description="Credentials for DynamoDB in AWS; unset: boto3's default chain (env, role)."

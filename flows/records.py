@@ -2,7 +2,8 @@
 
     messages ──parse/validate──▶ invalid ──▶ granule failed + dead-letter-archive/{date}/
         │
-        └─▶ derive ──▶ granules (guarded writes) ──▶ execution (guarded write) ──▶ rejected ──▶ archive
+        └─▶ derive (+ CMR file dates, Prefect run times) ──▶ execution ──▶ PDR ──▶ granules (guarded writes)
+                                                                                          └─▶ rejected ──▶ archive
     dead-letter-archive/{date}/ ──replay──▶ written: deleted │ failed again: dead-letter-archive/failed/{date}/
     Prefect run states ──▶ records in flight / COMPLETED / run counters ──▶ guarded repairs + table artifact
 """

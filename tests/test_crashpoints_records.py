@@ -47,7 +47,7 @@ def _batch() -> list[str]:
 def _state(tables, store_root) -> dict:
     """The records (clock-set fields aside) and the dead-letter archive: what must come out the same."""
     records = {}
-    for logical, key in (("granules", "granuleId"), ("executions", "arn")):
+    for logical, key in (("granules", "granuleId"), ("executions", "arn"), ("pdrs", "pdrName")):
         for item in state_store.scan_all(tables[logical]):
             records[item[key]] = {k: v for k, v in state_store.to_plain(item).items() if k not in VOLATILE}
     archive = {}
@@ -58,7 +58,7 @@ def _state(tables, store_root) -> dict:
 
 
 def _clear(tables, store_root) -> None:
-    for logical, key in (("granules", "granuleId"), ("executions", "arn")):
+    for logical, key in (("granules", "granuleId"), ("executions", "arn"), ("pdrs", "pdrName")):
         state_store.batch_delete(tables[logical], [{key: i[key]} for i in state_store.scan_all(tables[logical])])
     for path in sorted(store_root.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()

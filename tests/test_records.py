@@ -95,6 +95,7 @@ def test_terminal_write_then_stale_running_and_older_completed_are_dropped(table
     assert report.counts()["records"] == {
         "granule": {"written": 1, "stale": 0, "rejected": 0},
         "execution": {"written": 1, "stale": 0, "rejected": 0},
+        "pdr": {"written": 1, "stale": 0, "rejected": 0},
     }
     late = records_messages.ingest([message("running", "exec-b", 2000), message("completed", "exec-a", 1000)], now_ms=NOW + 5)
     reasons = [r.reason for o in late.outcomes for r in o.results if r.kind == "granule"]
@@ -124,8 +125,8 @@ def test_queued_dropped_once_execution_exists_and_running_dropped_once_execution
     # the execution finishes through another granule; a late running event for G1 is dropped by the check
     records_messages.ingest([message("completed", "exec-a", 1000, granule="G2")], now_ms=NOW)
     late = records_messages.ingest([message("running", "exec-a", 1000, granule="G1")], now_ms=NOW)
-    assert late.outcomes[0].results[0].verdict is Verdict.STALE
-    assert "is already completed" in late.outcomes[0].results[0].reason
+    assert late.outcomes[0].results[-1].verdict is Verdict.STALE  # the granule's: written last, as in the seed
+    assert "is already completed" in late.outcomes[0].results[-1].reason
     assert granule(tables)["status"] == "running"
 
 
@@ -134,7 +135,7 @@ def test_same_granule_id_in_another_collection_is_rejected_and_archived(tables, 
     other = message("completed", "exec-z", 5000, collection=("OTHER", "001"))
     report = records_messages.ingest([other], now_ms=NOW)
     outcome = report.outcomes[0]
-    assert outcome.results[0].verdict is Verdict.REJECTED
+    assert outcome.results[-1].verdict is Verdict.REJECTED
     assert outcome.error == {
         "type": "GranuleCollectionConflict",
         "message": "G1 already exists under collectionId 'MOD09GQ___006', not 'OTHER___001'",
@@ -215,7 +216,7 @@ def test_bulk_batch_keeps_per_record_order(tables):
     msgs = _permutation_messages(1)
     order = [3, 4, 5, 0, 1, 2]  # B queued, running, failed, then A's older messages
     report = records_messages.ingest([msgs[i] for i in order], now_ms=NOW)
-    verdicts = [o.results[0].verdict.value for o in report.outcomes]
+    verdicts = [o.results[-1].verdict.value for o in report.outcomes]  # the granule's (written last)
     assert verdicts == ["written", "written", "written", "stale", "stale", "stale"]
     assert granule(tables, "G-001") == expected_granule(msgs[5])
 

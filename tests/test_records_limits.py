@@ -50,13 +50,13 @@ def test_an_error_cause_over_the_item_limit_is_cut_with_a_visible_mark(tables, s
     huge = message("failed", "exec-a", 1000, granule="G1", error={"Error": "Crash", "Cause": "é" + "x" * 500_000})
     report = _ingest([huge, message("completed", "exec-b", 1000, granule="G2")])
     assert report.errors() == {} and report.counts()["records"]["granule"]["written"] == 2
-    assert [r.cut for r in report.outcomes[0].results] == [("error/Cause",), ("error/Cause",)]  # granule, execution
+    assert [r.cut for r in report.outcomes[0].results] == [("error/Cause",), (), ("error/Cause",)]  # execution, PDR, granule
     cause = _granule(tables, "G1")["error"]["Cause"]
     kept, mark = cause.split("…")
     assert kept == "é" + "x" * (len(kept) - 1) and len(kept) > 150_000
     assert mark == f"[cut {500_002 - len(kept.encode())} of 500002 bytes]"
     assert rules.item_bytes(_granule(tables, "G1")) <= rules.RECORD_BYTES
-    execution = state_store.get_item(tables["executions"], {"arn": report.outcomes[0].results[1].key["arn"]})
+    execution = state_store.get_item(tables["executions"], {"arn": report.outcomes[0].results[0].key["arn"]})
     assert execution["status"] == "failed" and "…[cut " in execution["error"]["Cause"]
     # a newer running write adds what the record lacks (huge queryFields): two cut records still fit one item
     newer = message("running", "exec-c", 2000, granule="G1")
@@ -82,7 +82,8 @@ def test_a_batch_over_the_4mb_transaction_limit_is_packed_by_size(tables, store_
     report = _ingest(batch)
     assert report.errors() == {}
     assert report.counts()["records"] == {"granule": {"written": 30, "stale": 0, "rejected": 0},
-                                          "execution": {"written": 30, "stale": 0, "rejected": 0}}
+                                          "execution": {"written": 30, "stale": 0, "rejected": 0},
+                                          "pdr": {"written": 30, "stale": 0, "rejected": 0}}
     assert {g["granuleId"] for g in state_store.scan_all(tables["granules"])} == {f"G{i}" for i in range(30)}
     assert len(sent) >= 4 and max(sent) <= state_store.TRANSACTION_BYTES
 
@@ -133,6 +134,6 @@ def test_a_write_dynamodb_refuses_anyway_rejects_only_its_message(tables, store_
         "message": "DynamoDB refused the granule write: Item size to update has exceeded the maximum allowed size",
     }
     assert report.outcomes[0].archived_key and [o.ok for o in report.outcomes] == [False, True, True]
-    assert [r.verdict for r in report.outcomes[0].results] == [Verdict.REJECTED, Verdict.WRITTEN]  # its execution
+    assert [r.verdict for r in report.outcomes[0].results] == [Verdict.WRITTEN, Verdict.WRITTEN, Verdict.REJECTED]  # execution, PDR, granule
     assert "status" not in _granule(tables, "G1")
     assert (_granule(tables, "G2")["status"], _granule(tables, "G3")["status"]) == ("completed", "completed")

@@ -61,6 +61,7 @@ TABLE_SPECS: dict[str, TableSpec] = {
     # seed 004: no TTL, Cumulus keeps granule and execution records until an operator deletes them
     "granules": TableSpec("granuleId"),
     "executions": TableSpec("arn"),
+    "pdrs": TableSpec("pdrName"),
     # pipeline-health (ours): one item per alarm, its incident OPEN or CLEARED (created once, then guarded moves)
     "health_incidents": TableSpec("alarm", ttl_attribute="ttl"),
 }
@@ -80,6 +81,7 @@ def default_names(env: str = "dev") -> dict[str, str]:
         "video_reassembly_locks": f"video-reassembly-locks-{env}",
         "granules": "granules",
         "executions": "executions",
+        "pdrs": "pdrs",
         "health_incidents": f"pipeline-health-incidents-{env}",
     }
 

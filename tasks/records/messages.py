@@ -4,9 +4,14 @@ A message is validated against a Cumulus message schema (``cumulus_meta``, ``met
 an invalid one marks its granules failed when they can be identified and goes to the dead-letter archive
 with the validation errors, as does an unparsable one and one whose granule id belongs to another collection.
 
-Messages are written in arrival order. Granules are written before their execution record, so "the
-execution already exists" (the queued rule) means an earlier message recorded it; a batch is split into
-segments in which no execution repeats, so bulk writing gives the same result as one message at a time.
+Messages are written in arrival order and, as in the seed, each message's execution first, then its PDR, then
+its granules. A queued message writes no execution (nor PDR: neither is ever queued), so "the execution already
+exists" (the queued rule) still means an earlier message recorded it; a batch is split into segments in which no
+execution repeats, so bulk writing gives the same result as one message at a time.
+
+Derived values the message does not carry: the CMR temporal values from each granule's CMR file (``cmr``), and
+processing start/end from the execution's Prefect flow run when its name is a flow run id (``flow_runs``),
+else the message's ``workflow_start_time``/``workflow_stop_time``.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ from jsonschema import Draft202012Validator
 
 from tasks.core.object_store import open_url
 from tasks.core.runtime import run_logger
-from tasks.records import dead_letter
+from tasks.records import cmr, dead_letter, flow_runs
 from tasks.records import rules as records
-from tasks.records.rules import EXECUTION, GRANULE, RecordResult, Verdict
+from tasks.records.flow_runs import RunTimes, utc_iso
+from tasks.records.rules import EXECUTION, GRANULE, PDR, RecordResult, Verdict
 
 STATUSES = [records.QUEUED, records.RUNNING, records.COMPLETED, records.FAILED]
 # epoch milliseconds up to 9999-12-31T23:59:59.999Z: a later time has no ISO date, and as a createdAt it would
@@ -93,7 +99,17 @@ MESSAGE_SCHEMA: dict[str, Any] = {
             "type": ["object", "null"],
             "properties": {
                 "granules": {"type": "array", "items": GRANULE_SCHEMA},
-                "pdr": {"type": "object", "properties": {"name": {"type": "string"}}},
+                "pdr": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "PANSent": {"type": ["boolean", "null"]},
+                        "PANmessage": {"type": ["string", "null"]},
+                    },
+                },
+                # a PDR's executions by state: its stats count them
+                **{state: {"type": ["array", "null"]} for state in ("running", "completed", "failed")},
             },
         },
         "error": {"type": ["object", "null"]},
@@ -179,7 +195,7 @@ def execution_arn(message: Mapping[str, Any]) -> str:
 
 
 def _iso(ms: int | None) -> str | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    return None if ms is None else utc_iso(datetime.fromtimestamp(ms / 1000, timezone.utc))
 
 
 def _error(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -187,21 +203,35 @@ def _error(message: Mapping[str, Any]) -> dict[str, Any]:
     return error if isinstance(error, dict) else {"Error": "Exception", "Cause": str(error)}
 
 
-def derive(message: Mapping[str, Any], now_ms: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """(execution record or None, granule records) of a valid message, per the seed's field table."""
-    cumulus_meta, meta = message["cumulus_meta"], message["meta"]
-    payload = message.get("payload") or {}
-    start = cumulus_meta.get("workflow_start_time")
-    arn, collection = execution_arn(message), collection_id(message)
-    provider = meta.get("provider")
-    provider = provider.get("id") if isinstance(provider, dict) else provider
-    common = {
-        "collectionId": collection,
+def _provider(message: Mapping[str, Any]) -> Any:
+    provider = message["meta"].get("provider")
+    return provider.get("id") if isinstance(provider, dict) else provider
+
+
+def _stamps(message: Mapping[str, Any], now_ms: int) -> dict[str, Any]:
+    """collectionId, timestamp, updatedAt and duration: what every record of a message carries."""
+    start = message["cumulus_meta"].get("workflow_start_time")
+    return {
+        "collectionId": collection_id(message),
         "timestamp": now_ms,
         "updatedAt": now_ms,
         "duration": None if start is None else max(0, now_ms - start) / 1000,
-        "processingStartDateTime": _iso(start),
-        "processingEndDateTime": _iso(cumulus_meta.get("workflow_stop_time")),
+    }
+
+
+def derive(
+    message: Mapping[str, Any], now_ms: int, run: RunTimes | None = None
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(execution record or None, granule records) of a valid message, per the seed's field table; ``run``: the
+    execution's Prefect flow run times, which win over the message's own."""
+    cumulus_meta, meta = message["cumulus_meta"], message["meta"]
+    payload = message.get("payload") or {}
+    start = cumulus_meta.get("workflow_start_time")
+    arn, provider = execution_arn(message), _provider(message)
+    common = {
+        **_stamps(message, now_ms),
+        "processingStartDateTime": (run and run.start) or _iso(start),
+        "processingEndDateTime": (run and run.end) or _iso(cumulus_meta.get("workflow_stop_time")),
     }
     granules = []
     for granule in payload.get("granules") or []:
@@ -223,6 +253,7 @@ def derive(message: Mapping[str, Any], now_ms: int) -> tuple[dict[str, Any] | No
                 "queryFields": (meta.get("granule") or {}).get("queryFields"),
                 "timeToArchive": (granule.get("post_to_cmr_duration") or 0) / 1000,
                 "timeToPreprocess": (granule.get("sync_granule_duration") or 0) / 1000,
+                **cmr.granule_temporal(granule["granuleId"], files),
             }
         )
     execution = None
@@ -237,6 +268,33 @@ def derive(message: Mapping[str, Any], now_ms: int) -> tuple[dict[str, Any] | No
             "error": _error(message) if meta["status"] in records.TERMINAL_ROLES else None,
         }
     return execution, granules
+
+
+def derive_pdr(message: Mapping[str, Any], now_ms: int) -> dict[str, Any] | None:
+    """The PDR record of a valid message (Cumulus's PDR record: ``pdrName``, stats of its executions by state,
+    progress), or None: no ``payload.pdr``, a status a PDR never has (queued, none), or no createdAt."""
+    payload, status = message.get("payload") or {}, message["meta"].get("status")
+    pdr = payload.get("pdr")
+    start = message["cumulus_meta"].get("workflow_start_time")
+    if start is None:  # as for the execution: the earliest granule createdAt
+        start = min((g["createdAt"] for g in payload.get("granules") or [] if g.get("createdAt") is not None), default=None)
+    if not pdr or status not in PDR.statuses.values() or start is None:
+        return None
+    counts = {state: len(payload.get(state) or []) for state in ("running", "completed", "failed")}
+    stats = {"processing": counts["running"], "completed": counts["completed"], "failed": counts["failed"], "total": sum(counts.values())}
+    progress = 100 * (stats["total"] - stats["processing"]) / stats["total"] if stats["total"] else 0
+    return {
+        **_stamps(message, now_ms),
+        "pdrName": pdr["name"],
+        "status": status,
+        "provider": _provider(message),
+        "progress": progress,
+        "execution": execution_arn(message),
+        "PANSent": bool(pdr.get("PANSent") or False),
+        "PANmessage": pdr.get("PANmessage") or "N/A",
+        "stats": stats,
+        "createdAt": start,
+    }
 
 
 def _identities(message: Any, now_ms: int) -> list[dict[str, Any]]:
@@ -368,6 +426,7 @@ def ingest(
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     outcomes = [MessageOutcome(ids[i] if ids else message_id(raw)) for i, raw in enumerate(messages)]
     valid: list[tuple[int, dict | None, list[dict]]] = []
+    pdrs: dict[int, dict] = {}
     parsed: list[Any] = [None] * len(messages)
     for index, raw in enumerate(messages):
         try:
@@ -383,21 +442,26 @@ def ingest(
                         raise
                     run_logger(__name__).warning("granule %s not marked failed: %s", identity["granuleId"], refused)
             continue
+    good = [index for index, outcome in enumerate(outcomes) if outcome.error is None]
+    runs = flow_runs.run_times({parsed[index]["cumulus_meta"]["execution_name"] for index in good})
+    for index in good:
         try:
-            execution, granules = derive(parsed[index], now_ms)
+            execution, granules = derive(parsed[index], now_ms, runs.get(parsed[index]["cumulus_meta"]["execution_name"]))
+            pdr = derive_pdr(parsed[index], now_ms)
         except Exception as error:  # noqa: BLE001 - one message's odd value must not cost the batch its writes
             outcomes[index].error = MessageError("UnderivableMessage", f"{type(error).__name__}: {error}").as_dict()
             continue
         valid.append((index, execution, granules))
+        if pdr is not None:
+            pdrs[index] = pdr
 
-    for segment in _segments(valid):
-        granule_owner = [index for index, _, granules in segment for _ in granules]
-        results = _write_apart(GRANULE, [g for _, _, granules in segment for g in granules])
-        for index, result in zip(granule_owner, results):
-            outcomes[index].results.append(result)
+    for segment in _segments(valid):  # the seed's order: executions, then PDRs, then granules
         executions = [(index, execution) for index, execution, _ in segment if execution is not None]
-        for (index, _), result in zip(executions, _write_apart(EXECUTION, [e for _, e in executions])):
-            outcomes[index].results.append(result)
+        segment_pdrs = [(index, pdrs[index]) for index, _, _ in segment if index in pdrs]
+        granules = [(index, g) for index, _, granules in segment for g in granules]
+        for kind, owned in ((EXECUTION, executions), (PDR, segment_pdrs), (GRANULE, granules)):
+            for (index, _), result in zip(owned, _write_apart(kind, [record for _, record in owned])):
+                outcomes[index].results.append(result)
 
     for outcome in outcomes:
         rejected = [r for r in outcome.results if r.verdict is Verdict.REJECTED]

@@ -78,10 +78,14 @@ class RecordKind:
         return config.table_name(self.table)
 
 
-EXECUTION = RecordKind("execution", "executions", ("arn",), statuses={RUNNING: "running", COMPLETED: "completed", FAILED: "failed"})
+NOT_QUEUED = {RUNNING: "running", COMPLETED: "completed", FAILED: "failed"}  # executions and PDRs are never queued
+EXECUTION = RecordKind("execution", "executions", ("arn",), statuses=NOT_QUEUED)
 GRANULE = RecordKind(
     "granule", "granules", ("granuleId",), scope_attr="collectionId", execution_attr="execution", execution_kind=EXECUTION
 )
+# a PDR follows the granule rules (createdAt guard, light writes touch status and timestamps, terminal overwrites,
+# running dropped once its execution finished); a PDR name is not tied to one collection (no scope)
+PDR = RecordKind("pdr", "pdrs", ("pdrName",), statuses=NOT_QUEUED, execution_attr="execution", execution_kind=EXECUTION)
 
 
 class Verdict(str, Enum):
