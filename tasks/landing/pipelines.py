@@ -1,0 +1,68 @@
+"""What every pipeline's listener shares: the source it opens, the loop with a time limit, starting a run once.
+
+    open_source("local" | "sqs") ──> listen(source, handler, …) ──> pump() until max_runtime_seconds
+    handler ──> start_deployment_run(name, parameters, idempotency_key) ──> the flow run's id
+
+The sources' modules (``tasks.landing.watch`` locally, ``tasks.landing.sqs`` in AWS) are imported only when a
+listener opens one, so a listener needs only the dependencies of the source it uses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from tasks.landing.listener import Handler, pump
+from tasks.landing.sources import EventSource
+
+SOURCES = ("local", "sqs")
+
+
+def open_source(source: str, pipeline: str, prefix: str, suffixes: list[str] | None = None) -> EventSource:
+    """The pipeline's event source: a watch over ``prefix`` of the configured ``file://`` store, or its SQS queue."""
+    if source == "local":
+        from tasks.core.config import object_store
+        from tasks.landing.watch import LocalWatchSource
+
+        return LocalWatchSource(object_store().url, prefix, suffixes=suffixes)
+    if source == "sqs":
+        from tasks.landing.sqs import SqsSource
+
+        return SqsSource.for_pipeline(pipeline)
+    raise ValueError(f"unknown event source {source!r}: choose one of {SOURCES}")
+
+
+def listen(
+    source: EventSource,
+    handler: Handler,
+    *,
+    batch_size: int,
+    batch_seconds: float,
+    wait_seconds: float,
+    max_runtime_seconds: float = 0,
+) -> dict[str, int]:
+    """Pump ``source`` into ``handler`` for ``max_runtime_seconds`` (0: until stopped), then close it; the counts."""
+    deadline = time.monotonic() + max_runtime_seconds if max_runtime_seconds > 0 else None
+    wait = min(wait_seconds, max_runtime_seconds) if deadline else wait_seconds  # never poll past the deadline
+    try:
+        stats = pump(
+            source, handler, batch_size=batch_size, batch_seconds=batch_seconds, wait_seconds=wait,
+            should_stop=lambda: deadline is not None and time.monotonic() >= deadline,
+        )  # fmt: skip
+    finally:
+        source.close()
+    return asdict(stats)
+
+
+def start_deployment_run(deployment: str, parameters: dict[str, Any], idempotency_key: str) -> str:
+    """Create one run of ``deployment`` (not waiting for it); the same ``idempotency_key`` again returns the same run.
+
+    The Prefect server keeps one flow run per (flow, idempotency key), so a listener that crashed after creating
+    the run and asks again gets the run it created, never a second one. The run is top level, as when a person
+    runs `prefect deployment run`, not a child of the listener.
+    """
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key, as_subflow=False)
+    return str(run.id)

@@ -1,0 +1,133 @@
+"""Arrival starts the work (issue 21): a video upload, a survey cube or manifest, workflow message files.
+
+The handlers run on real arrivals of real files, against DynamoDB Local and the session's Prefect server; the
+runs they start are deployment runs with no worker (they stay Scheduled), read back through the Prefect client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tasks.core import keys
+from tasks.core.object_store import LocalStore
+from tasks.landing.sources import Arrival
+
+
+def arrive(store_root: Path, key: str, data: bytes) -> Arrival:
+    """Write ``data`` at ``key`` of the store and the arrival a watch would report for it."""
+    path = store_root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    stat = path.stat()
+    return Arrival(
+        url=LocalStore(store_root).url_for(key), key=key, size=stat.st_size,
+        event_time="2026-01-01T00:00:00+00:00", event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def deployed() -> str:
+    """The pipelines' flows as deployments named for this module (no work pool: their runs stay Scheduled)."""
+    from flows.phspectra_survey import phspectra_survey
+    from flows.video import video_process
+
+    name = f"landing-{uuid.uuid4().hex[:6]}"
+    for flow in (video_process, phspectra_survey):
+        flow.to_deployment(name=name, enforce_parameter_schema=True).apply()
+    return name
+
+
+def runs_of(deployment: str) -> list:
+    """Every flow run of ``deployment`` (``flow/name``)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_deployment_by_name(deployment).id
+        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+
+
+# --------------------------------------------------------------------------- video
+
+
+def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_none(tables, store_root, deployed, caplog):
+    from tasks.video import jobs, landing
+
+    deployment = f"video-process/{deployed}"
+    job_id = jobs.create_job()["job_id"]
+    upload = arrive(store_root, keys.source_key(job_id), b"not decoded by the listener")
+    outcome = landing.handle_uploads([upload], deployment)
+    assert outcome.done == [upload] and outcome.retry == []
+
+    (run,) = runs_of(deployment)
+    assert run.parameters["job_id"] == job_id and run.state_name == "Scheduled"
+    job = jobs.get_job(job_id)
+    assert (job["status"], job["process_run_id"], job["upload_event_id"]) == ("created", str(run.id), upload.event_id)
+
+    again = arrive(store_root, keys.source_key(job_id), b"not decoded by the listener, written again")
+    with caplog.at_level(logging.INFO, logger="tasks.video.landing"):
+        outcome = landing.handle_uploads([upload, again], deployment)
+    assert outcome.done == [upload, again]
+    assert [r.id for r in runs_of(deployment)] == [run.id]
+    assert caplog.text.count(f"video job {job_id} already has run {run.id}") == 2
+
+
+def test_a_claim_whose_run_was_never_created_is_started_by_the_next_event(tables, store_root, deployed):
+    from tasks.video import jobs, landing
+
+    deployment = f"video-process/{deployed}"
+    job_id = jobs.create_job()["job_id"]
+    upload = arrive(store_root, keys.source_key(job_id), b"x")
+    assert jobs.claim_upload(job_id, upload.event_id).applied  # the listener died right after its claim
+    assert not jobs.claim_upload(job_id, upload.event_id).applied
+
+    assert landing.upload_arrived(upload, deployment)[0] == "started"
+    (run,) = [r for r in runs_of(deployment) if r.parameters["job_id"] == job_id]
+    # died after creating the run, before recording it: the same idempotency key finds that run, not a new one
+    jobs.state_store.transition(jobs._jobs(), {"job_id": job_id}, None, None, remove=[jobs.PROCESS_RUN])
+    assert landing.upload_arrived(upload, deployment) == ("started", str(run.id))
+    assert [r.id for r in runs_of(deployment) if r.parameters["job_id"] == job_id] == [run.id]
+
+
+def test_an_upload_for_an_unknown_deleted_or_busy_job_starts_nothing(tables, store_root, deployed, caplog):
+    from tasks.video import jobs, landing
+
+    deployment = f"video-process/{deployed}"
+    deleted = jobs.create_job()["job_id"]
+    jobs.state_store.transition(jobs._jobs(), {"job_id": deleted}, "created", "deleted")
+    busy = jobs.create_job()["job_id"]
+    jobs.start_chunking(busy)  # a person ran video-process for it before the upload's event came
+    arrivals = [
+        arrive(store_root, keys.source_key("no-such-job"), b"x"),
+        arrive(store_root, keys.source_key(deleted), b"x"),
+        arrive(store_root, keys.source_key(busy), b"x"),
+        arrive(store_root, "input/no-such-job/other.mp4", b"x"),
+    ]
+    before = len(runs_of(deployment))
+    with caplog.at_level(logging.INFO, logger="tasks.video.landing"):
+        outcome = landing.handle_uploads(arrivals, deployment)
+    assert outcome.done == arrivals and outcome.retry == []  # acked: a redelivery could not change the answer
+    assert len(runs_of(deployment)) == before
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"upload {arrivals[0].url} is for no video job (no-such-job): nothing started",
+        f"upload {arrivals[1].url} is for deleted video job {deleted}: nothing started",
+        f"upload {arrivals[2].url}: video job {busy} is chunking_in_progress: nothing started",
+        f"ignored {arrivals[3].url}: not a video upload key (input/{{job_id}}/source.mp4): 'input/no-such-job/other.mp4'",
+    ]
+
+
+def test_an_upload_waits_while_the_prefect_server_cannot_start_its_run(tables, store_root):
+    from tasks.video import jobs, landing
+
+    job_id = jobs.create_job()["job_id"]
+    upload = arrive(store_root, keys.source_key(job_id), b"x")
+    outcome = landing.handle_uploads([upload], "video-process/no-such-deployment")
+    assert outcome.done == [] and [a for a, _ in outcome.retry] == [upload]
+    assert "ObjectNotFound" in outcome.retry[0][1]
+    assert jobs.get_job(job_id).get("process_run_id") is None and jobs.get_job(job_id)["upload_seen_at"]
