@@ -90,7 +90,7 @@ def test_a_claim_whose_run_was_never_created_is_started_by_the_next_event(tables
     (run,) = [r for r in runs_of(deployment) if r.parameters["job_id"] == job_id]
     # died after creating the run, before recording it: the same idempotency key finds that run, not a new one
     jobs.state_store.transition(jobs._jobs(), {"job_id": job_id}, None, None, remove=[jobs.PROCESS_RUN])
-    assert landing.upload_arrived(upload, deployment) == ("started", str(run.id))
+    assert landing.upload_arrived(upload, deployment) == ("started", [str(run.id)])
     assert [r.id for r in runs_of(deployment) if r.parameters["job_id"] == job_id] == [run.id]
 
 
@@ -109,11 +109,11 @@ def test_an_upload_for_an_unknown_deleted_or_busy_job_starts_nothing(tables, sto
         arrive(store_root, "input/no-such-job/other.mp4", b"x"),
     ]
     before = len(runs_of(deployment))
-    with caplog.at_level(logging.INFO, logger="tasks.video.landing"):
+    with caplog.at_level(logging.INFO):
         outcome = landing.handle_uploads(arrivals, deployment)
     assert outcome.done == arrivals and outcome.retry == []  # acked: a redelivery could not change the answer
     assert len(runs_of(deployment)) == before
-    lines = [r.getMessage() for r in caplog.records]
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith(("tasks.video", "tasks.landing"))]
     assert lines == [
         f"upload {arrivals[0].url} is for no video job (no-such-job): nothing started",
         f"upload {arrivals[1].url} is for deleted video job {deleted}: nothing started",
@@ -131,3 +131,63 @@ def test_an_upload_waits_while_the_prefect_server_cannot_start_its_run(tables, s
     assert outcome.done == [] and [a for a, _ in outcome.retry] == [upload]
     assert "ObjectNotFound" in outcome.retry[0][1]
     assert jobs.get_job(job_id).get("process_run_id") is None and jobs.get_job(job_id)["upload_seen_at"]
+
+
+# --------------------------------------------------------------------------- phspectra
+
+
+def test_a_manifest_starts_one_survey_run_per_cube_once_and_a_cube_its_own(tables, store_root, deployed):
+    from tasks.phspectra import landing
+    from tasks.phspectra import survey as ph
+
+    deployment = f"phspectra-survey/{deployed}"
+    manifest = {"survey": "grs-15", "cubes": ["cubes/a.fits", "s3://survey-bucket/b.fits"], "fit_params": {"beta": 3}}
+    listed = arrive(store_root, "surveys/incoming/grs-15/tonight.json", json.dumps(manifest).encode())
+    cube = arrive(store_root, "surveys/incoming/orion/c.fits", b"SIMPLE = T")
+    outcome = landing.handle_landings([listed, cube], deployment)
+    assert outcome.done == [listed, cube] and outcome.retry == []
+
+    runs = sorted(runs_of(deployment), key=lambda r: r.parameters["cube_url"])
+    assert [(r.parameters["cube_url"], r.parameters["survey"], r.parameters.get("fit_params")) for r in runs] == [
+        ((store_root / "cubes/a.fits").as_uri(), "grs-15", {"beta": 3.0}),
+        (cube.url, "orion", None),
+        ("s3://survey-bucket/b.fits", "grs-15", {"beta": 3.0}),
+    ]
+    item = ph.state_store.get_item(ph.runs_table(), landing.landing_key(listed))
+    assert item["status"] == "STARTED" and item["survey"] == "grs-15"
+    assert sorted(item["flow_run_ids"]) == sorted(str(r.id) for r in runs if r.parameters["survey"] == "grs-15")
+    assert {r.parameters["run_id"] for r in runs if r.parameters["survey"] == "grs-15"} == set(item["run_ids"])
+
+    assert landing.object_arrived(listed, deployment)[0] == "duplicate"  # the same landing again
+    item["status"] = "STARTING"  # as if the listener had died before recording the runs: asked again, the same runs
+    ph.state_store.put(ph.runs_table(), item)
+    assert sorted(landing.object_arrived(listed, deployment)[1]) == sorted(item["flow_run_ids"])
+    assert len(runs_of(deployment)) == 3
+
+
+@pytest.mark.parametrize("body, folder, reason", [
+    (b"{not json", "grs-15", "the manifest is not JSON"),
+    (json.dumps({"survey": "grs-15", "cubes": []}).encode(), "grs-15", "cubes must be a list of 1 to 1000 cubes, got []"),
+    (json.dumps({"survey": "orion", "cubes": ["a.fits"]}).encode(), "grs-15",
+     "the manifest names survey 'orion' but landed in the folder of 'grs-15'"),
+    (json.dumps({"survey": "../up", "cubes": ["a.fits"]}).encode(), None, "invalid survey '../up'"),
+    (json.dumps({"survey": "grs-15", "cubes": ["../../etc/passwd"]}).encode(), None, "cube '../../etc/passwd': invalid object key"),
+    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "fit_params": {"gamma": 1}}).encode(), None, "unknown fit_params key(s) ['gamma']"),
+    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "owner": "x"}).encode(), None, "unknown manifest field(s) ['owner']"),
+])  # fmt: skip
+def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(tables, store_root, deployed, caplog, body, folder, reason):
+    from tasks.phspectra import landing
+    from tasks.phspectra import survey as ph
+
+    deployment = f"phspectra-survey/{deployed}"
+    before = len(runs_of(deployment))
+    bad = arrive(store_root, f"surveys/incoming/{folder + '/' if folder else ''}bad.json", body)
+    with caplog.at_level(logging.INFO, logger="tasks.phspectra.landing"):
+        assert landing.handle_landings([bad], deployment).done == [bad]  # acked: it is recorded, never retried
+        assert landing.object_arrived(bad, deployment) == ("rejected", [])
+    item = ph.state_store.get_item(ph.runs_table(), landing.landing_key(bad))
+    assert item["status"] == "REJECTED" and item["error"].startswith(reason), item["error"]
+    assert caplog.records[0].getMessage().startswith(f"survey manifest {bad.url} rejected, no run started: {reason}")
+    assert caplog.records[1].getMessage() == f"{bad.url} landed again: rejected already ({item['error']})"
+    assert (store_root / bad.key).read_bytes() == body  # nothing lost: the manifest stays where it landed
+    assert len(runs_of(deployment)) == before

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from tasks.core import keys
 from tasks.core.runtime import run_logger
-from tasks.landing.listener import Outcome, emit_landed
-from tasks.landing.pipelines import start_deployment_run
+from tasks.landing.listener import Outcome
+from tasks.landing.pipelines import handle_each, start_deployment_run
 from tasks.landing.sources import Arrival
 from tasks.video import jobs
 
@@ -27,46 +27,33 @@ def run_key(job: dict) -> str:
     return f"video-upload:{job['job_id']}:{job[jobs.UPLOAD_SEEN]}"
 
 
-def upload_arrived(arrival: Arrival, deployment: str = PROCESS_DEPLOYMENT) -> tuple[str, str | None]:
-    """Start the job of one upload: (what happened, the run's id); one log line when nothing is started."""
+def upload_arrived(arrival: Arrival, deployment: str = PROCESS_DEPLOYMENT) -> tuple[str, list[str]]:
+    """Start the job of one upload: (what happened, the run it started); one log line when nothing is started (InvalidKey: not an upload key)."""
     log = run_logger(__name__)
-    try:
-        job_id = keys.parse_source_key(arrival.key)
-    except keys.InvalidKey as error:
-        log.warning("ignored %s: %s", arrival.url, error)
-        return "ignored", None
+    job_id = keys.parse_source_key(arrival.key)
     claim = jobs.claim_upload(job_id, arrival.event_id)
     job = claim.item
     if not claim.applied:
         if job is None:
             log.warning("upload %s is for no video job (%s): nothing started", arrival.url, job_id)
-            return "unknown", None
+            return "unknown", []
         if job.get("status") == jobs.DELETED:
             log.warning("upload %s is for deleted video job %s: nothing started", arrival.url, job_id)
-            return "deleted", None
+            return "deleted", []
         if job.get(jobs.PROCESS_RUN):
             log.info("upload %s again: video job %s already has run %s", arrival.url, job_id, job[jobs.PROCESS_RUN])
-            return "duplicate", str(job[jobs.PROCESS_RUN])
+            return "duplicate", [str(job[jobs.PROCESS_RUN])]
         if not job.get(jobs.UPLOAD_SEEN) or job.get("status") != jobs.CREATED:
             # e.g. a person ran video-process for it, or it failed: not the upload's to start
             log.warning("upload %s: video job %s is %s: nothing started", arrival.url, job_id, job.get("status"))
-            return "not-created", None
+            return "not-created", []
         log.warning("upload %s: video job %s was claimed but has no run yet: starting it", arrival.url, job_id)
     flow_run_id = start_deployment_run(deployment, {"job_id": job_id}, run_key(job))
     jobs.note_process_run(job_id, flow_run_id)
     log.info("upload %s started %s run %s for video job %s", arrival.url, deployment, flow_run_id, job_id)
-    return "started", flow_run_id
+    return "started", [flow_run_id]
 
 
 def handle_uploads(arrivals: list[Arrival], deployment: str = PROCESS_DEPLOYMENT) -> Outcome:
     """The video listener's handler: each upload starts its job once; one that cannot be handled now is retried."""
-    outcome = Outcome()
-    for arrival in arrivals:
-        try:
-            what, flow_run_id = upload_arrived(arrival, deployment)
-        except Exception as error:  # noqa: BLE001 - DynamoDB or the Prefect server down: offered again later
-            outcome.retry.append((arrival, f"{type(error).__name__}: {error}"))
-            continue
-        emit_landed(arrival, PIPELINE, what, flow_run_id)
-        outcome.done.append(arrival)
-    return outcome
+    return handle_each(arrivals, PIPELINE, lambda arrival: upload_arrived(arrival, deployment))
