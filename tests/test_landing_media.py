@@ -191,3 +191,73 @@ def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(tables, s
     assert caplog.records[1].getMessage() == f"{bad.url} landed again: rejected already ({item['error']})"
     assert (store_root / bad.key).read_bytes() == body  # nothing lost: the manifest stays where it landed
     assert len(runs_of(deployment)) == before
+
+
+# --------------------------------------------------------------------------- records
+
+
+def _messages(first: int, count: int) -> list[dict]:
+    from deployments.samples.records import _message
+
+    return [_message("completed", f"land-exec-{i}", 1_700_000_000_000 + i, [f"LAND.G{i:03d}"]) for i in range(first, first + count)]
+
+
+def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(tables, store_root):
+    from flows.records import ingest_batch
+    from tasks.core import state_store
+    from tasks.core.runtime import today_iso
+    from tasks.records import dead_letter, landing
+    from tasks.records.messages import message_id
+
+    invalid = {"meta": {"collection": {"name": "MOD09GQ", "version": "006"}}}  # no cumulus_meta: archived
+    lines = [json.dumps(m) for m in _messages(0, 11)] + [json.dumps(invalid)]
+    arrivals = [
+        arrive(store_root, "records/incoming/a.ndjson", "\n".join(lines).encode()),  # 12 messages, one per line
+        arrive(store_root, "records/incoming/b.json", json.dumps(_messages(11, 1)[0]).encode()),  # one message
+        arrive(store_root, "records/incoming/c.json", json.dumps(_messages(12, 10)).encode()),  # a JSON list of 10
+        arrive(store_root, "records/incoming/d.json", b"42"),  # JSON, but no batch: archived whole
+    ]
+    sizes, run_ids = [], []
+
+    def counted(bodies):
+        sizes.append(len(bodies))
+        summary, run_id = ingest_batch(bodies)
+        run_ids.append(run_id)
+        return summary, run_id
+
+    outcome = landing.handle_messages(arrivals, counted)
+    assert outcome.done == arrivals and outcome.retry == []
+    assert sizes == [10, 10, 3]
+    written = state_store.get_many(tables["granules"], [{"granuleId": f"LAND.G{i:03d}"} for i in range(22)])
+    assert sorted((g["granuleId"], g["status"]) for g in written) == [(f"LAND.G{i:03d}", "completed") for i in range(22)]
+    archive = dead_letter.archived(today_iso())
+    assert sorted(archive) == sorted([message_id(json.dumps(invalid)), message_id("42")])
+    assert dead_letter.read(archive[message_id("42")])["error"]["type"] == "UnreadableBatch"
+    store = LocalStore(store_root)
+    assert not list(store.list("records/incoming/"))
+    assert sorted(store.list(f"records/processed/{today_iso()}/")) == [
+        f"records/processed/{today_iso()}/{name}" for name in ("a.ndjson", "b.json", "c.json", "d.json")
+    ]
+    # a second event for a file already written and set aside writes nothing again
+    again = landing.handle_messages(arrivals[:1], counted)
+    assert again.done == arrivals[:1] and sizes == [10, 10, 3]
+
+
+def test_message_files_whose_batch_failed_stay_and_are_offered_again(tables, store_root):
+    from tasks.records import landing
+
+    arrivals = [arrive(store_root, f"records/incoming/{n}.json", json.dumps(_messages(100 + 5 * n, 5)).encode()) for n in range(3)]
+    calls = []
+
+    def down_once(bodies):
+        calls.append(len(bodies))
+        if len(calls) == 2:
+            raise ConnectionError("DynamoDB unreachable")
+        return landing.ingest_in_process(bodies)
+
+    outcome = landing.handle_messages(arrivals, down_once)
+    assert calls == [10, 5]
+    assert outcome.done == arrivals[:2] and outcome.retry == [(arrivals[2], "ConnectionError: DynamoDB unreachable")]
+    assert (store_root / arrivals[2].key).exists() and not (store_root / arrivals[0].key).exists()
+    assert landing.handle_messages(arrivals[2:], landing.ingest_in_process).done == arrivals[2:]
+    assert not (store_root / arrivals[2].key).exists()
