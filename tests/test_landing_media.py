@@ -261,3 +261,32 @@ def test_message_files_whose_batch_failed_stay_and_are_offered_again(tables, sto
     assert (store_root / arrivals[2].key).exists() and not (store_root / arrivals[0].key).exists()
     assert landing.handle_messages(arrivals[2:], landing.ingest_in_process).done == arrivals[2:]
     assert not (store_root / arrivals[2].key).exists()
+
+
+# --------------------------------------------------------------------------- make demo
+
+
+def test_the_demo_drops_its_samples_where_the_listeners_start_them(tables, store_root, deployed, tmp_path):
+    from deployments.samples import etl, phspectra, records, video
+    from tasks.phspectra import landing as ph_landing
+    from tasks.records import landing as records_landing
+    from tasks.video import landing as video_landing
+
+    store = LocalStore(store_root)
+    dropped = {sample.__name__.rsplit(".", 1)[1]: sample.drop(tmp_path, store) for sample in (etl, phspectra, records, video)}
+    landed = lambda prefix: [arrive(store_root, k, (store_root / k).read_bytes()) for k in sorted(store.list(prefix))]  # noqa: E731
+
+    (manifest,) = landed(keys.SURVEY_INCOMING_PREFIX)
+    assert manifest.url == dropped["phspectra"]["manifest_url"]
+    assert ph_landing.handle_landings([manifest], f"phspectra-survey/{deployed}").done == [manifest]
+    (run,) = [r for r in runs_of(f"phspectra-survey/{deployed}") if r.parameters["survey"] == phspectra.SURVEY]
+    assert (run.parameters["chunk_size"], run.parameters["fit_params"]) == (12, {"beta": 3.5})
+
+    (upload,) = landed(keys.VIDEO_INPUT_PREFIX)
+    assert video_landing.upload_arrived(upload, f"video-process/{deployed}")[0] == "started"
+
+    (messages,) = landed(keys.RECORDS_INCOMING_PREFIX)
+    assert records_landing.handle_messages([messages]).done == [messages] and records.landed(**dropped["records"])
+    assert "MOD09GQ.A2017025.h21v00.006: completed" in records.report()
+
+    assert len(dropped["etl"]["tracked"]) == len(landed(keys.INPUT_PREFIX)) == 25
