@@ -61,6 +61,24 @@ def flow_run_states(flow_run_id) -> list:
         return sorted(client.read_flow_run_states(flow_run_id), key=lambda s: s.timestamp)
 
 
+def landed_events(url: str, count: int, timeout: float = 60) -> list[tuple[str, list[str]]]:
+    """(event name, related resource ids) of the Prefect events about the object at ``url``, once ``count`` are in."""
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    EventsWorker.drain_all()
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while True:
+            page = client.read_events(filter=EventFilter(resource=EventResourceFilter(id=[url])), limit=50)
+            if len(page.events) >= count or time.monotonic() > deadline:
+                return sorted((e.event, [r.id for r in e.related]) for e in page.events)
+            time.sleep(0.5)
+
+
 # --------------------------------------------------------------------------- video
 
 
@@ -84,6 +102,10 @@ def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_n
     assert outcome.done == [upload, again]
     assert [r.id for r in runs_of(deployment)] == [run.id]
     assert caplog.text.count(f"video job {job_id} already has run {run.id}") == 2
+    related = [f"prefect.flow-run.{run.id}"]
+    assert landed_events(upload.url, 3) == [("pipelines.video.object.duplicate", related)] * 2 + [
+        ("pipelines.video.object.started", related)
+    ]
 
 
 def test_a_claim_whose_run_was_never_created_is_started_by_the_next_event(tables, store_root, deployed):
@@ -166,6 +188,9 @@ def test_a_manifest_starts_one_survey_run_per_cube_once_and_a_cube_its_own(table
     assert item["status"] == "STARTED" and item["survey"] == "grs-15"
     assert sorted(item["flow_run_ids"]) == sorted(str(r.id) for r in runs if r.parameters["survey"] == "grs-15")
     assert {r.parameters["run_id"] for r in runs if r.parameters["survey"] == "grs-15"} == set(item["run_ids"])
+    assert landed_events(listed.url, 2) == sorted(
+        ("pipelines.phspectra.object.started", [f"prefect.flow-run.{flow_run_id}"]) for flow_run_id in item["flow_run_ids"]
+    )
 
     assert landing.object_arrived(listed, deployment)[0] == "duplicate"  # the same landing again
     item["status"] = "STARTING"  # as if the listener had died before recording the runs: asked again, the same runs
@@ -237,6 +262,10 @@ def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(table
     outcome = landing.handle_messages(arrivals, counted)
     assert outcome.done == arrivals and outcome.retry == []
     assert sizes == [10, 10, 3]
+    # a.ndjson's messages went through the first two batches: its events relate it to both records-ingest runs
+    events = landed_events(arrivals[0].url, 2)
+    assert [name for name, _ in events] == ["pipelines.records.object.written"] * 2
+    assert all(any(f"prefect.flow-run.{r}" in related for _, related in events) for r in run_ids[:2])
     written = state_store.get_many(tables["granules"], [{"granuleId": f"LAND.G{i:03d}"} for i in range(22)])
     assert sorted((g["granuleId"], g["status"]) for g in written) == [(f"LAND.G{i:03d}", "completed") for i in range(22)]
     archive = dead_letter.archived(today_iso())
