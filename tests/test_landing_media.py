@@ -375,3 +375,19 @@ def test_an_upload_reaches_processing_within_10_s_p50(tables, store_root, tmp_pa
     # on a machine running more processes than it has cores that start alone takes several times longer
     if os.getloadavg()[0] <= (os.cpu_count() or 1):
         assert p50 <= 10.0, (latencies, steps)
+
+
+def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(tables, store_root):
+    from tasks.core import state_store
+    from tasks.records import landing
+
+    queue = "https://sqs.us-east-1.amazonaws.com/123456789012/workflow-messages"
+    arrivals = [
+        Arrival(url=queue, key="", size=None, event_time="2026-01-01T00:00:00+00:00", event_id=f"m-{n}", body=json.dumps(message))
+        for n, message in enumerate(_messages(200, 12))
+    ]  # fmt: skip
+    sizes = []
+    outcome = landing.handle_messages(arrivals, lambda bodies: (sizes.append(len(bodies)), landing.ingest_in_process(bodies))[1])
+    assert outcome.done == arrivals and sizes == [10, 2]
+    written = state_store.get_many(tables["granules"], [{"granuleId": f"LAND.G{i:03d}"} for i in range(200, 212)])
+    assert len(written) == 12 and not list(LocalStore(store_root).list(""))
