@@ -34,7 +34,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.core import keys
-from tasks.landing.pipelines import listen
+from tasks.landing.pipelines import listen, open_source
 from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
@@ -257,10 +257,10 @@ def phspectra_listen(
     ``source``: "local" watches the object store's ``surveys/incoming/``, "sqs" reads its S3 notifications.
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
+    events = open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)
     stats = listen(
-        source, ph_landing.PIPELINE, keys.SURVEY_INCOMING_PREFIX, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds, wait_seconds=wait_seconds,
-        max_runtime_seconds=max_runtime_seconds,
+        events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
+        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip
-    print(f"phspectra-listen: {stats}")
-    return stats
+    print(f"phspectra-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
+    return vars(stats)

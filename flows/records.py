@@ -20,7 +20,7 @@ from prefect.artifacts import create_table_artifact
 
 from tasks.core import keys
 from tasks.core.runtime import quick_heartbeat_exit, utc_now
-from tasks.landing.pipelines import listen
+from tasks.landing.pipelines import listen, open_source
 from tasks.records import reconcile
 from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
@@ -130,14 +130,13 @@ def records_listen(
     for message files (one message, a JSON list, or one per line), moved to ``records/processed/{date}/`` once
     written. Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
+    events = open_source(source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES)
     stats = listen(
-        source, records_landing.PIPELINE, keys.RECORDS_INCOMING_PREFIX,
-        lambda batch: records_landing.handle_messages(batch, ingest_batch), suffixes=records_landing.SUFFIXES,
-        batch_size=batch_size, batch_seconds=batch_seconds, wait_seconds=wait_seconds,
-        max_runtime_seconds=max_runtime_seconds,
+        events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
+        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip
-    print(f"records-listen: {stats}")
-    return stats
+    print(f"records-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
+    return vars(stats)
 
 
 @checked_flow(name="records-replay-dla", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])

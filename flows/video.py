@@ -16,7 +16,7 @@ from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
 from tasks.core import keys
-from tasks.landing.pipelines import listen
+from tasks.landing.pipelines import listen, open_source
 from tasks.video import jobs as v
 from tasks.video import landing as video_landing
 from tasks.video.ffmpeg import InvalidMedia
@@ -203,10 +203,10 @@ def video_listen(
     ``source``: "local" watches the object store's ``input/`` folder, "sqs" reads its S3 notifications.
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
+    events = open_source(source, video_landing.PIPELINE, None, keys.VIDEO_INPUT_PREFIX, [".mp4"])
     stats = listen(
-        source, video_landing.PIPELINE, keys.VIDEO_INPUT_PREFIX, lambda batch: video_landing.handle_uploads(batch, process_deployment), suffixes=[".mp4"],
-        batch_size=batch_size, batch_seconds=batch_seconds, wait_seconds=wait_seconds,
-        max_runtime_seconds=max_runtime_seconds,
+        events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
+        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip
-    print(f"video-listen: {stats}")
-    return stats
+    print(f"video-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
+    return vars(stats)

@@ -391,3 +391,28 @@ def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(table
     assert outcome.done == arrivals and sizes == [10, 2]
     written = state_store.get_many(tables["granules"], [{"granuleId": f"LAND.G{i:03d}"} for i in range(200, 212)])
     assert len(written) == 12 and not list(LocalStore(store_root).list(""))
+
+
+def test_a_listener_stops_after_its_max_runtime_and_closes_its_source():
+    import time
+
+    from tasks.landing.listener import Outcome
+    from tasks.landing.pipelines import listen
+    from tests.test_landing_listener import ListSource
+
+    class Closing(ListSource):
+        closed = False
+
+        def receive(self, max_items=10, wait_seconds=20.0):
+            time.sleep(min(wait_seconds, 0.05))  # a poll that waits, as a real source's does
+            return super().receive(max_items, wait_seconds)
+
+        def close(self):
+            self.closed = True
+
+    source = Closing([Arrival(url="file:///x", key="x", size=1, event_time="t", event_id="1")])
+    started = time.monotonic()
+    stats = listen(source, lambda batch: Outcome(done=batch),
+                   batch_size=10, batch_seconds=0.1, max_runtime_seconds=0.5, wait_seconds=20)
+    assert 0.5 <= time.monotonic() - started < 5 and source.closed
+    assert (stats.received, stats.acked, source.acked) == (1, 1, ["x"])

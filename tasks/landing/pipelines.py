@@ -1,6 +1,6 @@
 """What every pipeline's listener shares: the source it opens, the loop with a time limit, starting a run once.
 
-    open_source("local" | "sqs") ──> listen(source, handler, …) ──> pump() until max_runtime_seconds
+    open_source("local" | "sqs", …) ──> listen(source, handler, …) ──> pump() until max_runtime_seconds
     handler ──> start_deployment_run(name, parameters, idempotency_key) ──> the flow run's id
 
 The sources' modules (``tasks.landing.watch`` locally, ``tasks.landing.sqs`` in AWS) are imported only when a
@@ -10,55 +10,50 @@ listener opens one, so a listener needs only the dependencies of the source it u
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tasks.core.keys import InvalidKey
 from tasks.core.runtime import run_logger
-from tasks.landing.listener import Handler, Outcome, emit_landed, pump
+from tasks.landing.listener import Handler, Outcome, PumpStats, emit_landed, pump
 from tasks.landing.sources import Arrival, EventSource
 
-SOURCES = ("local", "sqs")
-
-
-def open_source(source: str, pipeline: str, prefix: str, suffixes: list[str] | None = None) -> EventSource:
-    """The pipeline's event source: a watch over ``prefix`` of the configured ``file://`` store, or its SQS queue."""
-    if source == "local":
-        from tasks.core.config import object_store
+def open_source(kind: str, pipeline: str, store_url: str | None, prefix: str, suffixes: Sequence[str] | None = None) -> EventSource:
+    """A listener's source: ``local`` (a watch on ``prefix`` of the ``file://`` store, the configured one when
+    ``store_url`` is empty) or ``sqs`` (the pipeline's queue)."""
+    if kind == "local":
         from tasks.landing.watch import LocalWatchSource
 
-        return LocalWatchSource(object_store().url, prefix, suffixes=suffixes)
-    if source == "sqs":
+        if not store_url:
+            from tasks.core.config import object_store
+
+            store_url = object_store().url
+        return LocalWatchSource(store_url, prefix, suffixes=suffixes)
+    if kind == "sqs":
         from tasks.landing.sqs import SqsSource
 
         return SqsSource.for_pipeline(pipeline)
-    raise ValueError(f"unknown event source {source!r}: choose one of {SOURCES}")
+    raise ValueError(f"unknown event source {kind!r}: use 'local' or 'sqs'")
 
 
 def listen(
-    source: str,
-    pipeline: str,
-    prefix: str,
+    source: EventSource,
     handler: Handler,
     *,
-    suffixes: list[str] | None = None,
-    batch_size: int,
-    batch_seconds: float,
-    wait_seconds: float,
-    max_runtime_seconds: float = 0,
-) -> dict[str, int]:
-    """Open the pipeline's source, pump it into ``handler`` for ``max_runtime_seconds`` (0: until stopped), close it."""
-    events = open_source(source, pipeline, prefix, suffixes)
-    deadline = time.monotonic() + max_runtime_seconds if max_runtime_seconds > 0 else None
-    wait = min(wait_seconds, max_runtime_seconds) if deadline else wait_seconds  # never poll past the deadline
+    batch_size: int = 100,
+    batch_seconds: float = 2.0,
+    max_runtime_seconds: float = 0.0,
+    wait_seconds: float = 5.0,
+) -> PumpStats:
+    """A listener deployment's body: pump until ``max_runtime_seconds`` elapse (0: never), then close the source."""
+    deadline = time.monotonic() + max_runtime_seconds
     try:
-        stats = pump(
-            events, handler, batch_size=batch_size, batch_seconds=batch_seconds, wait_seconds=wait,
-            should_stop=lambda: deadline is not None and time.monotonic() >= deadline,
+        return pump(
+            source, handler, batch_size=batch_size, batch_seconds=batch_seconds,
+            wait_seconds=min(wait_seconds, max_runtime_seconds or wait_seconds),  # never poll far past the deadline
+            should_stop=lambda: 0 < max_runtime_seconds and time.monotonic() >= deadline,
         )  # fmt: skip
     finally:
-        events.close()
-    return asdict(stats)
+        source.close()
 
 
 def start_deployment_run(deployment: str, parameters: dict[str, Any], idempotency_key: str) -> str:
