@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,15 +60,15 @@ def dynamodb_local():
         return
     from deployments import dynamodb_local as ddb
 
-    port = ddb.free_port()
-    process = ddb.start(port, None)
+    port, logs = ddb.free_port(), Path(tempfile.mkdtemp(prefix="bench-dynamodb-"))
+    process = ddb.start_private(port, None, logs / "dynamodb.log")
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://127.0.0.1:{port}"
     try:
         yield os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
     finally:
         drop_created_tables()
-        process.kill()
-        process.wait()
+        ddb.stop(process)
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def rate(count: int, seconds: float) -> float:

@@ -156,7 +156,7 @@ def main() -> int:
     os.environ["MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
     work = Path(tempfile.mkdtemp(prefix="etl-ingest-bench-"))
     port = dynamodb_local.free_port()
-    process = dynamodb_local.start(port, db_path=None, log_path=work / "dynamodb.log")
+    process = dynamodb_local.start_private(port, db_path=None, log_path=work / "dynamodb.log")
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://127.0.0.1:{port}"
     try:
         urls = make_files(work / "in", count)
@@ -180,8 +180,7 @@ def main() -> int:
               f"{'met' if rates['ours'] >= 250 else 'NOT met'} (seed target 3.9/s)")
         return 1 if doubles else 0
     finally:
-        process.kill()
-        process.wait(timeout=10)
+        dynamodb_local.stop(process)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -50,10 +49,11 @@ def main() -> None:
         os.environ.setdefault(name, value)
     logs = Path(tempfile.mkdtemp(prefix="relay-bench-"))
     direct_port, relay_port = ddb.free_port(), ddb.free_port()
-    processes = [ddb.start(direct_port, None, logs / "direct.log")]
+    processes = [ddb.start(direct_port, None, logs / "direct.log")]  # the baseline: the jar reached directly
     try:
         processes.append(ddb.start(relay_port, None, logs / "relay.log", loopback_only=True))
     except ddb.CannotIsolate as error:
+        ddb.stop(processes[0])
         print(f"no private network namespace here ({error}): nothing to compare")
         return
     try:
@@ -77,8 +77,7 @@ def main() -> None:
                   f"RATIO relay / direct = {relay / direct:.3f}")
     finally:
         for process in processes:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=20)
+            ddb.stop(process)
 
 
 if __name__ == "__main__":

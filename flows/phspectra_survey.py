@@ -6,11 +6,14 @@
          ─slow lane─> spectra past the time limit refitted without it; the chunk's Parquet patched
          ─aggregate─> RUN status, progress / table / markdown artifacts
 
-    phspectra-sweep-stuck: no run stays RUNNING. A run whose driving flow run ended (or that went quiet) is
-    taken over conditionally and re-driven (a crashed split finished, PENDING/FAILED/dead chunks fitted, the
-    slow lane retried), at most ``max_sweeps`` times, then FAILED with the reason; in a live run, IN_PROGRESS
-    chunks older than the threshold are re-driven. Chunks are taken with conditional transitions, so two
-    sweepers never fit the same chunk.
+    A fitter holds its chunk by a lease (``lease_expires_at``) that it renews while it fits; a chunk is stuck
+    only when its lease expired.
+
+    phspectra-sweep-stuck: no run stays RUNNING. A run whose driving flow run ended (or that went quiet), with
+    no live lease, is taken over conditionally and re-driven (a crashed split finished, PENDING/FAILED chunks
+    and chunks whose lease expired fitted, the slow lane retried), at most ``max_sweeps`` times, then FAILED
+    with the reason; in a live run, chunks whose lease expired are re-driven. Chunks are taken with
+    conditional transitions, so two sweepers never fit the same chunk, and never one whose fitter renews it.
 
 The fits run on a ThreadPool (one child process per chunk, ``workers`` at a time) or, when the
 deployment names ``dask_address`` / ``dask_workers``, on a DaskTaskRunner.
@@ -33,22 +36,22 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from tasks.core import keys
+from tasks.core import keys, limits
 from tasks.landing.pipelines import listen, open_source
 from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
-from tasks.core.runtime import artifact_key, iso_ago, now_iso, quick_heartbeat_exit
+from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
 from tasks.core.notify import notify_on_failure
 from tasks.records import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
-fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
-slow_lane_task = task(ph.refit_timed_out, name="slow-lane-refit", retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
+fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", tags=[limits.CPU_HEAVY_TAG], retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+slow_lane_task = task(ph.refit_timed_out, name="slow-lane-refit", tags=[limits.CPU_HEAVY_TAG], retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
 aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
-find_stuck_task = task(ph.stuck_chunks, name="find-stuck-chunks", cache_policy=NO_CACHE)
+find_expired_task = task(ph.expired_leases, name="find-expired-leases", cache_policy=NO_CACHE)
 complete_split_task = task(ph.complete_split, name="complete-split", cache_policy=NO_CACHE)
 give_up_task = task(ph.give_up, name="give-up-run", cache_policy=NO_CACHE)
 
@@ -74,14 +77,15 @@ def fit_chunks(
     slow_starts: list[int] | None = None,
     output_url: str | None = None,
     time_limit_s: float | None = 60.0,
-    stuck_before: str | None = None,
+    take_expired: bool = False,
+    lease_seconds: float = ph.DEFAULT_LEASE_S,
     progress_id: str | None = None,
 ) -> list[dict[str, Any]]:
     """Map fit-chunk over the chunks (progress updated as each ends), then the slow lane."""
     logger = get_run_logger()
     futures = fit_chunk_task.map(
-        unmapped(run_id), starts, output_url=unmapped(output_url),
-        time_limit_s=unmapped(time_limit_s), stuck_before=unmapped(stuck_before),
+        unmapped(run_id), starts, output_url=unmapped(output_url), time_limit_s=unmapped(time_limit_s),
+        take_expired=unmapped(take_expired), lease_seconds=unmapped(lease_seconds),
     )  # fmt: skip
     results: list[dict[str, Any]] = []
     for done, future in enumerate(as_completed(futures), start=1):
@@ -124,9 +128,9 @@ def publish_summary(summary: dict[str, Any]) -> None:
 
 @flow(name="phspectra-survey", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def phspectra_survey(
-    cube_url: str,
-    survey: str,
-    chunk_size: int = 500,
+    cube_url: str | None = None,
+    survey: str | None = None,
+    chunk_size: int | None = None,
     fit_params: dict[str, float] | None = None,
     output_url: str | None = None,
     run_id: str | None = None,
@@ -134,31 +138,39 @@ def phspectra_survey(
     workers: int = 0,
     dask_address: str | None = None,
     dask_workers: int = 0,
-    stuck_minutes: float = 15.0,
+    lease_seconds: float = ph.DEFAULT_LEASE_S,
 ) -> dict[str, Any]:
-    """Decompose every spectrum of a cube into Gaussians, one task per chunk, with per-chunk records."""
+    """Decompose every spectrum of a cube into Gaussians, one task per chunk, with per-chunk records.
+
+    With the ``run_id`` of an existing run it resumes that run with the parameters stored on its RUN item
+    (``cube_url``, ``survey``, ``chunk_size``, ``fit_params``, ``output_url``: given ones must match).
+    """
     logger = get_run_logger()
     if run_id and ph.get_run(run_id) is not None:
-        ph.reopen_run(run_id, survey, fit_params)
-        missing = complete_split_task(run_id, output_url)
+        run = ph.reopen_run(run_id, survey, fit_params, cube_url=cube_url, chunk_size=chunk_size, output_url=output_url)
+        output_url = run.get("output_url")
+        missing = complete_split_task(run_id)
         if missing:
             logger.warning("run %s: the split had not finished; wrote %d missing chunk(s)", run_id, len(missing))
-        stuck_before = iso_ago(stuck_minutes * 60)
-        starts, slow_starts = ph.chunks_to_fit(run_id, stuck_before)
+        starts, slow_starts = ph.chunks_to_fit(run_id)
+        take_expired = True
         logger.info("resuming run %s: %d chunk(s) to fit, %d for the slow lane", run_id, len(starts), len(slow_starts))
     else:
+        if not (cube_url and survey):
+            raise ValueError(f"no run {run_id} to resume; a new run needs cube_url and survey" if run_id
+                             else "a new run needs cube_url and survey (a resume needs only run_id)")  # fmt: skip
         if not (dask_address or dask_workers):
             warm_up()  # the fitting fork server starts while the cube is split
         run_id = run_id or str(uuid.uuid4())
-        split = split_cube_task(run_id, survey, cube_url, chunk_size, fit_params, output_url)
-        starts, slow_starts, stuck_before = split["starts"], [], None
+        split = split_cube_task(run_id, survey, cube_url, chunk_size or ph.DEFAULT_CHUNK_SIZE, fit_params, output_url)
+        starts, slow_starts, take_expired = split["starts"], [], False
         logger.info("run %s: %d spectra in %d chunks", run_id, split["n_spectra"], split["n_chunks"])
     progress_id = create_progress_artifact(
         0.0, key=artifact_key("phspectra-progress", run_id), description=f"Chunks of run {run_id} fitted"
     )
     if starts or slow_starts:
         fit_chunks.with_options(task_runner=task_runner(workers, dask_address, dask_workers))(
-            run_id, starts, slow_starts, output_url, time_limit_s, stuck_before, str(progress_id)
+            run_id, starts, slow_starts, output_url, time_limit_s, take_expired, lease_seconds, str(progress_id)
         )
     else:
         update_progress_artifact(progress_id, progress=100.0)
@@ -174,31 +186,32 @@ def phspectra_survey(
     return {k: v for k, v in summary.items() if k != "chunks"}
 
 
-@flow(name="phspectra-sweep-stuck", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="phspectra-sweep-stuck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["phspectra-sweep-stuck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def phspectra_sweep_stuck(
-    stuck_minutes: float = 15.0,
     survey: str | None = None,
-    output_url: str | None = None,
     time_limit_s: float = 60.0,
     workers: int = 0,
     max_sweeps: int = 3,
+    lease_seconds: float = ph.DEFAULT_LEASE_S,
+    quiet_minutes: float = 15.0,
 ) -> dict[str, Any]:
     """No run stays RUNNING: re-drive runs nobody drives any more (bounded by ``max_sweeps``), else FAILED.
 
-    A RUNNING run is orphaned when the Prefect flow run driving it ended (crashed, cancelled, failed, or
-    completed with the slow lane failed) or nothing in it moved for ``stuck_minutes``. The sweeper takes it
-    over conditionally (one sweeper per run), writes the chunks a crashed split never wrote, fits every chunk
-    not COMPLETED (PENDING, FAILED, IN_PROGRESS of the dead driver), runs the slow lane and finalizes it.
-    In a run still driven, only chunks IN_PROGRESS for longer than ``stuck_minutes`` are re-driven.
+    A RUNNING run is orphaned when no chunk's lease is live and the Prefect flow run driving it ended
+    (crashed, cancelled, failed, or completed with the slow lane failed) or nothing in it moved for
+    ``quiet_minutes``. The sweeper takes it over conditionally (one sweeper per run), writes the chunks a
+    crashed split never wrote, fits every chunk not COMPLETED (PENDING, FAILED, IN_PROGRESS with an expired
+    lease) into the run's own ``output_url``, runs the slow lane and finalizes it. In a run still driven, only
+    chunks whose lease expired are re-driven. Its own fits hold leases of ``lease_seconds``.
     """
     logger = get_run_logger()
     swept: dict[str, Any] = {}
     runs = ph.active_runs(survey)
     drivers = reconcile.prefect_states([r.get("driver_flow_run_id") for r in runs], [])
     for run in runs:
-        run_id, cutoff = run["PK"], iso_ago(stuck_minutes * 60)
+        run_id = run["PK"]
         driver = drivers.get(str(run.get("driver_flow_run_id")))
-        if ph.orphaned(run, driver is not None and driver.type in reconcile.TERMINAL, cutoff):
+        if ph.orphaned(run, driver is not None and driver.type in reconcile.TERMINAL, iso_ago(quiet_minutes * 60)):
             attempts = int(run.get("sweep_attempts", 0))
             reason = None
             if driver is not None and driver.type == "CANCELLED":  # a person stopped it: finish it as FAILED, not re-drive
@@ -214,25 +227,25 @@ def phspectra_sweep_stuck(
             if not ph.take_over(run):
                 continue  # another sweeper (or a resume) took it first
             try:
-                complete_split_task(run_id, output_url)
+                complete_split_task(run_id)
             except ValueError as error:
                 summary = give_up_task(run_id, str(error))
                 publish_summary(summary)
                 swept[run_id] = {"redriven": [], "status": summary["status"]}
                 continue
-            stuck, slow = ph.chunks_to_fit(run_id, now_iso())  # the dead driver's IN_PROGRESS chunks too
+            stuck, slow = ph.chunks_to_fit(run_id)  # the dead driver's IN_PROGRESS chunks too: their leases expired
             why = f"driver {driver.name}" if driver is not None and driver.type in reconcile.TERMINAL else "quiet"
             logger.warning("run %s orphaned (%s): re-driving %d chunk(s), slow lane %d", run_id, why, len(stuck), len(slow))
         else:
-            stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_stuck_task(run_id, stuck_minutes * 60)]
+            stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_expired_task(run_id)]
             slow = []
             if not stuck:
                 continue
-            logger.warning("run %s: %d stuck chunk(s) %s, re-driving", run_id, len(stuck), stuck)
+            logger.warning("run %s: %d chunk(s) whose lease expired %s, re-driving", run_id, len(stuck), stuck)
         results = []
         if stuck or slow:
             results = fit_chunks.with_options(task_runner=task_runner(workers))(
-                run_id, stuck, slow, output_url or run.get("output_url"), time_limit_s, cutoff, None
+                run_id, stuck, slow, run.get("output_url"), time_limit_s, take_expired=True, lease_seconds=lease_seconds
             )
         summary = aggregate_task(run_id)
         if summary["status"] != ph.RUN_RUNNING:

@@ -18,7 +18,7 @@ from typing import Any
 from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from tasks.core import keys
+from tasks.core import keys, limits
 from tasks.core.runtime import quick_heartbeat_exit, utc_now
 from tasks.landing.pipelines import listen, open_source
 from tasks.records import reconcile
@@ -139,7 +139,7 @@ def records_listen(
     return vars(stats)
 
 
-@checked_flow(name="records-replay-dla", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@checked_flow(name="records-replay-dla", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["records-replay-dla"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_replay_dla(day: str | None = None, message_ids: list[str] | None = None) -> dict[str, Any]:
     """Reprocess dead-letter-archive/{day}/ (or only ``message_ids``)."""
     if day is None:  # the scheduled run replays yesterday's archive (UTC)
@@ -150,7 +150,7 @@ def records_replay_dla(day: str | None = None, message_ids: list[str] | None = N
     return result
 
 
-@checked_flow(name="records-reconcile", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@checked_flow(name="records-reconcile", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["records-reconcile"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False) -> list[dict]:
     """Prefect <-> DynamoDB reconciliation for every registered pipeline (or ``pipelines``)."""
     findings = reconcile_task(pipelines, dry_run)

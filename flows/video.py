@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
-from tasks.core import keys
+from tasks.core import keys, limits
 from tasks.landing.pipelines import listen, open_source
 from tasks.video import jobs as v
 from tasks.video import landing as video_landing
@@ -35,15 +35,17 @@ def _retry_unless_bad_input(task, task_run, state) -> bool:
 # bookkeeping steps run once (their writes are guarded); work steps retry transient faults, not bad input
 RETRIED = {"retries": 2, "retry_delay_seconds": [2, 10], "cache_policy": NO_CACHE}
 WORK_RETRIED = {**RETRIED, "retry_condition_fn": _retry_unless_bad_input}
+# ffmpeg work: bounded per worker machine (tag limit) and per call (the seed's 15-minute Lambda ceiling)
+CPU_HEAVY = {"tags": [limits.CPU_HEAVY_TAG], "timeout_seconds": limits.SEGMENT_TIMEOUT_S}
 
 create_job_task = task(v.create_job, name="create-job", cache_policy=NO_CACHE)
 import_source_task = task(v.import_source, name="import-source", **RETRIED)
 start_chunking_task = task(v.start_chunking, name="start-chunking", cache_policy=NO_CACHE)
 reopen_task = task(v.reopen_failed_job, name="reopen-failed-job", **RETRIED)
-chunk_source_task = task(v.chunk_source, name="chunk-source", **WORK_RETRIED)
-infer_segment_task = task(v.infer_segment, name="infer-segment", **WORK_RETRIED)
+chunk_source_task = task(v.chunk_source, name="chunk-source", **CPU_HEAVY, **WORK_RETRIED)
+infer_segment_task = task(v.infer_segment, name="infer-segment", **CPU_HEAVY, **WORK_RETRIED)
 fail_job_task = task(v.fail_job, name="fail-job", cache_policy=NO_CACHE)
-reassemble_task = task(v.reassemble, name="reassemble", **WORK_RETRIED)
+reassemble_task = task(v.reassemble, name="reassemble", **CPU_HEAVY, **WORK_RETRIED)
 recover_stuck_task = task(v.recover_stuck_job, name="recover-stuck-job", **WORK_RETRIED)
 cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", **RETRIED)
 
@@ -154,7 +156,7 @@ def video_process(
     return v.get_job(job_id)
 
 
-@flow(name="video-sweep-stuck", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="video-sweep-stuck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["video-sweep-stuck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     """Jobs `chunking_complete` for longer than ``stuck_minutes`` whose Prefect runs all ended: reassemble or fail.
 
@@ -175,7 +177,7 @@ def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     return swept
 
 
-@flow(name="video-delete-cleanup", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="video-delete-cleanup", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["video-delete-cleanup"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]:
     """Asynchronous cleanup after a soft delete: objects, completion records and the lock; the job row stays.
 

@@ -6,7 +6,12 @@ other's records.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
+import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -36,7 +41,8 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session", autouse=True)
 def dynamodb_endpoint():
-    """DynamoDB Local on a free port (or the one in AWS_ENDPOINT_URL_DYNAMODB if it already answers)."""
+    """DynamoDB Local on a free port, loopback only where the machine allows it (or the one in
+    AWS_ENDPOINT_URL_DYNAMODB if it already answers)."""
     preset = os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
     if preset:
         from urllib.parse import urlparse
@@ -47,14 +53,13 @@ def dynamodb_endpoint():
             return
     port = dynamodb_local.free_port()
     TEST_OUTPUT.mkdir(exist_ok=True)
-    process = dynamodb_local.start(port, db_path=None, log_path=TEST_OUTPUT / "dynamodb-local.log")
+    process = dynamodb_local.start_private(port, db_path=None, log_path=TEST_OUTPUT / "dynamodb-local.log")
     endpoint = f"http://127.0.0.1:{port}"
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
     try:
         yield endpoint
     finally:
-        process.kill()
-        process.wait(timeout=10)
+        dynamodb_local.stop(process)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -112,29 +117,86 @@ def s3_base(s3_endpoint, monkeypatch) -> str:
     return base
 
 
+class WebhookServer:
+    """A webhook receiver on loopback: records every POST and answers it with ``status`` (200 unless set)."""
+
+    def __init__(self):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.status = 200
+        self.posts: list[dict] = []  # {"path", "status" answered, "body"}, failed deliveries included
+        self.received: list[dict] = []  # the JSON body of every post, in order
+        server = self
+
+        class Hook(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+                server.posts.append({"path": self.path, "status": server.status, "body": body})
+                server.received.append(body)
+                self.send_response(server.status)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+        self.url = f"http://127.0.0.1:{self._http.server_port}"
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        self._http.shutdown()
+        self._http.server_close()
+
+
 @pytest.fixture
-def webhook():
-    """A webhook receiver on loopback for notification blocks: ``(url, received JSON bodies)``."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    received: list[dict] = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's naming
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def webhook_server():
+    """A real webhook on loopback for notification blocks; set ``.status`` (e.g. 500) to simulate an outage."""
+    server = WebhookServer()
     try:
-        yield f"http://127.0.0.1:{server.server_port}/hook", received
+        yield server
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
 
+
+@pytest.fixture
+def webhook(webhook_server):
+    """A webhook receiver on loopback for notification blocks: ``(url, received JSON bodies)``."""
+    yield f"{webhook_server.url}/hook", webhook_server.received
+
+
+@contextlib.contextmanager
+def prefect_server_process(tmp_path: Path, env: dict[str, str] | None = None):
+    """A real ``prefect server start`` (with its UI and services) on a free port and its own database; its URL."""
+    port = dynamodb_local.free_port()
+    server_env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else the UI asks the default port 4200
+        **(env or {}),
+    }
+    server_env.pop("PREFECT_API_URL", None)
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=server_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("prefect server did not start: " + log_path.read_text()[-2000:])
+                time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)

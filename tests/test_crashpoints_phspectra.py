@@ -2,8 +2,9 @@
 lost, duplicated or left RUNNING (../shared/DESIGN.md, "Fault model").
 
 Recovery is only what the product itself runs: a process worker reports the dead flow run Crashed
-(``report_crashed_runs``), the scheduled ``records-reconcile`` repairs the records the dead run held, then
-either the scheduled ``phspectra-sweep-stuck`` (even points) or the documented re-run with ``run_id`` (odd points).
+(``report_crashed_runs``), and once the dead fitters' leases expired (every claim holds one, renewed while it
+fits: the renewals are writes too) the scheduled ``records-reconcile`` repairs the records the dead run held,
+then either the scheduled ``phspectra-sweep-stuck`` (even points) or the documented re-run with ``run_id`` (odd points).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from tasks.records import reconcile
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
 pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
-from tests.test_phspectra import direct_rows, fits_cube, output_rows
+from tests.test_phspectra import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 SURVEY = "grs-crash"
 CALL = "flows.phspectra_survey:phspectra_survey"
+LEASE_S = 8.0  # short, so recovery waits little; long enough that no background renewal fires in a run this small
 
 
 def _recover(run_id: str, cube_url: str, by_resume: bool) -> str:
@@ -29,6 +31,7 @@ def _recover(run_id: str, cube_url: str, by_resume: bool) -> str:
     from flows.phspectra_survey import phspectra_survey, phspectra_sweep_stuck
 
     report_crashed_runs()
+    wait_until_leases_expire(run_id)  # a live lease is never taken: the maintenance flows act once it expired
     reconcile.reconcile_rows(["phspectra"], dry_run=False)  # the records-reconcile flow's task body
     if not by_resume:
         phspectra_sweep_stuck(survey=SURVEY)
@@ -46,7 +49,7 @@ def _recover(run_id: str, cube_url: str, by_resume: bool) -> str:
 def test_phspectra_survives_a_crash_at_every_write(tables, store_root, tmp_path):
     cube_url = fits_cube(tmp_path, ny=3, nx=6, n_channels=48, nan_channels=2)  # 18 spectra, 3 chunks of 6
     expected = direct_rows(cube_url, {})
-    kwargs = {"cube_url": cube_url, "survey": SURVEY, "chunk_size": 6, "workers": 2}
+    kwargs = {"cube_url": cube_url, "survey": SURVEY, "chunk_size": 6, "workers": 2, "lease_seconds": LEASE_S}
     writes = count_writes(CALL, {**kwargs, "run_id": "counted"}, tmp_path / "writes.log")
     assert {w.kind for w in writes} >= {"dynamodb:put:" + tables["phspectra_runs"], "objects:put_bytes:chunks"}
     points = crash_points(writes)

@@ -13,7 +13,7 @@ from tasks.core import keys, state_store
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.etl import ingest as etl
 from tasks.gpu import jobs as gpu
-from tasks.health import incidents
+from tasks.health import incidents, service_alarms
 from tasks.health.run import check_health
 from tasks.phspectra import survey
 from tasks.records import dead_letter
@@ -33,7 +33,9 @@ def health(tables, store_root, monkeypatch):
     monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
     monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
     sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(incidents, "notify", lambda subject, body, block=None: sent.append((subject, body)) or "test")
+    monkeypatch.setattr(incidents, "deliver", lambda subject, body, block=None: sent.append((subject, body)) or "test")
+    # the service alarms read every run on the shared test server: tests/test_health_service_alarms.py has them
+    monkeypatch.setattr(service_alarms, "CHECKS", {})
     return sent
 
 
@@ -61,12 +63,16 @@ def make_etl_records(tables: dict) -> None:
 
 
 def make_phspectra_stuck(tables: dict) -> None:
-    """A running survey with one chunk IN_PROGRESS for two hours and one PENDING."""
+    """A running survey: a chunk whose lease expired two hours ago, one PENDING, and one fitted for two hours
+    whose lease is renewed (not stuck)."""
     table, now = tables["phspectra_runs"], now_iso()
     state_store.create_if_absent(table, {**survey.run_key("run-1"), "GSI1_PK": "grs", "GSI1_SK": now, "survey": "grs",
-                                         "status": survey.RUN_RUNNING, "jobs_total": 2, "created_at": now}, ["PK", "SK"])
-    for start, status in ((0, survey.IN_PROGRESS), (10, survey.PENDING)):
-        item = {**survey.chunk_key("run-1", start), "status": status, "created_at": now, "started_at": iso_ago(TWO_HOURS)}
+                                         "status": survey.RUN_RUNNING, "jobs_total": 3, "created_at": now}, ["PK", "SK"])
+    leases = ((0, survey.IN_PROGRESS, iso_ago(TWO_HOURS - 60)), (10, survey.PENDING, None),
+              (20, survey.IN_PROGRESS, survey.lease_until(60)))
+    for start, status, lease in leases:
+        item = {**survey.chunk_key("run-1", start), "status": status, "created_at": now, "started_at": iso_ago(TWO_HOURS),
+                **({"lease_expires_at": lease} if lease else {})}
         state_store.create_if_absent(table, item, ["PK", "SK"])
 
 
@@ -115,7 +121,7 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
     assert rows["etl-files-pending-too-long"]["value"] == 1 and "2026-11-20/f1.ndjson" in rows["etl-files-pending-too-long"]["detail"]
     assert rows["etl-files-pending"]["value"] == 2
     assert rows["etl-failed-manifests"]["detail"] == "1 failed manifest(s): 2026-11-20/manifest-0001"
-    assert rows["phspectra-stuck-chunks"]["detail"] == f"1 chunk(s) IN_PROGRESS > 30 min: run-1/{keys.chunk_sk(0)}"
+    assert rows["phspectra-stuck-chunks"]["detail"] == f"1 chunk(s) IN_PROGRESS with a lease expired > 30 min: run-1/{keys.chunk_sk(0)}"
     assert rows["video-stuck-jobs"]["detail"].endswith(": job-old (created)")
     assert rows["gpu-stuck-jobs"]["detail"].endswith(": gpu-job-1 (PENDING_RESTART)")
     assert rows["gpu-nodes-out-of-service"]["detail"].endswith(": node-a (FAILED)")
@@ -196,6 +202,10 @@ def test_the_flow_shows_every_alarm_in_a_table_artifact(health, tables):
     table = json.loads(latest.data) if isinstance(latest.data, str) else latest.data
     assert {r["name"]: r["state"] for r in table}["gpu-nodes-out-of-service"] == "ALARM"
     assert latest.description.startswith("2 of 8 alarm(s) firing")
+    with get_client(sync_client=True) as client:
+        boards = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"])))
+    board = max(boards, key=lambda a: a.created).data
+    assert board.startswith("# Pipelines, last 24 hours") and "| gpu | 0 jobs | 0 | - |" in board
 
 
 # --------------------------------------------------------------------------- crash points
@@ -209,7 +219,8 @@ def child_check(notify_file: str) -> list[dict]:
             handle.write(subject + "\n")
         return "file"
 
-    incidents.notify = send  # this child process only
+    incidents.deliver = send  # this child process only
+    service_alarms.CHECKS = {}  # as the health fixture: only the record alarms, whose writes the test counts
     return check_health()
 
 

@@ -153,29 +153,44 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
     assert summary["spectra_fitted"] == 15
 
 
-def test_a_killed_worker_leaves_a_stuck_chunk_that_the_sweeper_completes(tables, store_root, tmp_path):
+def wait_until_leases_expire(run_id: str, timeout: float = 60) -> None:
+    """Wait until no chunk of the run holds a live lease (as the maintenance flows find it after a fitter died)."""
+    deadline = time.monotonic() + timeout
+    while any(c["status"] == "IN_PROGRESS" and not ph.lease_expired(c) for c in ph.list_chunks(run_id)):
+        assert time.monotonic() < deadline, f"run {run_id}: a lease was still renewed after {timeout} s"
+        time.sleep(0.1)
+
+
+def wait_for_worker(table: str, run_id: str, process: subprocess.Popen, timeout: float = 90) -> dict:
+    """The chunk item once its fitting process runs (``worker_pid`` recorded)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        chunk = state_store.get_item(table, ph.chunk_key(run_id, 0))
+        if chunk and chunk.get("worker_pid"):
+            return to_plain(chunk)
+        time.sleep(0.02)
+    raise AssertionError(f"the chunk never started (fitter exit code {process.poll()})")
+
+
+def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refitted_once(tables, store_root, tmp_path):
     from prefect.settings import get_current_settings
 
     from flows.phspectra_survey import phspectra_sweep_stuck
+    from tasks.records import reconcile
+    from tests.crashpoints import report_crashed_runs
 
     cube_url = fits_cube(tmp_path, ny=4, nx=5, n_channels=424, nan_channels=0)  # one slow chunk of 20 spectra
-    run_id, survey = "killed-run-1", "grs-kill"
+    run_id, survey, lease = "killed-run-1", "grs-kill", 6.0
     env = {**os.environ, "PREFECT_API_URL": str(get_current_settings().api.url), "PYTHONPATH": str(REPO)}
     code = (  # loaded from its entrypoint, as a deployment does (the file is named like the phspectra package)
         "from prefect.flows import load_flow_from_entrypoint; "
         "survey_flow = load_flow_from_entrypoint('flows/phspectra_survey.py:phspectra_survey'); "
-        f"survey_flow(cube_url={cube_url!r}, survey={survey!r}, chunk_size=20, run_id={run_id!r}, workers=1)"
+        f"survey_flow(cube_url={cube_url!r}, survey={survey!r}, chunk_size=20, run_id={run_id!r}, workers=1, "
+        f"lease_seconds={lease})"
     )
     flow_process = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        chunk = None
-        while time.monotonic() < deadline and flow_process.poll() is None:
-            chunk = state_store.get_item(tables["phspectra_runs"], ph.chunk_key(run_id, 0))
-            if chunk and chunk.get("worker_pid"):
-                break
-            time.sleep(0.02)
-        assert chunk and chunk.get("worker_pid"), "the chunk never started"
+        chunk = wait_for_worker(tables["phspectra_runs"], run_id, flow_process)
         os.killpg(flow_process.pid, signal.SIGKILL)  # the flow, its fork server and the fitting child
     finally:
         if flow_process.poll() is None:
@@ -188,44 +203,166 @@ def test_a_killed_worker_leaves_a_stuck_chunk_that_the_sweeper_completes(tables,
     assert not Path(f"/proc/{pid}").exists(), "the fitting process survived SIGKILL"
     output_key = keys.decomposition_key(survey, run_id, 0)
     assert not (store_root / output_key).exists(), "the chunk finished before the kill"
+    report_crashed_runs()  # what its process worker does: the flow run is Crashed
 
-    time.sleep(1.0)
-    stuck = to_plain(ph.stuck_chunks(run_id, older_than_s=0.5))
-    assert [c["SK"] for c in stuck] == [keys.chunk_sk(0)] and stuck[0]["status"] == "IN_PROGRESS"
-    assert ph.stuck_chunks(run_id) == []  # not yet 15 minutes old
-    run = to_plain(ph.get_run(run_id))
-    assert (run["jobs_completed"], run["jobs_total"], run["status"]) == (0, 1, "RUNNING")
+    # while the dead fitter's lease runs, no sweep, claim or reconciliation takes its chunk
+    assert phspectra_sweep_stuck(survey=survey) == {}
+    assert ph.claim_chunk(run_id, 0, take_expired=True) is None
+    assert reconcile.disagreements(["phspectra"]) == []
+    chunk = to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key(run_id, 0)))
+    assert chunk["status"] == "IN_PROGRESS" and not ph.lease_expired(chunk), "the checks outlasted the lease"
 
-    swept = phspectra_sweep_stuck(stuck_minutes=0.5 / 60, survey=survey)
+    wait_until_leases_expire(run_id)
+    adapter = reconcile.REGISTRY["phspectra"]
+    [record] = [r for r in adapter.tracked() if r.scope == run_id]
+    assert ph.ChunkLease(run_id, 0, chunk["started_at"], 0.5).renew()  # its fitter renews before the repair lands
+    assert adapter.repair(record, "reconciled").outcome is state_store.Outcome.STALE
+    wait_until_leases_expire(run_id)
+    findings = reconcile.reconcile_rows(["phspectra"], dry_run=False)  # the records-reconcile flow's task body
+    assert [(f["record"], f["outcome"]) for f in findings] == [(f"{run_id}/{keys.chunk_sk(0)}", "applied")]
+
+    swept = phspectra_sweep_stuck(survey=survey)
     assert swept == {run_id: {"redriven": [0], "status": "COMPLETED"}}
     run = to_plain(ph.get_run(run_id))
     assert (run["jobs_completed"], run["jobs_failed"], run["jobs_total"], run["status"]) == (1, 0, 1, "COMPLETED")
     rows = output_rows(store_root, survey, run_id)
     assert sorted(rows) == sorted((x, y) for y in range(4) for x in range(5))
     assert chunk_items(run_id)[keys.chunk_sk(0)]["attempts"] == 2
-    assert phspectra_sweep_stuck(stuck_minutes=0.5 / 60, survey=survey) == {}  # nothing left to sweep
+    assert phspectra_sweep_stuck(survey=survey) == {}  # nothing left to sweep
 
 
-def test_two_sweepers_cannot_both_take_a_stuck_chunk(tables, store_root, tmp_path):
+def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(tables, store_root, tmp_path):
+    from datetime import datetime, timedelta
+
+    from flows.phspectra_survey import phspectra_sweep_stuck
+
+    run_id, survey, lease = "long-fit", "grs-long", 2.0
+    ph.split_cube(run_id, survey, fits_cube(tmp_path, ny=4, nx=12, n_channels=424, nan_channels=0), chunk_size=48)
+    result: dict = {}
+    fitter = threading.Thread(target=lambda: result.update(ph.fit_chunk(run_id, 0, lease_seconds=lease)))
+    fitter.start()
+    while (claimed := to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key(run_id, 0))))["status"] == "PENDING":
+        time.sleep(0.02)
+    past_lease = now_iso(datetime.fromisoformat(claimed["started_at"]) + timedelta(seconds=1.5 * lease))
+    sweeps_past_lease = 0
+    while fitter.is_alive():  # sweeps run concurrently with the fit, again and again
+        checked_at = now_iso()
+        assert phspectra_sweep_stuck(survey=survey, lease_seconds=lease) == {}
+        assert ph.claim_chunk(run_id, 0, take_expired=True) is None
+        if checked_at > past_lease and fitter.is_alive():  # this sweep saw a fit older than 1.5 leases
+            sweeps_past_lease += 1
+    fitter.join()
+    assert sweeps_past_lease >= 1, "the fit ended before a sweep saw it run past its lease"
+    assert result["outcome"] == "completed" and result["n_spectra"] == 48
+    chunk = chunk_items(run_id)[keys.chunk_sk(0)]
+    assert (chunk["status"], chunk["started_at"], chunk["attempts"]) == ("COMPLETED", claimed["started_at"], 1)
+    assert chunk["lease_expires_at"] > past_lease  # renewed while it fitted
+    assert to_plain(ph.get_run(run_id))["jobs_completed"] == 1
+    assert sorted(output_rows(store_root, survey, run_id)) == sorted((x, y) for y in range(4) for x in range(12))
+
+
+def test_a_fitter_that_lost_its_claim_stops_and_publishes_nothing(tables, store_root, tmp_path):
+    from tests.crashpoints import child_env
+
+    run_id, survey, lease = "superseded", "grs-superseded", 2.0
+    ph.split_cube(run_id, survey, fits_cube(tmp_path, ny=6, nx=20, n_channels=424, nan_channels=0), chunk_size=120)
+    call = ["tests/crashpoints.py", "tasks.phspectra.survey:fit_chunk", json.dumps({"run_id": run_id, "start": 0, "lease_seconds": lease})]
+    fitter = subprocess.Popen([sys.executable, *call], env=child_env(), cwd=REPO, start_new_session=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        chunk = wait_for_worker(tables["phspectra_runs"], run_id, fitter)
+        os.killpg(fitter.pid, signal.SIGSTOP)  # the fitter, its fork server and its fitting process pause
+        wait_until_leases_expire(run_id)
+        taken = ph.claim_chunk(run_id, 0, take_expired=True)  # a sweeper takes the chunk whose lease expired
+        assert taken is not None and taken["attempts"] == 2
+        os.killpg(fitter.pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        out, err = fitter.communicate(timeout=120)
+        stopped_s = time.monotonic() - resumed
+    finally:
+        if fitter.poll() is None:
+            os.killpg(fitter.pid, signal.SIGKILL)
+            fitter.wait()
+    assert fitter.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["outcome"] == "superseded"
+    assert stopped_s < 6, f"the fitter ran on for {stopped_s:.1f} s after its renewal failed (120 spectra take longer)"
+    assert not Path(f"/proc/{chunk['worker_pid']}").exists(), "its fitting process still runs"
+    assert not (store_root / keys.decomposition_key(survey, run_id, 0)).exists()
+    now = chunk_items(run_id)[keys.chunk_sk(0)]
+    assert (now["status"], now["started_at"], now["attempts"]) == ("IN_PROGRESS", taken["started_at"], 2)
+    assert to_plain(ph.get_run(run_id))["jobs_completed"] == 0
+
+
+def test_a_resume_by_run_id_alone_fits_into_the_runs_stored_output_url(tables, store_root, tmp_path):
+    from flows.phspectra_survey import phspectra_survey
+
+    cube_url, elsewhere = fits_cube(tmp_path, ny=2, nx=6, n_channels=48, nan_channels=0), tmp_path / "elsewhere"
+    run_id, survey = "stored-url", "grs-stored"
+    ph.split_cube(run_id, survey, cube_url, chunk_size=4, output_url=elsewhere.as_uri())
+    assert ph.fit_chunk(run_id, 0, output_url=elsewhere.as_uri())["outcome"] == "completed"  # then interrupted
+    before = chunk_items(run_id)
+
+    other = (tmp_path / "other").as_uri()
+    with pytest.raises(ValueError) as refused:
+        phspectra_survey(run_id=run_id, output_url=other, chunk_size=5)
+    assert str(refused.value) == (
+        f"run {run_id} resumes with the parameters it was started with, and these differ: chunk_size=5 (the run's: 4); "
+        f"output_url={other!r} (the run's: {elsewhere.as_uri()!r}). Leave them out (run_id is enough) or start a new run"
+    )
+    with pytest.raises(ValueError, match="no run absent to resume; a new run needs cube_url and survey"):
+        phspectra_survey(run_id="absent")
+    assert chunk_items(run_id) == before and to_plain(ph.get_run(run_id))["jobs_completed"] == 1  # nothing moved
+
+    summary = phspectra_survey(run_id=run_id, workers=2)
+    assert (summary["status"], summary["spectra_fitted"], summary["jobs_completed"]) == ("COMPLETED", 12, 3)
+    assert output_rows(elsewhere, survey, run_id) == direct_rows(cube_url, {})  # each spectrum once, where it belongs
+    assert not (store_root / keys.decomposition_prefix(survey)).exists()
+    assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {keys.chunk_sk(s): 1 for s in (0, 4, 8)}
+
+
+def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Pending
+
+    from tests.test_aws_s3 import deploy_from_prefect_yaml
+
+    name = f"sweep-{uuid.uuid4().hex[:6]}"
+    deployment_name = deploy_from_prefect_yaml(tmp_path, {"phspectra-sweep-stuck"}, f"pool-{name}", name)["phspectra-sweep-stuck"]
+    with get_client(sync_client=True) as client:  # prefect.yaml's deployment, as `prefect deploy` made it
+        deployment = client.read_deployment_by_name(deployment_name)
+        first, second = (client.create_flow_run_from_deployment(deployment.id) for _ in range(2))
+        client.set_flow_run_state(first.id, Pending())  # what a worker does before it starts a run
+        client.set_flow_run_state(second.id, Pending())  # a second sweep while the first still runs
+        states = [client.read_flow_run(run.id).state for run in (first, second)]
+        client.delete_deployment(deployment.id)
+    assert [(s.type.value, s.message) for s in states] == [("PENDING", None), ("CANCELLED", "Deployment concurrency limit reached.")]
+
+
+def test_two_sweepers_cannot_both_take_a_chunk_whose_lease_expired(tables, store_root, tmp_path):
     ph.split_cube("race-run", "grs-race", fits_cube(tmp_path, ny=1, nx=2, n_channels=32), chunk_size=1)
     barrier = threading.Barrier(8)
 
-    def claim(stuck_before):
+    def claim(take_expired):
         barrier.wait()
-        return ph.claim_chunk("race-run", 0, stuck_before)
+        return ph.claim_chunk("race-run", 0, take_expired, lease_seconds=1.0)
 
-    def race(stuck_before):
+    def race(take_expired):
         results: list = []
-        threads = [threading.Thread(target=lambda: results.append(claim(stuck_before))) for _ in range(8)]
+        threads = [threading.Thread(target=lambda: results.append(claim(take_expired))) for _ in range(8)]
         [t.start() for t in threads], [t.join() for t in threads]
         return [r for r in results if r is not None]
 
-    first = race(None)  # PENDING -> IN_PROGRESS: exactly one claim
-    assert len(first) == 1
-    assert race(None) == []  # IN_PROGRESS and not stuck: nobody takes it
-    second = race(now_iso())  # stuck: exactly one sweeper re-drives it
+    first = race(False)  # PENDING -> IN_PROGRESS: exactly one claim, with its lease
+    assert len(first) == 1 and first[0]["lease_expires_at"] > first[0]["started_at"]
+    assert race(False) == []  # IN_PROGRESS: only a sweeper of expired leases may take it
+    while not ph.lease_expired(first[0]):
+        time.sleep(0.05)
+    second = race(True)  # the lease expired: exactly one sweeper re-drives it
     assert len(second) == 1 and second[0]["started_at"] > first[0]["started_at"]
     assert to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key("race-run", 0)))["attempts"] == 2
+    assert race(True) == []  # the new claim's lease is live
 
 
 def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root, tmp_path, capsys):
@@ -409,7 +546,7 @@ def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root)
         item = {**ph.chunk_key("wide", start), "status": status, "n_spectra": 1 if status == "PENDING" else 5_000_000}
         state_store.create_if_absent(table, item, ["PK", "SK"])
     assert [keys.chunk_start_from_sk(c["SK"]) for c in ph.list_chunks("wide")] == starts  # spectrum order
-    assert ph.complete_split("wide") == [] and ph.chunks_to_fit("wide", now_iso()) == ([15_000_000], [])
+    assert ph.complete_split("wide") == [] and ph.chunks_to_fit("wide") == ([15_000_000], [])
     assert [c["chunk"] for c in ph.summarize("wide")["chunks"]][-2:] == ["chunk-10000000", "chunk-15000000"]
     assert ph.finalize_run("wide")["status"] == "RUNNING"
 

@@ -16,20 +16,13 @@ from prefect import Flow
 from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 
+from tasks.core import limits
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
 DEPLOYMENTS = CONFIG["deployments"]
 SUBFLOWS = {"phspectra-fit-chunks"}  # run only inside their parent flow
-MAINTENANCE_FLOWS = {
-    "ndjson-flush-orphans",
-    "phspectra-sweep-stuck",
-    "gpu-node-healthcheck",
-    "video-delete-cleanup",
-    "video-sweep-stuck",
-    "records-reconcile",
-    "records-replay-dla",
-    "pipeline-health",
-}
+MAINTENANCE_FLOWS = set(limits.MAINTENANCE_FLOWS)
 
 
 def _flow(entrypoint: str):
@@ -68,6 +61,14 @@ def test_every_flow_is_deployed_on_both_pools():
     assert not missing, f"flows without a deployment: {missing}"
 
 
+def test_maintenance_flows_never_overlap_themselves_and_cannot_hang():
+    for deployment in DEPLOYMENTS:
+        flow = _flow(deployment["entrypoint"])
+        if flow.name in MAINTENANCE_FLOWS:
+            assert deployment["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}, flow.name
+            assert flow.timeout_seconds == limits.MAINTENANCE_TIMEOUT_S, flow.name
+
+
 def test_maintenance_flows_are_scheduled():
     scheduled = {}
     for deployment in DEPLOYMENTS:
@@ -79,32 +80,55 @@ def test_maintenance_flows_are_scheduled():
     assert all(s["active"] is False for s in scheduled["records-replay-dla"])
 
 
-def test_prefect_deploy_all_against_the_test_server():
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+def _deploy(pattern: str) -> None:
     from prefect.settings import PREFECT_API_URL
 
-    from deployments.local_stack import create_work_pools
-
-    with get_client(sync_client=True) as client:
-        create_work_pools(client)  # as `make up`: the ECS pool with the ECS worker's template, so job variables are checked
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
     result = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--all"],
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", pattern],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_prefect_deploy_of_each_set_against_the_test_server():
+    """`make up` deploys the local set only; the AWS set deploys too; a later `make up` retires it with its Late runs."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from deployments.local_stack import ECS_WORK_POOL, LOCAL_DEPLOYMENTS, create_work_pools, retire_unserved_deployments
+
     with get_client(sync_client=True) as client:
-        deployed = client.read_deployments()
-        flows = {f.id: f.name for f in client.read_flows()}
+        create_work_pools(client)  # as `make up`: the ECS pool with the ECS worker's template, so job variables are checked
+    _deploy(LOCAL_DEPLOYMENTS)
     expected = {(_flow(d["entrypoint"]).name, d["name"], d["work_pool"]["name"]) for d in DEPLOYMENTS}
-    assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} >= expected
-    schedules = {flows[d.flow_id]: d.schedules for d in deployed if d.name == "local"}
-    assert schedules["records-replay-dla"][0].active is False and schedules["phspectra-sweep-stuck"][0].active is True
-    # the server's scheduler path really creates runs (it fails on SQLAlchemy 2.1 with prefect 3.8)
-    sweep = next(d for d in deployed if flows[d.flow_id] == "phspectra-sweep-stuck" and d.name == "local")
     with get_client(sync_client=True) as client:
+        flows = {f.id: f.name for f in client.read_flows()}
+        deployed = [d for d in client.read_deployments() if flows[d.flow_id] in {e[0] for e in expected}]
+    assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} == {e for e in expected if e[1] == "local"}, \
+        "make up deployed something its worker does not serve"
+    schedules = {flows[d.flow_id]: d.schedules for d in deployed}
+    assert schedules["records-replay-dla"][0].active is False and schedules["phspectra-sweep-stuck"][0].active is True
+    limits = {flows[d.flow_id]: (d.global_concurrency_limit and d.global_concurrency_limit.limit,
+                                 d.concurrency_options and d.concurrency_options.collision_strategy.value) for d in deployed}
+    assert limits["ndjson-merge"] == (3, "ENQUEUE") and limits["pipeline-health"] == (1, "CANCEL_NEW")
+
+    _deploy("*/ecs")  # what an AWS user runs (here: what an older `make up` left on a local server)
+    with get_client(sync_client=True) as client:
+        flows = {f.id: f.name for f in client.read_flows()}
+        deployed = client.read_deployments()
+        assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} >= expected
+        # the server's scheduler path really creates runs (it fails on SQLAlchemy 2.1 with prefect 3.8)
+        sweep = next(d for d in deployed if flows[d.flow_id] == "phspectra-sweep-stuck" and d.name == "ecs")
         response = client._client.post(f"/deployments/{sweep.id}/schedule", json={"max_runs": 3})
         assert response.status_code < 300, response.text
-        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[sweep.id])))
-    assert len([r for r in runs if r.state_type.value == "SCHEDULED"]) >= 3
+        only_sweep = DeploymentFilter(id=DeploymentFilterId(any_=[sweep.id]))
+        assert len([r for r in client.read_flow_runs(deployment_filter=only_sweep) if r.state_type.value == "SCHEDULED"]) >= 3
+        ecs = [d for d in deployed if d.work_pool_name == ECS_WORK_POOL]
+        retired, deleted_runs = retire_unserved_deployments(client)
+        assert retired == len(ecs) and deleted_runs >= 3
+        left = client.read_deployments()
+        assert not [d for d in left if d.work_pool_name == ECS_WORK_POOL]
+        assert not client.read_flow_runs(deployment_filter=only_sweep)
+        assert {d.id for d in left} >= {d.id for d in deployed if d.name == "local"}

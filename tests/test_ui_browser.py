@@ -1,4 +1,4 @@
-"""The Prefect UI, seen in a real browser: a demo run, its logs and its artifacts (progress, chunk table).
+"""The Prefect UI, seen in a real browser: a demo run, its logs and its artifacts (progress, chunk table, dashboard).
 
 Skipped when Chromium is absent (`make test` installs Debian's chromium when it can). The ephemeral test
 server serves no UI, so this test starts a real `prefect server start` on a free port.
@@ -13,12 +13,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from deployments.dynamodb_local import free_port
+from tests.conftest import prefect_server_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -32,6 +31,8 @@ from flows.phspectra_survey import phspectra_survey
 from prefect.runtime import flow_run
 params = sample.make(Path(sys.argv[1]))
 summary = phspectra_survey(**params)
+from flows.health import pipeline_health
+pipeline_health()
 print("RESULT " + json.dumps({"run_id": summary["run_id"]}))
 """
 
@@ -58,35 +59,8 @@ def _dom_showing(url: str, needles: list[str], *, user_dir: str, attempts: int =
 @pytest.fixture
 def ui_server(tmp_path):
     """A real Prefect server with its UI, on a free port, with its own database."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else the UI asks the default port 4200
-    }
-    env.pop("PREFECT_API_URL", None)
-    log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/api/health", timeout=2):
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        server.kill()
-        pytest.fail("prefect server did not start: " + (tmp_path / "server.log").read_text()[-2000:])
-    try:
+    with prefect_server_process(tmp_path) as base:
         yield base
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
 
 
 def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store_root, tmp_path):
@@ -119,6 +93,11 @@ def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store
     chunk_table = f"{ui_server}/artifacts/key/phspectra-chunks-{run_id}"
     title = f"Chunks of run {run_id}"
     assert title in _dom_showing(chunk_table, [title], user_dir=user_dir), "chunk table not shown"
+    dashboard = f"{ui_server}/artifacts/key/pipeline-dashboard"
+    shown = _dom_showing(dashboard, ["Pipelines, last 24 hours", "1 runs"], user_dir=user_dir)
+    assert "Pipelines, last 24 hours" in shown and "ETL files tracked per hour" in shown, "dashboard not shown"
+    assert "1 runs" in shown, "the dashboard does not count the finished phspectra run"
+    _chromium(f"--screenshot={out / 'ui-dashboard.png'}", dashboard, user_dir=user_dir)
     _chromium(f"--screenshot={out / 'ui-flow-run.png'}", page, user_dir=user_dir)
     _chromium(f"--screenshot={out / 'ui-chunk-table.png'}", chunk_table, user_dir=user_dir)
     assert (out / "ui-flow-run.png").stat().st_size > 10_000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from deployments.ops import key_argument
 from tasks.gpu import jobs as gpu
 from tasks.core import keys
 
@@ -72,13 +73,13 @@ def register(subparsers) -> None:
     p.set_defaults(handler=_jobs)
 
     p = commands.add_parser("job", help="one job's row")
-    p.add_argument("job_id")
+    key_argument(p, "job_id", "--job-id")
     p.set_defaults(handler=_job)
 
     p = commands.add_parser("tasks", help="the tasks of a job's current attempt")
-    p.add_argument("--job", dest="job_id", required=True)
+    key_argument(p, "job_id", "--job")
     p.set_defaults(handler=_tasks)
 
     p = commands.add_parser("stop", help="user stop: tasks TERMINATED and stopped, job USER_STOPPED, nodes AVAILABLE (now, with or without a watcher)")
-    p.add_argument("job_id")
+    key_argument(p, "job_id", "--job-id")
     p.set_defaults(handler=_stop)

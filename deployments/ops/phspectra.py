@@ -1,16 +1,19 @@
 """`phspectra` commands: the seed's five access patterns on `phspectra-runs`.
 
-    python -m deployments.cli phspectra get-run --run-id RUN
-    python -m deployments.cli phspectra list-chunks --run-id RUN
+    python -m deployments.cli phspectra get-run RUN
+    python -m deployments.cli phspectra list-chunks RUN
     python -m deployments.cli phspectra latest-run --survey grs-15 [--not-before 2026-01-01T00:00:00]
-    python -m deployments.cli phspectra stuck-chunks --run-id RUN [--minutes 15]
-    python -m deployments.cli phspectra failures --run-id RUN
+    python -m deployments.cli phspectra stuck-chunks RUN [--minutes 15]
+    python -m deployments.cli phspectra failures RUN
+
+The run id may also be given as ``--run-id RUN``.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from deployments.ops import key_argument
 from tasks.phspectra import survey as ph
 from tasks.core.state_store import to_plain
 
@@ -47,10 +50,8 @@ def register(subparsers) -> None:
         parser.set_defaults(handler=handler)
         return parser
 
-    command("get-run", _get_run, "1. the run item").add_argument("--run-id", required=True)
-    command("list-chunks", lambda a: to_plain(ph.list_chunks(a.run_id)), "2. every chunk of a run").add_argument(
-        "--run-id", required=True
-    )
+    key_argument(command("get-run", _get_run, "1. the run item"), "run_id", "--run-id")
+    key_argument(command("list-chunks", lambda a: to_plain(ph.list_chunks(a.run_id)), "2. every chunk of a run"), "run_id", "--run-id")
     latest = command("latest-run", _latest_run, "3. most recent run of a survey (GSI1)")
     latest.add_argument("--survey", required=True)
     latest.add_argument("--not-before", default=None, help="ISO timestamp: only runs created at or after it")
@@ -59,6 +60,6 @@ def register(subparsers) -> None:
         lambda a: to_plain(ph.stuck_chunks(a.run_id, a.minutes * 60)),
         "4. chunks IN_PROGRESS for longer than --minutes",
     )
-    stuck.add_argument("--run-id", required=True)
+    key_argument(stuck, "run_id", "--run-id")
     stuck.add_argument("--minutes", type=float, default=15.0)
-    command("failures", _failures, "5. FAILED chunks with their errors").add_argument("--run-id", required=True)
+    key_argument(command("failures", _failures, "5. FAILED chunks with their errors"), "run_id", "--run-id")

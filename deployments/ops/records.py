@@ -1,10 +1,10 @@
 """`records` commands: granule/execution records, the dead-letter archive, and reconciliation.
 
     python -m deployments.cli records ingest --file messages.json      # a JSON list, or one message per line
-    python -m deployments.cli records granule --granule-id G1
-    python -m deployments.cli records execution --arn ARN
+    python -m deployments.cli records granule G1                    # or --granule-id G1
+    python -m deployments.cli records execution ARN                 # or --arn ARN
     python -m deployments.cli records dla-list [--day 2026-01-31] [--failed]
-    python -m deployments.cli records dla-show --day 2026-01-31 --id msg-…
+    python -m deployments.cli records dla-show msg-… --day 2026-01-31   # or --id msg-…
     python -m deployments.cli records replay --day 2026-01-31 [--id msg-… ...]
     python -m deployments.cli records reconcile [--pipeline phspectra ...] [--apply]   # dry run unless --apply
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deployments.ops import key_argument
 from tasks.core import config, state_store
 from tasks.core.runtime import today_iso
 from tasks.records import dead_letter, reconcile
@@ -21,7 +22,7 @@ from tasks.core.keys import dead_letter_failed_key, dead_letter_id, dead_letter_
 
 
 def _ingest(args):
-    return records_messages.ingest_messages(records_messages.batch_from_text(Path(args.file).read_text(), args.file))
+    return records_messages.ingest_messages(records_messages.batch_from_bytes(Path(args.file).read_bytes(), args.file))
 
 
 def _get(logical: str, key: dict) -> dict:
@@ -71,16 +72,16 @@ def register(subparsers) -> None:
         return parser
 
     command("ingest", _ingest, "write the records of workflow messages from a file").add_argument("--file", required=True)
-    command("granule", lambda a: _get("granules", {"granuleId": a.granule_id}), "one granule record").add_argument(
-        "--granule-id", required=True)
-    command("execution", lambda a: _get("executions", {"arn": a.arn}), "one execution record").add_argument("--arn", required=True)
+    key_argument(command("granule", lambda a: _get("granules", {"granuleId": a.granule_id}), "one granule record"),
+                 "granule_id", "--granule-id")
+    key_argument(command("execution", lambda a: _get("executions", {"arn": a.arn}), "one execution record"), "arn", "--arn")
     for name, handler, help_text in (("dla-list", _dla_list, "archived messages of a day, with their errors"),
                                      ("dla-show", _dla_show, "one archived message")):
         parser = command(name, handler, help_text)
         parser.add_argument("--day", default=today_iso(), help="YYYY-MM-DD (default: today, UTC)")
         parser.add_argument("--failed", action="store_true", help="the failed/ archive (failed again on replay)")
         if name == "dla-show":
-            parser.add_argument("--id", required=True)
+            key_argument(parser, "id", "--id", "message id")
     replay = command("replay", _replay, "reprocess archived messages: written ones deleted, failed ones moved to failed/")
     replay.add_argument("--day", required=True)
     replay.add_argument("--id", action="append", help="only this message id (repeatable)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from deployments.ops import key_argument
 from tasks.video import jobs as video
 
 CLEANUP_DEPLOYMENT = "video-delete-cleanup/local"
@@ -39,7 +40,7 @@ def register(subparsers) -> None:
     create.set_defaults(handler=lambda a: video.create_job(a.job_id, a.mode, a.segment_seconds))
 
     get = group.add_parser("get-job", help="one job (a deleted job is not found)")
-    get.add_argument("job_id")
+    key_argument(get, "job_id", "--job-id")
     get.set_defaults(handler=lambda a: video.get_job(a.job_id))
 
     listing = group.add_parser("list", help="jobs that are not deleted, oldest first")
@@ -47,7 +48,7 @@ def register(subparsers) -> None:
     listing.set_defaults(handler=lambda a: video.list_jobs(a.status))
 
     delete = group.add_parser("delete", help="soft-delete a completed or failed job and queue its cleanup")
-    delete.add_argument("job_id")
+    key_argument(delete, "job_id", "--job-id")
     delete.add_argument("--cleanup", choices=["deployment", "inline", "none"], default="deployment")
     delete.add_argument("--deployment", default=CLEANUP_DEPLOYMENT)
     delete.set_defaults(handler=_delete)

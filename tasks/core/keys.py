@@ -297,7 +297,7 @@ def gpu_task_id(value: str) -> str:
 
 # --------------------------------------------------------------------------- seed 003: video
 
-VIDEO_INPUT_PREFIX = "input/"  # uploads: input/{job_id}/source.mp4
+VIDEO_INPUT_PREFIX = "input/"  # every job's upload lands under it
 _SEGMENT = re.compile(r"^segments/([^/]+)/(\d{5})_(\d{5})_([A-Za-z0-9-]+)\.mp4$")
 
 
@@ -361,9 +361,11 @@ def final_key(job_id: str) -> str:
     return f"{job_output_prefix(job_id)}final.mp4"
 
 
+
+
 def input_prefix(job_id: str) -> str:
     """``input/{job_id}/``: a job's uploaded inputs."""
-    return f"input/{safe_id(job_id, 'job_id')}/"
+    return f"{VIDEO_INPUT_PREFIX}{safe_id(job_id, 'job_id')}/"
 
 
 # --------------------------------------------------------------------------- seed 004: dead-letter archive

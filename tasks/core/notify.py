@@ -1,40 +1,108 @@
 """Failure notifications: through a Prefect notification block when one is configured, else the log.
 
-Flows attach ``notify_on_failure`` as ``on_failure`` / ``on_crashed`` hooks. Hooks run in the flow's own
-process, so a killed worker runs none: ``records-reconcile`` covers that case from DynamoDB's side.
+``deliver`` says whether a block took the message (DeliveryError when not), for callers that retry
+(``pipeline-health``); ``notify`` never raises, for state hooks and one-off alerts. Flows attach
+``notify_on_failure`` as ``on_failure`` / ``on_crashed`` hooks. Hooks run in the flow's own process, so a killed
+worker runs none: ``records-reconcile`` covers that case from DynamoDB's side.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import urllib.parse
 
 logger = logging.getLogger("pipelines.notify")
 
 NOTIFY_BLOCK_ENV = "PIPELINES_NOTIFY_BLOCK"  # e.g. "slack-webhook/on-call"
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+class DeliveryError(RuntimeError):
+    """A notification block did not deliver; the message says why, without any URL path, query or secret."""
+
+
+def _origin(match: re.Match) -> str:
+    """A URL cut to scheme and host (http/https) or to its scheme: a webhook's path, query or host may be its token."""
+    parts = urllib.parse.urlsplit(match.group(0))
+    if parts.scheme.lower() not in ("http", "https"):
+        return f"{parts.scheme}://…"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}/…"
+
+
+def _secret_values(block) -> list[str]:
+    """The secret field values of a block (SecretStr, SecretDict), to keep out of any message."""
+    found: list[str] = []
+
+    def collect(value) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+        elif isinstance(value, str) and len(value) >= 3:
+            found.append(value)
+
+    for name in type(block).model_fields:
+        value = getattr(block, name, None)
+        if hasattr(value, "get_secret_value"):
+            collect(value.get_secret_value())
+    return found
+
+
+def delivery_reason(error: BaseException, secrets: list[str] = ()) -> str:
+    """One secret-free line on why a delivery failed: the error's type and text, URLs cut to their host."""
+    text = " ".join(str(error).split()) or "no detail"
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return f"{type(error).__name__}: {_URL.sub(_origin, text)}"[:500]
+
+
+def deliver(subject: str, body: str, block: str | None = None) -> str:
+    """Send ``subject``/``body`` through the block ``type-slug/name`` (default PIPELINES_NOTIFY_BLOCK), else log it.
+
+    Returns where it went ("block:<name>" or "log"); raises DeliveryError when the block did not deliver.
+    """
+    block = block or os.environ.get(NOTIFY_BLOCK_ENV)
+    if not block:
+        logger.error("NOTIFY %s: %s", subject, body)
+        return "log"
+    from prefect.blocks.core import Block
+
+    try:
+        loaded = Block.load(block)
+    except Exception as error:  # noqa: BLE001 - a missing or unreadable block is a failed delivery
+        raise DeliveryError(f"notification block {block} cannot be loaded: {delivery_reason(error)}") from None
+    secrets = _secret_values(loaded)
+    try:
+        if hasattr(loaded, "raise_on_failure"):  # Apprise blocks only report a failure when asked to
+            with loaded.raise_on_failure():
+                loaded.notify(body=body, subject=subject)
+        else:
+            loaded.notify(body=body, subject=subject)
+    except Exception as error:  # noqa: BLE001 - any failure to send is a failed delivery
+        raise DeliveryError(f"notification block {block} did not deliver: {delivery_reason(error, secrets)}") from None
+    return f"block:{block}"
 
 
 def notify(subject: str, body: str, block: str | None = None) -> str:
-    """Send ``subject``/``body`` through the notification block ``type-slug/name``; log it when there is none.
+    """``deliver``, but a failed delivery is logged (a WARNING with the reason, then the message) instead of raised.
 
-    Returns where it went ("block:<name>" or "log"). A failing notifier is logged, never raised: an alert
-    must not turn a handled failure into a crash.
+    Returns where it went: "block:<name>", "log", or "undelivered" (the block failed; the message is in the log).
     """
-    block = block or os.environ.get(NOTIFY_BLOCK_ENV)
-    if block:
-        try:
-            from prefect.blocks.core import Block
-
-            Block.load(block).notify(body=body, subject=subject)
-            return f"block:{block}"
-        except Exception as error:  # noqa: BLE001 - fall back to the log, say why
-            logger.error("notification block %s failed (%s); logging instead", block, error)
-    logger.error("NOTIFY %s: %s", subject, body)
-    return "log"
+    try:
+        return deliver(subject, body, block)
+    except DeliveryError as error:
+        logger.warning("notification not delivered: %s", error)
+        logger.error("NOTIFY %s: %s", subject, body)
+        return "undelivered"
 
 
 def notify_on_failure(flow, flow_run, state) -> None:
-    """Prefect state hook: one notification per failed or crashed flow run, with the run's URL."""
+    """Prefect state hook: one notification per failed or crashed flow run, with the run's URL (never raises)."""
     from prefect.settings import get_current_settings
 
     ui = get_current_settings().ui_url or ""

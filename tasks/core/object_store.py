@@ -23,19 +23,24 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlparse
 
+import logging
+
 import boto3
 
 from tasks.core import faults
-from tasks.core.keys import safe_key
+from tasks.core.keys import InvalidKey, safe_key
 from tasks.core.runtime import utc_now
 from tasks.core.state_store import BOTO_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LOCAL_ROOT = REPO_ROOT / ".data" / "objects"
+log = logging.getLogger(__name__)
 MIN_PART_MB = 5  # S3 refuses smaller parts (except the last)
 STREAM_CHUNK = 1 << 20  # bytes per read when copying a stream
 
@@ -64,6 +69,20 @@ def _write_point(method: Callable[..., Any]) -> Callable[..., Any]:
 
 class ObjectNotFound(FileNotFoundError):
     """No object at that key."""
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """One object as a listing reports it: its key in the store, size, URL and last change (ISO 8601, UTC)."""
+
+    key: str
+    size: int
+    url: str
+    last_modified: str
+
+
+def _iso_utc(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat()
 
 
 class ObjectStore:
@@ -106,6 +125,8 @@ class ObjectStore:
         """Size in bytes of the object at ``key``; ObjectNotFound if absent."""
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys of every object whose key starts with ``prefix``."""
+    def list_objects(self, prefix: str = "") -> list[ListedObject]:
+        """Every object under ``prefix`` with its size, from the listing itself (no request per object)."""
     def delete(self, key: str) -> bool:
         """Delete the object at ``key``; True if there was one."""
     def copy(self, src: str, dst: str) -> str:
@@ -236,6 +257,18 @@ class LocalStore(ObjectStore):
         for key, unfinished in self._walk(prefix):
             if not unfinished:
                 yield key
+
+    def list_objects(self, prefix: str = "") -> list[ListedObject]:
+        """Files under ``prefix`` (no unfinished ``.part`` writes) with their size and mtime; one stat each."""
+        found = []
+        for key in self.list(prefix):
+            try:
+                stat = (self.root / key).stat()
+            except FileNotFoundError:  # removed since the walk saw it
+                continue
+            modified = datetime.fromtimestamp(stat.st_mtime, timezone.utc)
+            found.append(ListedObject(key, stat.st_size, self.url_for(key), _iso_utc(modified)))
+        return found
 
     def _walk(self, prefix: str) -> Iterator[tuple[str, bool]]:
         """Every file under ``prefix`` as (key, whether it is an unfinished ``.part`` write)."""
@@ -405,12 +438,30 @@ class S3Store(ObjectStore):
             raise ObjectNotFound(self.url_for(key))
         return int(head["ContentLength"])
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        """Keys (relative to the store's prefix) of every object under ``prefix``, page by page."""
+    def _listing(self, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(key relative to the store's prefix, ListObjectsV2 entry) for every object under ``prefix``, page by page."""
         strip = len(f"{self.prefix}/") if self.prefix else 0
         for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._full(prefix)):
             for obj in page.get("Contents", []):
-                yield obj["Key"][strip:]
+                yield obj["Key"][strip:], obj
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys (relative to the store's prefix) of every object under ``prefix``, page by page."""
+        for key, _obj in self._listing(prefix):
+            yield key
+
+    def list_objects(self, prefix: str = "") -> list[ListedObject]:
+        """Objects under ``prefix`` with the size and LastModified that ListObjectsV2 returns (never a HEAD);
+        a key that could escape the store (``..``, empty segments) is skipped with a warning."""
+        found = []
+        for key, obj in self._listing(prefix):
+            try:
+                url = self.url_for(key)
+            except InvalidKey as error:
+                log.warning("listing %s: skipped s3://%s/%s (%s)", self.url, self.bucket, obj["Key"], error)
+                continue
+            found.append(ListedObject(key, int(obj["Size"]), url, _iso_utc(obj["LastModified"])))
+        return found
 
     @_write_point
     def delete(self, key: str) -> bool:

@@ -145,6 +145,14 @@ class Condition:
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
 
+    def __and__(self, other: "Condition") -> "Condition":
+        """Both conditions (their placeholders must differ)."""
+        if set(self.names) & set(other.names) or set(self.values) & set(other.values):
+            raise ValueError(f"conditions share placeholders: {self.expression!r} and {other.expression!r}")
+        return Condition(
+            f"({self.expression}) AND ({other.expression})", {**self.names, **other.names}, {**self.values, **other.values}
+        )
+
 
 def unchanged(seen: Mapping[str, Any], tag: str = "u") -> Condition:
     """A condition that each attribute still has the value seen (None: still absent)."""

@@ -24,7 +24,7 @@ from blocks.etl import EtlSettings
 from tasks.core import keys, state_store
 from tasks.core.runtime import now_iso, prefect_ids, utc_now
 from tasks.core.config import object_store, table_name
-from tasks.core.object_store import ObjectNotFound, ObjectStore, copy_url, object_version, open_url
+from tasks.core.object_store import ListedObject, ObjectNotFound, ObjectStore, copy_url, object_version, open_url
 
 log = logging.getLogger(__name__)
 
@@ -100,21 +100,24 @@ class FileCheck:
         return self.reason is None
 
 
-def landing_urls(landing_url: str) -> list[str]:
-    """Every ``.ndjson``-or-not object under a landing prefix (validation decides), as URLs."""
-    landing = store(landing_url)
-    return [landing.url_for(key) for key in landing.list("")]
+def landing_objects(landing_url: str) -> list[ListedObject]:
+    """Every ``.ndjson``-or-not object under a landing prefix (validation decides), with the listing's sizes."""
+    return store(landing_url).list_objects("")
 
 
-def validate_file(url: str, config: EtlSettings) -> FileCheck:
-    """The seed's checks: path under ``pipeline/input/YYYY-MM-DD/``, ``.ndjson`` extension, size within tolerance."""
+def validate_file(url: str, config: EtlSettings, size: int | None = None) -> FileCheck:
+    """The seed's checks: path under ``pipeline/input/YYYY-MM-DD/``, ``.ndjson`` extension, size within tolerance.
+
+    ``size`` is the one a listing or an S3 event reported; only without it is the object asked (a HEAD). An
+    object deleted after its event is then found missing by its merge, which fails the file with the reason."""
     try:
         parsed = keys.parse_input_path(url.split("?", 1)[0])
     except keys.InvalidKey as error:
         return FileCheck(url, keys.UNDATED_PREFIX, keys.undated_file_key(url), None, f"unparseable input path: {error}")
     try:
-        source, key = open_url(url)
-        size = source.size(key)
+        if size is None:
+            source, key = open_url(url)
+            size = source.size(key)
     except (ObjectNotFound, FileNotFoundError):
         return FileCheck(url, parsed.date_prefix, parsed.filename, None, "file not found (deleted before ingest?)")
     if not parsed.filename.endswith(".ndjson"):
@@ -131,9 +134,11 @@ def validate_file(url: str, config: EtlSettings) -> FileCheck:
     return FileCheck(url, parsed.date_prefix, parsed.filename, size)
 
 
-def validate_files(urls: Sequence[str], config: EtlSettings) -> list[FileCheck]:
-    """``validate_file`` for a batch of file events."""
-    return [validate_file(url, config) for url in urls]
+def validate_files(urls: Sequence[str], config: EtlSettings, sizes: Sequence[int | None] | None = None) -> list[FileCheck]:
+    """``validate_file`` for a batch of file events; ``sizes`` (one per URL, None where unknown) spare the HEADs."""
+    if sizes is not None and len(sizes) != len(urls):
+        raise ValueError(f"{len(sizes)} sizes for {len(urls)} files")
+    return [validate_file(url, config, size) for url, size in zip(urls, sizes or [None] * len(urls))]
 
 
 def _file_item(check: FileCheck, status: str, config: EtlSettings, **extra: Any) -> dict[str, Any]:

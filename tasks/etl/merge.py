@@ -127,17 +127,26 @@ def read_ndjson(url: str) -> FileResult:
 # --------------------------------------------------------------------------- one output part (a Dask task)
 
 
-def plan_parts(urls: list[str], target_file_mb: float) -> list[list[str]]:
+def input_sizes(urls: list[str]) -> dict[str, int]:
+    """Each input file's size from the store (0 for a file gone since it was tracked)."""
+    sizes = {}
+    for url in urls:
+        try:
+            source, key = open_url(url)
+            sizes[url] = source.size(key)
+        except (ObjectNotFound, FileNotFoundError):
+            sizes[url] = 0
+    return sizes
+
+
+def plan_parts(urls: list[str], target_file_mb: float, sizes: dict[str, int] | None = None) -> list[list[str]]:
     """Deterministic groups of input files, each about ``target_file_mb`` of Parquet (sizes from the store)."""
+    sizes = input_sizes(urls) if sizes is None else sizes
     budget = target_file_mb * 1024 * 1024 / NDJSON_TO_PARQUET
     parts: list[list[str]] = [[]]
     filled = 0.0
     for url in urls:
-        try:
-            source, key = open_url(url)
-            size = source.size(key)
-        except (ObjectNotFound, FileNotFoundError):
-            size = 0
+        size = sizes[url]
         if parts[-1] and filled + size > budget:
             parts.append([])
             filled = 0.0
@@ -340,7 +349,8 @@ def merge_manifest(
     token = uuid.uuid4().hex
     staging = keys.merged_staging_prefix(date_prefix, manifest_name, token)
     processed_at = now_iso()
-    parts = plan_parts(sorted(urls), target_file_mb)
+    sizes = input_sizes(urls)
+    parts = plan_parts(sorted(urls), target_file_mb, sizes)
     calls = [delayed(merge_part)(i, group, staging, output_url, processed_at) for i, group in enumerate(parts)]
     try:
         outputs = run_dask(calls, scheduler)
@@ -353,6 +363,7 @@ def merge_manifest(
         "rejected_lines": sum(len(o["rejects"]) for o in outputs),
         "files": files,
         "files_failed": sum(1 for f in files if f["error"]),
+        "input_bytes": sum(sizes.values()),
     }
     summary = publish(date_prefix, manifest_name, output_url, outputs, summary)
     return {**summary, "already_published": False}

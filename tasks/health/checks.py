@@ -93,13 +93,12 @@ def etl_failed_manifests(limits: HealthThresholds) -> Alarm:
 
 
 def phspectra_stuck_chunks(limits: HealthThresholds) -> Alarm:
-    """phspectra: chunks of running surveys IN_PROGRESS longer than ``stuck_chunk_minutes``."""
-    stuck = [
-        f"{run['PK']}/{chunk['SK']}"
-        for run in survey.active_runs()
-        for chunk in survey.stuck_chunks(run["PK"], limits.stuck_chunk_minutes * 60)
-    ]
-    return _alarm("phspectra-stuck-chunks", "phspectra", stuck, 0, f"chunk(s) IN_PROGRESS > {limits.stuck_chunk_minutes:g} min")
+    """phspectra: chunks of running surveys whose lease expired over ``stuck_chunk_minutes`` ago and that no
+    sweep re-drove (a long fit renews its lease and is never stuck)."""
+    cutoff = iso_ago(limits.stuck_chunk_minutes * 60)
+    stuck = [f"{run['PK']}/{chunk['SK']}" for run in survey.active_runs() for chunk in survey.expired_leases(run["PK"], cutoff)]
+    minutes = f"{limits.stuck_chunk_minutes:g}"
+    return _alarm("phspectra-stuck-chunks", "phspectra", stuck, 0, f"chunk(s) IN_PROGRESS with a lease expired > {minutes} min")
 
 
 def _last_change(item: Mapping[str, Any], attrs: Iterable[str]) -> str:
@@ -161,10 +160,10 @@ CHECKS: dict[Check, tuple[str, ...]] = {
 }
 
 
-def evaluate(limits: HealthThresholds) -> list[Alarm]:
+def evaluate(limits: HealthThresholds, registry: Mapping[Check, tuple[str, ...]] | None = None) -> list[Alarm]:
     """Every alarm's reading; a check that raises reports its alarms as ERROR (firing) with the error."""
     alarms: list[Alarm] = []
-    for check, names in CHECKS.items():
+    for check, names in (CHECKS if registry is None else registry).items():
         try:
             result = check(limits)
         except Exception as error:  # noqa: BLE001 - an unreadable pipeline is itself worth an alarm

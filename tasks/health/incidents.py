@@ -8,7 +8,9 @@ Whoever opens an incident does not notify directly: every OPEN incident without 
 (``notify_claimed_at`` set only if unclaimed or the claim is older than the lease), sent, then confirmed
 (``notified_at``, only by the claim's owner). Two health runs at once send one notification; a run killed
 between claim and confirmation is covered by the next run after the lease (at least once; twice only when
-the process died after sending and before confirming).
+the process died after sending and before confirming). A delivery that fails (the webhook is down) is not
+a notification: the claim is released with ``notify_error``/``notify_failed_at``/``notify_attempts`` and a
+later run sends again once ``retry_seconds`` have passed, until it is delivered.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from tasks.core import state_store
 from tasks.core.config import table_name
-from tasks.core.notify import notify
+from tasks.core.notify import DeliveryError, deliver
 from tasks.core.runtime import iso_ago, now_iso, run_logger
 from tasks.core.state_store import Condition
 from tasks.health.checks import Alarm
@@ -26,7 +28,7 @@ from tasks.health.checks import Alarm
 OPEN, CLEARED = "OPEN", "CLEARED"
 TABLE = "health_incidents"
 
-# send(subject, body, block) -> where it went (tasks.core.notify.notify)
+# send(subject, body, block) -> where it went; DeliveryError when not delivered (tasks.core.notify.deliver)
 Sender = Callable[[str, str, "str | None"], str]
 
 
@@ -50,7 +52,7 @@ def open_incident(alarm: Alarm) -> str:
         return "ongoing"
     reopened = state_store.transition(
         _table(), {"alarm": alarm.name}, CLEARED, OPEN, set=fields, add={"incident": 1},
-        remove=["notified_at", "notify_claimed_at", "cleared_at"],
+        remove=["notified_at", "notify_claimed_at", "cleared_at", "notify_error", "notify_failed_at", "notify_attempts"],
     )
     return "opened" if reopened.applied else "ongoing"
 
@@ -64,13 +66,15 @@ def clear_incident(name: str) -> str:
     return "cleared" if moved.applied else "clear"
 
 
-def _claim(name: str, lease_seconds: float) -> str | None:
-    """Claim the notification of an OPEN, unnotified incident; the claim's stamp, or None (sent or claimed)."""
+def _claim(name: str, lease_seconds: float, retry_seconds: float) -> str | None:
+    """Claim the notification of an OPEN, unnotified incident whose last failed delivery is ``retry_seconds`` old;
+    the claim's stamp, or None (sent, claimed, or too soon to retry)."""
     mine = now_iso()
     condition = Condition(
-        "attribute_not_exists(#sent) AND (attribute_not_exists(#claim) OR #claim < :expired)",
-        {"#sent": "notified_at", "#claim": "notify_claimed_at"},
-        {":expired": iso_ago(lease_seconds)},
+        "attribute_not_exists(#sent) AND (attribute_not_exists(#claim) OR #claim < :expired)"
+        " AND (attribute_not_exists(#failed) OR #failed <= :retry)",
+        {"#sent": "notified_at", "#claim": "notify_claimed_at", "#failed": "notify_failed_at"},
+        {":expired": iso_ago(lease_seconds), ":retry": iso_ago(retry_seconds)},
     )
     claimed = state_store.transition(
         _table(), {"alarm": name}, OPEN, None, set={"notify_claimed_at": mine}, condition=condition
@@ -85,35 +89,61 @@ def message(item: dict[str, Any]) -> tuple[str, str]:
     return subject, body
 
 
-def notify_incident(name: str, lease_seconds: float, block: str | None = None, send: Sender | None = None) -> bool:
-    """Send the notification of ``name``'s OPEN incident unless sent or claimed; True when this call sent it."""
-    send = send or notify
+def notify_incident(
+    name: str, lease_seconds: float, block: str | None = None, send: Sender | None = None, retry_seconds: float = 0
+) -> bool:
+    """Send the notification of ``name``'s OPEN incident unless sent, claimed or failed less than ``retry_seconds``
+    ago; True when this call delivered it. A failed delivery is recorded on the incident and logged (WARNING)."""
+    send = send or deliver
     seen = get(name)
     if seen is None or seen.get("status") != OPEN or seen.get("notified_at"):  # read first: no write while it lasts
         return False
-    mine = _claim(name, lease_seconds)
+    mine = _claim(name, lease_seconds, retry_seconds)
     if mine is None:
         return False
     item = get(name) or {"alarm": name}
-    where = send(*message(item), block)
+    mine_only = Condition("#claim = :mine", {"#claim": "notify_claimed_at"}, {":mine": mine})
+    try:
+        where = send(*message(item), block)
+    except DeliveryError as error:
+        failed = state_store.transition(
+            _table(), {"alarm": name}, OPEN, None, set={"notify_error": str(error), "notify_failed_at": now_iso()},
+            add={"notify_attempts": 1}, remove=["notify_claimed_at"], condition=mine_only,
+        )
+        attempts = int(((failed.item or {}) if failed.applied else item).get("notify_attempts", 0))
+        run_logger(__name__).warning(
+            "notification of %s not delivered (attempt %d; retried after %.0f s): %s", name, attempts, retry_seconds, error
+        )
+        return False
     confirmed = state_store.transition(
         _table(), {"alarm": name}, OPEN, None, set={"notified_at": now_iso(), "notified_via": where},
-        condition=Condition("#claim = :mine", {"#claim": "notify_claimed_at"}, {":mine": mine}),
+        add={"notify_attempts": 1}, remove=["notify_error", "notify_failed_at"], condition=mine_only,
     )
     if not confirmed.applied:  # the lease ran out while sending and another run claimed it: it may send again
         run_logger(__name__).warning("notification of %s sent but its claim was taken over", name)
     return True
 
 
-def apply(alarms: list[Alarm], lease_seconds: float, block: str | None = None, send: Sender | None = None) -> list[dict[str, Any]]:
+def _notified(item: dict[str, Any]) -> str:
+    """The ``notified`` column of an alarm that fires: when it was sent, or why it is not yet."""
+    if item.get("notified_at"):
+        return item["notified_at"]
+    if item.get("notify_error"):
+        return f"not delivered ({int(item.get('notify_attempts', 0))} attempts): {item['notify_error']}"
+    return "-"
+
+
+def apply(
+    alarms: list[Alarm], lease_seconds: float, block: str | None = None, send: Sender | None = None, retry_seconds: float = 0
+) -> list[dict[str, Any]]:
     """Open or clear each alarm's incident, notify every open one not yet notified; one row per alarm."""
     rows = []
     for alarm in alarms:
         incident = open_incident(alarm) if alarm.firing else clear_incident(alarm.name)
-        sent = alarm.firing and notify_incident(alarm.name, lease_seconds, block, send)
+        sent = alarm.firing and notify_incident(alarm.name, lease_seconds, block, send, retry_seconds)
         item = get(alarm.name) or {}
         rows.append({
             **alarm.row(), "incident": incident, "incident_no": int(item.get("incident", 0)),
-            "notified": "sent now" if sent else (item.get("notified_at") or "-") if alarm.firing else "-",
+            "notified": "sent now" if sent else _notified(item) if alarm.firing else "-",
         })
     return rows

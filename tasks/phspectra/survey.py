@@ -3,7 +3,10 @@
 split (cube -> chunk .npz + RUN and CHUNK items) -> fit chunk (guarded PENDING -> IN_PROGRESS ->
 COMPLETED/FAILED, counters in the same transaction) -> slow lane (refit spectra that ran past the time
 limit, patch the chunk's Parquet) -> finalize (run status and summary). Plus the seed's five access
-patterns and the stuck-chunk sweep.
+patterns and the sweep of runs nobody drives and of chunks whose lease expired.
+
+A claim on a chunk is a lease (``lease_expires_at``) that its live fitter renews: a chunk is stuck when its
+lease expired, never merely because its fit is long.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import io
 import json
 import socket
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +29,17 @@ import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Attr, Key
 
 from tasks.core import keys, state_store
-from tasks.core.runtime import iso_ago, now_iso, prefect_ids
+from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger, utc_now
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import ObjectNotFound, ObjectStore, open_url
-from tasks.phspectra.worker import TIMED_OUT, run_in_child, validate_fit_params
+from tasks.phspectra.worker import TIMED_OUT, FitStopped, run_in_child, start_fork_server, validate_fit_params
 from tasks.core.state_store import Condition, Increment, to_plain
 
 PENDING, IN_PROGRESS, COMPLETED, FAILED = "PENDING", "IN_PROGRESS", "COMPLETED", "FAILED"
 RUN_RUNNING, RUN_COMPLETED, RUN_FAILED = "RUNNING", "COMPLETED", "FAILED"
 ERROR_BYTES = 1024
+DEFAULT_CHUNK_SIZE = 500
+DEFAULT_LEASE_S = 60.0  # a claim lasts this long unless its fitter renews it (every third of it)
 NAN_FILL = 0.0  # NaN channels become 0.0 before fitting (fit_gaussians refuses NaN), and are counted
 
 PARQUET_SCHEMA = pa.schema(
@@ -107,6 +114,11 @@ def stuck_chunks(run_id: str, older_than_s: float = 15 * 60) -> list[dict[str, A
     """4. Chunks IN_PROGRESS whose ``started_at`` is older than the threshold (default 15 minutes)."""
     stale = Attr("status").eq(IN_PROGRESS) & Attr("started_at").lt(iso_ago(older_than_s))
     return _chunk_query(run_id, FilterExpression=stale)
+
+
+def expired_leases(run_id: str, before: str | None = None) -> list[dict[str, Any]]:
+    """Chunks IN_PROGRESS whose lease ran out before ``before`` (default now): their fitter stopped renewing."""
+    return _chunk_query(run_id, FilterExpression=Attr("status").eq(IN_PROGRESS), keep=lambda c: lease_expired(c, before))
 
 
 def failures(run_id: str) -> list[dict[str, Any]]:
@@ -255,7 +267,7 @@ def split_cube(
             "n_nan_channels": n_nan, "starts": starts, "params": params}  # fmt: skip
 
 
-def complete_split(run_id: str, output_url: str | None = None) -> list[int]:
+def complete_split(run_id: str) -> list[int]:
     """Write the files and items of the chunks a crashed split did not (from the RUN item); their starts.
 
     ValueError when the cube no longer matches the run (it cannot be finished as split).
@@ -272,30 +284,97 @@ def complete_split(run_id: str, output_url: str | None = None) -> list[int]:
                 f"run {run_id}: cube {run['cube_url']} is now {spectra.shape[0]} spectra x {spectra.shape[1]} channels, "
                 f"split as {run['n_spectra']} x {run['n_channels']}; its missing chunks cannot be written"
             )
-        _write_chunks(run_id, spectra, xs, ys, missing, run["chunk_size"], object_store(output_url or run.get("output_url")))
+        _write_chunks(run_id, spectra, xs, ys, missing, run["chunk_size"], object_store(run.get("output_url")))
     return missing
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def lease_until(lease_seconds: float) -> str:
+    """The ``lease_expires_at`` of a lease taken or renewed now for ``lease_seconds``."""
+    return now_iso(utc_now() + timedelta(seconds=lease_seconds))
+
+
+def lease_expired(item: Mapping[str, Any], now: str | None = None) -> bool:
+    """Whether a chunk's lease ran out before ``now`` (default now); a chunk without one has nobody renewing it."""
+    return str(item.get("lease_expires_at") or "") < (now or now_iso())
+
+
+def lease_expired_condition(now: str | None = None) -> Condition:
+    """``lease_expired`` as a write condition, so a fitter that renews meanwhile wins."""
+    return Condition("attribute_not_exists(#lease) OR #lease < :now", {"#lease": "lease_expires_at"}, {":now": now or now_iso()})
+
+
+def _mine(started_at: str) -> Condition:
+    """Only the claim that set this ``started_at`` may renew or finish the chunk (a re-driven chunk has another)."""
+    return Condition("#started = :mine", {"#started": "started_at"}, {":mine": started_at})
+
+
+class ChunkLease:
+    """A fitter's claim on a chunk, renewed from a background thread a third of ``lease_seconds`` after the last
+    renewal (the fitter's own renewals, at its fitting process's start and before it publishes, count too).
+
+    ``lost`` is set once a renewal finds the chunk no longer held by this claim (taken after its lease
+    expired, or failed by the reconciler): the fitter then stops its fit and publishes nothing.
+    """
+
+    def __init__(self, run_id: str, start: int, started_at: str, lease_seconds: float) -> None:
+        self.key, self.started_at, self.lease_seconds = chunk_key(run_id, start), started_at, lease_seconds
+        self.lost, self._done = threading.Event(), threading.Event()
+        self._tried_at = time.monotonic()  # the claim itself took the lease
+        self._thread = threading.Thread(target=self._keep, name=f"phspectra-lease-{run_id}-{start}", daemon=True)
+
+    def renew(self, **extra: Any) -> bool:
+        """Extend the lease (setting ``extra`` too) while this claim holds the chunk; False once it is lost."""
+        self._tried_at = time.monotonic()
+        renewed = state_store.transition(
+            runs_table(), self.key, IN_PROGRESS, None, set={"lease_expires_at": lease_until(self.lease_seconds), **extra},
+            condition=_mine(self.started_at),
+        ).applied  # fmt: skip
+        if not renewed:
+            self.lost.set()
+        return renewed
+
+    def _keep(self) -> None:
+        while not self.lost.is_set():
+            if self._done.wait(max(0.0, self._tried_at + self.lease_seconds / 3 - time.monotonic())):
+                return
+            if time.monotonic() < self._tried_at + self.lease_seconds / 3:
+                continue  # the fitter renewed meanwhile
+            try:
+                self.renew()
+            except Exception as error:  # e.g. DynamoDB unreachable: the next tick tries again, the final write decides
+                run_logger(__name__).warning("%s: lease renewal failed (%s); retrying", self.key["SK"], error)
+
+    def __enter__(self) -> "ChunkLease":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 # --------------------------------------------------------------------------- fit one chunk
 
 
-def _mine(started_at: str) -> Condition:
-    """Only the claim that set this ``started_at`` may finish the chunk (a re-driven chunk has another)."""
-    return Condition("#started = :mine", {"#started": "started_at"}, {":mine": started_at})
-
-
-def claim_chunk(run_id: str, start: int, stuck_before: str | None = None) -> dict[str, Any] | None:
-    """Move the chunk to IN_PROGRESS if it is PENDING, FAILED, a retry of this task run, or stuck.
+def claim_chunk(
+    run_id: str, start: int, take_expired: bool = False, lease_seconds: float = DEFAULT_LEASE_S
+) -> dict[str, Any] | None:
+    """Move the chunk to IN_PROGRESS, with a lease, if it is PENDING, FAILED, a retry of this task run, or
+    (``take_expired``) IN_PROGRESS with its lease expired.
 
     Returns the claimed item, or None when it is COMPLETED or being fitted by someone else.
     A FAILED chunk's ``jobs_failed`` is taken back in the same transaction, so counters stay exact.
-    Stuck (IN_PROGRESS with ``started_at`` < ``stuck_before``) is taken conditionally on the
-    ``started_at`` seen, so of two sweepers only one gets it.
+    An expired lease is taken conditionally on the ``started_at`` seen and on the lease still being expired,
+    so of two sweepers only one gets it, and never from a fitter that renewed meanwhile.
     """
     table, key = runs_table(), chunk_key(run_id, start)
     ids = prefect_ids()
     for _ in range(5):
-        claim = {"started_at": now_iso(), "worker_host": socket.gethostname(), **ids}
+        now = now_iso()
+        claim = {"started_at": now, "lease_expires_at": lease_until(lease_seconds), "worker_host": socket.gethostname(), **ids}
         result = state_store.transition(table, key, PENDING, IN_PROGRESS, set=claim, add={"attempts": 1})
         if result.applied:
             return to_plain(result.item)
@@ -311,13 +390,14 @@ def claim_chunk(run_id: str, start: int, stuck_before: str | None = None) -> dic
                 increments=[Increment(table, run_key(run_id), {"jobs_failed": -1})],
             )  # fmt: skip
         elif status == IN_PROGRESS:
-            seen = current.get("started_at", "")
-            retry = ids.get("prefect_task_run_id") and current.get("prefect_task_run_id") == ids["prefect_task_run_id"]
-            if not (retry or (stuck_before is not None and seen < stuck_before)):
+            seen = _mine(current.get("started_at", ""))
+            if ids.get("prefect_task_run_id") and current.get("prefect_task_run_id") == ids["prefect_task_run_id"]:
+                condition = seen  # this task run's earlier attempt ended: its claim is ours
+            elif take_expired and lease_expired(current, now):
+                condition = seen & lease_expired_condition(now)
+            else:
                 return None
-            result = state_store.transition(
-                table, key, IN_PROGRESS, IN_PROGRESS, set=claim, add={"attempts": 1}, condition=_mine(seen)
-            )
+            result = state_store.transition(table, key, IN_PROGRESS, IN_PROGRESS, set=claim, add={"attempts": 1}, condition=condition)
         if result.applied:
             return to_plain(result.item)
     return None
@@ -341,12 +421,6 @@ def read_parquet(store: ObjectStore, key: str) -> pa.Table:
     return pq.read_table(io.BytesIO(store.get_bytes(key)), schema=PARQUET_SCHEMA)
 
 
-def _record_worker(run_id: str, start: int, started_at: str, pid: int) -> None:
-    state_store.transition(
-        runs_table(), chunk_key(run_id, start), IN_PROGRESS, None, set={"worker_pid": pid}, condition=_mine(started_at)
-    )
-
-
 def run_params(run: Mapping[str, Any]) -> dict[str, Any]:
     """The run's fit parameters decoded from its JSON ``params`` ({} when none)."""
     return to_plain(json.loads(run["params"])) if run.get("params") else {}
@@ -357,14 +431,17 @@ def fit_chunk(
     start: int,
     output_url: str | None = None,
     time_limit_s: float | None = 60.0,
-    stuck_before: str | None = None,
+    take_expired: bool = False,
+    lease_seconds: float = DEFAULT_LEASE_S,
 ) -> dict[str, Any]:
     """Claim one chunk, fit its spectra in a child process, write its Parquet, mark it COMPLETED (or FAILED).
 
     ``jobs_completed`` / ``jobs_failed`` move in the same transaction as the chunk's transition, and only
-    the claim that set ``started_at`` can finish it, so retries and re-drives never count twice.
+    the claim that set ``started_at`` can finish it, so retries and re-drives never count twice. The claim's
+    lease is renewed while the fit runs; once it is lost the fit is stopped and nothing is published.
     """
-    claimed = claim_chunk(run_id, start, stuck_before)
+    start_fork_server()  # before the claim: a lease is not spent waiting for the fitting processes' server
+    claimed = claim_chunk(run_id, start, take_expired, lease_seconds)
     if claimed is None:
         current = state_store.get_item(runs_table(), chunk_key(run_id, start)) or {}
         return {"start": start, "outcome": "skipped", "status": current.get("status")}
@@ -376,21 +453,20 @@ def fit_chunk(
         return int((time.perf_counter() - began) * 1000)
 
     try:
-        run = get_run(run_id)
-        if run is None:
-            raise LookupError(f"run {run_id} has no RUN item")
-        store = object_store(output_url)
-
-        def started(pid: int) -> None:
-            """Record the child's ``pid`` on the chunk item as its worker."""
-            _record_worker(run_id, start, started_at, pid)
-
-        with store.local_copy(claimed["chunk_key"]) as path:
-            rows = run_in_child(path, run_params(run), time_limit_s, on_start=started)
-            with np.load(path) as data:
-                xs, ys = data["x"], data["y"]
-        output_key = keys.decomposition_key(run["survey"], run_id, start)
-        write_parquet(store, output_key, rows_to_table(xs, ys, rows))
+        with ChunkLease(run_id, start, started_at, lease_seconds) as lease:
+            run = get_run(run_id)
+            if run is None:
+                raise LookupError(f"run {run_id} has no RUN item")
+            store = object_store(output_url)
+            with store.local_copy(claimed["chunk_key"]) as path:
+                on_start = lambda pid: lease.renew(worker_pid=pid)  # noqa: E731 - the fitting process is the worker
+                rows = run_in_child(path, run_params(run), time_limit_s, on_start=on_start, stop=lease.lost)
+                with np.load(path) as data:
+                    xs, ys = data["x"], data["y"]
+            if not lease.renew():  # published only under a lease just confirmed, so nobody else holds the chunk
+                raise FitStopped(f"chunk {start} of run {run_id} was taken from this fit")
+            output_key = keys.decomposition_key(run["survey"], run_id, start)
+            write_parquet(store, output_key, rows_to_table(xs, ys, rows))
         n_components = sum(r["n_components"] for r in rows if r["n_components"] != TIMED_OUT)
         n_timed_out = sum(r["n_components"] == TIMED_OUT for r in rows)
         done = state_store.transition(
@@ -399,6 +475,9 @@ def fit_chunk(
                  "n_spectra": len(rows), "n_components": n_components, "n_timed_out": n_timed_out},
             increments=[Increment(table, increment_key, {"jobs_completed": 1})],
         )  # fmt: skip
+    except FitStopped as stopped:
+        run_logger(__name__).warning("%s; its new claim finishes it", stopped)
+        return {"start": start, "outcome": "superseded", "duration_ms": elapsed_ms()}
     except Exception as error:
         state_store.transition(
             table, key, IN_PROGRESS, FAILED, condition=_mine(started_at),
@@ -445,30 +524,48 @@ def refit_timed_out(run_id: str, start: int, output_url: str | None = None) -> d
 # --------------------------------------------------------------------------- resume, sweep, finalize
 
 
-def chunks_to_fit(run_id: str, stuck_before: str) -> tuple[list[int], list[int]]:
-    """(starts to fit: PENDING, FAILED or stuck; starts needing the slow lane: COMPLETED with timeouts)."""
+def chunks_to_fit(run_id: str, now: str | None = None) -> tuple[list[int], list[int]]:
+    """(starts to fit: PENDING, FAILED or IN_PROGRESS with an expired lease; starts needing the slow lane:
+    COMPLETED with timeouts)."""
     fit, slow = [], []
+    now = now or now_iso()
     for chunk in list_chunks(run_id):
         start, status = keys.chunk_start_from_sk(chunk["SK"]), chunk.get("status")
-        if status in (PENDING, FAILED) or (status == IN_PROGRESS and chunk.get("started_at", "") < stuck_before):
+        if status in (PENDING, FAILED) or (status == IN_PROGRESS and lease_expired(chunk, now)):
             fit.append(start)
         elif status == COMPLETED and chunk.get("n_timed_out"):
             slow.append(start)
     return sorted(fit), sorted(slow)
 
 
-def reopen_run(run_id: str, survey: str, fit_params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """An existing run, back to RUNNING for a resume; ValueError if it cannot be resumed as asked."""
+def reopen_run(
+    run_id: str,
+    survey: str | None = None,
+    fit_params: Mapping[str, Any] | None = None,
+    **given: Any,
+) -> dict[str, Any]:
+    """An existing run, back to RUNNING for a resume with the parameters stored on its RUN item.
+
+    ValueError if it cannot be resumed, or if a parameter given (``survey``, ``fit_params``, ``cube_url``,
+    ``chunk_size``, ``output_url``; None: not given) differs from the run's own.
+    """
     run = get_run(run_id)
     if run is None:
         raise ValueError(f"no run {run_id} to resume")
     run = to_plain(run)
-    if run["survey"] != survey:
-        raise ValueError(f"run {run_id} belongs to survey {run['survey']!r}, not {survey!r}")
     if not run.get("jobs_total"):
         raise ValueError(f"run {run_id} failed before its chunks were written ({run.get('error')}); start a new run")
-    if fit_params and validate_fit_params(fit_params) != run_params(run):
-        raise ValueError(f"run {run_id} was fitted with {run_params(run)}; a resume cannot change fit_params")
+    asked = {"survey": survey, **given, "fit_params": validate_fit_params(fit_params) if fit_params else None}
+    stored = {name: run.get(name) for name in asked} | {"fit_params": run_params(run)}
+    conflicts = [
+        f"{name}={asked[name]!r} (the run's: {'the default object store' if stored[name] is None else repr(stored[name])})"
+        for name in asked if asked[name] is not None and asked[name] != stored[name]
+    ]  # fmt: skip
+    if conflicts:
+        raise ValueError(
+            f"run {run_id} resumes with the parameters it was started with, and these differ: {'; '.join(conflicts)}. "
+            "Leave them out (run_id is enough) or start a new run"
+        )
     state_store.transition(
         runs_table(), run_key(run_id), [RUN_RUNNING, RUN_COMPLETED, RUN_FAILED], RUN_RUNNING,
         set={**driver_claim(), "sweep_attempts": 0}, remove=["error"],
@@ -538,9 +635,13 @@ def last_activity(run: Mapping[str, Any], chunks: list[Mapping[str, Any]]) -> st
     return max(stamps)
 
 
-def orphaned(run: Mapping[str, Any], driver_ended: bool, stuck_before: str) -> bool:
-    """Whether nobody drives a RUNNING run: its driving flow run ended, or nothing moved since ``stuck_before``."""
-    return driver_ended or last_activity(run, list_chunks(run["PK"])) < stuck_before
+def orphaned(run: Mapping[str, Any], driver_ended: bool, quiet_before: str) -> bool:
+    """Whether nobody drives a RUNNING run: no chunk's lease is live, and its driving flow run ended or nothing
+    moved since ``quiet_before``."""
+    chunks = list_chunks(run["PK"])
+    if any(c.get("status") == IN_PROGRESS and not lease_expired(c) for c in chunks):
+        return False  # a fitter still renews its lease: the run is worked on (its driver's end is not the fit's)
+    return driver_ended or last_activity(run, chunks) < quiet_before
 
 
 def take_over(run: Mapping[str, Any]) -> bool:

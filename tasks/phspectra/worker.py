@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 import phspectra  # noqa: E402
 
 
+STOP_POLL_S = 0.2  # how often a waiting caller checks whether it was asked to stop the fit
 TIMED_OUT = -1  # n_components of a spectrum whose fit exceeded the time limit (refitted by the slow lane)
 DEFAULT_BETA = inspect.signature(phspectra.fit_gaussians).parameters["beta"].default
 FIT_PARAM_NAMES = tuple(p for p in inspect.signature(phspectra.fit_gaussians).parameters if p != "signal")
@@ -55,6 +56,10 @@ class SpectrumTimeout(Exception):
 
 class WorkerDied(RuntimeError):
     """The fitting process ended without results (killed, out of memory, crashed)."""
+
+
+class FitStopped(RuntimeError):
+    """The caller stopped the fit (its claim on the chunk was lost); the fitting process was killed."""
 
 
 def validate_fit_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -165,6 +170,11 @@ _server_lock = threading.Lock()
 _server: _ForkServer | None = None
 
 
+def start_fork_server() -> None:
+    """Start this process's fork server now, waiting until it serves (it runs already: nothing to do)."""
+    _fork_server()
+
+
 def _fork_server() -> _ForkServer:
     """This process's fork server, started on first use (and again if it died)."""
     global _server
@@ -214,10 +224,12 @@ def run_in_child(
     params: Mapping[str, Any],
     time_limit: float | None,
     on_start: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> list[dict[str, Any]]:
     """Fit the spectra of an npz file in a child process; ``on_start(pid)`` is called once it runs.
 
-    Raises WorkerDied if the child ends without writing its results (killed, out of memory, crashed).
+    Raises WorkerDied if the child ends without writing its results (killed, out of memory, crashed), and
+    FitStopped (the child killed) once ``stop`` is set.
     """
     with tempfile.TemporaryDirectory(prefix="phspectra-fit-") as tmp:
         out_path = os.path.join(tmp, "rows.pkl")
@@ -227,6 +239,10 @@ def run_in_child(
             pid = connection.recv()
             if on_start:
                 on_start(pid)
+            while not connection.poll(STOP_POLL_S):  # readable at "done" and at EOF (the child died)
+                if stop is not None and stop.is_set():
+                    os.kill(pid, signal.SIGKILL)
+                    raise FitStopped(f"fitting process {pid} stopped: its claim was lost")
             try:
                 connection.recv()
             except EOFError:

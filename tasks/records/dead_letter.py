@@ -1,7 +1,8 @@
 """The dead-letter archive: rejected messages as JSON with their error, and their replay.
 
 ``dead-letter-archive/{date}/{message_id}.json`` holds ``{"id", "archived_at", "error", "message", "body",
-"attempts", "previous_errors"}`` (``body`` keeps the raw text of a message that did not parse). Replay hands
+"attempts", "previous_errors"}`` (``body`` keeps the raw text of a message that did not parse; a message that is
+not valid UTF-8 keeps its exact bytes in ``body_base64`` instead). Replay hands
 the archived messages to a processing function, deletes each one that it wrote, and moves each one that
 failed again to ``dead-letter-archive/failed/{date}/`` (written there first, then deleted here): nothing
 is deleted without having been written or moved.
@@ -9,6 +10,7 @@ is deleted without having been written or moved.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,13 +31,14 @@ def archive(
     *,
     message: Mapping[str, Any] | None = None,
     body: str | None = None,
+    raw: bytes | None = None,
     day: str | None = None,
     attempts: int = 0,
     previous_errors: Sequence[Mapping[str, Any]] = (),
     store=None,
 ) -> str:
-    """Write one rejected message (parsed ``message`` or raw ``body``) with its error; returns the key."""
-    if message is None and body is None:
+    """Write one rejected message (parsed ``message``, text ``body`` or ``raw`` bytes) with its error; returns the key."""
+    if message is None and body is None and raw is None:
         raise ValueError(f"dead letter {message_id}: nothing to archive (no message and no body)")
     store = store or config.object_store()
     key = dead_letter_key(day or today_iso(), message_id)
@@ -48,6 +51,8 @@ def archive(
         "attempts": attempts,
         "previous_errors": list(previous_errors),
     }
+    if raw is not None:
+        entry["body_base64"] = base64.b64encode(raw).decode("ascii")
     store.put_bytes(key, json.dumps(entry, indent=2, sort_keys=True, default=str).encode())
     run_logger(__name__).warning("archived message %s to %s: %s", message_id, key, error.get("message"))
     return key
@@ -72,8 +77,12 @@ def read(key: str, store=None) -> dict[str, Any]:
 
 
 def payload(entry: Mapping[str, Any]) -> Any:
-    """What to reprocess: the parsed message, else the raw body."""
-    return entry["message"] if entry.get("message") is not None else entry.get("body")
+    """What to reprocess: the parsed message, else the raw body (text, or the exact bytes of ``body_base64``)."""
+    if entry.get("message") is not None:
+        return entry["message"]
+    if entry.get("body") is None and entry.get("body_base64") is not None:
+        return base64.b64decode(entry["body_base64"])
+    return entry.get("body")
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,16 +115,30 @@ class MessageError(ValueError):
         return {"type": self.kind, "message": str(self)}
 
 
-def message_id(raw: Mapping[str, Any] | str) -> str:
+def message_id(raw: Mapping[str, Any] | str | bytes) -> str:
     """A stable id for a message (its content hash): archiving the same message twice writes one object."""
-    text = raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str)
-    return "msg-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+    data = raw if isinstance(raw, bytes) else (raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str)).encode()
+    return "msg-" + hashlib.sha256(data).hexdigest()[:24]
 
 
-def parse(raw: Mapping[str, Any] | str) -> dict[str, Any]:
-    """A message dict from a dict or a JSON body; MessageError('Unparsable') otherwise."""
+def decode(raw: bytes) -> str:
+    """A message body's bytes as UTF-8, strictly: MessageError('InvalidUtf8') names the first bad byte's offset
+    (a replaced character would change a granule id and write it under the changed id)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        bad = raw[error.start:error.end].hex(" ")
+        raise MessageError(
+            "InvalidUtf8", f"message body is not valid UTF-8: byte offset {error.start} (0x{bad}: {error.reason})"
+        ) from None
+
+
+def parse(raw: Mapping[str, Any] | str | bytes) -> dict[str, Any]:
+    """A message dict from a dict or a JSON body (text, or bytes that must be UTF-8); MessageError otherwise."""
     if isinstance(raw, Mapping):
         return dict(raw)
+    if isinstance(raw, bytes):
+        raw = decode(raw)
     try:
         value = json.loads(raw)
     except (TypeError, ValueError) as error:
@@ -342,7 +357,7 @@ def _segments(entries: list[tuple[int, dict | None, list[dict]]]) -> list[list[t
 
 
 def ingest(
-    messages: Sequence[Mapping[str, Any] | str],
+    messages: Sequence[Mapping[str, Any] | str | bytes],
     *,
     ids: Sequence[str] | None = None,
     now_ms: int | None = None,
@@ -393,34 +408,72 @@ def ingest(
         for index, outcome in enumerate(outcomes):
             if outcome.error is not None:
                 raw = messages[index]
-                outcome.archived_key = dead_letter.archive(
-                    outcome.id,
-                    outcome.error,
-                    message=parsed[index] if parsed[index] is not None else None,
-                    body=None if parsed[index] is not None else raw if isinstance(raw, str) else json.dumps(raw, default=str),
-                    store=store,
-                )
+                # what did not parse is kept as it came: text as ``body``, bytes (not UTF-8) byte for byte as ``raw``
+                kept = {} if parsed[index] is not None else {"raw": raw} if isinstance(raw, bytes) else {
+                    "body": raw if isinstance(raw, str) else json.dumps(raw, default=str)}
+                outcome.archived_key = dead_letter.archive(outcome.id, outcome.error, message=parsed[index], **kept, store=store)
     return IngestReport(outcomes)
+
+
+# what a byte that is not UTF-8 becomes under errors="surrogateescape" (and becomes again on encoding)
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _exact(text: str) -> str | bytes:
+    """A message's text, or its original bytes when the file had bytes there that are not UTF-8."""
+    return text.encode("utf-8", "surrogateescape") if _ESCAPED_BYTE.search(text) else text
+
+
+def _list_items(text: str) -> list[tuple[Any, str]]:
+    """Each element of the JSON list ``text`` (known to parse) with its source text."""
+    decoder = json.JSONDecoder()
+    index = _JSON_SPACE.match(text, text.index("[") + 1).end()
+    items = []
+    while text[index] != "]":
+        value, end = decoder.raw_decode(text, index)
+        items.append((value, text[index:end]))
+        index = _JSON_SPACE.match(text, end).end()
+        if text[index] == ",":
+            index = _JSON_SPACE.match(text, index + 1).end()
+    return items
+
+
+def _element(value: Any, source_text: str) -> Any:
+    """One element of a batch list; as its original bytes when they are not UTF-8 (a text body: the body's bytes)."""
+    if not _ESCAPED_BYTE.search(source_text):
+        return value
+    try:
+        return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else _exact(source_text)
+    except UnicodeEncodeError:  # a body that also holds an escaped lone surrogate: keep the element as written
+        return _exact(source_text)
 
 
 def batch_from_text(text: str, source: str = "batch") -> list[Any]:
     """The messages of a batch file: a JSON list (of messages or of text bodies), one message, or one body per
-    line (a line that is not JSON stays a raw body, to be archived as unparsable)."""
+    line (a line that is not JSON stays a raw body, to be archived as unparsable). Text decoded with
+    errors="surrogateescape" (``batch_from_bytes``) gives each message with bytes that are not UTF-8 as its bytes."""
     try:
         value = json.loads(text)
     except ValueError:
-        return [line for line in text.splitlines() if line.strip()]
+        return [_exact(line) for line in text.splitlines() if line.strip()]
     if isinstance(value, dict):
-        return [text.strip()]
+        return [_exact(text.strip())]
     if not isinstance(value, list):
         raise ValueError(f"{source}: expected a JSON list of messages (or one message per line), not JSON {type(value).__name__}")
-    return value
+    return [_element(*item) for item in _list_items(text)] if _ESCAPED_BYTE.search(text) else value
+
+
+def batch_from_bytes(data: bytes, source: str = "batch") -> list[Any]:
+    """The messages of a batch file's bytes; a message that is not valid UTF-8 stays its exact bytes, so it is
+    archived as InvalidUtf8 (and can be replayed once fixed) while the other messages are written."""
+    return batch_from_text(data.decode("utf-8", "surrogateescape"), source)
 
 
 def read_batch(url: str) -> list[Any]:
     """The messages of the batch file at an object-store URL (file:// or s3://)."""
     store, key = open_url(url)
-    return batch_from_text(store.get_bytes(key).decode("utf-8", errors="replace"), url)
+    return batch_from_bytes(store.get_bytes(key), url)
 
 
 def ingest_messages(messages: Sequence[dict[str, Any] | str] | None = None, messages_url: str | None = None) -> dict[str, Any]:

@@ -158,11 +158,15 @@ class TableAdapter:
         """Counter increments written with a repair: none for a plain table."""
         return []
 
-    def repair(self, record: Tracked, reason: str) -> state_store.WriteResult:
-        """Move to failed only if still in the status we saw and still owned by the same Prefect runs."""
+    def guard(self, record: Tracked) -> state_store.Condition:
+        """The repair's condition besides the status: the record is still owned by the same Prefect runs."""
         owners = {"prefect_flow_run_id": record.flow_run_id}
         if not self.flow_level:
             owners["prefect_task_run_id"] = record.task_run_id
+        return state_store.unchanged(owners, "p")
+
+    def repair(self, record: Tracked, reason: str) -> state_store.WriteResult:
+        """Move to failed only if still in the status we saw and still owned by the same Prefect runs."""
         sets = {self.error_attr: reason, "reconciled_at": now_iso()}
         if self.ended_attr:
             sets[self.ended_attr] = now_iso()
@@ -173,7 +177,7 @@ class TableAdapter:
             self.failed,
             status_attr=self.status_attr,
             set=sets,
-            condition=state_store.unchanged(owners, "p"),
+            condition=self.guard(record),
             increments=self.increments(record),
         )
 
@@ -183,13 +187,28 @@ class TableAdapter:
 
 
 class PhspectraAdapter(TableAdapter):
-    """Seed 000 chunk items (``CHUNK#...``) and their RUN item's jobs_completed / jobs_failed counters."""
+    """Seed 000 chunk items (``CHUNK#...``) and their RUN item's jobs_completed / jobs_failed counters.
+
+    A chunk IN_PROGRESS whose lease is live has a fitter renewing it, whatever Prefect says of the run that
+    started it: it is never compared, and a repair requires the lease to be still expired when it lands.
+    """
 
     def __init__(self) -> None:
         super().__init__(
-            "phspectra", "phspectra_runs", "status", "IN_PROGRESS", "COMPLETED", "FAILED", ("PK", "SK"),
-            keep=lambda item: item["SK"].startswith(CHUNK_SK_PREFIX), ended_attr="completed_at",
+            "phspectra", "phspectra_runs", "status", survey.IN_PROGRESS, "COMPLETED", "FAILED", ("PK", "SK"),
+            keep=self._unleased_chunk, ended_attr="completed_at",
         )
+
+    @staticmethod
+    def _unleased_chunk(item: Mapping[str, Any]) -> bool:
+        """A chunk item, unless it is IN_PROGRESS with a live lease."""
+        in_flight = item.get("status") == survey.IN_PROGRESS
+        return item["SK"].startswith(CHUNK_SK_PREFIX) and not (in_flight and not survey.lease_expired(item))
+
+    def guard(self, record: Tracked) -> state_store.Condition:
+        """Unchanged owners and, for an in-flight chunk, a lease still expired (its fitter did not renew it)."""
+        owned = super().guard(record)
+        return owned & survey.lease_expired_condition() if record.role == "in_flight" else owned
 
     def scope_of(self, item: Mapping[str, Any]) -> str | None:
         """The chunk's run (its ``PK``)."""

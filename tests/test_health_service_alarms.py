@@ -1,0 +1,111 @@
+"""The seed's service alarms: real flow runs on the test server, metrics and records in DynamoDB Local, a landing
+dead-letter queue on moto's SQS."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import boto3
+import pytest
+
+from blocks.health import HealthThresholds
+from tasks.core import limits, state_store
+from tasks.core.runtime import iso_ago, now_iso
+from tasks.health import service_alarms
+from tests.test_health import health, make_dead_letter  # noqa: F401 - health is a fixture
+from tests.test_landing_sqs import aws  # noqa: F401 - a fixture
+
+LIMITS = HealthThresholds()
+
+
+def a_run_of(flow_name: str, *states) -> str:
+    """A flow run of ``flow_name`` (never executed) moved through ``states``; its unique name."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    @flow(name=flow_name)
+    def stand_in() -> None:
+        """Never run: the test sets its run's states."""
+
+    name = f"alarm-{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(stand_in, name=name)
+        for state in states:
+            client.set_flow_run_state(run.id, state, force=True)
+    return name
+
+
+def test_failed_timed_out_waiting_and_running_runs_raise_their_seed_alarms():
+    from prefect.states import Failed, Running, Scheduled
+
+    failed = a_run_of("ndjson-merge", Running(), Failed(message="boom"))
+    crashed_elsewhere = a_run_of("video-process", Running(), Failed(message="boom"))
+    timed_out = a_run_of("ndjson-merge", Running(), Failed(name="TimedOut", message="Flow run exceeded timeout"))
+    waiting = a_run_of("ndjson-merge", Scheduled(name="AwaitingConcurrencySlot"))
+    running = a_run_of("gpu-job", Running())
+    not_ours = a_run_of("someone-elses-flow", Running(), Failed())
+
+    alarms = {a.name: a for a in service_alarms.flow_runs_failed(LIMITS.model_copy(update={"failed_runs_5min_max": 0}))}
+    assert alarms["flow-runs-failed"].firing and alarms["etl-merge-runs-failed"].firing
+    merges = service_alarms._flow_runs(states=("FAILED", "CRASHED"), ended_within_s=300, flows=("ndjson-merge",))
+    assert {failed, timed_out} <= {r.name for r in merges} and crashed_elsewhere not in {r.name for r in merges}
+    every_failed = service_alarms._flow_runs(states=("FAILED", "CRASHED"), ended_within_s=300)
+    assert {failed, crashed_elsewhere, timed_out} <= {r.name for r in every_failed} and not_ours not in {r.name for r in every_failed}
+    assert timed_out in {r.name for r in service_alarms._flow_runs(names=("TimedOut",), ended_within_s=300)}
+    assert service_alarms.flow_runs_timed_out(LIMITS).firing
+    assert waiting in {r.name for r in service_alarms._flow_runs(names=("AwaitingConcurrencySlot",))}
+    assert service_alarms.flow_runs_waiting(LIMITS.model_copy(update={"waiting_runs_max": 0})).firing
+    assert running in {r.name for r in service_alarms._flow_runs(states=("RUNNING",))}
+    assert service_alarms.flow_runs_active(LIMITS.model_copy(update={"active_runs_max": 0})).firing
+
+
+def test_a_run_past_80_percent_of_its_timeout_raises_duration_high(monkeypatch):
+    from prefect.states import Running
+
+    monkeypatch.setitem(limits.FLOW_TIMEOUT_S, "pipeline-health", 2.0)
+    run = a_run_of("pipeline-health", Running())
+    assert run not in service_alarms.flow_runs_near_timeout(LIMITS).detail  # just started
+    time.sleep(2)
+    alarm = service_alarms.flow_runs_near_timeout(LIMITS)
+    assert alarm.firing and f"{run} (pipeline-health, " in alarm.detail
+
+
+def test_merge_file_failures_count_the_last_five_minutes_of_the_metrics_table(health, tables):
+    now = time.time_ns() // 1000
+    for at, failed in ((now - 60_000_000, 7), (now - 120_000_000, 5), (now - 600_000_000, 50)):
+        state_store.put(tables["etl_metrics"], {"metric_type": "merge", "timestamp": at, "manifest": f"m{failed}",
+                                                "files_failed": failed, "ttl": 0})
+    alarm = service_alarms.etl_merge_file_failures(LIMITS)
+    assert (alarm.value, alarm.threshold, alarm.firing) == (12, 10, True)
+    assert alarm.detail == "12 file(s) failed by merges in 5 min: m5: 5, m7: 7"  # oldest first
+
+
+def test_the_other_seeds_failure_rates_per_hour(health, tables):
+    recent, old = now_iso(), iso_ago(2 * 3600)
+    for task_id, job_id, retry, at in (("t1", "j1", "0", recent), ("t2", "j1", "1", recent), ("t3", "j2", "2", old)):
+        state_store.put(tables["ecs_task"], {"ecs_task_id": task_id, "job_id": job_id, "retry": retry, "created_at": at})
+    assert service_alarms.gpu_restarts(LIMITS.model_copy(update={"gpu_restarts_hour_max": 0})).detail == \
+        "1 GPU job restart(s) in the last hour: j1 (retry 1)"
+    for job_id, at in (("v1", recent), ("v2", old)):
+        state_store.put(tables["video_jobs"], {"job_id": job_id, "status": "failed", "failed_at": at, "failure_reason": "bad"})
+    alarm = service_alarms.video_jobs_failed(LIMITS)
+    assert (alarm.value, alarm.firing, alarm.detail) == (1, True, "1 video job(s) failed in the last hour: v1: bad")
+    make_dead_letter("m-1"), make_dead_letter("m-2")
+    alarm = service_alarms.records_archived(LIMITS)
+    assert (alarm.value, alarm.firing) == (2, False)  # 2 of 10 an hour
+
+
+def test_the_landing_dead_letter_queue_depth_in_aws(aws, monkeypatch):
+    from tasks.landing.sqs import queue_names, queue_url_variable
+
+    assert service_alarms.landing_dead_letter_queues(LIMITS) == []  # no queue set up: the local file watch
+    queue, dead_letter = queue_names("etl")
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName=queue)["QueueUrl"]
+    dlq = sqs.create_queue(QueueName=dead_letter)["QueueUrl"]
+    for i in range(2):
+        sqs.send_message(QueueUrl=dlq, MessageBody=f"poison {i}")
+    monkeypatch.setenv(queue_url_variable("etl"), url)
+    (alarm,) = service_alarms.landing_dead_letter_queues(LIMITS)
+    assert (alarm.name, alarm.value, alarm.firing) == ("landing-dead-letter-queue-etl", 2, True)

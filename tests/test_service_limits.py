@@ -1,0 +1,184 @@
+"""Service limits on the real Prefect server: deployment concurrency from prefect.yaml, the CPU-heavy tag limit,
+and a merge past its timeout ending Failed/TimedOut with the same reason in DynamoDB."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.etl import ndjson_ingest, ndjson_merge
+from tasks.core import keys, limits
+from tests.conftest import prefect_server_process
+from tests.test_etl import DAY, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
+
+LIMITS = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())["definitions"]["limits"]
+
+
+def deployment_with(client, spec: dict) -> uuid.UUID:
+    """A deployment of a throwaway flow with prefect.yaml's concurrency ``spec`` (limit + collision strategy)."""
+    from prefect.client.schemas.objects import ConcurrencyOptions
+
+    flow_id = client.create_flow_from_name(f"limits-{uuid.uuid4().hex[:8]}")
+    return client.create_deployment(
+        flow_id=flow_id, name="burst", concurrency_limit=spec["limit"],
+        concurrency_options=ConcurrencyOptions(collision_strategy=spec["collision_strategy"]),
+    )
+
+
+def propose_pending(client, runs) -> list[str]:
+    """Each run proposes Pending as a worker does; the state name each one ends in."""
+    from prefect.states import Pending
+
+    return [client.set_flow_run_state(run.id, Pending()).state.name for run in runs]
+
+
+def finish(client, run) -> None:
+    from prefect.states import Completed, Running
+
+    client.set_flow_run_state(run.id, Running())
+    client.set_flow_run_state(run.id, Completed())
+
+
+def test_a_burst_of_merges_runs_at_most_the_limit_and_the_rest_wait_their_turn():
+    from prefect.client.orchestration import get_client
+
+    spec = LIMITS["merges"]
+    assert (spec["limit"], spec["collision_strategy"]) == (3, "ENQUEUE")  # seed 001: Glue max concurrent runs 3
+    with get_client(sync_client=True) as client:
+        deployment = deployment_with(client, spec)
+        runs = [client.create_flow_run_from_deployment(deployment) for _ in range(7)]
+        states = propose_pending(client, runs)
+        assert states.count("Pending") == 3 and states.count("AwaitingConcurrencySlot") == 4
+        done = set()
+        while len(done) < len(runs):  # as workers do: finish the active ones, retry the waiting ones
+            active = [r for r, s in zip(runs, states) if s == "Pending" and r.id not in done]
+            assert 1 <= len(active) <= 3
+            for run in active:
+                finish(client, run)
+                done.add(run.id)
+            states = ["done" if r.id in done else s for r, s in zip(runs, states)]
+            waiting = [r for r, s in zip(runs, states) if s == "AwaitingConcurrencySlot"]
+            for run, state in zip(waiting, propose_pending(client, waiting)):
+                states[runs.index(run)] = state
+        final = [client.read_flow_run(r.id).state.name for r in runs]
+    assert final == ["Completed"] * 7  # nothing lost
+
+
+def test_a_maintenance_run_due_while_one_is_active_is_cancelled():
+    from prefect.client.orchestration import get_client
+
+    spec = LIMITS["one_at_a_time"]
+    assert (spec["limit"], spec["collision_strategy"]) == (1, "CANCEL_NEW")
+    with get_client(sync_client=True) as client:
+        deployment = deployment_with(client, spec)
+        first, second = (client.create_flow_run_from_deployment(deployment) for _ in range(2))
+        assert propose_pending(client, [first, second]) == ["Pending", "Cancelled"]
+        finish(client, first)
+        third = client.create_flow_run_from_deployment(deployment)
+        assert propose_pending(client, [third]) == ["Pending"]  # the slot is free again once the first ended
+
+
+def test_cpu_heavy_tasks_never_exceed_their_tag_limit():
+    from prefect import flow, task
+    from prefect.client.orchestration import get_client
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    spans: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    @task(tags=[limits.CPU_HEAVY_TAG])
+    def heavy(i: int) -> int:
+        started = time.monotonic()
+        time.sleep(0.5)
+        with lock:
+            spans.append((started, time.monotonic()))
+        return i
+
+    @flow(task_runner=ThreadPoolTaskRunner(max_workers=4))
+    def burst() -> list[int]:
+        return heavy.map(range(4)).result()
+
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=limits.CPU_HEAVY_TAG, concurrency_limit=2)
+        try:
+            assert burst() == [0, 1, 2, 3]
+        finally:
+            client.delete_concurrency_limit_by_tag(limits.CPU_HEAVY_TAG)
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    assert len(spans) == 4 and peak == 2
+
+
+def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_same_reason_in_dynamodb(etl_env):
+    root, table = etl_env["root"], etl_env["table"]
+    urls = [write_input(root, DAY, f"t-{i}.ndjson", [{"id": f"t{i}-{k}", "v": k} for k in range(3)]) for i in range(5)]
+    ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
+    (key,) = [k[1] for k in records(table) if k[1].startswith("MANIFEST#")]
+    manifest = keys.manifest_name_from_record_key(key)
+    stuck = Path(urls[2].removeprefix("file://"))
+    stuck.unlink()
+    os.mkfifo(stuck)  # a read that never ends: the merge can only end by its timeout
+    try:
+        state = ndjson_merge.with_options(timeout_seconds=3)(DAY, manifest, return_state=True)
+    finally:
+        os.close(os.open(stuck, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked reader thread finish
+    assert (state.type.value, state.name) == ("FAILED", "TimedOut")
+    record = records(table)[(DAY, key)]
+    assert record["status"] == "failed"
+    assert record["error_message"] == state.message == "Flow run exceeded timeout of 3.0 second(s)"
+    assert {v["status"].split("#")[0] for k, v in records(table).items() if k[1].endswith(".ndjson")} == {"failed"}
+
+
+@pytest.mark.timeout(600)
+def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(tmp_path):
+    """`make up`'s server settings: runs that ended over 3 days ago go (with their logs); newer or active runs stay."""
+    import sqlite3
+    from datetime import datetime, timedelta
+
+    from prefect import flow
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.exceptions import ObjectNotFound
+    from prefect.states import Completed, Running
+
+    from deployments.local_stack import server_retention_env
+
+    env = {**server_retention_env(), "PREFECT_SERVER_SERVICES_DB_VACUUM_LOOP_SECONDS": "2"}
+    assert env["PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD"] == str(3 * 86400)
+    with prefect_server_process(tmp_path, env) as base, SyncPrefectClient(f"{base}/api") as client:
+        @flow(name="retention")
+        def retention() -> None:
+            """Never run: its runs' states are set by the test."""
+
+        def run_that(end_days_ago: float | None):
+            """A run that ended that many days ago (None: still running); the clock injected into the server's database."""
+            run = client.create_flow_run(retention, name=f"ended-{end_days_ago}")
+            client.set_flow_run_state(run.id, Running(), force=True)
+            if end_days_ago is not None:
+                client.set_flow_run_state(run.id, Completed(), force=True)
+                with sqlite3.connect(tmp_path / "prefect-home" / "prefect.db") as db:
+                    (stored,) = db.execute("SELECT end_time FROM flow_run WHERE id = ?", (str(run.id),)).fetchone()
+                    ended = datetime.fromisoformat(stored) - timedelta(days=end_days_ago)
+                    db.execute("UPDATE flow_run SET end_time = ? WHERE id = ?", (ended.isoformat(sep=" "), str(run.id)))
+            return run.id
+
+        old, recent, active = run_that(4), run_that(2.9), run_that(None)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                client.read_flow_run(old)
+            except ObjectNotFound:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail("the run that ended 4 days ago was not vacuumed")
+        assert client.read_flow_run(recent).state.is_completed()
+        assert client.read_flow_run(active).state.is_running()
