@@ -1,7 +1,11 @@
-"""`make demo`: every pipeline through `prefect deployment run … --watch` on generated data, then a report.
+"""`make demo`: every pipeline on generated data, then a report.
 
-Runs against the local stack that `make up` started (the Makefile does that first). Sample data is written
-under .data/demo/<timestamp>/, so running the demo twice works and keeps both runs' records.
+Data arrival starts four of them, as in their seeds: the demo drops a survey manifest, NDJSON files, a video
+(after `video create-job`) and a workflow-message file into their landing places in the object store and waits
+for the listeners that `make up` runs to start the work; only the GPU job is started with `prefect deployment
+run … --watch`. Runs against the local stack that `make up` started (the Makefile does that first). Sample data
+is written under .data/demo/<timestamp>/ and named after it in the store, so running the demo twice works and
+keeps both runs' records.
 """
 
 from __future__ import annotations
@@ -9,7 +13,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -17,15 +20,18 @@ from datetime import datetime, timezone
 
 from deployments.local_stack import DATA, REPO_ROOT, local_env
 
-# (sample module, deployment) in the order a person would try them
-PIPELINES = [
-    ("phspectra", "phspectra-survey/local"),
-    ("etl", "ndjson-ingest/local"),
-    ("video", "video-process/local"),
-    ("gpu", "gpu-job/local"),
-    ("records", "records-ingest/local"),
+# (sample module, the listener that starts its work) in the order a person would try them: data lands
+LANDED = [
+    ("phspectra", "phspectra-listen/local"),
+    ("etl", "ndjson-listen/local"),
+    ("video", "video-listen/local"),
+    ("records", "records-listen/local"),
 ]
-INDIRECT_FLOWS = ["ndjson-merge", "video-reassemble"]  # started by the pipelines themselves
+DEPLOYED = [("gpu", "gpu-job/local")]  # started by a person (seed 002 has no data arrival)
+PIPELINES = [pipeline for pipeline, _ in LANDED + DEPLOYED]
+# started by the listeners and the pipelines themselves
+INDIRECT_FLOWS = ["phspectra-survey", "ndjson-ingest", "ndjson-merge", "video-process", "video-reassemble", "records-ingest"]
+LANDING_TIMEOUT_S = 600
 
 
 def run_deployment(name: str, params: dict) -> tuple[str, float]:
@@ -71,41 +77,60 @@ def wait_until_idle(since: datetime, timeout_s: float = 300) -> None:
     print(f"(some flow runs were still running after {timeout_s:.0f} s)")
 
 
+def wait_for_landings(dropped: dict[str, dict], timeout_s: float = LANDING_TIMEOUT_S) -> dict[str, float]:
+    """Wait until each dropped sample's work has been done by itself (``sample.landed``); seconds each took."""
+    started, took = time.monotonic(), {}
+    while len(took) < len(dropped) and time.monotonic() - started < timeout_s:
+        for pipeline, params in dropped.items():
+            if pipeline in took:
+                continue
+            try:
+                done = importlib.import_module(f"deployments.samples.{pipeline}").landed(**params)
+            except LookupError:
+                done = False
+            if done:
+                took[pipeline] = time.monotonic() - started
+                print(f"   {pipeline}: done by itself after {took[pipeline]:.0f} s")
+        time.sleep(2)
+    for pipeline, listener in LANDED:
+        if pipeline in dropped and pipeline not in took:
+            print(f"   {pipeline}: not done after {timeout_s:.0f} s: is {listener} running? (`make up` starts it)")
+    return took
+
+
 def main() -> int:
-    """Run every pipeline's sample through its deployment, wait for follow-up runs, then print each report."""
+    """Drop every landed pipeline's sample in place, run the GPU job, wait for the work, then print each report."""
     os.environ.update(local_env())
+    from tasks.core.config import object_store
+
     workdir = DATA / "demo" / time.strftime("%Y%m%d-%H%M%S")
     workdir.mkdir(parents=True, exist_ok=True)
+    store = object_store()
     results = {}
     started = time.monotonic()
     since = datetime.now(timezone.utc)
-    for pipeline, deployment in PIPELINES:
-        sample = importlib.import_module(f"deployments.samples.{pipeline}")
-        params = sample.make(workdir)
-        if pipeline == "records":  # a shuffled batch: the records must come out the same in any order
-            random.Random(7).shuffle(params["messages"])
-        if pipeline == "video":  # name the job so the report can read it back by key
-            params["job_id"] = f"demo-video-{workdir.name}"
+    for pipeline, listener in LANDED:
+        results[pipeline] = importlib.import_module(f"deployments.samples.{pipeline}").drop(workdir, store)
+        print(f"\n== {pipeline}: dropped into its landing place for {listener}: {results[pipeline]}")
+    for pipeline, deployment in DEPLOYED:
+        params = importlib.import_module(f"deployments.samples.{pipeline}").make(workdir)
         print(f"\n== {deployment}")
         state, seconds = run_deployment(deployment, params)
         print(f"   {state}  ({seconds:.0f} s)")
         results[pipeline] = params
-        if pipeline == "etl":  # the sample's dates are past days: the flush closes their partial batches
-            print("\n== ndjson-flush-orphans/local")
-            state, seconds = run_deployment("ndjson-flush-orphans/local", {})
-            print(f"   {state}  ({seconds:.0f} s)")
-    print("\n== waiting for the flow runs started by those (merges, reassembly)")
+    print("\n== waiting for the landed data to be processed by itself")
+    wait_for_landings({pipeline: results[pipeline] for pipeline, _ in LANDED})
+    # the ETL sample's dates are past days: the scheduled flush (hourly) closes their partial batches; run it now
+    print("\n== ndjson-flush-orphans/local")
+    state, seconds = run_deployment("ndjson-flush-orphans/local", {})
+    print(f"   {state}  ({seconds:.0f} s)")
+    print("\n== waiting for the flow runs started by those (surveys, merges, reassembly, records batches)")
     wait_until_idle(since)
 
     print("\n" + "=" * 72 + "\nReport, read back from DynamoDB with the seeds' access patterns\n" + "=" * 72)
-    for pipeline, _deployment in PIPELINES:
-        sample = importlib.import_module(f"deployments.samples.{pipeline}")
-        params = results[pipeline]
+    for pipeline in PIPELINES:
         try:
-            if pipeline in ("gpu", "video"):
-                text = sample.report(params["job_id"])
-            else:
-                text = sample.report()
+            text = importlib.import_module(f"deployments.samples.{pipeline}").report(**results[pipeline])
         except Exception as error:  # a report must not hide the others
             text = f"{pipeline}: could not read the report: {error}"
         print(f"\n[{pipeline}]\n{text}")

@@ -36,7 +36,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from tasks.core import limits
+from tasks.core import keys, limits
+from tasks.landing.listener import listen
+from tasks.landing.sources import open_source
+from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
 from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
@@ -253,3 +256,27 @@ def phspectra_sweep_stuck(
         swept[run_id] = {"redriven": sorted(r["start"] for r in results if r.get("outcome") == "completed"),
                          "status": summary["status"]}  # fmt: skip
     return swept
+
+
+@flow(name="phspectra-listen", log_prints=True)
+def phspectra_listen(
+    source: str = "local",
+    max_runtime_seconds: float = 0,
+    batch_size: int = 10,
+    batch_seconds: float = 1.0,
+    wait_seconds: float = 20.0,
+    survey_deployment: str = ph_landing.SURVEY_DEPLOYMENT,
+) -> dict[str, int]:
+    """A cube (``surveys/incoming/{survey}/*.fits``) or a survey manifest (``surveys/incoming/…/*.json``) landing
+    starts `phspectra-survey`: one run per cube, for the survey it carries; the same landing twice starts nothing.
+
+    ``source``: "local" watches the object store's ``surveys/incoming/``, "sqs" reads its S3 notifications.
+    Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
+    """
+    events = open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)
+    stats = listen(
+        events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
+        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+    )  # fmt: skip
+    print(f"phspectra-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
+    return vars(stats)

@@ -16,13 +16,16 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from prefect import Flow, get_run_logger, task
+from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from tasks.core import limits
+from tasks.core import keys, limits
 from tasks.core.runtime import quick_heartbeat_exit, utc_now
 from tasks.core.redact import redact_logs
+from tasks.landing.listener import listen
+from tasks.landing.sources import open_source
 from tasks.records import reconcile
+from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
 from tasks.core.notify import notify_on_failure
 
@@ -109,6 +112,35 @@ def records_ingest(messages: list[str] | None = None, messages_url: str | None =
         text = error["message"] if len(error["message"]) <= 1000 else error["message"][:1000] + " …"
         logger.warning("message %s archived: %s: %s", message_id, error["type"], text)
     return summary
+
+
+def ingest_batch(bodies: list[str]) -> tuple[dict[str, Any], str]:
+    """One batch through records-ingest (a child run of the listener): its summary and its flow run's id."""
+    state = records_ingest(messages=bodies, return_state=True)
+    return state.result(), str(state.state_details.flow_run_id)
+
+
+@flow(name="records-listen", log_prints=True)
+def records_listen(
+    source: str = "local",
+    max_runtime_seconds: float = 0,
+    batch_size: int = records_landing.BATCH,
+    batch_seconds: float = 1.0,
+    wait_seconds: float = 20.0,
+) -> dict[str, int]:
+    """Seed 004's queue: workflow messages, in batches of 10, through records-ingest (records or dead-letter archive).
+
+    ``source``: "sqs" reads the workflow-message queue; "local" watches ``records/incoming/`` of the object store
+    for message files (one message, a JSON list, or one per line), moved to ``records/processed/{date}/`` once
+    written. Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
+    """
+    events = open_source(source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES)
+    stats = listen(
+        events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
+        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+    )  # fmt: skip
+    print(f"records-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
+    return vars(stats)
 
 
 @checked_flow(name="records-replay-dla", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["records-replay-dla"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])

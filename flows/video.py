@@ -16,7 +16,10 @@ from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
 from tasks.core import keys, limits
+from tasks.landing.listener import listen
+from tasks.landing.sources import open_source
 from tasks.video import jobs as v
+from tasks.video import landing as video_landing
 from tasks.video.ffmpeg import InvalidMedia
 from tasks.core.notify import notify_on_failure
 from tasks.core.runtime import quick_heartbeat_exit
@@ -191,3 +194,26 @@ def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]
         removed[one] = cleanup_task(one)
         print(f"video job {one} cleaned up: {removed[one]}")
     return removed
+
+
+@flow(name="video-listen", log_prints=True)
+def video_listen(
+    source: str = "local",
+    max_runtime_seconds: float = 0,
+    batch_size: int = 10,
+    batch_seconds: float = 1.0,
+    wait_seconds: float = 20.0,
+    process_deployment: str = video_landing.PROCESS_DEPLOYMENT,
+) -> dict[str, int]:
+    """Seed 003's upload event: an object at ``input/{job_id}/source.mp4`` starts one `video-process` run for the job.
+
+    ``source``: "local" watches the object store's ``input/`` folder, "sqs" reads its S3 notifications.
+    Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
+    """
+    events = open_source(source, video_landing.PIPELINE, None, keys.VIDEO_INPUT_PREFIX, [".mp4"])
+    stats = listen(
+        events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
+        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+    )  # fmt: skip
+    print(f"video-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
+    return vars(stats)

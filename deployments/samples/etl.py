@@ -43,6 +43,27 @@ def make(workdir: Path) -> dict:
     return {"file_urls": urls}
 
 
+def drop(workdir: Path, store) -> dict:
+    """The sample files written into the store's landing place, ``pipeline/input/{date}/`` (each renamed in
+    whole, as an upload lands); the listener tracks and batches them. Returns what ``landed`` waits for."""
+    from tasks.core import keys
+
+    tracked = []
+    for url in make(workdir)["file_urls"]:
+        path = Path(url.removeprefix("file://"))
+        name = f"{Path(workdir).name}-{path.name}"  # one demo's files never meet another's
+        store.put_file(keys.input_key(path.parent.name, name), path)
+        tracked.append({"date_prefix": path.parent.name, "file_key": name})
+    return {"tracked": tracked}
+
+
+def landed(tracked: list[dict], **_ids) -> bool:
+    """Whether every dropped file has its tracking record (tracked, batched, quarantined or failed)."""
+    from tasks.core import config, state_store
+
+    return len(state_store.get_many(config.table_name("etl_file_tracking"), tracked)) == len(tracked)
+
+
 def report(date_prefixes: list[str] | None = None, **_ids) -> str:
     """Per date: files by status (from the table, meta-records filtered in code) and each manifest's status."""
     from tasks.etl import ops as etl_ops

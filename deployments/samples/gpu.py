@@ -33,7 +33,7 @@ def make(workdir: Path, inject_failure: bool = True) -> dict:
     }
 
 
-def report(job_id: str | None = None) -> str:
+def report(job_id: str | None = None, **_: object) -> str:
     """The job, its tasks and the nodes, read back by key (job row -> task ids -> task rows)."""
     from tasks.gpu import jobs as gpu
 

@@ -39,7 +39,30 @@ def make(workdir: Path) -> dict:
     return {"cube_url": path.resolve().as_uri(), "survey": SURVEY, "chunk_size": 12, "fit_params": {"beta": 3.5}}
 
 
-def report(run_id: str | None = None, survey: str = SURVEY) -> str:
+def drop(workdir: Path, store) -> dict:
+    """The cube into the store, then a survey manifest naming it under ``surveys/incoming/{survey}/``."""
+    import json
+
+    from tasks.core import keys
+
+    params = make(workdir)
+    cube_key = f"surveys/cubes/{Path(workdir).name}-cube.fits"
+    store.put_file(cube_key, Path(params["cube_url"].removeprefix("file://")))
+    manifest = {"survey": SURVEY, "cubes": [cube_key], "chunk_size": params["chunk_size"], "fit_params": params["fit_params"]}
+    key = f"{keys.SURVEY_INCOMING_PREFIX}{SURVEY}/{Path(workdir).name}.json"
+    store.put_bytes(key, json.dumps(manifest).encode())
+    return {"manifest_url": store.url_for(key)}
+
+
+def landed(manifest_url: str, **_: object) -> bool:
+    """Whether the manifest's runs have ended (the latest run of the survey is no longer RUNNING)."""
+    from tasks.phspectra import survey as ph
+
+    run = ph.latest_run(SURVEY)
+    return bool(run) and run.get("cube_url", "").endswith(Path(manifest_url).stem + "-cube.fits") and run["status"] != ph.RUN_RUNNING
+
+
+def report(run_id: str | None = None, survey: str = SURVEY, **_: object) -> str:
     """The run read back with the seed's access patterns: latest run, its chunks, stuck chunks, failures."""
     from tasks.phspectra import survey as ph
     from tasks.core.state_store import to_plain

@@ -43,6 +43,27 @@ def make(workdir: Path) -> dict:
     return {"messages": [m if isinstance(m, str) else json.dumps(m) for m in messages]}
 
 
+def drop(workdir: Path, store, shuffle_seed: int = 7) -> dict:
+    """The sample's bodies, shuffled (the records must come out the same in any order), one per line in a
+    message file under ``records/incoming/``: the local stand-in for the workflow-message queue."""
+    import random
+
+    from tasks.core import keys
+
+    bodies = make(workdir)["messages"]
+    random.Random(shuffle_seed).shuffle(bodies)
+    key = f"{keys.RECORDS_INCOMING_PREFIX}{Path(workdir).name}-messages.ndjson"
+    store.put_bytes(key, ("\n".join(bodies) + "\n").encode())
+    return {"incoming_key": key}
+
+
+def landed(incoming_key: str, **_ids) -> bool:
+    """Whether the message file has left ``records/incoming/`` (every message written, or archived)."""
+    from tasks.core import config
+
+    return not config.object_store().exists(incoming_key)
+
+
 def report(granule_ids: list[str] | None = None, **_ids) -> str:
     """Granule records by granuleId and their executions by arn (the seed's lookups)."""
     from tasks.core import config, state_store

@@ -15,6 +15,18 @@ def make(workdir: Path) -> dict:
     return {"source_url": source.resolve().as_uri(), "segment_seconds": 1.0, "mode": "grayscale", "backend": "ffmpeg"}
 
 
+def drop(workdir: Path, store) -> dict:
+    """`video create-job` (grayscale, 1 s segments), then the clip written to the upload target it prints."""
+    job = video.create_job(f"demo-video-{Path(workdir).name}", mode="grayscale", segment_seconds=1.0)
+    store.put_file(job["source_key"], Path(make(workdir)["source_url"].removeprefix("file://")))
+    return {"job_id": job["job_id"]}
+
+
+def landed(job_id: str, **_: object) -> bool:
+    """Whether the job has ended (completed or failed)."""
+    return video.get_job(job_id)["status"] in (video.COMPLETED, video.FAILED)
+
+
 def report(job_id: str, **_: object) -> str:
     """The job (GetItem), its completions (Query by job_id, in segment order) and the final output."""
     job = video.get_job(job_id)

@@ -94,6 +94,42 @@ def decomposition_key(survey: str, run_id: str, start: int) -> str:
     return f"{decomposition_prefix(survey, run_id)}{chunk_name(start)}.parquet"
 
 
+SURVEY_INCOMING_PREFIX = "surveys/incoming/"  # where a cube or a survey manifest lands to start a run
+LANDING_PK_PREFIX = "LANDING#"
+LANDING_SK = "LANDING"
+
+
+@dataclass(frozen=True)
+class SurveyLanding:
+    survey: str | None  # the folder's survey (``surveys/incoming/{survey}/…``); None for a file right under the prefix
+    name: str
+    is_manifest: bool  # ``*.json``: a manifest listing cubes; otherwise the object is a cube
+
+
+def parse_survey_landing(key: str) -> SurveyLanding:
+    """A key under ``surveys/incoming/``: ``{survey}/{cube}.fits|.npy``, ``{survey}/{name}.json`` or ``{name}.json``."""
+    rest = safe_key(key).removeprefix(SURVEY_INCOMING_PREFIX)
+    if rest == key:
+        raise InvalidKey(f"not under {SURVEY_INCOMING_PREFIX}: {key!r}")
+    parts = rest.split("/")
+    if len(parts) > 2:
+        raise InvalidKey(f"too deep under {SURVEY_INCOMING_PREFIX}: {key!r} (use {{survey}}/{{file}})")
+    name = parts[-1]
+    is_manifest = name.lower().endswith(".json")
+    if not is_manifest and not name.lower().endswith((".fits", ".fit", ".fits.gz", ".npy")):
+        raise InvalidKey(f"not a cube (.fits, .npy) or a manifest (.json): {key!r}")
+    survey = safe_id(parts[0], "survey") if len(parts) == 2 else None
+    if survey is None and not is_manifest:
+        raise InvalidKey(f"a cube must land in its survey's folder, {SURVEY_INCOMING_PREFIX}{{survey}}/: {key!r}")
+    return SurveyLanding(survey, name, is_manifest)
+
+
+def landing_pk(url: str, event_id: str) -> str:
+    """``LANDING#{sha256(url, event_id)[:32]}``: the item that makes one landing of an object start its runs once."""
+    digest = hashlib.sha256(f"{url}\n{event_id}".encode()).hexdigest()[:32]
+    return f"{LANDING_PK_PREFIX}{digest}"
+
+
 # --------------------------------------------------------------------------- seed 001: NDJSON -> Parquet
 
 INPUT_PREFIX = "pipeline/input/"
@@ -290,6 +326,7 @@ def gpu_task_id(value: str) -> str:
 
 # --------------------------------------------------------------------------- seed 003: video
 
+VIDEO_INPUT_PREFIX = "input/"  # every job's upload lands under it
 _SEGMENT = re.compile(r"^segments/([^/]+)/(\d{5})_(\d{5})_([A-Za-z0-9-]+)\.mp4$")
 
 
@@ -303,7 +340,15 @@ class SegmentKey:
 
 def source_key(job_id: str) -> str:
     """``input/{job_id}/source.mp4``."""
-    return f"input/{safe_id(job_id, 'job_id')}/source.mp4"
+    return f"{VIDEO_INPUT_PREFIX}{safe_id(job_id, 'job_id')}/source.mp4"
+
+
+def parse_source_key(key: str) -> str:
+    """The job id of an upload key ``input/{job_id}/source.mp4``; InvalidKey if it is not one."""
+    match = re.fullmatch(r"input/([^/]+)/source\.mp4", key)
+    if not match:
+        raise InvalidKey(f"not a video upload key (input/{{job_id}}/source.mp4): {key!r}")
+    return safe_id(match.group(1), "job_id")
 
 
 def segment_key(job_id: str, segment_index: int, total_segments: int, mode: str) -> str:
@@ -345,7 +390,6 @@ def final_key(job_id: str) -> str:
     return f"{job_output_prefix(job_id)}final.mp4"
 
 
-VIDEO_INPUT_PREFIX = "input/"  # every job's upload lands under it
 
 
 def input_prefix(job_id: str) -> str:
@@ -356,6 +400,18 @@ def input_prefix(job_id: str) -> str:
 # --------------------------------------------------------------------------- seed 004: dead-letter archive
 
 DEAD_LETTER_PREFIX = "dead-letter-archive/"
+
+
+RECORDS_INCOMING_PREFIX = "records/incoming/"  # the local stand-in for the workflow-message queue
+RECORDS_PROCESSED_PREFIX = "records/processed/"
+
+
+def records_processed_key(day: str, incoming_key: str) -> str:
+    """``records/processed/{date}/{path under records/incoming/}``: a message file once its messages are written."""
+    rest = safe_key(incoming_key).removeprefix(RECORDS_INCOMING_PREFIX)
+    if rest == incoming_key:
+        raise InvalidKey(f"not under {RECORDS_INCOMING_PREFIX}: {incoming_key!r}")
+    return f"{RECORDS_PROCESSED_PREFIX}{safe_date(day)}/{rest}"
 
 
 def dead_letter_key(day: str, message_id: str) -> str:

@@ -1,0 +1,49 @@
+"""What the media listeners' handlers share: starting a run once per landing, and one outcome per arrival.
+
+    handler ──> start_deployment_run(name, parameters, idempotency_key) ──> the flow run's id
+    handle_each(arrivals, pipeline, start) ──> Outcome (done / retry) + one Prefect event per arrival
+
+The source and the loop are ``tasks.landing.sources.open_source`` and ``tasks.landing.listener.listen``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from tasks.core.keys import InvalidKey
+from tasks.core.runtime import run_logger
+from tasks.landing.listener import Outcome, emit_landed
+from tasks.landing.sources import Arrival
+
+
+def start_deployment_run(deployment: str, parameters: dict[str, Any], idempotency_key: str) -> str:
+    """Create one run of ``deployment`` (not waiting for it); the same ``idempotency_key`` again returns the same run.
+
+    The Prefect server keeps one flow run per (flow, idempotency key), so a listener that crashed after creating
+    the run and asks again gets the run it created, never a second one. The run is top level, as when a person
+    runs `prefect deployment run`, not a child of the listener.
+    """
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key, as_subflow=False)
+    return str(run.id)
+
+
+def handle_each(arrivals: list[Arrival], pipeline: str, start: Callable[[Arrival], tuple[str, list[str]]]) -> Outcome:
+    """A handler from a per-arrival ``start`` (what happened, the runs it started): one event per run (or one
+    without), done when ``start`` returned or refused the key (one log line), offered again when it raised
+    anything else (DynamoDB or the Prefect server down)."""
+    outcome = Outcome()
+    for arrival in arrivals:
+        try:
+            what, flow_run_ids = start(arrival)
+        except InvalidKey as error:  # outside the pipeline's landing keys: a redelivery cannot change that
+            run_logger(__name__).warning("ignored %s: %s", arrival.url, error)
+            what, flow_run_ids = "ignored", []
+        except Exception as error:  # noqa: BLE001 - offered again later, never lost
+            outcome.retry.append((arrival, f"{type(error).__name__}: {error}"))
+            continue
+        for flow_run_id in flow_run_ids or [None]:
+            emit_landed(arrival, pipeline, what, flow_run_id)
+        outcome.done.append(arrival)
+    return outcome

@@ -1,0 +1,111 @@
+"""Workflow messages arrive and are written (seed 004's SQS batches of 10), in AWS and locally.
+
+    AWS:   the workflow-message queue ──(SqsSource, a message per arrival)──┐
+    local: records/incoming/*.json|*.ndjson (one message, a JSON list, or  ├─> batches of 10 ─> records-ingest
+           one message per line; the documented stand-in for the queue) ──┘      (records or dead-letter archive)
+                                            ──> a file moved to records/processed/{date}/ ──> ack
+
+An arrival is acked only once every message it carries is written: to the records, or to the dead-letter
+archive with its error (records-ingest's own rules). A file that is no batch at all (JSON that is neither a
+message nor a list) goes to the archive whole, as an unparsable body. Writing a message twice changes nothing
+(the stale-write rules; the archive keys a message by its content), so a listener that died before the move
+or the ack only makes the next one write the same again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from tasks.core import keys
+from tasks.core.config import object_store
+from tasks.core.object_store import ObjectNotFound, rename
+from tasks.core.runtime import run_logger, today_iso
+from tasks.landing.listener import Outcome, emit_landed
+from tasks.landing.sources import Arrival
+from tasks.records import dead_letter
+from tasks.records import messages as records_messages
+
+PIPELINE = "records"
+BATCH = 10  # the seed's SQS batch size
+SUFFIXES = [".json", ".ndjson", ".jsonl"]
+
+# ingest(text bodies) -> (the batch's summary, the records-ingest flow run that wrote it, or None)
+Ingest = Callable[[list[str]], tuple[dict[str, Any], str | None]]
+
+
+def ingest_in_process(bodies: list[str]) -> tuple[dict[str, Any], str | None]:
+    """records-ingest's task body, without a flow run (for callers outside Prefect)."""
+    return records_messages.ingest_messages(bodies), None
+
+
+def bodies_of(arrival: Arrival) -> list[str]:
+    """The text bodies an arrival carries: an SQS message's body, or every message of a dropped file.
+
+    InvalidKey for a file outside ``records/incoming/``; ObjectNotFound for one gone since (e.g. already moved).
+    """
+    if arrival.body is not None:
+        return [arrival.body]
+    keys.records_processed_key(today_iso(), arrival.key)  # InvalidKey unless it lies under records/incoming/
+    text = object_store().get_bytes(arrival.key).decode("utf-8", errors="replace")
+    try:
+        found = records_messages.batch_from_text(text, arrival.key)
+    except ValueError as error:  # JSON, but no message and no list: the whole file is one unparsable body
+        dead_letter.archive(records_messages.message_id(text), {"type": "UnreadableBatch", "message": str(error)}, body=text)
+        return []
+    return [m if isinstance(m, str) else json.dumps(m) for m in found]
+
+
+def set_aside(arrival: Arrival) -> None:
+    """A written file leaves ``records/incoming/`` for ``records/processed/{date}/`` (a message has nothing to move)."""
+    if arrival.body is None:
+        rename(object_store(), arrival.key, keys.records_processed_key(today_iso(), arrival.key))
+
+
+def handle_messages(arrivals: list[Arrival], ingest: Ingest = ingest_in_process) -> Outcome:
+    """The records listener's handler: every message of the arrivals, in order, through ``ingest`` in batches of
+    10; an arrival is done once all its messages are written, offered again when any batch of them failed."""
+    log = run_logger(__name__)
+    outcome = Outcome()
+    carried: list[tuple[Arrival, list[str]]] = []
+    for arrival in arrivals:
+        try:
+            carried.append((arrival, bodies_of(arrival)))
+        except keys.InvalidKey as error:
+            log.warning("ignored %s: %s", arrival.url, error)
+            emit_landed(arrival, PIPELINE, "ignored")
+            outcome.done.append(arrival)
+        except ObjectNotFound:
+            log.info("%s is gone (written and set aside already?): nothing to write", arrival.url)
+            emit_landed(arrival, PIPELINE, "gone")
+            outcome.done.append(arrival)
+        except Exception as error:  # noqa: BLE001 - the store or DynamoDB down: offered again later
+            outcome.retry.append((arrival, f"{type(error).__name__}: {error}"))
+    queue = [(index, body) for index, (_, bodies) in enumerate(carried) for body in bodies]
+    runs: dict[int, list[str]] = {index: [] for index in range(len(carried))}
+    failed: dict[int, str] = {}
+    for start in range(0, len(queue), BATCH):
+        batch = queue[start:start + BATCH]
+        owners = sorted({index for index, _ in batch})
+        try:
+            summary, flow_run_id = ingest([body for _, body in batch])
+        except Exception as error:  # noqa: BLE001 - nothing acked: these arrivals come again
+            failed.update({index: f"{type(error).__name__}: {error}" for index in owners})
+            continue
+        log.info("wrote %d message(s): %d ok, %d archived", summary["messages"], summary["ok"], summary["archived"])
+        for index in owners:
+            runs[index].append(flow_run_id)
+    for index, (arrival, _) in enumerate(carried):
+        if index in failed:
+            outcome.retry.append((arrival, failed[index]))
+            continue
+        try:
+            set_aside(arrival)
+        except Exception as error:  # noqa: BLE001 - written but still in incoming/: writing it again changes nothing
+            outcome.retry.append((arrival, f"{type(error).__name__}: {error}"))
+            continue
+        for flow_run_id in [r for r in runs[index] if r] or [None]:
+            emit_landed(arrival, PIPELINE, "written", flow_run_id)
+        outcome.done.append(arrival)
+    return outcome
