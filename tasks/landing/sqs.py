@@ -61,6 +61,10 @@ SEED_QUEUES: dict[str, QueueSpec] = {
     # seed 003: an upload's object-created event notifies the chunking queue; the seed gives no timeout, so 15
     # minutes covers the chunking it starts (an ffmpeg split of a whole upload)
     "video": QueueSpec("video-chunking-{env}", "video-chunking-dlq-{env}", 900, OBJECTS, keys.VIDEO_INPUT_PREFIX),
+    # seed 000: the survey CLI uploads a cube or a manifest that starts a run (access pattern 3); the seed's Lambda
+    # worker ran 15 minutes at most, and starting a run takes seconds, so the ETL's 6 minutes is ample
+    "phspectra": QueueSpec("phspectra-survey-uploads-{env}", "phspectra-survey-uploads-dlq-{env}", 360, OBJECTS,
+                           keys.SURVEY_INCOMING_PREFIX),
     # seed 004: workflow messages on sfEventSqsToDbRecordsInputQueue in batches of 10; visibility
     # acquireTimeoutMillis / 1000 + 60 = 150 s with Cumulus's default 90 s acquire timeout
     "records": QueueSpec(
