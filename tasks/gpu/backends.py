@@ -25,7 +25,6 @@ from tasks.core import keys
 from tasks.gpu.health import UNKNOWN, HealthResult, command_check, run_check
 
 LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
-RENDEZVOUS_PORT = 29500  # torch.distributed's default MASTER_PORT; ECS jobs use it + retry
 _CHILDREN: dict[str, subprocess.Popen] = {}  # launchers started by this process, so poll() can reap them
 
 
@@ -302,6 +301,9 @@ class LocalBackend:
 
 
 # --------------------------------------------------------------------------- ECS
+
+
+RENDEZVOUS_PORT = 29500  # torch.distributed's default MASTER_PORT; ECS jobs use it + retry
 
 
 class EcsBackend:
