@@ -53,6 +53,18 @@ def test_two_nodes_rendezvous_and_handshake(gpu_env):
     assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")
 
 
+def test_the_gpu_job_flow_runs_the_handshake_and_a_resumed_start_keeps_the_port(gpu_env):
+    from flows.gpu import gpu_job
+
+    summary = gpu_job(command=HANDSHAKE, num_nodes=2, job_id="job-rdv-flow")
+    assert (summary["job_status"], summary["assigned_nodes"]) == ("COMPLETE", ["local-0", "local-1"])
+    assert seen(gpu_env, "job-rdv-flow-r0-n1")["saw_rank"] == "0"
+    # a start resumed by another runner (the first died before recording its tasks) reuses the attempt's port
+    job = gpu.launch_job(gpu_env, "job-rdv-resume", 2, HANDSHAKE)
+    assert gpu.with_master_port(gpu.make_runner(), "job-rdv-resume", "IN_PROGRESS")["master_port"] == job["master_port"]
+    assert watch(gpu_env, "job-rdv-resume", PLAIN, timeout_s=30)["job_status"] == "COMPLETE"
+
+
 def test_a_restart_on_a_spare_node_rendezvous_at_the_new_address(gpu_env):
     gpu_env.backend.inject_health_command("local-0", "false")  # node 0's task fails and its node is unhealthy
     job = gpu.launch_job(gpu_env, "job-rdv2", 2, HANDSHAKE, env={"HANDSHAKE_FAIL": "0:0"})
