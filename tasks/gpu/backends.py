@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -100,13 +101,17 @@ class TaskSpec:
     num_nodes: int
     command: str
     env: dict[str, str] = field(default_factory=dict)  # the job's own variables
+    rendezvous: dict[str, str] = field(default_factory=dict)  # MASTER_ADDR, RANK, … (jobs.rendezvous_env)
 
 
 class ComputeBackend(Protocol):
     name: str
 
     def discover_nodes(self) -> list[dict[str, Any]]:
-        """The backend's nodes as node rows (name, container instance id and ARN, ip, ibdev)."""
+        """The backend's nodes as node rows (name, container instance id and ARN, ip, ibdev; ``unknown_reason``
+        when the node's instance cannot be described)."""
+    def master_port(self, node: dict[str, Any], retry: int) -> int:
+        """The rendezvous port for a job attempt whose rank 0 runs on ``node``."""
     def start_task(self, spec: TaskSpec) -> StartedTask:
         """Start ``spec``'s task on its node; BackendError if it cannot start."""
     def poll(self, task_id: str) -> TaskExit | None:
@@ -122,9 +127,10 @@ class ComputeBackend(Protocol):
 
 
 def task_env(spec: TaskSpec) -> dict[str, str]:
-    """The variables every task sees: the job's own, then its node, index, job, attempt and job size."""
+    """The variables every task sees: the job's own, its rendezvous, then its node, index, job, attempt and size."""
     return {
         **spec.env,
+        **spec.rendezvous,
         "NODE_NAME": spec.node["node_name"],
         "NODE_INDEX": str(spec.node_index),
         "GPU_JOB_ID": spec.job_id,
@@ -160,17 +166,24 @@ class LocalBackend:
 
     # nodes
     def discover_nodes(self) -> list[dict[str, Any]]:
-        """One node row per local slot (``local-0`` … ``local-{local_nodes - 1}``)."""
+        """One node row per local slot (``local-0`` … ``local-{local_nodes - 1}``), slot i on loopback 127.0.0.{i+1}
+        (Linux routes all of 127/8 to lo: each slot has its own address, as nodes do)."""
         return [
             {
                 "node_name": keys.gpu_local_node_name(i),
                 "container_instance_id": keys.gpu_local_node_name(i),
                 "container_instance_arn": f"local:{self.config.cluster_name}:{keys.gpu_local_node_name(i)}",
-                "ip": "127.0.0.1",
+                "ip": f"127.0.0.{i + 1}",
                 "ibdev": "none",
             }
             for i in range(self.config.local_nodes)
         ]
+
+    def master_port(self, node: dict[str, Any], retry: int) -> int:
+        """A port free on the slot's address now (the kernel picks it)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((node["ip"], 0))
+            return probe.getsockname()[1]
 
     def _file(self, node_name: str, suffix: str) -> Path:
         return self.state_dir / f"{keys.gpu_node_name(node_name)}.{suffix}"
@@ -327,6 +340,9 @@ class LocalBackend:
 # --------------------------------------------------------------------------- ECS
 
 
+RENDEZVOUS_PORT = 29500  # torch.distributed's default MASTER_PORT; ECS jobs use it + retry
+
+
 class EcsBackend:
     """ECS container instances as nodes: ``start_task`` pins a task to one instance, ``describe_tasks``
     polls it, ``stop_task`` stops it; the health check is a DCGM task; a reboot is EC2 ``reboot_instances``."""
@@ -352,30 +368,54 @@ class EcsBackend:
             raise BackendError(f"ECS {what} failed: {error}") from None
 
     def discover_nodes(self) -> list[dict[str, Any]]:
-        """The cluster's container instances as node rows, named by EC2 instance id."""
+        """The cluster's container instances as node rows, named by EC2 instance id, with the instance's private
+        IP (else the container instance's ``ip`` attribute); one ECS or EC2 cannot describe gets ``unknown_reason``."""
         cluster = self.config.cluster_name
         arns = self._call("list_container_instances", self.ecs.list_container_instances, cluster=cluster)[
             "containerInstanceArns"
         ]
         if not arns:
             return []
-        described = self._call(
+        response = self._call(
             "describe_container_instances", self.ecs.describe_container_instances, cluster=cluster, containerInstances=arns
-        )["containerInstances"]
+        )
+        described = response["containerInstances"]
+        addresses = self._private_ips([i["ec2InstanceId"] for i in described if i.get("ec2InstanceId")])
         nodes = []
         for instance in described:
-            arn = instance["containerInstanceArn"]
+            arn, ec2_id = instance["containerInstanceArn"], instance.get("ec2InstanceId")
             attributes = {a["name"]: a.get("value", "") for a in instance.get("attributes", [])}
-            nodes.append(
-                {
-                    "node_name": keys.gpu_node_name(instance.get("ec2InstanceId") or arn.rsplit("/", 1)[-1]),
-                    "container_instance_id": arn.rsplit("/", 1)[-1],
-                    "container_instance_arn": arn,
-                    "ip": attributes.get("ip", ""),
-                    "ibdev": attributes.get("ibdev", ""),
-                }
-            )
+            node = {
+                "node_name": keys.gpu_node_name(ec2_id or arn.rsplit("/", 1)[-1]),
+                "container_instance_id": arn.rsplit("/", 1)[-1],
+                "container_instance_arn": arn,
+                "ip": addresses.get(ec2_id) or attributes.get("ip", ""),
+                "ibdev": attributes.get("ibdev", ""),
+            }
+            if ec2_id not in addresses:
+                node["unknown_reason"] = f"EC2 cannot describe instance {ec2_id or '(none)'}"
+            nodes.append(node)
+        for failure in response.get("failures") or []:  # listed, then gone or unreadable
+            arn = failure.get("arn", "")
+            nodes.append({"node_name": keys.gpu_node_name(arn.rsplit("/", 1)[-1]), "container_instance_id": arn.rsplit("/", 1)[-1],
+                          "container_instance_arn": arn, "ip": "", "ibdev": "",
+                          "unknown_reason": f"ECS cannot describe container instance: {failure.get('reason')}"})
         return nodes
+
+    def _private_ips(self, instance_ids: list[str]) -> dict[str, str]:
+        """EC2 instance id -> private IP, for the instances EC2 describes (a filter: a missing id is no error)."""
+        if not instance_ids:
+            return {}
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-id", "Values": instance_ids}])
+        reservations = self._call("describe_instances", lambda: [r for page in pages for r in page["Reservations"]])
+        return {i["InstanceId"]: i.get("PrivateIpAddress", "") for r in reservations for i in r["Instances"]
+                if i.get("State", {}).get("Name") != "terminated"}
+
+    def master_port(self, node: dict[str, Any], retry: int) -> int:
+        """``RENDEZVOUS_PORT`` + retry: a port of its own per attempt on the job's dedicated node 0, so a restart
+        never meets the socket of the attempt before."""
+        return RENDEZVOUS_PORT + retry % 1000
 
     def _start(self, task_definition: str, node: dict[str, Any], command: list[str] | None, env: dict[str, str],
                attempt: str | None = None):

@@ -172,13 +172,28 @@ def job_tasks(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def register_nodes(backend: ComputeBackend, cluster_name: str) -> dict[str, str]:
-    """Create a node row (AVAILABLE) for every node the backend knows; existing rows are left alone."""
+    """Create a node row for every node the backend knows: AVAILABLE, or UNKNOWN when its instance cannot be
+    described (no job claims it). Existing rows: an idle node that cannot be described any more -> UNKNOWN, an
+    UNKNOWN one described again -> AVAILABLE with its new address; others are left alone."""
     stamp = now_iso()
-    items = [{**node, "cluster_name": cluster_name, "node_status": NODE_AVAILABLE, "created_at": stamp, "updated_at": stamp}
+    items = [{**node, "cluster_name": cluster_name, "created_at": stamp, "updated_at": stamp,
+              "node_status": NODE_UNKNOWN if node.get("unknown_reason") else NODE_AVAILABLE}
              for node in backend.discover_nodes()]
     results = state_store.create_many_if_absent(_tables()[2], items, ["node_name"])
-    return {item["node_name"]: "registered" if result.applied else f"exists ({(result.item or {}).get('node_status')})"
-            for item, result in zip(items, results)}
+    outcome = {}
+    for item, result in zip(items, results):
+        name, reason = item["node_name"], item.get("unknown_reason")
+        if result.applied:
+            outcome[name] = f"registered UNKNOWN: {reason}" if reason else "registered"
+        elif reason and move_node(name, None, NODE_AVAILABLE, NODE_UNKNOWN, unknown_reason=reason):
+            outcome[name] = f"UNKNOWN: {reason}"
+        elif not reason and state_store.transition(
+                _tables()[2], {"node_name": name}, NODE_UNKNOWN, NODE_AVAILABLE, status_attr="node_status",
+                set={"ip": item["ip"], "ibdev": item["ibdev"], "updated_at": stamp}, remove=["unknown_reason"]).applied:
+            outcome[name] = "described again: AVAILABLE"
+        else:
+            outcome[name] = f"exists ({(result.item or {}).get('node_status')})"
+    return outcome
 
 
 def claim_node(node_name: str, job_id: str, runner: Runner | None = None) -> bool:
@@ -303,10 +318,53 @@ def create_failed_job(job_id: str, cluster_name: str, num_nodes: int, command: s
     return result.item if result.item else item
 
 
+def rendezvous_env(nodes: list[dict[str, Any]], index: int, master_port: int | str) -> dict[str, str]:
+    """The variables a task of a multi-node job needs to find the others (torch.distributed's names): node 0's
+    address and the attempt's port, world size, this node's rank, every peer's address in rank order, and the
+    node's InfiniBand device for NCCL (none: NCCL_IB_DISABLE, NCCL uses sockets)."""
+    missing = [n["node_name"] for n in nodes if not n.get("ip")]
+    if missing and len(nodes) > 1:
+        raise BackendError(f"node(s) {missing} have no address for the job's rendezvous")
+    ibdev = nodes[index].get("ibdev") or "none"
+    return {
+        "MASTER_ADDR": nodes[0].get("ip", ""), "MASTER_PORT": str(master_port), "WORLD_SIZE": str(len(nodes)),
+        "RANK": str(index), "NODE_RANK": str(index), "PIPELINES_PEERS": ",".join(n.get("ip", "") for n in nodes),
+        **({"NCCL_IB_DISABLE": "1"} if ibdev == "none" else {"NCCL_IB_HCA": ibdev}),
+    }
+
+
+def node_rows(node_names: list[str]) -> list[dict[str, Any]]:
+    """The node rows of ``node_names``, in that order; LookupError if one is missing."""
+    found = {n["node_name"]: n for n in state_store.get_many(_tables()[2], [{"node_name": name} for name in node_names])}
+    missing = [name for name in node_names if name not in found]
+    if missing:
+        raise LookupError(f"unknown node(s) {missing}")
+    return [found[name] for name in node_names]
+
+
+def with_master_port(runner: Runner, job_id: str, expected: str) -> dict[str, Any]:
+    """The job row with a rendezvous port for its current retry: chosen once per attempt (on node 0) and stored
+    with a conditional write, so every task of the attempt, and a start resumed after a crash, gets the same."""
+    job = get_job(job_id)
+    if job.get("master_port_retry") == job["retry"] or job["job_status"] != expected:
+        return job
+    port = runner.backend.master_port(get_node(job["assigned_nodes"][0]), int(job["retry"]))
+    moved = state_store.transition(
+        _tables()[1], {"job_id": job_id}, expected, None, status_attr="job_status",
+        set={"master_port": str(port), "master_port_retry": job["retry"], "updated_at": now_iso()},
+        condition=Condition("#r = :r AND (attribute_not_exists(#pr) OR #pr <> :r)",
+                            {"#r": "retry", "#pr": "master_port_retry"}, {":r": job["retry"]}),
+    )
+    return moved.item if moved.applied else get_job(job_id)  # else another starter chose it, or the job moved on
+
+
 def start_one_task(runner: Runner, job: dict[str, Any], node_name: str, index: int, retry: int) -> dict[str, Any]:
-    """Start the job's task on one node and record it IN_PROGRESS (node ASSIGNED -> IN_PROGRESS)."""
-    node = get_node(node_name)
-    spec = TaskSpec(job["job_id"], retry, node, index, int(job["num_nodes"]), job["command"], dict(job.get("env") or {}))
+    """Start the job's task on one node, with the job's rendezvous, and record it IN_PROGRESS (node ASSIGNED ->
+    IN_PROGRESS)."""
+    nodes = node_rows(job["assigned_nodes"])
+    node = nodes[index]
+    spec = TaskSpec(job["job_id"], retry, node, index, int(job["num_nodes"]), job["command"], dict(job.get("env") or {}),
+                    rendezvous_env(nodes, index, job.get("master_port", "")))
     started = runner.backend.start_task(spec)
     stamp = now_iso()
     item = {
@@ -359,7 +417,7 @@ def start_tasks(runner: Runner, job_id: str, expected: str, start_task=None) -> 
     start fails the job with the reason. If the job ended meanwhile, the tasks are stopped again.
     """
     start_task = start_task or start_one_task
-    job = get_job(job_id)
+    job = with_master_port(runner, job_id, expected)
     retry = int(job["retry"])
     started: list[dict[str, Any]] = []
     try:
