@@ -35,6 +35,7 @@ from tasks.etl.ingest import (
 )
 from tasks.core import object_store
 from tasks.core.object_store import ObjectNotFound, open_url
+from tasks.etl import catalog
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,8 @@ def published(date_prefix: str, manifest_name: str, output_url: str = "") -> dic
 
 
 def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
-    """Make the staged parts visible (one rename each), drop parts an earlier run left, then write the publish record.
+    """Make the staged parts visible (one rename each), drop parts an earlier run left, write the publish record,
+    then register the date's partition in the catalog (``tasks.etl.catalog``).
 
     Until the record is written the manifest is not published: a re-run merges again and overwrites the same
     part names; a failed manifest's parts are removed (``unpublish``) before its files can be merged elsewhere.
@@ -301,7 +303,7 @@ def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list
     elif target.exists(rejects_key):
         target.delete(rejects_key)
     target.put_bytes(keys.merged_published_key(date_prefix, manifest_name), json.dumps(summary).encode())
-    return summary
+    return {**summary, "partition": catalog.register_logged(date_prefix, output_url)}
 
 
 def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int:
