@@ -59,14 +59,14 @@ def test_two_merged_dates_are_a_table_with_a_query_and_reports(etl_env, capsys):
     assert (entry.read_bytes(), entry.stat().st_mtime_ns) == before
 
     # the CLI: one date's columns, a limit, and SQL over every partition
-    rows = _cli_json(capsys, "etl", "query", "--date", DAYS[1], "--columns", "id,_source_file")
+    rows = _cli_json(capsys, "etl", "rows", "--date", DAYS[1], "--columns", "id,_source_file")
     assert sorted((r["id"], r["_source_file"]) for r in rows) == sorted((r["id"], r["_source_file"]) for r in expected[10:])
-    assert len(_cli_json(capsys, "etl", "query", "--limit", "3")) == 3
-    counts = _cli_json(capsys, "etl", "query", "--sql",
+    assert len(_cli_json(capsys, "etl", "rows", "--limit", "3")) == 3
+    counts = _cli_json(capsys, "etl", "rows", "--sql",
                        "select date_prefix, count(*) as n from merged_parquet group by 1 order by 1")
     assert counts == [{"date_prefix": DAYS[0], "n": 10}, {"date_prefix": DAYS[1], "n": 10}]
     assert [p["date_prefix"] for p in _cli_json(capsys, "etl", "partitions")] == list(DAYS)
-    assert cli(["etl", "query", "--columns", "nope"]) == 2 and "no column nope" in capsys.readouterr().err
+    assert cli(["etl", "rows", "--columns", "nope"]) == 2 and "no column nope" in capsys.readouterr().err
 
     # the seed's metadata reports: one per ingest run, one per merge
     (ingest_report,) = [json.loads(p.read_text()) for p in (root / "logs/lambda").iterdir()]

@@ -18,7 +18,7 @@ def _status(args: argparse.Namespace):
 
 
 def register(subparsers) -> None:
-    """Add the ``etl`` subcommands: status, remediate, reprocess, release-quarantine, partitions, query, register."""
+    """Add the ``etl`` subcommands: status, remediate, reprocess, release-quarantine, partitions, rows, register."""
     group = subparsers.add_parser("etl", help="NDJSON→Parquet ETL (seed 001) records").add_subparsers(dest="command", required=True)
 
     status = group.add_parser("status", help="files by status for a date, or files in a status across dates")
@@ -50,12 +50,12 @@ def register(subparsers) -> None:
     partitions = group.add_parser("partitions", help="the merged table's registered partitions (one per date)")
     partitions.set_defaults(handler=lambda a: etl_catalog.registered_partitions())
 
-    query = group.add_parser("query", help="rows of the merged table (every registered date, or --date)")
-    query.add_argument("--date", action="append", dest="dates", help="only this date (repeatable)")
-    query.add_argument("--columns", type=lambda v: v.split(","), help="comma-separated columns (default: all)")
-    query.add_argument("--limit", type=int, help="at most this many rows")
-    query.add_argument("--sql", help="a DuckDB query over the table (named as CATALOG_TABLE, default merged_parquet)")
-    query.set_defaults(handler=lambda a: etl_catalog.query(a.dates, a.columns, a.limit, a.sql))
+    rows = group.add_parser("rows", help="rows of the merged table (every registered date, or --date), or SQL over it")
+    rows.add_argument("--date", action="append", dest="dates", help="only this date (repeatable)")
+    rows.add_argument("--columns", type=lambda v: v.split(","), help="comma-separated columns (default: all)")
+    rows.add_argument("--limit", type=int, help="at most this many rows")
+    rows.add_argument("--sql", help="a DuckDB query over the table (named as CATALOG_TABLE, default merged_parquet)")
+    rows.set_defaults(handler=lambda a: etl_catalog.query(a.dates, a.columns, a.limit, a.sql))
 
     register = group.add_parser("register", help="register a date's merged output as a partition again (idempotent)")
     register.add_argument("--date", required=True)
