@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.cli import main as cli
-from flows.etl import ndjson_ingest
+from flows.etl import ndjson_ingest, ndjson_merge
 from tasks.core import keys
 from tasks.core.object_store import ObjectStore
 from tasks.etl import catalog, reports
@@ -85,6 +85,18 @@ def test_two_merged_dates_are_a_table_with_a_query_and_reports(etl_env, capsys):
         for r in merge_reports)
 
 
+def test_a_failed_merge_leaves_a_failed_report_and_no_partition(etl_env):
+    root = etl_env["root"]
+    urls = [write_input(root, DAYS[0], f"h-{i}.ndjson", good_lines(1, i)) for i in range(5)]
+    (manifest,) = ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")["manifests"]
+    (root / keys.manifest_key(DAYS[0], manifest)).unlink()  # the manifest JSON is lost: the merge fails
+    assert ndjson_merge(date_prefix=DAYS[0], manifest_name=manifest, return_state=True).is_failed()
+    (report,) = [json.loads(p.read_text()) for p in (root / "logs/glue").iterdir()]
+    assert (report["status"], report["manifest"], report["date_prefix"]) == ("failed", manifest, DAYS[0])
+    assert report["error"].startswith(f"{manifest} ({DAYS[0]}): ObjectNotFound")
+    assert catalog.registered_partitions() == [] and len(list((root / "logs/lambda").iterdir())) == 1
+
+
 def test_a_report_that_cannot_be_written_is_logged_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the manifest store should be")
@@ -117,5 +129,7 @@ def test_a_merge_on_s3_registers_its_partition_in_glue_once(etl_env, s3_base, s3
 
     again = catalog.register_partition(day)  # twice: nothing new, in the local catalog or in Glue
     assert (again["changed"], again["glue"]["created"]) == (False, False)
+    skipped = etl_merge.merge_manifest(day, "batch-0001-20260301-000000.json", urls)  # published: skipped, registered
+    assert skipped["already_published"] is True and skipped["partition"]["glue"]["created"] is False
     assert len(glue.get_partitions(DatabaseName=database, TableName="merged_parquet")["Partitions"]) == 1
     assert sorted(r["id"] for r in catalog.open_table().to_table().to_pylist()) == ["0", "1", "2"]

@@ -342,12 +342,13 @@ def merge_manifest(
     date_prefix: str, manifest_name: str, urls: list[str], output_url: str = "", target_file_mb: float = 128,
     scheduler: str = "threads",
 ) -> dict[str, Any]:
-    """Merge a manifest's files into staged Parquet parts on Dask, then publish them; a published run is skipped."""
+    """Merge a manifest's files into staged Parquet parts on Dask, then publish them; a published run is skipped
+    (its date registered again, in case a crash came between the publish record and the catalog)."""
     from dask import delayed
 
     done = published(date_prefix, manifest_name, output_url)
     if done is not None and sorted(f["url"] for f in done["files"]) == sorted(urls) and not done["files_failed"]:
-        return {**done, "already_published": True}
+        return {**done, "already_published": True, "partition": catalog.register_logged(date_prefix, output_url)}
     token = uuid.uuid4().hex
     staging = keys.merged_staging_prefix(date_prefix, manifest_name, token)
     processed_at = now_iso()
