@@ -145,17 +145,11 @@ def _storage(location: str, columns: list[str]) -> dict[str, Any]:
     }
 
 
-def _glue_client(target: S3Store):
-    import boto3
-
-    return (target._session or boto3.Session()).client("glue")  # the store's credentials; AWS_ENDPOINT_URL_GLUE honoured
-
-
 def register_glue_partition(target: S3Store, database: str, table: str, date_prefix: str, location: str,
                             columns: list[str]) -> dict[str, Any]:
     """Database and table created if absent (table columns widened to include ``columns``), then the date's
     partition created, or its columns widened; an existing partition with these columns is left as it is."""
-    glue = _glue_client(target)
+    glue = target.service_client("glue")  # AWS_ENDPOINT_URL_GLUE honoured
     try:
         glue.create_database(DatabaseInput={"Name": database, "Description": "seed 001: merged NDJSON as Parquet"})
     except glue.exceptions.AlreadyExistsException:
