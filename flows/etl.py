@@ -5,8 +5,10 @@
                                             (rest: pending#N, claimed in batches: pending#N → manifested#N + MANIFEST#)
                                             ─> run_deployment(ndjson-merge)
     ndjson-merge: MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
-                  ─> publish (rename parts, publish record; a published manifest is skipped)
+                  ─> publish (rename parts, publish record; a published manifest is skipped) ─> date's partition
+                     in the catalog (Glue too on S3)
                   ─> MANIFEST completed | failed ─> files manifested#N → completed#N | failed#N ─> (notify)
+                  ─> metric + report (logs/glue/…; ingest's in logs/lambda/…)
     ndjson-listen (long-running): files landing under pipeline/input/{date}/ (watch or SQS) ─> micro-batches
                   (count, age) ─> the ingest's validate → quarantine | track + claim-first batching ─> merges;
                   one Prefect event per file
@@ -26,9 +28,10 @@ from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
 from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
+from tasks.etl import reports as etl_reports
 from tasks.etl.ingest import ManifestRef
 from tasks.core import limits
-from tasks.core.runtime import quick_heartbeat_exit, today_iso
+from tasks.core.runtime import quick_heartbeat_exit, today_iso, utc_now
 from tasks.core.redact import redact_logs
 from tasks.core.keys import INPUT_PREFIX
 from tasks.core.object_store import ObjectNotFound
@@ -67,6 +70,7 @@ orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo
 release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
+report_task = task(etl_reports.write_run_report, name="write-run-report", **_side_effects)
 start_processing_task = task(etl_merge.start_processing, name="manifest-processing", **_dynamo)
 manifest_files_task = task(etl_merge.manifest_files, name="read-manifest", **_dynamo, retry_condition_fn=_capacity_error)
 attached_files_task = task(etl_merge.attached_files, name="files-still-in-manifest", **_dynamo)
@@ -127,6 +131,7 @@ def ndjson_ingest(
     ``file_sizes`` (one per URL, from the events) and a landing listing's sizes spare a HEAD per file."""
     logger = get_run_logger()
     config = etl.settings()
+    started = utc_now()
     if not file_urls:
         landing = landing_url or etl.store(config.input_store_url).url_for(INPUT_PREFIX)
         listed = list_landing_task(landing)
@@ -154,6 +159,10 @@ def ndjson_ingest(
         "launch_failures": sum(1 for launch in launches if not launch["launched"]),
     }
     metric_task("ingest", {k: v for k, v in summary.items() if k != "manifests"} | {"manifests_created": len(made)}, config)
+    report_task("lambda", started, {
+        "status": "succeeded", **summary, "manifests": [ref.manifest_path for ref in made],
+        "quarantined_files": [{"url": c.url, "reason": c.reason} for c in refused],
+    }, config)
     print(f"ingest: {summary['files']} files, {summary['tracked']} tracked, {summary['quarantined']} quarantined, "
           f"{len(made)} manifests, {summary['launched']} merges started")
     return summary
@@ -171,6 +180,7 @@ def ndjson_merge(
 ) -> dict[str, Any]:
     """One manifest: MANIFEST processing → Dask/pyarrow merge → MANIFEST and file statuses (notify on failure)."""
     config = etl.settings()
+    started = utc_now()
     record = start_processing_task(date_prefix, manifest_name, rerun)
     if record is None:
         print(f"{manifest_name}: already taken by another run; nothing to do")
@@ -187,6 +197,8 @@ def ndjson_merge(
         message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
         finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path, listed=listed)
         notify_task(message, config.notify_block)
+        report_task("glue", started, {"status": "failed", "manifest": manifest_name, "manifest_path": manifest_path,
+                                      "date_prefix": date_prefix, "error": message}, config)
         raise
     statuses = finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=listed)
     if summary["files_failed"]:
@@ -197,6 +209,14 @@ def ndjson_merge(
                           "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
                           "seconds": round(time.monotonic() - merge_started, 3),
                           "skipped": summary["already_published"]}, config)
+    report_task("glue", started, {
+        "status": statuses["manifest_status"], "manifest": manifest_name, "manifest_path": manifest_path,
+        "date_prefix": date_prefix, "rows": summary["rows"], "rejected_lines": summary["rejected_lines"],
+        "files": len(summary["files"]), "files_failed": summary["files_failed"], "parts": summary["parts"],
+        "rejects_path": summary["rejects_path"], "already_published": summary["already_published"],
+        "partition": summary.get("partition"),
+        "file_errors": [{"url": f["url"], "error": f["error"]} for f in summary["files"] if f["error"]],
+    }, config)
     print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s)"
           f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
           f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed")

@@ -1,9 +1,11 @@
-"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files, release quarantined files."""
+"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files, release quarantined files;
+the merged table's partitions, rows and re-registration."""
 
 from __future__ import annotations
 
 import argparse
 
+from tasks.etl import catalog as etl_catalog
 from tasks.etl import ops as etl_ops
 
 
@@ -16,7 +18,7 @@ def _status(args: argparse.Namespace):
 
 
 def register(subparsers) -> None:
-    """Add the ``etl`` subcommands: status, remediate, reprocess, release-quarantine."""
+    """Add the ``etl`` subcommands: status, remediate, reprocess, release-quarantine, partitions, rows, register."""
     group = subparsers.add_parser("etl", help="NDJSON→Parquet ETL (seed 001) records").add_subparsers(dest="command", required=True)
 
     status = group.add_parser("status", help="files by status for a date, or files in a status across dates")
@@ -44,3 +46,17 @@ def register(subparsers) -> None:
     release.add_argument("--file", action="append", dest="files", help="only this file (repeatable)")
     release.add_argument("--dry-run", action="store_true", help="say what would be released, change nothing")
     release.set_defaults(handler=lambda a: etl_ops.release_quarantine(a.date, a.files, a.dry_run))
+
+    partitions = group.add_parser("partitions", help="the merged table's registered partitions (one per date)")
+    partitions.set_defaults(handler=lambda a: etl_catalog.registered_partitions())
+
+    rows = group.add_parser("rows", help="rows of the merged table (every registered date, or --date), or SQL over it")
+    rows.add_argument("--date", action="append", dest="dates", help="only this date (repeatable)")
+    rows.add_argument("--columns", type=lambda v: v.split(","), help="comma-separated columns (default: all)")
+    rows.add_argument("--limit", type=int, help="at most this many rows")
+    rows.add_argument("--sql", help="a DuckDB query over the table (named as CATALOG_TABLE, default merged_parquet)")
+    rows.set_defaults(handler=lambda a: etl_catalog.query(a.dates, a.columns, a.limit, a.sql))
+
+    register = group.add_parser("register", help="register a date's merged output as a partition again (idempotent)")
+    register.add_argument("--date", required=True)
+    register.set_defaults(handler=lambda a: etl_catalog.register_partition(a.date))

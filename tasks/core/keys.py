@@ -454,3 +454,33 @@ MERGED_STAGING_PREFIX = f"{OUTPUT_PREFIX}_staging/"
 def merged_published_key(date_prefix: str, manifest: str) -> str:
     """``pipeline/output/_published/{date}/{manifest stem}.json``: written last when a manifest's parts are published."""
     return f"{OUTPUT_PREFIX}_published/{safe_date(date_prefix)}/{_manifest_stem(manifest)}.json"
+
+
+CATALOG_PREFIX = "pipeline/catalog/"
+RUN_REPORT_KINDS = ("lambda", "glue")  # the seed's report folders: ingest (manifest builder) and merge (Glue job)
+
+
+def catalog_table_prefix(table: str) -> str:
+    """``pipeline/catalog/{table}/``: one object per registered partition of a table."""
+    return f"{CATALOG_PREFIX}{safe_id(table, 'table name')}/"
+
+
+def catalog_partition_key(table: str, date_prefix: str) -> str:
+    """``pipeline/catalog/{table}/date_prefix={date}.json``: a date's partition entry (one per date, so merges of
+    different dates never rewrite each other's)."""
+    return f"{catalog_table_prefix(table)}date_prefix={safe_date(date_prefix)}.json"
+
+
+def catalog_partition_date(key: str) -> str:
+    """The date of a ``…/date_prefix={date}.json`` catalog key; InvalidKey if it is not one."""
+    match = re.fullmatch(r"pipeline/catalog/[^/]+/date_prefix=([^/]+)\.json", key)
+    if not match:
+        raise InvalidKey(f"not a catalog partition key: {key!r}")
+    return safe_date(match.group(1))
+
+
+def run_report_key(kind: str, at: datetime, run_id: str) -> str:
+    """``logs/{lambda|glue}/{YYYY-MM-DD}-T{HHMMSS}-{run_id}.json``: the seed's per-run metadata report."""
+    if kind not in RUN_REPORT_KINDS:
+        raise InvalidKey(f"invalid report kind {kind!r}: one of {RUN_REPORT_KINDS}")
+    return f"logs/{kind}/{at:%Y-%m-%d}-T{at:%H%M%S}-{safe_id(run_id, 'run id')}.json"

@@ -357,6 +357,10 @@ class S3Store(ObjectStore):
         config.max_in_memory_upload_chunks = config.max_in_memory_download_chunks = 4
         return config
 
+    def service_client(self, service: str):
+        """A boto3 client of another AWS service (e.g. ``glue``) with this store's credentials."""
+        return (self._session or boto3).client(service)
+
     def _key(self, key: str) -> str:
         safe_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key

@@ -35,6 +35,7 @@ from tasks.etl.ingest import (
 )
 from tasks.core import object_store
 from tasks.core.object_store import ObjectNotFound, open_url
+from tasks.etl import catalog
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +291,8 @@ def published(date_prefix: str, manifest_name: str, output_url: str = "") -> dic
 
 
 def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
-    """Make the staged parts visible (one rename each), drop parts an earlier run left, then write the publish record.
+    """Make the staged parts visible (one rename each), drop parts an earlier run left, write the publish record,
+    then register the date's partition in the catalog (``tasks.etl.catalog``).
 
     Until the record is written the manifest is not published: a re-run merges again and overwrites the same
     part names; a failed manifest's parts are removed (``unpublish``) before its files can be merged elsewhere.
@@ -313,7 +315,7 @@ def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list
     elif target.exists(rejects_key):
         target.delete(rejects_key)
     target.put_bytes(keys.merged_published_key(date_prefix, manifest_name), json.dumps(summary).encode())
-    return summary
+    return {**summary, "partition": catalog.register_logged(date_prefix, output_url)}
 
 
 def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int:
@@ -352,12 +354,13 @@ def merge_manifest(
     date_prefix: str, manifest_name: str, urls: list[str], output_url: str = "", target_file_mb: float = 128,
     scheduler: str = "threads",
 ) -> dict[str, Any]:
-    """Merge a manifest's files into staged Parquet parts on Dask, then publish them; a published run is skipped."""
+    """Merge a manifest's files into staged Parquet parts on Dask, then publish them; a published run is skipped
+    (its date registered again, in case a crash came between the publish record and the catalog)."""
     from dask import delayed
 
     done = published(date_prefix, manifest_name, output_url)
     if done is not None and sorted(f["url"] for f in done["files"]) == sorted(urls) and not done["files_failed"]:
-        return {**done, "already_published": True}
+        return {**done, "already_published": True, "partition": catalog.register_logged(date_prefix, output_url)}
     token = uuid.uuid4().hex
     staging = keys.merged_staging_prefix(date_prefix, manifest_name, token)
     processed_at = now_iso()

@@ -1,0 +1,188 @@
+"""The merged Parquet as a table a query engine finds: one partition per date (seed 001's Glue Data Catalog).
+
+Every store gets a small catalog of its own, one JSON entry per date under ``pipeline/catalog/{table}/`` (the
+date's location and columns), which ``open_table`` turns into one ``pyarrow.dataset`` over every registered date
+(``date_prefix`` a partition column, as Athena sees it). An ``s3://`` output store is also registered in the Glue
+Data Catalog: database and table created if absent, the date added as a partition. Registering a date again
+changes nothing unless its columns grew.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.core import keys
+from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
+from tasks.etl.ingest import settings, store
+
+log = logging.getLogger(__name__)
+
+PARTITION_KEY = "date_prefix"
+_PARQUET_SERDE = "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe"
+_PARQUET_IN = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat"
+_PARQUET_OUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat"
+
+
+# --------------------------------------------------------------------------- what a date holds
+
+
+def partition_files(target: ObjectStore, date_prefix: str) -> list[str]:
+    """The published Parquet parts of a date, sorted (a local write's hidden temp file is not one)."""
+    prefix = keys.merged_output_prefix(date_prefix)
+    return sorted(k for k in target.list(prefix) if k.endswith(".parquet") and not k[len(prefix):].startswith("."))
+
+
+def _schema(target: ObjectStore, files: list[str]) -> pa.Schema:
+    """The files' columns unified (first-seen order; an all-null column takes the others' type)."""
+    import pyarrow.parquet as pq
+
+    fs = target.arrow_filesystem()
+    schemas = [pq.read_schema(target.arrow_path(k), filesystem=fs) for k in files]
+    unified = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+    if PARTITION_KEY in unified.names:  # the partition column would hide it: the rows keep it in their files
+        log.warning("an input field is named %r like the partition column; the table leaves it out", PARTITION_KEY)
+        unified = unified.remove(unified.get_field_index(PARTITION_KEY))
+    return pa.schema([f.with_type(pa.string()) if pa.types.is_null(f.type) else f for f in unified])
+
+
+# --------------------------------------------------------------------------- registering a date
+
+
+def register_partition(date_prefix: str, output_url: str = "") -> dict[str, Any]:
+    """Record the date's merged output as a partition (local catalog entry; Glue too on S3); idempotent."""
+    config = settings()
+    target = store(output_url or config.output_store_url)
+    table = config.catalog_table
+    location = target.url_for(keys.merged_output_prefix(date_prefix))
+    columns = _schema(target, partition_files(target, date_prefix)).names
+    entry = {"table": table, PARTITION_KEY: date_prefix, "location": location, "columns": columns}
+    key = keys.catalog_partition_key(table, date_prefix)
+    try:
+        changed = json.loads(target.get_bytes(key)) != entry
+    except ObjectNotFound:
+        changed = True
+    if changed:
+        target.put_bytes(key, json.dumps(entry, indent=2).encode())
+    glue = register_glue_partition(target, config.catalog_database, table, date_prefix, location, columns) \
+        if isinstance(target, S3Store) else None
+    return {**entry, "changed": changed, "glue": glue}
+
+
+def register_logged(date_prefix: str, output_url: str = "") -> dict[str, Any]:
+    """``register_partition``, its failure logged and returned rather than raised: the output is published either
+    way, and ``etl register`` (or the date's next merge) registers it again."""
+    try:
+        return register_partition(date_prefix, output_url)
+    except Exception as error:  # noqa: BLE001 - a catalog outage must not fail (and so unpublish) a merged manifest
+        log.warning("partition %s not registered: %s: %s", date_prefix, type(error).__name__, error)
+        return {PARTITION_KEY: date_prefix, "error": f"{type(error).__name__}: {error}"}
+
+
+def registered_partitions(output_url: str = "") -> list[dict[str, Any]]:
+    """The catalog's partition entries, by date."""
+    config = settings()
+    target = store(output_url or config.output_store_url)
+    found = []
+    for key in sorted(target.list(keys.catalog_table_prefix(config.catalog_table))):
+        keys.catalog_partition_date(key)
+        found.append(json.loads(target.get_bytes(key)))
+    return found
+
+
+# --------------------------------------------------------------------------- reading the table
+
+
+def open_table(output_url: str = "", dates: list[str] | None = None):
+    """A ``pyarrow.dataset`` over every registered date's Parquet (or only ``dates``), ``date_prefix`` a column."""
+    import pyarrow.dataset as ds
+
+    target = store(output_url or settings().output_store_url)
+    chosen = [p[PARTITION_KEY] for p in registered_partitions(output_url) if dates is None or p[PARTITION_KEY] in dates]
+    files = [(date, key) for date in chosen for key in partition_files(target, date)]
+    schema = _schema(target, [key for _, key in files]).append(pa.field(PARTITION_KEY, pa.string()))
+    return ds.FileSystemDataset.from_paths(
+        [target.arrow_path(key) for _, key in files], schema=schema, format=ds.ParquetFileFormat(),
+        filesystem=target.arrow_filesystem(), partitions=[ds.field(PARTITION_KEY) == date for date, _ in files],
+    )
+
+
+def query(dates: list[str] | None = None, columns: list[str] | None = None, limit: int | None = None,
+          sql: str | None = None, output_url: str = "") -> list[dict[str, Any]]:
+    """Rows of the table: ``columns`` of ``dates`` (all by default), at most ``limit``; or a DuckDB ``sql`` over it
+    (the table named as ``CATALOG_TABLE``; needs the ``duckdb`` package)."""
+    for date in dates or []:
+        keys.safe_date(date)
+    dataset = open_table(output_url, dates)
+    if sql:
+        try:
+            import duckdb
+        except ImportError:
+            raise RuntimeError("--sql needs the duckdb package; use --date/--columns/--limit without it") from None
+        connection = duckdb.connect()
+        connection.register(settings().catalog_table, dataset)
+        result = connection.execute(sql)
+        names = [column[0] for column in result.description]
+        return [dict(zip(names, row)) for row in result.fetchall()]
+    missing = sorted(set(columns or []) - set(dataset.schema.names))
+    if missing:
+        raise ValueError(f"no column {', '.join(missing)} in the table (columns: {', '.join(dataset.schema.names)})")
+    if limit is not None:
+        return dataset.head(limit, columns=columns).to_pylist()
+    return dataset.to_table(columns=columns).to_pylist()
+
+
+# --------------------------------------------------------------------------- the Glue Data Catalog
+
+
+def _storage(location: str, columns: list[str]) -> dict[str, Any]:
+    return {
+        "Columns": [{"Name": name, "Type": "string"} for name in columns], "Location": location,
+        "InputFormat": _PARQUET_IN, "OutputFormat": _PARQUET_OUT, "SerdeInfo": {"SerializationLibrary": _PARQUET_SERDE},
+    }
+
+
+def register_glue_partition(target: S3Store, database: str, table: str, date_prefix: str, location: str,
+                            columns: list[str]) -> dict[str, Any]:
+    """Database and table created if absent (table columns widened to include ``columns``), then the date's
+    partition created, or its columns widened; an existing partition with these columns is left as it is."""
+    glue = target.service_client("glue")  # AWS_ENDPOINT_URL_GLUE honoured
+    try:
+        glue.create_database(DatabaseInput={"Name": database, "Description": "seed 001: merged NDJSON as Parquet"})
+    except glue.exceptions.AlreadyExistsException:
+        pass
+    root = target.url_for(keys.OUTPUT_PREFIX)
+    try:
+        known = glue.get_table(DatabaseName=database, Name=table)["Table"]["StorageDescriptor"]["Columns"]
+    except glue.exceptions.EntityNotFoundException:
+        known = None
+    table_columns = [c["Name"] for c in known or []]
+    wider = table_columns + [c for c in columns if c not in table_columns]
+    if known is None or wider != table_columns:
+        table_input = {
+            "Name": table, "TableType": "EXTERNAL_TABLE", "Parameters": {"classification": "parquet", "EXTERNAL": "TRUE"},
+            "PartitionKeys": [{"Name": PARTITION_KEY, "Type": "string"}], "StorageDescriptor": _storage(root, wider),
+        }
+        try:
+            if known is None:
+                glue.create_table(DatabaseName=database, TableInput=table_input)
+            else:
+                glue.update_table(DatabaseName=database, TableInput=table_input)
+        except glue.exceptions.AlreadyExistsException:  # another merge created it just now
+            glue.update_table(DatabaseName=database, TableInput=table_input)
+    partition = {"Values": [date_prefix], "StorageDescriptor": _storage(location, columns)}
+    try:
+        glue.create_partition(DatabaseName=database, TableName=table, PartitionInput=partition)
+        created = True
+    except glue.exceptions.AlreadyExistsException:
+        current = glue.get_partition(DatabaseName=database, TableName=table, PartitionValues=[date_prefix])["Partition"]
+        have = [c["Name"] for c in current["StorageDescriptor"]["Columns"]]
+        created = False
+        if set(columns) - set(have):
+            partition["StorageDescriptor"] = _storage(location, have + [c for c in columns if c not in have])
+            glue.update_partition(DatabaseName=database, TableName=table, PartitionValueList=[date_prefix],
+                                  PartitionInput=partition)
+    return {"database": database, "table": table, "partition": date_prefix, "created": created}
