@@ -75,7 +75,9 @@ def landed_events(url: str, count: int, timeout: float = 60) -> list[tuple[str, 
         while True:
             page = client.read_events(filter=EventFilter(resource=EventResourceFilter(id=[url])), limit=50)
             if len(page.events) >= count or time.monotonic() > deadline:
-                return sorted((e.event, [r.id for r in e.related]) for e in page.events)
+                # the runs each arrival started (not the run, if any, that was current where it was emitted)
+                return sorted((e.event, [r.id for r in e.related if r.get("pipelines.relation") == "started"])
+                              for e in page.events)
             time.sleep(0.5)
 
 

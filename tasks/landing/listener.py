@@ -109,7 +109,9 @@ def emit_landed(arrival: Arrival, pipeline: str, outcome: str, flow_run_id: str 
 
     related = []
     if flow_run_id:
-        related.append({"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run"})
+        # marked "started": inside a listener run Prefect also relates the listener's own run and flow
+        related.append({"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run",
+                        "pipelines.relation": "started"})
     emit_event(
         event=f"pipelines.{pipeline}.object.{outcome}",
         resource={"prefect.resource.id": arrival.url, "prefect.resource.name": arrival.key or arrival.url, "pipelines.pipeline": pipeline},
