@@ -89,6 +89,15 @@ def tables(monkeypatch) -> dict[str, str]:
 
 
 @pytest.fixture
+def record_alarms_only(monkeypatch):
+    """pipeline-health with the record alarms only: the service alarms read every run on the shared test server
+    (tests/test_health_service_alarms.py has them)."""
+    from tasks.health import service_alarms
+
+    monkeypatch.setattr(service_alarms, "CHECKS", {})
+
+
+@pytest.fixture
 def store_root(tmp_path, monkeypatch) -> Path:
     """This test's object-store folder, exposed as OBJECT_STORE_BASE_URL."""
     root = tmp_path / "objects"

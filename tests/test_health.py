@@ -28,14 +28,12 @@ TWO_HOURS = 2 * 3600
 
 
 @pytest.fixture
-def health(tables, store_root, monkeypatch):
+def health(tables, store_root, monkeypatch, record_alarms_only):
     """Fresh tables and store; thresholds from the environment; notifications captured in a list."""
     monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
     monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
     sent: list[tuple[str, str]] = []
     monkeypatch.setattr(incidents, "deliver", lambda subject, body, block=None: sent.append((subject, body)) or "test")
-    # the service alarms read every run on the shared test server: tests/test_health_service_alarms.py has them
-    monkeypatch.setattr(service_alarms, "CHECKS", {})
     return sent
 
 
@@ -253,7 +251,8 @@ def test_crash_points_of_a_health_run_lose_no_notification(health, tables, tmp_p
     assert health == []
 
 
-def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(tables, store_root, monkeypatch, webhook):
+def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(tables, store_root, monkeypatch, webhook,
+                                                                           record_alarms_only):
     """As deployed: no HEALTH_* variables, the `HealthThresholds` block saved as `default` on the server, its
     `notify_block` a real notification block (a webhook on loopback)."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock

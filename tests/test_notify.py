@@ -88,7 +88,8 @@ def test_a_failed_hook_notification_is_logged_and_never_raised_into_the_hook(mon
     assert len(webhook_server.posts) == 1
 
 
-def test_an_incident_whose_webhook_is_down_is_retried_until_delivered_once(tables, store_root, monkeypatch, webhook_server, caplog):
+def test_an_incident_whose_webhook_is_down_is_retried_until_delivered_once(tables, store_root, monkeypatch, webhook_server, caplog,
+                                                                           record_alarms_only):
     """Outage: the incident row shows the failure and no notified_at; within the retry interval nothing is
     sent; webhook back and the interval passed: the next pipeline-health run delivers it, exactly once."""
     from blocks.base import clear_cache

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from flows.etl import ndjson_ingest, ndjson_merge
-from tasks.core import keys, limits
+from tasks.core import faults, keys, limits
 from tests.conftest import prefect_server_process
 from tests.test_etl import DAY, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
 
@@ -115,22 +115,21 @@ def test_cpu_heavy_tasks_never_exceed_their_tag_limit():
     for _, step in events:
         running += step
         peak = max(peak, running)
-    assert len(spans) == 4 and peak == 2
+    assert len(spans) == 4 and peak <= 2  # without the limit the four threads overlap (peak 4)
 
 
-def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_same_reason_in_dynamodb(etl_env):
+@pytest.mark.timeout(300, method="thread")  # no SIGALRM handler of pytest's: the flow's timeout uses the alarm, as in a worker
+def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_same_reason_in_dynamodb(etl_env, tmp_path):
     root, table = etl_env["root"], etl_env["table"]
     urls = [write_input(root, DAY, f"t-{i}.ndjson", [{"id": f"t{i}-{k}", "v": k} for k in range(3)]) for i in range(5)]
     ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
     (key,) = [k[1] for k in records(table) if k[1].startswith("MANIFEST#")]
     manifest = keys.manifest_name_from_record_key(key)
-    stuck = Path(urls[2].removeprefix("file://"))
-    stuck.unlink()
-    os.mkfifo(stuck)  # a read that never ends: the merge can only end by its timeout
-    try:
+    # write 1 takes the manifest; write 2 (the first publish rename) hangs like a request that never answers
+    log = tmp_path / "writes.log"
+    with faults.inject(at=2, mode="stall", log=str(log)):
         state = ndjson_merge.with_options(timeout_seconds=3)(DAY, manifest, return_state=True)
-    finally:
-        os.close(os.open(stuck, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked reader thread finish
+    assert log.read_text().splitlines()[1].split("\t")[2] == "rename", log.read_text()
     assert (state.type.value, state.name) == ("FAILED", "TimedOut")
     record = records(table)[(DAY, key)]
     assert record["status"] == "failed"

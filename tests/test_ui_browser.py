@@ -93,7 +93,11 @@ def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store
     chunk_table = f"{ui_server}/artifacts/key/phspectra-chunks-{run_id}"
     title = f"Chunks of run {run_id}"
     assert title in _dom_showing(chunk_table, [title], user_dir=user_dir), "chunk table not shown"
-    dashboard = f"{ui_server}/artifacts/key/pipeline-dashboard"
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with SyncPrefectClient(f"{ui_server}/api") as client:
+        (board,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"])))
+    dashboard = f"{ui_server}/artifacts/artifact/{board.id}"  # the key's page lists versions; this one renders it
     shown = _dom_showing(dashboard, ["Pipelines, last 24 hours", "1 runs"], user_dir=user_dir)
     assert "Pipelines, last 24 hours" in shown and "ETL files tracked per hour" in shown, "dashboard not shown"
     assert "1 runs" in shown, "the dashboard does not count the finished phspectra run"

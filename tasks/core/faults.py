@@ -7,7 +7,9 @@ Every write the product makes goes through the state store (DynamoDB) or the obj
 ``PIPELINES_FAULT`` values:
 - ``count``: only count (and log, with ``PIPELINES_FAULT_LOG``) the writes, to learn a run's crash points;
 - ``N:kill:before`` / ``N:kill:after`` / ``N:raise:before`` / ``N:raise:after``: at write N, SIGKILL this
-  process or raise ``InjectedFault``, before the request is sent or after it landed.
+  process or raise ``InjectedFault``, before the request is sent or after it landed;
+- ``N:stall:before``: write N hangs (``STALL_SECONDS``) before it is sent, as a request that never answers: what a
+  timeout must end.
 ``PIPELINES_FAULT_LOG`` names a file that gets one line per write: ``N<TAB>store<TAB>operation<TAB>target``.
 """
 
@@ -17,10 +19,12 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 ENV = "PIPELINES_FAULT"
+STALL_SECONDS = 3600.0
 LOG_ENV = "PIPELINES_FAULT_LOG"
 
 
@@ -46,9 +50,9 @@ class Plan:
             at, mode, when = value.split(":")
             plan = cls(int(at), mode, when, log)
         except ValueError:
-            raise ValueError(f"{ENV}={value!r}: expected 'count' or 'N:kill|raise:before|after'") from None
-        if plan.at < 1 or mode not in ("kill", "raise") or when not in ("before", "after"):
-            raise ValueError(f"{ENV}={value!r}: expected 'count' or 'N:kill|raise:before|after'")
+            raise ValueError(f"{ENV}={value!r}: expected 'count' or 'N:kill|raise|stall:before|after'") from None
+        if plan.at < 1 or mode not in ("kill", "raise", "stall") or when not in ("before", "after"):
+            raise ValueError(f"{ENV}={value!r}: expected 'count' or 'N:kill|raise|stall:before|after'")
         return plan
 
 
@@ -81,6 +85,11 @@ def inject(at: int | None = None, mode: str = "raise", when: str = "before", log
 
 
 def _fire(number: int, operation: str, target: str) -> None:
+    if _plan.mode == "stall":
+        deadline = time.monotonic() + STALL_SECONDS
+        while time.monotonic() < deadline:  # short sleeps: a timeout's alarm or cancellation ends it
+            time.sleep(0.1)
+        return
     if _plan.mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise InjectedFault(f"injected fault at write {number} ({_plan.when} {operation} {target})")

@@ -51,7 +51,7 @@ def ingest_landed(checks: Sequence[FileCheck], config: EtlSettings, launch: Laun
     (claim-first), start the merges. Returns which files were tracked before, and the launches."""
     refused = [c for c in checks if not c.valid]
     valid = [c for c in checks if c.valid]
-    before = etl.tracked_items((c.date_prefix, c.filename) for c in checks)
+    before = etl.tracked_items((c.date_prefix, c.file_key) for c in checks)
     quarantined = etl.quarantine_files(refused, config) if refused else []
     tracked = etl.track_and_batch(valid, config)
     made: list[ManifestRef] = list(tracked["manifests"])
@@ -66,7 +66,7 @@ def _merge_runs(checks: Sequence[FileCheck], launches: Sequence[dict[str, Any]])
     runs = {launch["manifest_path"]: launch["run"] for launch in launches if launch.get("run")}
     if not runs:
         return {}
-    items = etl.tracked_items((c.date_prefix, c.filename) for c in checks)
+    items = etl.tracked_items((c.date_prefix, c.file_key) for c in checks)
     return {pair: runs[item["manifest_path"]] for pair, item in items.items() if item.get("manifest_path") in runs}
 
 
@@ -102,7 +102,7 @@ def handle_landed(arrivals: Sequence[Arrival], config: EtlSettings, launch: Laun
     seen: set[tuple[str, str]] = set()
     run_of: dict[int, str] = {}
     for arrival, check in present:
-        pair = (check.date_prefix, check.filename)
+        pair = (check.date_prefix, check.file_key)
         if pair in runs and pair not in seen:
             run_of[id(arrival)] = runs[pair]
         if pair in result["before"] or pair in seen:
