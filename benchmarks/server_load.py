@@ -26,7 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deployments.demo import PIPELINES  # noqa: E402  (sample module, deployment) of each pipeline
+# (sample module, deployment) of each pipeline: the load starts the pipelines' own deployments directly
+PIPELINES = [("phspectra", "phspectra-survey/local"), ("etl", "ndjson-ingest/local"), ("video", "video-process/local"),
+             ("gpu", "gpu-job/local"), ("records", "records-ingest/local")]
 from deployments.dynamodb_local import free_port  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
