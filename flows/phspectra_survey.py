@@ -37,7 +37,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from tasks.core import keys, limits
-from tasks.landing.listener import listen
+from tasks.landing.listener import listen_report
 from tasks.landing.sources import open_source
 from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
@@ -274,9 +274,7 @@ def phspectra_listen(
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
     events = open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)
-    stats = listen(
-        events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
+    return listen_report(
+        "phspectra-listen", events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
         batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip
-    print(f"phspectra-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
-    return vars(stats)

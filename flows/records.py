@@ -22,7 +22,7 @@ from prefect.artifacts import create_table_artifact
 from tasks.core import keys, limits
 from tasks.core.runtime import quick_heartbeat_exit, utc_now
 from tasks.core.redact import redact_logs
-from tasks.landing.listener import listen
+from tasks.landing.listener import listen_report
 from tasks.landing.sources import open_source
 from tasks.records import reconcile
 from tasks.records import landing as records_landing
@@ -135,12 +135,10 @@ def records_listen(
     written. Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
     events = open_source(source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES)
-    stats = listen(
-        events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
+    return listen_report(
+        "records-listen", events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
         batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip
-    print(f"records-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
-    return vars(stats)
 
 
 @checked_flow(name="records-replay-dla", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["records-replay-dla"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])

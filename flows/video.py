@@ -16,7 +16,7 @@ from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
 from tasks.core import keys, limits
-from tasks.landing.listener import listen
+from tasks.landing.listener import listen_report
 from tasks.landing.sources import open_source
 from tasks.video import jobs as v
 from tasks.video import landing as video_landing
@@ -211,9 +211,7 @@ def video_listen(
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
     events = open_source(source, video_landing.PIPELINE, None, keys.VIDEO_INPUT_PREFIX, [".mp4"])
-    stats = listen(
-        events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
+    return listen_report(
+        "video-listen", events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
         batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip
-    print(f"video-listen: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
-    return vars(stats)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tasks.landing.sources import Arrival, EventSource
 
@@ -147,3 +147,10 @@ def listen(
                     wait_seconds=min(wait_seconds, idle_exit_seconds or wait_seconds), should_stop=should_stop, stats=stats)
     finally:
         source.close()
+
+
+def listen_report(listener: str, source: EventSource, handler: Handler, **options: Any) -> dict[str, int]:
+    """``listen`` (same options), then one line on what the listener did; its counts, as its flow returns them."""
+    stats = listen(source, handler, **options)
+    print(f"{listener}: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
+    return vars(stats)

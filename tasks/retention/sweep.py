@@ -58,9 +58,16 @@ def _video_items(job: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return items
 
 
+_PASS: dict[str, Any] = {}  # what one retention pass read once: GPU tasks by job (one Scan, not one per job)
+
+
 def _gpu_tasks(job: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    found = state_store.scan_all(table_name("ecs_task"), keep=lambda task: task.get("job_id") == job["job_id"])
-    return [("ecs_task", {"ecs_task_id": task["ecs_task_id"]}) for task in found]
+    if "tasks_by_job" not in _PASS:
+        by_job: dict[str, list[str]] = {}
+        for task in state_store.scan_all(table_name("ecs_task")):
+            by_job.setdefault(str(task.get("job_id")), []).append(task["ecs_task_id"])
+        _PASS["tasks_by_job"] = by_job
+    return [("ecs_task", {"ecs_task_id": task_id}) for task_id in _PASS["tasks_by_job"].get(str(job["job_id"]), [])]
 
 
 RULES = (
@@ -92,6 +99,7 @@ class Report:
 
 def stamp_finished_records(days: float, report: Report) -> None:
     """Give every terminal record (and its child items) a ttl ``days`` after it ended; take it off live ones."""
+    _PASS.clear()
     for rule in RULES:
         table = table_name(rule.table)
         stamped = unstamped = 0
