@@ -344,13 +344,13 @@ def test_two_sweepers_cannot_both_take_a_chunk_whose_lease_expired(tables, store
     ph.split_cube("race-run", "grs-race", fits_cube(tmp_path, ny=1, nx=2, n_channels=32), chunk_size=1)
     barrier = threading.Barrier(8)
 
-    def claim(take_expired):
+    def claim(take_expired, lease_seconds):
         barrier.wait()
-        return ph.claim_chunk("race-run", 0, take_expired, lease_seconds=1.0)
+        return ph.claim_chunk("race-run", 0, take_expired, lease_seconds=lease_seconds)
 
-    def race(take_expired):
+    def race(take_expired, lease_seconds=1.0):
         results: list = []
-        threads = [threading.Thread(target=lambda: results.append(claim(take_expired))) for _ in range(8)]
+        threads = [threading.Thread(target=lambda: results.append(claim(take_expired, lease_seconds))) for _ in range(8)]
         [t.start() for t in threads], [t.join() for t in threads]
         return [r for r in results if r is not None]
 
@@ -359,7 +359,8 @@ def test_two_sweepers_cannot_both_take_a_chunk_whose_lease_expired(tables, store
     assert race(False) == []  # IN_PROGRESS: only a sweeper of expired leases may take it
     while not ph.lease_expired(first[0]):
         time.sleep(0.05)
-    second = race(True)  # the lease expired: exactly one sweeper re-drives it
+    # the lease expired: exactly one sweeper re-drives it (with a lease that outlives the race on a loaded machine)
+    second = race(True, lease_seconds=60.0)
     assert len(second) == 1 and second[0]["started_at"] > first[0]["started_at"]
     assert to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key("race-run", 0)))["attempts"] == 2
     assert race(True) == []  # the new claim's lease is live
