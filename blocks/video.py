@@ -17,11 +17,20 @@ class VideoInference(ConfigBlock):
     _block_type_name = "Video Inference Backend"
     _env_prefix: ClassVar[str] = "VIDEO_INFERENCE_"
 
-    backend: Literal["ffmpeg", "http", "gpu"] = Field(
-        default="ffmpeg", description="ffmpeg: filter chain on CPU; http: POST each segment to endpoint_url; gpu: NVENC."
+    backend: Literal["ffmpeg", "http", "gpu", "text-redact", "sagemaker"] = Field(
+        default="ffmpeg",
+        description=(
+            "ffmpeg: filter chain on CPU; http: POST each segment to endpoint_url; gpu: NVENC; text-redact: a text "
+            "detector (ONNX, CUDA when available) blacks out text in every frame; sagemaker: async endpoint_name."
+        ),
     )
-    endpoint_url: Optional[str] = Field(default=None, description="http backend: URL that receives a segment's bytes.")
-    timeout_s: float = Field(default=60.0, description="http backend: seconds to wait for one segment's response.")
+    endpoint_url: Optional[str] = Field(
+        default=None,
+        description="http backend: URL that receives a segment's bytes; sagemaker backend: the runtime API (empty: AWS's).",
+    )
+    endpoint_name: Optional[str] = Field(default=None, description="sagemaker backend: the asynchronous endpoint's name.")
+    batch_size: int = Field(default=8, ge=1, description="text-redact backend: frames per run of the detector.")
+    timeout_s: float = Field(default=60.0, description="http / sagemaker backend: seconds to wait for one segment's output.")
     api_key: Optional[SecretStr] = Field(default=None, description="http backend: sent as 'Authorization: Bearer'.")
     segment_seconds: float = Field(default=4.0, description="Default segment length in seconds.")
     mode: str = Field(default="identity", description="Default mode: identity, grayscale, scale or denoise.")

@@ -385,6 +385,12 @@ def output_segment_key(job_id: str, segment_index: int, total_segments: int, mod
     return f"{job_output_prefix(job_id)}segments/{name}"
 
 
+def detections_key(job_id: str, segment_index: int, total_segments: int, mode: str) -> str:
+    """``jobs/{job_id}/detections/{index:05d}_{total:05d}_{mode}.json``: what a model backend found in one segment."""
+    name = segment_key(job_id, segment_index, total_segments, mode).rsplit("/", 1)[1]
+    return f"{job_output_prefix(job_id)}detections/{name.removesuffix('.mp4')}.json"
+
+
 def final_key(job_id: str) -> str:
     """``jobs/{job_id}/final.mp4``."""
     return f"{job_output_prefix(job_id)}final.mp4"

@@ -1,15 +1,19 @@
-"""Inference backends for one video segment: ffmpeg filter chain, HTTP endpoint, or NVENC on a GPU.
+"""Inference backends for one video segment: ffmpeg filter chain, HTTP endpoint, NVENC on a GPU, a text
+detector that blacks out text (``tasks.video.model``), or a SageMaker-style asynchronous endpoint.
 
 Each backend reads a local input file and writes a local output file; the caller moves bytes to and from
-the object store. Failures raise ``InferenceError`` (retried by the task) with a message that says why.
+the object store (the async endpoint is given the segment's object URL instead and its output is fetched).
+Failures raise ``InferenceError`` (retried by the task) with a message that says why.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,7 +22,7 @@ from pathlib import Path
 from tasks.core.redact import public_url, redact, url_secrets
 from tasks.video import ffmpeg as video_ffmpeg
 
-BACKENDS = ("ffmpeg", "http", "gpu")
+BACKENDS = ("ffmpeg", "http", "gpu", "text-redact", "sagemaker")
 
 
 class InferenceError(RuntimeError):
@@ -141,15 +145,89 @@ def infer_gpu(source: Path, target: Path, mode: str) -> None:
         raise InferenceError(f"gpu backend: {error}") from None
 
 
+def detections_file(target: Path) -> Path:
+    """Where the text-redact backend leaves a segment's detections (JSON) beside its output file."""
+    return target.with_name(target.stem + ".detections.json")
+
+
+def infer_text_redact(source: Path, target: Path, mode: str, batch_size: int) -> None:
+    """Black out the text the detector finds in every frame, then the mode's filters; detections beside ``target``."""
+    import av
+
+    from tasks.video import model
+
+    try:
+        found = model.redact_text(source, target, mode, batch_size)
+    except (av.error.FFmpegError, OSError, RuntimeError) as error:  # PyAV's and onnxruntime's errors
+        message = str(error).replace(str(source), source.name).replace(str(target), target.name)
+        raise InferenceError(f"text-redact backend: {type(error).__name__}: {message}") from None
+    detections_file(target).write_text(json.dumps(found))
+
+
+def infer_sagemaker(source_url: str | None, target: Path, mode: str, endpoint_name: str | None,
+                    endpoint_url: str | None, timeout_s: float, poll_s: float = 0.5) -> None:
+    """Invoke an asynchronous endpoint with the segment's object URL (and ``mode=`` as its custom attributes),
+    wait for its output object, fetch it.
+
+    The endpoint writes its answer to the OutputLocation it returns, or an error to its FailureLocation; the
+    wait ends at whichever appears first, or fails after ``timeout_s``. ``endpoint_url``: the runtime API (None:
+    AWS's, or ``AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME``).
+    """
+    import boto3
+    import botocore.exceptions
+
+    from tasks.core.object_store import ObjectNotFound, open_url
+    from tasks.core.state_store import BOTO_CONFIG
+    from tasks.landing.sqs import aws_session
+
+    if not endpoint_name or not source_url:
+        raise InferenceError("sagemaker backend: needs an endpoint_name (VideoInference block) and the segment's URL")
+    secrets = url_secrets(endpoint_url) if endpoint_url else []
+    where = f"endpoint {endpoint_name}" + (f" at {public_url(endpoint_url)}" if endpoint_url else "")
+    session = aws_session()  # the object storage block's credentials: the endpoint reads and writes that account's buckets
+    runtime = (session or boto3).client("sagemaker-runtime", endpoint_url=endpoint_url, config=BOTO_CONFIG)
+    try:
+        answer = runtime.invoke_endpoint_async(
+            EndpointName=endpoint_name, InputLocation=source_url, ContentType="video/mp4", CustomAttributes=f"mode={mode}",
+            InvocationTimeoutSeconds=max(1, min(3600, int(timeout_s))),
+        )
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        raise InferenceError(redact(f"sagemaker backend: {where} refused the invocation: {error}", secrets)) from None
+    output, failure = answer["OutputLocation"], answer.get("FailureLocation")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        store, key = open_url(output, session)
+        try:
+            store.download(key, target)
+            return
+        except ObjectNotFound:
+            pass
+        if failure:
+            failed_store, failed_key = open_url(failure, session)
+            try:
+                reason = failed_store.get_bytes(failed_key).decode(errors="replace").strip()[:500]
+                raise InferenceError(redact(f"sagemaker backend: {where} failed: {reason}", secrets))
+            except ObjectNotFound:
+                pass
+        if time.monotonic() >= deadline:
+            raise InferenceError(f"sagemaker backend: {where} wrote no output within {timeout_s:g} s ({output})")
+        time.sleep(poll_s)
+
+
 def infer(backend: str, source: Path, target: Path, mode: str, *, endpoint_url: str | None = None,
-          timeout_s: float = 60.0, api_key: str | None = None) -> None:
-    """Run ``backend`` on one segment file."""
+          timeout_s: float = 60.0, api_key: str | None = None, source_url: str | None = None,
+          endpoint_name: str | None = None, batch_size: int = 8) -> None:
+    """Run ``backend`` on one segment file (``source_url``: the same segment in the object store)."""
     if backend == "ffmpeg":
         infer_ffmpeg(source, target, mode)
     elif backend == "http":
         infer_http(source, target, mode, endpoint_url, timeout_s, api_key or os.environ.get("VIDEO_INFERENCE_API_KEY"))
     elif backend == "gpu":
         infer_gpu(source, target, mode)
+    elif backend == "text-redact":
+        infer_text_redact(source, target, mode, batch_size)
+    elif backend == "sagemaker":
+        infer_sagemaker(source_url, target, mode, endpoint_name, endpoint_url, timeout_s)
     else:
         raise ValueError(f"unknown inference backend {backend!r}: choose one of {BACKENDS}")
     if not target.is_file() or target.stat().st_size == 0:

@@ -443,9 +443,15 @@ def infer_segment(segment_key: str, backend: str | None = None, mode: str | None
                 api_key = config.api_key.get_secret_value() if config.api_key else None
                 video_inference.infer(
                     backend, path, target, mode, endpoint_url=config.endpoint_url, timeout_s=config.timeout_s,
-                    api_key=api_key,
+                    api_key=api_key, source_url=store.url_for(segment_key), endpoint_name=config.endpoint_name,
+                    batch_size=config.batch_size,
                 )
                 check_output(target, output, segment.segment_index, job, backend)
+                found = video_inference.detections_file(target)
+                if found.is_file():  # before the output: a present output means the segment is finished
+                    store.put_file(
+                        keys.detections_key(segment.job_id, segment.segment_index, segment.total_segments, mode), found
+                    )
                 put_finished_file(store, output, target)
     outcome = record_completion(segment, output)
     return {
