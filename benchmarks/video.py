@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/video.py [--quick [--flow]] [--repeat N] [--seconds S] [--size WxH] [--no-flow]
     .venv/bin/python benchmarks/video.py --gray-only     # issue 16 goal 2 only: RATIO flow/bare
+    .venv/bin/python benchmarks/video.py --model [--quick]  # text-redact backend frames/s against grayscale
 
 Whole flow (issue 16, goal 2): `video-process` on a 60 s 720p clip with the grayscale mode, through a Prefect
 server, reassembly included, against a bare script doing the same ffmpeg work (segment, grayscale each part
@@ -150,6 +151,29 @@ def backend_throughput(
     return {"frames": frames, "frames_per_s": rates}
 
 
+def model_vs_grayscale(source: Path, work: Path, segment_seconds: float, workers: int, batch_size: int) -> None:
+    """frames/s of the text-redact backend (decode, detector, redact, libx264) against the grayscale ffmpeg backend,
+    on the same segments in the same run, ``workers`` segments at once for both."""
+    from tasks.video import model
+    from tasks.video.ffmpeg import probe, segment
+    from tasks.video.inference import infer
+
+    parts = segment(source, work / "model-parts", segment_seconds)
+    frames = sum(probe(p).frames for p in parts)
+    model.session()  # loading the net once per process is not per-frame work
+    rates = {}
+    for backend, mode in (("ffmpeg", "grayscale"), ("text-redact", "grayscale")):
+        start = time.perf_counter()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda ip: infer(backend, ip[1], work / f"m-{backend}-{ip[0]}.mp4", mode, batch_size=batch_size),
+                          enumerate(parts)))
+        rates[backend] = frames / (time.perf_counter() - start)
+        print(f"{backend:<12} backend, grayscale: {rates[backend]:7.1f} frames/s "
+              f"({frames} frames, {workers} segments at once)")
+    print(f"text-redact on {model.provider()}, batches of {batch_size}; "
+          f"RATIO model/grayscale = {rates['text-redact'] / rates['ffmpeg']:.3f} (frames/s)")
+
+
 def spread(values: list[float]) -> str:
     return f"median {statistics.median(values):.2f} s (range {min(values):.2f}-{max(values):.2f}, n={len(values)})"
 
@@ -187,9 +211,18 @@ def main() -> None:
     parser.add_argument("--flow", action="store_true", help="with --quick: measure the Prefect flow too (+~45 s server start)")
     parser.add_argument("--gray-only", action="store_true",
                         help="only the whole-flow grayscale measurement against the bare script (issue 16, goal 2)")
+    parser.add_argument("--model", action="store_true",
+                        help="only the text-redact backend's frames/s against the grayscale ffmpeg backend")
+    parser.add_argument("--batch-size", type=int, default=8, help="with --model: frames per run of the detector")
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.quick else 60.0)
     size = args.size or ("320x240" if args.quick else "1280x720")
+    if args.model:  # no records, no server: the backends alone
+        with tempfile.TemporaryDirectory(prefix="video-bench-") as tmp:
+            source = make_source(Path(tmp) / "source.mp4", seconds, size, 30, args.segment_seconds / 2)
+            print(f"source: {seconds:g} s {size} 30 fps; segments of {args.segment_seconds:g} s")
+            model_vs_grayscale(source, Path(tmp), args.segment_seconds, os.cpu_count() or 2, args.batch_size)
+        return
     repeat = args.repeat or (1 if args.quick else 3)
     modes = ["grayscale"] if args.quick else ["grayscale", "scale", "denoise"]
 
