@@ -8,6 +8,7 @@ Failures raise ``InferenceError`` (retried by the task) with a message that says
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -197,18 +198,14 @@ def infer_sagemaker(source_url: str | None, target: Path, mode: str, endpoint_na
     deadline = time.monotonic() + timeout_s
     while True:
         store, key = open_url(output, session)
-        try:
+        with contextlib.suppress(ObjectNotFound):
             store.download(key, target)
             return
-        except ObjectNotFound:
-            pass
         if failure:
-            failed_store, failed_key = open_url(failure, session)
-            try:
-                reason = failed_store.get_bytes(failed_key).decode(errors="replace").strip()[:500]
+            store, key = open_url(failure, session)
+            with contextlib.suppress(ObjectNotFound):
+                reason = store.get_bytes(key).decode(errors="replace").strip()[:500]
                 raise InferenceError(redact(f"sagemaker backend: {where} failed: {reason}", secrets))
-            except ObjectNotFound:
-                pass
         if time.monotonic() >= deadline:
             raise InferenceError(f"sagemaker backend: {where} wrote no output within {timeout_s:g} s ({output})")
         time.sleep(poll_s)

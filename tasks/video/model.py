@@ -48,8 +48,8 @@ def session():
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
-    # segments run in parallel threads that share this session: each run uses a few cores, not all of them
-    options.intra_op_num_threads = int(os.environ.get("VIDEO_MODEL_THREADS") or max(1, (os.cpu_count() or 1)))
+    # one pool of every core (VIDEO_MODEL_THREADS: fewer); segments running at once share the session and its pool
+    options.intra_op_num_threads = int(os.environ.get("VIDEO_MODEL_THREADS") or os.cpu_count() or 1)
     providers = (["CUDAExecutionProvider"] if cuda_available() else []) + ["CPUExecutionProvider"]
     return onnxruntime.InferenceSession(str(model_path()), options, providers=providers)
 
@@ -62,8 +62,11 @@ def provider() -> str:
 def net_size(height: int, width: int) -> tuple[float, int, int]:
     """(scale, height, width) of the net's input for a frame: at most MAX_SIDE, padded up to multiples of STRIDE."""
     scale = min(1.0, MAX_SIDE / max(height, width))
-    pad = lambda side: max(STRIDE, -(-round(side * scale) // STRIDE) * STRIDE)  # noqa: E731
-    return scale, pad(height), pad(width)
+
+    def padded(side: int) -> int:
+        return max(STRIDE, -(-round(side * scale) // STRIDE) * STRIDE)
+
+    return scale, padded(height), padded(width)
 
 
 def prepare(frames: list[np.ndarray]) -> tuple[np.ndarray, float]:
