@@ -75,10 +75,19 @@ def run_child(
         extra["PIPELINES_FAULT"] = fault
     if log:
         extra["PIPELINES_FAULT_LOG"] = str(log)
-    return subprocess.run(
-        [sys.executable, __file__, call, json.dumps(kwargs)],
-        env=child_env(extra), cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
-    )
+    return subprocess.run(child_command(call, kwargs), env=child_env(extra), cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def child_command(call: str, kwargs: dict[str, Any]) -> list[str]:
+    """The command line of a child that runs ``module:function(**kwargs)``."""
+    return [sys.executable, __file__, call, json.dumps(kwargs)]
+
+
+def start_child(call: str, kwargs: dict[str, Any], log: Path) -> subprocess.Popen:
+    """Start ``module:function(**kwargs)`` in a child process (a listener, to be killed for real), output to ``log``."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(child_command(call, kwargs), env=child_env(), cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
 def killed(result: subprocess.CompletedProcess) -> bool:

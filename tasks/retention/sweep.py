@@ -31,6 +31,8 @@ from tasks.phspectra import survey
 from tasks.video import jobs as video
 
 DAY_S = 86400
+# on a parent whose ttl was just set or taken off, until its child items carry the same (one pass's unfinished work)
+ITEMS_PENDING = "ttl_items_pending"
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Rule:
     terminal: tuple[str, ...]
     ended_attrs: tuple[str, ...]  # the first present is when it finished
     keep: Callable[[Mapping[str, Any]], bool] = lambda item: True  # only these items are parents here
-    children: Callable[[Mapping[str, Any]], list[tuple[str, dict[str, Any]]]] = lambda item: []  # (table, key)
+    children: Callable[[Mapping[str, Any]], list[tuple[str, dict[str, Any]]]] | None = None  # (table, key)
 
 
 def _chunks(run: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -97,8 +99,28 @@ class Report:
         return {"stamped": self.stamped, "unstamped": self.unstamped, "deleted_objects": self.deleted_objects}
 
 
+def _pending(rule: Rule) -> dict[str, bool]:
+    """The mark a parent's ttl change carries while its child items do not match it yet (none without children)."""
+    return {ITEMS_PENDING: True} if rule.children else {}
+
+
+def _mark_items(rule: Rule, item: Mapping[str, Any], key: dict[str, Any], ttl: int | None) -> None:
+    """Give ``item``'s child items ``ttl`` (None: take it off), then clear the parent's ``ITEMS_PENDING`` mark."""
+    if rule.children is None:
+        return
+    for child_table, child_key in rule.children(item):
+        if ttl is None:
+            state_store.transition(table_name(child_table), child_key, None, None, remove=["ttl"])
+        else:
+            state_store.transition(table_name(child_table), child_key, None, None, set={"ttl": ttl})
+    state_store.transition(table_name(rule.table), key, None, None, remove=[ITEMS_PENDING])
+
+
 def stamp_finished_records(days: float, report: Report) -> None:
-    """Give every terminal record (and its child items) a ttl ``days`` after it ended; take it off live ones."""
+    """Give every terminal record (and its child items) a ttl ``days`` after it ended; take it off live ones.
+
+    The parent's change carries ``ITEMS_PENDING`` until its items match it, so a pass that died in between
+    leaves a mark the next pass finishes from (a stamped parent is otherwise skipped, its items never stamped)."""
     _PASS.clear()
     for rule in RULES:
         table = table_name(rule.table)
@@ -107,22 +129,27 @@ def stamp_finished_records(days: float, report: Report) -> None:
             key = {k: item[k] for k in rule.key}
             if item.get(rule.status_attr) in rule.terminal:
                 if "ttl" in item:
+                    if ITEMS_PENDING in item:  # stamped by a pass that died before its items
+                        _mark_items(rule, item, key, int(item["ttl"]))
                     continue
                 ended = next((str(item[a]) for a in rule.ended_attrs if item.get(a)), None)
                 if ended is None:
                     continue  # no time to count from: kept (a record the pipelines always stamp would not be here)
                 ttl = _epoch(ended) + int(days * DAY_S)
-                result = state_store.transition(table, key, rule.terminal, None, status_attr=rule.status_attr, set={"ttl": ttl})
+                result = state_store.transition(table, key, rule.terminal, None, status_attr=rule.status_attr,
+                                                set={"ttl": ttl, **_pending(rule)})
                 if result.applied:
                     stamped += 1
-                    for child_table, child_key in rule.children(item):
-                        state_store.transition(table_name(child_table), child_key, None, None, set={"ttl": ttl})
+                    _mark_items(rule, item, key, ttl)
             elif "ttl" in item:  # live again (reopened, resumed): keep it and its items for good
                 live = tuple({item[rule.status_attr]})
-                if state_store.transition(table, key, live, None, status_attr=rule.status_attr, remove=["ttl"]).applied:
+                result = state_store.transition(table, key, live, None, status_attr=rule.status_attr, remove=["ttl"],
+                                                set=_pending(rule))
+                if result.applied:
                     unstamped += 1
-                    for child_table, child_key in rule.children(item):
-                        state_store.transition(table_name(child_table), child_key, None, None, remove=["ttl"])
+                    _mark_items(rule, item, key, None)
+            elif ITEMS_PENDING in item:  # unstamped by a pass that died before its items
+                _mark_items(rule, item, key, None)
         report.stamped[rule.table], report.unstamped[rule.table] = stamped, unstamped
 
 
