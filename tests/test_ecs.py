@@ -124,6 +124,30 @@ def test_an_old_empty_ecs_pool_gets_the_template(ecs_pool):
         assert client.read_work_pool(name).base_job_template == ecs_pool.base_job_template
 
 
+def test_the_local_pool_starts_the_engine_directly():
+    """Issue 25: `make up`'s process pool names the engine command, so the worker starts one interpreter per flow run
+    (Prefect 3.8 with no command starts a workspace supervisor that execs a second one); an older pool is updated."""
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from deployments import local_stack
+
+    name = f"local-process-old-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=name, type="process"))  # what `make up` made before
+        original = local_stack.WORK_POOL
+        local_stack.WORK_POOL = name
+        try:
+            assert local_stack.create_work_pools(client)[name] == "template set"
+            assert local_stack.create_work_pools(client)[name] == "exists"
+        finally:
+            local_stack.WORK_POOL = original
+        command = client.read_work_pool(name).base_job_template["variables"]["properties"]["command"]["default"]
+    assert command == f"{sys.executable} -m prefect.engine"
+
+
 @pytest.mark.parametrize("deployment", ECS_DEPLOYMENTS, ids=lambda d: d["entrypoint"].split(":")[1])
 def test_each_ecs_deployment_registers_and_runs_on_ecs(ecs_pool, aws, deployment):
     variables = job_variables(deployment)
