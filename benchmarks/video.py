@@ -3,6 +3,13 @@
     .venv/bin/python benchmarks/video.py [--quick [--flow]] [--repeat N] [--seconds S] [--size WxH] [--no-flow]
     .venv/bin/python benchmarks/video.py --gray-only     # issue 16 goal 2 only: RATIO flow/bare
     .venv/bin/python benchmarks/video.py --model [--quick]  # text-redact backend frames/s against grayscale
+    .venv/bin/python benchmarks/video.py --user-path [--quick]  # issue 25 goal 1 only: RATIO user/bare
+
+User's path (issue 25, goal 1): a job created with the grayscale mode and 4 s segments, its upload in place, then
+what `prefect deployment run 'video-process/local' -p job_id=…` does (the same API call), on the server and process
+worker that `make up` starts (here in a folder of their own, with `make up`'s settings), until final.mp4 exists;
+against the same bare script, interleaved; prints ``RATIO user/bare = X`` (goal <= 1.3), the orchestration share
+and where the seconds went: the worker's pickup, the flow-run process's start, the flow body.
 
 Whole flow (issue 16, goal 2): `video-process` on a 60 s 720p clip with the grayscale mode, through a Prefect
 server, reassembly included, against a bare script doing the same ffmpeg work (segment, grayscale each part
@@ -18,6 +25,7 @@ Also reports the ffmpeg backend's throughput (frames/s) per mode. Goal: pipeline
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -198,6 +206,104 @@ def whole_flow_vs_bare(source: Path, work: Path, segment_seconds: float, repeat:
     print(f"orchestration + bookkeeping share of the flow's wall time: {(1 - 1 / ratio) * 100:.1f}% (goal <= 5%)")
 
 
+# --------------------------------------------------------------------------- issue 25: the user's path
+
+
+@contextlib.contextmanager
+def local_stack_pieces(work: Path):
+    """What `make up` starts for a `deployment run`, in a folder of its own on a free port: the Prefect server, the
+    work pools and tag limits, the video deployments from prefect.yaml (``prefect deploy``) and the process worker
+    with `make up`'s settings. No listeners: the video listener would start a second run for the benchmark's uploads.
+    The benchmark's DynamoDB, tables and object store (this process's environment) are the worker's too."""
+    from urllib.parse import urlparse
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from deployments.dynamodb_local import free_port
+
+    saved = dict(os.environ)
+    os.environ.update({
+        "PIPELINES_DATA_DIR": str(work / "stack"), "PREFECT_SERVER_PORT": str(free_port()),
+        "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
+    })  # fmt: skip
+    from deployments import local_stack as stack  # reads the folder and ports above
+
+    try:
+        t0 = time.perf_counter()
+        stack.start_prefect_server()
+        os.environ.update(stack.local_env())
+        with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
+            stack.ensure_work_pools()
+            stack.ensure_tag_limits()
+            stack._prefect("--no-prompt", "deploy", "--name", "video-process/local", "--name", "video-reassemble/local", quiet=True)
+            stack.start_worker()
+            print(f"(server, pools, deployments and worker up in {time.perf_counter() - t0:.1f} s, not counted)")
+            yield stack
+    finally:
+        for name in ("worker", "prefect-server"):
+            stack._stop(name)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def user_path(source: Path, segment_seconds: float, timeout_s: float = 900) -> dict:
+    """One `prefect deployment run 'video-process/local' -p job_id=…` for a created job (grayscale, its upload in
+    place, not timed), through the API call the CLI makes, until final.mp4 exists; with where the seconds went."""
+    from datetime import datetime
+
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from tasks.core import keys
+    from tasks.core.config import object_store
+    from tasks.video import jobs as v
+
+    job_id = v.create_job(f"bench-user-{uuid.uuid4().hex[:10]}", "grayscale", segment_seconds)["job_id"]
+    store = object_store()
+    store.put_file(keys.source_key(job_id), source)
+    final = store.path(keys.final_key(job_id))
+    submitted = datetime.now().astimezone()
+    start = time.perf_counter()
+    run = run_deployment("video-process/local", parameters={"job_id": job_id}, timeout=0, as_subflow=False)
+    while not final.exists():
+        if time.perf_counter() - start > timeout_s:
+            raise TimeoutError(f"no final.mp4 for job {job_id} after {timeout_s:g} s")
+        time.sleep(0.02)
+    elapsed = time.perf_counter() - start
+    seen = datetime.now().astimezone()
+    with get_client(sync_client=True) as client:
+        while not (state := client.read_flow_run(run.id).state) or not state.is_final():
+            time.sleep(0.2)
+        times = {s.type.value: s.timestamp for s in client.read_flow_run_states(run.id)}
+    job = v.get_job(job_id)
+    assert state.is_completed() and job["status"] == "completed" and job["final_frames"] == job["source_frames"], (state, job)
+    return {
+        "elapsed": elapsed,
+        "pickup": (times["PENDING"] - submitted).total_seconds(),  # until the worker took it (its poll)
+        "start": (times["RUNNING"] - times["PENDING"]).total_seconds(),  # the flow-run process starting
+        "body": (seen - times["RUNNING"]).total_seconds(),  # the flow until final.mp4
+    }
+
+
+def user_path_vs_bare(source: Path, work: Path, segment_seconds: float, repeat: int, workers: int) -> None:
+    """Issue 25 goal 1: the user's `deployment run` on the local stack's worker against the bare script, interleaved."""
+    with local_stack_pieces(work):
+        small = make_source(work / "warm-up.mp4", 2 * segment_seconds, "320x240", 30, segment_seconds / 2)
+        user_path(small, segment_seconds)  # warm-up (the first flow-run process, first registrations) on a small clip
+        bare, users = [], []
+        for _ in range(repeat):
+            bare.append(bare_grayscale(source, work / "bare", segment_seconds, workers))
+            users.append(user_path(source, segment_seconds))
+    print(f"bare ffmpeg segment+grayscale+concat ({workers} at once): {spread(bare)}")
+    print(f"user path, deployment run until final.mp4:          {spread([u['elapsed'] for u in users])}")
+    print("  where (median s): " + ", ".join(
+        f"{part} {statistics.median(u[part] for u in users):.2f}" for part in ("pickup", "start", "body")))
+    best = min(u["elapsed"] for u in users) / min(bare)
+    ratio = statistics.median(u["elapsed"] for u in users) / statistics.median(bare)
+    print(f"RATIO user/bare = {ratio:.2f} (medians; best of {repeat} each: {best:.2f}) (goal <= 1.3)")
+    print(f"orchestration share of the user's wait: {(1 - 1 / ratio) * 100:.1f}% (goal <= 5%)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="~20 s smoke run: small clip, one repeat")
@@ -214,6 +320,8 @@ def main() -> None:
     parser.add_argument("--model", action="store_true",
                         help="only the text-redact backend's frames/s against the grayscale ffmpeg backend")
     parser.add_argument("--batch-size", type=int, default=8, help="with --model: frames per run of the detector")
+    parser.add_argument("--user-path", action="store_true",
+                        help="only the user's path: `deployment run` on a local stack's worker until final.mp4 (issue 25)")
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.quick else 60.0)
     size = args.size or ("320x240" if args.quick else "1280x720")
@@ -248,6 +356,10 @@ def main() -> None:
         print(f"source: {seconds:g} s {size} 30 fps, {info.frames} frames, {source.stat().st_size / 1e6:.1f} MB "
               f"(generated in {time.perf_counter() - t0:.1f} s); segments of {args.segment_seconds:g} s")
 
+        if args.user_path or not (args.no_flow or args.gray_only):
+            user_path_vs_bare(source, work, args.segment_seconds, 2 if args.repeat is None else repeat, os.cpu_count() or 2)
+        if args.user_path:
+            return
         if not args.no_flow:
             whole_flow_vs_bare(source, work, args.segment_seconds, repeat, os.cpu_count() or 2)
         if args.gray_only:

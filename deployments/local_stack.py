@@ -204,21 +204,46 @@ def ecs_base_job_template() -> dict:
     return ECSWorker.get_default_base_job_template()
 
 
+def engine_command() -> str:
+    """How the local worker starts a flow run: this interpreter's Prefect engine, directly.
+
+    With no command, Prefect 3.8's process worker starts a workspace supervisor that runs the pull steps and then
+    execs a second interpreter for the engine: two Python starts and two imports of Prefect before the flow runs
+    (seconds a user waits for every `deployment run`, issue 25). The engine runs the pull steps itself.
+    """
+    return f"{sys.executable} -m prefect.engine"
+
+
+def process_base_job_template() -> dict:
+    """The process worker's default base job template, with ``engine_command()`` as the default command."""
+    from prefect.workers.process import ProcessWorker
+
+    template = ProcessWorker.get_default_base_job_template()
+    template["variables"]["properties"]["command"]["default"] = engine_command()
+    return template
+
+
+def _command_default(template: dict) -> str | None:
+    return ((template or {}).get("variables", {}).get("properties", {}).get("command") or {}).get("default")
+
+
 def create_work_pools(client) -> dict[str, str]:
-    """The local process pool and the ECS pool (with the ECS worker's template; an empty one is filled in)."""
+    """The local process pool (its flow runs started by ``engine_command()``) and the ECS pool (with the ECS worker's
+    template); a pool an older `make up` made gets the template."""
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectNotFound
 
     states = {}
     for pool, kind in ((WORK_POOL, "process"), (ECS_WORK_POOL, "ecs")):
-        template = ecs_base_job_template() if kind == "ecs" else None
+        template = ecs_base_job_template() if kind == "ecs" else process_base_job_template()
         try:
             existing = client.read_work_pool(pool)
         except ObjectNotFound:
-            client.create_work_pool(WorkPoolCreate(name=pool, type=kind, **({"base_job_template": template} if template else {})))
+            client.create_work_pool(WorkPoolCreate(name=pool, type=kind, base_job_template=template))
             states[pool] = "created"
             continue
-        if template and not existing.base_job_template:  # made by an older `make up` with no template
+        outdated = kind == "process" and _command_default(existing.base_job_template) != engine_command()
+        if not existing.base_job_template or outdated:  # made by an older `make up` (or another interpreter)
             client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
             states[pool] = "template set"
         else:
@@ -249,6 +274,10 @@ def ensure_tag_limits() -> dict[str, int]:
     return wanted
 
 
+# the worker asks for due runs every second (Prefect's default: 10 s), so a `deployment run` starts within one
+WORKER_ENV = {"PREFECT_WORKER_QUERY_SECONDS": "1"}
+
+
 def start_worker() -> str:
     """Start a process worker on the local pool if none is running; 'running' or 'started'."""
     if _pid("worker"):
@@ -256,7 +285,7 @@ def start_worker() -> str:
     _spawn(
         "worker",
         [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process"],
-        {**local_env(), "PREFECT_WORKER_QUERY_SECONDS": "2"},  # pick up `deployment run`s quickly
+        {**local_env(), **WORKER_ENV},
     )
     return "started"
 

@@ -1,8 +1,10 @@
 """Video pipeline (seed 003): upload -> chunking -> map(inference) -> completion -> trigger -> reassembly -> final.
 
 `video-process` chunks a job's source, runs ``infer_segment`` over every segment (each writes its
-SegmentCompletion and runs the trigger-on-write), and starts `video-reassemble` for the one completion
-that won the reassembly lock. `video-delete-cleanup` removes what a soft-deleted job left behind.
+SegmentCompletion and runs the trigger-on-write), and reassembles in its own process when one of its completions
+won the reassembly lock (no second flow-run process on the user's path); a reassembly still pending from a trigger
+it did not win (an earlier run that died) goes to `video-reassemble`, which claims the lock the same way, so one
+of them writes final.mp4. `video-delete-cleanup` removes what a soft-deleted job left behind.
 """
 
 from __future__ import annotations
@@ -56,7 +58,11 @@ cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", **RETRIED
 @flow(name="video-reassemble", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_reassemble(job_id: str, stale_after_s: float = 900.0) -> dict[str, Any]:
     """Reassembly worker: claim the lock, concat from the completion store, final.mp4, job completed."""
-    job_id = keys.safe_id(job_id, "job_id")
+    return _reassemble(keys.safe_id(job_id, "job_id"), stale_after_s)
+
+
+def _reassemble(job_id: str, stale_after_s: float) -> dict[str, Any]:
+    """The reassemble task in this flow run (it claims the lock first); a failure after retries fails the job."""
     try:
         result = reassemble_task(job_id, stale_after_s=stale_after_s)
     except v.JobFailed:
@@ -115,6 +121,8 @@ def video_process(
 
     ``mode`` and ``segment_seconds``: this run's, else those the job was created with, else the block's.
     ``max_parallel_segments`` segments are processed at once (0: one per CPU core; raise it for the http backend).
+    The run whose completion wins the trigger reassembles itself; ``reassembly_deployment`` (none: a subflow here)
+    takes a reassembly left pending by a run that died.
     """
     config = load_config(VideoInference)
     backend = backend or config.backend
@@ -154,7 +162,9 @@ def video_process(
     if errors:
         _fail(job_id, f"{len(errors)} of {len(segment_keys)} segments failed after retries; first: {errors[0]}")
 
-    if any(r["triggered"] for r in results) or v.reassembly_pending(job_id):
+    if any(r["triggered"] for r in results):  # this run wrote the last completion and created the lock
+        _reassemble(job_id, reassembly_stale_after_s)  # here, in this process: no second run to wait for
+    elif v.reassembly_pending(job_id):  # triggered by a run that is gone (a re-run or re-drive finds it)
         start_reassembly(job_id, reassembly_deployment, reassembly_stale_after_s)
     return v.get_job(job_id)
 

@@ -240,9 +240,11 @@ def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: s
     document = {key: config[key] for key in ("name", "prefect-version", "build", "push", "pull")}
     path = tmp_path / "prefect-test.yaml"
     path.write_text(yaml.safe_dump({**document, "deployments": chosen}, sort_keys=False))
+    from deployments.local_stack import process_base_job_template
+
     with get_client(sync_client=True) as client:
-        try:
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        try:  # as `make up` makes its pool: flow runs started by the engine command
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=process_base_job_template()))
         except ObjectAlreadyExists:
             pass
     prefect_cli("deploy", "--all", "--prefect-file", str(path))

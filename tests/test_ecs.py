@@ -104,24 +104,38 @@ def test_the_ecs_pool_has_the_ecs_workers_template(ecs_pool):
     assert {"image", "cluster", "task_role_arn", "cpu", "memory", "env"} <= set(ecs_pool.base_job_template["variables"]["properties"])
 
 
-def test_an_old_empty_ecs_pool_gets_the_template(ecs_pool):
+def _old_pool_gets_the_template(kind: str, setting: str, prefix: str) -> dict:
+    """A pool of ``kind`` as an older `make up` made it (no template), named by ``local_stack.<setting>``: `make up`
+    sets the template once, then finds it there. Returns the pool's template."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
     from deployments import local_stack
 
-    name = f"aws-ecs-old-{uuid.uuid4().hex[:6]}"
+    name = f"{prefix}-old-{uuid.uuid4().hex[:6]}"
     with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name=name, type="ecs"))
-        assert client.read_work_pool(name).base_job_template == {}  # what `make up` made before
-        original = local_stack.ECS_WORK_POOL
-        local_stack.ECS_WORK_POOL = name
+        client.create_work_pool(WorkPoolCreate(name=name, type=kind))
+        original = getattr(local_stack, setting)
+        setattr(local_stack, setting, name)
         try:
             assert local_stack.create_work_pools(client)[name] == "template set"
             assert local_stack.create_work_pools(client)[name] == "exists"
         finally:
-            local_stack.ECS_WORK_POOL = original
-        assert client.read_work_pool(name).base_job_template == ecs_pool.base_job_template
+            setattr(local_stack, setting, original)
+        return client.read_work_pool(name).base_job_template
+
+
+def test_an_old_empty_ecs_pool_gets_the_template(ecs_pool):
+    assert _old_pool_gets_the_template("ecs", "ECS_WORK_POOL", "aws-ecs") == ecs_pool.base_job_template
+
+
+def test_the_local_pool_starts_the_engine_directly():
+    """Issue 25: `make up`'s process pool names the engine command, so the worker starts one interpreter per flow run
+    (Prefect 3.8 with no command starts a workspace supervisor that execs a second one); an older pool is updated."""
+    import sys
+
+    template = _old_pool_gets_the_template("process", "WORK_POOL", "local-process")
+    assert template["variables"]["properties"]["command"]["default"] == f"{sys.executable} -m prefect.engine"
 
 
 @pytest.mark.parametrize("deployment", ECS_DEPLOYMENTS, ids=lambda d: d["entrypoint"].split(":")[1])

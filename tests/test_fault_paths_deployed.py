@@ -92,8 +92,10 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     _deployment_run(process, f"job_id={job_id}", "segment_retries=0")  # the job's own mode and segment length
     runs = wait_for_runs(process, 2)
     assert sorted(r.state_name for r in runs) == ["Completed", "Failed"]
-    wait_for_runs(deployments["video-reassemble"], 1)
     job = v.get_job(job_id)
+    # the completed run reassembled in its own process (issue 25): no `video-reassemble` run was started
+    assert not wait_for_runs(deployments["video-reassemble"], 0)
+    assert state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})["reassembly_owner"] == job["prefect_flow_run_id"]
     assert (job["status"], job["total_segments"], job["final_frames"], job["attempts"]) == ("completed", 3, 30, 1)
     assert "chunking failed" in job["previous_failure_reason"] and "failure_reason" not in job
     assert probe(store_root / keys.final_key(job_id)).frames == 30
@@ -180,8 +182,7 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
         redriven = _wait(lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
                          120, "the job to be re-driven")
         redrive_s = time.monotonic() - killed
-        runs = wait_for_runs(process, 2, worker=stack.worker)
-        wait_for_runs(stack.deployments["video-reassemble"], 1, worker=stack.worker)
+        runs = wait_for_runs(process, 2, worker=stack.worker)  # the re-driven run reassembles in its own process
         done_s = time.monotonic() - killed
         repairs = wait_for_runs(stack.deployments["records-prefect-state"], 1, worker=stack.worker)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import re
@@ -380,3 +381,39 @@ def test_cli_create_get_list(tables, store_root, capsys):
     assert main(["video", "list", "--status", "created"]) == 0
     assert [j["job_id"] for j in json.loads(capsys.readouterr().out)] == ["cli-job"]
     assert main(["video", "create-job", "--job-id", "../x"]) == 2
+
+
+def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, store_root, source_video):
+    """Issue 25: no second flow run on the user's path. The run whose completion created the lock claims it and
+    writes final.mp4 as a task of its own; a reassembly run started later for the job (a trigger seen elsewhere)
+    finds the job completed and writes nothing, moves no status."""
+    from prefect.client.orchestration import get_client
+
+    from flows.video import video_reassemble
+    from tests.test_records_reconcile import _wait
+
+    job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
+    # a deployment that does not exist: starting `video-reassemble` would fail the run
+    job = _run(job_id=job_id, mode="identity", reassembly_deployment="video-reassemble/not-deployed")
+    assert (job["status"], job["final_frames"]) == ("completed", 50)
+    lock = state_store.to_plain(state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}))
+    assert lock["reassembly_owner"] == lock["prefect_flow_run_id"] == job["prefect_flow_run_id"]
+    assert "reassembly_flow_run_id" not in lock
+    def task_run():  # the server records task runs from their events, a moment after they ran
+        from prefect.exceptions import ObjectNotFound
+
+        with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
+            return client.read_task_run(lock["prefect_task_run_id"])
+
+    claimed_by = _wait(task_run, 60, "the reassemble task run on the server")
+    # the reassembly is a task run of the process run: its logs and retries are on that run's page in the UI
+    assert (claimed_by.name.split("-")[0], str(claimed_by.flow_run_id)) == ("reassemble", job["prefect_flow_run_id"])
+
+    final = store_root / keys.final_key(job_id)
+    written = (final.stat().st_ino, final.stat().st_mtime_ns)
+    assert video_reassemble(job_id) == {
+        "job_id": job_id, "status": "completed", "final_key": keys.final_key(job_id), "reassembled": False,
+    }
+    assert (final.stat().st_ino, final.stat().st_mtime_ns) == written  # no second final.mp4
+    assert v.get_job(job_id) == job  # no second transition: completed_at, final_* as the process run wrote them
+    assert state_store.to_plain(state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})) == lock
