@@ -202,3 +202,42 @@ def test_an_unknown_tile_and_manifests_without_usable_tile_names_are_refused(tab
     ):
         with pytest.raises(landing.InvalidManifest, match=reason):
             landing.parse_manifest(json.dumps({"survey": survey, "cubes": cubes}).encode(), None)
+
+
+@pytest.mark.sweep  # a worker and four flow-run processes (about a minute unloaded): `make test-sweep`, which CI runs
+@pytest.mark.timeout(900)
+def test_a_manifest_runs_end_to_end_on_a_worker_and_the_catalog_deployment_rebuilds_it(tables, store_root, tmp_path, capsys):
+    """prefect.yaml's deployments on a process worker: the manifest's landing starts the tile runs (as
+    phspectra-listen does), then `prefect deployment run 'phspectra-survey-catalog/…'` rebuilds the catalog."""
+    from prefect.artifacts import Artifact
+
+    from tasks.phspectra import landing
+    from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
+
+    survey, name = "grs-deployed", f"survey-{uuid.uuid4().hex[:6]}"
+    deployments = deploy_from_prefect_yaml(tmp_path, {"phspectra-survey", "phspectra-survey-catalog"}, f"pool-{name}", name)
+    worker = Worker(f"pool-{name}", tmp_path / "worker.log")
+    try:
+        manifest = {"survey": survey, "cubes": tile_cubes(store_root, tmp_path), "chunk_size": 4}
+        arrival = arrive(store_root, f"surveys/incoming/{survey}/night-1.json", json.dumps(manifest).encode())
+        assert landing.object_arrived(arrival, deployments["phspectra-survey"])[0] == "started"
+        runs = wait_for_runs(deployments["phspectra-survey"], 3, worker=worker)
+        assert [r.state_name for r in runs] == ["Completed"] * 3, worker.tail()
+
+        code, status = cli(capsys, "survey-status", "--survey", survey)
+        assert code == 0 and (status["tiles_completed"], status["tiles_total"], status["spectra_fitted"]) == (3, 3, 18)
+        assert Artifact.get(f"phspectra-survey-progress-{survey}").data == 100.0
+        built = catalog_components(store_root, survey)
+        assert list(built) == list(TILES)
+        assert {t: [r[0] for r in rows] for t, rows in built.items()} == {
+            t["tile"]: [t["run_id"]] * t["n_components"] for t in status["tiles"]
+        }
+
+        prefect_cli("deployment", "run", deployments["phspectra-survey-catalog"], "--param", f"survey={survey}",
+                    "--param", "force=true", timeout=120)  # fmt: skip
+        (rebuild,) = wait_for_runs(deployments["phspectra-survey-catalog"], 1, worker=worker)
+        assert rebuild.state_name == "Completed", worker.tail()
+        assert catalog_components(store_root, survey) == built  # every tile rewritten, the same dataset
+        assert "3 tile(s) written, 0 unchanged" in Artifact.get(f"phspectra-survey-{survey}").data
+    finally:
+        worker.stop()
