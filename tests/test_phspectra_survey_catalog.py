@@ -31,11 +31,11 @@ def tile_cubes(store_root: Path, tmp_path: Path, tiles=TILES) -> list[str]:
     return cube_keys
 
 
-def run_components(store_root: Path, survey: str, run_id: str) -> list[tuple]:
-    """Every component of one run, read from its own per-chunk Parquet: (x, y, index, amplitude, mean, stddev)."""
-    rows = ds.dataset(store_root / keys.decomposition_prefix(survey, run_id), format="parquet").to_table().to_pylist()
+def run_components(store, run_id: str) -> list[tuple]:
+    """Every component of one run, read from its own per-chunk Parquet: (run_id, x, y, index, amplitude, mean, stddev)."""
+    rows = [row for chunk in ph.list_chunks(run_id) for row in ph.read_parquet(store, chunk["output_key"]).to_pylist()]
     return sorted(
-        (r["x"], r["y"], i, a, m, s)
+        (run_id, r["x"], r["y"], i, a, m, s)
         for r in rows
         for i, (a, m, s) in enumerate(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"]))
     )
@@ -108,8 +108,7 @@ def test_a_manifest_of_three_tiles_ends_as_one_survey_in_the_ui_the_cli_and_one_
     assert [row["tile"] for row in json.loads(Artifact.get(f"phspectra-survey-tiles-{survey}").data)] == list(TILES)
 
     # the catalog, built when the last tile finished: exactly the union of the runs' components, by tile
-    expected = {tile: sorted((s["run_id"], *c) for c in run_components(store_root, survey, s["run_id"]))
-                for tile, s in zip(TILES, summaries)}  # fmt: skip
+    expected = {tile: run_components(LocalStore(store_root), s["run_id"]) for tile, s in zip(TILES, summaries)}
     assert catalog_components(store_root, survey) == expected
     assert sum(map(len, expected.values())) == status["n_components"] > 0
     assert sorted(p.relative_to(store_root).as_posix() for p in store_root.glob("catalogs/**/*.parquet")) == [
@@ -159,7 +158,7 @@ def test_a_rerun_of_one_tile_replaces_only_its_partition_and_a_rebuild_changes_n
     assert (list(rerun["written"]), rerun["unchanged"]) == (["t-a"], ["t-b"])
     after = catalog_components(store_root, survey)
     assert after["t-b"] == before["t-b"] and (files["t-b"].stat().st_ino, files["t-b"].stat().st_mtime_ns) == stamps["t-b"]
-    assert after["t-a"] == sorted(("run-a2", *c) for c in run_components(store_root, survey, "run-a2"))
+    assert after["t-a"] == run_components(LocalStore(store_root), "run-a2")
     assert [row[1:] for row in after["t-a"]] == [row[1:] for row in before["t-a"]]  # the same cube fits the same
     assert sorted(p.name for p in files["t-a"].parent.iterdir()) == [keys.CATALOG_PART]  # no temp file left
 
@@ -241,3 +240,22 @@ def test_a_manifest_runs_end_to_end_on_a_worker_and_the_catalog_deployment_rebui
         assert "3 tile(s) written, 0 unchanged" in Artifact.get(f"phspectra-survey-{survey}").data
     finally:
         worker.stop()
+
+
+def test_the_catalog_is_built_and_queried_on_s3(tables, s3_base, tmp_path):
+    """OBJECT_STORE_BASE_URL=s3://…: the runs' Parquet and the catalog in the bucket, one code path."""
+    from tasks.core.object_store import ObjectStore
+
+    survey, store = "grs-s3-catalog", ObjectStore.from_url(s3_base)
+    for seed, tile in enumerate(("s-a", "s-b")):
+        store.put_file(f"cubes/{tile}.fits", write_fits(synthetic_cube(ny=1, nx=3, n_channels=48, seed=seed), tmp_path / f"{tile}.fits"))
+        _tile_run(f"run-{tile}", survey, store.url_for(f"cubes/{tile}.fits"))
+    built = catalog.build_catalog(survey)
+    assert built["catalog_url"] == f"{s3_base}/{keys.survey_catalog_prefix(survey)}"
+    assert sorted(store.list(keys.survey_catalog_prefix(survey))) == [keys.survey_catalog_key(survey, t) for t in ("s-a", "s-b")]
+    rows = catalog.query_catalog(survey)
+    assert len(rows) == sum(built["written"].values()) > 0 and {r["tile"] for r in rows} == {"s-a", "s-b"}
+    expected = sorted(run_components(store, "run-s-a") + run_components(store, "run-s-b"))
+    assert sorted((r["run_id"], r["x"], r["y"], r["component"], r["amplitude"], r["mean"], r["stddev"]) for r in rows) == expected
+    assert catalog.build_catalog(survey)["unchanged"] == ["s-a", "s-b"]  # the recorded source read back from S3
+    assert [r["tile"] for r in catalog.query_catalog(survey, tile="s-b", limit=1)] == ["s-b"]
