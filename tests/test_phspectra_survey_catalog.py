@@ -124,6 +124,8 @@ def test_a_manifest_of_three_tiles_ends_as_one_survey_in_the_ui_the_cli_and_one_
     assert {r["tile"] for r in rows} == {"l16-b"} and 0 < len(rows) < len(expected["l16-b"])
     code, rows = cli(capsys, "catalog", "--survey", survey, "--limit", "4")
     assert code == 0 and len(rows) == 4
+    code, rows = cli(capsys, "catalog", "--survey", survey, "--limit", "0")  # every row (the default is 100)
+    assert code == 0 and len(rows) == status["n_components"]
     code, built = cli(capsys, "build-catalog", "--survey", survey)  # built already: nothing rewritten
     assert code == 0 and (built["written"], built["unchanged"], built["missing"]) == ({}, list(TILES), [])
 

@@ -73,11 +73,12 @@ def register(subparsers) -> None:
     key_argument(command("failures", _failures, "5. FAILED chunks with their errors"), "run_id", "--run-id")
     status = command("survey-status", lambda a: survey_status(a.survey), "a survey's tiles: completed / failed / running, spectra fitted")
     status.add_argument("--survey", required=True)
-    query = command("catalog", lambda a: catalog.query_catalog(a.survey, a.tile, a.min_amplitude, a.limit), "components of a survey's catalog")
+    query = command("catalog", lambda a: catalog.query_catalog(a.survey, a.tile, a.min_amplitude, a.limit or None),
+                    "components of a survey's catalog")  # fmt: skip
     query.add_argument("--survey", required=True)
     query.add_argument("--tile", default=None, help="only this tile's components")
     query.add_argument("--min-amplitude", type=float, default=None, help="only components at least this bright")
-    query.add_argument("--limit", type=int, default=None, help="at most this many rows")
+    query.add_argument("--limit", type=int, default=100, help="at most this many rows (default 100; 0: every row)")
     build = command("build-catalog", lambda a: catalog.build_catalog(a.survey, force=a.force), "(re)build a survey's catalog now")
     build.add_argument("--survey", required=True)
     build.add_argument("--force", action="store_true", help="rewrite every tile, not only the changed ones")
