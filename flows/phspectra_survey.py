@@ -36,6 +36,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.phspectra_catalog import survey_progress
 from tasks.core import keys, limits
 from tasks.landing.listener import listen_report
 from tasks.landing.sources import open_source
@@ -110,7 +111,7 @@ def fit_chunks(
 
 
 def publish_summary(summary: dict[str, Any]) -> None:
-    """The run's chunk table and markdown summary as Prefect artifacts."""
+    """The run's chunk table and markdown summary as Prefect artifacts; then its survey's (this run is a tile of it)."""
     run_id = summary["run_id"]
     create_table_artifact(
         key=artifact_key("phspectra-chunks", run_id), table=summary["chunks"], description=f"Chunks of run {run_id}"
@@ -127,6 +128,8 @@ def publish_summary(summary: dict[str, Any]) -> None:
         ),
         description=f"Summary of run {run_id}",
     )
+    if summary.get("survey"):
+        survey_progress(summary["survey"])
 
 
 @flow(name="phspectra-survey", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])

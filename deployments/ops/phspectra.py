@@ -6,6 +6,12 @@
     python -m deployments.cli phspectra stuck-chunks RUN [--minutes 15]
     python -m deployments.cli phspectra failures RUN
 
+and the survey over its tiles (one run per tile):
+
+    python -m deployments.cli phspectra survey-status --survey grs-15
+    python -m deployments.cli phspectra catalog --survey grs-15 [--tile T] [--min-amplitude 1.5] [--limit 20]
+    python -m deployments.cli phspectra build-catalog --survey grs-15 [--force]
+
 The run id may also be given as ``--run-id RUN``.
 """
 
@@ -14,7 +20,9 @@ from __future__ import annotations
 import argparse
 
 from deployments.ops import key_argument
+from tasks.phspectra import catalog
 from tasks.phspectra import survey as ph
+from tasks.phspectra.survey_status import survey_status
 from tasks.core.state_store import to_plain
 
 
@@ -40,7 +48,7 @@ def _failures(args):
 
 
 def register(subparsers) -> None:
-    """Add the ``phspectra`` subcommands: the seed's five access patterns."""
+    """Add the ``phspectra`` subcommands: the seed's five access patterns, a survey's status and its catalog."""
     group = subparsers.add_parser("phspectra", help="PHSpectra survey runs and chunks (seed 000)")
     commands = group.add_subparsers(dest="command", required=True)
 
@@ -63,3 +71,14 @@ def register(subparsers) -> None:
     key_argument(stuck, "run_id", "--run-id")
     stuck.add_argument("--minutes", type=float, default=15.0)
     key_argument(command("failures", _failures, "5. FAILED chunks with their errors"), "run_id", "--run-id")
+    status = command("survey-status", lambda a: survey_status(a.survey), "a survey's tiles: completed / failed / running, spectra fitted")
+    status.add_argument("--survey", required=True)
+    query = command("catalog", lambda a: catalog.query_catalog(a.survey, a.tile, a.min_amplitude, a.limit or None),
+                    "components of a survey's catalog")  # fmt: skip
+    query.add_argument("--survey", required=True)
+    query.add_argument("--tile", default=None, help="only this tile's components")
+    query.add_argument("--min-amplitude", type=float, default=None, help="only components at least this bright")
+    query.add_argument("--limit", type=int, default=100, help="at most this many rows (default 100; 0: every row)")
+    build = command("build-catalog", lambda a: catalog.build_catalog(a.survey, force=a.force), "(re)build a survey's catalog now")
+    build.add_argument("--survey", required=True)
+    build.add_argument("--force", action="store_true", help="rewrite every tile, not only the changed ones")

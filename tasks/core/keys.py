@@ -94,6 +94,48 @@ def decomposition_key(survey: str, run_id: str, start: int) -> str:
     return f"{decomposition_prefix(survey, run_id)}{chunk_name(start)}.parquet"
 
 
+_CUBE_SUFFIXES = (".fits.gz", ".fits", ".fit", ".npy")
+CATALOG_PART = "part-0.parquet"  # a tile's one file in the survey catalog, replaced whole by a rebuild
+
+
+def safe_tile(value: str) -> str:
+    """A tile name: a safe id without ``=`` (it is a hive partition value, ``tile={tile}/``), else InvalidKey."""
+    safe_id(value, "tile")
+    if "=" in value:
+        raise InvalidKey(f"invalid tile {value!r}: no '=' (it names a tile={{tile}}/ partition)")
+    return value
+
+
+def tile_name(cube_url: str) -> str:
+    """A cube's tile: its file name without the cube suffix (``…/grs-15-l18.fits`` -> ``grs-15-l18``); InvalidKey
+    when that is not a safe tile name."""
+    name = unquote(urlsplit(cube_url).path).rsplit("/", 1)[-1]
+    stem = next((name[: -len(s)] for s in _CUBE_SUFFIXES if name.lower().endswith(s)), name)
+    try:
+        return safe_tile(stem)
+    except InvalidKey as error:
+        raise InvalidKey(f"cube {cube_url!r} has no usable tile name: {error}") from None
+
+
+def survey_catalog_prefix(survey: str) -> str:
+    """``catalogs/survey={survey}/``: the survey's combined catalog, one ``tile={tile}/`` partition per tile."""
+    return f"catalogs/survey={safe_id(survey, 'survey')}/"
+
+
+def survey_catalog_key(survey: str, tile: str) -> str:
+    """``catalogs/survey={survey}/tile={tile}/part-0.parquet``: every component of one tile."""
+    return f"{survey_catalog_prefix(survey)}tile={safe_tile(tile)}/{CATALOG_PART}"
+
+
+def survey_catalog_tile(survey: str, key: str) -> str:
+    """The tile of a ``survey_catalog_key``; InvalidKey if ``key`` is not one."""
+    prefix = survey_catalog_prefix(survey)
+    match = re.fullmatch(r"tile=([^/]+)/" + re.escape(CATALOG_PART), key.removeprefix(prefix)) if key.startswith(prefix) else None
+    if not match:
+        raise InvalidKey(f"not a catalog partition of survey {survey!r}: {key!r}")
+    return safe_tile(match.group(1))
+
+
 SURVEY_INCOMING_PREFIX = "surveys/incoming/"  # where a cube or a survey manifest lands to start a run
 LANDING_PK_PREFIX = "LANDING#"
 LANDING_SK = "LANDING"
@@ -128,6 +170,20 @@ def landing_pk(url: str, event_id: str) -> str:
     """``LANDING#{sha256(url, event_id)[:32]}``: the item that makes one landing of an object start its runs once."""
     digest = hashlib.sha256(f"{url}\n{event_id}".encode()).hexdigest()[:32]
     return f"{LANDING_PK_PREFIX}{digest}"
+
+
+def landing_run_id(pk: str, index: int) -> str:
+    """``{landing digest}-{index:04d}``: the run id of the landing's ``index``-th cube."""
+    match = re.fullmatch(re.escape(LANDING_PK_PREFIX) + r"([0-9a-f]{32})", pk)
+    if not match or not 0 <= index <= 9999:
+        raise InvalidKey(f"no run id for landing {pk!r} and cube {index!r}")
+    return f"{match.group(1)}-{index:04d}"
+
+
+def landing_pk_of_run(run_id: str) -> str | None:
+    """The ``LANDING#…`` key of the landing that started ``run_id``; None for a run started otherwise."""
+    match = re.fullmatch(r"([0-9a-f]{32})-\d{4}", run_id)
+    return f"{LANDING_PK_PREFIX}{match.group(1)}" if match else None
 
 
 # --------------------------------------------------------------------------- seed 001: NDJSON -> Parquet

@@ -6,11 +6,11 @@
          "chunk_size": 500}                      (cubes: keys of the object store, or file:// / s3:// URLs)
 
 One landing (the object's URL and event id) is one ``LANDING#…`` item in ``phspectra-runs``, created before any
-run (STARTING), then STARTED with the runs' ids, or REJECTED with the reason for a manifest that is not valid
-(it stays where it landed; nothing retries it). A second event for the same landing starts nothing; a listener
-that died before STARTED starts the runs again with the same idempotency keys, which the Prefect server answers
-with the runs it already created. Each run's ``run_id`` comes from the landing too, so the RUN items are
-the landing's own.
+run (STARTING), then STARTED with the runs' ids and tiles (a cube's file name without ``.fits``), or REJECTED with
+the reason for a manifest that is not valid (it stays where it landed; nothing retries it). A second event for the
+same landing starts nothing; a listener that died before STARTED starts the runs again with the same idempotency
+keys, which the Prefect server answers with the runs it already created. Each run's ``run_id`` comes from the
+landing too, so the RUN items are the landing's own.
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ def parse_manifest(data: bytes, folder_survey: str | None) -> tuple[str, list[st
     urls = [cube_url(entry) for entry in cubes]
     if len(set(urls)) != len(urls):
         raise InvalidManifest("a cube is listed twice")
+    tiles = tiles_of(urls)
+    if len(set(tiles)) != len(tiles):
+        raise InvalidManifest(f"two cubes share a tile name (a cube's file name without .fits): {sorted(tiles)}"[:300])
     params: dict[str, Any] = {}
     try:
         if manifest.get("fit_params"):
@@ -91,9 +94,18 @@ def parse_manifest(data: bytes, folder_survey: str | None) -> tuple[str, list[st
     return survey, urls, params
 
 
+def tiles_of(urls: list[str]) -> list[str]:
+    """The cubes' tile names (``keys.tile_name``); InvalidManifest naming a cube without a usable one."""
+    try:
+        return [keys.tile_name(url) for url in urls]
+    except keys.InvalidKey as error:
+        raise InvalidManifest(str(error)) from None
+
+
 def runs_of(arrival: Arrival, landing: keys.SurveyLanding) -> tuple[str, list[str], dict[str, Any]]:
     """(survey, cube URLs, other parameters) an arrival asks for: its own cube, or its manifest's list."""
     if not landing.is_manifest:
+        tiles_of([arrival.url])
         return landing.survey, [arrival.url], {}
     store, key = open_url(arrival.url)
     try:
@@ -134,13 +146,13 @@ def object_arrived(arrival: Arrival, deployment: str = SURVEY_DEPLOYMENT) -> tup
     pk = landing_key(arrival)["PK"]
     flow_run_ids, run_ids = [], []
     for index, cube in enumerate(cubes):
-        run_id = f"{pk.removeprefix(keys.LANDING_PK_PREFIX)}-{index:04d}"
+        run_id = keys.landing_run_id(pk, index)
         parameters = {"cube_url": cube, "survey": survey, "run_id": run_id, **params}
         flow_run_ids.append(start_deployment_run(deployment, parameters, f"phspectra-landing:{pk}:{index}"))
         run_ids.append(run_id)
     state_store.transition(
         ph.runs_table(), landing_key(arrival), STARTING, STARTED,
-        set={"survey": survey, "run_ids": run_ids, "flow_run_ids": flow_run_ids, "started_at": now_iso()},
+        set={"survey": survey, "run_ids": run_ids, "tiles": tiles_of(cubes), "flow_run_ids": flow_run_ids, "started_at": now_iso()},
     )  # fmt: skip
     log.info("%s started %d %s run(s) for survey %s: %s", arrival.url, len(cubes), deployment, survey, run_ids)
     return "started", flow_run_ids
