@@ -73,10 +73,14 @@ def tracking_key(date_prefix: str, file_key: str) -> dict[str, str]:
     return {"date_prefix": date_prefix, "file_key": file_key}
 
 
+def metric_item(metric_type: str, values: dict[str, Any], config: EtlSettings | None = None) -> dict[str, Any]:
+    """A row of the metrics table (``metric_type`` / ``timestamp`` in µs, with ``ttl``)."""
+    return {"metric_type": metric_type, "timestamp": time.time_ns() // 1000, "ttl": ttl_epoch(config or settings()), **values}
+
+
 def record_metric(metric_type: str, values: dict[str, Any], config: EtlSettings | None = None) -> dict[str, Any]:
-    """One append-only row in the metrics table (``metric_type`` / ``timestamp`` in µs, with ``ttl``)."""
-    config = config or settings()
-    item = {"metric_type": metric_type, "timestamp": time.time_ns() // 1000, "ttl": ttl_epoch(config), **values}
+    """One append-only row in the metrics table."""
+    item = metric_item(metric_type, values, config)
     state_store.put(table_name(METRICS), item)
     return item
 
