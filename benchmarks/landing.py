@@ -10,6 +10,7 @@ Prefect events are not sent here (no server): the listener's ``emit_event`` call
 
     .venv/bin/python benchmarks/landing.py                 # 50 files/s for 60 s, 2 kills
     .venv/bin/python benchmarks/landing.py --quick         # 50 files/s for 10 s, 1 kill
+    .venv/bin/python benchmarks/landing.py --files-per-second 100 --seconds 30 --kills 0   # any rate and length
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ os.environ.update(EXPECTED_FILE_SIZE_MB="0.001", SIZE_TOLERANCE_PERCENT="99")
 from benchmarks._common import dynamodb_local, ensure_table  # noqa: E402
 
 DAY = "2026-01-05"
+GOAL_FILES_PER_S, GOAL_P95_S = 50, 5.0  # issue 25
 INPUT = "pipeline/input/"
 
 
@@ -229,6 +231,11 @@ def main() -> int:
             print(f"  baseline: track_and_batch called directly on the same files: {baseline:.0f} files/s")
             print(f"RATIO listener/direct = {result['rate'] / baseline:.2f}; listener {result['rate']:.0f} files/s sustained "
                   f"(offered {args.files_per_second:.0f}/s: it cannot go faster than files land), direct {baseline:.0f} files/s")
+            p95 = sorted(result["tracked"])[int(0.95 * (len(result["tracked"]) - 1))] if result["tracked"] else float("inf")
+            met = result["rate"] >= GOAL_FILES_PER_S and p95 < GOAL_P95_S and not (lost or doubles)
+            print(f"GOAL sustained >= {GOAL_FILES_PER_S} files/s arrival -> tracking, p95 < {GOAL_P95_S} s, nothing lost or "
+                  f"duplicated: {'met' if met else 'NOT met'} ({result['rate']:.1f} files/s, p95 {p95:.2f} s, lost {lost}, "
+                  f"duplicated {doubles})")
             return 1 if lost or doubles or wrong else 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
