@@ -155,7 +155,8 @@ def sustained(root: Path, args) -> dict:
     process.wait(timeout=60)
     found = records()  # again, now that nothing changes them (a last batch may have claimed more)
     stamp = lambda item, field: datetime.fromisoformat(item[field]).timestamp()  # noqa: E731
-    down = [(at, ready.stat().st_mtime) for at, ready in restarts]
+    ends = [ready.stat().st_mtime if ready.exists() else None for _, ready in restarts]  # None: killed before ready
+    down = [(at, next((end for end in ends[n:] if end is not None), drained)) for n, (at, _) in enumerate(restarts)]
     steady = [i for i in found if not any(a <= arrived[i["file_key"]] <= b for a, b in down)]
     tracked = [stamp(i, "created_at") - arrived[i["file_key"]] for i in steady]
     manifested = [stamp(i, "manifested_at") - arrived[i["file_key"]] for i in steady if i.get("manifested_at")]
