@@ -7,8 +7,8 @@
     ndjson-merge: MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
                   ─> publish (rename parts, publish record; a published manifest is skipped) ─> date's partition
                      in the catalog (Glue too on S3)
-                  ─> MANIFEST completed | failed ─> files manifested#N → completed#N | failed#N ─> (notify)
-                  ─> metric + report (logs/glue/…; ingest's in logs/lambda/…)
+                  ─> MANIFEST completed | failed + files manifested#N → completed#N | failed#N + metric row, in
+                     one transaction (per 100 items) ─> (notify) ─> report (logs/glue/…; ingest's in logs/lambda/…)
     ndjson-listen (long-running): files landing under pipeline/input/{date}/ (watch or SQS) ─> micro-batches
                   (count, age) ─> the ingest's validate → quarantine | track + claim-first batching ─> merges;
                   one Prefect event per file
@@ -72,10 +72,8 @@ pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifest
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 report_task = task(etl_reports.write_run_report, name="write-run-report", **_side_effects)
 start_processing_task = task(etl_merge.start_processing, name="manifest-processing", **_dynamo)
-manifest_files_task = task(etl_merge.manifest_files, name="read-manifest", **_dynamo, retry_condition_fn=_capacity_error)
-attached_files_task = task(etl_merge.attached_files, name="files-still-in-manifest", **_dynamo)
-merge_task = task(
-    etl_merge.merge_manifest, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
+merge_task = task(  # reads the manifest and the files still in it first: one task run, not three
+    etl_merge.merge_listed, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
     retry_condition_fn=_capacity_error, **_side_effects,
 )
 finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.ETL_STATUS_UPDATE_TIMEOUT_S, **_dynamo)
@@ -178,38 +176,38 @@ def ndjson_merge(
     dask_scheduler: str = "threads",
     rerun: bool = False,
 ) -> dict[str, Any]:
-    """One manifest: MANIFEST processing → Dask/pyarrow merge → MANIFEST and file statuses (notify on failure)."""
+    """One manifest: MANIFEST processing → Dask/pyarrow merge → MANIFEST and file statuses with the metric row
+    (notify on failure) → run report. Three task runs: the report is written by the flow itself (it never fails)."""
     config = etl.settings()
     started = utc_now()
     record = start_processing_task(date_prefix, manifest_name, rerun)
     if record is None:
         print(f"{manifest_name}: already taken by another run; nothing to do")
         return {"manifest": manifest_name, "skipped": True}
-    manifest_path, listed = record["manifest_path"], None
+    manifest_path = record["manifest_path"]
+    merge_started = time.monotonic()
     try:
-        listed = manifest_files_task(manifest_path)
-        urls = attached_files_task(date_prefix, manifest_path, listed)
-        merge_started = time.monotonic()
         summary = merge_task(
-            date_prefix, manifest_name, urls, config.output_store_url, target_file_mb or config.target_file_mb, dask_scheduler
+            date_prefix, manifest_name, manifest_path, config.output_store_url, target_file_mb or config.target_file_mb,
+            dask_scheduler,
         )
     except Exception as error:
         message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
-        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path, listed=listed)
+        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path)
         notify_task(message, config.notify_block)
-        report_task("glue", started, {"status": "failed", "manifest": manifest_name, "manifest_path": manifest_path,
-                                      "date_prefix": date_prefix, "error": message}, config)
+        etl_reports.write_run_report("glue", started, {"status": "failed", "manifest": manifest_name, "manifest_path": manifest_path,
+                                                       "date_prefix": date_prefix, "error": message}, config)
         raise
-    statuses = finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=listed)
+    metric = {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
+              "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
+              "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
+              "seconds": round(time.monotonic() - merge_started, 3), "skipped": summary["already_published"]}
+    statuses = finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=summary["listed"],
+                           metric=metric)
     if summary["files_failed"]:
         get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
                                  [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
-    metric_task("merge", {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
-                          "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
-                          "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
-                          "seconds": round(time.monotonic() - merge_started, 3),
-                          "skipped": summary["already_published"]}, config)
-    report_task("glue", started, {
+    etl_reports.write_run_report("glue", started, {
         "status": statuses["manifest_status"], "manifest": manifest_name, "manifest_path": manifest_path,
         "date_prefix": date_prefix, "rows": summary["rows"], "rejected_lines": summary["rejected_lines"],
         "files": len(summary["files"]), "files_failed": summary["files_failed"], "parts": summary["parts"],

@@ -287,6 +287,33 @@ def test_a_manifest_listing_a_path_that_is_no_input_file_still_merges_and_finish
     _exactly_once(root, urls)
 
 
+def test_the_merge_metric_lands_with_its_manifest_once_and_a_retried_status_update_writes_nothing_again(etl_env):
+    from tasks.core import state_store
+
+    root, table = etl_env["root"], etl_env["table"]
+    urls = _ingest_five(root, "metric")
+    ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
+    (key,) = manifests(table)
+    name = keys.manifest_name_from_record_key(key)
+    summary = ndjson_merge(date_prefix=DAY, manifest_name=name)
+    assert (summary["manifest_status"], summary["files_completed"]) == ("completed", 5)
+
+    def merge_rows() -> list[dict]:
+        rows = state_store.scan_all(etl_env["tables"]["etl_metrics"])
+        return [state_store.to_plain(m) for m in rows if m["metric_type"] == "merge"]
+
+    (row,) = merge_rows()
+    assert (row["manifest"], row["date_prefix"], row["rows"], row["files"], row["files_failed"], row["skipped"]) == (
+        name, DAY, 15, 5, 0, False)
+    assert state_store.WRITE_TOKEN not in row  # an append-only row carries no write token
+    # the status update again (a task retry after its response was lost): nothing moves, no second metric row
+    path = manifests(table)[key]["manifest_path"]
+    again = etl_merge.finish_manifest(DAY, name, summary, manifest_path=path, listed=summary["listed"], metric={"manifest": name})
+    assert again == {"manifest_status": "completed", "files_completed": 0, "files_failed": 0}
+    assert len(merge_rows()) == 1
+    assert file_statuses(table) == {"completed": 5}
+
+
 @pytest.mark.parametrize("new_column_in", [None, 1, 2])
 def test_a_part_is_written_while_its_files_are_read_and_a_late_new_column_rewrites_it_whole(tmp_path, monkeypatch, new_column_in):
     """Rows stream into the part file as each file is parsed (row groups of ROW_GROUP_ROWS); a file that brings a

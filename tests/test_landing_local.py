@@ -190,6 +190,25 @@ def test_repeated_late_gone_and_unknown_arrivals_change_nothing_and_say_so_once(
     assert found["notes.txt"].startswith("quarantined#") and manifests(table) == {}
 
 
+def test_repeats_of_files_a_killed_run_left_pending_are_batched_and_repeats_of_batched_ones_claim_nothing(etl_env):
+    from tasks.etl import ingest as etl
+    from tasks.etl.landing import handle_landed
+
+    root, table = etl_env["root"], etl_env["table"]
+    config = etl.settings()
+    urls = [land(root, DAY, f"k-{i}.ndjson", [i]) for i in range(5)]
+    etl.track_files(etl.validate_files(urls, config), config)  # a run killed between tracking and batching
+    assert manifests(table) == {}
+    outcome = handle_landed([arrival_for(u) for u in urls], config, no_launch)  # the restart's catch-up listing
+    assert len(outcome.done) == 5 and outcome.retry == []
+    (record,) = manifests(table).values()
+    assert (record["status"], record["file_count"]) == ("pending", 5)
+    assert {s.split("#")[0] for s in statuses(table).values()} == {"manifested"}
+    again = handle_landed([arrival_for(u) for u in urls], config, no_launch)  # listed once more: nothing to claim
+    assert len(again.done) == 5 and len(manifests(table)) == 1
+    assert {s.split("#")[0] for s in statuses(table).values()} == {"manifested"}
+
+
 def landed_events(url: str, wait_for: int = 1) -> list:
     """The Prefect events whose resource is ``url`` (the server files events in the background: polled)."""
     from prefect import get_client

@@ -125,6 +125,11 @@ def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_sa
     ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
     (key,) = [k[1] for k in records(table) if k[1].startswith("MANIFEST#")]
     manifest = keys.manifest_name_from_record_key(key)
+    # the merge's first parse in a process loads its Numba kernels (seconds on a loaded machine): done here, so
+    # the 3 s run reaches its rename (else the timeout came first and the failure hook's write stalled instead)
+    from tasks.etl.ndjson_text import parse_ndjson
+
+    parse_ndjson("file:///warm.ndjson", b'{"a": 1}\n')
     # write 1 takes the manifest; write 2 (the first publish rename) hangs like a request that never answers
     log = tmp_path / "writes.log"
     with faults.inject(at=2, mode="stall", log=str(log)):

@@ -601,7 +601,8 @@ def transact_groups(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[
     """
     tokens = [[new_token() for _ in group] for group in groups]
     groups = [
-        [{kind: with_token(body, token) if kind in ("Put", "Update") else body for kind, body in entry.items()}
+        [{kind: with_token(body, token) if kind == "Update" or "ConditionExpression" in body and kind == "Put" else body
+          for kind, body in entry.items()}  # an unconditional Put (an append-only row) needs no token
          for entry, token in zip(group, group_tokens)]
         for group, group_tokens in zip(groups, tokens)
     ]  # fmt: skip
@@ -654,10 +655,12 @@ def transact_groups(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[
     return results
 
 
-def _run_each(operations: list[dict[str, Any]], lost: Outcome) -> list[WriteResult]:
-    """One conditional write per operation at transaction throughput; ``lost`` (or STALE if absent) when its condition fails."""
+def _run_each(operations: list[dict[str, Any]], lost: Outcome, also: Sequence[Sequence[Mapping[str, Any]]] = ()) -> list[WriteResult]:
+    """One conditional write per operation at transaction throughput; ``lost`` (or STALE if absent) when its condition
+    fails. ``also[i]`` (if given) are entries that land in the same transaction as operation ``i``, or not at all."""
+    groups = [[operation, *(also[i] if i < len(also) else ())] for i, operation in enumerate(operations)]
     results = []
-    for reasons in transact_groups([[operation] for operation in operations]):
+    for reasons in transact_groups(groups):
         if reasons is None:
             results.append(WriteResult(Outcome.APPLIED, None))
             continue
@@ -691,10 +694,13 @@ def transition_many(
     changes: Sequence[tuple[Mapping[str, Any], str | Sequence[str] | None, str | None, Mapping[str, Any] | None]],
     *,
     status_attr: str = "status",
+    also: Sequence[Sequence[Mapping[str, Any]]] = (),
 ) -> list[WriteResult]:
     """``transition`` for many items: each change is (key, expected, new, extra SET attributes).
 
-    Every item moves only if it is still in its expected state; one result per change, in order.
+    Every item moves only if it is still in its expected state; one result per change, in order. ``also[i]``
+    are TransactItems entries (e.g. ``put_entry``) written with change ``i`` in one transaction, so they land
+    once with it (a retried transition that finds itself done writes them no second time).
     """
     operations = []
     for key, expected, new, sets in changes:
@@ -704,4 +710,9 @@ def transition_many(
         expr = Expression()
         update = expr.update(all_sets)
         operations.append({"Update": expr.entry(table_name, key, expr.status_condition(status_attr, expected, key), update)})
-    return _run_each(operations, Outcome.STALE)
+    return _run_each(operations, Outcome.STALE, also)
+
+
+def put_entry(table_name: str, item: Mapping[str, Any]) -> dict[str, Any]:
+    """A TransactItems Put of ``item`` with no condition (an append-only row: it lands with its transaction)."""
+    return {"Put": {"TableName": table_name, "Item": to_dynamo(dict(item))}}

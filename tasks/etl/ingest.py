@@ -73,10 +73,14 @@ def tracking_key(date_prefix: str, file_key: str) -> dict[str, str]:
     return {"date_prefix": date_prefix, "file_key": file_key}
 
 
+def metric_item(metric_type: str, values: dict[str, Any], config: EtlSettings | None = None) -> dict[str, Any]:
+    """A row of the metrics table (``metric_type`` / ``timestamp`` in µs, with ``ttl``)."""
+    return {"metric_type": metric_type, "timestamp": time.time_ns() // 1000, "ttl": ttl_epoch(config or settings()), **values}
+
+
 def record_metric(metric_type: str, values: dict[str, Any], config: EtlSettings | None = None) -> dict[str, Any]:
-    """One append-only row in the metrics table (``metric_type`` / ``timestamp`` in µs, with ``ttl``)."""
-    config = config or settings()
-    item = {"metric_type": metric_type, "timestamp": time.time_ns() // 1000, "ttl": ttl_epoch(config), **values}
+    """One append-only row in the metrics table."""
+    item = metric_item(metric_type, values, config)
     state_store.put(table_name(METRICS), item)
     return item
 
@@ -497,17 +501,22 @@ def create_manifests(
     return made
 
 
-def track_and_batch(checks: Sequence[FileCheck], config: EtlSettings) -> dict[str, Any]:
+def track_and_batch(
+    checks: Sequence[FileCheck], config: EtlSettings, existing: dict[tuple[str, str], dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Track valid files and batch this call's new ones at once: for each full batch of new files of a date,
     the files are created ``manifested#N`` in the transaction that creates their manifest record; the rest are
     created ``pending#N`` (``attribute_not_exists``, so a redelivered event changes nothing).
 
     A file tracked before is counted ``already_tracked``; one quarantined before whose size or ETag changed is
     validated again and released to ``pending#N`` (``revalidated``). Returns what ``track_files`` returns plus
-    the manifests made.
+    the manifests made. ``existing``: the caller's ``tracked_items`` of these files, read just before (spares a read).
     """
     unique = list({(c.date_prefix, c.file_key): c for c in checks}.values())
-    existing = tracked_items((c.date_prefix, c.file_key) for c in unique)
+    if existing is None:
+        existing = tracked_items((c.date_prefix, c.file_key) for c in unique)
+    else:
+        existing = {pair: existing[pair] for pair in ((c.date_prefix, c.file_key) for c in unique) if pair in existing}
     fresh = [c for c in unique if (c.date_prefix, c.file_key) not in existing]
     quarantined = [item for item in existing.values() if base_status(item) == QUARANTINED]
     made: list[ManifestRef] = []

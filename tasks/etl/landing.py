@@ -53,9 +53,13 @@ def ingest_landed(checks: Sequence[FileCheck], config: EtlSettings, launch: Laun
     valid = [c for c in checks if c.valid]
     before = etl.tracked_items((c.date_prefix, c.file_key) for c in checks)
     quarantined = etl.quarantine_files(refused, config) if refused else []
-    tracked = etl.track_and_batch(valid, config)
+    tracked = etl.track_and_batch(valid, config, existing=before)
     made: list[ManifestRef] = list(tracked["manifests"])
-    for date_prefix in tracked["dates"]:
+    # a date is batched again only where this batch left files pending (new ones, or ones a killed run tracked):
+    # repeats of files already in manifests (a restarted listener's catch-up listing) have nothing to claim
+    pending = {d for d, keys_ in tracked["new_files"].items() if keys_}
+    pending |= {d for (d, _), item in before.items() if etl.base_status(item) == etl.PENDING}
+    for date_prefix in [d for d in tracked["dates"] if d in pending]:
         made += etl.create_manifests(date_prefix, config.max_files_per_manifest, config,
                                      prefer=tracked["new_files"].get(date_prefix, []))
     return {"before": before, "quarantined": quarantined, "tracked": tracked, "launches": launch(made) if made else []}

@@ -30,8 +30,8 @@ from tasks.core import keys, state_store
 from tasks.core.runtime import now_iso, prefect_ids
 from tasks.core.config import table_name
 from tasks.etl.ingest import (
-    COMPLETED, FAILED, MANIFESTED, PENDING, PROCESSING, TRACKING, base_status, file_records, input_file, input_home,
-    settings, store, tracking_key, with_shard,
+    COMPLETED, FAILED, MANIFESTED, METRICS, PENDING, PROCESSING, TRACKING, base_status, file_records, input_file,
+    input_home, metric_item, settings, store, tracking_key, with_shard,
 )
 from tasks.core import object_store
 from tasks.core.object_store import ObjectNotFound, open_url
@@ -384,12 +384,23 @@ def merge_manifest(
     return {**summary, "already_published": False}
 
 
+def merge_listed(
+    date_prefix: str, manifest_name: str, manifest_path: str, output_url: str = "", target_file_mb: float = 128,
+    scheduler: str = "threads",
+) -> dict[str, Any]:
+    """Read the manifest JSON, keep the files still in it, merge them (``merge_manifest``): the summary, with the
+    manifest's ``listed`` files (what ``finish_manifest`` reads back)."""
+    listed = manifest_files(manifest_path)
+    urls = attached_files(date_prefix, manifest_path, listed)
+    return {**merge_manifest(date_prefix, manifest_name, urls, output_url, target_file_mb, scheduler), "listed": listed}
+
+
 # --------------------------------------------------------------------------- status after the merge
 
 
 def finish_manifest(
     date_prefix: str, manifest_name: str, summary: dict[str, Any] | None, error: str | None = None,
-    manifest_path: str | None = None, listed: list[str] | None = None,
+    manifest_path: str | None = None, listed: list[str] | None = None, metric: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
 
@@ -398,6 +409,9 @@ def finish_manifest(
     re-run moves the files an earlier run left ``failed#N`` too; a failed run first removes the manifest's
     output, and fails its files whatever an earlier run made of them, so `etl reprocess` can take them all.
     ``manifest_path`` (from the record ``start_processing`` returned) saves reading the record again.
+
+    The MANIFEST, its files and the ``metric`` row (values of a ``merge`` metric, written only with the MANIFEST's
+    own transition, so never twice) go in one TransactWriteItems per 100 items: one round trip for most manifests.
     """
     if manifest_path is None:
         manifest_path = manifest_record(date_prefix, manifest_name)["manifest_path"]
@@ -414,11 +428,11 @@ def finish_manifest(
     if error:
         sets["error_message"] = error[:1000]
     manifest_key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
-    manifest_result = state_store.transition(table, manifest_key, PROCESSING, outcome, set=sets)
+    changes = [(manifest_key, PROCESSING, outcome, sets)]
+    with_manifest = [state_store.put_entry(table_name(METRICS), metric_item("merge", metric))] if metric else []
 
     per_file = {f["url"]: f for f in (summary or {}).get("files", [])}
     movable = (MANIFESTED, FAILED) if outcome == COMPLETED else (MANIFESTED, COMPLETED)
-    changes = []
     candidates = listed_file_records(date_prefix, listed) if listed is not None else file_records(date_prefix)
     for item in candidates:
         if item.get("manifest_path") != manifest_path or base_status(item) not in movable:
@@ -436,8 +450,8 @@ def finish_manifest(
         if file_error:
             file_sets["error_message"] = file_error[:1000]
         changes.append((tracking_key(date_prefix, item["file_key"]), item["status"], with_shard(new, item["status"]), file_sets))
-    results = state_store.transition_many(table, changes)
-    moved = [change[2] for change, r in zip(changes, results) if r.applied]
+    manifest_result, *results = state_store.transition_many(table, changes, also=[with_manifest])
+    moved = [change[2] for change, r in zip(changes[1:], results) if r.applied]
     return {
         "manifest_status": outcome if manifest_result.applied else (manifest_result.item or {}).get("status"),
         "files_completed": sum(1 for s in moved if s.startswith(COMPLETED)),
