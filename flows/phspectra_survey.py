@@ -15,8 +15,9 @@
     with the reason; in a live run, chunks whose lease expired are re-driven. Chunks are taken with
     conditional transitions, so two sweepers never fit the same chunk, and never one whose fitter renews it.
 
-The fits run on a ThreadPool (one child process per chunk, ``workers`` at a time) or, when the
-deployment names ``dask_address`` / ``dask_workers``, on a DaskTaskRunner.
+The fits run on a ThreadPool (``workers`` chunks in flight sharing ``workers`` fitting processes, the oldest
+chunk first, see tasks/phspectra/worker.py) or, when the deployment names ``dask_address`` / ``dask_workers``,
+on a DaskTaskRunner (one fitting process per Dask worker).
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ complete_split_task = task(ph.complete_split, name="complete-split", cache_polic
 give_up_task = task(ph.give_up, name="give-up-run", cache_policy=NO_CACHE)
 
 
+def fitting_slots(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0) -> int:
+    """Fitting processes at once per process running fit-chunk: ``workers`` (default: its cores), one per Dask worker."""
+    return 1 if dask_address or dask_workers else workers or os.cpu_count() or 1
+
+
 def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0):
     """A Dask runner on an existing scheduler or a LocalCluster of ``dask_workers`` processes, else threads."""
     if dask_address or dask_workers:
@@ -70,7 +76,7 @@ def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers:
             cluster_class="distributed.LocalCluster",
             cluster_kwargs={"n_workers": dask_workers, "threads_per_worker": 1, "processes": True},
         )
-    return ThreadPoolTaskRunner(max_workers=workers or os.cpu_count() or 1)
+    return ThreadPoolTaskRunner(max_workers=fitting_slots(workers))
 
 
 @flow(name="phspectra-fit-chunks", log_prints=True)
@@ -83,12 +89,16 @@ def fit_chunks(
     take_expired: bool = False,
     lease_seconds: float = ph.DEFAULT_LEASE_S,
     progress_id: str | None = None,
+    fit_slots: int = 1,
 ) -> list[dict[str, Any]]:
-    """Map fit-chunk over the chunks (progress updated as each ends), then the slow lane."""
+    """Map fit-chunk over the chunks (progress updated as each ends), then the slow lane.
+
+    The chunks in flight share ``fit_slots`` fitting processes per process, the oldest chunk first.
+    """
     logger = get_run_logger()
     futures = fit_chunk_task.map(
         unmapped(run_id), starts, output_url=unmapped(output_url), time_limit_s=unmapped(time_limit_s),
-        take_expired=unmapped(take_expired), lease_seconds=unmapped(lease_seconds),
+        take_expired=unmapped(take_expired), lease_seconds=unmapped(lease_seconds), fit_slots=unmapped(fit_slots),
     )  # fmt: skip
     results: list[dict[str, Any]] = []
     for done, future in enumerate(as_completed(futures), start=1):
@@ -173,7 +183,8 @@ def phspectra_survey(
     )
     if starts or slow_starts:
         fit_chunks.with_options(task_runner=task_runner(workers, dask_address, dask_workers))(
-            run_id, starts, slow_starts, output_url, time_limit_s, take_expired, lease_seconds, str(progress_id)
+            run_id, starts, slow_starts, output_url, time_limit_s, take_expired, lease_seconds, str(progress_id),
+            fitting_slots(workers, dask_address, dask_workers),
         )
     else:
         update_progress_artifact(progress_id, progress=100.0)
@@ -248,7 +259,8 @@ def phspectra_sweep_stuck(
         results = []
         if stuck or slow:
             results = fit_chunks.with_options(task_runner=task_runner(workers))(
-                run_id, stuck, slow, run.get("output_url"), time_limit_s, take_expired=True, lease_seconds=lease_seconds
+                run_id, stuck, slow, run.get("output_url"), time_limit_s, take_expired=True, lease_seconds=lease_seconds,
+                fit_slots=fitting_slots(workers),
             )
         summary = aggregate_task(run_id)
         if summary["status"] != ph.RUN_RUNNING:
