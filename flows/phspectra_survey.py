@@ -15,8 +15,8 @@
     with the reason; in a live run, chunks whose lease expired are re-driven. Chunks are taken with
     conditional transitions, so two sweepers never fit the same chunk, and never one whose fitter renews it.
 
-The fits run on a ThreadPool (``workers`` chunks in flight sharing ``workers`` fitting processes, the oldest
-chunk first, see tasks/phspectra/worker.py) or, when the deployment names ``dask_address`` / ``dask_workers``,
+The fits run on a ThreadPool (``workers`` + 1 chunks in flight sharing ``workers`` fitting processes, the
+oldest chunk first, see tasks/phspectra/worker.py) or, when the deployment names ``dask_address`` / ``dask_workers``,
 on a DaskTaskRunner (one fitting process per Dask worker).
 """
 
@@ -66,7 +66,8 @@ def fitting_slots(workers: int = 0, dask_address: str | None = None, dask_worker
 
 
 def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0):
-    """A Dask runner on an existing scheduler or a LocalCluster of ``dask_workers`` processes, else threads."""
+    """A Dask runner on an existing scheduler or a LocalCluster of ``dask_workers`` processes, else threads: one
+    chunk more than the fitting slots, so while a chunk's bookkeeping runs a claimed chunk keeps every slot busy."""
     if dask_address or dask_workers:
         from prefect_dask import DaskTaskRunner
 
@@ -76,7 +77,7 @@ def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers:
             cluster_class="distributed.LocalCluster",
             cluster_kwargs={"n_workers": dask_workers, "threads_per_worker": 1, "processes": True},
         )
-    return ThreadPoolTaskRunner(max_workers=fitting_slots(workers))
+    return ThreadPoolTaskRunner(max_workers=fitting_slots(workers) + 1)
 
 
 @flow(name="phspectra-fit-chunks", log_prints=True)
