@@ -113,7 +113,7 @@ def fit_chunks(
     slow = sorted(set(slow_starts or []) | {r["start"] for r in results if r.get("n_timed_out")})
     if slow:
         logger.info("slow lane: %d chunk(s) with spectra past the %ss limit", len(slow), time_limit_s)
-        for future in slow_lane_task.map(unmapped(run_id), slow, output_url=unmapped(output_url)):
+        for future in slow_lane_task.map(unmapped(run_id), slow, output_url=unmapped(output_url), fit_slots=unmapped(fit_slots)):
             outcome = future.result(raise_on_failure=False)
             if isinstance(outcome, BaseException):
                 logger.error("slow lane failed (the chunk keeps n_timed_out; a resume retries it): %s", outcome)

@@ -598,7 +598,7 @@ def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(
     real_slow_lane = flow_module.slow_lane_task
 
     @flow_module.task(name="slow-lane-refit")
-    def broken_slow_lane(run_id, start, output_url=None):
+    def broken_slow_lane(run_id, start, output_url=None, fit_slots=1):
         raise RuntimeError("slow lane worker lost")
 
     cube_url = fits_cube(tmp_path, ny=1, nx=4, n_channels=64, nan_channels=0)

@@ -498,7 +498,7 @@ def fit_chunk(
 # --------------------------------------------------------------------------- slow lane
 
 
-def refit_timed_out(run_id: str, start: int, output_url: str | None = None) -> dict[str, Any]:
+def refit_timed_out(run_id: str, start: int, output_url: str | None = None, fit_slots: int = 1) -> dict[str, Any]:
     """The slow lane: refit a COMPLETED chunk's timed-out spectra without a limit and patch its Parquet."""
     table, key = runs_table(), chunk_key(run_id, start)
     chunk = to_plain(state_store.get_item(table, key) or {})
@@ -512,7 +512,7 @@ def refit_timed_out(run_id: str, start: int, output_url: str | None = None) -> d
         with np.load(path) as data:
             subset = Path(tmp, "slow.npz")
             np.savez(subset, spectra=data["spectra"][slow])
-        rows = run_in_child(subset, run_params(run), None).rows
+        rows = run_in_child(subset, run_params(run), None, slots=fit_slots).rows
     for index, row in zip(slow, rows):
         output[index].update(row)
     write_parquet(store, chunk["output_key"], pa.Table.from_pylist(output, schema=PARQUET_SCHEMA))

@@ -261,9 +261,12 @@ class _Slots:
         self.jobs: list[_Job] = []  # oldest first
         self.capacity = 0
         self.alive: set[int] = set()  # indices of the slot threads running
+        self.owner = os.getpid()
 
     def resize(self, capacity: int) -> None:
         """``capacity`` slots from now on (threads past it exit once their piece ends)."""
+        if self.owner != os.getpid():  # a forked copy: the threads and jobs were the parent's
+            self.__init__()
         with self.changed:
             self.capacity = max(1, capacity)
             for index in set(range(self.capacity)) - self.alive:
