@@ -462,7 +462,7 @@ def fit_chunk(
             store = object_store(output_url)
             with store.local_copy(claimed["chunk_key"]) as path:
                 on_start = lambda pid: lease.renew(worker_pid=pid)  # noqa: E731 - the fitting process is the worker
-                rows, fit_seconds = run_in_child(
+                rows, fit_seconds, _ = run_in_child(
                     path, run_params(run), time_limit_s, on_start=on_start, stop=lease.lost, slots=fit_slots
                 )
                 with np.load(path) as data:

@@ -70,10 +70,12 @@ class FitStopped(RuntimeError):
 
 
 class Fitted(NamedTuple):
-    """A fit's rows in spectrum order, and the seconds its fitting processes spent in ``fit_spectra``."""
+    """A fit's rows in spectrum order, the seconds its fitting processes spent in ``fit_spectra``, and how many
+    processes (pieces) fitted it."""
 
     rows: list[dict[str, Any]]
     fit_seconds: float
+    n_processes: int
 
 
 def validate_fit_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -395,7 +397,7 @@ def run_in_child(
             raise
         if job.error is not None:
             raise job.error
-        return Fitted([row for lo in sorted(job.pieces) for row in job.pieces[lo]], job.fit_seconds)
+        return Fitted([row for lo in sorted(job.pieces) for row in job.pieces[lo]], job.fit_seconds, len(job.pieces))
 
 
 if __name__ == "__main__":  # python -m tasks.phspectra.worker --serve ADDRESS
