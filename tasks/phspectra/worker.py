@@ -66,7 +66,7 @@ class WorkerDied(RuntimeError):
 
 
 class FitStopped(RuntimeError):
-    """The caller stopped the fit (its claim on the chunk was lost); the fitting process was killed."""
+    """The caller stopped the fit (its claim on the chunk was lost); its fitting processes were killed."""
 
 
 class Fitted(NamedTuple):
