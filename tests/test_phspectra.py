@@ -598,7 +598,7 @@ def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(
     real_slow_lane = flow_module.slow_lane_task
 
     @flow_module.task(name="slow-lane-refit")
-    def broken_slow_lane(run_id, start, output_url=None):
+    def broken_slow_lane(run_id, start, output_url=None, fit_slots=1):
         raise RuntimeError("slow lane worker lost")
 
     cube_url = fits_cube(tmp_path, ny=1, nx=4, n_channels=64, nan_channels=0)
@@ -632,3 +632,54 @@ def test_a_flow_killed_while_its_fork_server_starts_leaves_no_fork_server(tmp_pa
     # the pipes close only once every process holding them (the fork server) has exited
     result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, timeout=90)
     assert result.returncode == -signal.SIGKILL
+
+
+def test_a_chunk_alone_is_fitted_on_every_slot_with_its_rows_in_spectrum_order(tmp_path):
+    from tasks.phspectra import worker
+
+    spectra = ph.prepare_spectra(synthetic_cube(3, 8, 64, seed=5, nan_channels=0))[0]
+    path = tmp_path / "chunk.npz"
+    np.savez(path, spectra=spectra)
+    direct = worker.fit_spectra(spectra, {"beta": 3.5}, None)
+    alone = worker.run_in_child(path, {"beta": 3.5}, None, slots=2)
+    assert alone.rows == direct
+    assert alone.n_processes > 2, "the last chunk was not shared by both slots in shrinking pieces"
+    assert worker.run_in_child(path, {"beta": 3.5}, None, slots=1)[::2] == (direct, 1)  # one slot: one process
+
+
+def test_a_stopped_fit_kills_every_fitting_process_of_its_chunk_and_leaves_the_others(tmp_path):
+    import psutil
+
+    from tasks.phspectra import worker
+
+    spectra = ph.prepare_spectra(synthetic_cube(4, 10, 424, seed=6, nan_channels=0))[0]
+    np.savez(tmp_path / "stopped.npz", spectra=spectra)
+    np.savez(tmp_path / "other.npz", spectra=spectra[:8])
+    stop, started, outcome = threading.Event(), [], {}
+
+    def fit(name: str, **kwargs) -> None:
+        try:
+            outcome[name] = worker.run_in_child(tmp_path / f"{name}.npz", {}, None, slots=2, **kwargs).rows
+        except Exception as error:  # noqa: BLE001 - asserted below
+            outcome[name] = error
+
+    fitters = [threading.Thread(target=fit, args=("stopped",), kwargs={"on_start": started.append, "stop": stop}),
+               threading.Thread(target=fit, args=("other",))]  # fmt: skip
+    fitters[0].start()
+    while not started:
+        time.sleep(0.01)
+    fitters[1].start()  # queued behind the stopped chunk: it gets the slots once that one is stopped
+    server = psutil.Process(worker._fork_server().process.pid)
+    deadline = time.monotonic() + 30
+    while len(server.children()) < 2:  # the 40 spectra are on both slots
+        assert time.monotonic() < deadline, "the chunk never ran on two fitting processes"
+        time.sleep(0.01)
+    stop.set()
+    for fitter in fitters:
+        fitter.join(timeout=120)
+    assert isinstance(outcome["stopped"], worker.FitStopped)
+    assert outcome["other"] == worker.fit_spectra(spectra[:8], {}, None)
+    deadline = time.monotonic() + 5  # a killed process that closed its connection may still be exiting
+    while server.children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.children() == [], "a fitting process outlived its stopped fit"

@@ -433,12 +433,14 @@ def fit_chunk(
     time_limit_s: float | None = 60.0,
     take_expired: bool = False,
     lease_seconds: float = DEFAULT_LEASE_S,
+    fit_slots: int = 1,
 ) -> dict[str, Any]:
-    """Claim one chunk, fit its spectra in a child process, write its Parquet, mark it COMPLETED (or FAILED).
+    """Claim one chunk, fit its spectra in child processes, write its Parquet, mark it COMPLETED (or FAILED).
 
     ``jobs_completed`` / ``jobs_failed`` move in the same transaction as the chunk's transition, and only
     the claim that set ``started_at`` can finish it, so retries and re-drives never count twice. The claim's
     lease is renewed while the fit runs; once it is lost the fit is stopped and nothing is published.
+    ``fit_slots``: fitting processes this process runs at once, shared by the chunks it fits (its cores).
     """
     start_fork_server()  # before the claim: a lease is not spent waiting for the fitting processes' server
     claimed = claim_chunk(run_id, start, take_expired, lease_seconds)
@@ -460,7 +462,9 @@ def fit_chunk(
             store = object_store(output_url)
             with store.local_copy(claimed["chunk_key"]) as path:
                 on_start = lambda pid: lease.renew(worker_pid=pid)  # noqa: E731 - the fitting process is the worker
-                rows = run_in_child(path, run_params(run), time_limit_s, on_start=on_start, stop=lease.lost)
+                rows, fit_seconds, _ = run_in_child(
+                    path, run_params(run), time_limit_s, on_start=on_start, stop=lease.lost, slots=fit_slots
+                )
                 with np.load(path) as data:
                     xs, ys = data["x"], data["y"]
             if not lease.renew():  # published only under a lease just confirmed, so nobody else holds the chunk
@@ -471,7 +475,7 @@ def fit_chunk(
         n_timed_out = sum(r["n_components"] == TIMED_OUT for r in rows)
         done = state_store.transition(
             table, key, IN_PROGRESS, COMPLETED, condition=_mine(started_at),
-            set={"completed_at": now_iso(), "duration_ms": elapsed_ms(), "output_key": output_key,
+            set={"completed_at": now_iso(), "duration_ms": elapsed_ms(), "fit_ms": int(fit_seconds * 1000), "output_key": output_key,
                  "n_spectra": len(rows), "n_components": n_components, "n_timed_out": n_timed_out},
             increments=[Increment(table, increment_key, {"jobs_completed": 1})],
         )  # fmt: skip
@@ -494,7 +498,7 @@ def fit_chunk(
 # --------------------------------------------------------------------------- slow lane
 
 
-def refit_timed_out(run_id: str, start: int, output_url: str | None = None) -> dict[str, Any]:
+def refit_timed_out(run_id: str, start: int, output_url: str | None = None, fit_slots: int = 1) -> dict[str, Any]:
     """The slow lane: refit a COMPLETED chunk's timed-out spectra without a limit and patch its Parquet."""
     table, key = runs_table(), chunk_key(run_id, start)
     chunk = to_plain(state_store.get_item(table, key) or {})
@@ -508,7 +512,7 @@ def refit_timed_out(run_id: str, start: int, output_url: str | None = None) -> d
         with np.load(path) as data:
             subset = Path(tmp, "slow.npz")
             np.savez(subset, spectra=data["spectra"][slow])
-        rows = run_in_child(subset, run_params(run), None)
+        rows = run_in_child(subset, run_params(run), None, slots=fit_slots).rows
     for index, row in zip(slow, rows):
         output[index].update(row)
     write_parquet(store, chunk["output_key"], pa.Table.from_pylist(output, schema=PARQUET_SCHEMA))

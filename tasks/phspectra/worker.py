@@ -1,6 +1,6 @@
 """The fitting process of a chunk: ``phspectra.fit_gaussians`` per spectrum, each fit bounded in time.
 
-A chunk is fitted in a child process of its own (the seed's worker Lambda), so that:
+A chunk is fitted in child processes (the seed's worker Lambda), so that:
 - fits use every core (no GIL), on the thread pool and on Dask alike;
 - each spectrum's fit can be bounded with ``SIGALRM`` (only a process's main thread can take signals);
 - the process doing the fit has a pid that the chunk item records, and that can die (OOM, SIGKILL) without
@@ -9,11 +9,17 @@ A chunk is fitted in a child process of its own (the seed's worker Lambda), so t
 Children are forked by a small fork server (a clean ``python -m tasks.phspectra.worker`` process per
 caller process, with numpy/scipy/phspectra already imported, so a child costs milliseconds). It is a
 plain subprocess, so it works from Dask's daemonic worker processes too.
+
+A caller process has ``slots`` fitting processes at a time (its cores), shared by every chunk it fits: each
+free slot forks a child for the next piece of the oldest chunk, pieces shrinking as the work left does
+(guided self-scheduling). So the oldest chunk is fitted on every core, the others' bookkeeping (Parquet,
+DynamoDB, Prefect states) overlaps with it, and the last chunk leaves no core idle for longer than a small piece.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
 import os
 import pickle
@@ -26,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -45,6 +51,7 @@ import phspectra  # noqa: E402
 
 
 STOP_POLL_S = 0.2  # how often a waiting caller checks whether it was asked to stop the fit
+MIN_PIECE = 4  # spectra: the smallest piece a slot forks a child for (the bare pool's chunksize)
 TIMED_OUT = -1  # n_components of a spectrum whose fit exceeded the time limit (refitted by the slow lane)
 DEFAULT_BETA = inspect.signature(phspectra.fit_gaussians).parameters["beta"].default
 FIT_PARAM_NAMES = tuple(p for p in inspect.signature(phspectra.fit_gaussians).parameters if p != "signal")
@@ -59,7 +66,16 @@ class WorkerDied(RuntimeError):
 
 
 class FitStopped(RuntimeError):
-    """The caller stopped the fit (its claim on the chunk was lost); the fitting process was killed."""
+    """The caller stopped the fit (its claim on the chunk was lost); its fitting processes were killed."""
+
+
+class Fitted(NamedTuple):
+    """A fit's rows in spectrum order, the seconds its fitting processes spent in ``fit_spectra``, and how many
+    processes (pieces) fitted it."""
+
+    rows: list[dict[str, Any]]
+    fit_seconds: float
+    n_processes: int
 
 
 def validate_fit_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -119,23 +135,27 @@ def fit_spectra(spectra: np.ndarray, params: Mapping[str, Any], time_limit: floa
     return [fit_one(np.asarray(s, dtype=np.float64), params, time_limit) for s in spectra]
 
 
-def worker_main(in_path: str, out_path: str, params: dict[str, Any], time_limit: float | None) -> None:
-    """The child's body: spectra from ``in_path`` (npz), rows pickled to ``out_path`` (written last)."""
+def worker_main(in_path: str, out_path: str, params: dict[str, Any], time_limit: float | None, lo: int, hi: int) -> float:
+    """The child's body: spectra ``[lo, hi)`` of ``in_path`` (npz), rows pickled to ``out_path`` (written last);
+    the seconds the fit took."""
     with np.load(in_path) as data:
-        spectra = data["spectra"]
+        spectra = data["spectra"][lo:hi]
+    began = time.perf_counter()
     rows = fit_spectra(spectra, params, time_limit)
+    seconds = time.perf_counter() - began
     tmp = out_path + ".part"
     with open(tmp, "wb") as handle:
         pickle.dump(rows, handle, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, out_path)
+    return seconds
 
 
 class _ForkServer:
     """A clean interpreter (``python -m tasks.phspectra.worker``) with phspectra imported, that forks one
     child per request. Unlike multiprocessing's forkserver it never re-imports the caller's ``__main__``.
 
-    Protocol on one connection: request (in_path, out_path, params, time_limit) -> child's pid -> "done".
-    A child killed mid-fit closes the connection without "done" (EOFError for the caller).
+    Protocol on one connection: request (in_path, out_path, params, time_limit, lo, hi) -> child's pid -> the
+    fit's seconds. A child killed mid-fit closes the connection without them (EOFError for the caller).
     """
 
     def __init__(self) -> None:
@@ -211,12 +231,139 @@ def serve(address: str) -> None:
             try:
                 args = connection.recv()
                 connection.send(os.getpid())
-                worker_main(*args)
-                connection.send("done")
+                connection.send(worker_main(*args))
                 code = 0
             finally:
                 os._exit(code)
         connection.close()
+
+
+class _Job:
+    """One ``run_in_child`` call: its ``n`` spectra handed to the slots in pieces, rows gathered by piece."""
+
+    def __init__(self, path: str, n: int, params: dict[str, Any], time_limit: float | None, folder: str,
+                 on_start: Callable[[int], None] | None) -> None:  # fmt: skip
+        self.path, self.n, self.params, self.time_limit, self.folder = path, n, params, time_limit, folder
+        self.on_start = on_start  # called with the first fitting process's pid
+        self.handed = 0  # spectra [0, handed) are in pieces already
+        self.running = 0  # pieces being fitted now
+        self.pieces: dict[int, list[dict[str, Any]]] = {}  # piece start -> its rows
+        self.pids: set[int] = set()
+        self.fit_seconds = 0.0
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class _Slots:
+    """A caller process's fitting slots: ``capacity`` threads, each forking one child at a time for the next
+    piece of the oldest job with spectra left."""
+
+    def __init__(self) -> None:
+        self.changed = threading.Condition()
+        self.jobs: list[_Job] = []  # oldest first
+        self.capacity = 0
+        self.alive: set[int] = set()  # indices of the slot threads running
+        self.owner = os.getpid()
+
+    def resize(self, capacity: int) -> None:
+        """``capacity`` slots from now on (threads past it exit once their piece ends)."""
+        if self.owner != os.getpid():  # a forked copy: the threads and jobs were the parent's
+            self.__init__()
+        with self.changed:
+            self.capacity = max(1, capacity)
+            for index in set(range(self.capacity)) - self.alive:
+                self.alive.add(index)
+                threading.Thread(target=self._slot, args=(index,), name=f"phspectra-fit-slot-{index}", daemon=True).start()
+            self.changed.notify_all()
+
+    def submit(self, job: _Job) -> None:
+        """Queue a job behind the others."""
+        with self.changed:
+            self.jobs.append(job)
+            self._settle(job)
+            self.changed.notify_all()
+
+    def cancel(self, job: _Job, error: BaseException) -> None:
+        """Hand out no more of the job's pieces and kill its fitting processes; the first error stays."""
+        with self.changed:
+            job.error = job.error or error
+            job.handed = job.n
+            for pid in job.pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self._settle(job)
+
+    def _settle(self, job: _Job) -> None:
+        """Mark the job done once every piece is handed out and none runs (caller holds the lock)."""
+        if job.handed >= job.n and not job.running and not job.done.is_set():
+            self.jobs.remove(job)
+            job.done.set()
+
+    def _next_piece(self, index: int) -> tuple[_Job, int, int] | None:
+        """The oldest job's next piece, sized to a share of all the work not yet handed out; None: exit."""
+        with self.changed:
+            while True:
+                if index >= self.capacity:
+                    self.alive.discard(index)
+                    return None
+                job = next((j for j in self.jobs if j.handed < j.n), None)
+                if job is not None:
+                    break
+                self.changed.wait()
+            left = sum(j.n - j.handed for j in self.jobs)
+            size = job.n - job.handed if self.capacity == 1 else max(MIN_PIECE, -(-left // (2 * self.capacity)))
+            lo, job.handed = job.handed, min(job.n, job.handed + size)
+            job.running += 1
+            return job, lo, job.handed
+
+    def _slot(self, index: int) -> None:
+        while (piece := self._next_piece(index)) is not None:
+            job, lo, hi = piece
+            try:
+                rows, seconds = self._fit_piece(job, lo, hi)
+            except BaseException as error:  # noqa: BLE001 - the job's caller raises it
+                self.cancel(job, error)
+                rows = None
+            with self.changed:
+                job.running -= 1
+                if rows is not None:
+                    job.pieces[lo] = rows
+                    job.fit_seconds += seconds
+                self._settle(job)
+
+    def _fit_piece(self, job: _Job, lo: int, hi: int) -> tuple[list[dict[str, Any]], float]:
+        """Fork a child for spectra ``[lo, hi)`` of the job, wait for it; its rows and fit seconds."""
+        out_path = os.path.join(job.folder, f"rows-{lo}.pkl")
+        connection = _fork_server().connect()
+        pid = None
+        try:
+            connection.send((job.path, out_path, job.params, job.time_limit, lo, hi))
+            pid = connection.recv()
+            with self.changed:
+                if job.error is not None:  # cancelled while it started
+                    os.kill(pid, signal.SIGKILL)
+                job.pids.add(pid)
+                on_start, job.on_start = job.on_start, None
+            if on_start:
+                on_start(pid)
+            try:
+                seconds = connection.recv()
+            except EOFError:
+                raise WorkerDied(f"fitting process {pid} ended without results (killed or crashed)") from None
+        except BaseException:
+            if pid is not None and pid in job.pids:  # e.g. on_start failed: the child must not fit on unseen
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise
+        finally:
+            connection.close()
+            with self.changed:
+                job.pids.discard(pid)
+        with open(out_path, "rb") as handle:
+            return pickle.load(handle), seconds
+
+
+_slots = _Slots()
 
 
 def run_in_child(
@@ -225,32 +372,32 @@ def run_in_child(
     time_limit: float | None,
     on_start: Callable[[int], None] | None = None,
     stop: threading.Event | None = None,
-) -> list[dict[str, Any]]:
-    """Fit the spectra of an npz file in a child process; ``on_start(pid)`` is called once it runs.
+    slots: int = 1,
+) -> Fitted:
+    """Fit the spectra of an npz file in child processes, on this process's ``slots`` fitting slots;
+    ``on_start(pid)`` is called once the first runs.
 
-    Raises WorkerDied if the child ends without writing its results (killed, out of memory, crashed), and
-    FitStopped (the child killed) once ``stop`` is set.
+    Raises WorkerDied if a child ends without writing its results (killed, out of memory, crashed), and
+    FitStopped (its children killed) once ``stop`` is set.
     """
-    with tempfile.TemporaryDirectory(prefix="phspectra-fit-") as tmp:
-        out_path = os.path.join(tmp, "rows.pkl")
-        connection = _fork_server().connect()
+    with np.load(spectra_path) as data:
+        n = len(data["spectra"])
+    _slots.resize(slots)
+    with tempfile.TemporaryDirectory(prefix="phspectra-fit-") as folder:
+        job = _Job(str(spectra_path), n, dict(params), time_limit, folder, on_start)
+        _slots.submit(job)
         try:
-            connection.send((str(spectra_path), out_path, dict(params), time_limit))
-            pid = connection.recv()
-            if on_start:
-                on_start(pid)
-            while not connection.poll(STOP_POLL_S):  # readable at "done" and at EOF (the child died)
+            while not job.done.wait(STOP_POLL_S):
                 if stop is not None and stop.is_set():
-                    os.kill(pid, signal.SIGKILL)
-                    raise FitStopped(f"fitting process {pid} stopped: its claim was lost")
-            try:
-                connection.recv()
-            except EOFError:
-                raise WorkerDied(f"fitting process {pid} ended without results (killed or crashed)") from None
-        finally:
-            connection.close()
-        with open(out_path, "rb") as handle:
-            return pickle.load(handle)
+                    pids = sorted(job.pids)
+                    raise FitStopped(f"fitting process(es) {pids} stopped: the claim was lost")
+        except BaseException as error:
+            _slots.cancel(job, error)
+            job.done.wait(30)  # killed children end at once: their slots let go of the folder
+            raise
+        if job.error is not None:
+            raise job.error
+        return Fitted([row for lo in sorted(job.pieces) for row in job.pieces[lo]], job.fit_seconds, len(job.pieces))
 
 
 if __name__ == "__main__":  # python -m tasks.phspectra.worker --serve ADDRESS
