@@ -114,14 +114,20 @@ def report_crashed_runs() -> list[str]:
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
+    from prefect.exceptions import PrefectHTTPStatusError
     from prefect.states import Crashed
 
     with get_client(sync_client=True) as client:
         live = FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=live)))
+        crashed = []
         for run in runs:
-            client.set_flow_run_state(run.id, Crashed(message="flow process killed (crash-point test)"), force=True)
-    return [str(run.id) for run in runs]
+            try:
+                client.set_flow_run_state(run.id, Crashed(message="flow process killed (crash-point test)"), force=True)
+            except PrefectHTTPStatusError:  # an earlier test's run that holds a deployment concurrency lease: the
+                continue  # 3.8 server fails releasing it (500); such a run is not this test's crash
+            crashed.append(str(run.id))
+    return crashed
 
 
 def crash_points(writes: list[Write], limit: int = EXHAUSTIVE, seed: int = 0) -> list[int]:
