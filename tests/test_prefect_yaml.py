@@ -116,7 +116,7 @@ def test_prefect_deploy_of_each_set_against_the_test_server():
                                  d.concurrency_options and d.concurrency_options.collision_strategy.value) for d in deployed}
     assert limits["ndjson-merge"] == (3, "ENQUEUE") and limits["pipeline-health"] == (1, "CANCEL_NEW")
 
-    _deploy("*/ecs")  # what an AWS user runs (here: what an older `make up` left on a local server)
+    _deploy("ecs")  # what an AWS user runs (here: what an older `make up` left on a local server)
     with get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}
         deployed = client.read_deployments()
