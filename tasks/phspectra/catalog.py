@@ -30,22 +30,19 @@ from tasks.phspectra import survey as ph
 from tasks.phspectra.survey_status import tile_runs
 
 SOURCE_METADATA = b"phspectra.source"  # the run a partition was built from: {"run_id", "completed_at"}
+SPECTRUM_COLUMNS = ("x", "y", "n_components", "beta", "rms", "min_persistence")  # as the runs' Parquet types them
 COMPONENT_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
-        ("x", pa.int32()),
-        ("y", pa.int32()),
+        ph.PARQUET_SCHEMA.field("x"),
+        ph.PARQUET_SCHEMA.field("y"),
         ("component", pa.int32()),  # 0-based, in the fit's order
         ("amplitude", pa.float64()),
         ("mean", pa.float64()),
         ("stddev", pa.float64()),
-        ("n_components", pa.int32()),
-        ("beta", pa.float64()),
-        ("rms", pa.float64()),
-        ("min_persistence", pa.float64()),
+        *(ph.PARQUET_SCHEMA.field(name) for name in SPECTRUM_COLUMNS[2:]),
     ]
 )
-SPECTRUM_COLUMNS = ("x", "y", "n_components", "beta", "rms", "min_persistence")
 
 
 def components(spectra: pa.Table, run_id: str) -> pa.Table:
