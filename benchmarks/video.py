@@ -234,7 +234,6 @@ def local_stack_pieces(work: Path):
         os.environ.update(stack.local_env())
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
             stack.ensure_work_pools()
-            stack.ensure_tag_limits()
             stack._prefect("--no-prompt", "deploy", "--name", "video-process/local", "--name", "video-reassemble/local", quiet=True)
             stack.start_worker()
             print(f"(server, pools, deployments and worker up in {time.perf_counter() - t0:.1f} s, not counted)")

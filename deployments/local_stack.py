@@ -260,18 +260,24 @@ def ensure_work_pools() -> dict[str, str]:
         return create_work_pools(client)
 
 
-def ensure_tag_limits() -> dict[str, int]:
-    """Task concurrency limits by tag (CPU-heavy fits and ffmpeg: at most one per core of this machine)."""
+def drop_stale_tag_limits() -> list[str]:
+    """Delete the task concurrency limits earlier releases created (CPU-heavy work now holds the machine's CPU
+    slots, ``limits.cpu_slot``); the tags deleted."""
     os.environ.update(local_env())
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
 
     from tasks.core import limits
 
-    wanted = {limits.CPU_HEAVY_TAG: limits.cpu_heavy_slots()}
+    dropped = []
     with get_client(sync_client=True) as client:
-        for tag, slots in wanted.items():
-            client.create_concurrency_limit(tag=tag, concurrency_limit=slots)  # creates or updates
-    return wanted
+        for tag in (limits.CPU_HEAVY_TAG,):
+            try:
+                client.delete_concurrency_limit_by_tag(tag)
+            except ObjectNotFound:
+                continue
+            dropped.append(tag)
+    return dropped
 
 
 # the worker asks for due runs every second (Prefect's default: 10 s), so a `deployment run` starts within one
@@ -458,8 +464,8 @@ def up() -> None:
     for table, state in ensure_tables_and_blocks().items():
         print(f"table            {state:8} {table}")
     register_extras()
-    for tag, slots in ensure_tag_limits().items():
-        print(f"task limit       {slots:<8} tasks tagged {tag!r} at once")
+    for tag in drop_stale_tag_limits():
+        print(f"task limit       dropped  tag {tag!r} (CPU-heavy tasks hold this machine's CPU slots instead)")
     print(f"deployments      {deploy_all()}")
     worker = start_worker()
     print(f"worker           {worker:8} pool {WORK_POOL}")

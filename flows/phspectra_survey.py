@@ -56,7 +56,7 @@ split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 # no cpu-heavy tag: a chunk's fit runs on its process's fitting slots (``fitting_slots``), not on a core of its own,
 # and the tag's limit would cost two API round trips a chunk (about 2 s before the first fit)
 fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
-slow_lane_task = task(ph.refit_timed_out, name="slow-lane-refit", tags=[limits.CPU_HEAVY_TAG], retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
+slow_lane_task = task(limits.holding_cpu_slot(ph.refit_timed_out), name="slow-lane-refit", retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
 aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
 find_expired_task = task(ph.expired_leases, name="find-expired-leases", cache_policy=NO_CACHE)
 complete_split_task = task(ph.complete_split, name="complete-split", cache_policy=NO_CACHE)

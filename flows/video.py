@@ -40,17 +40,17 @@ def _retry_unless_bad_input(task, task_run, state) -> bool:
 # bookkeeping steps run once (their writes are guarded); work steps retry transient faults, not bad input
 RETRIED = {"retries": 2, "retry_delay_seconds": [2, 10], "cache_policy": NO_CACHE}
 WORK_RETRIED = {**RETRIED, "retry_condition_fn": _retry_unless_bad_input}
-# ffmpeg work: bounded per worker machine (tag limit) and per call (the seed's 15-minute Lambda ceiling)
-CPU_HEAVY = {"tags": [limits.CPU_HEAVY_TAG], "timeout_seconds": limits.SEGMENT_TIMEOUT_S}
+# ffmpeg work: bounded per worker machine (its CPU slots) and per call (the seed's 15-minute Lambda ceiling)
+CPU_HEAVY = {"timeout_seconds": limits.SEGMENT_TIMEOUT_S}
 
 create_job_task = task(v.create_job, name="create-job", cache_policy=NO_CACHE)
 import_source_task = task(v.import_source, name="import-source", **RETRIED)
 start_chunking_task = task(v.start_chunking, name="start-chunking", cache_policy=NO_CACHE)
 reopen_task = task(v.reopen_failed_job, name="reopen-failed-job", **RETRIED)
-chunk_source_task = task(v.chunk_source, name="chunk-source", **CPU_HEAVY, **WORK_RETRIED)
-infer_segment_task = task(v.infer_segment, name="infer-segment", **CPU_HEAVY, **WORK_RETRIED)
+chunk_source_task = task(limits.holding_cpu_slot(v.chunk_source), name="chunk-source", **CPU_HEAVY, **WORK_RETRIED)
+infer_segment_task = task(limits.holding_cpu_slot(v.infer_segment), name="infer-segment", **CPU_HEAVY, **WORK_RETRIED)
 fail_job_task = task(v.fail_job, name="fail-job", cache_policy=NO_CACHE)
-reassemble_task = task(v.reassemble, name="reassemble", **CPU_HEAVY, **WORK_RETRIED)
+reassemble_task = task(limits.holding_cpu_slot(v.reassemble), name="reassemble", **CPU_HEAVY, **WORK_RETRIED)
 recover_stuck_task = task(v.recover_stuck_job, name="recover-stuck-job", **WORK_RETRIED)
 cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", **RETRIED)
 

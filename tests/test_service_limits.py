@@ -1,4 +1,4 @@
-"""Service limits on the real Prefect server: deployment concurrency from prefect.yaml, the CPU-heavy tag limit,
+"""Service limits on the real Prefect server: deployment concurrency from prefect.yaml, the machine's CPU slots,
 and a merge past its timeout ending Failed/TimedOut with the same reason in DynamoDB."""
 
 from __future__ import annotations
@@ -84,15 +84,84 @@ def test_a_maintenance_run_due_while_one_is_active_is_cancelled():
         assert propose_pending(client, [third]) == ["Pending"]  # the slot is free again once the first ended
 
 
-def test_cpu_heavy_tasks_never_exceed_their_tag_limit():
+def peak_overlap(spans: list[tuple[float, float]]) -> int:
+    """The most spans running at one instant."""
+    running = peak = 0
+    for _, step in sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans]):
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+HOLD_SLOT = """
+import sys, time
+from tasks.core import limits
+with limits.cpu_slot(2) as index:
+    started = time.time()
+    print("held", index, flush=True)
+    time.sleep(float(sys.argv[1]))
+    print(started, time.time(), flush=True)
+"""
+
+
+@pytest.fixture
+def slot_holder(tmp_path, monkeypatch):
+    """Start a process that holds one of 2 CPU slots (in a folder of the test's own) for ``seconds``."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("CPU_SLOTS_DIR", str(tmp_path / "slots"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    started: list[subprocess.Popen] = []
+
+    def start(seconds: float) -> subprocess.Popen:
+        started.append(subprocess.Popen([sys.executable, "-c", HOLD_SLOT, str(seconds)], env=env, stdout=subprocess.PIPE, text=True))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+def test_cpu_slots_bound_the_processes_of_one_machine(slot_holder):
+    holders = [slot_holder(0.6) for _ in range(5)]
+    outputs = [h.communicate(timeout=120)[0].splitlines() for h in holders]
+    assert all(h.returncode == 0 for h in holders), outputs
+    spans = [tuple(map(float, out[1].split())) for out in outputs]
+    assert peak_overlap(spans) == 2  # five processes on two slots: two at a time, never three
+    assert {out[0] for out in outputs} == {"held 0", "held 1"}
+
+
+def test_a_killed_slot_holder_lets_go_of_its_slot_at_once(slot_holder):
+    holders = [slot_holder(600) for _ in range(2)]  # both slots, for ten minutes
+    assert sorted(h.stdout.readline().strip() for h in holders) == ["held 0", "held 1"]
+    waits: list[int] = []
+    taken: list[tuple[int, float]] = []
+
+    def take() -> None:
+        with limits.cpu_slot(2, on_wait=waits.append) as index:
+            taken.append((index, time.monotonic()))
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    time.sleep(1.0)
+    assert waits == [2] and taken == []  # told once that it waits, and still waiting
+    killed_at = time.monotonic()
+    holders[1].kill()  # SIGKILL: no cleanup of its own runs
+    taker.join(10)
+    assert [index for index, _ in taken] == [1] and taken[0][1] - killed_at < 1.0
+
+
+def test_cpu_heavy_tasks_of_a_flow_hold_the_machines_cpu_slots(tmp_path, monkeypatch):
     from prefect import flow, task
-    from prefect.client.orchestration import get_client
     from prefect.task_runners import ThreadPoolTaskRunner
 
+    monkeypatch.setenv("CPU_SLOTS_DIR", str(tmp_path / "slots"))
+    monkeypatch.setenv("CPU_HEAVY_SLOTS", "2")
     spans: list[tuple[float, float]] = []
     lock = threading.Lock()
 
-    @task(tags=[limits.CPU_HEAVY_TAG])
     def heavy(i: int) -> int:
         started = time.monotonic()
         time.sleep(0.5)
@@ -100,22 +169,14 @@ def test_cpu_heavy_tasks_never_exceed_their_tag_limit():
             spans.append((started, time.monotonic()))
         return i
 
+    heavy_task = task(limits.holding_cpu_slot(heavy), name="heavy")
+
     @flow(task_runner=ThreadPoolTaskRunner(max_workers=4))
     def burst() -> list[int]:
-        return heavy.map(range(4)).result()
+        return heavy_task.map(range(4)).result()
 
-    with get_client(sync_client=True) as client:
-        client.create_concurrency_limit(tag=limits.CPU_HEAVY_TAG, concurrency_limit=2)
-        try:
-            assert burst() == [0, 1, 2, 3]
-        finally:
-            client.delete_concurrency_limit_by_tag(limits.CPU_HEAVY_TAG)
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    assert len(spans) == 4 and peak <= 2  # without the limit the four threads overlap (peak 4)
+    assert burst() == [0, 1, 2, 3]
+    assert len(spans) == 4 and peak_overlap(spans) == 2  # without the slots the four threads overlap (peak 4)
 
 
 @pytest.mark.timeout(300, method="thread")  # no SIGALRM handler of pytest's: the flow's timeout uses the alarm, as in a worker

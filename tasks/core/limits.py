@@ -6,7 +6,15 @@ are read by the flows, and the tag limits are created by the local stack (``depl
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
 # seed 001: Glue job timeout 2880 min; the batch status updater and manifest builder Lambdas time out at 180 s
 ETL_MERGE_TIMEOUT_S = 48 * 3600
@@ -27,10 +35,69 @@ MAINTENANCE_FLOWS = (
 # flow name -> its timeout: the flows' decorators and the duration-near-timeout alarm read the same numbers
 FLOW_TIMEOUT_S: dict[str, float] = {"ndjson-merge": ETL_MERGE_TIMEOUT_S, **{name: MAINTENANCE_TIMEOUT_S for name in MAINTENANCE_FLOWS}}
 
-# CPU-heavy tasks (fits, ffmpeg) carry this tag; its task concurrency limit bounds them on one worker machine
+# The tag the earlier releases bounded CPU-heavy tasks with (a Prefect task concurrency limit): `make up` deletes it.
+# A tag limit is one count on the server for every worker machine at once, and each task paid its lease round trips
+# (seconds when SQLite is busy); the machine's own CPU slots below bound the same tasks where the cores are.
 CPU_HEAVY_TAG = "cpu-heavy"
+SLOT_POLL_S = 0.05
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def cpu_heavy_slots() -> int:
     """How many CPU-heavy tasks may run at once on a worker machine (``CPU_HEAVY_SLOTS``, default: its cores)."""
     return int(os.environ.get("CPU_HEAVY_SLOTS") or os.cpu_count() or 1)
+
+
+def cpu_slots_dir() -> Path:
+    """The folder of this machine's CPU slot files (``CPU_SLOTS_DIR``, default: one per user in the temp folder)."""
+    return Path(os.environ.get("CPU_SLOTS_DIR") or Path(tempfile.gettempdir()) / f"pipelines-cpu-slots-{os.getuid()}")
+
+
+@contextlib.contextmanager
+def cpu_slot(slots: int | None = None, on_wait: Callable[[int], None] | None = None) -> Iterator[int]:
+    """Hold one of this machine's ``slots`` CPU slots (default ``cpu_heavy_slots()``) while the block runs; yields its index.
+
+    A slot is an exclusive ``flock`` on a file shared by every process (and thread) on the machine, so no server is
+    asked and a holder that dies (SIGKILL included) lets go at once: the kernel drops the lock with the process.
+    When every slot is taken, ``on_wait(slots)`` is called once and the slots are tried again every ``SLOT_POLL_S``.
+    """
+    slots = slots or cpu_heavy_slots()
+    folder = cpu_slots_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    handles = [os.open(folder / f"slot-{i}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) for i in range(slots)]
+    held = None
+    try:
+        waited = False
+        while held is None:
+            for index, handle in enumerate(handles):
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                held = index
+                break
+            else:
+                if not waited and on_wait is not None:
+                    on_wait(slots)
+                waited = True
+                time.sleep(SLOT_POLL_S)
+        yield held
+    finally:
+        for handle in handles:  # closing the held descriptor releases its lock
+            os.close(handle)
+
+
+def _print_wait(slots: int) -> None:
+    print(f"all {slots} CPU slots of this machine are busy: waiting for one")  # a task's print is its run log
+
+
+def holding_cpu_slot(function: F) -> F:
+    """``function`` run while holding one of this machine's CPU slots (see ``cpu_slot``); its signature unchanged."""
+
+    @functools.wraps(function)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        with cpu_slot(on_wait=_print_wait):
+            return function(*args, **kwargs)
+
+    return bounded  # type: ignore[return-value]
