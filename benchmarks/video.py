@@ -264,9 +264,16 @@ def user_path(source: Path, segment_seconds: float, timeout_s: float = 900) -> d
     submitted = datetime.now().astimezone()
     start = time.perf_counter()
     run = run_deployment("video-process/local", parameters={"job_id": job_id}, timeout=0, as_subflow=False)
+    checked = start
     while not final.exists():
         if time.perf_counter() - start > timeout_s:
             raise TimeoutError(f"no final.mp4 for job {job_id} after {timeout_s:g} s")
+        if time.perf_counter() - checked > 2:  # a run that ended without final.mp4 fails the benchmark at once
+            checked = time.perf_counter()
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(run.id).state
+            if state and state.is_final() and not final.exists():
+                raise RuntimeError(f"run {run.id} for job {job_id} ended {state.name} without final.mp4: {state.message}")
         time.sleep(0.02)
     elapsed = time.perf_counter() - start
     seen = datetime.now().astimezone()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ PREFECT_PORT = int(os.environ.get("PREFECT_SERVER_PORT", "4200"))
 WORK_POOL = os.environ.get("LOCAL_WORK_POOL", "local-process")
 ECS_WORK_POOL = os.environ.get("ECS_WORK_POOL", "aws-ecs")
 ENV_FILE = DATA / "local.env"
+FORKSERVER = REPO_ROOT / "deployments" / "engine_forkserver.py"
 # the long-running listener deployments `up` starts, one run each (a name not deployed yet is skipped)
 LISTENERS = ("ndjson-listen/local", "video-listen/local", "phspectra-listen/local", "records-listen/local")
 # the Prefect server's database: "sqlite" (embedded, the default) or "postgres" (Debian's postgresql, for load)
@@ -204,14 +206,25 @@ def ecs_base_job_template() -> dict:
     return ECSWorker.get_default_base_job_template()
 
 
+def engine_socket() -> str:
+    """The worker's engine fork server socket: in the temp folder (a Unix socket path is at most 107 bytes), one per
+    data folder, so two stacks on a machine keep apart."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha256(str(DATA.resolve()).encode()).hexdigest()[:12]
+    return str(Path(tempfile.gettempdir()) / f"pipelines-engine-{os.getuid()}-{digest}.sock")
+
+
 def engine_command() -> str:
-    """How the local worker starts a flow run: this interpreter's Prefect engine, directly.
+    """How the local worker starts a flow run: a fork of the fork server beside the worker (Prefect imported once,
+    ``deployments/engine_forkserver.py``), else this interpreter's Prefect engine directly.
 
     With no command, Prefect 3.8's process worker starts a workspace supervisor that runs the pull steps and then
     execs a second interpreter for the engine: two Python starts and two imports of Prefect before the flow runs
     (seconds a user waits for every `deployment run`, issue 25). The engine runs the pull steps itself.
     """
-    return f"{sys.executable} -m prefect.engine"
+    return shlex.join([sys.executable, str(FORKSERVER), "run", engine_socket()])
 
 
 def process_base_job_template() -> dict:
@@ -288,11 +301,9 @@ def start_worker() -> str:
     """Start a process worker on the local pool if none is running; 'running' or 'started'."""
     if _pid("worker"):
         return "running"
-    _spawn(
-        "worker",
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process"],
-        {**local_env(), **WORKER_ENV},
-    )
+    worker = [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process"]
+    # the engine fork server starts the worker beside it, in one process group: `make down` stops both and the runs
+    _spawn("worker", [sys.executable, str(FORKSERVER), "serve", engine_socket(), "--", *worker], {**local_env(), **WORKER_ENV})
     return "started"
 
 

@@ -1,0 +1,320 @@
+"""A fork server for the local worker's flow runs: Prefect imported once, each run a fork of it.
+
+Starting a flow run is a new Python process that imports Prefect, prefect-aws and the pipelines' libraries before
+the flow's first line: about 1.5 s of the ~2 s a `deployment run` waits on 2 cores (issue 25). The server imports
+those libraries once, then forks a child per run; the child takes the caller's standard streams, environment,
+working folder and ``sys.path``, refreshes Prefect's settings and logging from that environment, and runs
+``python -m prefect.engine`` as the caller would have. The pipelines' own code (``flows``, ``tasks``, ``blocks``) is
+not preloaded: each run imports it fresh, so an edit is picked up by the next run as before.
+
+    python deployments/engine_forkserver.py serve SOCKET -- WORKER COMMAND...   # `make up`: the worker beside it
+    python deployments/engine_forkserver.py run SOCKET                          # the pool's command for a run
+
+``run`` is the process the worker starts and watches: it hands its streams to the server, forwards SIGTERM, SIGINT
+and SIGHUP to its child (Prefect's cancellation), and exits as the child did (its code, or killed by its signal).
+If it is killed outright the server SIGKILLs its child, and a child whose server dies is SIGKILLed by the kernel, so
+no run outlives the process Prefect watches. With no server listening it execs ``python -m prefect.engine`` itself.
+Only the standard library is imported at the top: ``run`` starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# third-party libraries a flow run imports; a failed import is skipped (the run imports it itself, or fails there)
+PRELOAD = (
+    "prefect.flow_engine", "prefect.task_engine", "prefect.deployments", "prefect.futures",
+    "prefect.task_runners", "prefect.cache_policies", "prefect.artifacts", "prefect.events", "prefect_aws",
+    "boto3", "botocore.session", "pyarrow", "pyarrow.parquet", "numpy", "ffmpeg", "yaml",
+)  # fmt: skip
+HEADER = struct.Struct("!Q")
+PR_SET_PDEATHSIG = 1
+
+
+# --------------------------------------------------------------------------- the run command (stdlib only)
+
+
+def run(socket_path: str) -> None:
+    """Start ``python -m prefect.engine`` as a fork of the server at ``socket_path``; exit as it did."""
+    argv = [sys.executable, "-m", "prefect.engine"]
+    try:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.connect(socket_path)
+    except OSError:  # no server (a worker started without one): the engine in a process of its own
+        os.execv(sys.executable, argv)
+    pending: list[int] = []
+    child: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if child:
+            os.kill(child[0], signum)
+        else:
+            pending.append(signum)
+
+    for signum in FORWARDED:
+        signal.signal(signum, forward)
+    cwd = os.getcwd()
+    request = json.dumps({"env": dict(os.environ), "cwd": cwd, "path": [cwd, *sys.path[1:]], "argv": sys.argv[3:]}).encode()
+    socket.send_fds(server, [HEADER.pack(len(request))], [0, 1, 2])
+    server.sendall(request)
+    replies = server.makefile("r", encoding="ascii")
+    for line in replies:
+        word, value = line.split()
+        if word == "pid":
+            child.append(int(value))
+            for signum in pending:
+                os.kill(child[0], signum)
+        elif word == "exit":
+            code = int(value)
+            if code < 0:  # killed by a signal: end the same way, so the worker reports what it would have
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
+            sys.exit(code)
+    sys.stderr.write(f"engine fork server at {socket_path} went away before the flow run ended\n")
+    sys.exit(1)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+def _set_parent_death_signal() -> None:
+    """This process is SIGKILLed when the server (its parent) dies (Linux; elsewhere nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
+    """In the forked child: take the caller's streams, folder, environment and path; run the engine; exit."""
+    import atexit
+    import runpy
+    import threading
+    import traceback
+
+    _set_parent_death_signal()
+    if os.getppid() != server_pid:  # the server died before the line above
+        os._exit(1)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.path[:] = request["path"]
+    sys.argv = ["-m", *request["argv"]]
+    import prefect.context
+    import prefect.logging.configuration
+
+    prefect.context.refresh_global_settings_context()  # the settings Prefect read at import: from the run's env
+    prefect.logging.configuration.setup_logging(incremental=False)
+    code = 0
+    try:
+        sys.modules.pop("prefect.engine", None)  # run as __main__, not the preloaded module (runpy warns otherwise)
+        runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        if isinstance(exit_.code, int) or exit_.code is None:
+            code = exit_.code or 0
+        else:
+            print(exit_.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # what the interpreter does at exit (wait for threads, atexit: Prefect flushes its logs to the API), without
+    # unwinding into the server's own stack
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
+class ForkServer:
+    """Accepts ``run`` callers on a Unix socket and forks a child per caller; one thread, no locks held at fork."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.selector = selectors.DefaultSelector()
+        self.children: dict[int, socket.socket] = {}  # child pid -> its caller's connection
+        self.callers: dict[socket.socket, int] = {}
+        self.worker: subprocess.Popen | None = None
+        self.stopping = False
+
+    def listen(self) -> None:
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o077)  # only this user may start runs through it
+        try:
+            self.listener.bind(self.socket_path)
+        finally:
+            os.umask(old_umask)
+        self.listener.listen(64)
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+
+    def serve(self, worker_command: list[str]) -> int:
+        """Preload, start ``worker_command`` beside the server (it keeps this process group), serve until it exits."""
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+        if worker_command:
+            self.worker = subprocess.Popen(worker_command)  # starts while the libraries below load
+        started = time.perf_counter()
+        import importlib
+
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception as error:  # noqa: BLE001 - a library a run may not need
+                print(f"engine fork server: {name} not preloaded: {error}", file=sys.stderr, flush=True)
+        self.listen()
+        print(f"engine fork server: listening on {self.socket_path} ({time.perf_counter() - started:.1f} s to preload)", flush=True)
+        try:
+            return self._loop()
+        finally:
+            os.unlink(self.socket_path)
+
+    def _stop(self, _signum: int, _frame: object) -> None:
+        self.stopping = True  # the group's SIGTERM reached the children too: wait for them, then exit
+
+    def _loop(self) -> int:
+        while True:
+            if self.stopping and not self.children:
+                return 0
+            worker_code = self.worker.poll() if self.worker else None
+            if worker_code is not None and not self.children:
+                return worker_code
+            for key, _ in self.selector.select(timeout=1.0):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    os.read(self.wake_r, 512)
+                    self._reap()
+                else:
+                    self._caller_readable(key.fileobj)
+            self._reap()
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        if self.stopping:
+            conn.close()  # its run command falls back to nothing: it reports that the server went away
+            return
+        try:
+            conn.settimeout(10)
+            message, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
+            (size,) = HEADER.unpack(message)
+            body = bytearray()
+            while len(body) < size:
+                chunk = conn.recv(min(1 << 20, size - len(body)))
+                if not chunk:
+                    raise ConnectionError("caller closed its request early")
+                body += chunk
+            request = json.loads(body)
+            conn.settimeout(None)
+        except (OSError, ValueError, struct.error) as error:
+            print(f"engine fork server: bad request: {error}", file=sys.stderr, flush=True)
+            conn.close()
+            return
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        server_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            for signum in (signal.SIGCHLD, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.selector.close()
+            for fd in (self.wake_r, self.wake_w):
+                os.close(fd)
+            for other in [self.listener, conn, *self.callers]:
+                other.close()
+            _become_run(request, fds, server_pid)
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        self.callers[conn] = pid
+        self.selector.register(conn, selectors.EVENT_READ, "caller")
+        self._reply(conn, f"pid {pid}")
+
+    def _caller_readable(self, conn: socket.socket) -> None:
+        """A caller sends nothing after its request: readable means it is gone, so its run goes too."""
+        try:
+            data = conn.recv(64)
+        except OSError:
+            data = b""
+        if data:
+            return
+        self.selector.unregister(conn)
+        pid = self.callers.get(conn)
+        if pid is not None and pid in self.children:
+            try:
+                os.kill(pid, signal.SIGKILL)  # as a run process killed with its caller would be
+            except ProcessLookupError:
+                pass
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.worker is not None and pid == self.worker.pid:
+                self.worker.returncode = os.waitstatus_to_exitcode(status)
+                continue
+            conn = self.children.pop(pid, None)
+            if conn is None:
+                continue
+            self.callers.pop(conn, None)
+            self._reply(conn, f"exit {os.waitstatus_to_exitcode(status)}")
+            try:
+                self.selector.unregister(conn)
+            except (KeyError, ValueError):
+                pass
+            conn.close()
+
+    @staticmethod
+    def _reply(conn: socket.socket, line: str) -> None:
+        try:
+            conn.sendall(f"{line}\n".encode())
+        except OSError:
+            pass  # the caller is gone; its child was or will be killed
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "run":
+        run(argv[1])
+    if len(argv) >= 2 and argv[0] == "serve":
+        worker = argv[3:] if len(argv) > 2 and argv[2] == "--" else []
+        return ForkServer(argv[1]).serve(worker)
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

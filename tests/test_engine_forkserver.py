@@ -1,0 +1,168 @@
+"""The local worker's engine fork server (`deployments/engine_forkserver.py`) on the session's Prefect server: a run
+started through it sees its own environment, settings, folder and streams, logs to the API and exits as the engine
+did; a killed run command takes its run with it; SIGTERM reaches the run; with no server the engine runs directly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from deployments import local_stack
+
+FORKSERVER = str(local_stack.FORKSERVER)
+PROBE_FLOW = '''
+import json, os, sys, time
+from pathlib import Path
+from prefect import flow
+from prefect.settings import get_current_settings
+
+
+@flow(log_prints=True)
+def probe(out: str, sleep_s: float = 0.0) -> int:
+    Path(out).write_text(json.dumps({
+        "pid": os.getpid(), "env": os.environ.get("FORK_PROBE"), "cwd": os.getcwd(), "path": sys.path,
+        "level": get_current_settings().logging.level,
+    }))
+    print("probe says hello")
+    time.sleep(sleep_s)
+    return 1
+'''
+
+
+def api_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+@pytest.fixture
+def probe_deployment(tmp_path):
+    """A process-pool deployment of the probe flow (a file of the test's own); a function making a run of it."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "probe.py").write_text(PROBE_FLOW)
+    pool = f"fork-{uuid.uuid4().hex[:8]}"
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+    deployment_id = flow.from_source(str(source), "probe.py:probe").deploy(name="fork", work_pool_name=pool, print_next_steps=False)
+
+    def new_run(out: Path, sleep_s: float = 0.0) -> str:
+        with get_client(sync_client=True) as client:
+            return str(client.create_flow_run_from_deployment(deployment_id, parameters={"out": str(out), "sleep_s": sleep_s}).id)
+
+    return new_run
+
+
+@pytest.fixture
+def fork_server(tmp_path):
+    """A fork server with no worker beside it, started with the environment a worker has; its socket path."""
+    sock = str(tmp_path / "engine.sock")
+    env = {**os.environ, "PREFECT_API_URL": api_url(), "PREFECT_LOGGING_LEVEL": "WARNING"}
+    server = subprocess.Popen([sys.executable, FORKSERVER, "serve", sock], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sock):
+        assert server.poll() is None and time.monotonic() < deadline, server.stdout.read() if server.poll() is not None else "no socket"
+        time.sleep(0.05)
+    yield sock
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+
+
+def start_run(sock: str, flow_run_id: str, cwd: Path, **env: str) -> subprocess.Popen:
+    """What the process worker does: the pool's command, with the run's id and environment, in its folder."""
+    run_env = {**os.environ, "PREFECT_API_URL": api_url(), "PREFECT__FLOW_RUN_ID": flow_run_id, **env}
+    return subprocess.Popen([sys.executable, FORKSERVER, "run", sock], env=run_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_state(flow_run_id: str):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(uuid.UUID(flow_run_id)).state
+
+
+def wait_for(path: Path, seconds: float = 60) -> dict:
+    deadline = time.monotonic() + seconds
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def gone(pid: int, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_run_through_the_fork_server_has_its_own_environment_settings_folder_and_logs(fork_server, probe_deployment, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    run_id = probe_deployment(tmp_path / "probe.json")
+    command = start_run(fork_server, run_id, tmp_path, FORK_PROBE="run-42", PREFECT_LOGGING_LEVEL="DEBUG")
+    stdout, stderr = command.communicate(timeout=120)
+    assert command.returncode == 0, stderr[-3000:]
+    seen = wait_for(tmp_path / "probe.json")
+    assert seen["pid"] != command.pid  # a fork of the server, not the command's own process
+    assert (seen["env"], seen["level"]) == ("run-42", "DEBUG")  # the run's environment and settings, not the server's
+    assert seen["cwd"] == str(tmp_path / "source")  # the pull step's folder
+    assert str(tmp_path) in seen["path"] and str(local_stack.REPO_ROOT / "deployments") not in seen["path"]  # as -m's
+    assert "probe says hello" in stdout + stderr  # the run's streams are the command's
+    assert run_state(run_id).is_completed()
+    with get_client(sync_client=True) as client:  # logs flushed to the API at the child's exit
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)])))
+    assert any(log.message == "probe says hello" for log in logs)
+
+
+def test_a_failing_engine_exits_the_run_command_with_its_code_and_message(fork_server, tmp_path):
+    command = start_run(fork_server, "not-a-uuid", tmp_path)
+    _, stderr = command.communicate(timeout=60)
+    assert command.returncode == 1 and "Invalid flow run id" in stderr
+
+
+def test_killing_the_run_command_kills_its_run_at_once(fork_server, probe_deployment, tmp_path):
+    run_id = probe_deployment(tmp_path / "probe.json", sleep_s=300)
+    command = start_run(fork_server, run_id, tmp_path)
+    child = wait_for(tmp_path / "probe.json")["pid"]
+    command.kill()  # SIGKILL: the worker's hard kill; nothing of the command's own runs
+    command.wait()
+    assert gone(child)  # no flow run outlives the process its worker watches
+
+
+def test_sigterm_to_the_run_command_reaches_the_run_and_the_command_ends_as_it_did(fork_server, probe_deployment, tmp_path):
+    run_id = probe_deployment(tmp_path / "probe.json", sleep_s=300)
+    command = start_run(fork_server, run_id, tmp_path)
+    child = wait_for(tmp_path / "probe.json")["pid"]
+    command.send_signal(signal.SIGTERM)  # the worker's graceful kill of a cancelled run
+    command.communicate(timeout=60)
+    assert gone(child)
+    assert command.returncode != 0
+    assert not run_state(run_id).is_running()
+
+
+def test_with_no_fork_server_the_run_command_runs_the_engine_itself(probe_deployment, tmp_path):
+    run_id = probe_deployment(tmp_path / "probe.json")
+    command = start_run(str(tmp_path / "no-server.sock"), run_id, tmp_path, FORK_PROBE="direct")
+    _, stderr = command.communicate(timeout=120)
+    assert command.returncode == 0, stderr[-3000:]
+    seen = wait_for(tmp_path / "probe.json")
+    assert (seen["pid"], seen["env"]) == (command.pid, "direct")  # exec'd in place: the same process
+    assert run_state(run_id).is_completed()
