@@ -247,3 +247,18 @@ def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(
             pytest.fail("the run that ended 4 days ago was not vacuumed")
         assert client.read_flow_run(recent).state.is_completed()
         assert client.read_flow_run(active).state.is_running()
+
+
+def test_make_up_drops_the_cpu_heavy_tag_limit_an_older_version_created(monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from deployments import local_stack
+
+    monkeypatch.setattr(local_stack, "local_env", lambda: {})  # the session's server, not the stack's
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=limits.CPU_HEAVY_TAG, concurrency_limit=2)
+        assert local_stack.drop_stale_tag_limits() == [limits.CPU_HEAVY_TAG]
+        with pytest.raises(ObjectNotFound):
+            client.read_concurrency_limit_by_tag(limits.CPU_HEAVY_TAG)
+    assert local_stack.drop_stale_tag_limits() == []  # nothing left to drop: make up is idempotent
