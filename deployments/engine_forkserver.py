@@ -86,12 +86,12 @@ def run(socket_path: str) -> None:
 # --------------------------------------------------------------------------- the server
 
 
-def _set_parent_death_signal() -> None:
-    """This process is SIGKILLed when the server (its parent) dies (Linux; elsewhere nothing)."""
+def _set_parent_death_signal(signum: int = signal.SIGKILL) -> None:
+    """This process gets ``signum`` when the server (its parent) dies (Linux; elsewhere nothing)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum))
     except (OSError, AttributeError):
         pass
 
@@ -181,7 +181,9 @@ class ForkServer:
         signal.signal(signal.SIGINT, self._stop)
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         if worker_command:
-            self.worker = subprocess.Popen(worker_command)  # starts while the libraries below load
+            # it starts while the libraries below load; it stops (SIGTERM) if this server dies, so a `make up` that
+            # finds the server gone never starts a second worker beside a first
+            self.worker = subprocess.Popen(worker_command, preexec_fn=lambda: _set_parent_death_signal(signal.SIGTERM))
         started = time.perf_counter()
         import importlib
 

@@ -166,3 +166,22 @@ def test_with_no_fork_server_the_run_command_runs_the_engine_itself(probe_deploy
     seen = wait_for(tmp_path / "probe.json")
     assert (seen["pid"], seen["env"]) == (command.pid, "direct")  # exec'd in place: the same process
     assert run_state(run_id).is_completed()
+
+
+def test_the_server_ends_with_its_worker_and_its_worker_ends_with_it(tmp_path):
+    sock = str(tmp_path / "engine.sock")
+    worker_exits = [sys.executable, "-c", "import time, sys; time.sleep(3); sys.exit(3)"]
+    server = subprocess.Popen([sys.executable, FORKSERVER, "serve", sock, "--", *worker_exits], start_new_session=True)
+    assert server.wait(timeout=60) == 3  # the worker's exit code: `make status` sees the worker gone
+    assert not os.path.exists(sock)
+
+    pid_file = tmp_path / "worker.pid"
+    worker_waits = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"]
+    server = subprocess.Popen([sys.executable, FORKSERVER, "serve", sock, "--", *worker_waits], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    server.kill()  # SIGKILL: the server cannot stop its worker itself
+    server.wait()
+    assert gone(int(pid_file.read_text()))  # the kernel told the worker (SIGTERM): no worker without its server
