@@ -254,7 +254,14 @@ class ForkServer:
                 os.close(fd)
             for other in [self.listener, conn, *self.callers]:
                 other.close()
-            _become_run(request, fds, server_pid)
+            try:
+                _become_run(request, fds, server_pid)  # ends in os._exit
+            except BaseException:  # a bad request (say, a folder gone): never unwind into the server's loop
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(1)
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn

@@ -185,3 +185,27 @@ def test_the_server_ends_with_its_worker_and_its_worker_ends_with_it(tmp_path):
     server.kill()  # SIGKILL: the server cannot stop its worker itself
     server.wait()
     assert gone(int(pid_file.read_text()))  # the kernel told the worker (SIGTERM): no worker without its server
+
+
+def test_a_run_that_cannot_start_fails_alone_and_the_server_keeps_serving(fork_server, probe_deployment, tmp_path):
+    import socket
+
+    from deployments.engine_forkserver import HEADER
+
+    # a request as the run command sends it, for a folder that is gone by the time the fork takes it
+    request = json.dumps({"env": dict(os.environ), "cwd": str(tmp_path / "gone"), "path": sys.path, "argv": []}).encode()
+    err_read, err_write = os.pipe()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.connect(fork_server)
+        socket.send_fds(server, [HEADER.pack(len(request))], [0, 1, err_write])
+        server.sendall(request)
+        os.close(err_write)
+        replies = server.makefile("r").read().split("\n")
+    with os.fdopen(err_read) as stderr:
+        message = stderr.read()
+    assert replies[0].startswith("pid ") and replies[1] == "exit 1", replies
+    assert "FileNotFoundError" in message  # its reason, on the caller's stderr
+    run_id = probe_deployment(tmp_path / "probe.json")
+    after = start_run(fork_server, run_id, tmp_path)
+    assert after.wait(timeout=120) == 0 and run_state(run_id).is_completed()
+    assert wait_for(tmp_path / "probe.json")["pid"] != after.pid  # a fork: the server still serves
