@@ -129,13 +129,18 @@ def test_an_old_empty_ecs_pool_gets_the_template(ecs_pool):
     assert _old_pool_gets_the_template("ecs", "ECS_WORK_POOL", "aws-ecs") == ecs_pool.base_job_template
 
 
-def test_the_local_pool_starts_the_engine_directly():
-    """Issue 25: `make up`'s process pool names the engine command, so the worker starts one interpreter per flow run
-    (Prefect 3.8 with no command starts a workspace supervisor that execs a second one); an older pool is updated."""
+def test_the_local_pool_starts_the_engine_through_the_fork_server():
+    """Issue 25: `make up`'s process pool names the engine fork server's run command, so a flow run is a fork of a
+    process that has imported Prefect (Prefect 3.8 with no command starts a workspace supervisor that execs a second
+    interpreter); an older pool is updated."""
+    import shlex
     import sys
 
+    from deployments import local_stack
+
     template = _old_pool_gets_the_template("process", "WORK_POOL", "local-process")
-    assert template["variables"]["properties"]["command"]["default"] == f"{sys.executable} -m prefect.engine"
+    command = template["variables"]["properties"]["command"]["default"]
+    assert shlex.split(command) == [sys.executable, str(local_stack.FORKSERVER), "run", local_stack.engine_socket()]
 
 
 @pytest.mark.parametrize("deployment", ECS_DEPLOYMENTS, ids=lambda d: d["entrypoint"].split(":")[1])
