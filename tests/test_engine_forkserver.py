@@ -110,14 +110,14 @@ def wait_for(path: Path, seconds: float = 60) -> dict:
 
 
 def gone(pid: int, seconds: float = 10) -> bool:
+    from tasks.gpu.backends import pid_alive
+
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
-    return False
+    return True
 
 
 def test_a_run_through_the_fork_server_has_its_own_environment_settings_folder_and_logs(fork_server, probe_deployment, tmp_path):
@@ -218,3 +218,18 @@ def test_a_run_that_cannot_start_fails_alone_and_the_server_keeps_serving(fork_s
     after = start_run(fork_server, run_id, tmp_path)
     assert after.wait(timeout=120) == 0 and run_state(run_id).is_completed()
     assert wait_for(tmp_path / "probe.json")["pid"] != after.pid  # a fork: the server still serves
+
+
+def test_a_garbled_request_is_refused_with_its_reason_and_the_server_keeps_serving(fork_server, tmp_path):
+    import socket
+
+    from deployments.engine_forkserver import HEADER
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.connect(fork_server)
+        socket.send_fds(server, [HEADER.pack(9)], [0, 1, 2])
+        server.sendall(b"not json!")
+        assert server.makefile("r").read() == ""  # closed with no pid: no child was forked for it
+    command = start_run(fork_server, "not-a-uuid", tmp_path)  # the next caller is served as usual
+    _, stderr = command.communicate(timeout=60)
+    assert command.returncode == 1 and "Invalid flow run id" in stderr

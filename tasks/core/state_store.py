@@ -695,8 +695,10 @@ def transition_many(
     *,
     status_attr: str = "status",
     also: Sequence[Sequence[Mapping[str, Any]]] = (),
+    remove: Sequence[str] = (),
 ) -> list[WriteResult]:
-    """``transition`` for many items: each change is (key, expected, new, extra SET attributes).
+    """``transition`` for many items: each change is (key, expected, new, extra SET attributes); ``remove``:
+    attributes every change REMOVEs.
 
     Every item moves only if it is still in its expected state; one result per change, in order. ``also[i]``
     are TransactItems entries (e.g. ``put_entry``) written with change ``i`` in one transaction, so they land
@@ -708,7 +710,7 @@ def transition_many(
         if new is not None:
             all_sets[status_attr] = new
         expr = Expression()
-        update = expr.update(all_sets)
+        update = expr.update(all_sets, None, list(remove))
         operations.append({"Update": expr.entry(table_name, key, expr.status_condition(status_attr, expected, key), update)})
     return _run_each(operations, Outcome.STALE, also)
 

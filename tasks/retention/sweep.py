@@ -111,12 +111,9 @@ def _mark_items(rule: Rule, item: Mapping[str, Any], key: dict[str, Any], ttl: i
     by_table: dict[str, list[dict[str, Any]]] = {}
     for child_table, child_key in rule.children(item):
         by_table.setdefault(table_name(child_table), []).append(child_key)
-    for child_table, child_keys in by_table.items():
-        if ttl is None:  # rare (a record live again): one update each, as transition_many only SETs
-            for child_key in child_keys:
-                state_store.transition(child_table, child_key, None, None, remove=["ttl"])
-        else:  # a run's thousands of chunks: 100 to a transaction, not a round trip each
-            state_store.transition_many(child_table, [(child_key, None, None, {"ttl": ttl}) for child_key in child_keys])
+    for child_table, child_keys in by_table.items():  # a run's thousands of chunks: 100 to a transaction
+        sets, remove = ({}, ["ttl"]) if ttl is None else ({"ttl": ttl}, [])
+        state_store.transition_many(child_table, [(child_key, None, None, sets) for child_key in child_keys], remove=remove)
     state_store.transition(table_name(rule.table), key, None, None, remove=[ITEMS_PENDING])
 
 
