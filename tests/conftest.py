@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,8 @@ def prefect_server(dynamodb_endpoint):
         yield
 
 
-@pytest.fixture
-def tables(monkeypatch) -> dict[str, str]:
-    """Fresh tables for this test (logical -> physical name), exposed to the code through TABLE_* variables."""
+def _fresh_tables(monkeypatch) -> dict[str, str]:
+    """Fresh tables (logical -> physical name), exposed to the code through TABLE_* variables."""
     from blocks.base import clear_cache
     from tasks.core import state_store
     from tasks.core.tables import TABLE_SPECS, default_names, ensure_tables
@@ -86,6 +86,19 @@ def tables(monkeypatch) -> dict[str, str]:
     state_store.reset_clients()
     ensure_tables(names)
     return names
+
+
+@pytest.fixture
+def tables(monkeypatch) -> dict[str, str]:
+    """Fresh tables for this test (logical -> physical name), exposed to the code through TABLE_* variables."""
+    return _fresh_tables(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def module_tables() -> Iterator[dict[str, str]]:
+    """Fresh tables shared by one module's tests, each test using ids of its own (many small scenarios)."""
+    with pytest.MonkeyPatch.context() as patch:
+        yield _fresh_tables(patch)
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ def granule(tables, granule_id="G1") -> dict | None:
 
 
 def expected_granule(msg: dict, granule_id: str | None = None) -> dict:
-    _, granules = records_messages.derive(msg, NOW)
+    granules = records_messages.derive(msg, NOW)[1]
     record = {k: v for k, v in granules[0].items() if v is not None}
     if granule_id:
         record["granuleId"] = granule_id
@@ -52,7 +52,8 @@ def test_derived_fields_follow_the_seed_table():
     msg["cumulus_meta"]["workflow_stop_time"] = 1_700_000_600_000
     msg["meta"]["granule"] = {"queryFields": {"cnm": "x"}}
     msg["payload"]["granules"][0]["sync_granule_duration"] = 1500
-    execution, granules = records_messages.derive(msg, NOW)
+    execution, granules, problems = records_messages.derive(msg, NOW)
+    assert problems == []
     assert granules == [
         {
             "collectionId": "MOD09GQ___006",
@@ -67,7 +68,7 @@ def test_derived_fields_follow_the_seed_table():
             "createdAt": 1_700_000_000_000,
             "error": {},
             "files": [{"fileName": "a.hdf", "size": 100}, {"fileName": "a.xml", "size": 23}],
-            "productVolume": 123,
+            "productVolume": "123",  # Cumulus's API record: text
             "pdrName": "p.PDR",
             "provider": "prov",
             "published": False,
@@ -79,14 +80,15 @@ def test_derived_fields_follow_the_seed_table():
     assert execution["arn"] == granules[0]["execution"] and execution["status"] == "completed"
     msg["payload"]["granules"][0]["files"] = None
     assert records_messages.derive(msg, NOW)[1][0]["files"] == []
-    # createdAt: workflow_start_time, else the granule's own createdAt; neither is a schema error
+    # createdAt: workflow_start_time, else the granule's own createdAt; neither is a schema error of the granule
     del msg["cumulus_meta"]["workflow_start_time"]
     msg["payload"]["granules"][0]["createdAt"] = 1_650_000_000_000
     records_messages.validate(msg)
     assert records_messages.derive(msg, NOW)[1][0]["createdAt"] == 1_650_000_000_000
     del msg["payload"]["granules"][0]["createdAt"]
-    with pytest.raises(records_messages.MessageError, match=r"payload/granules/0: no createdAt \(neither"):
-        records_messages.validate(msg)
+    records_messages.validate(msg)
+    (problem,) = records_messages.derive(msg, NOW)[2]
+    assert problem.problems == ["payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)"]
 
 
 def test_terminal_write_then_stale_running_and_older_completed_are_dropped(tables):
@@ -100,7 +102,10 @@ def test_terminal_write_then_stale_running_and_older_completed_are_dropped(table
     late = records_messages.ingest([message("running", "exec-b", 2000), message("completed", "exec-a", 1000)], now_ms=NOW + 5)
     reasons = [r.reason for o in late.outcomes for r in o.results if r.kind == "granule"]
     assert [r.verdict for o in late.outcomes for r in o.results if r.kind == "granule"] == [Verdict.STALE, Verdict.STALE]
-    assert reasons == ["status already completed for this createdAt", "older createdAt (1000 < 2000)"]
+    assert reasons == [
+        f"execution {STATE_MACHINE.replace('stateMachine', 'execution')}:exec-b is already completed (running write dropped)",
+        "older createdAt (1000 < 2000)",
+    ]
     assert granule(tables) == expected_granule(done)
     assert late.errors() == {}  # stale drops are not errors
 

@@ -72,7 +72,7 @@ def test_writes_go_execution_then_pdr_then_granules_and_the_pdr_has_the_seeds_fi
     assert granule["pdrName"] == PDR_NAME and granule["execution"] == arn("exec-a")
 
 
-def test_a_stale_pdr_write_is_dropped_like_a_granules(tables):
+def test_a_stale_pdr_write_is_dropped_as_cumulus_pdr_upsert_drops_it(tables):
     done = message("completed", "exec-b", 2000, completed=[arn("g1")])
     records_messages.ingest([done], now_ms=NOW)
     before = pdr_record(tables)
@@ -83,18 +83,19 @@ def test_a_stale_pdr_write_is_dropped_like_a_granules(tables):
     )
     pdr_results = [r for o in late.outcomes for r in o.results if r.kind == "pdr"]
     assert [(r.verdict, r.reason) for r in pdr_results] == [
-        (Verdict.STALE, "status already completed for this createdAt"),
+        (Verdict.STALE, "running write of the same execution without more progress (0.0 <= 100)"),
         (Verdict.STALE, "older createdAt (1000 < 2000)"),
     ]
     assert pdr_record(tables) == before and late.errors() == {}
-    # a newer attempt's running write starts over, touching only status, createdAt and the timestamps
+    # a newer execution's running write takes the PDR over whole (Cumulus's PDR upsert merges every column)
     records_messages.ingest([message("running", "exec-c", 3000, running=[arn("g9")] * 3)], now_ms=NOW + 9)
     after = pdr_record(tables)
-    assert {k for k in after if after[k] != before.get(k)} == {"status", "createdAt", "timestamp", "updatedAt"}
-    # ... and its running write is dropped once its execution has finished (the granule's execution check)
+    assert {k for k in after if after[k] != before.get(k)} == {
+        "status", "createdAt", "timestamp", "updatedAt", "duration", "execution", "stats", "progress"}
+    # ... and once completed, the same execution's running write without more progress is dropped
     records_messages.ingest([message("completed", "exec-c", 3000, granules=[])], now_ms=NOW + 10)
     again = records_messages.ingest([message("running", "exec-c", 3000, granules=[])], now_ms=NOW + 11)
-    assert [r.verdict for r in again.outcomes[0].results] == [Verdict.STALE, Verdict.STALE]
+    assert [r.verdict for r in again.outcomes[0].results] == [Verdict.WRITTEN, Verdict.STALE]  # execution, PDR
     assert pdr_record(tables)["status"] == "completed"
 
 

@@ -4,6 +4,7 @@
     local: records/incoming/*.json|*.ndjson (one message, a JSON list, or  ├─> batches of 10 ─> records-ingest
            one message per line; the documented stand-in for the queue) ──┘      (records or dead-letter archive)
                                             ──> a file moved to records/processed/{date}/ ──> ack
+                                                (a different file of the same name there: its name gets its hash)
 
 An arrival is acked only once every message it carries is written: to the records, or to the dead-letter
 archive with its error (records-ingest's own rules). A file that is no batch at all (JSON that is neither a
@@ -14,8 +15,10 @@ or the ack only makes the next one write the same again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
+from pathlib import PurePosixPath
 from typing import Any
 
 from tasks.core import keys
@@ -48,19 +51,40 @@ def bodies_of(arrival: Arrival) -> list[str]:
     if arrival.body is not None:
         return [arrival.body]
     keys.records_processed_key(today_iso(), arrival.key)  # InvalidKey unless it lies under records/incoming/
-    text = object_store().get_bytes(arrival.key).decode("utf-8", errors="replace")
-    try:
-        found = records_messages.batch_from_text(text, arrival.key)
+    data = object_store().get_bytes(arrival.key)
+    try:  # the same strict decode as a batch at messages_url: a message that is not UTF-8 stays its bytes
+        found = records_messages.batch_from_bytes(data, arrival.key)
     except ValueError as error:  # JSON, but no message and no list: the whole file is one unparsable body
-        dead_letter.archive(records_messages.message_id(text), {"type": "UnreadableBatch", "message": str(error)}, body=text)
+        try:  # kept as it came: text, or the exact bytes of a file that is not UTF-8
+            kept: dict[str, Any] = {"body": data.decode("utf-8")}
+        except UnicodeDecodeError:
+            kept = {"raw": data}
+        dead_letter.archive(records_messages.message_id(data), {"type": "UnreadableBatch", "message": str(error)}, **kept)
         return []
-    return [m if isinstance(m, str) else json.dumps(m) for m in found]
+    undecodable = [m for m in found if isinstance(m, bytes)]
+    if undecodable:  # no text body for a flow run's parameters: archived here (InvalidUtf8), as records-ingest would
+        records_messages.ingest(undecodable)
+    return [m if isinstance(m, str) else json.dumps(m) for m in found if not isinstance(m, bytes)]
+
+
+def processed_key(store, key: str) -> str:
+    """Where a written file goes under ``records/processed/{date}/``: its own name, unless a different file of
+    that name is there already (then the name carries its content hash: a file set aside never replaces another)."""
+    target = keys.records_processed_key(today_iso(), key)
+    if not store.exists(target):
+        return target
+    data = store.get_bytes(key)
+    if store.get_bytes(target) == data:
+        return target  # the same file again: replacing it loses nothing
+    path = PurePosixPath(target)
+    return str(path.with_name(f"{path.stem}.{hashlib.sha256(data).hexdigest()[:16]}{path.suffix}"))
 
 
 def set_aside(arrival: Arrival) -> None:
     """A written file leaves ``records/incoming/`` for ``records/processed/{date}/`` (a message has nothing to move)."""
     if arrival.body is None:
-        rename(object_store(), arrival.key, keys.records_processed_key(today_iso(), arrival.key))
+        store = object_store()
+        rename(store, arrival.key, processed_key(store, arrival.key))
 
 
 def handle_messages(arrivals: list[Arrival], ingest: Ingest = ingest_in_process) -> Outcome:

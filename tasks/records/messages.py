@@ -41,30 +41,37 @@ STATUSES = [records.QUEUED, records.RUNNING, records.COMPLETED, records.FAILED]
 MAX_EPOCH_MS = 253_402_300_799_999
 EPOCH_MS: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_EPOCH_MS}
 
-GRANULE_SCHEMA: dict[str, Any] = {
+# Cumulus's API granule schema (@cumulus/api lib/schemas.js, ``granule``), restated: the record a message's
+# granule becomes must match it, or the granule is marked failed and its message dead-lettered (seed 004)
+_TEXT, _INTEGER, _NUMBER = {"type": "string"}, {"type": "integer"}, {"type": "number"}
+API_GRANULE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["granuleId"],
+    "required": ["granuleId", "collectionId", "status", "updatedAt"],
     "properties": {
-        "granuleId": {"type": "string", "minLength": 1, "maxLength": 1024},
-        "status": {"enum": STATUSES},
+        **{name: _TEXT for name in (
+            "granuleId", "pdrName", "collectionId", "execution", "cmrLink", "productVolume", "provider",
+            "beginningDateTime", "endingDateTime", "processingStartDateTime", "processingEndDateTime",
+            "lastUpdateDateTime", "productionDateTime")},
+        "status": {"type": "string", "enum": STATUSES},
+        "published": {"type": "boolean"},
+        **{name: _NUMBER for name in ("duration", "timeToPreprocess", "timeToArchive")},
+        **{name: _INTEGER for name in ("timestamp", "createdAt", "updatedAt")},
         "files": {
-            "type": ["array", "null"],
+            "type": "array",
             "items": {
                 "type": "object",
                 "properties": {
-                    "size": {"type": "number", "minimum": 0},
-                    "bucket": {"type": "string"},
-                    "key": {"type": "string"},
-                    "fileName": {"type": "string"},
+                    **{name: _TEXT for name in ("bucket", "checksum", "checksumType", "fileName", "key", "source", "type")},
+                    **{name: _INTEGER for name in ("createdAt", "size", "updatedAt")},
                 },
             },
         },
-        "published": {"type": ["boolean", "null"]},
-        "createdAt": EPOCH_MS,
-        "sync_granule_duration": {"type": "number", "minimum": 0},
-        "post_to_cmr_duration": {"type": "number", "minimum": 0},
+        "error": {"type": "object"},
+        "queryFields": {"type": "object"},
     },
-}
+}  # fmt: skip
+# and what DynamoDB's keys and the stale-write rules need besides: a createdAt with an ISO date
+_granule_validator = Draft202012Validator({"allOf": [API_GRANULE_SCHEMA, {"properties": {"createdAt": EPOCH_MS}}]})
 
 MESSAGE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -98,7 +105,7 @@ MESSAGE_SCHEMA: dict[str, Any] = {
         "payload": {
             "type": ["object", "null"],
             "properties": {
-                "granules": {"type": "array", "items": GRANULE_SCHEMA},
+                "granules": {"type": "array"},  # each granule is checked on its own (``derive``)
                 "pdr": {
                     "type": "object",
                     "required": ["name"],
@@ -133,7 +140,10 @@ class MessageError(ValueError):
 
 def message_id(raw: Mapping[str, Any] | str | bytes) -> str:
     """A stable id for a message (its content hash): archiving the same message twice writes one object."""
-    data = raw if isinstance(raw, bytes) else (raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str)).encode()
+    if isinstance(raw, bytes):
+        data = raw
+    else:  # a lone surrogate still hashes
+        data = (raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str)).encode("utf-8", "surrogatepass")
     return "msg-" + hashlib.sha256(data).hexdigest()[:24]
 
 
@@ -152,32 +162,54 @@ def decode(raw: bytes) -> str:
 def parse(raw: Mapping[str, Any] | str | bytes) -> dict[str, Any]:
     """A message dict from a dict or a JSON body (text, or bytes that must be UTF-8); MessageError otherwise."""
     if isinstance(raw, Mapping):
-        return dict(raw)
-    if isinstance(raw, bytes):
-        raw = decode(raw)
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError) as error:
-        raise MessageError("UnparsableMessage", f"message body is not JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise MessageError("UnparsableMessage", f"message body is JSON {type(value).__name__}, not an object")
+        value: Any = dict(raw)
+    else:
+        if isinstance(raw, bytes):
+            raw = decode(raw)
+        try:
+            value = json.loads(raw)
+        except (TypeError, ValueError) as error:
+            raise MessageError("UnparsableMessage", f"message body is not JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise MessageError("UnparsableMessage", f"message body is JSON {type(value).__name__}, not an object")
+    where = _lone_surrogate(value)
+    if where is not None:  # from JSON's \ud800 escapes: no UTF-8 request (DynamoDB's, a log's) can carry it
+        raise MessageError("InvalidUnicode", f"{where}: text holds a lone surrogate (an unpaired \\ud800-\\udfff escape)")
     return value
 
 
-def validate(message: Mapping[str, Any]) -> None:
-    """MessageError('SchemaValidationError') listing every violation, or nothing."""
+def _lone_surrogate(value: Any, path: str = "") -> str | None:
+    """The path (printable) of the first text, a key or a string, in ``value`` that UTF-8 cannot encode, or None."""
+    texts: list[tuple[str, Any]] = [(path or "(message)", value)]
+    while texts:
+        where, item = texts.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                inside = f"{where}/{str(key).encode('utf-8', 'backslashreplace').decode()}".removeprefix("(message)/")
+                texts += [(inside, key), (inside, inner)]
+        elif isinstance(item, list):
+            texts.extend((f"{where}/{i}".removeprefix("(message)/"), inner) for i, inner in enumerate(item))
+    return None
+
+
+def _schema_problems(validator: Draft202012Validator, value: Any, prefix: str = "") -> list[str]:
+    """Every violation of ``validator``'s schema by ``value``, as ``path: message``."""
     problems = []
-    for error in sorted(_validator.iter_errors(message), key=lambda e: list(e.absolute_path)):
-        where = "/".join(str(p) for p in error.absolute_path) or "(message)"
-        problems.append(f"{where}: {error.message}")
-    status = (message.get("meta") or {}).get("status") if isinstance(message.get("meta"), dict) else None
-    start = message["cumulus_meta"].get("workflow_start_time") if isinstance(message.get("cumulus_meta"), dict) else 0
-    granules = (message.get("payload") or {}).get("granules") if isinstance(message.get("payload"), dict) else None
-    for index, granule in enumerate(granules or []):
-        if isinstance(granule, dict) and status is None and granule.get("status") is None:
-            problems.append(f"payload/granules/{index}: no status (neither meta.status nor granule.status)")
-        if isinstance(granule, dict) and start is None and granule.get("createdAt") is None:
-            problems.append(f"payload/granules/{index}: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)")
+    for error in sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.absolute_path]):
+        where = "/".join([prefix, *map(str, error.absolute_path)] if prefix else map(str, error.absolute_path))
+        problems.append(f"{where or '(message)'}: {error.message}")
+    return problems
+
+
+def validate(message: Mapping[str, Any]) -> None:
+    """MessageError('SchemaValidationError') listing every violation of the message schema, or nothing (each
+    granule is checked on its own, against Cumulus's API granule schema, by ``derive``)."""
+    problems = _schema_problems(_validator, message)
     if problems:
         raise MessageError("SchemaValidationError", "; ".join(problems))
 
@@ -219,55 +251,147 @@ def _stamps(message: Mapping[str, Any], now_ms: int) -> dict[str, Any]:
     }
 
 
+@dataclass
+class GranuleProblem:
+    """A granule of a valid message that cannot be written: where, why, and its identity when it has one (then
+    it is marked failed)."""
+
+    where: str
+    problems: list[str]
+    identity: dict[str, Any] | None
+
+
+# a payload kept on an execution record stays under a quarter of an item: the record keeps room for the rest
+PAYLOAD_BYTES = records.RECORD_BYTES // 4
+PAYLOAD_CUT = "…[payload of {size} bytes not kept: {why}]"
+
+
+def _payload(payload: Any) -> Any:
+    """A message payload as an execution record keeps it: ``REMOVE`` for null, a visible mark when DynamoDB
+    could not keep it (too large, or a number it cannot hold: the execution is written all the same)."""
+    if payload is None:
+        return records.REMOVE
+    size = records.item_bytes(payload)
+    if size > PAYLOAD_BYTES:
+        return PAYLOAD_CUT.format(size=size, why=f"over {PAYLOAD_BYTES} bytes")
+    return payload if records.storable(payload) else PAYLOAD_CUT.format(size=size, why="a number DynamoDB cannot hold")
+
+
+def _given(granule: Mapping[str, Any], attrs: Sequence[str]) -> dict[str, Any]:
+    """The attributes the granule gives (``REMOVE`` for a null: an overwriting write removes it)."""
+    return {a: records.REMOVE if granule[a] is None else granule[a] for a in attrs if a in granule}
+
+
+def _seconds(value: Any) -> Any:
+    """A duration in milliseconds as seconds (0 when not given); anything else as given, for the schema to name."""
+    if value is None:
+        return 0.0
+    return value / 1000 if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _product_volume(files: Any) -> Any:
+    """Cumulus's productVolume: the sum of the files' integer sizes, as text."""
+    if not isinstance(files, list):
+        return None
+    sizes = [f.get("size") for f in files if isinstance(f, dict)]
+    return str(sum(s for s in sizes if isinstance(s, int) and not isinstance(s, bool)))
+
+
+def _granule_record(message: Mapping[str, Any], granule: Mapping[str, Any], common: Mapping[str, Any]) -> dict[str, Any]:
+    """The granule record of one message granule (Cumulus's API granule record, seed 004's field table)."""
+    meta, payload = message["meta"], message.get("payload") or {}
+    start = message["cumulus_meta"].get("workflow_start_time")
+    status = meta.get("status") or granule.get("status")
+    record = {
+        **common,
+        "granuleId": granule["granuleId"],
+        "status": status,
+        "execution": execution_arn(message),
+        "createdAt": start if start is not None else granule.get("createdAt"),
+        "error": _error(message),
+        "pdrName": (payload.get("pdr") or {}).get("name"),
+        "provider": _provider(message),
+        "published": bool(granule.get("published") or False),
+        "queryFields": (meta.get("granule") or {}).get("queryFields"),
+        "timeToArchive": _seconds(granule.get("post_to_cmr_duration")),
+        "timeToPreprocess": _seconds(granule.get("sync_granule_duration")),
+        **_given(granule, ("cmrLink", "producerGranuleId", *cmr.TEMPORAL_ATTRS)),
+    }
+    if "files" in granule:  # omitted: the record keeps its files; null: none
+        files = [] if granule["files"] is None else granule["files"]
+        record["productVolume"] = _product_volume(files)
+        if status not in records.LIGHT_ROLES:  # Cumulus stores no files for a running or queued granule
+            record["files"] = files
+    return record
+
+
+def _api_view(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record as Cumulus's API shows it: without the attributes it removes or does not have."""
+    return {k: v for k, v in record.items() if v is not None and v is not records.REMOVE}
+
+
+def _granule(
+    message: Mapping[str, Any], index: int, granule: Any, common: Mapping[str, Any], now_ms: int
+) -> dict[str, Any] | GranuleProblem:
+    """One message granule's record, or why it cannot be written."""
+    where = f"payload/granules/{index}"
+    if not isinstance(granule, dict) or granule.get("granuleId") in (None, ""):
+        return GranuleProblem(where, [f"{where}: no granuleId"], None)
+    record = _granule_record(message, granule, common)
+    problems = _schema_problems(_granule_validator, _api_view(record), where)
+    if record["status"] is None:
+        problems.append(f"{where}: no status (neither meta.status nor granule.status)")
+    if record["createdAt"] is None:
+        problems.append(f"{where}: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)")
+    if problems:
+        return GranuleProblem(where, problems, _identity(message, granule, now_ms))
+    if "files" in record:
+        record.update(cmr.granule_temporal(record["granuleId"], record["files"]))
+    return record
+
+
 def derive(
     message: Mapping[str, Any], now_ms: int, run: RunTimes | None = None
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """(execution record or None, granule records) of a valid message, per the seed's field table; ``run``: the
-    execution's Prefect flow run times, which win over the message's own."""
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[GranuleProblem]]:
+    """(execution record or None, granule records, granules that cannot be written) of a valid message, per the
+    seed's field table and Cumulus's records; ``run``: the execution's Prefect flow run times, which win over the
+    message's own."""
     cumulus_meta, meta = message["cumulus_meta"], message["meta"]
     payload = message.get("payload") or {}
-    start = cumulus_meta.get("workflow_start_time")
-    arn, provider = execution_arn(message), _provider(message)
+    start, stop = cumulus_meta.get("workflow_start_time"), cumulus_meta.get("workflow_stop_time")
     common = {
         **_stamps(message, now_ms),
         "processingStartDateTime": (run and run.start) or _iso(start),
-        "processingEndDateTime": (run and run.end) or _iso(cumulus_meta.get("workflow_stop_time")),
+        "processingEndDateTime": (run and run.end) or _iso(stop),
     }
-    granules = []
-    for granule in payload.get("granules") or []:
-        status = meta.get("status") or granule["status"]
-        files = granule.get("files") or []
-        granules.append(
-            {
-                **common,
-                "granuleId": granule["granuleId"],
-                "status": status,
-                "execution": arn,
-                "createdAt": start if start is not None else granule.get("createdAt"),
-                "error": _error(message) if status in records.TERMINAL_ROLES else None,
-                "files": files,
-                "productVolume": sum(f.get("size") or 0 for f in files),
-                "pdrName": (payload.get("pdr") or {}).get("name"),
-                "provider": provider,
-                "published": bool(granule.get("published") or False),
-                "queryFields": (meta.get("granule") or {}).get("queryFields"),
-                "timeToArchive": (granule.get("post_to_cmr_duration") or 0) / 1000,
-                "timeToPreprocess": (granule.get("sync_granule_duration") or 0) / 1000,
-                **cmr.granule_temporal(granule["granuleId"], files),
-            }
-        )
+    granules, problems = [], []
+    for index, granule in enumerate(payload.get("granules") or []):
+        found = _granule(message, index, granule, common, now_ms)
+        (problems if isinstance(found, GranuleProblem) else granules).append(found)
     execution = None
-    if meta.get("status") in EXECUTION.statuses.values():  # a queued message names an execution not started yet
+    status = meta.get("status")
+    if status in EXECUTION.statuses.values():  # a queued message names an execution not started yet
+        created = [g["createdAt"] for g in granules] + [p.identity["createdAt"] for p in problems if p.identity and p.identity["createdAt"] is not None]
         execution = {
             **common,
-            "arn": arn,
+            "arn": execution_arn(message),
             "name": cumulus_meta["execution_name"],
-            "status": meta["status"],
-            "createdAt": start if start is not None else min((g["createdAt"] for g in granules), default=None),
+            "status": status,
+            "createdAt": start if start is not None else min(created, default=None),
+            # Cumulus's execution duration: stop - start, 0 while it has no stop time
+            "duration": (stop - start) / 1000 if stop is not None and start is not None else 0,
             "type": meta.get("workflow_name"),
-            "error": _error(message) if meta["status"] in records.TERMINAL_ROLES else None,
+            "error": _error(message),
+            "cumulusVersion": cumulus_meta.get("cumulus_version"),
+            "parentArn": cumulus_meta.get("parentExecutionArn"),
+            "asyncOperationId": cumulus_meta.get("asyncOperationId"),
+            **_given(meta, ("workflow_tasks",)),
         }
-    return execution, granules
+        if "workflow_tasks" in execution:
+            execution["tasks"] = execution.pop("workflow_tasks")
+        if "payload" in message:
+            execution["originalPayload" if status == records.RUNNING else "finalPayload"] = _payload(message["payload"])
+    return execution, granules, problems
 
 
 def derive_pdr(message: Mapping[str, Any], now_ms: int) -> dict[str, Any] | None:
@@ -277,7 +401,8 @@ def derive_pdr(message: Mapping[str, Any], now_ms: int) -> dict[str, Any] | None
     pdr = payload.get("pdr")
     start = message["cumulus_meta"].get("workflow_start_time")
     if start is None:  # as for the execution: the earliest granule createdAt
-        start = min((g["createdAt"] for g in payload.get("granules") or [] if g.get("createdAt") is not None), default=None)
+        given = [g.get("createdAt") for g in payload.get("granules") or [] if isinstance(g, dict)]
+        start = min((c for c in given if isinstance(c, int) and not isinstance(c, bool)), default=None)
     if not pdr or status not in PDR.statuses.values() or start is None:
         return None
     counts = {state: len(payload.get(state) or []) for state in ("running", "completed", "failed")}
@@ -297,32 +422,33 @@ def derive_pdr(message: Mapping[str, Any], now_ms: int) -> dict[str, Any] | None
     }
 
 
-def _identities(message: Any, now_ms: int) -> list[dict[str, Any]]:
-    """The granules of an invalid message that can still be identified (id and collection known)."""
+def _identity(message: Any, granule: Any, now_ms: int) -> dict[str, Any] | None:
+    """A granule of an invalid message or an invalid granule, as ``mark_failed`` needs it (id and collection
+    known, the id storable), or None."""
     try:
         collection = collection_id(message)
-        granules = message["payload"]["granules"]
     except (KeyError, TypeError):
-        return []
-    if not isinstance(collection, str) or not isinstance(granules, list) or "None" in collection.split("___"):
-        return []
-    start = (message.get("cumulus_meta") or {}).get("workflow_start_time") if isinstance(message.get("cumulus_meta"), dict) else None
+        return None
+    if not isinstance(collection, str) or "None" in collection.split("___"):
+        return None
+    cumulus_meta = message.get("cumulus_meta")
+    start = cumulus_meta.get("workflow_start_time") if isinstance(cumulus_meta, dict) else None
     if not (isinstance(start, int) and not isinstance(start, bool) and 0 <= start <= MAX_EPOCH_MS):
         start = None  # an out-of-range createdAt would make the granule's real events stale forever
-    found = []
-    for granule in granules:
-        granule_id = granule.get("granuleId") if isinstance(granule, dict) else None
-        if isinstance(granule_id, str) and 0 < len(granule_id.encode()) <= records.KEY_BYTES:
-            found.append(
-                {
-                    "granuleId": granule_id,
-                    "collectionId": collection,
-                    "createdAt": start,
-                    "timestamp": now_ms,
-                    "updatedAt": now_ms,
-                }
-            )
-    return found
+    granule_id = granule.get("granuleId") if isinstance(granule, dict) else None
+    if not isinstance(granule_id, str) or _lone_surrogate(granule_id) is not None:
+        return None
+    if not 0 < len(granule_id.encode()) <= records.KEY_BYTES:
+        return None
+    return {"granuleId": granule_id, "collectionId": collection, "createdAt": start, "timestamp": now_ms, "updatedAt": now_ms}
+
+
+def _identities(message: Any, now_ms: int) -> list[dict[str, Any]]:
+    """The granules of an invalid message that can still be identified (id and collection known)."""
+    payload = message.get("payload") if isinstance(message, dict) else None
+    granules = payload.get("granules") if isinstance(payload, dict) else None
+    found = [_identity(message, g, now_ms) for g in granules] if isinstance(granules, list) else []
+    return [identity for identity in found if identity is not None]
 
 
 @dataclass
@@ -399,12 +525,13 @@ def _write_apart(kind: records.RecordKind, batch: list[dict[str, Any]]) -> list[
     return [result for record in batch for result in _write_apart(kind, [record])]
 
 
-def _segments(entries: list[tuple[int, dict | None, list[dict]]]) -> list[list[tuple[int, dict | None, list[dict]]]]:
-    """Split (index, execution, granules) into runs in which no execution arn repeats."""
+def _segments(entries: list[tuple[int, dict | None, dict | None, list[dict]]]) -> list[list[tuple[int, dict | None, dict | None, list[dict]]]]:
+    """Split (index, execution, PDR, granules) into runs in which no execution arn repeats (a message without
+    one, an invalid message, stands for an execution of its own)."""
     segments, current, seen = [], [], set()
     for entry in entries:
-        arn = entry[2][0]["execution"] if entry[2] else (entry[1] or {}).get("arn")
-        if arn in seen:
+        arn = (entry[1] or {}).get("arn") or next((g.get("execution") for g in entry[3] if g.get("execution")), None)
+        if arn is not None and arn in seen:
             segments.append(current)
             current, seen = [], set()
         current.append(entry)
@@ -425,8 +552,6 @@ def ingest(
     """Write the records of ``messages`` (in order) under the seed 004 rules; archive what is rejected."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     outcomes = [MessageOutcome(ids[i] if ids else message_id(raw)) for i, raw in enumerate(messages)]
-    valid: list[tuple[int, dict | None, list[dict]]] = []
-    pdrs: dict[int, dict] = {}
     parsed: list[Any] = [None] * len(messages)
     for index, raw in enumerate(messages):
         try:
@@ -434,32 +559,36 @@ def ingest(
             validate(parsed[index])
         except MessageError as error:
             outcomes[index].error = error.as_dict()
-            for identity in _identities(parsed[index], now_ms):
-                try:
-                    outcomes[index].results.append(records.mark_failed(GRANULE, identity, error.as_dict()))
-                except ClientError as refused:  # the message is archived whatever DynamoDB says about the mark
-                    if not _refused(refused):
-                        raise
-                    run_logger(__name__).warning("granule %s not marked failed: %s", identity["granuleId"], refused)
-            continue
     good = [index for index, outcome in enumerate(outcomes) if outcome.error is None]
     runs = flow_runs.run_times({parsed[index]["cumulus_meta"]["execution_name"] for index in good})
-    for index in good:
+    # per message, in order: (index, execution, PDR, granule records: those to write, then the failed marks)
+    entries: list[tuple[int, dict | None, dict | None, list[dict]]] = []
+    for index, message in enumerate(parsed):
+        if outcomes[index].error is not None:  # invalid: its identifiable granules are marked failed
+            marks = [records.failed_mark(GRANULE, i, outcomes[index].error) for i in _identities(message, now_ms)]
+            entries.append((index, None, None, marks))
+            continue
         try:
-            execution, granules = derive(parsed[index], now_ms, runs.get(parsed[index]["cumulus_meta"]["execution_name"]))
-            pdr = derive_pdr(parsed[index], now_ms)
+            execution, granules, problems = derive(message, now_ms, runs.get(message["cumulus_meta"]["execution_name"]))
+            pdr = derive_pdr(message, now_ms)
         except Exception as error:  # noqa: BLE001 - one message's odd value must not cost the batch its writes
             outcomes[index].error = MessageError("UnderivableMessage", f"{type(error).__name__}: {error}").as_dict()
             continue
-        valid.append((index, execution, granules))
-        if pdr is not None:
-            pdrs[index] = pdr
+        if pdr is not None and pdr.get("provider") is None:  # Cumulus's writePdr throws before any granule write
+            outcomes[index].error = MessageError("PdrWithoutProvider", f"PDR {pdr['pdrName']}: no meta.provider (a PDR record needs one)").as_dict()
+            entries.append((index, execution, None, []))
+            continue
+        if problems:  # each granule is written on its own: the valid ones are, the invalid ones marked failed
+            outcomes[index].error = MessageError("SchemaValidationError", "; ".join(p for g in problems for p in g.problems)).as_dict()
+            granules += [records.failed_mark(GRANULE, g.identity, outcomes[index].error) for g in problems if g.identity]
+        entries.append((index, execution, pdr, granules))
 
-    for segment in _segments(valid):  # the seed's order: executions, then PDRs, then granules
-        executions = [(index, execution) for index, execution, _ in segment if execution is not None]
-        segment_pdrs = [(index, pdrs[index]) for index, _, _ in segment if index in pdrs]
-        granules = [(index, g) for index, _, granules in segment for g in granules]
-        for kind, owned in ((EXECUTION, executions), (PDR, segment_pdrs), (GRANULE, granules)):
+    for segment in _segments(entries):  # the seed's order: executions, then PDRs, then granules
+        for kind, owned in (
+            (EXECUTION, [(index, execution) for index, execution, _, _ in segment if execution is not None]),
+            (PDR, [(index, pdr) for index, _, pdr, _ in segment if pdr is not None]),
+            (GRANULE, [(index, g) for index, _, _, granules in segment for g in granules]),
+        ):
             for (index, _), result in zip(owned, _write_apart(kind, [record for _, record in owned])):
                 outcomes[index].results.append(result)
 

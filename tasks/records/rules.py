@@ -1,20 +1,29 @@
 """Status writes from asynchronous events, with the seed 004 write constraints, for any record kind.
 
 Every constraint lives here, each one a DynamoDB ConditionExpression evaluated atomically with its write, so
-the rules hold under concurrency (nothing is read first and decided in Python):
+the rules hold under concurrency (nothing is read first and decided in Python). A kind's ``upsert`` says which
+rules its writes follow:
 
-- ``queued``/``running`` writes touch only the status and the kind's timestamp attributes of an existing
-  record (a new record is inserted whole: other attributes are written with ``if_not_exists``), and are
-  dropped as stale when the incoming createdAt is older than the record's, when the record already holds a
-  terminal state of the same createdAt (same attempt), when (running) the linked execution is
-  completed/failed, or when (queued) the linked execution exists at all;
-- ``completed``/``failed`` writes overwrite every given attribute, only when createdAt is newer or equal;
-- a record id is unique across scopes (collections): a write for the same id under another scope is
-  rejected, never applied;
-- a record that can be identified but not validated is marked failed without touching a terminal record;
-- a record DynamoDB could not store never reaches a request (it would fail the whole transaction): text fields
-  over half an item are cut with a visible mark (``fit``), and a record that still does not fit, or holds a
-  number DynamoDB cannot hold, is rejected (``Verdict.REJECTED``, problem ``Unwritable``) on its own.
+- ``ATTEMPT`` (any status record): ``queued``/``running`` writes touch only the status and the kind's timestamp
+  attributes of an existing record (a new record is inserted whole: other attributes are written with
+  ``if_not_exists``), and are dropped as stale when the incoming createdAt is older than the record's, or when
+  the record already holds a terminal state of the same createdAt (same attempt); ``completed``/``failed``
+  writes overwrite every given attribute, only when createdAt is newer or equal;
+- ``GRANULE`` (seed 004, Cumulus's granule upsert): as ``ATTEMPT``, but a light write applies over any record of
+  an older or the same createdAt, and, when the granule exists, only while (running) the linked execution is
+  not completed/failed, or (queued) the linked execution does not exist; a new granule is inserted whatever the
+  execution's state;
+- ``EXECUTION`` (Cumulus's execution upsert): ``running`` inserts a new record whole and otherwise touches only
+  createdAt, the timestamps and originalPayload (never the status); ``completed``/``failed`` overwrite;
+- ``PDR`` (Cumulus's PDR upsert): every write overwrites, only when createdAt is newer or equal, and a running
+  write also only when it comes from another execution or carries more progress.
+
+Common to all: a record id is unique across scopes (collections): a write for the same id under another scope
+is rejected, never applied; a record that can be identified but not validated is marked failed without
+touching a terminal record; an attribute given as ``REMOVE`` is removed by an overwriting write (a light write
+ignores it); a record DynamoDB could not store never reaches a request (it would fail the whole transaction):
+text fields over half an item are cut with a visible mark (``fit``), and a record that still does not fit, or
+holds a number DynamoDB cannot hold, is rejected (``Verdict.REJECTED``, problem ``Unwritable``) on its own.
 
 A record *kind* says where and how: table, key attributes, scope (collection) attribute, status attribute and
 its four values, createdAt attribute, the timestamps a light write may touch, and the execution link.
@@ -41,6 +50,25 @@ LIGHT_ROLES = (QUEUED, RUNNING)
 TERMINAL_ROLES = (COMPLETED, FAILED)
 
 
+class Upsert(str, Enum):
+    """Which rules a kind's writes follow (see the module docstring)."""
+
+    ATTEMPT = "attempt"
+    GRANULE = "granule"
+    EXECUTION = "execution"
+    PDR = "pdr"
+
+
+class _Remove:
+    """The value of an attribute an overwriting write removes (a message gave it as null)."""
+
+    def __repr__(self) -> str:
+        return "REMOVE"
+
+
+REMOVE = _Remove()
+
+
 @dataclass(frozen=True)
 class RecordKind:
     """How one kind of status record is stored (table is a logical name from ``tasks.core.tables``)."""
@@ -58,6 +86,13 @@ class RecordKind:
     execution_attr: str | None = None  # attribute holding the linked execution's key value
     execution_kind: "RecordKind | None" = None  # the kind the execution records are
     terminal_removes: tuple[str, ...] = ()  # removed by a terminal write that does not give them (a stale error)
+    upsert: Upsert = Upsert.ATTEMPT
+
+    def light(self, role: str) -> bool:
+        """Whether a write of ``role`` touches only the status and timestamps of an existing record."""
+        if self.upsert is Upsert.PDR:
+            return False
+        return role == RUNNING if self.upsert is Upsert.EXECUTION else role in LIGHT_ROLES
 
     def role(self, status: str) -> str:
         """The seed role (queued/running/completed/failed) of one of this kind's status values."""
@@ -79,13 +114,16 @@ class RecordKind:
 
 
 NOT_QUEUED = {RUNNING: "running", COMPLETED: "completed", FAILED: "failed"}  # executions and PDRs are never queued
-EXECUTION = RecordKind("execution", "executions", ("arn",), statuses=NOT_QUEUED)
+EXECUTION = RecordKind(
+    "execution", "executions", ("arn",), statuses=NOT_QUEUED, upsert=Upsert.EXECUTION,
+    light_attrs=("timestamp", "updatedAt", "originalPayload"),
+)  # fmt: skip
 GRANULE = RecordKind(
-    "granule", "granules", ("granuleId",), scope_attr="collectionId", execution_attr="execution", execution_kind=EXECUTION
-)
-# a PDR follows the granule rules (createdAt guard, light writes touch status and timestamps, terminal overwrites,
-# running dropped once its execution finished); a PDR name is not tied to one collection (no scope)
-PDR = RecordKind("pdr", "pdrs", ("pdrName",), statuses=NOT_QUEUED, execution_attr="execution", execution_kind=EXECUTION)
+    "granule", "granules", ("granuleId",), scope_attr="collectionId", execution_attr="execution", execution_kind=EXECUTION,
+    upsert=Upsert.GRANULE,
+)  # fmt: skip
+# a PDR name is not tied to one collection (no scope); its running writes compare executions and progress
+PDR = RecordKind("pdr", "pdrs", ("pdrName",), statuses=NOT_QUEUED, execution_attr="execution", upsert=Upsert.PDR)
 
 
 class Verdict(str, Enum):
@@ -145,6 +183,15 @@ def item_bytes(value: Any) -> int:
     return len(str(value).encode())
 
 
+def storable(value: Any) -> bool:
+    """Whether DynamoDB can hold every number in ``value``."""
+    try:
+        _serializer.serialize(state_store.to_dynamo(value))
+    except (TypeError, ValueError, decimal.DecimalException):
+        return False
+    return True
+
+
 def _texts(value: Any, path: tuple = ()) -> Iterator[tuple[tuple, str]]:
     """(path, text) of every string inside ``value`` (dict values and list items, recursively)."""
     if isinstance(value, str):
@@ -172,12 +219,10 @@ def fit(kind: RecordKind, record: Mapping[str, Any]) -> tuple[dict[str, Any], tu
         if item_bytes(record.get(attr)) > KEY_BYTES:
             raise Unwritable(f"{kind.name} {attr} is {item_bytes(record[attr])} bytes: over DynamoDB's {KEY_BYTES}-byte key limit")
     for attr, value in record.items():
-        try:
-            _serializer.serialize(state_store.to_dynamo(value))
-        except (TypeError, ValueError, decimal.DecimalException):
+        if value is not REMOVE and not storable(value):
             raise Unwritable(
                 f"{kind.name} {attr} holds a number DynamoDB cannot store (over 38 digits, beyond 1e125, NaN or Infinity)"
-            ) from None
+            )
     size = item_bytes(record)
     if size <= RECORD_BYTES:
         return record, ()
@@ -203,9 +248,30 @@ def fit(kind: RecordKind, record: Mapping[str, Any]) -> tuple[dict[str, Any], tu
 # --------------------------------------------------------------------------- conditions
 
 
-def _record_condition(kind: RecordKind, record: Mapping[str, Any], role: str, e: state_store.Expression) -> str:
-    """The ConditionExpression on the record's own item for a write of ``role``."""
-    absent = f"attribute_not_exists({e.name(kind.key_attrs[0])})"
+class Step(str, Enum):
+    """Which write a record gets: ``WRITE`` (one guarded write), or for an insert-first kind's light write,
+    ``INSERT`` (only when the record does not exist) then ``UPDATE`` (the guarded update of the existing one)."""
+
+    WRITE = "write"
+    INSERT = "insert"
+    UPDATE = "update"
+
+
+def first_step(kind: RecordKind, role: str) -> Step:
+    """``INSERT`` for a light write of a kind that inserts a new record whole and touches only the light
+    attributes of an existing one (Cumulus's granule and execution upserts), else ``WRITE``."""
+    return Step.INSERT if kind.light(role) and kind.upsert in (Upsert.GRANULE, Upsert.EXECUTION) else Step.WRITE
+
+
+def _record_condition(kind: RecordKind, record: Mapping[str, Any], role: str, e: state_store.Expression, step: Step) -> str | None:
+    """The ConditionExpression on the record's own item for a write of ``role`` (None: the write always applies)."""
+    if kind.upsert is Upsert.EXECUTION and step is Step.WRITE:
+        return None  # Cumulus's execution upsert has no guard: a running write never touches the status instead
+    if step is Step.INSERT:
+        return f"attribute_not_exists({e.name(kind.key_attrs[0])})"
+    if kind.upsert is Upsert.EXECUTION:
+        return f"attribute_exists({e.name(kind.key_attrs[0])})"
+
     def terminal() -> str:
         """A condition: the stored status is a terminal one of this kind."""
         return e.one_of(kind.status_attr, [kind.statuses[r] for r in TERMINAL_ROLES if r in kind.statuses])
@@ -217,28 +283,45 @@ def _record_condition(kind: RecordKind, record: Mapping[str, Any], role: str, e:
     ca = e.name(kind.created_attr) if created is not None else ""
     if created is None:  # identifiable but unvalidated: mark failed, never over a terminal record
         parts.append(f"NOT ({terminal()})")
-    elif role in TERMINAL_ROLES:  # newer or equal createdAt
-        parts.append(f"(attribute_not_exists({ca}) OR {ca} <= {e.value(created)})")
-    else:  # light: newer, or same attempt and not terminal yet
+    elif kind.upsert is Upsert.ATTEMPT and kind.light(role):  # newer, or same attempt and not terminal yet
         t = e.value(created)
         parts.append(f"(attribute_not_exists({ca}) OR {ca} < {t} OR ({ca} = {t} AND NOT ({terminal()})))")
+    else:  # newer or equal createdAt
+        parts.append(f"(attribute_not_exists({ca}) OR {ca} <= {e.value(created)})")
+    if kind.upsert is Upsert.PDR and role == RUNNING and record.get(kind.execution_attr) and "progress" in record:
+        ex, progress = e.name(kind.execution_attr), e.name("progress")
+        parts.append(
+            f"(attribute_not_exists({ex}) OR {ex} <> {e.value(record[kind.execution_attr])} "
+            f"OR {progress} < {e.value(record['progress'])})"
+        )
+    if step is Step.UPDATE:
+        return " AND ".join([f"attribute_exists({e.name(kind.key_attrs[0])})", *parts])
+    absent = f"attribute_not_exists({e.name(kind.key_attrs[0])})"
     return f"{absent} OR {parts[0]}" if len(parts) == 1 else f"{absent} OR ({' AND '.join(parts)})"
 
 
-def _update_expression(kind: RecordKind, record: Mapping[str, Any], role: str, e: state_store.Expression) -> str:
-    """Terminal: SET every given attribute. Light: SET status/createdAt/light attrs; others only if absent."""
-    touch = {kind.status_attr, kind.created_attr, *kind.light_attrs}
+def _update_expression(kind: RecordKind, record: Mapping[str, Any], role: str, e: state_store.Expression, step: Step) -> str:
+    """Overwriting (or inserting): SET every given attribute, REMOVE those given as ``REMOVE``. Light: SET the
+    status (not for executions), createdAt and the light attributes; the others only if absent (``WRITE``) or
+    not at all (``UPDATE``)."""
+    light = kind.light(role) and step is not Step.INSERT
+    touch = {kind.created_attr, *kind.light_attrs}
+    if kind.upsert is not Upsert.EXECUTION:
+        touch.add(kind.status_attr)
     sets = []
     for attr, value in record.items():
-        if attr in kind.key_attrs or value is None:
+        if attr in kind.key_attrs or value is None or value is REMOVE:
             continue
-        if role in TERMINAL_ROLES or attr in touch:
+        if not light or attr in touch:
             sets.append(f"{e.name(attr)} = {e.value(value)}")
-        else:
+        elif step is Step.WRITE:
             name = e.name(attr)
             sets.append(f"{name} = if_not_exists({name}, {e.value(value)})")
     expression = "SET " + ", ".join(sets)
-    removes = [e.name(a) for a in kind.terminal_removes if role in TERMINAL_ROLES and record.get(a) is None]
+    if light or step is Step.INSERT:
+        return expression
+    removes = [e.name(a) for a, v in record.items() if v is REMOVE and a not in kind.key_attrs]
+    removes += [e.name(a) for a in kind.terminal_removes if role in TERMINAL_ROLES and record.get(a) is None]
     return expression + (" REMOVE " + ", ".join(removes) if removes else "")
 
 
@@ -266,24 +349,30 @@ class _Op:
     role: str
     update: dict[str, Any]
     check: dict[str, Any] | None
+    step: Step = Step.WRITE
 
     def items(self) -> list[dict[str, Any]]:
         """The transaction items: the Update, then the ConditionCheck if any."""
         return [{"Update": self.update}] + ([{"ConditionCheck": self.check}] if self.check else [])
 
 
-def plan(kind: RecordKind, record: Mapping[str, Any], table: str, execution_table: str | None = None) -> _Op:
-    """The guarded write for ``record`` (its status in the kind's vocabulary) as transaction items."""
+def plan(
+    kind: RecordKind, record: Mapping[str, Any], table: str, execution_table: str | None = None, step: Step | None = None
+) -> _Op:
+    """The guarded write for ``record`` (its status in the kind's vocabulary) as transaction items; ``step``:
+    which write (default: the first one, ``first_step``)."""
     record = {k: v for k, v in record.items() if v is not None}
     role = kind.role(record.get(kind.status_attr))
     key = kind.key(record)
     if kind.scope_attr and record.get(kind.scope_attr) in (None, ""):
         raise ValueError(f"{kind.name} {key}: no {kind.scope_attr}")
+    step = step or first_step(kind, role)
     e = state_store.Expression()
-    update_expression = _update_expression(kind, record, role, e)
-    condition = _record_condition(kind, record, role, e)
+    update_expression = _update_expression(kind, record, role, e, step)
+    condition = _record_condition(kind, record, role, e, step)
     update = e.entry(table, key, condition, update_expression)
-    return _Op(kind, record, role, update, _execution_check(kind, record, role, execution_table or ""))
+    check = None if step is Step.INSERT else _execution_check(kind, record, role, execution_table or "")
+    return _Op(kind, record, role, update, check, step)
 
 
 def _explain(op: _Op, reasons: Sequence[Mapping[str, Any]]) -> tuple[Verdict, str, dict | None]:
@@ -304,6 +393,8 @@ def _explain(op: _Op, reasons: Sequence[Mapping[str, Any]]) -> tuple[Verdict, st
             return Verdict.STALE, f"record is already {current.get(kind.status_attr)}", current
         if theirs is not None and theirs > ours:
             return Verdict.STALE, f"older {kind.created_attr} ({ours} < {theirs})", current
+        if kind.upsert is Upsert.PDR and op.role == RUNNING:
+            return Verdict.STALE, f"running write of the same execution without more progress ({record.get('progress')} <= {current.get('progress')})", current
         return Verdict.STALE, f"{kind.status_attr} already {current.get(kind.status_attr)} for this {kind.created_attr}", current
     if len(reasons) > 1 and reasons[1].get("Code") == "ConditionalCheckFailed":
         execution = _from_raw(reasons[1].get("Item")) or {}
@@ -313,12 +404,33 @@ def _explain(op: _Op, reasons: Sequence[Mapping[str, Any]]) -> tuple[Verdict, st
     return Verdict.STALE, "condition failed", current
 
 
-
 def _from_raw(raw: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return state_store.to_plain(state_store.item_from_raw(raw))
 
 
 # --------------------------------------------------------------------------- the writer
+
+
+def _apply(ops: list[tuple[int, _Op]], table: str, execution_table: str | None) -> list[tuple[_Op, list[dict[str, Any]] | None]]:
+    """Each op through ``transact_groups``, in record order for each item; an insert that found the record is
+    followed by the guarded update of it before the next write of the same item is sent. Returns, per op, the
+    last write made and its outcome (None: applied, else the cancellation reasons)."""
+    outcomes: list[tuple[_Op, list[dict[str, Any]] | None]] = [(op, None) for _, op in ops]
+    seen: Counter = Counter()
+    rounds: dict[int, list[int]] = {}  # the n-th write of each item goes in round n
+    for position, (_, op) in enumerate(ops):
+        item = tuple(sorted((k, str(v)) for k, v in op.update["Key"].items()))
+        rounds.setdefault(seen[item], []).append(position)
+        seen[item] += 1
+    two_step = any(op.step is Step.INSERT for _, op in ops)
+    for round_ in [rounds[n] for n in sorted(rounds)] if two_step else [list(range(len(ops)))]:
+        for position, reasons in zip(round_, state_store.transact_groups([ops[p][1].items() for p in round_])):
+            outcomes[position] = (ops[position][1], reasons)
+        found = [p for p in round_ if ops[p][1].step is Step.INSERT and outcomes[p][1] is not None]
+        updates = [plan(ops[p][1].kind, ops[p][1].record, table, execution_table, Step.UPDATE) for p in found]
+        for position, update, reasons in zip(found, updates, state_store.transact_groups([u.items() for u in updates]) if updates else []):
+            outcomes[position] = (update, reasons)
+    return outcomes
 
 
 def write_many(kind: RecordKind, records: Sequence[Mapping[str, Any]], table: str | None = None) -> list[RecordResult]:
@@ -341,8 +453,8 @@ def write_many(kind: RecordKind, records: Sequence[Mapping[str, Any]], table: st
             run_logger(__name__).warning("%s %s: text cut to fit an item: %s", kind.name, kind.key(record), ", ".join(cut))
         ops.append((index, plan(kind, fitted, table, execution_table)))
         cuts.append(cut)
-    outcomes = state_store.transact_groups([op.items() for _, op in ops])
-    for (index, op), cut, reasons in zip(ops, cuts, outcomes):
+    outcomes = _apply(ops, table, execution_table)
+    for (index, _), cut, (op, reasons) in zip(ops, cuts, outcomes):
         key, status = op.update["Key"], op.record[kind.status_attr]
         if reasons is None:
             results[index] = RecordResult(kind.name, key, status, Verdict.WRITTEN, cut=cut)
@@ -359,8 +471,13 @@ def write(kind: RecordKind, record: Mapping[str, Any], table: str | None = None)
     return write_many(kind, [record], table)[0]
 
 
+def failed_mark(kind: RecordKind, identity: Mapping[str, Any], error: Mapping[str, Any]) -> dict[str, Any]:
+    """The record that sets an identified but unvalidated record failed with ``error`` (see ``mark_failed``)."""
+    return {**identity, kind.status_attr: kind.statuses[FAILED], "error": dict(error)}
+
+
 def mark_failed(kind: RecordKind, identity: Mapping[str, Any], error: Mapping[str, Any]) -> RecordResult:
     """A record that could be identified but not validated: set it failed with the error (never over a
     terminal record, never across scopes). ``identity`` holds the key and scope attributes, timestamps, and
     createdAt when known (which then guards as for any terminal write)."""
-    return write(kind, {**identity, kind.status_attr: kind.statuses[FAILED], "error": dict(error)})
+    return write(kind, failed_mark(kind, identity, error))
