@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
+
 from tasks.core import state_store
 from tasks.records import messages as records_messages
 from tasks.records import rules as records
@@ -82,3 +84,8 @@ def pdr(name: str) -> dict[str, Any] | None:
 def put_execution(execution_name: str, status: str, created: int = START) -> None:
     """An execution record as Cumulus's tests create one beforehand (fakeExecutionRecordFactory)."""
     state_store.put(records.EXECUTION.table_name(), {"arn": arn(execution_name), "status": status, "createdAt": created})
+
+
+def ported(*titles: str) -> pytest.MarkDecorator:
+    """One test for several Cumulus tests of the same scenario: ``title`` takes each Cumulus test's title."""
+    return pytest.mark.parametrize("title", titles, ids=titles)

@@ -12,7 +12,7 @@ import pytest
 
 from tasks.records import messages as records_messages
 from tasks.records.rules import Verdict
-from tests.records_cumulus import COLLECTION_ID, NOW, START, arn, execution, ingest, message, new_id, pdr, put_execution
+from tests.records_cumulus import COLLECTION_ID, NOW, START, arn, execution, ingest, message, new_id, pdr, ported
 
 WE = "packages/api/tests/lib/writeRecords/test-write-execution.js"
 ME = "packages/db/tests/models/test-execution-model.js"
@@ -72,10 +72,10 @@ def test_write_execution_saves_the_execution():
     assert execution(name)["status"] == "running"
 
 
-@pytest.mark.parametrize("title", [
+@ported(
     "writeExecutionRecordFromMessage() properly sets originalPayload on initial write and finalPayload on subsequent write",
     "writeExecutionRecordFromMessage() correctly sets both original_payload and final_payload in postgres when execution records are run in sequence",
-])  # fmt: skip
+)  # fmt: skip
 def test_original_then_final_payload(title):
     """WE: the test named in ``title``."""
     name = new_id("E")

@@ -11,7 +11,7 @@ import pytest
 
 from tasks.records.rules import Verdict
 from tests.records_cumulus import (
-    COLLECTION_ID, NOW, START, arn, files, granule, ingest, message, new_id, put_execution,
+    COLLECTION_ID, NOW, START, arn, files, granule, ingest, message, new_id, ported, put_execution,
 )  # fmt: skip
 
 W = "packages/api/tests/lib/writeRecords/test-write-granules.js"
@@ -140,10 +140,10 @@ def test_published_defaults_to_false(published):
     assert granule(g)["published"] is False
 
 
-@pytest.mark.parametrize("title", [
+@ported(
     "writeGranulesFromMessage() uses a default value for granule.createdAt from workflowStartTime if granule.createdAt is undefined",
     "writeGranulesFromMessage() falls back to workflow_start_time if granule.createdAt is not provided in cumulus_message for a granule",
-])  # fmt: skip
+)  # fmt: skip
 def test_created_at_defaults_to_workflow_start_time(title):
     """W: the two tests named in ``title``."""
     g = new_id("G")
@@ -151,10 +151,10 @@ def test_created_at_defaults_to_workflow_start_time(title):
     assert granule(g)["createdAt"] == 1637017285469
 
 
-@pytest.mark.parametrize("title", [
+@ported(
     "writeGranulesFromMessage() allows overwrite of createdAt and uses granule.createdAt value for written granule if defined",
     "writeGranulesFromMessage() honors granule.createdAt time if provided in cumulus_message",
-])  # fmt: skip
+)  # fmt: skip
 def test_workflow_start_time_wins_over_granule_created_at(title):
     """W: the two tests named in ``title``. Seed-decided: Cumulus writes the granule's own createdAt; the seed's
     table: "createdAt: Defaults to cumulus_meta.workflow_start_time, else payload.granule.createdAt"."""

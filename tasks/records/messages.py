@@ -1,8 +1,13 @@
 """Cumulus workflow messages -> execution and granule records (seed 004's field table), with schema checks.
 
-A message is validated against a Cumulus message schema (``cumulus_meta``, ``meta``, ``payload.granules``);
-an invalid one marks its granules failed when they can be identified and goes to the dead-letter archive
-with the validation errors, as does an unparsable one and one whose granule id belongs to another collection.
+A message is validated against a Cumulus message schema (``cumulus_meta``, ``meta``, ``payload``); an invalid
+one marks its granules failed when they can be identified and goes to the dead-letter archive with the
+validation errors, as does an unparsable one (or one holding text UTF-8 cannot carry) and one whose granule id
+belongs to another collection. Each granule of a valid message becomes Cumulus's API granule record and is
+checked on its own against Cumulus's API granule schema: an invalid granule is marked failed and its message
+goes to the archive, while the message's execution, PDR and valid granules are written (Cumulus writes each
+granule on its own). Records are Cumulus's: a null the granule gives removes the value, an omitted one keeps
+it; a running or queued granule stores no files; an execution's duration is its stop - start.
 
 Messages are written in arrival order and, as in the seed, each message's execution first, then its PDR, then
 its granules. A queued message writes no execution (nor PDR: neither is ever queued), so "the execution already
@@ -29,7 +34,6 @@ from botocore.exceptions import ClientError
 from jsonschema import Draft202012Validator
 
 from tasks.core.object_store import open_url
-from tasks.core.runtime import run_logger
 from tasks.records import cmr, dead_letter, flow_runs
 from tasks.records import rules as records
 from tasks.records.flow_runs import RunTimes, utc_iso
