@@ -221,8 +221,7 @@ def test_disjoint_files_replace_existing_files():
 
 
 def test_completed_status_saves_files():
-    """W: "writeGranulesFromMessage() saves file records to when workflow status is "completed"" (and "... saves
-    the same files to PostgreSQL and Elasticsearch": the files as given)."""
+    """W: "writeGranulesFromMessage() saves file records to when workflow status is "completed""."""
     g = new_id("G")
     given = completed_granule(g)
     ingest(message("completed", new_id("E"), START, given))
