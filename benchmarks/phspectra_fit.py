@@ -42,12 +42,17 @@ def _fit(spectrum: np.ndarray) -> int:
     return len(phspectra.fit_gaussians(spectrum, **PARAMS))
 
 
+BARE_COMPONENTS: list[int] = []  # components the bare pool found, per run: the flow must find as many
+
+
 def bare_pool(spectra: np.ndarray, workers: int) -> float:
     """Seconds for a ProcessPoolExecutor of ``workers`` processes to fit every spectrum."""
     start = time.perf_counter()
     with ProcessPoolExecutor(workers) as pool:
-        list(pool.map(_fit, spectra, chunksize=4))
-    return time.perf_counter() - start
+        found = sum(pool.map(_fit, spectra, chunksize=4))
+    seconds = time.perf_counter() - start
+    BARE_COMPONENTS.append(found)
+    return seconds
 
 
 def single_process(spectra: np.ndarray) -> float:
@@ -168,7 +173,12 @@ def main() -> None:
             from tasks.core.state_store import to_plain
             from tasks.phspectra import survey as ph
 
-            fit_s = sum(c["fit_ms"] for c in to_plain(ph.list_chunks(summary["run_id"]))) / 1000
+            chunks = to_plain(ph.list_chunks(summary["run_id"]))
+            fit_s = sum(c["fit_ms"] for c in chunks) / 1000
+            flow_components = sum(c.get("n_components", 0) for c in chunks)
+            if flow_components != BARE_COMPONENTS[0]:  # same spectra, same fit: a different count is a wrong result
+                raise SystemExit(f"FAILED: the flow found {flow_components} components, the bare pool {BARE_COMPONENTS[0]}")
+            print(f"components found: flow {flow_components}, bare pool {BARE_COMPONENTS[0]} (equal)")
     if args.bare_after:
         again = bare_pool(spectra, args.workers)
         print(f"bare ProcessPoolExecutor again, after the flow: {rate(n, again):.1f} spectra/s")
