@@ -83,6 +83,26 @@ def flow_phases(run_id: str, start_iso: str, flow_s: float) -> dict[str, float]:
     return {"before": before, "fitting": fitting, "after": flow_s - before - fitting}
 
 
+def orchestration_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this process and of its children other than the fitting processes'
+    fork server: the Prefect server, DynamoDB Local, by name."""
+    import psutil
+
+    me = psutil.Process()
+    found = {"flow process (this one)": sum(me.cpu_times()[:2])}
+    for child in me.children(recursive=True):
+        try:
+            line = " ".join(child.cmdline())
+            if "tasks.phspectra.worker" in line:
+                continue  # the fork server and the fits
+            name = "DynamoDB Local" if "DynamoDBLocal" in line or "java" in line else (
+                "Prefect server" if "prefect" in line or "uvicorn" in line else child.name())
+            found[name] = found.get(name, 0.0) + sum(child.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return found
+
+
 def java_available() -> bool:
     from deployments.dynamodb_local import StackError, java
 
@@ -160,12 +180,14 @@ def main() -> None:
             from flows.phspectra_survey import phspectra_survey
 
             label = f"flow on {'Dask LocalCluster' if args.dask else 'ThreadPool'} x{args.workers}"
+            cpu_before = orchestration_cpu()
             start_iso, start = now_iso(), time.perf_counter()
             summary = phspectra_survey(
                 cube_url=cube_path.as_uri(), survey="bench", chunk_size=chunk_size, workers=args.workers,
                 dask_workers=args.workers if args.dask else 0,
             )  # fmt: skip
             flow_s = time.perf_counter() - start
+            cpu_after = orchestration_cpu()
             results[label] = rate(n, flow_s)
             assert summary["spectra_fitted"] == n and summary["jobs_completed"] == summary["jobs_total"], summary
             print(f"{label}: {results[label]:.1f} spectra/s ({summary['jobs_total']} chunks)")
@@ -200,6 +222,10 @@ def main() -> None:
           f"{phases['fitting']:.2f} s + after the last chunk {phases['after']:.2f} s; bare pool {bare_s:.2f} s")
     # the fit work is what the flow's fitting processes report spending in fit_spectra, spread over the workers;
     # the rest of the wall time is orchestration: Prefect, DynamoDB, chunk files, Parquet, artifacts, idle cores
+    used = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
+    print("CPU seconds besides the fits during the flow: " + ", ".join(f"{k} {v:.2f}" for k, v in used.items())
+          + f"; total {sum(used.values()):.2f} s = {sum(used.values()) / (flow_s * args.workers):.1%} of the "
+          f"{args.workers} cores over the flow's wall time (fits: {fit_s:.2f} s of fitting-process wall time)")
     work_s = fit_s / args.workers
     print(f"ORCHESTRATION SHARE = {max(0.0, flow_s - work_s) / flow_s:.1%} (flow wall {flow_s:.2f} s - fit work "
           f"{fit_s:.2f} s / {args.workers} workers, over flow wall; goal <= 5%); "
