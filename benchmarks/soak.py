@@ -15,7 +15,8 @@ documented recovery; 0: leave it to the stack's own supervision).
 
 After the feed, the stack drains (``--drain`` s at most; the ETL's last partial batches are closed by one run of
 the hourly ``ndjson-flush-orphans`` deployment). Printed: per pipeline arrival → done p50/p95 over the first and the
-last quarter of the arrivals, the backlog (arrived, not done) over time, lost (never done), duplicated (an ETL file
+last quarter of the arrivals, the backlog (arrived, not done) over time, lost (left undone while its pipeline
+finished nothing for 2 minutes; left while it still finishes is slow, not lost), duplicated (an ETL file
 in two manifests, merged rows beyond the files' lines) and failed counts, each stack process's memory (RSS) at the
 start and the end, and the Prefect database's growth. Exit code 1 on lost or duplicated data (never on a slow run).
 
@@ -48,6 +49,7 @@ from benchmarks.server_load import stack  # noqa: E402
 from deployments.dynamodb_local import free_port  # noqa: E402
 
 PIPELINES = ("etl", "video", "records", "phspectra")
+STALLED_S = 120  # an item left undone while its pipeline finished nothing for this long is counted lost
 
 
 class Ledger:
@@ -92,8 +94,8 @@ def quarter_figures(ledger: Ledger) -> str:
     n = len(ledger.arrived)
     quarter = max(1, n // 4)
     first, last = ledger.latencies(slice(0, quarter)), ledger.latencies(slice(n - quarter, n))
-    return (f"start p50 {percentile(first, 0.5):6.1f} s p95 {percentile(first, 0.95):6.1f} s | "
-            f"end p50 {percentile(last, 0.5):6.1f} s p95 {percentile(last, 0.95):6.1f} s")
+    return (f"start p50 {percentile(first, 0.5):6.1f} s p95 {percentile(first, 0.95):6.1f} s ({len(first)}/{quarter} done) | "
+            f"end p50 {percentile(last, 0.5):6.1f} s p95 {percentile(last, 0.95):6.1f} s ({len(last)}/{quarter} done)")
 
 
 # --------------------------------------------------------------------------- feeders
@@ -454,12 +456,17 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         memory_end, db_end = memory(data), database_mb(data)
         doubles, rows, expected_rows = feeders.etl_duplicates() if feeders.ledgers["etl"].arrived else (0, 0, 0)
 
-    print(f"\n{'pipeline':10} {'arrived':>7} {'done':>6} {'failed':>6} {'lost':>5}  arrival -> done")
-    lost_total = 0
+    print(f"\n{'pipeline':10} {'arrived':>7} {'done':>6} {'failed':>6} {'left':>5} {'lost':>5}  arrival -> done")
+    lost_total, end = 0, time.time()
     for name, ledger in feeders.ledgers.items():
-        lost = len(ledger.arrived) - len(ledger.done) - len(ledger.failed)
+        left = len(ledger.arrived) - len(ledger.done) - len(ledger.failed)
+        # left undone while nothing of its pipeline finished for STALLED_S: lost; still finishing: slow, not lost
+        last = max(list(ledger.done.values()) + [max(ledger.arrived.values(), default=end)], default=end)
+        lost = left if left and end - last > STALLED_S else 0
         lost_total += lost
-        print(f"{name:10} {len(ledger.arrived):7} {len(ledger.done):6} {len(ledger.failed):6} {lost:5}  {quarter_figures(ledger)}")
+        print(f"{name:10} {len(ledger.arrived):7} {len(ledger.done):6} {len(ledger.failed):6} {left:5} {lost:5}  {quarter_figures(ledger)}")
+        if left and not lost:
+            print(f"    {left} still in the backlog at the end, finishing ({end - last:.0f} s since the last one done): slow, not lost")
         for item, reason in list(ledger.failed.items())[:3]:
             print(f"    failed {item}: {reason[:160]}")
     etl_backlog = backlog[-1][1]["etl"] if backlog else 0
