@@ -250,7 +250,7 @@ def stack_processes(data: Path) -> dict[str, int]:
     if "worker" in found:  # the pid file names the engine fork server: the worker is its child
         try:
             for child in psutil.Process(found["worker"]).children():
-                if "worker" in " ".join(child.cmdline()):
+                if _is_worker(child):
                     found["worker (prefect worker)"] = child.pid
                     found["engine fork server"] = found.pop("worker")
                     break
@@ -276,6 +276,18 @@ def stack_processes(data: Path) -> dict[str, int]:
     return found
 
 
+def _is_worker(process) -> bool:
+    """Whether a child of the engine fork server is the `prefect worker start` process (the others are its runs,
+    forks of the server with the server's command line)."""
+    import psutil
+
+    try:
+        line = process.cmdline()
+    except psutil.Error:
+        return False
+    return "engine_forkserver" not in " ".join(line) and "worker" in line and "start" in line
+
+
 def _stdout(pid: int) -> str | None:
     """What a process's standard output is (``pipe:[inode]``): a run shares its caller's."""
     try:
@@ -291,7 +303,7 @@ def _fork_server_runs(server: int | None) -> dict[str | None, int]:
     if server is None:
         return {}
     try:
-        children = [c for c in psutil.Process(server).children() if "worker" not in " ".join(c.cmdline())]
+        children = [c for c in psutil.Process(server).children() if not _is_worker(c)]
     except psutil.Error:
         return {}
     return {_stdout(c.pid): c.pid for c in children}
