@@ -425,6 +425,9 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
 
     with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
         feeders = Feeders(root, args)
+        deadline = time.monotonic() + 180  # the listeners' runs start after `up` returns: the start figures wait for them
+        while sum(name.endswith("-listen/local") for name in stack_processes(data)) < 4 and time.monotonic() < deadline:
+            time.sleep(3)
         memory_start, db_start = memory(data), database_mb(data)
         feed_s = args.minutes * 60
         kills = sorted([(args.kill_listener_at, "listener")] * bool(args.kill_listener_at)
