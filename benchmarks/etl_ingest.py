@@ -3,7 +3,7 @@
 Both sides do the seed's per-file conditional semantics with 4 concurrent ingesters over the same files
 (10% of the events delivered twice, to another ingester, as SQS may): track (``attribute_not_exists(file_key)``) and claim
 (``pending#N → manifested#N``).
-- baseline: one conditional PutItem / UpdateItem per file (the seed Lambda's calls), no manifests;
+- baseline: plain boto3, one conditional PutItem / UpdateItem per file keyed by its bare name (the seed Lambda's calls), no manifests;
 - ours: the ingest task bodies (validation; ``track_and_batch``: each full batch of new files created
   ``manifested#N`` in the transaction that creates its MANIFEST record, the rest ``pending#N``; claim-first
   batches, each claimed in one transaction with its record), then an orphan flush for the remainders.
@@ -16,6 +16,7 @@ Checks: zero double claims (every file in exactly one manifest). Goal: ≥ 250 f
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -80,28 +81,43 @@ def deliveries(urls: list[str]) -> list[list[str]]:
 
 
 def run_baseline(urls: list[str]) -> dict:
-    """Per-file single conditional requests, as the seed's Lambda makes them."""
-    from tasks.etl import ingest as etl
-    from tasks.core import keys, state_store
-    from tasks.core.config import table_name
+    """Per-file single conditional requests with plain boto3, as the seed's Lambda makes them: a stat of the file,
+    ``put_item`` if absent, then a guarded ``update_item`` claim, keyed by the bare file name (the seed's key)."""
+    import boto3
+    from botocore.config import Config
+    from urllib.parse import urlsplit
 
-    config = etl.settings()
-    table = table_name(etl.TRACKING)
+    client = boto3.client("dynamodb", config=Config(max_pool_connections=WORKERS * 2))
+    table = os.environ["TABLE_ETL_FILE_TRACKING"]
+    shards = int(os.environ.get("NUM_STATUS_SHARDS", "10"))
 
     def worker(batch: list[str]) -> int:
         won = 0
+        keyed = []
         for url in batch:
-            check = etl.validate_file(url, config)
-            state_store.create_if_absent(table, etl._file_item(check, etl.PENDING, config), etl.TRACKING_KEYS)
-        for url in batch:
-            name = keys.parse_input_path(url).filename
-            shard = keys.status_shard(name, config.num_status_shards)
-            result = state_store.transition(
-                table, etl.tracking_key(keys.parse_input_path(url).date_prefix, name),
-                keys.sharded_status("pending", shard), keys.sharded_status("manifested", shard),
-                set={"manifest_path": keys.claim_placeholder("baseline")},
-            )
-            won += result.applied
+            path = Path(urlsplit(url).path)
+            date, name = path.parent.name, path.name
+            shard = int(hashlib.md5(name.encode()).hexdigest(), 16) % shards
+            keyed.append((date, name, shard))
+            try:
+                client.put_item(TableName=table, ConditionExpression="attribute_not_exists(file_key)", Item={
+                    "date_prefix": {"S": date}, "file_key": {"S": name}, "status": {"S": f"pending#{shard}"},
+                    "file_size": {"N": str(path.stat().st_size)}, "file_path": {"S": url},
+                })  # fmt: skip
+            except client.exceptions.ConditionalCheckFailedException:
+                pass
+        for date, name, shard in keyed:
+            try:
+                client.update_item(
+                    TableName=table, Key={"date_prefix": {"S": date}, "file_key": {"S": name}},
+                    ConditionExpression="#s = :pending", UpdateExpression="SET #s = :manifested, manifest_path = :m",
+                    ExpressionAttributeNames={"#s": "status"},
+                    ExpressionAttributeValues={":pending": {"S": f"pending#{shard}"}, ":manifested": {"S": f"manifested#{shard}"},
+                                               ":m": {"S": "baseline"}},
+                )  # fmt: skip
+                won += 1
+            except client.exceptions.ConditionalCheckFailedException:
+                pass
         return won
 
     with ThreadPoolExecutor(WORKERS) as pool:

@@ -67,9 +67,14 @@ def make_files(root: Path, files: int, mb_each: float, nested: bool) -> list[str
     return urls
 
 
-def baseline(urls: list[str], out: Path) -> None:
+def baseline(urls: list[str], out: Path) -> int:
+    """pyarrow's JSON reader and Parquet writer per file; the rows written."""
+    rows = 0
     for n, url in enumerate(urls):
-        pq.write_table(pajson.read_json(url[len("file://"):]), out / f"raw-{n:04d}.parquet")
+        table = pajson.read_json(url[len("file://"):])
+        pq.write_table(table, out / f"raw-{n:04d}.parquet")
+        rows += table.num_rows
+    return rows
 
 
 class Spark:
@@ -249,14 +254,14 @@ def main() -> int:
         ours(urls[:1], work / "warm")  # and ours: Numba loads its compiled merge kernels once per process
         shutil.rmtree(work / "warm")
         times = {name: [] for name in names}
-        rows = None
+        rows, baseline_rows = None, None
         for r in range(repeats):
             for name in names if r % 2 == 0 else names[::-1]:
                 out = work / f"out-{name}-{r}"
                 out.mkdir()
                 start = time.perf_counter()
                 if name == "baseline":
-                    baseline(urls, out)
+                    baseline_rows = baseline(urls, out)
                 elif name == "spark":
                     spark.run(urls, out)
                 else:
@@ -271,7 +276,9 @@ def main() -> int:
             print(f"  {name:8s}: {statistics.median(values):7.1f} MB/s (range {min(values):.1f}-{max(values):.1f})")
         ratio = statistics.median(rates["ours"]) / statistics.median(rates["baseline"])
         ratios = [o / b for o, b in zip(rates["ours"], rates["baseline"])]
-        print(f"rows merged per run: {rows}")
+        print(f"rows merged per run: {rows} (pyarrow read {baseline_rows})")
+        if rows != baseline_rows:
+            raise SystemExit(f"FAILED: the merge wrote {rows} rows where pyarrow read {baseline_rows} from the same files")
         print(f"RATIO ours/baseline = {ratio:.2f} (per-repeat {min(ratios):.2f}-{max(ratios):.2f}); goal >= 0.7: "
               f"{'met' if ratio >= 0.7 else 'NOT met'}")
         if "spark" in rates:

@@ -70,6 +70,9 @@ def main() -> None:
                 lambda: (Path(tmp) / "b.out").write_bytes(client.get_object(Bucket=bucket, Key="bench/b.bin")["Body"].read())
             ),
         }
+        for copy in ("a.out", "b.out"):  # a transfer that is fast but wrong fails the benchmark
+            if (Path(tmp) / copy).read_bytes() != source.read_bytes():
+                raise SystemExit(f"FAILED: the downloaded {copy} differs from the uploaded object")
     print(f"object {size // MiB} MiB, parts of {multipart_bytes() // MiB} MiB, moto S3 on loopback")
     for name, (seconds, peak) in results.items():
         print(f"  {name:45} {rate(size / MiB, seconds):8.1f} MiB/s   peak Python memory {peak / MiB:8.1f} MiB")

@@ -1,6 +1,6 @@
 """GPU check for the video pipeline's ``gpu`` backend (h264_nvenc), runnable on a machine with an NVIDIA GPU.
 
-    python benchmarks/video_gpu.py            # needs: ffmpeg-python imageio-ffmpeg av nvidia-ml-py
+    python benchmarks/video_gpu.py [--quick]  # needs: ffmpeg-python imageio-ffmpeg av nvidia-ml-py
 
 No DynamoDB or Prefect needed: it generates a clip, segments it, runs every mode through the gpu backend
 and checks each output (H.264, same frame count, audio kept, grayscale really gray), concatenates the
@@ -43,6 +43,11 @@ def mean_chroma_gap(path: Path) -> float:
 
 
 def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="accepted for `make test-sweep`: the run is short already")
+    parser.parse_args()
     reason = video_inference.gpu_available()
     if reason is not None:
         print(f"SKIP: no usable GPU: {reason}")

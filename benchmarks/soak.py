@@ -1,0 +1,509 @@
+"""Sustained service: every landing place of `make up`'s stack fed at once, at given rates, for N minutes.
+
+A whole local stack of its own (``deployments.local_stack up`` in a temporary data folder on free loopback ports:
+DynamoDB Local, the Prefect server, the process worker, the listeners, every deployment and its schedules), then
+feeders, each on its own thread, writing into the stack's object store the way users and upstream systems do:
+- ETL: NDJSON files of ~150 KB under ``pipeline/input/{yesterday}/`` (renamed in whole) at ``--etl-rate`` files/s
+  (the seed's average: 3.9/s); done = the file's tracking record ``completed`` (merged);
+- video: a job created, then its 6 s clip at the upload target, every ``--video-every`` s; done = job completed;
+- records: a message file of ``--records`` granules (one ``completed`` message each) every ``--records-every`` s;
+  done = the granule's record written;
+- phspectra: a small cube and its survey manifest every ``--cube-every`` s; done = the survey's run ended.
+Optionally the ndjson listener (``--kill-listener-at S``) and the worker (``--kill-worker-at S``) are SIGKILLed S
+seconds into the feed; ``--recover-after R`` runs `make up`'s ``local_stack up`` R seconds after each kill (the
+documented recovery; 0: leave it to the stack's own supervision).
+
+After the feed, the stack drains (``--drain`` s at most; the ETL's last partial batches are closed by one run of
+the hourly ``ndjson-flush-orphans`` deployment). Printed: per pipeline arrival → done p50/p95 over the first and the
+last quarter of the arrivals, the backlog (arrived, not done) over time, lost (left undone while its pipeline
+finished nothing for 2 minutes; left while it still finishes is slow, not lost), duplicated (an ETL file
+in two manifests, merged rows beyond the files' lines) and failed counts, each stack process's memory (RSS) at the
+start and the end, and the Prefect database's growth. Exit code 1 on lost or duplicated data (never on a slow run).
+
+    .venv/bin/python benchmarks/soak.py --minutes 15 [--etl-rate 3.9] [--kill-listener-at 300] [--kill-worker-at 600]
+    .venv/bin/python benchmarks/soak.py --quick     # 1.5 minutes at low rates, no kills (make test-sweep)
+    PREFECT_SERVER_DB=postgres .venv/bin/python benchmarks/soak.py ...   # the server on PostgreSQL
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.server_load import stack  # noqa: E402
+from deployments.dynamodb_local import free_port  # noqa: E402
+
+PIPELINES = ("etl", "video", "records", "phspectra")
+STALLED_S = 120  # an item left undone while its pipeline finished nothing for this long is counted lost
+
+
+class Ledger:
+    """Arrivals and completions of one pipeline: item -> arrival time, done time, failure."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.arrived: dict[str, float] = {}
+        self.done: dict[str, float] = {}
+        self.failed: dict[str, str] = {}
+        self.info: dict[str, dict] = {}
+
+    def arrive(self, item: str, **info) -> None:
+        with self.lock:
+            self.arrived[item] = time.time()
+            self.info[item] = info
+
+    def waiting(self) -> list[str]:
+        with self.lock:
+            return [i for i in self.arrived if i not in self.done and i not in self.failed]
+
+    def finish(self, item: str, at: float, failure: str | None = None) -> None:
+        with self.lock:
+            if failure is None:
+                self.done.setdefault(item, at)
+            else:
+                self.failed.setdefault(item, failure)
+
+    def latencies(self, part: slice) -> list[float]:
+        with self.lock:
+            ordered = sorted(self.arrived.items(), key=lambda kv: kv[1])
+            chosen = ordered[part]
+            return [self.done[i] - t for i, t in chosen if i in self.done]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def quarter_figures(ledger: Ledger) -> str:
+    n = len(ledger.arrived)
+    quarter = max(1, n // 4)
+    first, last = ledger.latencies(slice(0, quarter)), ledger.latencies(slice(n - quarter, n))
+    return (f"start p50 {percentile(first, 0.5):6.1f} s p95 {percentile(first, 0.95):6.1f} s ({len(first)}/{quarter} done) | "
+            f"end p50 {percentile(last, 0.5):6.1f} s p95 {percentile(last, 0.95):6.1f} s ({len(last)}/{quarter} done)")
+
+
+# --------------------------------------------------------------------------- feeders
+
+
+class Feeders:
+    """The four feeders and the checks of what they fed, on the stack whose environment this process has."""
+
+    def __init__(self, work: Path, args) -> None:
+        from deployments.samples import etl as etl_sample
+
+        from tasks.core.config import object_store
+
+        self.work, self.args = work, args
+        self.store = object_store()
+        self.ledgers = {name: Ledger() for name in PIPELINES}
+        self.stop = threading.Event()
+        self.date = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%d")  # the flush closes it
+        self.tag = datetime.now(timezone.utc).strftime("%H%M%S")
+        lines = etl_sample._records(random.Random(1), args.etl_lines)
+        self.etl_lines = len(lines)
+        self.etl_template = work / "etl-template.ndjson"
+        self.etl_template.write_text("\n".join(lines) + "\n")
+
+    def paced(self, every_s: float, feed) -> None:
+        """Call ``feed(n)`` every ``every_s`` seconds (catching up after a slow call, never bunching) until stopped."""
+        n, began = 0, time.monotonic()
+        while not self.stop.is_set():
+            try:
+                feed(n)
+            except Exception as error:  # noqa: BLE001 - a feeder that cannot write is a finding, not a crash
+                print(f"feeder error: {type(error).__name__}: {error}", flush=True)
+            n += 1
+            self.stop.wait(max(0.0, began + n * every_s - time.monotonic()))
+
+    def feed_etl(self, n: int) -> None:
+        from tasks.core import keys
+
+        name = f"soak-{self.tag}-{n:07d}.ndjson"
+        self.store.put_file(keys.input_key(self.date, name), self.etl_template)
+        self.ledgers["etl"].arrive(name)
+
+    def feed_video(self, n: int) -> None:
+        from deployments.samples import video as video_sample
+
+        job = video_sample.drop(self.work / f"video-{n:04d}", self.store)
+        self.ledgers["video"].arrive(job["job_id"])
+
+    def feed_records(self, n: int) -> None:
+        from deployments.samples.records import _message
+
+        from tasks.core import keys
+
+        granules = [f"SOAK{self.tag}.A{n:05d}.h{g:02d}v00.006" for g in range(self.args.records)]
+        bodies = [json.dumps(_message("completed", f"soak-{self.tag}-{n}-{g}", 1_700_000_000_000 + n, [granule]))
+                  for g, granule in enumerate(granules)]  # fmt: skip
+        self.store.put_bytes(f"{keys.RECORDS_INCOMING_PREFIX}soak-{self.tag}-{n:05d}.ndjson", ("\n".join(bodies) + "\n").encode())
+        for granule in granules:
+            self.ledgers["records"].arrive(granule)
+
+    def feed_cube(self, n: int) -> None:
+        from deployments.samples.phspectra import synthetic_cube, write_fits
+
+        from tasks.core import keys
+
+        survey = f"soak-{self.tag}-{n:04d}"
+        cube = write_fits(synthetic_cube(seed=n), self.work / f"cube-{n:04d}.fits")
+        cube_key = f"surveys/cubes/{survey}-cube.fits"
+        self.store.put_file(cube_key, cube)
+        manifest = {"survey": survey, "cubes": [cube_key], "chunk_size": 12, "fit_params": {"beta": 3.5}}
+        self.store.put_bytes(f"{keys.SURVEY_INCOMING_PREFIX}{survey}/{survey}.json", json.dumps(manifest).encode())
+        self.ledgers["phspectra"].arrive(survey)
+
+    def start(self) -> list[threading.Thread]:
+        a = self.args
+        plan = [(1 / a.etl_rate, self.feed_etl), (a.video_every, self.feed_video), (a.records_every, self.feed_records),
+                (a.cube_every, self.feed_cube)]  # fmt: skip
+        threads = [threading.Thread(target=self.paced, args=p, daemon=True) for p in plan if p[0] > 0 and p[0] != float("inf")]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    # ----------------------------------------------------------------------- checks
+
+    def check(self) -> None:
+        """Mark what is done (or failed) since the last check, each with the time it was seen."""
+        from tasks.core import config, state_store
+        from tasks.etl import ingest as etl
+        from tasks.phspectra import survey as ph
+        from tasks.video import jobs as video
+
+        now = time.time()
+        etl_ledger = self.ledgers["etl"]
+        waiting = etl_ledger.waiting()
+        if waiting:
+            found = state_store.get_many(config.table_name(etl.TRACKING), [{"date_prefix": self.date, "file_key": f} for f in waiting])
+            for item in found:
+                status = etl.base_status(item)
+                if status == etl.COMPLETED:
+                    etl_ledger.finish(item["file_key"], now)
+                elif status in (etl.FAILED, etl.QUARANTINED):
+                    etl_ledger.finish(item["file_key"], now, f"{status}: {item.get('error_message', '')}")
+        for job_id in self.ledgers["video"].waiting():
+            job = video.get_job(job_id)
+            if job["status"] == video.COMPLETED:
+                self.ledgers["video"].finish(job_id, now)
+            elif job["status"] == video.FAILED:
+                self.ledgers["video"].finish(job_id, now, str(job.get("failure_reason")))
+        waiting = self.ledgers["records"].waiting()
+        if waiting:
+            for item in state_store.get_many(config.table_name("granules"), [{"granuleId": g} for g in waiting]):
+                self.ledgers["records"].finish(item["granuleId"], now)
+        for survey in self.ledgers["phspectra"].waiting():
+            run = ph.latest_run(survey)
+            if run and run["status"] == ph.RUN_COMPLETED:
+                self.ledgers["phspectra"].finish(survey, now)
+            elif run and run["status"] == ph.RUN_FAILED:
+                self.ledgers["phspectra"].finish(survey, now, str(run.get("error")))
+
+    def etl_duplicates(self) -> tuple[int, int, int]:
+        """(files listed in two manifests, merged rows, rows the merged files hold) for this soak's files."""
+        import pyarrow.parquet as pq
+
+        from tasks.core import keys
+
+        mine = set(self.ledgers["etl"].arrived)
+        listed = collections.Counter()
+        for path in self.store.path(keys.manifest_key(self.date, "x")).parent.glob("*.json"):
+            for url in json.loads(path.read_text())["fileLocations"][0]["URIPrefixes"]:
+                name = url.rsplit("/", 1)[-1]
+                if name in mine:
+                    listed[name] += 1
+        rows = 0
+        for part in self.store.path(keys.merged_output_prefix(self.date) + "x").parent.glob("*.parquet"):
+            rows += pq.read_metadata(part).num_rows
+        return sum(n - 1 for n in listed.values() if n > 1), rows, len(self.ledgers["etl"].done) * self.etl_lines
+
+
+# --------------------------------------------------------------------------- the stack's processes
+
+
+def stack_processes(data: Path) -> dict[str, int]:
+    """Name -> pid of the stack's processes: its pid files, the worker, each running listener's flow-run process."""
+    import psutil
+
+    found = {}
+    for pid_file in sorted((data / "run").glob("*.pid")):
+        try:
+            found[pid_file.stem] = int(pid_file.read_text().split()[0])
+        except (ValueError, IndexError):
+            continue
+    if "worker" in found:  # the pid file names the engine fork server: the worker is its child
+        try:
+            for child in psutil.Process(found["worker"]).children():
+                if _is_worker(child):
+                    found["worker (prefect worker)"] = child.pid
+                    found["engine fork server"] = found.pop("worker")
+                    break
+        except psutil.Error:
+            pass
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+
+    from deployments import local_stack
+
+    runs = _fork_server_runs(found.get("engine fork server"))
+    try:
+        with get_client(sync_client=True) as client:
+            for name, (_deployment, listener_runs) in local_stack._listener_runs(client, [StateType.RUNNING]).items():
+                for run in listener_runs:
+                    caller = local_stack._run_pid(run.infrastructure_pid)
+                    if caller:  # the worker watches a small `run` caller; the run itself is a fork of the server
+                        found[name] = runs.pop(_stdout(caller), caller)
+    except Exception as error:  # noqa: BLE001 - a server too busy to answer: the listeners go unmeasured
+        print(f"(listener pids not read: {type(error).__name__}: {error})")
+    for n, pid in enumerate(sorted(runs.values())):
+        found[f"other flow run {n + 1}"] = pid
+    return found
+
+
+def _is_worker(process) -> bool:
+    """Whether a child of the engine fork server is the `prefect worker start` process (the others are its runs,
+    forks of the server with the server's command line)."""
+    import psutil
+
+    try:
+        line = process.cmdline()
+    except psutil.Error:
+        return False
+    return "engine_forkserver" not in " ".join(line) and "worker" in line and "start" in line
+
+
+def _stdout(pid: int) -> str | None:
+    """What a process's standard output is (``pipe:[inode]``): a run shares its caller's."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return None
+
+
+def _fork_server_runs(server: int | None) -> dict[str | None, int]:
+    """The engine fork server's run processes (its children but the worker), by their standard output."""
+    import psutil
+
+    if server is None:
+        return {}
+    try:
+        children = [c for c in psutil.Process(server).children() if not _is_worker(c)]
+    except psutil.Error:
+        return {}
+    return {_stdout(c.pid): c.pid for c in children}
+
+
+def memory(data: Path) -> dict[str, float]:
+    """MB of resident memory of each stack process (with its children for the server and DynamoDB)."""
+    import psutil
+
+    result: dict[str, float] = {}
+    others = 0
+    for name, pid in stack_processes(data).items():
+        try:
+            process = psutil.Process(pid)
+            family = [process] + (process.children(recursive=True) if name in ("prefect-server", "dynamodb", "postgres") else [])
+            mb = sum(p.memory_info().rss for p in family) / 2**20
+        except psutil.Error:
+            mb = float("nan")
+        if name.startswith("other flow run"):  # short-lived runs: summed, with their count
+            others += 1
+            result["other flow runs (sum)"] = result.get("other flow runs (sum)", 0.0) + mb
+        else:
+            result[name] = mb
+    result["other flow runs (count)"] = others
+    return result
+
+
+def database_mb(data: Path) -> float:
+    """MB of the Prefect server's database files (SQLite's file and WAL, or PostgreSQL's folder)."""
+    paths = list((data / "prefect").glob("prefect.db*")) + list((data / "postgres").rglob("*"))
+    return sum(p.stat().st_size for p in paths if p.is_file()) / 2**20
+
+
+def kill(data: Path, what: str) -> str:
+    """SIGKILL the ndjson listener's process or the worker; what was killed."""
+    pids = stack_processes(data)
+    name = "ndjson-listen/local" if what == "listener" else "worker (prefect worker)"
+    pid = pids.get(name)
+    if pid is None:
+        return f"no {name} process found to kill"
+    os.kill(pid, signal.SIGKILL)
+    return f"SIGKILLed {name} (pid {pid})"
+
+
+def recover(env: dict[str, str], began: float) -> None:
+    """`local_stack up` on the stack (the documented recovery after a kill), timed."""
+    t = time.monotonic()
+    print(f"-- {t - began:.0f} s: `local_stack up` (the documented recovery) starts", flush=True)
+    try:
+        stack("up", env)
+        print(f"-- {time.monotonic() - began:.0f} s: `local_stack up` done in {time.monotonic() - t:.0f} s", flush=True)
+    except Exception as error:  # noqa: BLE001 - a recovery that fails is a finding
+        print(f"-- `local_stack up` failed: {error}", flush=True)
+
+
+def flush_orphans() -> str:
+    """One run of the hourly flush (closes the earlier day's partial batches), as its schedule would start it."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment("ndjson-flush-orphans/local", timeout=0)
+    return str(run.id)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=15)
+    parser.add_argument("--etl-rate", type=float, default=3.9, help="ETL files per second (the seed's average: 3.9)")
+    parser.add_argument("--etl-lines", type=int, default=1200, help="lines per ETL file (1200: ~150 KB)")
+    parser.add_argument("--video-every", type=float, default=90)
+    parser.add_argument("--records-every", type=float, default=30)
+    parser.add_argument("--records", type=int, default=20, help="granules per records message file")
+    parser.add_argument("--cube-every", type=float, default=180)
+    parser.add_argument("--kill-listener-at", type=float, default=0, help="SIGKILL the ndjson listener S s into the feed")
+    parser.add_argument("--kill-worker-at", type=float, default=0, help="SIGKILL the worker S s into the feed")
+    parser.add_argument("--recover-after", type=float, default=60,
+                        help="seconds after a kill to run `local_stack up` (0: the stack's own supervision)")
+    parser.add_argument("--drain", type=float, default=600, help="seconds to wait after the feed for the backlog")
+    parser.add_argument("--tick", type=float, default=15, help="seconds between backlog samples")
+    parser.add_argument("--quick", action="store_true", help="1.5 minutes, ETL 1 file/s, a video, records, a cube")
+    args = parser.parse_args()
+    if args.quick:
+        args.minutes, args.etl_rate, args.video_every, args.records_every, args.cube_every = 1.5, 1.0, 60, 30, 60
+        args.records, args.drain, args.tick = 5, 420, 10
+
+    root = Path(tempfile.mkdtemp(prefix="soak-"))
+    if os.geteuid() == 0:  # PostgreSQL runs as `postgres`: it must be able to reach its folder
+        root.chmod(0o755)
+    data = root / "stack"
+    env = {**os.environ, "PIPELINES_DATA_DIR": str(data), "DYNAMODB_LOCAL_PORT": str(free_port()),
+           "PREFECT_SERVER_PORT": str(free_port()), "PREFECT_POSTGRES_PORT": str(free_port())}  # fmt: skip
+    for name in ("AWS_ENDPOINT_URL_DYNAMODB", "PREFECT_API_URL", "OBJECT_STORE_BASE_URL"):
+        env.pop(name, None)
+    database = os.environ.get("PREFECT_SERVER_DB", "sqlite")
+    print(f"soak: {args.minutes:g} min; ETL {args.etl_rate:g} files/s of {args.etl_lines} lines, a video every "
+          f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every {args.cube_every:g} s; "
+          f"Prefect server on {database}; machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start",
+          flush=True)  # fmt: skip
+    t0 = time.monotonic()
+    failed_exit = 0
+    try:
+        stack("up", env)
+        print(f"(stack up in {time.monotonic() - t0:.0f} s in {data}, not counted)", flush=True)
+        for line in (data / "local.env").read_text().splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            os.environ[name] = value
+        os.environ.update({k: env[k] for k in ("PIPELINES_DATA_DIR", "DYNAMODB_LOCAL_PORT", "PREFECT_SERVER_PORT", "PREFECT_POSTGRES_PORT")})
+        failed_exit = run_soak(args, root, data, env)
+    finally:
+        print(stack("down", env).strip(), flush=True)
+        shutil.rmtree(root, ignore_errors=True)
+    return failed_exit
+
+
+def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
+        feeders = Feeders(root, args)
+        deadline = time.monotonic() + 180  # the listeners' runs start after `up` returns: the start figures wait for them
+        while sum(name.endswith("-listen/local") for name in stack_processes(data)) < 4 and time.monotonic() < deadline:
+            time.sleep(3)
+        memory_start, db_start = memory(data), database_mb(data)
+        feed_s = args.minutes * 60
+        kills = sorted([(args.kill_listener_at, "listener")] * bool(args.kill_listener_at)
+                       + [(args.kill_worker_at, "worker")] * bool(args.kill_worker_at))  # fmt: skip
+        recoveries: list[float] = []
+        began = time.monotonic()
+        threads = feeders.start()
+        print(f"\n{'t (s)':>6} " + " ".join(f"{p + ' backlog':>17}" for p in PIPELINES) + f" {'load':>5} {'db MB':>7}", flush=True)
+        backlog = []
+        next_tick, flushed, stopped = began, False, False
+        while True:
+            now = time.monotonic() - began
+            if not stopped and now >= feed_s:
+                feeders.stop.set()
+                for thread in threads:
+                    thread.join(60)
+                stopped = True
+                print(f"-- feed stopped at {now:.0f} s; draining (at most {args.drain:g} s)", flush=True)
+            while kills and now >= kills[0][0]:
+                print(f"-- {now:.0f} s: {kill(data, kills.pop(0)[1])}", flush=True)
+                if args.recover_after:
+                    recoveries.append(now + args.recover_after)
+            while recoveries and now >= recoveries[0]:
+                recoveries.pop(0)
+                threading.Thread(target=recover, args=(env, began), daemon=True).start()  # the samples go on meanwhile
+            try:
+                feeders.check()
+            except Exception as error:  # noqa: BLE001 - a busy stack answering late is a figure, not a crash
+                print(f"(check failed: {type(error).__name__}: {error})", flush=True)
+            counts = {p: (len(l.arrived), len(l.done), len(l.failed)) for p, l in feeders.ledgers.items()}
+            backlog.append((now, {p: a - d - f for p, (a, d, f) in counts.items()}))
+            print(f"{now:6.0f} " + " ".join(f"{f'{a - d - f} ({d}/{a})':>17}" for p, (a, d, f) in counts.items())
+                  + f" {os.getloadavg()[0]:5.1f} {database_mb(data):7.1f}", flush=True)  # fmt: skip
+            if stopped and not flushed and feeders.ledgers["etl"].arrived:
+                print(f"-- the hourly ndjson-flush-orphans, started now: run {flush_orphans()}", flush=True)
+                flushed = True
+            if stopped and (all(b == 0 for b in backlog[-1][1].values()) or now > feed_s + args.drain):
+                break
+            next_tick = max(next_tick + args.tick, time.monotonic())  # a slow check skips samples, never bunches them
+            time.sleep(max(0.0, next_tick - time.monotonic()))
+        memory_end, db_end = memory(data), database_mb(data)
+        doubles, rows, expected_rows = feeders.etl_duplicates() if feeders.ledgers["etl"].arrived else (0, 0, 0)
+
+    print(f"\n{'pipeline':10} {'arrived':>7} {'done':>6} {'failed':>6} {'left':>5} {'lost':>5}  arrival -> done")
+    lost_total, end = 0, time.time()
+    for name, ledger in feeders.ledgers.items():
+        left = len(ledger.arrived) - len(ledger.done) - len(ledger.failed)
+        # left undone while nothing of its pipeline finished for STALLED_S: lost; still finishing: slow, not lost
+        last = max(list(ledger.done.values()) + [max(ledger.arrived.values(), default=end)], default=end)
+        lost = left if left and end - last > STALLED_S else 0
+        lost_total += lost
+        print(f"{name:10} {len(ledger.arrived):7} {len(ledger.done):6} {len(ledger.failed):6} {left:5} {lost:5}  {quarter_figures(ledger)}")
+        if left and not lost:
+            print(f"    {left} still in the backlog at the end, finishing ({end - last:.0f} s since the last one done): slow, not lost")
+        for item, reason in list(ledger.failed.items())[:3]:
+            print(f"    failed {item}: {reason[:160]}")
+    etl_backlog = backlog[-1][1]["etl"] if backlog else 0
+    extra_rows = max(0, rows - expected_rows) if not etl_backlog else 0  # a manifest mid-merge is not a duplicate
+    print(f"ETL duplicates: {doubles} files in two manifests; merged rows {rows} for {expected_rows} lines in the files "
+          f"merged ({extra_rows if not etl_backlog else 'not checked: a backlog is left'} beyond)")
+    etl = feeders.ledgers["etl"]
+    if etl.done:
+        span = max(etl.done.values()) - min(etl.arrived.values())
+        print(f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = {len(etl.done) / span:.2f} "
+              f"files/s (offered {args.etl_rate:g}/s)")  # fmt: skip
+    print(f"\nmemory (RSS MB)   {'start':>8} {'end':>8}")
+    for name in sorted(set(memory_start) | set(memory_end)):
+        print(f"  {name:28} {memory_start.get(name, float('nan')):8.0f} {memory_end.get(name, float('nan')):8.0f}")
+    landed = sum(len(l.arrived) for l in feeders.ledgers.values())
+    print(f"Prefect database: {db_start:.1f} -> {db_end:.1f} MB (+{db_end - db_start:.1f} MB for {landed} items landed, "
+          f"{(db_end - db_start) * 1024 / max(landed, 1):.1f} KB each)")
+    print(f"load average at the end: {os.getloadavg()} on {os.cpu_count()} cores (shared machine: other work counts)")
+    wrong = lost_total or doubles or extra_rows
+    print("RESULT: " + ("FAILED: lost or duplicated data" if wrong else "nothing lost or duplicated"))
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
