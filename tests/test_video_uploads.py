@@ -154,11 +154,14 @@ SHAPES: dict[str, Shape] = {
     "interrupted-mp4-at-packet-boundary": Shape(
         _cut("i1.mp4", "boundary", extra={"movflags": "+faststart"}), reason="the upload is cut off: 20 of the 30 video frames"),
     "interrupted-mp4-inside-a-packet": Shape(
-        _cut("i2.mp4", "inside", extra={"movflags": "+faststart"}), reason="the upload is cut off or corrupt"),
+        _cut("i2.mp4", "inside", extra={"movflags": "+faststart"}), reason="the upload is cut off: the file ends inside a packet"),
     "interrupted-mp4-before-moov": Shape(_cut("i3.mp4", "half"), reason="the upload is cut off: an mp4/mov without its index"),
-    "interrupted-mkv": Shape(_cut("i4.mkv", "boundary"), reason="the upload is cut off: 1.9"),
+    "interrupted-mkv": Shape(_cut("i4.mkv", "boundary"), reason="the upload is cut off: the file ends inside a packet or cluster"),
+    "interrupted-webm-live-recording": Shape(
+        _cut("i5.webm", "boundary", vcodec="libvpx", acodec="libopus", extra={"live": 1}),
+        reason="the upload is cut off: the file ends inside a packet or cluster (File ended prematurely)"),
     "empty": Shape(_empty, reason="the upload is empty (0 bytes)"),
-    "not-a-video": Shape(_text, reason="not a video: the file is text"),
+    "not-a-video": Shape(_text, reason="not a readable video"),
     "audio-only": Shape(_audio_only, reason="the file has no video stream"),
 }
 VALID = [name for name, shape in SHAPES.items() if shape.reason is None]
@@ -273,7 +276,7 @@ def test_reassembly_fails_the_job_when_the_final_lost_the_sound(tables, store_ro
 def _flow(**params) -> dict:
     from flows.video import video_process
 
-    return video_process(segment_seconds=SEGMENT, segment_retry_delays=[0, 0], **params)
+    return video_process(**{"segment_seconds": SEGMENT, "segment_retry_delays": [0, 0], **params})
 
 
 def test_a_cut_off_upload_fails_once_at_chunking_through_the_flow(tables, store_root, corpus, monkeypatch):

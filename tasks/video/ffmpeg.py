@@ -101,9 +101,8 @@ class MediaInfo:
         return (self.height, self.width) if self.rotation % 180 == 90 else (self.width, self.height)
 
 
-# demuxers that make a picture of what is no video (text rendered by the tty demuxer, still images)
-STILL_FORMATS = {"tty": "text", "image2": "an image"}
-TRUNCATION_TOLERANCE_S = 0.25  # readable packets may end this much before the container's declared duration
+TRUNCATION_TOLERANCE_S = 0.25
+PREMATURE_END = ("File ended prematurely", "partial file")  # what the matroska and mov demuxers log at a cut  # readable packets may end this much before the container's declared duration
 
 
 def _span(packets: list) -> tuple[float, float] | None:
@@ -122,17 +121,19 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
     ``name`` (an object key) stands for the local path in messages, which never hold local paths.
     """
     import av
+    import av.logging
 
     path = Path(path)
     size = path.stat().st_size
     if size == 0:
         raise InvalidMedia("the upload is empty (0 bytes)")
+    if av.logging.get_level() is None:  # libav's errors reach Python (and a Capture) only at a set level
+        av.logging.set_level(av.logging.ERROR)
+    av.logging.set_skip_repeated(False)  # a second cut-off file logs the same line as the first: it must arrive too
     try:
-        with av.open(str(path)) as container:
+        with av.logging.Capture() as logs, av.open(str(path)) as container:
             if not container.streams.video:
                 raise InvalidMedia("the file has no video stream")
-            if container.format.name in STILL_FORMATS or container.format.name.endswith("_pipe"):
-                raise InvalidMedia(f"not a video: the file is {STILL_FORMATS.get(container.format.name, 'an image')}")
             video = container.streams.video[0]
             audio = container.streams.audio[0] if container.streams.audio else None
             seen: dict[object, list[tuple[float, float]]] = {video: [], audio: []}
@@ -152,6 +153,9 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
                 raise InvalidMedia("the video stream has no frames")
             (start, end), audio_span = _span(seen[video]), _span(seen[audio])
             spans = [(start, end)] + ([audio_span] if audio_span else [])
+            ended = [text.strip() for _, _, text in logs if any(sign in text for sign in PREMATURE_END)]
+            if ended:  # the demuxer met the end of the file inside an element (a live webm declares no duration)
+                raise InvalidMedia(f"the upload is cut off: the file ends inside a packet or cluster ({ended[0]})")
             _truncation(container, video, frames, corrupt, max(e for _, e in spans) - min(s for s, _ in spans))
             fps = float(video.average_rate or video.guessed_rate or 0)
             return MediaInfo(
