@@ -44,8 +44,8 @@ def clip(path: Path, *, size: str = "64x48", fps: float = 10, seconds: float = 3
          vfr: tuple[float, float] | None = None, extra: dict | None = None) -> Path:
     """A ``testsrc`` clip as a device would write it (codec, container from the suffix, rotation, audio layout)."""
     if vfr:  # the first half at vfr[0] fps, the second at vfr[1]: one stream, frame durations changing
-        halves = [_lavfi(f"testsrc=size={size}:rate={rate}:duration={seconds / 2}").filter("settb", "1/720")
-                  for rate in vfr]
+        halves = [_lavfi(f"testsrc=size={size}:rate={rate}:duration={seconds / 2}:decimals={i}").filter("settb", "1/720")
+                  for i, rate in enumerate(vfr)]  # two different sources: ffmpeg-python merges equal nodes
         video = ffmpeg.concat(*halves, v=1, a=0)
     else:
         video = _lavfi(f"testsrc=size={size}:rate={fps}:duration={seconds}")

@@ -105,13 +105,17 @@ TRUNCATION_TOLERANCE_S = 0.25
 PREMATURE_END = ("File ended prematurely", "partial file")  # what the matroska and mov demuxers log at a cut  # readable packets may end this much before the container's declared duration
 
 
-def _span(packets: list) -> tuple[float, float] | None:
-    """(start, end) in seconds of a stream's packets (end: the last packet's pts plus its duration)."""
+def _span(packets: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(start, end) in seconds of a stream's (pts, duration) packets: the last one's pts plus its duration, or plus
+    the interval before it where the stored duration is none or implausibly short (mkv and webm store none; a
+    stream copy from them writes a tick)."""
     if not packets:
         return None
-    start = min(p[0] for p in packets)
-    last = max(packets, key=lambda p: p[0])
-    return start, last[0] + last[1]
+    times = sorted(packets)
+    last_pts, last_duration = times[-1]
+    if len(times) > 1 and last_duration < (last_pts - times[-2][0]) / 2:
+        last_duration = last_pts - times[-2][0]
+    return times[0][0], last_pts + last_duration
 
 
 def probe(path: str | Path, name: str | None = None) -> MediaInfo:
@@ -282,12 +286,16 @@ def concat(parts: list[Path], target: Path, audio: Path | None = None) -> None:
     with another (a frame-rate change, another backend's encoder) would play too fast or too slow.
     """
     with tempfile.TemporaryDirectory(prefix=".concat-", dir=target.parent) as tmp:
-        retimed = []
-        for index, part in enumerate(parts):
-            retimed.append(Path(tmp) / f"{index:05d}.mp4")
-            run(ffmpeg.input(str(part)).output(str(retimed[-1]), c="copy", map="0:v:0", video_track_timescale=TIMESCALE))
         listing = Path(tmp) / "concat.txt"
-        listing.write_text("".join("file '{}'\n".format(str(p).replace("'", r"'\''")) for p in retimed))
+        lines = []
+        for index, part in enumerate(parts):
+            retimed = Path(tmp) / f"{index:05d}.mp4"
+            run(ffmpeg.input(str(part)).output(str(retimed), c="copy", map="0:v:0", video_track_timescale=TIMESCALE))
+            # each part placed after the frames before it, not after its container's duration (which counts a
+            # reordering delay in, so parts drifted apart where the frame rate changes)
+            escaped = str(retimed).replace("'", r"'\''")
+            lines.append(f"file '{escaped}'\nduration {probe(retimed).duration:.6f}\n")
+        listing.write_text("".join(lines))
         streams = [ffmpeg.input(str(listing), f="concat", safe=0)["v:0"]]
         options: dict = {"c:v": "copy", "movflags": "+faststart", "video_track_timescale": TIMESCALE}
         if audio is not None:
