@@ -4,8 +4,8 @@ The binary is the one inside the ``imageio-ffmpeg`` wheel, driven through ffmpeg
 ffprobe, so media is probed with PyAV (demuxing every packet and comparing them with what the container declares,
 which finds cut-off uploads).
 
-Segments carry the video only: the final output gets the source's own audio track, muxed onto the joined video,
-so audio that starts late or ends early comes through whole whatever the backend does with the picture.
+The final output gets the source's own audio track, muxed onto the joined video (the segments' audio, there for
+the backends, is left out), so audio that starts late or ends early comes through whole.
 """
 
 from __future__ import annotations
@@ -118,6 +118,15 @@ def _span(packets: list[tuple[float, float]]) -> tuple[float, float] | None:
     return times[0][0], last_pts + last_duration
 
 
+def libav_errors_reported() -> None:
+    """PyAV's errors carry libav's own last error line (e.g. "moov atom not found"), and a Capture sees every one."""
+    import av.logging
+
+    if av.logging.get_level() is None:  # libav's errors reach Python only at a set level
+        av.logging.set_level(av.logging.ERROR)
+    av.logging.set_skip_repeated(False)  # a second cut-off file logs the same line as the first: it must arrive too
+
+
 def probe(path: str | Path, name: str | None = None) -> MediaInfo:
     """Duration, frame count, size, rotation and audio of a file, demuxing every packet; InvalidMedia when it is no
     video, or a cut-off one (fewer readable frames or seconds than its container declares, or a partial packet).
@@ -127,13 +136,11 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
     import av
     import av.logging
 
+    libav_errors_reported()
     path = Path(path)
     size = path.stat().st_size
     if size == 0:
         raise InvalidMedia("the upload is empty (0 bytes)")
-    if av.logging.get_level() is None:  # libav's errors reach Python (and a Capture) only at a set level
-        av.logging.set_level(av.logging.ERROR)
-    av.logging.set_skip_repeated(False)  # a second cut-off file logs the same line as the first: it must arrive too
     try:
         with av.logging.Capture() as logs, av.open(str(path)) as container:
             if not container.streams.video:
@@ -221,25 +228,37 @@ def even_size(width: int, height: int) -> tuple[int, int]:
     return width + width % 2, height + height % 2
 
 
+def _mp4_streams(source: Path) -> list:
+    """ffmpeg-python selectors of ``source``'s first video and, when mp4 can carry its codec, first audio stream."""
+    import av
+
+    with av.open(str(source)) as container:
+        audio = container.streams.audio[0].codec_context.name if container.streams.audio else None
+    stream = ffmpeg.input(str(source))
+    return [stream["v:0"]] + ([stream["a:0"]] if audio in MP4_AUDIO_CODECS else [])
+
+
 def normalise(source: Path, target: Path, segment_seconds: float) -> None:
     """Re-encode the source's video (h264): upright (the rotation applied), padded to even sides, every frame kept
     with its timestamp (variable frame rate too), a keyframe every ``segment_seconds`` so segments cut there."""
-    video = ffmpeg.input(str(source))["v:0"].filter("pad", "ceil(iw/2)*2", "ceil(ih/2)*2")
+    video, *audio = _mp4_streams(source)
     run(
-        video.output(
-            str(target), vcodec="libx264", pix_fmt="yuv420p", preset="veryfast", crf=18, fps_mode="passthrough",
+        ffmpeg.output(
+            video.filter("pad", "ceil(iw/2)*2", "ceil(ih/2)*2"), *audio, str(target), vcodec="libx264",
+            pix_fmt="yuv420p", preset="veryfast", crf=18, fps_mode="passthrough", acodec="copy",
             force_key_frames=f"expr:gte(t,n_forced*{segment_seconds:g})", video_track_timescale=TIMESCALE,
         )
     )
 
 
 def segment(source: Path, out_dir: Path, segment_seconds: float) -> list[Path]:
-    """Split ``source``'s video with the segment muxer (stream copy; cuts fall on keyframes). Returns the parts in order."""
+    """Split ``source`` with the segment muxer (stream copy of its video and, where mp4 takes it, its audio; cuts
+    fall on keyframes). Returns the parts in order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pattern = out_dir / "part-%05d.mp4"
     run(
-        ffmpeg.input(str(source)).output(
-            str(pattern), c="copy", map="0:v:0", f="segment", segment_time=segment_seconds, reset_timestamps=1,
+        ffmpeg.output(
+            *_mp4_streams(source), str(pattern), c="copy", f="segment", segment_time=segment_seconds, reset_timestamps=1,
             # no edit list: from a source without packet durations (mkv, webm) it would hide each part's last frame
             segment_format_options="use_editlist=0",
         )
@@ -258,7 +277,8 @@ def output_size(mode: str, width: int, height: int) -> tuple[int, int]:
 
 
 def transform(source: Path, target: Path, mode: str, encoder: str | None = None) -> None:
-    """Apply ``mode``'s filter chain to the video, re-encoded (libx264 unless ``encoder``) with every frame's timestamp.
+    """Apply ``mode``'s filter chain to the video, re-encoded (libx264 unless ``encoder``) with every frame's
+    timestamp, audio copied.
 
     Identity without an explicit encoder is a stream copy.
     """
@@ -267,10 +287,10 @@ def transform(source: Path, target: Path, mode: str, encoder: str | None = None)
     chain = FILTERS[mode]
     stream = ffmpeg.input(str(source))
     if chain is None and encoder is None:
-        run(stream.output(str(target), c="copy", map="0:v:0"))
+        run(stream.output(str(target), c="copy", map="0"))
         return
     encoder = encoder or "libx264"
-    options = {"c:v": encoder, "map": "0:v:0", "pix_fmt": "yuv420p", "fps_mode": "passthrough"}
+    options = {"c:v": encoder, "c:a": "copy", "map": "0", "pix_fmt": "yuv420p", "fps_mode": "passthrough"}
     if chain is not None:
         options["vf"] = chain
     if encoder == "libx264":

@@ -168,6 +168,7 @@ def infer_text_redact(source: Path, target: Path, mode: str, batch_size: int) ->
 
     from tasks.video import model
 
+    video_ffmpeg.libav_errors_reported()
     try:
         found = model.redact_text(source, target, mode, batch_size)
     except (av.error.FFmpegError, OSError, RuntimeError) as error:  # PyAV's and onnxruntime's errors
