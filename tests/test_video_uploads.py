@@ -152,14 +152,14 @@ SHAPES: dict[str, Shape] = {
     "odd-1x1": Shape(_write("o3.mp4", size="1x1", seconds=1.0, pix_fmt="yuv444p"), normalised="padded from 1x1 to 2x2"),
     # what must fail at chunking
     "interrupted-mp4-at-packet-boundary": Shape(
-        _cut("i1.mp4", "boundary", extra={"movflags": "+faststart"}), reason="the upload is cut off: 20 of the 30 video frames"),
+        _cut("i1.mp4", "boundary", extra={"movflags": "+faststart"}), reason="source.mp4 is cut off: 20 of the 30 video frames"),
     "interrupted-mp4-inside-a-packet": Shape(
-        _cut("i2.mp4", "inside", extra={"movflags": "+faststart"}), reason="the upload is cut off: the file ends inside a packet"),
-    "interrupted-mp4-before-moov": Shape(_cut("i3.mp4", "half"), reason="the upload is cut off: an mp4/mov without its index"),
-    "interrupted-mkv": Shape(_cut("i4.mkv", "boundary"), reason="the upload is cut off: the file ends inside a packet or cluster"),
+        _cut("i2.mp4", "inside", extra={"movflags": "+faststart"}), reason="source.mp4 is cut off: the file ends inside a packet"),
+    "interrupted-mp4-before-moov": Shape(_cut("i3.mp4", "half"), reason="source.mp4 is cut off: an mp4/mov without its index"),
+    "interrupted-mkv": Shape(_cut("i4.mkv", "boundary"), reason="source.mp4 is cut off: the file ends inside a packet or cluster"),
     "interrupted-webm-live-recording": Shape(
         _cut("i5.webm", "boundary", vcodec="libvpx", acodec="libopus", extra={"live": 1}),
-        reason="the upload is cut off: the file ends inside a packet or cluster (File ended prematurely)"),
+        reason="source.mp4 is cut off: the file ends inside a packet or cluster (File ended prematurely)"),
     "empty": Shape(_empty, reason="the upload is empty (0 bytes)"),
     "not-a-video": Shape(_text, reason="not a readable video"),
     "audio-only": Shape(_audio_only, reason="the file has no video stream"),
@@ -284,7 +284,7 @@ def test_a_cut_off_upload_fails_once_at_chunking_through_the_flow(tables, store_
     real = video_ffmpeg.probe
     monkeypatch.setattr(video_ffmpeg, "probe", lambda path, name=None: probes.append(name) or real(path, name))
     job_id = upload(store_root, corpus["interrupted-mp4-at-packet-boundary"])
-    with pytest.raises(v.JobFailed, match="chunking failed: the upload is cut off: 20 of the 30 video frames"):
+    with pytest.raises(v.JobFailed, match="chunking failed: input/.*/source.mp4 is cut off: 20 of the 30 video frames"):
         _flow(job_id=job_id)
     assert probes == [keys.source_key(job_id)]  # one attempt: no retry of bad input
     job = v.get_job(job_id)

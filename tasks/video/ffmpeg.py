@@ -138,6 +138,7 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
 
     libav_errors_reported()
     path = Path(path)
+    label = name or path.name
     size = path.stat().st_size
     if size == 0:
         raise InvalidMedia("the upload is empty (0 bytes)")
@@ -166,8 +167,8 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
             spans = [(start, end)] + ([audio_span] if audio_span else [])
             ended = [text.strip() for _, _, text in logs if any(sign in text for sign in PREMATURE_END)]
             if ended:  # the demuxer met the end of the file inside an element (a live webm declares no duration)
-                raise InvalidMedia(f"the upload is cut off: the file ends inside a packet or cluster ({ended[0]})")
-            _truncation(container, video, frames, corrupt, max(e for _, e in spans) - min(s for s, _ in spans))
+                raise InvalidMedia(f"{label} is cut off: the file ends inside a packet or cluster ({ended[0]})")
+            _truncation(container, video, frames, corrupt, max(e for _, e in spans) - min(s for s, _ in spans), label)
             fps = float(video.average_rate or video.guessed_rate or 0)
             return MediaInfo(
                 end - start, frames, fps, audio_span is not None, video.codec_context.width, video.codec_context.height,
@@ -181,25 +182,25 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
     except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as error:
         with path.open("rb") as head:
             if head.read(8)[4:8] in (b"ftyp", b"mdat", b"wide", b"free"):  # an mp4/mov whose index never came
-                raise InvalidMedia("the upload is cut off: an mp4/mov without its index (moov atom); the recording "
+                raise InvalidMedia(f"{label} is cut off: an mp4/mov without its index (moov atom); the recording "
                                    "or the upload did not finish") from None
-        message = str(error).replace(str(path), name or path.name)
+        message = str(error).replace(str(path), label)
         raise InvalidMedia(f"not a readable video, cut off or corrupt ({type(error).__name__}: {message})") from None
 
 
-def _truncation(container, video, frames: int, corrupt: int, readable: float) -> None:
+def _truncation(container, video, frames: int, corrupt: int, readable: float, label: str) -> None:
     """InvalidMedia when the readable packets fall short of what the container declares: the upload was cut off."""
     declared_frames = int(video.frames or 0)  # mp4/mov: the sample table; 0 where the container does not say
     declared = container.duration / 1_000_000 if container.duration else None  # all streams, in AV_TIME_BASE
     if corrupt:
-        raise InvalidMedia(f"the upload is cut off or corrupt: {corrupt} packet(s) end before their declared size")
+        raise InvalidMedia(f"{label} is cut off or corrupt: {corrupt} packet(s) end before their declared size")
     if declared_frames > frames:
         raise InvalidMedia(
-            f"the upload is cut off: {frames} of the {declared_frames} video frames its container declares are readable"
+            f"{label} is cut off: {frames} of the {declared_frames} video frames its container declares are readable"
         )
     if declared is not None and readable + TRUNCATION_TOLERANCE_S < declared:
         raise InvalidMedia(
-            f"the upload is cut off: {readable:.2f} s readable of the {declared:.2f} s its container declares"
+            f"{label} is cut off: {readable:.2f} s readable of the {declared:.2f} s its container declares"
         )
 
 
