@@ -229,14 +229,18 @@ def even_size(width: int, height: int) -> tuple[int, int]:
     return width + width % 2, height + height % 2
 
 
-def _mp4_streams(source: Path) -> list:
-    """ffmpeg-python selectors of ``source``'s first video and, when mp4 can carry its codec, first audio stream."""
+def _audio_codec(source: Path) -> str | None:
+    """The codec of ``source``'s first audio stream, None when it has none."""
     import av
 
     with av.open(str(source)) as container:
-        audio = container.streams.audio[0].codec_context.name if container.streams.audio else None
+        return container.streams.audio[0].codec_context.name if container.streams.audio else None
+
+
+def _mp4_streams(source: Path) -> list:
+    """ffmpeg-python selectors of ``source``'s first video and, when mp4 can carry its codec, first audio stream."""
     stream = ffmpeg.input(str(source))
-    return [stream["v:0"]] + ([stream["a:0"]] if audio in MP4_AUDIO_CODECS else [])
+    return [stream["v:0"]] + ([stream["a:0"]] if _audio_codec(source) in MP4_AUDIO_CODECS else [])
 
 
 def normalise(source: Path, target: Path, segment_seconds: float) -> None:
@@ -321,11 +325,7 @@ def concat(parts: list[Path], target: Path, audio: Path | None = None) -> None:
         options: dict = {"c:v": "copy", "movflags": "+faststart", "video_track_timescale": TIMESCALE}
         if audio is not None:
             streams.append(ffmpeg.input(str(audio))["a:0"])
-            from av import open as av_open
-
-            with av_open(str(audio)) as container:
-                codec = container.streams.audio[0].codec_context.name
-            options["c:a"] = "copy" if codec in MP4_AUDIO_CODECS else "aac"
+            options["c:a"] = "copy" if _audio_codec(audio) in MP4_AUDIO_CODECS else "aac"
         run(ffmpeg.output(*streams, str(target), **options))
 
 
