@@ -22,7 +22,8 @@ from tasks.landing.listener import listen_report
 from tasks.landing.sources import open_source
 from tasks.video import jobs as v
 from tasks.video import landing as video_landing
-from tasks.video.ffmpeg import InvalidMedia
+from tasks.video import inference as video_inference
+from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
 from tasks.core.notify import notify_on_failure
 from tasks.core.runtime import quick_heartbeat_exit
 from tasks.core.redact import redact_logs
@@ -31,10 +32,14 @@ quick_heartbeat_exit()  # in every flow module: a worker loads the file by path,
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 
+FINAL_ERRORS = (InvalidMedia, FfmpegRefused, video_inference.InferenceRefused, keys.InvalidKey, LookupError, ValueError,
+                v.JobFailed)
+
+
 def _retry_unless_bad_input(task, task_run, state) -> bool:
-    """Bad input (not a video, empty, truncated, bad id) is final; anything else is worth a retry."""
+    """Bad input (not a video, empty, truncated, bad id) and ffmpeg's refusals are final; anything else is worth a retry."""
     error = state.result(raise_on_failure=False)
-    return not isinstance(error, (InvalidMedia, keys.InvalidKey, LookupError, ValueError, v.JobFailed))
+    return not isinstance(error, FINAL_ERRORS)
 
 
 # bookkeeping steps run once (their writes are guarded); work steps retry transient faults, not bad input
@@ -48,7 +53,15 @@ import_source_task = task(v.import_source, name="import-source", **RETRIED)
 start_chunking_task = task(v.start_chunking, name="start-chunking", cache_policy=NO_CACHE)
 reopen_task = task(v.reopen_failed_job, name="reopen-failed-job", **RETRIED)
 chunk_source_task = task(limits.holding_cpu_slot(v.chunk_source), name="chunk-source", **CPU_HEAVY, **WORK_RETRIED)
-infer_segment_task = task(limits.holding_cpu_slot(v.infer_segment), name="infer-segment", **CPU_HEAVY, **WORK_RETRIED)
+def infer_segment_here_or_remote(segment_key: str, backend: str | None = None, mode: str | None = None) -> dict[str, Any]:
+    """``infer_segment`` holding one of this machine's CPU slots, except for a remote backend (it only waits)."""
+    backend = backend or load_config(VideoInference).backend
+    if backend in video_inference.REMOTE_BACKENDS:
+        return v.infer_segment(segment_key, backend, mode)
+    return limits.holding_cpu_slot(v.infer_segment)(segment_key, backend, mode)
+
+
+infer_segment_task = task(infer_segment_here_or_remote, name="infer-segment", **CPU_HEAVY, **WORK_RETRIED)
 fail_job_task = task(v.fail_job, name="fail-job", cache_policy=NO_CACHE)
 reassemble_task = task(limits.holding_cpu_slot(v.reassemble), name="reassemble", **CPU_HEAVY, **WORK_RETRIED)
 recover_stuck_task = task(v.recover_stuck_job, name="recover-stuck-job", **WORK_RETRIED)
@@ -120,7 +133,8 @@ def video_process(
     """Chunk the job's source, process every segment, and let the last completion trigger reassembly.
 
     ``mode`` and ``segment_seconds``: this run's, else those the job was created with, else the block's.
-    ``max_parallel_segments`` segments are processed at once (0: one per CPU core; raise it for the http backend).
+    ``max_parallel_segments`` segments are processed at once (0: one per CPU core; raise it for the remote backends,
+    http and sagemaker, which hold no CPU slot while they wait).
     The run whose completion wins the trigger reassembles itself; ``reassembly_deployment`` (none: a subflow here)
     takes a reassembly left pending by a run that died.
     """

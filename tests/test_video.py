@@ -175,7 +175,7 @@ def test_backend_errors_are_retried_then_fail_the_job(
     [
         ("not a video", lambda src: b"this is a text file, not a video\n" * 20, "not a readable video"),
         ("zero-length", lambda src: b"", "the upload is empty (0 bytes)"),
-        ("truncated", lambda src: src[: len(src) // 2], "not a readable video"),
+        ("truncated", lambda src: src[: len(src) // 2], "source.mp4 is cut off: an mp4/mov without its index (moov atom)"),
         ("audio only", None, "the file has no video stream"),
     ],
 )

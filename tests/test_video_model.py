@@ -115,7 +115,8 @@ def test_text_redact_refuses_a_bad_batch_size_and_a_file_that_is_no_video(text_c
     with pytest.raises(video_inference.InferenceError) as error:
         video_inference.infer("text-redact", junk, tmp_path / "o.mp4", "identity")
     assert str(error.value) == (
-        "text-redact backend: InvalidDataError: [Errno 1094995529] Invalid data found when processing input: 'junk.mp4'"
+        "text-redact backend: InvalidDataError: [Errno 1094995529] Invalid data found when processing input: 'junk.mp4'; "
+        "last error log: [mov,mp4,m4a,3gp,3g2,mj2] moov atom not found"  # libav's own line
     )
 
 

@@ -1,13 +1,18 @@
 """ffmpeg and PyAV for the video pipeline: probe, segment, filter, concat, and test clips.
 
 The binary is the one inside the ``imageio-ffmpeg`` wheel, driven through ffmpeg-python; there is no
-ffprobe, so media is probed with PyAV (demuxing every packet, which also finds truncated files).
+ffprobe, so media is probed with PyAV (demuxing every packet and comparing them with what the container declares,
+which finds cut-off uploads).
+
+The final output gets the source's own audio track, muxed onto the joined video (the segments' audio, there for
+the backends, is left out), so audio that starts late or ends early comes through whole.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +32,19 @@ class InvalidMedia(ValueError):
 
 
 class FfmpegError(RuntimeError):
-    """ffmpeg exited with an error; the message carries the tail of its stderr."""
+    """ffmpeg exited with an error; the message carries its own cause lines."""
+
+
+class FfmpegRefused(FfmpegError):
+    """ffmpeg refused the input or the options: the same call fails the same way, so it is not retried."""
+
+
+# ffmpeg failures a retry may cure: the machine, not the media (anything else on the same input fails again)
+TRANSIENT_CAUSES = ("No space left", "Cannot allocate memory", "Resource temporarily unavailable", "Killed",
+                    "Connection", "timed out", "Input/output error")
+# how many of ffmpeg's error lines a failure message keeps (the first ones name the cause, the last what stopped)
+CAUSE_LINES, LAST_LINES = 6, 2
+TIMESCALE = 90000  # one video time base for every part the concat demuxer joins (it reads all parts in the first's)
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,15 +55,30 @@ def ffmpeg_exe() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 
+def cause_lines(stderr: str) -> list[str]:
+    """ffmpeg's error lines without repeats or object addresses: the first ``CAUSE_LINES`` and the last ``LAST_LINES``."""
+    lines = []
+    for line in stderr.strip().splitlines():
+        line = re.sub(r" @ 0x[0-9a-f]+\]", "]", line.strip())
+        if line and line not in lines:
+            lines.append(line)
+    if len(lines) > CAUSE_LINES + LAST_LINES:
+        lines = lines[:CAUSE_LINES] + ["..."] + lines[-LAST_LINES:]
+    return lines
+
+
 def run(stream) -> None:
-    """Run an ffmpeg-python graph with the bundled binary; errors become FfmpegError with stderr's tail."""
+    """Run an ffmpeg-python graph with the bundled binary; errors become FfmpegRefused (or FfmpegError when a retry
+    may cure them: killed, out of space or memory) with ffmpeg's own cause lines."""
     try:
         stream.global_args("-hide_banner", "-nostdin", "-loglevel", "error").run(
             cmd=ffmpeg_exe(), capture_stdout=True, capture_stderr=True, overwrite_output=True
         )
     except ffmpeg.Error as error:
-        tail = (error.stderr or b"").decode(errors="replace").strip().splitlines()[-3:]
-        raise FfmpegError("ffmpeg failed: " + (" | ".join(tail) or "no message")) from None
+        text = (error.stderr or b"").decode(errors="replace")
+        message = "ffmpeg failed: " + (" | ".join(cause_lines(text)) or "no message")
+        transient = any(cause in text for cause in TRANSIENT_CAUSES) or not text.strip()
+        raise (FfmpegError if transient else FfmpegRefused)(message) from None
 
 
 @dataclass(frozen=True)
@@ -55,54 +87,185 @@ class MediaInfo:
     frames: int  # video packets (= frames for the codecs used here)
     fps: float
     has_audio: bool
-    width: int
+    width: int  # as stored (before rotation)
     height: int
+    codec: str = ""
+    rotation: int = 0  # degrees the player turns the picture (display matrix), 0/90/180/270
+    audio_start: float = 0.0  # seconds after the video's first frame (negative: before it)
+    audio_duration: float = 0.0
+    audio_codec: str = ""
+
+    @property
+    def display_size(self) -> tuple[int, int]:
+        """Width and height as a player shows them (rotation honoured)."""
+        return (self.height, self.width) if self.rotation % 180 == 90 else (self.width, self.height)
+
+
+TRUNCATION_TOLERANCE_S = 0.25
+PREMATURE_END = ("File ended prematurely", "partial file")  # what the matroska and mov demuxers log at a cut  # readable packets may end this much before the container's declared duration
+
+
+def _span(packets: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(start, end) in seconds of a stream's (pts, duration) packets: the last one's pts plus its duration, or plus
+    the interval before it where the stored duration is none or implausibly short (mkv and webm store none; a
+    stream copy from them writes a tick)."""
+    if not packets:
+        return None
+    times = sorted(packets)
+    last_pts, last_duration = times[-1]
+    if len(times) > 1 and last_duration < (last_pts - times[-2][0]) / 2:
+        last_duration = last_pts - times[-2][0]
+    return times[0][0], last_pts + last_duration
+
+
+def libav_errors_reported() -> None:
+    """PyAV's errors carry libav's own last error line (e.g. "moov atom not found"), and a Capture sees every one."""
+    import av.logging
+
+    if av.logging.get_level() is None:  # libav's errors reach Python only at a set level
+        av.logging.set_level(av.logging.ERROR)
+    av.logging.set_skip_repeated(False)  # a second cut-off file logs the same line as the first: it must arrive too
 
 
 def probe(path: str | Path, name: str | None = None) -> MediaInfo:
-    """Duration, frame count and audio of a file, demuxing every packet; InvalidMedia when it is no video.
+    """Duration, frame count, size, rotation and audio of a file, demuxing every packet; InvalidMedia when it is no
+    video, or a cut-off one (fewer readable frames or seconds than its container declares, or a partial packet).
 
     ``name`` (an object key) stands for the local path in messages, which never hold local paths.
     """
     import av
+    import av.logging
 
+    libav_errors_reported()
     path = Path(path)
+    label = name or path.name
     size = path.stat().st_size
     if size == 0:
         raise InvalidMedia("the upload is empty (0 bytes)")
     try:
-        with av.open(str(path)) as container:
+        with av.logging.Capture() as logs, av.open(str(path)) as container:
             if not container.streams.video:
                 raise InvalidMedia("the file has no video stream")
             video = container.streams.video[0]
-            has_audio = bool(container.streams.audio)
-            frames, first, last, last_duration = 0, None, None, 0
-            for packet in container.demux(video):
+            audio = container.streams.audio[0] if container.streams.audio else None
+            seen: dict[object, list[tuple[float, float]]] = {video: [], audio: []}
+            corrupt, rotation = 0, None
+            for packet in container.demux(*(s for s in (video, audio) if s is not None)):
                 if packet.size == 0 or packet.pts is None:  # flush packet
                     continue
-                frames += 1
-                first = packet.pts if first is None else min(first, packet.pts)
-                if last is None or packet.pts >= last:
-                    last, last_duration = packet.pts, packet.duration or 0
+                corrupt += packet.is_corrupt
+                tb = packet.time_base
+                seen[packet.stream].append((float(packet.pts * tb), float((packet.duration or 0) * tb)))
+                if rotation is None and packet.stream is video:  # decoded until the first frame shows its rotation
+                    for frame in packet.decode():
+                        rotation = int(round(frame.rotation or 0)) % 360
+                        break
+            frames = len(seen[video])
             if frames == 0:
                 raise InvalidMedia("the video stream has no frames")
-            duration = float((last - first + last_duration) * video.time_base)
+            (start, end), audio_span = _span(seen[video]), _span(seen[audio])
+            spans = [(start, end)] + ([audio_span] if audio_span else [])
+            ended = [text.strip() for _, _, text in logs if any(sign in text for sign in PREMATURE_END)]
+            if ended:  # the demuxer met the end of the file inside an element (a live webm declares no duration)
+                raise InvalidMedia(f"{label} is cut off: the file ends inside a packet or cluster ({ended[0]})")
+            _truncation(container, video, frames, corrupt, max(e for _, e in spans) - min(s for s, _ in spans), label)
             fps = float(video.average_rate or video.guessed_rate or 0)
-            return MediaInfo(duration, frames, fps, has_audio, video.codec_context.width, video.codec_context.height)
+            return MediaInfo(
+                end - start, frames, fps, audio_span is not None, video.codec_context.width, video.codec_context.height,
+                codec=video.codec_context.name, rotation=rotation or 0,
+                audio_start=(audio_span[0] - start) if audio_span else 0.0,
+                audio_duration=(audio_span[1] - audio_span[0]) if audio_span else 0.0,
+                audio_codec=audio.codec_context.name if audio_span else "",
+            )
     except InvalidMedia:
         raise
     except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as error:
-        message = str(error).replace(str(path), name or path.name)
-        raise InvalidMedia(f"not a readable video ({type(error).__name__}: {message})") from None
+        with path.open("rb") as head:
+            if head.read(8)[4:8] in (b"ftyp", b"mdat", b"wide", b"free"):  # an mp4/mov whose index never came
+                raise InvalidMedia(f"{label} is cut off: an mp4/mov without its index (moov atom); the recording "
+                                   "or the upload did not finish") from None
+        message = str(error).replace(str(path), label)
+        raise InvalidMedia(f"not a readable video, cut off or corrupt ({type(error).__name__}: {message})") from None
+
+
+def _truncation(container, video, frames: int, corrupt: int, readable: float, label: str) -> None:
+    """InvalidMedia when the readable packets fall short of what the container declares: the upload was cut off."""
+    declared_frames = int(video.frames or 0)  # mp4/mov: the sample table; 0 where the container does not say
+    declared = container.duration / 1_000_000 if container.duration else None  # all streams, in AV_TIME_BASE
+    if corrupt:
+        raise InvalidMedia(f"{label} is cut off or corrupt: {corrupt} packet(s) end before their declared size")
+    if declared_frames > frames:
+        raise InvalidMedia(
+            f"{label} is cut off: {frames} of the {declared_frames} video frames its container declares are readable"
+        )
+    if declared is not None and readable + TRUNCATION_TOLERANCE_S < declared:
+        raise InvalidMedia(
+            f"{label} is cut off: {readable:.2f} s readable of the {declared:.2f} s its container declares"
+        )
+
+
+# video codecs the mp4 muxer takes by stream copy; any other source is normalised (re-encoded) before segmenting
+MP4_VIDEO_CODECS = ("h264", "hevc", "vp9", "av1", "mpeg4")
+# audio codecs the final mp4 takes by stream copy; any other source audio is encoded to AAC
+MP4_AUDIO_CODECS = ("aac", "mp3", "opus", "flac", "alac", "ac3", "eac3")
+
+
+def normalisation(info: MediaInfo) -> str | None:
+    """Why the source is re-encoded before segmenting (rotated, odd sides, a codec mp4 cannot carry), or None."""
+    reasons = []
+    if info.rotation:
+        reasons.append(f"rotated {info.rotation} degrees upright")
+    width, height = info.display_size
+    if width % 2 or height % 2:
+        reasons.append(f"padded from {width}x{height} to {even_size(width, height)[0]}x{even_size(width, height)[1]} "
+                       "(one black row/column: yuv420p needs even sides)")
+    if info.codec not in MP4_VIDEO_CODECS:
+        reasons.append(f"{info.codec} re-encoded as h264 (mp4 cannot carry {info.codec})")
+    return "; ".join(reasons) or None
+
+
+def even_size(width: int, height: int) -> tuple[int, int]:
+    """The size padded up to even sides."""
+    return width + width % 2, height + height % 2
+
+
+def _audio_codec(source: Path) -> str | None:
+    """The codec of ``source``'s first audio stream, None when it has none."""
+    import av
+
+    with av.open(str(source)) as container:
+        return container.streams.audio[0].codec_context.name if container.streams.audio else None
+
+
+def _mp4_streams(source: Path) -> list:
+    """ffmpeg-python selectors of ``source``'s first video and, when mp4 can carry its codec, first audio stream."""
+    stream = ffmpeg.input(str(source))
+    return [stream["v:0"]] + ([stream["a:0"]] if _audio_codec(source) in MP4_AUDIO_CODECS else [])
+
+
+def normalise(source: Path, target: Path, segment_seconds: float) -> None:
+    """Re-encode the source's video (h264): upright (the rotation applied), padded to even sides, every frame kept
+    with its timestamp (variable frame rate too), a keyframe every ``segment_seconds`` so segments cut there."""
+    video, *audio = _mp4_streams(source)
+    run(
+        ffmpeg.output(
+            video.filter("pad", "ceil(iw/2)*2", "ceil(ih/2)*2"), *audio, str(target), vcodec="libx264",
+            pix_fmt="yuv420p", preset="veryfast", crf=18, fps_mode="passthrough", acodec="copy",
+            force_key_frames=f"expr:gte(t,n_forced*{segment_seconds:g})", video_track_timescale=TIMESCALE,
+        )
+    )
 
 
 def segment(source: Path, out_dir: Path, segment_seconds: float) -> list[Path]:
-    """Split ``source`` with the segment muxer (stream copy; cuts fall on keyframes). Returns the parts in order."""
+    """Split ``source`` with the segment muxer (stream copy of its video and, where mp4 takes it, its audio; cuts
+    fall on keyframes). Returns the parts in order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pattern = out_dir / "part-%05d.mp4"
     run(
-        ffmpeg.input(str(source)).output(
-            str(pattern), c="copy", map="0", f="segment", segment_time=segment_seconds, reset_timestamps=1
+        ffmpeg.output(
+            *_mp4_streams(source), str(pattern), c="copy", f="segment", segment_time=segment_seconds, reset_timestamps=1,
+            # no edit list: from a source without packet durations (mkv, webm) it would hide each part's last frame
+            segment_format_options="use_editlist=0",
         )
     )
     parts = sorted(out_dir.glob("part-*.mp4"), key=lambda p: int(re.findall(r"\d+", p.stem)[0]))
@@ -111,8 +274,16 @@ def segment(source: Path, out_dir: Path, segment_seconds: float) -> list[Path]:
     return parts
 
 
+def output_size(mode: str, width: int, height: int) -> tuple[int, int]:
+    """The picture size ``mode`` makes of a ``width`` x ``height`` segment."""
+    if mode == "scale":
+        return max(2, width // 4 * 2), max(2, height // 4 * 2)
+    return width, height
+
+
 def transform(source: Path, target: Path, mode: str, encoder: str | None = None) -> None:
-    """Apply ``mode``'s filter chain, video re-encoded (libx264 unless ``encoder``), audio copied.
+    """Apply ``mode``'s filter chain to the video, re-encoded (libx264 unless ``encoder``) with every frame's
+    timestamp, audio copied.
 
     Identity without an explicit encoder is a stream copy.
     """
@@ -124,7 +295,7 @@ def transform(source: Path, target: Path, mode: str, encoder: str | None = None)
         run(stream.output(str(target), c="copy", map="0"))
         return
     encoder = encoder or "libx264"
-    options = {"c:v": encoder, "c:a": "copy", "map": "0", "pix_fmt": "yuv420p"}
+    options = {"c:v": encoder, "c:a": "copy", "map": "0", "pix_fmt": "yuv420p", "fps_mode": "passthrough"}
     if chain is not None:
         options["vf"] = chain
     if encoder == "libx264":
@@ -132,14 +303,30 @@ def transform(source: Path, target: Path, mode: str, encoder: str | None = None)
     run(stream.output(str(target), **options))
 
 
-def concat(parts: list[Path], target: Path) -> None:
-    """Join ``parts`` in order with the concat demuxer (stream copy)."""
-    listing = target.with_name(target.name + ".concat.txt")
-    listing.write_text("".join("file '{}'\n".format(str(p).replace("'", r"'\''")) for p in parts))
-    try:
-        run(ffmpeg.input(str(listing), f="concat", safe=0).output(str(target), c="copy", map="0", movflags="+faststart"))
-    finally:
-        listing.unlink(missing_ok=True)
+def concat(parts: list[Path], target: Path, audio: Path | None = None) -> None:
+    """Join the video of ``parts`` in order (stream copy), then add ``audio``'s first audio track whole, where it
+    starts there against that file's video (copied when mp4 takes its codec, else AAC).
+
+    Each part is first remuxed to one time base: the concat demuxer reads every part in the first part's, so parts
+    with another (a frame-rate change, another backend's encoder) would play too fast or too slow.
+    """
+    with tempfile.TemporaryDirectory(prefix=".concat-", dir=target.parent) as tmp:
+        listing = Path(tmp) / "concat.txt"
+        lines = []
+        for index, part in enumerate(parts):
+            retimed = Path(tmp) / f"{index:05d}.mp4"
+            run(ffmpeg.input(str(part)).output(str(retimed), c="copy", map="0:v:0", video_track_timescale=TIMESCALE))
+            # each part placed after the frames before it, not after its container's duration (which counts a
+            # reordering delay in, so parts drifted apart where the frame rate changes)
+            escaped = str(retimed).replace("'", r"'\''")
+            lines.append(f"file '{escaped}'\nduration {probe(retimed).duration:.6f}\n")
+        listing.write_text("".join(lines))
+        streams = [ffmpeg.input(str(listing), f="concat", safe=0)["v:0"]]
+        options: dict = {"c:v": "copy", "movflags": "+faststart", "video_track_timescale": TIMESCALE}
+        if audio is not None:
+            streams.append(ffmpeg.input(str(audio))["a:0"])
+            options["c:a"] = "copy" if _audio_codec(audio) in MP4_AUDIO_CODECS else "aac"
+        run(ffmpeg.output(*streams, str(target), **options))
 
 
 def make_test_video(

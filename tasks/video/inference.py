@@ -24,10 +24,21 @@ from tasks.core.redact import public_url, redact, url_secrets
 from tasks.video import ffmpeg as video_ffmpeg
 
 BACKENDS = ("ffmpeg", "http", "gpu", "text-redact", "sagemaker")
+REMOTE_BACKENDS = ("http", "sagemaker")  # they wait on the network: no CPU slot of this machine is held for them
 
 
 class InferenceError(RuntimeError):
     """The backend failed on a segment (error status, timeout, unreachable, bad output)."""
+
+
+class InferenceRefused(InferenceError):
+    """ffmpeg refused the segment or the options: the same call fails the same way, so it is not retried."""
+
+
+def _ffmpeg_failure(backend: str, error: video_ffmpeg.FfmpegError) -> InferenceError:
+    """The backend's error for an ffmpeg failure, InferenceRefused when ffmpeg refused (not worth a retry)."""
+    kind = InferenceRefused if isinstance(error, video_ffmpeg.FfmpegRefused) else InferenceError
+    return kind(f"{backend} backend: {error}")
 
 
 class GpuUnavailable(InferenceError):
@@ -39,7 +50,7 @@ def infer_ffmpeg(source: Path, target: Path, mode: str) -> None:
     try:
         video_ffmpeg.transform(source, target, mode)
     except video_ffmpeg.FfmpegError as error:
-        raise InferenceError(f"ffmpeg backend: {error}") from None
+        raise _ffmpeg_failure("ffmpeg", error) from None
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
@@ -143,7 +154,7 @@ def infer_gpu(source: Path, target: Path, mode: str) -> None:
     try:
         video_ffmpeg.transform(source, target, mode, encoder="h264_nvenc")
     except video_ffmpeg.FfmpegError as error:
-        raise InferenceError(f"gpu backend: {error}") from None
+        raise _ffmpeg_failure("gpu", error) from None
 
 
 def detections_file(target: Path) -> Path:
@@ -157,6 +168,7 @@ def infer_text_redact(source: Path, target: Path, mode: str, batch_size: int) ->
 
     from tasks.video import model
 
+    video_ffmpeg.libav_errors_reported()
     try:
         found = model.redact_text(source, target, mode, batch_size)
     except (av.error.FFmpegError, OSError, RuntimeError) as error:  # PyAV's and onnxruntime's errors

@@ -253,8 +253,9 @@ def fail_job(job_id: str, reason: str) -> str | None:
 # attributes of one attempt, removed when a failed job is opened again
 _ATTEMPT_ATTRS = (
     "failure_reason", "failed_at", "total_segments", "segment_frames", "segment_durations", "source_duration",
-    "source_frames", "source_has_audio", "chunking_started_at", "chunking_completed_at", "final_key", "final_frames",
-    "final_duration", "completed_at", "reconciled_at", "redrives", "redriven_at",
+    "source_frames", "source_has_audio", "source_audio_start", "source_audio_duration", "source_size", "output_size",
+    "normalised", "chunking_started_at", "chunking_completed_at", "final_key", "final_frames",
+    "final_duration", "final_size", "final_audio_duration", "completed_at", "reconciled_at", "redrives", "redriven_at",
     "ttl",  # a finished job's retention (tasks/retention)
 )
 
@@ -331,7 +332,11 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
         try:
             with local_path(store, source) as path:
                 info = video_ffmpeg.probe(path, source)
-                parts = video_ffmpeg.segment(path, tmp, segment_seconds)
+                normalised = video_ffmpeg.normalisation(info)
+                if normalised:  # rotated, odd-sized or not mp4-borne: one upright, even-sided h264 picture first
+                    video_ffmpeg.normalise(path, tmp / "normalised.mp4", segment_seconds)
+                    path = tmp / "normalised.mp4"
+                parts = video_ffmpeg.segment(path, tmp / "parts", segment_seconds)
         except ObjectNotFound:
             raise video_ffmpeg.InvalidMedia(f"no upload at {source}") from None
         total = len(parts)
@@ -344,13 +349,20 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
             )
         for part, key in zip(parts, segment_keys):
             put_finished_file(store, key, part)
+    picture = video_ffmpeg.even_size(*info.display_size) if normalised else info.display_size
+    attempt = {
+        "source_audio_start": round(info.audio_start, 6), "source_audio_duration": round(info.audio_duration, 6),
+        "source_size": "{}x{}".format(*info.display_size), "output_size": "{}x{}".format(*video_ffmpeg.output_size(mode, *picture)),
+    }
+    if normalised:
+        attempt["normalised"] = normalised
     result = state_store.transition(
         _jobs(), _key(job_id), CHUNKING, CHUNKED,
         set={
             "total_segments": total, "mode": mode, "segment_seconds": float(segment_seconds),
             "source_duration": info.duration, "source_frames": info.frames, "source_has_audio": info.has_audio,
             "segment_frames": [p.frames for p in probes], "segment_durations": [round(p.duration, 6) for p in probes],
-            "chunking_completed_at": now_iso(),
+            "chunking_completed_at": now_iso(), **attempt,
         },
     )
     if not result.applied:
@@ -484,8 +496,32 @@ def reassembly_pending(job_id: str) -> bool:
     return bool(job and job.get("status") == CHUNKED and lock and "reassembly_completed_at" not in lock)
 
 
-def _valid_final(store: ObjectStore, key: str, frames: int) -> video_ffmpeg.MediaInfo | None:
-    """The probe of an existing final.mp4 with ``frames`` frames (a finished earlier attempt), else None."""
+DURATION_TOLERANCE_S = 0.1  # how far the final's picture and sound may end from the source's
+
+
+def final_problems(info: video_ffmpeg.MediaInfo, job: dict[str, Any]) -> list[str]:
+    """How the final output differs from the job's source (frames, duration, picture size, audio); empty when it matches."""
+    problems, tolerance = [], DURATION_TOLERANCE_S
+    if "source_frames" in job and info.frames != int(job["source_frames"]):
+        problems.append(f"{info.frames} frames, the source {int(job['source_frames'])}")
+    if "source_duration" in job and abs(info.duration - float(job["source_duration"])) > tolerance:
+        problems.append(f"{info.duration:.3f} s of picture, the source {float(job['source_duration']):.3f} s")
+    if job.get("output_size") and "{}x{}".format(*info.display_size) != job["output_size"]:
+        problems.append("a {}x{} picture, {} expected".format(*info.display_size, job["output_size"]))
+    if "source_has_audio" in job and info.has_audio != bool(job["source_has_audio"]):
+        problems.append("no audio, the source has audio" if job["source_has_audio"] else "audio the source has not")
+    elif info.has_audio and "source_audio_duration" in job:
+        want_start, want_length = float(job["source_audio_start"]), float(job["source_audio_duration"])
+        if abs(info.audio_duration - want_length) > tolerance or abs(info.audio_start - want_start) > tolerance:
+            problems.append(
+                f"audio {info.audio_duration:.3f} s from {info.audio_start:.3f} s, "
+                f"the source's {want_length:.3f} s from {want_start:.3f} s"
+            )
+    return problems
+
+
+def _valid_final(store: ObjectStore, key: str, job: dict[str, Any]) -> video_ffmpeg.MediaInfo | None:
+    """The probe of an existing final.mp4 that matches the source (a finished earlier attempt), else None."""
     if not store.exists(key):
         return None
     with local_path(store, key) as path:
@@ -493,7 +529,7 @@ def _valid_final(store: ObjectStore, key: str, frames: int) -> video_ffmpeg.Medi
             info = video_ffmpeg.probe(path, key)
         except video_ffmpeg.InvalidMedia:
             return None
-    return info if info.frames == frames else None
+    return None if final_problems(info, state_store.to_plain(job)) else info
 
 
 def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900.0) -> dict[str, Any]:
@@ -518,25 +554,31 @@ def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900
     if indices != list(range(total)):
         raise RuntimeError(f"video job {job_id!r}: completions {indices} do not cover segments 0..{total - 1}")
     store = object_store()
-    expected = int(job.get("source_frames", 0))
-    info = _valid_final(store, final, expected)
+    plain = state_store.to_plain(job)
+    info = _valid_final(store, final, job)
     reused = info is not None
     if info is None:
         try:  # bad media here cannot get better by retrying: the job fails with the reason
             with scratch_dir(store, "video-concat-") as tmp, contextlib.ExitStack() as stack:
                 parts = [stack.enter_context(local_path(store, r["output_key"])) for r in records]
+                # the source's own audio track, whole, onto the joined picture (segments carry no audio)
+                audio = stack.enter_context(local_path(store, keys.source_key(job_id))) if plain.get("source_has_audio") else None
                 target = tmp / "final.mp4"
-                video_ffmpeg.concat(parts, target)
+                video_ffmpeg.concat(parts, target, audio)
                 info = video_ffmpeg.probe(target, final)
-                if expected and info.frames != expected:
-                    raise video_ffmpeg.InvalidMedia(f"{final} has {info.frames} frames, the source {expected}")
+                problems = final_problems(info, plain)
+                if problems:
+                    raise video_ffmpeg.InvalidMedia(f"{final} does not match the source: it has {'; '.join(problems)}")
                 put_finished_file(store, final, target)
         except (video_ffmpeg.FfmpegError, video_ffmpeg.InvalidMedia, ObjectNotFound) as error:
             reason = fail_job(job_id, f"reassembly failed: {error}")
             raise JobFailed(f"video job {job_id} failed: {reason or public_reason(str(error))}") from None
     done = state_store.transition(
         _jobs(), _key(job_id), CHUNKED, COMPLETED,
-        set={"final_key": final, "completed_at": now_iso(), "final_duration": info.duration, "final_frames": info.frames},
+        set={
+            "final_key": final, "completed_at": now_iso(), "final_duration": info.duration, "final_frames": info.frames,
+            "final_size": "{}x{}".format(*info.display_size), "final_audio_duration": round(info.audio_duration, 6),
+        },
     )
     if not done.applied and (done.item or {}).get("status") != COMPLETED:
         raise RuntimeError(f"video job {job_id!r} left chunking_complete during reassembly ({(done.item or {}).get('status')})")

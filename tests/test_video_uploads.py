@@ -1,0 +1,346 @@
+"""The video pipeline on the files people really upload, generated here with the project's ffmpeg (probed by PyAV).
+
+Shapes, from what the devices and programs write:
+- phones: mp4/mov, h264 or hevc (``hvc1``), portrait recordings stored landscape with a display rotation, AAC;
+- screen recorders: variable frame rate (the rate drops when the screen is still), often no audio, mkv (OBS);
+- browsers (MediaRecorder): webm, vp8 or vp9 with opus, written live (no duration, no cues);
+- cameras: mp4/mov h264 at 25 fps with stereo AAC, or PCM in mov;
+- audio layouts: none, mono, stereo, starting after the first segment, ending before the video;
+- odd sizes (641x359, 641x361, 1x1; yuv444p h264 and vp9 allow them);
+- interrupted uploads (a dropped connection: cut at a packet boundary, inside a packet, before the moov atom),
+  an empty file, a text file, audio only.
+
+Every valid shape must come out with the source's duration (0.1 s), frame count, displayed size (odd sides padded
+to even, as the job records) and whole audio track; every bad one fails at chunking with a reason naming it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import ffmpeg
+import pytest
+
+from tasks.core import keys
+from tasks.video import ffmpeg as video_ffmpeg
+from tasks.video import jobs as v
+from tasks.video.ffmpeg import probe, run
+from tests.test_video import http_backend  # noqa: F401 - the echoing endpoint, a fixture
+from tests.test_video_model import endpoint  # noqa: F401 - the SageMaker-style stand-in, a fixture
+
+SEGMENT = 1.0
+
+
+def _lavfi(spec: str):
+    return ffmpeg.input(spec, f="lavfi")
+
+
+def clip(path: Path, *, size: str = "64x48", fps: float = 10, seconds: float = 3.0, vcodec: str = "libx264",
+         pix_fmt: str = "yuv420p", audio: str | None = "stereo", audio_start: float = 0.0,
+         audio_seconds: float | None = None, acodec: str = "aac", rotation: int = 0, keyframe_s: float = 0.5,
+         vfr: tuple[float, float] | None = None, extra: dict | None = None) -> Path:
+    """A ``testsrc`` clip as a device would write it (codec, container from the suffix, rotation, audio layout)."""
+    if vfr:  # the first half at vfr[0] fps, the second at vfr[1]: one stream, frame durations changing
+        halves = [_lavfi(f"testsrc=size={size}:rate={rate}:duration={seconds / 2}:decimals={i}").filter("settb", "1/720")
+                  for i, rate in enumerate(vfr)]  # two different sources: ffmpeg-python merges equal nodes
+        video = ffmpeg.concat(*halves, v=1, a=0)
+    else:
+        video = _lavfi(f"testsrc=size={size}:rate={fps}:duration={seconds}")
+    streams = [video]
+    options = {"vcodec": vcodec, "pix_fmt": pix_fmt, "fps_mode": "passthrough",
+               "force_key_frames": f"expr:gte(t,n_forced*{keyframe_s})", **(extra or {})}
+    if vcodec == "libx264":
+        options.update(preset="veryfast")
+    if vcodec.startswith("libvpx"):
+        options.update({"b:v": "300k", "deadline": "realtime", "cpu-used": 8})
+    if audio:
+        layout = {"mono": "mono", "stereo": "stereo"}[audio]
+        length = audio_seconds if audio_seconds is not None else seconds - audio_start
+        sound = _lavfi(f"sine=frequency=440:sample_rate=48000:duration={length}").filter("aformat", channel_layouts=layout)
+        if audio_start:  # the track begins later in the file (its first timestamp), as a late-starting recorder writes
+            sound = sound.filter("asetpts", f"PTS+{audio_start}/TB")
+        streams.append(sound)
+        options["acodec"] = acodec
+    if not rotation:
+        run(ffmpeg.output(*streams, str(path), **options))
+        return path
+    # a display matrix, as phones store a portrait recording: a second pass sets it (stream copy)
+    plain = path.with_name("unrotated-" + path.name)
+    run(ffmpeg.output(*streams, str(plain), **options))
+    tag = {"tag:v": "hvc1"} if vcodec == "libx265" else {}  # Apple's tag for hevc
+    run(ffmpeg.input(str(plain), display_rotation=rotation).output(str(path), c="copy", **tag))
+    plain.unlink()
+    return path
+
+
+def cut(source: Path, path: Path, where: str) -> Path:
+    """``source`` cut off as a dropped upload leaves it: at a video packet's start, inside one, or at half."""
+    import av
+
+    data = source.read_bytes()
+    with av.open(str(source)) as container:
+        packets = [(p.pos, p.size) for p in container.demux(video=0) if p.size and p.pos is not None]
+    pos, size = packets[len(packets) * 2 // 3]
+    offset = {"boundary": pos, "inside": pos + size // 2, "half": len(data) // 2}[where]
+    path.write_bytes(data[:offset])
+    return path
+
+
+@dataclass(frozen=True)
+class Shape:
+    make: Callable[[Path], Path]  # writes the upload into a folder, returns its path
+    reason: str | None = None  # None: a valid upload; else what the failure reason must say
+    normalised: str | None = None  # what the job records about re-encoding the picture before segmenting
+
+
+def _write(name: str, **kwargs) -> Callable[[Path], Path]:
+    return lambda folder: clip(folder / name, **kwargs)
+
+
+def _cut(name: str, where: str, **kwargs) -> Callable[[Path], Path]:
+    return lambda folder: cut(clip(folder / f"whole-{name}", **kwargs), folder / name, where)
+
+
+def _text(folder: Path) -> Path:
+    path = folder / "notes.txt"
+    path.write_text("this is a text file, not a video\n" * 20)
+    return path
+
+
+def _empty(folder: Path) -> Path:
+    path = folder / "empty.mp4"
+    path.write_bytes(b"")
+    return path
+
+
+def _audio_only(folder: Path) -> Path:
+    path = folder / "voice-memo.m4a"
+    run(_lavfi("sine=duration=1").output(str(path), acodec="aac"))
+    return path
+
+
+SHAPES: dict[str, Shape] = {
+    # phones
+    "phone-portrait-h264-mp4": Shape(_write("p.mp4", rotation=90, size="64x48"), normalised="rotated 90 degrees"),
+    "phone-portrait-hevc-mov-mono": Shape(
+        _write("p.mov", rotation=-90, vcodec="libx265", audio="mono", extra={"x265-params": "log-level=error"}),
+        normalised="rotated 270 degrees"),
+    "phone-upside-down-mp4": Shape(_write("u.mp4", rotation=180), normalised="rotated 180 degrees"),
+    # screen recorders
+    "screen-vfr-30-24-mp4-no-audio": Shape(_write("s.mp4", vfr=(30, 24), seconds=4.0, audio=None)),
+    "screen-vfr-mkv-stereo": Shape(_write("s.mkv", vfr=(24, 30), seconds=3.0)),
+    "screen-sparse-keyframes": Shape(_write("k.mp4", keyframe_s=10, seconds=3.0)),  # one keyframe: one segment
+    # browsers (MediaRecorder writes live webm: no duration, no cues)
+    "browser-webm-vp8-opus-live": Shape(_write("b.webm", vcodec="libvpx", acodec="libopus", extra={"live": 1}),
+                                        normalised="vp8 re-encoded as h264"),
+    "browser-webm-vp9-opus": Shape(_write("b9.webm", vcodec="libvpx-vp9", acodec="libopus")),
+    # cameras
+    "camera-mp4-25fps-stereo": Shape(_write("c.mp4", fps=25, seconds=2.0)),
+    "camera-mov-pcm": Shape(_write("c.mov", fps=25, seconds=2.0, acodec="pcm_s16le")),
+    # audio layouts
+    "audio-mono-mkv": Shape(_write("m.mkv", audio="mono")),
+    "audio-starts-after-segment-0": Shape(_write("late.mp4", seconds=4.0, audio_start=2.5)),
+    "audio-shorter-than-video": Shape(_write("short.mp4", seconds=3.0, audio_seconds=1.2)),
+    # odd sizes
+    "odd-641x359-h264-444": Shape(_write("o1.mp4", size="641x359", seconds=1.0, pix_fmt="yuv444p"),
+                                  normalised="padded from 641x359 to 642x360"),
+    "odd-641x361-vp9-webm": Shape(_write("o2.webm", size="641x361", seconds=1.0, vcodec="libvpx-vp9", acodec="libopus"),
+                                  normalised="padded from 641x361 to 642x362"),
+    "odd-1x1": Shape(_write("o3.mp4", size="1x1", seconds=1.0, pix_fmt="yuv444p"), normalised="padded from 1x1 to 2x2"),
+    # what must fail at chunking
+    "interrupted-mp4-at-packet-boundary": Shape(
+        _cut("i1.mp4", "boundary", extra={"movflags": "+faststart"}), reason="source.mp4 is cut off: 20 of the 30 video frames"),
+    "interrupted-mp4-inside-a-packet": Shape(
+        _cut("i2.mp4", "inside", extra={"movflags": "+faststart"}), reason="source.mp4 is cut off: the file ends inside a packet"),
+    "interrupted-mp4-before-moov": Shape(_cut("i3.mp4", "half"), reason="source.mp4 is cut off: an mp4/mov without its index"),
+    "interrupted-mkv": Shape(_cut("i4.mkv", "boundary"), reason="source.mp4 is cut off: the file ends inside a packet or cluster"),
+    "interrupted-webm-live-recording": Shape(
+        _cut("i5.webm", "boundary", vcodec="libvpx", acodec="libopus", extra={"live": 1}),
+        reason="source.mp4 is cut off: the file ends inside a packet or cluster (File ended prematurely)"),
+    "empty": Shape(_empty, reason="the upload is empty (0 bytes)"),
+    "not-a-video": Shape(_text, reason="not a readable video"),
+    "audio-only": Shape(_audio_only, reason="the file has no video stream"),
+}
+VALID = [name for name, shape in SHAPES.items() if shape.reason is None]
+BAD = [name for name, shape in SHAPES.items() if shape.reason is not None]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("uploads")
+    return {name: shape.make(folder) for name, shape in SHAPES.items()}
+
+
+def upload(store_root: Path, source: Path, mode: str = "grayscale", segment_seconds: float = SEGMENT) -> str:
+    job = v.create_job(mode=mode, segment_seconds=segment_seconds)
+    Path(job["upload_target"]).write_bytes(source.read_bytes())
+    return job["job_id"]
+
+
+def process(job_id: str, backend: str = "ffmpeg") -> dict:
+    """The flow's steps as plain task bodies: chunk, every segment through ``backend``, reassemble."""
+    job = v.start_chunking(job_id)
+    for key in v.chunk_source(job_id, float(job["segment_seconds"]), job["mode"]):
+        assert "output_key" in v.infer_segment(key, backend=backend)
+    v.reassemble(job_id)
+    return v.get_job(job_id)
+
+
+def assert_like_source(source: Path, job: dict, store_root: Path) -> None:
+    """Item 1's invariants: the final has the source's frames, duration, displayed size and whole audio track."""
+    want, final = probe(source), probe(store_root / job["final_key"])
+    assert job["status"] == v.COMPLETED
+    assert final.frames == want.frames == job["final_frames"]
+    assert abs(final.duration - want.duration) <= 0.1, (final.duration, want.duration)
+    width, height = want.display_size
+    if job.get("normalised"):  # odd sides padded to even (stated in the job)
+        width, height = video_ffmpeg.even_size(width, height)
+    assert final.display_size == video_ffmpeg.output_size(job["mode"], width, height)
+    assert job["output_size"] == job["final_size"] == "{}x{}".format(*final.display_size)
+    assert final.has_audio == want.has_audio
+    if want.has_audio:
+        assert abs(final.audio_duration - want.audio_duration) <= 0.1, (final.audio_duration, want.audio_duration)
+        assert abs(final.audio_start - want.audio_start) <= 0.1, (final.audio_start, want.audio_start)
+
+
+@pytest.mark.parametrize("name", VALID)
+def test_a_valid_upload_comes_out_like_its_source(tables, store_root, corpus, name):
+    job = process(upload(store_root, corpus[name]))
+    assert_like_source(corpus[name], job, store_root)
+    expected = SHAPES[name].normalised
+    assert (expected in job.get("normalised", "")) if expected else "normalised" not in job
+    print(f"{name}: completed, {job['total_segments']} segments, {job['final_frames']} frames, "
+          f"{job['final_duration']:.2f} s, {job['final_size']}, audio {job['final_audio_duration']:.2f} s"
+          + (f", {job['normalised']}" if job.get("normalised") else ""))
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_a_bad_upload_fails_at_chunking_with_its_reason(tables, store_root, corpus, name):
+    job_id = upload(store_root, corpus[name])
+    v.start_chunking(job_id)
+    with pytest.raises(video_ffmpeg.InvalidMedia) as failure:
+        v.chunk_source(job_id, SEGMENT, "grayscale")
+    assert SHAPES[name].reason in str(failure.value)
+    assert f"input/{job_id}/source.mp4" in str(failure.value) or "upload" in str(failure.value) or "file" in str(failure.value)
+    assert sorted(p.relative_to(store_root).as_posix() for p in store_root.rglob("*") if p.is_file()) == [
+        keys.source_key(job_id)
+    ]  # nothing but the upload was written
+    print(f"{name}: failed at chunking: {failure.value}")
+
+
+HARD = "hard-case"  # rotated, odd-sized, variable frame rate, audio starting after segment 0, in a mov
+
+
+@pytest.fixture(scope="module")
+def hard_clip(tmp_path_factory) -> Path:
+    return clip(tmp_path_factory.mktemp("hard") / "hard.mov", size="63x47", vfr=(30, 20), seconds=3.0,
+                pix_fmt="yuv444p", rotation=90, audio_start=1.4, audio="mono")
+
+
+MODES = sorted(video_ffmpeg.FILTERS)
+
+
+@pytest.mark.parametrize(
+    ("backend", "mode"),
+    [("ffmpeg", mode) for mode in MODES] + [("http", "identity"), ("text-redact", "grayscale"), ("sagemaker", "identity")],
+)
+def test_every_backend_and_mode_keeps_the_source_whole(tables, store_root, hard_clip, backend, mode, request):
+    if backend == "http":
+        request.getfixturevalue("http_backend")
+    if backend == "sagemaker":
+        request.getfixturevalue("endpoint")
+    job = process(upload(store_root, hard_clip, mode=mode), backend)
+    assert job["normalised"].startswith("rotated 90 degrees upright; padded from 47x63 to 48x64")
+    assert_like_source(hard_clip, job, store_root)
+
+
+def test_reassembly_fails_the_job_when_the_final_lost_the_sound(tables, store_root, corpus, monkeypatch):
+    """The check before `completed`: a final without the source's audio is a failed job with the reason."""
+    job_id = upload(store_root, corpus["audio-starts-after-segment-0"])
+    job = v.start_chunking(job_id)
+    for key in v.chunk_source(job_id, SEGMENT, job["mode"]):
+        v.infer_segment(key, backend="ffmpeg")
+    concat = video_ffmpeg.concat
+    monkeypatch.setattr(video_ffmpeg, "concat", lambda parts, target, audio=None: concat(parts, target))
+    with pytest.raises(v.JobFailed, match="does not match the source: it has no audio, the source has audio"):
+        v.reassemble(job_id)
+    assert v.get_job(job_id)["status"] == v.FAILED
+
+
+# --------------------------------------------------------------------------- through the flow
+
+
+def _flow(**params) -> dict:
+    from flows.video import video_process
+
+    return video_process(**{"segment_seconds": SEGMENT, "segment_retry_delays": [0, 0], **params})
+
+
+def test_a_cut_off_upload_fails_once_at_chunking_through_the_flow(tables, store_root, corpus, monkeypatch):
+    probes = []
+    real = video_ffmpeg.probe
+    monkeypatch.setattr(video_ffmpeg, "probe", lambda path, name=None: probes.append(name) or real(path, name))
+    job_id = upload(store_root, corpus["interrupted-mp4-at-packet-boundary"])
+    with pytest.raises(v.JobFailed, match="chunking failed: input/.*/source.mp4 is cut off: 20 of the 30 video frames"):
+        _flow(job_id=job_id)
+    assert probes == [keys.source_key(job_id)]  # one attempt: no retry of bad input
+    job = v.get_job(job_id)
+    assert job["status"] == v.FAILED and "total_segments" not in job
+
+
+def test_an_ffmpeg_refusal_is_not_retried_and_keeps_its_cause_line(tables, store_root, corpus, monkeypatch):
+    """A deterministic failure (here a filter asking for a picture larger than the frame) fails the segment at
+    once, with ffmpeg's own line naming the cause, not only the exit code."""
+    monkeypatch.setitem(video_ffmpeg.FILTERS, "grayscale", "crop=4000:4000")
+    calls = []
+    real = video_ffmpeg.transform
+    monkeypatch.setattr(video_ffmpeg, "transform", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    job_id = upload(store_root, corpus["camera-mp4-25fps-stereo"])
+    with pytest.raises(v.JobFailed) as failure:
+        _flow(job_id=job_id, max_parallel_segments=1)
+    job = v.get_job(job_id)
+    assert len(calls) == job["total_segments"] == 2  # once per segment: no retries
+    assert "2 of 2 segments failed after retries" in job["failure_reason"]
+    assert "Invalid too big or non positive size for width '4000' or height '4000'" in job["failure_reason"]
+    assert "@ 0x" not in job["failure_reason"] and str(store_root) not in str(failure.value)
+
+
+def test_cause_lines_keep_the_first_and_the_last_error_lines():
+    stderr = "\n".join(
+        [
+            "[libx264 @ 0x5617a718acc0] width not divisible by 2 (641x359)",
+            *[f"[vf#0:0 @ 0x1] line {i}" for i in range(10)],
+            "[vf#0:0 @ 0x1] line 3",
+            "Conversion failed!",
+        ]
+    )
+    lines = video_ffmpeg.cause_lines(stderr)
+    assert lines[0] == "[libx264] width not divisible by 2 (641x359)"
+    assert lines[-1] == "Conversion failed!" and "..." in lines
+    assert len(lines) == video_ffmpeg.CAUSE_LINES + 1 + video_ffmpeg.LAST_LINES
+
+
+def test_remote_backends_wait_without_holding_a_cpu_slot(tables, store_root, corpus, http_backend, monkeypatch):  # noqa: F811
+    """With one CPU slot on the machine, three segments still wait on the http endpoint at once."""
+    monkeypatch.setenv("CPU_HEAVY_SLOTS", "1")
+    monkeypatch.setenv("CPU_SLOTS_DIR", str(store_root.parent / "slots"))
+    barrier = threading.Barrier(3, timeout=20)
+    waited = []
+    post = http_backend.do_POST
+
+    def meet(self):  # each request waits for the other two: only concurrent requests pass without a timeout
+        try:
+            barrier.wait()
+            waited.append(True)
+        except threading.BrokenBarrierError:
+            waited.append(False)
+        post(self)
+
+    http_backend.do_POST = meet
+    job_id = upload(store_root, corpus["audio-starts-after-segment-0"], mode="identity", segment_seconds=1.5)
+    job = _flow(job_id=job_id, mode="identity", backend="http", segment_seconds=1.5, max_parallel_segments=3)
+    assert job["status"] == v.COMPLETED and job["total_segments"] == 3
+    assert waited == [True, True, True]

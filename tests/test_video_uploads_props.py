@@ -1,0 +1,57 @@
+"""Property: for any picture size, frame rate (constant or changing half-way), segment length and audio layout,
+the video pipeline's final output has the source's frames, duration, displayed size and whole audio track."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tasks.video import ffmpeg as video_ffmpeg
+from tests.test_video_uploads import assert_like_source, clip, process, upload
+
+# few draws in `make test`; `make test-sweep` draws many more
+QUICK = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SWEEP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+uploads = st.fixed_dictionaries(
+    {
+        "width": st.integers(1, 96),
+        "height": st.integers(1, 72),
+        "fps": st.sampled_from([8, 10, 12.5, 15, 24, 25, 29.97, 30]),
+        "second_fps": st.none() | st.sampled_from([8, 10, 15, 24, 30]),  # a frame-rate change half-way
+        "seconds": st.sampled_from([1.0, 1.5, 2.0, 2.5, 3.0]),
+        "segment_seconds": st.sampled_from([0.5, 1.0, 1.5, 2.0]),
+        "audio_start": st.none() | st.sampled_from([0.0, 0.3, 0.9, 1.6]),  # None: no audio
+        "rotation": st.sampled_from([0, 0, 90, 180, -90]),
+        "mode": st.sampled_from(sorted(video_ffmpeg.FILTERS)),
+    }
+)
+
+
+def _check(draw: dict, store_root, folder) -> None:
+    seconds, audio_start = draw["seconds"], draw["audio_start"]
+    if audio_start is not None and audio_start >= seconds:
+        audio_start = seconds / 2
+    source = clip(
+        folder / f"{uuid.uuid4().hex}.mp4", size=f"{draw['width']}x{draw['height']}", fps=draw["fps"], seconds=seconds,
+        pix_fmt="yuv444p", rotation=draw["rotation"], keyframe_s=0.5, audio=None if audio_start is None else "stereo",
+        audio_start=audio_start or 0.0, vfr=(draw["fps"], draw["second_fps"]) if draw["second_fps"] else None,
+    )
+    job = process(upload(store_root, source, mode=draw["mode"], segment_seconds=draw["segment_seconds"]))
+    assert_like_source(source, job, store_root)
+
+
+@QUICK
+@given(draw=uploads)
+def test_any_upload_comes_out_like_its_source(tables, store_root, tmp_path, draw):
+    _check(draw, store_root, tmp_path)
+
+
+@pytest.mark.sweep
+@SWEEP
+@given(draw=uploads)
+def test_any_upload_comes_out_like_its_source_sweep(tables, store_root, tmp_path, draw):
+    _check(draw, store_root, tmp_path)
