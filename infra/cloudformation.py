@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +176,7 @@ def bucket_resources() -> dict[str, Any]:
         "reports": "logs/",  # the run reports (keys.run_report_key)
     }
     assert keys.quarantine_key("2026-01-01", "a.ndjson").startswith(expiring["quarantine"])
-    assert keys.run_report_key("glue", __import__("datetime").datetime(2026, 1, 1), "r").startswith(expiring["reports"])
+    assert keys.run_report_key("glue", datetime(2026, 1, 1), "r").startswith(expiring["reports"])
     rules = [{"Id": "abort-incomplete-multipart-uploads", "Status": "Enabled", "Prefix": "",
               "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": INCOMPLETE_UPLOAD_DAYS},
               "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_VERSION_DAYS}}]
