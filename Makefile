@@ -7,7 +7,7 @@ export AWS_ACCESS_KEY_ID ?= local
 export AWS_SECRET_ACCESS_KEY ?= local
 export AWS_DEFAULT_REGION ?= us-east-1
 
-.PHONY: install up down status demo test test-sweep bench clean-data
+.PHONY: install lint-tools up down status demo test test-sweep bench clean-data
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is missing: install it (pyenv install 3.11, or apt-get install python3.11)"; exit 1; }
@@ -23,6 +23,14 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.installed node_modules/.installed
 
+# hadolint, cfn-lint and checkov for tests/test_aws_image.py and tests/test_aws_template.py, apart from the project's pins
+.venv-tools/.installed: infra/lint-tools.txt
+	test -x .venv-tools/bin/python || $(PYTHON) -m venv .venv-tools
+	.venv-tools/bin/python -m pip install -q -r infra/lint-tools.txt
+	touch $@
+
+lint-tools: .venv-tools/.installed
+
 # PREFECT_SERVER_DB=postgres make up: the Prefect server on PostgreSQL (Debian's postgresql) instead of SQLite
 up: install
 	$(PY) -m deployments.local_stack up
@@ -36,12 +44,12 @@ status:
 demo: up
 	$(PY) -m deployments.demo
 
-test: install
+test: install lint-tools
 	$(PY) -m deployments.test_packages || true
 	$(PY) -m pytest tests -m "not sweep" --durations=25
 
 # every write of every pipeline's run as a crash point, and the slow deployment runs (CI runs it after `make test`)
-test-sweep: install
+test-sweep: install lint-tools
 	CRASHPOINTS_LIMIT=40 $(PY) -m pytest tests -m "sweep or crashpoints"
 
 bench: install

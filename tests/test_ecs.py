@@ -21,10 +21,13 @@ moto = pytest.importorskip("moto")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ECS_DEPLOYMENTS = [d for d in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"] if d["name"] == "ecs"]
 ACCOUNT = "123456789012"
-AWS_ENV = {  # what README's "Pointing it at AWS" sets before `prefect deploy --all`
-    "PIPELINES_IMAGE": f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/pipelines:1.0",
+AWS_ENV = {  # what README's "Pointing it at AWS" sets before `prefect deploy --name ecs`
+    "PIPELINES_IMAGE_REPOSITORY": f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/pipelines",
+    "PIPELINES_IMAGE_TAG": "1.0",
+    "PIPELINES_IMAGE": f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/pipelines:1.0",  # what the build step outputs
     "ECS_CLUSTER": "pipelines",
     "ECS_TASK_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/pipelines-task",
+    "ECS_EXECUTION_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/pipelines-execution",
     "PIPELINES_BUCKET_URL": "s3://pipelines-data/prod",
 }
 
@@ -71,11 +74,12 @@ def aws(monkeypatch):
 
 
 def job_variables(deployment: dict) -> dict:
-    """The deployment's job variables with `{{ $VAR }}` filled from the environment, as `prefect deploy` does."""
+    """The deployment's job variables with `{{ $VAR }}` and step outputs filled, as `prefect deploy` does."""
     from prefect.utilities.templating import apply_values
     import os
 
-    return apply_values(deployment["work_pool"].get("job_variables") or {}, os.environ, remove_notset=False)
+    built = {"build-image": {"image": os.environ["PIPELINES_IMAGE"]}}  # the output of prefect.yaml's build step
+    return apply_values(deployment["work_pool"].get("job_variables") or {}, {**os.environ, **built}, remove_notset=False)
 
 
 def submit(pool, deployment: dict, session) -> dict:
@@ -154,6 +158,7 @@ def test_each_ecs_deployment_registers_and_runs_on_ecs(ecs_pool, aws, deployment
     task, definition = submitted["task"], submitted["definition"]
     container = definition["containerDefinitions"][0]
     assert container["image"] == AWS_ENV["PIPELINES_IMAGE"]
+    assert definition["executionRoleArn"] == AWS_ENV["ECS_EXECUTION_ROLE_ARN"]
     assert (definition["cpu"], definition["memory"]) == (str(variables["cpu"]), str(variables["memory"]))
     assert definition["requiresCompatibilities"] == ["FARGATE"] and definition["networkMode"] == "awsvpc"
     assert submitted["cluster_arn"].endswith(f":cluster/{AWS_ENV['ECS_CLUSTER']}")

@@ -17,6 +17,7 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 
 from tasks.core import limits
+from tests.docker_standin import docker_standin
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
@@ -80,15 +81,33 @@ def test_maintenance_flows_are_scheduled():
     assert all(s["active"] is False for s in scheduled["records-replay-dla"])
 
 
-def _deploy(pattern: str) -> None:
+def _deploy(pattern: str, extra_env: dict[str, str] | None = None) -> None:
     from prefect.settings import PREFECT_API_URL
 
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT), **(extra_env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", pattern],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+ECS_IMAGE = {"PIPELINES_IMAGE_REPOSITORY": "123456789012.dkr.ecr.us-east-1.amazonaws.com/pipelines",
+             "PIPELINES_IMAGE_TAG": "test-1", "ECS_EXECUTION_ROLE_ARN": "arn:aws:iam::123456789012:role/execution"}
+
+
+def assert_ecs_image_built_and_pushed(docker) -> None:
+    """The ecs set built the Dockerfile for Fargate from a context of the package alone, and pushed it, once:
+    prefect-docker caches a step's output for the same inputs, so the other deployments reuse it."""
+    image = (ECS_IMAGE["PIPELINES_IMAGE_REPOSITORY"], ECS_IMAGE["PIPELINES_IMAGE_TAG"])
+    assert len(docker.builds) == 1 and docker.pushes == [image] and docker.tags == [image]
+    for build in docker.builds:
+        assert (build["query"]["dockerfile"], build["query"]["platform"]) == ("Dockerfile", "linux/amd64")
+        assert {"Dockerfile", "pyproject.toml", "constraints.txt", "prefect.yaml", "flows/etl.py"} <= set(build["files"])
+        tops = {name.split("/")[0] for name in build["files"]}
+        assert tops <= {"Dockerfile", ".dockerignore", "pyproject.toml", "constraints.txt", "README.md", "prefect.yaml",
+                        "blocks", "deployments", "flows", "tasks"}, tops  # no venv, data, tests or git in the context
+        assert not [name for name in build["files"] if "__pycache__" in name]
 
 
 @pytest.mark.timeout(900)
@@ -116,11 +135,15 @@ def test_prefect_deploy_of_each_set_against_the_test_server():
                                  d.concurrency_options and d.concurrency_options.collision_strategy.value) for d in deployed}
     assert limits["ndjson-merge"] == (3, "ENQUEUE") and limits["pipeline-health"] == (1, "CANCEL_NEW")
 
-    _deploy("ecs")  # what an AWS user runs (here: what an older `make up` left on a local server)
+    with docker_standin() as docker:  # what an AWS user runs (here: what an older `make up` left on a local server)
+        _deploy("ecs", {"DOCKER_HOST": docker.host, **ECS_IMAGE})
+    assert_ecs_image_built_and_pushed(docker)
     with get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}
         deployed = client.read_deployments()
         assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} >= expected
+        image = f"{ECS_IMAGE['PIPELINES_IMAGE_REPOSITORY']}:{ECS_IMAGE['PIPELINES_IMAGE_TAG']}"
+        assert {d.job_variables["image"] for d in deployed if d.name == "ecs"} == {image}  # the image it built
         # the server's scheduler path really creates runs (it fails on SQLAlchemy 2.1 with prefect 3.8)
         sweep = next(d for d in deployed if flows[d.flow_id] == "phspectra-sweep-stuck" and d.name == "ecs")
         response = client._client.post(f"/deployments/{sweep.id}/schedule", json={"max_runs": 3})

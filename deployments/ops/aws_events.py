@@ -17,8 +17,6 @@ import boto3
 from tasks.core.state_store import BOTO_CONFIG
 from tasks.landing import sqs
 
-MAX_RECEIVE_COUNT = 3  # every seed: a message is tried 3 times, then it goes to the dead-letter queue
-DEAD_LETTER_RETENTION_S = 14 * 24 * 3600  # seed 001: the DLQ keeps messages 14 days
 OBJECT_CREATED = ["s3:ObjectCreated:*"]
 
 
@@ -104,16 +102,10 @@ def setup(pipeline: str, bucket: str | None = None, prefix: str | None = None, s
     client = session.client("sqs", config=BOTO_CONFIG)
     queue_name, dead_letter_name = sqs.queue_names(pipeline)
     changed: list[str] = []
-    dead_letter_url, dead_letter_arn = ensure_queue(
-        client, dead_letter_name, {"MessageRetentionPeriod": str(DEAD_LETTER_RETENTION_S)}, changed
-    )
-    redrive = {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": MAX_RECEIVE_COUNT}
-    url, arn = ensure_queue(client, queue_name, {
-        "VisibilityTimeout": str(spec.visibility_timeout_s), "ReceiveMessageWaitTimeSeconds": str(sqs.MAX_WAIT_S),
-        "RedrivePolicy": json.dumps(redrive),
-    }, changed)  # fmt: skip
+    dead_letter_url, dead_letter_arn = ensure_queue(client, dead_letter_name, sqs.dead_letter_attributes(), changed)
+    url, arn = ensure_queue(client, queue_name, sqs.queue_attributes(spec, dead_letter_arn), changed)
     result = {"pipeline": pipeline, "queue_url": url, "queue_arn": arn, "dead_letter_url": dead_letter_url,
-              "visibility_timeout_s": spec.visibility_timeout_s, "max_receive_count": MAX_RECEIVE_COUNT}
+              "visibility_timeout_s": spec.visibility_timeout_s, "max_receive_count": sqs.MAX_RECEIVE_COUNT}
     if spec.mode == sqs.OBJECTS:
         store = urlparse(sqs.landing_store_url(pipeline))
         bucket = bucket or (store.netloc if store.scheme == "s3" else None)

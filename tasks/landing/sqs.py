@@ -73,6 +73,22 @@ SEED_QUEUES: dict[str, QueueSpec] = {
 }
 
 
+MAX_RECEIVE_COUNT = 3  # every seed: a message is tried 3 times, then it goes to the dead-letter queue
+DEAD_LETTER_RETENTION_S = 14 * 24 * 3600  # seed 001: the DLQ keeps messages 14 days
+
+
+def dead_letter_attributes() -> dict[str, str]:
+    """SQS attributes of every dead-letter queue (`aws-events setup` and infra/cloudformation.py apply them)."""
+    return {"MessageRetentionPeriod": str(DEAD_LETTER_RETENTION_S)}
+
+
+def queue_attributes(spec: QueueSpec, dead_letter_arn: str) -> dict[str, str]:
+    """SQS attributes of ``spec``'s queue: the seed's visibility timeout, 20 s long polls, redrive after 3 receives."""
+    redrive = {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": MAX_RECEIVE_COUNT}
+    return {"VisibilityTimeout": str(spec.visibility_timeout_s), "ReceiveMessageWaitTimeSeconds": str(MAX_WAIT_S),
+            "RedrivePolicy": json.dumps(redrive)}
+
+
 def queue_spec(pipeline: str) -> QueueSpec:
     """The seed queue of ``pipeline``; ValueError naming the known ones otherwise."""
     if pipeline not in SEED_QUEUES:

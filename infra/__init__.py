@@ -1,0 +1,1 @@
+"""Infrastructure as code: infra/cloudformation.py generates infra/pipelines.template.json."""

@@ -1,0 +1,426 @@
+"""One environment's AWS resources as a CloudFormation template, generated from the specs the code runs on.
+
+    python -m infra.cloudformation            # rewrite infra/pipelines.template.json
+    python -m infra.cloudformation --check    # exit 1 when the committed template differs from the generated one
+
+Tables come from ``tasks.core.tables`` (keys, GSIs, TTL attribute), queues and dead-letter queues from
+``tasks.landing.sqs.SEED_QUEUES`` (the spec ``aws-events setup`` applies), the listeners and the worker's pool from
+``prefect.yaml``'s ecs set; the worker and each listener run as an ECS service of desired count 1, so ECS starts
+a new task when one dies.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from blocks.etl import EtlSettings
+from tasks.core import keys, limits
+from tasks.core.tables import TABLE_SPECS, _create_request, default_names
+from tasks.landing import sqs
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TEMPLATE_PATH = REPO_ROOT / "infra" / "pipelines.template.json"
+ENV = "${Env}"  # default_names/QueueSpec.names fill {env} with it: Fn::Sub turns it into the stack's Env
+LOG_RETENTION_DAYS = limits.PREFECT_RETENTION_DAYS  # seed 001: log_retention_days = 3
+# seed 001: records expire 30 days after they end (TTL_DAYS); the objects that explain them (a manifest, its run
+# reports, a quarantined file with its reason) are kept as long
+OBJECT_RETENTION_DAYS = EtlSettings.model_fields["ttl_days"].default
+INCOMPLETE_UPLOAD_DAYS = 1  # a writer killed mid-upload leaves parts no reader sees but S3 bills
+NONCURRENT_VERSION_DAYS = 7  # an overwritten or deleted object can be restored for a week
+APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
+SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
+# a listener's service runs its flow in the container's own process, with the ecs deployment's parameters
+RUN_FLOW = ("import json, sys; from prefect.flows import load_flow_from_entrypoint; "
+            "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))")
+
+
+def sub(text: str) -> dict[str, str]:
+    """``Fn::Sub`` of ``text``."""
+    return {"Fn::Sub": text}
+
+
+def ref(name: str) -> dict[str, str]:
+    """``Ref`` of a parameter or resource."""
+    return {"Ref": name}
+
+
+def arn(logical: str) -> dict[str, list[str]]:
+    """``Fn::GetAtt [logical, Arn]``."""
+    return {"Fn::GetAtt": [logical, "Arn"]}
+
+
+def logical_id(*parts: str) -> str:
+    """A CloudFormation logical id from name parts (alphanumerics, each part capitalised)."""
+    return "".join(word[:1].upper() + word[1:] for part in parts for word in re.split(r"[^A-Za-z0-9]+", part) if word)
+
+
+def skip(*reasons: tuple[str, str]) -> dict[str, Any]:
+    """Metadata that suppresses checkov checks, each with the reason it does not apply here."""
+    return {"checkov": {"skip": [{"id": check, "comment": why} for check, why in reasons]}}
+
+
+def prefect_config() -> dict[str, Any]:
+    """prefect.yaml, parsed."""
+    return yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
+
+
+def listener_deployments() -> dict[str, dict[str, Any]]:
+    """Seed-queue pipeline -> its listener's ecs deployment (entrypoint, parameters) in prefect.yaml."""
+    from deployments.local_stack import LISTENERS
+
+    functions = {name.split("/")[0].replace("-", "_") for name in LISTENERS}
+    found = {}
+    for deployment in prefect_config()["deployments"]:
+        function = deployment["entrypoint"].split(":")[1]
+        if deployment["name"] == "ecs" and function in functions:
+            found[function] = deployment
+    by_pipeline = {"etl": "ndjson_listen", "video": "video_listen", "phspectra": "phspectra_listen", "records": "records_listen"}
+    assert set(by_pipeline) == set(sqs.SEED_QUEUES) and set(by_pipeline.values()) == set(found), (by_pipeline, found)
+    return {pipeline: found[function] for pipeline, function in by_pipeline.items()}
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def parameters() -> dict[str, Any]:
+    """The stack's inputs: environment, image, network, the Prefect API."""
+    return {
+        "Env": {"Type": "String", "Default": "prod", "AllowedPattern": "[a-z0-9-]+",
+                "Description": "The tables' env (TABLE_ENV): it names the queues and the env-suffixed tables"},
+        "BucketName": {"Type": "String", "AllowedPattern": "[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]",
+                       "Description": "The pipelines' bucket (created here)"},
+        "StorePrefix": {"Type": "String", "Default": "pipelines", "AllowedPattern": "[A-Za-z0-9_-]+",
+                        "Description": "OBJECT_STORE_BASE_URL is s3://BucketName/StorePrefix"},
+        "ImageRepository": {"Type": "String", "Default": "pipelines",
+                            "Description": "ECR repository in this account and region that holds the Dockerfile's image"},
+        "ImageTag": {"Type": "String", "Description": "The image's tag (PIPELINES_IMAGE_TAG of `prefect deploy --name ecs`)"},
+        "PrefectApiUrl": {"Type": "String", "Description": "PREFECT_API_URL of the Prefect server or workspace"},
+        "PrefectApiKeySecretArn": {"Type": "String", "Default": "",
+                                   "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)"},
+        "Subnets": {"Type": "List<AWS::EC2::Subnet::Id>", "Description": "Subnets of the worker and listener tasks"},
+        "SecurityGroups": {"Type": "List<AWS::EC2::SecurityGroup::Id>", "Description": "Security groups of those tasks"},
+        "AssignPublicIp": {"Type": "String", "Default": "DISABLED", "AllowedValues": ["ENABLED", "DISABLED"],
+                           "Description": "ENABLED only in public subnets without a NAT gateway (to reach ECR and Prefect)"},
+    }
+
+
+# --------------------------------------------------------------------------- state: tables, bucket, queues
+
+
+def table_resources() -> dict[str, Any]:
+    """One AWS::DynamoDB::Table per TABLE_SPECS entry, keyed and indexed as ``ensure_tables`` creates it."""
+    names = default_names(ENV)
+    resources = {}
+    for logical, spec in TABLE_SPECS.items():
+        properties = _create_request(names[logical], spec)
+        properties["TableName"] = sub(properties["TableName"]) if ENV in properties["TableName"] else properties["TableName"]
+        properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
+        properties["SSESpecification"] = {"SSEEnabled": True}
+        if spec.ttl_attribute:
+            properties["TimeToLiveSpecification"] = {"AttributeName": spec.ttl_attribute, "Enabled": True}
+        resources[logical_id("table", logical)] = {
+            "Type": "AWS::DynamoDB::Table", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
+            "Properties": properties,
+            "Metadata": skip(("CKV_AWS_119", "encrypted at rest with the AWS owned key (SSEEnabled); a customer key "
+                                             "is a per-account choice this template leaves to its owner")),
+        }  # fmt: skip
+    return resources
+
+
+def queue_resources() -> dict[str, Any]:
+    """Each seed queue with its dead-letter queue, attributes from ``sqs.queue_attributes`` (as ``aws-events setup``)."""
+    resources = {}
+    encrypted = skip(("CKV_AWS_27", "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): S3 cannot send "
+                                    "its notifications to a queue under the AWS managed KMS key"))
+    for pipeline, spec in sqs.SEED_QUEUES.items():
+        queue, dead_letter = spec.names(ENV)
+        dlq_id, queue_id = logical_id(pipeline, "dead letter queue"), logical_id(pipeline, "queue")
+        resources[dlq_id] = {"Type": "AWS::SQS::Queue", "Properties": {
+            "QueueName": sub(dead_letter), **{k: int(v) for k, v in sqs.dead_letter_attributes().items()},
+            "SqsManagedSseEnabled": True}, "Metadata": encrypted}
+        attributes = sqs.queue_attributes(spec, "DEAD_LETTER_ARN")
+        redrive = json.loads(attributes.pop("RedrivePolicy"))
+        redrive["deadLetterTargetArn"] = arn(dlq_id)
+        resources[queue_id] = {"Type": "AWS::SQS::Queue", "Properties": {
+            "QueueName": sub(queue), **{k: int(v) for k, v in attributes.items()}, "RedrivePolicy": redrive,
+            "SqsManagedSseEnabled": True}, "Metadata": encrypted}  # fmt: skip
+        if spec.mode == sqs.OBJECTS:
+            resources[logical_id(pipeline, "queue policy")] = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
+                "Queues": [ref(queue_id)],
+                "PolicyDocument": {"Version": "2012-10-17", "Statement": [{
+                    "Sid": "BucketSendsObjectCreated", "Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"},
+                    "Action": "sqs:SendMessage", "Resource": arn(queue_id),
+                    "Condition": {"ArnLike": {"aws:SourceArn": sub("arn:${AWS::Partition}:s3:::${BucketName}")},
+                                  "StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}}}]}}}  # fmt: skip
+    return resources
+
+
+def notified_prefix(pipeline: str) -> dict[str, str]:
+    """The key prefix whose created objects notify ``pipeline``'s queue: the store prefix + its input prefix."""
+    return sub(f"${{StorePrefix}}/{sqs.SEED_QUEUES[pipeline].input_prefix}")
+
+
+def bucket_resources() -> dict[str, Any]:
+    """The pipelines' bucket: private, encrypted, versioned, its arrivals notifying the queues, with lifecycle rules."""
+    object_pipelines = [p for p, spec in sqs.SEED_QUEUES.items() if spec.mode == sqs.OBJECTS]
+    expiring = {  # what the pipelines write to explain a record, kept as long as the record (TTL_DAYS)
+        "quarantine": "quarantine/",  # refused input files and their .reason.json (keys.quarantine_key)
+        "manifests": "manifests/",  # keys.manifest_key
+        "reports": "logs/",  # the run reports (keys.run_report_key)
+    }
+    assert keys.quarantine_key("2026-01-01", "a.ndjson").startswith(expiring["quarantine"])
+    assert keys.run_report_key("glue", datetime(2026, 1, 1), "r").startswith(expiring["reports"])
+    rules = [{"Id": "abort-incomplete-multipart-uploads", "Status": "Enabled", "Prefix": "",
+              "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": INCOMPLETE_UPLOAD_DAYS},
+              "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_VERSION_DAYS}}]
+    rules += [{"Id": f"expire-{name}", "Status": "Enabled", "Prefix": sub(f"${{StorePrefix}}/{prefix}"),
+               "ExpirationInDays": OBJECT_RETENTION_DAYS} for name, prefix in expiring.items()]
+    bucket = {
+        "Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
+        "DependsOn": [logical_id(p, "queue policy") for p in object_pipelines],  # S3 checks it may send when configured
+        "Properties": {
+            "BucketName": ref("BucketName"),
+            "BucketEncryption": {"ServerSideEncryptionConfiguration": [
+                {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
+            "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True,
+                                               "IgnorePublicAcls": True, "RestrictPublicBuckets": True},
+            "OwnershipControls": {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]},
+            "VersioningConfiguration": {"Status": "Enabled"},
+            "LifecycleConfiguration": {"Rules": rules},
+            "NotificationConfiguration": {"QueueConfigurations": [
+                {"Event": "s3:ObjectCreated:*", "Queue": arn(logical_id(p, "queue")),
+                 "Filter": {"S3Key": {"Rules": [{"Name": "prefix", "Value": notified_prefix(p)}]}}}
+                for p in object_pipelines]},
+        },
+        "Metadata": skip(
+            ("CKV_AWS_18", "S3 server access logs would need a second bucket; CloudTrail data events are the "
+                           "account's audit trail, configured outside this environment"),
+            ("CKV_AWS_144", "one environment in one region: cross-region replication is a disaster-recovery choice "
+                            "outside this template"),
+            ("CKV_AWS_145", "SSE-S3 (AES256): the queues' S3 notifications and the tasks need no KMS grants"),
+        ),
+    }  # fmt: skip
+    tls_only = {"Type": "AWS::S3::BucketPolicy", "Properties": {"Bucket": ref("Bucket"), "PolicyDocument": {
+        "Version": "2012-10-17", "Statement": [{
+            "Sid": "TlsOnly", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+            "Resource": [arn("Bucket"), sub("${Bucket.Arn}/*")],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}}}  # fmt: skip
+    return {"Bucket": bucket, "BucketPolicy": tls_only}
+
+
+# --------------------------------------------------------------------------- IAM
+
+
+def assume_ecs_tasks() -> dict[str, Any]:
+    """The trust policy of a role ECS tasks take, from this account only."""
+    return {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"Service": "ecs-tasks.amazonaws.com"}, "Action": "sts:AssumeRole",
+        "Condition": {"StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}}}]}  # fmt: skip
+
+
+def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
+    """An inline policy of a role."""
+    return {"PolicyName": name, "PolicyDocument": {"Version": "2012-10-17", "Statement": statements}}
+
+
+def iam_resources(log_groups: list[str]) -> dict[str, Any]:
+    """The execution role (pull the image, write logs, read the API key), the pipelines' task role (their tables,
+    bucket and queues, nothing else) and the worker's task role (run flow-run tasks on the cluster)."""
+    tables = [arn(logical_id("table", t)) for t in TABLE_SPECS]
+    table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in TABLE_SPECS.items() if s.gsis]
+    queues = [arn(logical_id(p, "queue")) for p in sqs.SEED_QUEUES]
+    dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.SEED_QUEUES]
+    execution = [
+        {"Sid": "PullImage", "Effect": "Allow", "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+                                                           "ecr:BatchCheckLayerAvailability"],
+         "Resource": sub("arn:${AWS::Partition}:ecr:${AWS::Region}:${AWS::AccountId}:repository/${ImageRepository}")},
+        {"Sid": "RegistryLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
+        {"Sid": "WriteLogs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+         "Resource": [sub(f"${{{group}.Arn}}") for group in log_groups]},
+        {"Fn::If": ["HasPrefectApiKey", {"Sid": "ReadPrefectApiKey", "Effect": "Allow",
+                                         "Action": "secretsmanager:GetSecretValue",
+                                         "Resource": ref("PrefectApiKeySecretArn")}, ref("AWS::NoValue")]},
+    ]  # fmt: skip
+    pipelines = [  # a transaction is authorized as its items' own actions (PutItem, UpdateItem, ConditionCheckItem)
+        {"Sid": "Tables", "Effect": "Allow", "Resource": tables + table_indexes, "Action": [
+            "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:PutItem",
+            "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem", "dynamodb:ConditionCheckItem",
+            "dynamodb:DescribeTable", "dynamodb:DescribeTimeToLive"]},
+        {"Sid": "ListBucket", "Effect": "Allow", "Resource": arn("Bucket"),
+         "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetBucketLocation"]},
+        {"Sid": "Objects", "Effect": "Allow", "Resource": sub("${Bucket.Arn}/${StorePrefix}/*"), "Action": [
+            "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]},
+        {"Sid": "Arrivals", "Effect": "Allow", "Resource": queues + dead_letters, "Action": [
+            "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes",
+            "sqs:GetQueueUrl"]},
+    ]  # fmt: skip
+    cluster_tasks = sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*")
+    on_cluster = {"ArnEquals": {"ecs:cluster": arn("Cluster")}}
+    worker = [
+        {"Sid": "TaskDefinitions", "Effect": "Allow", "Resource": "*", "Action": [
+            "ecs:RegisterTaskDefinition", "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition",
+            "ecs:ListTaskDefinitions"]},
+        {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": ["ecs:RunTask", "ecs:TagResource"],
+         "Resource": [sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"), cluster_tasks],
+         "Condition": on_cluster},
+        {"Sid": "WatchFlowRuns", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
+         "Resource": cluster_tasks, "Condition": on_cluster},
+        {"Sid": "PassFlowRunRoles", "Effect": "Allow", "Action": "iam:PassRole",
+         "Resource": [arn("TaskRole"), arn("ExecutionRole")],
+         "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}},
+        {"Sid": "Network", "Effect": "Allow", "Resource": "*",
+         "Action": ["ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"]},
+        {"Sid": "FlowRunLogs", "Effect": "Allow", "Action": ["logs:GetLogEvents"],
+         "Resource": sub("${FlowRunLogGroup.Arn}")},
+    ]  # fmt: skip
+    wildcard_reasons = (
+        ("CKV_AWS_111", "ecs:RegisterTaskDefinition and ecs:DeregisterTaskDefinition take no resource ARN (AWS's "
+                        "service authorization reference): the worker registers one per deployment version"),
+        ("CKV_AWS_356", "ecr:GetAuthorizationToken, the ECS task-definition calls and ec2:Describe* take no "
+                        "resource ARN; every other statement names its resources"),
+    )
+    return {
+        "ExecutionRole": {"Type": "AWS::IAM::Role", "Properties": {
+            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("pull-log-secret", execution)]},
+            "Metadata": skip(*wildcard_reasons)},
+        "TaskRole": {"Type": "AWS::IAM::Role", "Properties": {
+            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("pipelines-state", pipelines)]}},
+        "WorkerRole": {"Type": "AWS::IAM::Role", "Properties": {
+            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("run-flow-runs", worker)]},
+            "Metadata": skip(*wildcard_reasons)},
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- ECS
+
+
+def log_group(name: str) -> dict[str, Any]:
+    """A log group kept the seed's 3 days."""
+    return {"Type": "AWS::Logs::LogGroup", "Properties": {
+        "LogGroupName": sub(f"/pipelines/${{Env}}/{name}"), "RetentionInDays": LOG_RETENTION_DAYS},
+        "Metadata": skip(
+            ("CKV_AWS_158", "CloudWatch Logs encrypts every log group at rest; a customer key is the account's choice"),
+            ("CKV_AWS_338", "the seed keeps logs 3 days (log_retention_days = 3); flow runs' logs are on the Prefect "
+                            "server too"))}  # fmt: skip
+
+
+def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
+    """What every container is configured by: the tables' env, the store, the Prefect API, the queues."""
+    variables = {
+        "TABLE_ENV": ref("Env"),
+        "OBJECT_STORE_BASE_URL": sub("s3://${BucketName}/${StorePrefix}"),
+        "PREFECT_API_URL": ref("PrefectApiUrl"),
+        "AWS_DEFAULT_REGION": ref("AWS::Region"),
+        "HOME": SCRATCH,
+        "PREFECT_HOME": f"{SCRATCH}/prefect",
+        "NUMBA_CACHE_DIR": f"{SCRATCH}/numba",
+    }
+    if pipeline_queues:
+        variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.SEED_QUEUES}
+    return [{"Name": name, "Value": value} for name, value in variables.items()]
+
+
+def task_definition(family: str, command: list[str], role: str, log_group_id: str, pipeline_queues: bool) -> dict[str, Any]:
+    """A Fargate task definition of the image running ``command`` as the image's non-root user."""
+    container = {
+        "Name": family, "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
+        "Essential": True, "Command": command, "WorkingDirectory": APP_DIR, "Environment": environment(pipeline_queues),
+        "Secrets": {"Fn::If": ["HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
+                               ref("AWS::NoValue")]},
+        "ReadonlyRootFilesystem": True, "MountPoints": [{"SourceVolume": "scratch", "ContainerPath": SCRATCH}],
+        "LogConfiguration": {"LogDriver": "awslogs", "Options": {
+            "awslogs-group": ref(log_group_id), "awslogs-region": ref("AWS::Region"), "awslogs-stream-prefix": family}},
+    }  # fmt: skip
+    return {"Type": "AWS::ECS::TaskDefinition", "Properties": {
+        "Family": sub(f"pipelines-${{Env}}-{family}"), "RequiresCompatibilities": ["FARGATE"], "NetworkMode": "awsvpc",
+        "Cpu": "1024", "Memory": "4096", "ExecutionRoleArn": arn("ExecutionRole"), "TaskRoleArn": arn(role),
+        "Volumes": [{"Name": "scratch"}], "ContainerDefinitions": [container]}}  # fmt: skip
+
+
+def service(name: str, definition: str) -> dict[str, Any]:
+    """An ECS service keeping one task of ``definition`` running: ECS starts another when it dies, and never
+    two at once (a deployment stops the old task before it starts the new one)."""
+    return {"Type": "AWS::ECS::Service", "Properties": {
+        "ServiceName": name, "Cluster": ref("Cluster"), "TaskDefinition": ref(definition), "DesiredCount": 1,
+        "LaunchType": "FARGATE", "PropagateTags": "SERVICE", "EnableECSManagedTags": True,
+        "DeploymentConfiguration": {"MinimumHealthyPercent": 0, "MaximumPercent": 100,
+                                    "DeploymentCircuitBreaker": {"Enable": True, "Rollback": True}},
+        "NetworkConfiguration": {"AwsvpcConfiguration": {
+            "Subnets": ref("Subnets"), "SecurityGroups": ref("SecurityGroups"), "AssignPublicIp": ref("AssignPublicIp")}}}}
+
+
+def ecs_resources() -> dict[str, Any]:
+    """The cluster, the Prefect worker of the ecs pool and one listener per seed queue, each a service of one task."""
+    pool = prefect_config()["definitions"]["work_pools"]["ecs"]["name"]
+    resources: dict[str, Any] = {
+        "Cluster": {"Type": "AWS::ECS::Cluster", "Properties": {
+            "ClusterName": sub("pipelines-${Env}"), "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]}},
+        "FlowRunLogGroup": log_group("flow-runs"),
+        "WorkerLogGroup": log_group("worker"),
+        "WorkerTaskDefinition": task_definition(
+            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs"], "WorkerRole", "WorkerLogGroup", False),
+        "WorkerService": service("prefect-worker", "WorkerTaskDefinition"),
+    }  # fmt: skip
+    for pipeline, deployment in listener_deployments().items():
+        family = deployment["entrypoint"].split(":")[1].replace("_", "-")
+        command = ["python", "-c", RUN_FLOW, deployment["entrypoint"], json.dumps(deployment["parameters"], sort_keys=True)]
+        resources[logical_id(pipeline, "listener log group")] = log_group(family)
+        resources[logical_id(pipeline, "listener task definition")] = task_definition(
+            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True)
+        resources[logical_id(pipeline, "listener service")] = service(family, logical_id(pipeline, "listener task definition"))
+    return resources
+
+
+def template() -> dict[str, Any]:
+    """The whole environment's CloudFormation template."""
+    ecs = ecs_resources()
+    log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
+    resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs}
+    outputs = {  # what `prefect deploy --name ecs` and the blocks need (README "Pointing it at AWS")
+        "EcsCluster": {"Value": ref("Cluster"), "Description": "ECS_CLUSTER"},
+        "EcsTaskRoleArn": {"Value": arn("TaskRole"), "Description": "ECS_TASK_ROLE_ARN"},
+        "EcsExecutionRoleArn": {"Value": arn("ExecutionRole"), "Description": "ECS_EXECUTION_ROLE_ARN"},
+        "BucketUrl": {"Value": sub("s3://${Bucket}/${StorePrefix}"), "Description": "PIPELINES_BUCKET_URL"},
+        "FlowRunLogGroup": {"Value": ref("FlowRunLogGroup"), "Description": "log group for the flow-run tasks"},
+    }
+    outputs |= {logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}
+                for p in sqs.SEED_QUEUES}
+    return {
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Description": "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
+                       "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)",
+        "Parameters": parameters(),
+        "Conditions": {"HasPrefectApiKey": {"Fn::Not": [{"Fn::Equals": [ref("PrefectApiKeySecretArn"), ""]}]}},
+        "Resources": resources,
+        "Outputs": outputs,
+    }
+
+
+def render() -> str:
+    """The template as the committed file holds it."""
+    return json.dumps(template(), indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the template, or with ``--check`` say whether the committed one is what the specs generate."""
+    argv = sys.argv[1:] if argv is None else argv
+    text = render()
+    if "--check" in argv:
+        if TEMPLATE_PATH.read_text() != text:
+            print(f"{TEMPLATE_PATH} differs from the specs: run `python -m infra.cloudformation`", file=sys.stderr)
+            return 1
+        return 0
+    TEMPLATE_PATH.write_text(text)
+    print(f"wrote {TEMPLATE_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

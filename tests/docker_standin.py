@@ -1,0 +1,114 @@
+"""A stand-in Docker Engine API on loopback for `prefect deploy --name ecs`: no Docker daemon runs here (and no
+base image could be pulled), so prefect-docker's build and push steps talk to this one through DOCKER_HOST.
+
+It answers the calls docker-py makes for them (version, build, image inspect, tag, push) and keeps what it was
+sent: each build's query (Dockerfile, tag, platform) and the names in its context tar, which docker-py packs
+from the working directory minus .dockerignore, as for a real daemon; each push's repository and tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import tarfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+API_VERSION = "1.45"
+
+
+@dataclass
+class DockerStandin:
+    """What the stand-in daemon was asked to do."""
+
+    host: str = ""
+    builds: list[dict] = field(default_factory=list)
+    tags: list[tuple[str, str]] = field(default_factory=list)
+    pushes: list[tuple[str, str]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def docker_standin() -> Iterator[DockerStandin]:
+    """Serve the stand-in on a free loopback port; yields it (``host`` is the DOCKER_HOST value)."""
+    record = DockerStandin()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, status: int, payload: object | list, stream: bool = False) -> None:
+            """A JSON answer; a stream (build, push) as one chunk per message, as the daemon sends it."""
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            if not stream:
+                body = json.dumps(payload).encode()
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for message in payload:
+                chunk = json.dumps(message).encode() + b"\r\n"
+                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _path(self) -> tuple[str, dict[str, str]]:
+            parsed = urlparse(self.path)
+            path = parsed.path.split("/", 2)[2] if parsed.path.startswith("/v1.") else parsed.path.lstrip("/")
+            return path, {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+
+        def do_GET(self):  # noqa: N802 - http.server's naming
+            path, _ = self._path()
+            if path == "version":
+                self._send(200, {"ApiVersion": API_VERSION, "Version": "standin", "MinAPIVersion": "1.24"})
+            elif path.startswith("images/") and path.endswith("/json"):
+                self._send(200, {"Id": path[len("images/"):-len("/json")], "RepoTags": []})
+            else:
+                self._send(404, {"message": f"the stand-in does not serve GET /{path}"})
+
+        def do_POST(self):  # noqa: N802
+            path, query = self._path()
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.headers.get("Content-Length") else b""
+            if not body and self.headers.get("Transfer-Encoding") == "chunked":
+                body = self._chunked()
+            if path == "build":
+                with tarfile.open(fileobj=io.BytesIO(body)) as context:
+                    names = sorted(m.name for m in context.getmembers() if m.isfile())
+                image_id = "sha256:" + hashlib.sha256(body).hexdigest()
+                record.builds.append({"query": query, "files": names, "image_id": image_id})
+                self._send(200, [{"stream": f"built {len(names)} files\n"}, {"aux": {"ID": image_id}}], stream=True)
+            elif path.startswith("images/") and path.endswith("/tag"):
+                record.tags.append((query["repo"], query["tag"]))
+                self._send(201, {})
+            elif path.startswith("images/") and path.endswith("/push"):
+                record.pushes.append((path[len("images/"):-len("/push")], query.get("tag", "")))
+                self._send(200, [{"status": "Pushed"}, {"aux": {"Tag": query.get("tag", ""), "Digest": "sha256:0"}}],
+                           stream=True)
+            else:
+                self._send(404, {"message": f"the stand-in does not serve POST /{path}"})
+
+        def _chunked(self) -> bytes:
+            chunks = []
+            while (size := int(self.rfile.readline().strip() or b"0", 16)) > 0:
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            self.rfile.readline()
+            return b"".join(chunks)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    record.host = f"tcp://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield record
+    finally:
+        server.shutdown()
+        server.server_close()
