@@ -58,11 +58,9 @@ def session_options(threads: int | None = None):
     return options
 
 
-CUDA_OPTIONS = {
-    "arena_extend_strategy": "kSameAsRequested",  # a segment's batches have one shape: no power-of-two overshoot
-    "cudnn_conv_algo_search": "HEURISTIC",  # the exhaustive search costs seconds per new shape, a segment's worth
-    "do_copy_in_default_stream": "1",
-}
+# a segment's batches have one shape: the arena grows by what is asked, not in powers of two; the default exhaustive
+# cuDNN search stays (it runs once per input shape and the session lives as long as the process)
+CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested"}
 
 
 @functools.lru_cache(maxsize=1)
