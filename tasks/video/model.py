@@ -42,16 +42,34 @@ def cuda_available() -> bool:
     return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
+def session_options(threads: int | None = None):
+    """The CPU-tuned session options: every graph optimisation, one sequential pool of ``threads`` that sleeps when idle."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL  # DBNet is one chain: no branches to overlap
+    # one pool of every core (VIDEO_MODEL_THREADS: fewer); segments running at once share the session and its pool
+    options.intra_op_num_threads = threads or int(os.environ.get("VIDEO_MODEL_THREADS") or os.cpu_count() or 1)
+    options.inter_op_num_threads = 1
+    # spinning workers burn the cores the decoder, the encoder and the other pipelines need between runs
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
+# a segment's batches have one shape: the arena grows by what is asked, not in powers of two; the default exhaustive
+# cuDNN search stays (it runs once per input shape and the session lives as long as the process)
+CUDA_OPTIONS = {"arena_extend_strategy": "kSameAsRequested"}
+
+
 @functools.lru_cache(maxsize=1)
 def session():
     """One InferenceSession per process (loading the net costs more than a batch); CUDA first when available."""
     import onnxruntime
 
-    options = onnxruntime.SessionOptions()
-    # one pool of every core (VIDEO_MODEL_THREADS: fewer); segments running at once share the session and its pool
-    options.intra_op_num_threads = int(os.environ.get("VIDEO_MODEL_THREADS") or os.cpu_count() or 1)
-    providers = (["CUDAExecutionProvider"] if cuda_available() else []) + ["CPUExecutionProvider"]
-    return onnxruntime.InferenceSession(str(model_path()), options, providers=providers)
+    providers = ([("CUDAExecutionProvider", CUDA_OPTIONS)] if cuda_available() else []) + ["CPUExecutionProvider"]
+    return onnxruntime.InferenceSession(str(model_path()), session_options(), providers=providers)
 
 
 def provider() -> str:
@@ -81,7 +99,10 @@ def prepare(frames: list[np.ndarray]) -> tuple[np.ndarray, float]:
             size = (max(1, round(width * scale)), max(1, round(height * scale)))
             frame = np.asarray(Image.fromarray(frame).resize(size, Image.BILINEAR))
         h, w = frame.shape[:2]
-        batch[i, :, :h, :w] = frame.transpose(2, 0, 1) / 127.5 - 1.0
+        region = batch[i, :, :h, :w]  # the padding stays 0 (mid-gray after normalising)
+        region[...] = frame.transpose(2, 0, 1)
+        region *= np.float32(1 / 127.5)  # in place, in float32: no float64 copy of the frame
+        region -= np.float32(1.0)
     return batch, scale
 
 
@@ -110,10 +131,11 @@ def boxes_from_map(probability: np.ndarray, scale: float, height: int, width: in
     return boxes
 
 
-def detect(frames: list[np.ndarray]) -> list[list[list[float]]]:
-    """Text boxes of every frame in one batch (BGR uint8 frames of one size)."""
+def detect(frames: list[np.ndarray], net=None) -> list[list[list[float]]]:
+    """Text boxes of every frame in one batch (BGR uint8 frames of one size); ``net``: another session (benchmarks)."""
+    net = net or session()
     batch, scale = prepare(frames)
-    (probability,) = session().run(None, {session().get_inputs()[0].name: batch})
+    (probability,) = net.run(None, {net.get_inputs()[0].name: batch})
     height, width = frames[0].shape[:2]
     return [boxes_from_map(probability[i, 0], scale, height, width) for i in range(len(frames))]
 
