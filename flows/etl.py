@@ -72,11 +72,15 @@ pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifest
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 report_task = task(etl_reports.write_run_report, name="write-run-report", **_side_effects)
 start_processing_task = task(etl_merge.start_processing, name="manifest-processing", **_dynamo)
+# seed 001's Step Functions retries: the Glue job 3 times, 60 s then ×2; the batch status updater twice, 5 s then ×2
+MERGE_RETRY_DELAYS_S = [60, 120, 240]
+STATUS_UPDATE_RETRY_DELAYS_S = [5, 10]
 merge_task = task(  # reads the manifest and the files still in it first: one task run, not three
-    etl_merge.merge_listed, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
+    etl_merge.merge_listed, name="dask-merge", retries=len(MERGE_RETRY_DELAYS_S), retry_delay_seconds=MERGE_RETRY_DELAYS_S,
     retry_condition_fn=_capacity_error, **_side_effects,
 )
-finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.ETL_STATUS_UPDATE_TIMEOUT_S, **_dynamo)
+finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.ETL_STATUS_UPDATE_TIMEOUT_S,
+                   retries=len(STATUS_UPDATE_RETRY_DELAYS_S), retry_delay_seconds=STATUS_UPDATE_RETRY_DELAYS_S, **_side_effects)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
 
@@ -112,6 +116,22 @@ def _fail_timed_out_merge(flow, flow_run, state) -> None:
     params = flow_run.parameters
     etl_merge.finish_manifest(params["date_prefix"], params["manifest_name"], None, error=state.message)
     notify_on_failure(flow, flow_run, state)
+
+
+def _finish_best_effort(date_prefix: str, manifest_name: str, summary: dict[str, Any], manifest_path: str,
+                        metric: dict[str, Any], notify_block: str | None) -> dict[str, Any]:
+    """The status update after a published merge, best-effort as in the seed: its failure (after its retries) is
+    logged and notified but does not fail the merge; the MANIFEST stays ``processing`` under this ended run, and
+    ``records-reconcile`` completes it and its files from the published output."""
+    try:
+        return finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=summary["listed"],
+                           metric=metric)
+    except Exception as error:  # noqa: BLE001 - the output is published; the reconciler writes the statuses
+        message = (f"{manifest_name} ({date_prefix}): merged and published, but the status update failed "
+                   f"({type(error).__name__}: {error}); records-reconcile completes the manifest and its files")
+        get_run_logger().error(message)
+        notify_task(message, notify_block, subject="STATUS UPDATE FAILED (ndjson-merge)")
+        return {"manifest_status": etl_merge.PROCESSING, "files_completed": 0, "files_failed": 0, "status_update_error": message}
 
 
 # --------------------------------------------------------------------------- flows
@@ -202,8 +222,7 @@ def ndjson_merge(
               "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
               "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
               "seconds": round(time.monotonic() - merge_started, 3), "skipped": summary["already_published"]}
-    statuses = finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=summary["listed"],
-                           metric=metric)
+    statuses = _finish_best_effort(date_prefix, manifest_name, summary, manifest_path, metric, config.notify_block)
     if summary["files_failed"]:
         get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
                                  [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
