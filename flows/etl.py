@@ -24,6 +24,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.etl import breaker as etl_breaker
 from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
 from tasks.etl import merge as etl_merge
@@ -174,7 +175,8 @@ def ndjson_ingest(
         "revalidated": len(tracked["revalidated"]),
         "manifests": [ref.manifest_name for ref in made],
         "launched": sum(1 for launch in launches if launch["launched"]),
-        "launch_failures": sum(1 for launch in launches if not launch["launched"]),
+        "launch_failures": sum(1 for launch in launches if not launch["launched"] and not launch.get("held")),
+        "held": sum(1 for launch in launches if launch.get("held")),
     }
     metric_task("ingest", {k: v for k, v in summary.items() if k != "manifests"} | {"manifests_created": len(made)}, config)
     report_task("lambda", started, {
@@ -200,6 +202,8 @@ def ndjson_merge(
     (notify on failure) → run report. Three task runs: the report is written by the flow itself (it never fails)."""
     config = etl.settings()
     started = utc_now()
+    if not etl_breaker.admitted_here(date_prefix, manifest_name):  # the deployment's circuit breaker is open
+        return {"manifest": manifest_name, "skipped": True, "held": True}
     record = start_processing_task(date_prefix, manifest_name, rerun)
     if record is None:
         print(f"{manifest_name}: already taken by another run; nothing to do")
@@ -262,12 +266,36 @@ def ndjson_flush_orphans(
         "orphaned_dates": dates,
         "manifests": [ref.manifest_name for ref in made],
         "launched": sum(1 for launch in launches if launch["launched"]),
-        "launch_failures": sum(1 for launch in launches if not launch["launched"]),
+        "launch_failures": sum(1 for launch in launches if not launch["launched"] and not launch.get("held")),
+        "held": sum(1 for launch in launches if launch.get("held")),
     }
     metric_task("flush", {"orphaned_files": sum(dates.values()), "manifests_created": len(made),
                           "launched": summary["launched"]}, config)
     print(f"flush: {sum(dates.values())} orphaned files on {len(dates)} date(s) → {len(made)} partial manifests")
     return summary
+
+
+@flow(name="ndjson-merge-breaker", log_prints=True, timeout_seconds=limits.MAINTENANCE_TIMEOUT_S, on_crashed=[notify_on_failure])
+def ndjson_merge_breaker(
+    merge_deployment: str = "ndjson-merge/local",
+    action: Literal["trip", "check"] = "check",
+    cool_down_seconds: float = etl_breaker.COOL_DOWN_S,
+    reason: str = "",
+) -> dict[str, Any]:
+    """The merge deployment's circuit breaker (seed 001): ``trip`` when its failure trigger fires (OPEN: deployment
+    paused, manifests wait pending); ``check`` on its schedule and when a trial ends (HALF_OPEN trial after the
+    cool-down, CLOSED on its success: resumed, waiting manifests started)."""
+    result = etl_breaker.step(merge_deployment, action, cool_down_seconds, reason)
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(
+        key=etl_breaker.variable_name(merge_deployment),
+        markdown=f"**{merge_deployment}** circuit breaker: **{result['state']}** (was {result['before']})\n\n"
+                 + "\n".join(f"- {k}: {v}" for k, v in result.items() if k not in ("state", "before")),
+        description="ETL merge circuit breaker",
+    )
+    print(f"circuit breaker of {merge_deployment}: {result['before']} -> {result['state']}")
+    return result
 
 
 @flow(name="ndjson-listen", log_prints=True, on_crashed=[notify_on_failure])
