@@ -65,8 +65,8 @@ _dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
 list_landing_task = task(etl.landing_objects, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
 quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
-track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.ETL_MANIFEST_BUILDER_TIMEOUT_S, **_dynamo)
-create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.ETL_MANIFEST_BUILDER_TIMEOUT_S, **_dynamo)
+track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.TASK_TIMEOUT_S["track-and-batch-files"], **_dynamo)
+create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.TASK_TIMEOUT_S["claim-and-create-manifests"], **_dynamo)
 orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
 release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
@@ -80,7 +80,7 @@ merge_task = task(  # reads the manifest and the files still in it first: one ta
     etl_merge.merge_listed, name="dask-merge", retries=len(MERGE_RETRY_DELAYS_S), retry_delay_seconds=MERGE_RETRY_DELAYS_S,
     retry_condition_fn=_capacity_error, **_side_effects,
 )
-finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.ETL_STATUS_UPDATE_TIMEOUT_S,
+finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.TASK_TIMEOUT_S["batch-status-update"],
                    retries=len(STATUS_UPDATE_RETRY_DELAYS_S), retry_delay_seconds=STATUS_UPDATE_RETRY_DELAYS_S, **_side_effects)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
