@@ -206,8 +206,8 @@ def test_the_flow_shows_every_alarm_in_a_table_artifact(health, tables):
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-health"])))
     latest = max(artifacts, key=lambda a: a.created)
     table = json.loads(latest.data) if isinstance(latest.data, str) else latest.data
-    assert {r["name"]: r["state"] for r in table}["gpu-nodes-out-of-service"] == "ALARM"
-    assert latest.description.startswith("2 of 8 alarm(s) firing")
+    assert {r["name"]: (r["state"], r["severity"]) for r in table}["gpu-nodes-out-of-service"] == ("ALARM", "WARNING")
+    assert latest.description.startswith(f"2 of {len(ALARMS)} alarm(s) firing")
     with get_client(sync_client=True) as client:
         boards = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"])))
     board = max(boards, key=lambda a: a.created).data
