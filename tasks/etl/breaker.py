@@ -117,11 +117,16 @@ def set_paused(merge_deployment: str, paused: bool) -> None:
 
 
 def current_merge_deployment() -> str | None:
-    """``flow/deployment`` of the running merge when it runs from a deployment (None: a subflow or a direct call)."""
-    from prefect.runtime import deployment, flow_run
+    """``flow/deployment`` of the running merge when its run was made from a deployment (None: a subflow, a call)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
 
-    name = deployment.name
-    return f"{flow_run.flow_name}/{name}" if name else None
+    context = FlowRunContext.get()
+    run = context.flow_run if context else None
+    if run is None or run.deployment_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        return f"{context.flow.name}/{client.read_deployment(run.deployment_id).name}"
 
 
 def admitted_here(date_prefix: str, manifest_name: str) -> bool:
