@@ -20,6 +20,11 @@ class HealthThresholds(ConfigBlock):
     dead_letter_max: int = Field(default=0, description="Records: alarm when the dead-letter archive holds more objects.")
     pending_file_minutes: float = Field(default=60, description="ETL: a file pending longer than this is late (seed: 1 hour).")
     late_pending_files_max: int = Field(default=0, description="ETL: alarm when more files are late than this.")
+    iterator_age_seconds: float = Field(
+        default=60, description="ETL: a pending file a full batch could have taken waited this long (seed IteratorAgeHigh: > 60 s)."
+    )
+    read_throttles_5min_max: int = Field(default=5, description="ETL: throttled reads of the tracking table in 5 min (seed: > 5).")
+    write_throttles_5min_max: int = Field(default=5, description="ETL: throttled writes of the tracking table in 5 min (seed: > 5).")
     pending_files_max: int = Field(default=1000, description="ETL: alarm when more files are pending (seed: depth > 1000).")
     failed_manifests_max: int = Field(default=0, description="ETL: alarm when more manifests are failed.")
     stuck_chunk_minutes: float = Field(

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.etl import breaker as etl_breaker
 from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
 from tasks.etl import merge as etl_merge
@@ -64,19 +65,23 @@ _dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
 list_landing_task = task(etl.landing_objects, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
 quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
-track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.ETL_MANIFEST_BUILDER_TIMEOUT_S, **_dynamo)
-create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.ETL_MANIFEST_BUILDER_TIMEOUT_S, **_dynamo)
+track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.TASK_TIMEOUT_S["track-and-batch-files"], **_dynamo)
+create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.TASK_TIMEOUT_S["claim-and-create-manifests"], **_dynamo)
 orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
 release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 report_task = task(etl_reports.write_run_report, name="write-run-report", **_side_effects)
 start_processing_task = task(etl_merge.start_processing, name="manifest-processing", **_dynamo)
+# seed 001's Step Functions retries: the Glue job 3 times, 60 s then ×2; the batch status updater twice, 5 s then ×2
+MERGE_RETRY_DELAYS_S = [60, 120, 240]
+STATUS_UPDATE_RETRY_DELAYS_S = [5, 10]
 merge_task = task(  # reads the manifest and the files still in it first: one task run, not three
-    etl_merge.merge_listed, name="dask-merge", retries=3, retry_delay_seconds=[10, 30, 60],
+    etl_merge.merge_listed, name="dask-merge", retries=len(MERGE_RETRY_DELAYS_S), retry_delay_seconds=MERGE_RETRY_DELAYS_S,
     retry_condition_fn=_capacity_error, **_side_effects,
 )
-finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.ETL_STATUS_UPDATE_TIMEOUT_S, **_dynamo)
+finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.TASK_TIMEOUT_S["batch-status-update"],
+                   retries=len(STATUS_UPDATE_RETRY_DELAYS_S), retry_delay_seconds=STATUS_UPDATE_RETRY_DELAYS_S, **_side_effects)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
 
@@ -112,6 +117,22 @@ def _fail_timed_out_merge(flow, flow_run, state) -> None:
     params = flow_run.parameters
     etl_merge.finish_manifest(params["date_prefix"], params["manifest_name"], None, error=state.message)
     notify_on_failure(flow, flow_run, state)
+
+
+def _finish_best_effort(date_prefix: str, manifest_name: str, summary: dict[str, Any], manifest_path: str,
+                        metric: dict[str, Any], notify_block: str | None) -> dict[str, Any]:
+    """The status update after a published merge, best-effort as in the seed: its failure (after its retries) is
+    logged and notified but does not fail the merge; the MANIFEST stays ``processing`` under this ended run, and
+    ``records-reconcile`` completes it and its files from the published output."""
+    try:
+        return finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=summary["listed"],
+                           metric=metric)
+    except Exception as error:  # noqa: BLE001 - the output is published; the reconciler writes the statuses
+        message = (f"{manifest_name} ({date_prefix}): merged and published, but the status update failed "
+                   f"({type(error).__name__}: {error}); records-reconcile completes the manifest and its files")
+        get_run_logger().error(message)
+        notify_task(message, notify_block, subject="STATUS UPDATE FAILED (ndjson-merge)")
+        return {"manifest_status": etl_merge.PROCESSING, "files_completed": 0, "files_failed": 0, "status_update_error": message}
 
 
 # --------------------------------------------------------------------------- flows
@@ -154,7 +175,8 @@ def ndjson_ingest(
         "revalidated": len(tracked["revalidated"]),
         "manifests": [ref.manifest_name for ref in made],
         "launched": sum(1 for launch in launches if launch["launched"]),
-        "launch_failures": sum(1 for launch in launches if not launch["launched"]),
+        "launch_failures": sum(1 for launch in launches if not launch["launched"] and not launch.get("held")),
+        "held": sum(1 for launch in launches if launch.get("held")),
     }
     metric_task("ingest", {k: v for k, v in summary.items() if k != "manifests"} | {"manifests_created": len(made)}, config)
     report_task("lambda", started, {
@@ -180,6 +202,8 @@ def ndjson_merge(
     (notify on failure) → run report. Three task runs: the report is written by the flow itself (it never fails)."""
     config = etl.settings()
     started = utc_now()
+    if not etl_breaker.admitted_here(date_prefix, manifest_name):  # the deployment's circuit breaker is open
+        return {"manifest": manifest_name, "skipped": True, "held": True}
     record = start_processing_task(date_prefix, manifest_name, rerun)
     if record is None:
         print(f"{manifest_name}: already taken by another run; nothing to do")
@@ -202,8 +226,7 @@ def ndjson_merge(
               "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
               "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
               "seconds": round(time.monotonic() - merge_started, 3), "skipped": summary["already_published"]}
-    statuses = finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=summary["listed"],
-                           metric=metric)
+    statuses = _finish_best_effort(date_prefix, manifest_name, summary, manifest_path, metric, config.notify_block)
     if summary["files_failed"]:
         get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
                                  [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
@@ -243,12 +266,36 @@ def ndjson_flush_orphans(
         "orphaned_dates": dates,
         "manifests": [ref.manifest_name for ref in made],
         "launched": sum(1 for launch in launches if launch["launched"]),
-        "launch_failures": sum(1 for launch in launches if not launch["launched"]),
+        "launch_failures": sum(1 for launch in launches if not launch["launched"] and not launch.get("held")),
+        "held": sum(1 for launch in launches if launch.get("held")),
     }
     metric_task("flush", {"orphaned_files": sum(dates.values()), "manifests_created": len(made),
                           "launched": summary["launched"]}, config)
     print(f"flush: {sum(dates.values())} orphaned files on {len(dates)} date(s) → {len(made)} partial manifests")
     return summary
+
+
+@flow(name="ndjson-merge-breaker", log_prints=True, timeout_seconds=limits.MAINTENANCE_TIMEOUT_S, on_crashed=[notify_on_failure])
+def ndjson_merge_breaker(
+    merge_deployment: str = "ndjson-merge/local",
+    action: Literal["trip", "check"] = "check",
+    cool_down_seconds: float = etl_breaker.COOL_DOWN_S,
+    reason: str = "",
+) -> dict[str, Any]:
+    """The merge deployment's circuit breaker (seed 001): ``trip`` when its failure trigger fires (OPEN: deployment
+    paused, manifests wait pending); ``check`` on its schedule and when a trial ends (HALF_OPEN trial after the
+    cool-down, CLOSED on its success: resumed, waiting manifests started)."""
+    result = etl_breaker.step(merge_deployment, action, cool_down_seconds, reason)
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(
+        key=etl_breaker.variable_name(merge_deployment),
+        markdown=f"**{merge_deployment}** circuit breaker: **{result['state']}** (was {result['before']})\n\n"
+                 + "\n".join(f"- {k}: {v}" for k, v in result.items() if k not in ("state", "before")),
+        description="ETL merge circuit breaker",
+    )
+    print(f"circuit breaker of {merge_deployment}: {result['before']} -> {result['state']}")
+    return result
 
 
 @flow(name="ndjson-listen", log_prints=True, on_crashed=[notify_on_failure])

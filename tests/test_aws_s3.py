@@ -214,11 +214,21 @@ def prefect_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 
     return result
 
 
+def _to_copies(value, name: str):
+    """``value`` (parameters, triggers) with every reference to a 'local' deployment pointed at the copy ``name``."""
+    if isinstance(value, dict):
+        return {k: name if k == "prefect.resource.name" and v == "local" else _to_copies(v, name) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_copies(v, name) for v in value]
+    return value.replace("/local", f"/{name}") if isinstance(value, str) and value.endswith("/local") else value
+
+
 def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: str) -> dict[str, str]:
     """`prefect deploy` the 'local' deployments of ``flows`` from prefect.yaml as ``{flow}/{name}`` on ``pool``.
 
     Everything else (entrypoint, parameters, triggers, pull step) is prefect.yaml's own; references from one
-    deployment to another (``merge_deployment``, ``reassembly_deployment``) are pointed at the copies.
+    deployment to another (``merge_deployment``, ``reassembly_deployment``, the triggers' deployment names) are
+    pointed at the copies.
     """
     import yaml
     from prefect.client.orchestration import get_client
@@ -230,12 +240,10 @@ def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: s
     for deployment in config["deployments"]:
         if deployment["name"] != "local" or flow_name(deployment["entrypoint"]) not in flows:
             continue
-        parameters = {
-            key: value.replace("/local", f"/{name}") if isinstance(value, str) and value.endswith("/local") else value
-            for key, value in (deployment.get("parameters") or {}).items()
-        }
+        parameters = _to_copies(deployment.get("parameters") or {}, name)
         chosen.append({**deployment, "name": name, "work_pool": {"name": pool, "work_queue_name": "default"},
-                       "parameters": parameters, "schedules": []})  # fmt: skip
+                       "parameters": parameters, "schedules": [],
+                       "triggers": _to_copies(deployment.get("triggers") or [], name)})  # fmt: skip
     assert {flow_name(d["entrypoint"]) for d in chosen} == flows
     document = {key: config[key] for key in ("name", "prefect-version", "build", "push", "pull")}
     path = tmp_path / "prefect-test.yaml"

@@ -406,3 +406,40 @@ def test_a_file_whose_every_line_brings_a_new_key_merges_to_parquet_with_each_va
     assert rows == [{"id": str(i), "every_third": str(i) if i % 3 == 0 else None,
                      **{f"key_{k}": f"v{k}" if k == i else None for k in range(300)},
                      "_processing_timestamp": "2026-02-01T00:00:00Z", "_source_file": url} for i in range(300)]
+
+
+def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_completes_the_records(etl_env, monkeypatch, caplog):
+    """Seed 001's batch status updater is best-effort: a published merge whose status update fails (after its
+    retries) completes, alarms, and `records-reconcile` then writes the statuses from the published output."""
+    import logging
+
+    from flows import etl as etl_flows
+    from flows.records import records_reconcile
+    from tasks.records import reconcile
+
+    root, table = etl_env["root"], etl_env["table"]
+    urls = _ingest_five(root, "best")
+    ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked, manifest left pending
+    (key,) = manifests(table)
+    calls = []
+
+    def unreachable(*args, **kwargs):
+        calls.append(args)
+        raise ConnectionError("DynamoDB unreachable")
+
+    with monkeypatch.context() as patch, caplog.at_level(logging.ERROR):
+        patch.setattr(etl_flows, "finish_task", etl_flows.finish_task.with_options(retry_delay_seconds=0))
+        patch.setattr(etl_flows.finish_task, "fn", unreachable)
+        state = ndjson_merge(date_prefix=DAY, manifest_name=keys.manifest_name_from_record_key(key), return_state=True)
+    assert state.is_completed(), state.message
+    assert len(calls) == 1 + len(etl_flows.STATUS_UPDATE_RETRY_DELAYS_S)  # the seed's two retries, then given up
+    assert state.result()["manifest_status"] == "processing" and "status update failed" in state.result()["status_update_error"]
+    assert "STATUS UPDATE FAILED" in caplog.text  # the alarm (notification; the log when no block is set)
+    assert manifests(table)[key]["status"] == "processing" and file_statuses(table) == {"manifested": 5}
+    _exactly_once(root, urls)  # the output is published
+
+    records_reconcile()  # DynamoDB is back
+    assert manifests(table)[key]["status"] == "completed" and manifests(table)[key]["rows"] == 15
+    assert file_statuses(table) == {"completed": 5}
+    _exactly_once(root, urls)
+    assert reconcile.disagreements() == []

@@ -22,7 +22,7 @@ from tests.crashpoints import count_writes, crash_points, killed, run_child
 
 ALARMS = {
     "records-dead-letter-archive", "etl-files-pending-too-long", "etl-files-pending", "etl-failed-manifests",
-    "phspectra-stuck-chunks", "video-stuck-jobs", "gpu-stuck-jobs", "gpu-nodes-out-of-service",
+    "phspectra-stuck-chunks", "video-stuck-jobs", "gpu-stuck-jobs", "gpu-nodes-out-of-service", "etl-iterator-age",
 }
 TWO_HOURS = 2 * 3600
 
@@ -32,6 +32,7 @@ def health(tables, store_root, monkeypatch, record_alarms_only):
     """Fresh tables and store; thresholds from the environment; notifications captured in a list."""
     monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
     monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
+    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "2")  # two pending files of a date are a full batch (iterator age)
     sent: list[tuple[str, str]] = []
     monkeypatch.setattr(incidents, "deliver", lambda subject, body, block=None: sent.append((subject, body)) or "test")
     return sent
@@ -127,7 +128,13 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
     assert rows["records-dead-letter-archive"]["value"] == 1
     assert all(r["incident"] == "opened" and r["notified"] == "sent now" for r in rows.values())
     subjects = sorted(s for s, _ in health)
-    assert subjects == sorted(f"ALARM {n} ({rows[n]['pipeline']}): incident 1" for n in ALARMS)
+    assert subjects == sorted(f"{rows[n]['severity']} ALARM {n} ({rows[n]['pipeline']}): incident 1" for n in ALARMS)
+    assert {n: rows[n]["severity"] for n in ("records-dead-letter-archive", "etl-failed-manifests", "etl-iterator-age",
+                                             "etl-files-pending", "gpu-stuck-jobs")} == {
+        "records-dead-letter-archive": "CRITICAL", "etl-failed-manifests": "CRITICAL", "etl-iterator-age": "WARNING",
+        "etl-files-pending": "WARNING", "gpu-stuck-jobs": "WARNING"}  # seed 001: DLQ and failures CRITICAL, backlog WARNING
+    assert rows["etl-iterator-age"]["value"] >= TWO_HOURS - 60 and rows["etl-iterator-age"]["threshold"] == 60
+    assert rows["etl-iterator-age"]["detail"].endswith(": 2026-11-20/f1.ndjson")
     # a second run while every incident lasts: nothing is sent again
     again = _by_name(check_health())
     assert all(r["incident"] == "ongoing" and r["notified"] not in ("-", "sent now") for r in again.values())
@@ -137,7 +144,7 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
 def test_an_incident_notifies_again_only_after_it_clears_and_recurs(health, tables, store_root):
     key = make_dead_letter()
     check_health()
-    assert [s for s, _ in health] == ["ALARM records-dead-letter-archive (records): incident 1"]
+    assert [s for s, _ in health] == ["CRITICAL ALARM records-dead-letter-archive (records): incident 1"]
     check_health()
     assert len(health) == 1
     (store_root / key).unlink()  # replayed: the archive is empty
@@ -150,7 +157,7 @@ def test_an_incident_notifies_again_only_after_it_clears_and_recurs(health, tabl
     make_dead_letter("m-2")
     rows = _by_name(check_health())
     assert rows["records-dead-letter-archive"]["incident"] == "opened" and rows["records-dead-letter-archive"]["incident_no"] == 2
-    assert [s for s, _ in health][1:] == ["ALARM records-dead-letter-archive (records): incident 2"]
+    assert [s for s, _ in health][1:] == ["CRITICAL ALARM records-dead-letter-archive (records): incident 2"]
     check_health()
     assert len(health) == 2
 
@@ -199,8 +206,8 @@ def test_the_flow_shows_every_alarm_in_a_table_artifact(health, tables):
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-health"])))
     latest = max(artifacts, key=lambda a: a.created)
     table = json.loads(latest.data) if isinstance(latest.data, str) else latest.data
-    assert {r["name"]: r["state"] for r in table}["gpu-nodes-out-of-service"] == "ALARM"
-    assert latest.description.startswith("2 of 8 alarm(s) firing")
+    assert {r["name"]: (r["state"], r["severity"]) for r in table}["gpu-nodes-out-of-service"] == ("ALARM", "WARNING")
+    assert latest.description.startswith(f"2 of {len(ALARMS)} alarm(s) firing")
     with get_client(sync_client=True) as client:
         boards = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"])))
     board = max(boards, key=lambda a: a.created).data
@@ -245,7 +252,7 @@ def test_crash_points_of_a_health_run_lose_no_notification(health, tables, tmp_p
             item = incidents.get(alarm)
             assert item["status"] == incidents.OPEN and item.get("notified_at"), (number, when, item)
             sent = sent_file.read_text().splitlines()
-            assert sent == [f"ALARM {alarm} (records): incident 1"] * (2 if (number, when) == (3, "before") else 1)
+            assert sent == [f"CRITICAL ALARM {alarm} (records): incident 1"] * (2 if (number, when) == (3, "before") else 1)
             exercised += 1
     print(f"pipeline-health: {exercised} crash points exercised ({len(writes)} writes per incident)")
     assert health == []
@@ -274,7 +281,7 @@ def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(table
         clear_cache()
         rows = _by_name(pipeline_health())
         assert rows["records-dead-letter-archive"]["state"] == "ALARM" and rows["records-dead-letter-archive"]["value"] == 2
-        assert [r["subject"] for r in received] == ["ALARM records-dead-letter-archive (records): incident 1"]
+        assert [r["subject"] for r in received] == ["CRITICAL ALARM records-dead-letter-archive (records): incident 1"]
         assert {n for n, r in rows.items() if r["state"] != "OK"} == {"records-dead-letter-archive"}
         # the threshold raised in the block (as in the UI): the same records are no alarm, and nothing is sent
         HealthThresholds(dead_letter_max=5, notify_block="custom-webhook/test-health-hook").save("default", overwrite=True)
@@ -285,3 +292,16 @@ def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(table
     finally:
         HealthThresholds.delete("default")
         clear_cache()
+
+
+def test_the_iterator_age_counts_only_files_a_full_batch_could_have_taken():
+    from tasks.health.checks import iterator_age
+
+    def item(date: str, name: str, seconds_ago: int) -> dict:
+        return {"date_prefix": date, "file_key": name, "created_at": iso_ago(seconds_ago)}
+
+    filling = [item("2026-01-02", "a", 7200)]  # one file of a date still filling its batch of 2: waits by design
+    assert iterator_age(filling, 2) == (0, None)
+    backlog = filling + [item("2026-01-03", "b", 90), item("2026-01-03", "c", 30)]
+    age, oldest = iterator_age(backlog, 2)
+    assert 89 <= age <= 95 and oldest == "2026-01-03/b"  # past the seed's 60 s

@@ -109,3 +109,94 @@ def test_the_landing_dead_letter_queue_depth_in_aws(aws, monkeypatch):
     monkeypatch.setenv(queue_url_variable("etl"), url)
     (alarm,) = service_alarms.landing_dead_letter_queues(LIMITS)
     assert (alarm.name, alarm.value, alarm.firing) == ("landing-dead-letter-queue-etl", 2, True)
+
+
+def test_duration_high_covers_the_ingest_steps_past_80_percent_of_the_manifest_builder_timeout(monkeypatch):
+    from prefect import task
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    @task(name="track-and-batch-files")
+    def stand_in() -> None:
+        """Never run: the test sets its run's state."""
+
+    assert limits.TASK_TIMEOUT_S["track-and-batch-files"] == limits.ETL_MANIFEST_BUILDER_TIMEOUT_S == 180  # seed 001
+    monkeypatch.setitem(limits.TASK_TIMEOUT_S, "track-and-batch-files", 2.0)
+    name = f"track-and-batch-files-{uuid.uuid4().hex[:3]}"
+    with get_client(sync_client=True) as client:
+        client.create_task_run(stand_in, flow_run_id=None, dynamic_key=name, name=name, state=Running())
+    assert name not in service_alarms.flow_runs_near_timeout(LIMITS).detail  # just started
+    time.sleep(2)
+    alarm = service_alarms.flow_runs_near_timeout(LIMITS)
+    assert alarm.firing and f"{name} (track-and-batch-files, " in alarm.detail and alarm.severity == "WARNING"
+
+
+class _Raw:
+    """The raw body of a made-up HTTP response, as botocore reads it."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def stream(self, **_):
+        yield self.body
+
+
+def test_throttled_dynamodb_reads_the_client_retried_raise_the_read_throttle_alarm(tables):
+    """Locally: DynamoDB Local never throttles, so the first two GetItem attempts are answered with DynamoDB's own
+    ProvisionedThroughputExceededException; botocore's adaptive mode retries them (the third lands) and the alarm
+    counts the two throttled attempts (state_store's retry hook)."""
+    import json
+
+    from botocore.awsrequest import AWSResponse
+    from prefect.events.worker import EventsWorker
+
+    table = tables["etl_file_tracking"]
+    throttled = []
+
+    def throttle(request, **_):
+        if len(throttled) < 2:
+            throttled.append(request.url)
+            body = json.dumps({"__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                               "message": "The level of configured provisioned throughput for the table was exceeded."})
+            return AWSResponse(request.url, 400, {"x-amzn-ErrorType": "ProvisionedThroughputExceededException"}, _Raw(body.encode()))
+        return None
+
+    state_store.reset_clients()
+    events = state_store.client().meta.events
+    events.register_first("before-send.dynamodb.GetItem", throttle, unique_id="test-throttle")
+    try:
+        assert state_store.get_item(table, {"date_prefix": "2026-01-01", "file_key": "none.ndjson"}) is None  # retried, then read
+    finally:
+        events.unregister("before-send.dynamodb.GetItem", unique_id="test-throttle")
+    assert len(throttled) == 2
+    EventsWorker.drain_all()
+    strict = LIMITS.model_copy(update={"read_throttles_5min_max": 1})
+    for _ in range(50):
+        alarms = {a.name: a for a in service_alarms.dynamodb_throttles(strict)}
+        if alarms["etl-tracking-read-throttles"].value == 2:
+            break
+        time.sleep(0.2)
+    read, write = alarms["etl-tracking-read-throttles"], alarms["etl-tracking-write-throttles"]
+    assert (read.value, read.firing, read.severity) == (2, True, "WARNING") and table in read.detail
+    assert (write.value, write.firing) == (0, False)
+
+
+def test_the_dynamodb_throttle_alarms_read_cloudwatch_in_aws(aws, s3_endpoint, tables, monkeypatch):
+    from datetime import datetime, timezone
+
+    from tasks.core.config import table_name
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_DYNAMODB")  # DynamoDB is AWS's: its metrics are CloudWatch's
+    monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", s3_endpoint)  # moto's CloudWatch
+    table = table_name("etl_file_tracking")
+    cloudwatch = boto3.client("cloudwatch")
+    for metric, value in (("ReadThrottleEvents", 8), ("WriteThrottleEvents", 2)):
+        cloudwatch.put_metric_data(Namespace="AWS/DynamoDB", MetricData=[{
+            "MetricName": metric, "Dimensions": [{"Name": "TableName", "Value": table}], "Value": value,
+            "Timestamp": datetime.now(timezone.utc), "Unit": "Count"}])
+    cloudwatch.put_metric_data(Namespace="AWS/DynamoDB", MetricData=[{  # another table's throttles do not count
+        "MetricName": "WriteThrottleEvents", "Dimensions": [{"Name": "TableName", "Value": "someone-else"}], "Value": 50}])
+    alarms = {a.name: a for a in service_alarms.dynamodb_throttles(LIMITS)}
+    read, write = alarms["etl-tracking-read-throttles"], alarms["etl-tracking-write-throttles"]
+    assert (read.value, read.threshold, read.firing) == (8, 5, True)  # the seed's > 5 in 5 min
+    assert (write.value, write.firing) == (2, False)

@@ -128,4 +128,4 @@ def test_an_incident_whose_webhook_is_down_is_retried_until_delivered_once(table
     assert "notify_error" not in item and "notify_failed_at" not in item
     pipeline_health()  # delivered: never sent again while the incident lasts
     assert [(p["status"], p["body"]["subject"]) for p in webhook_server.posts] == [
-        (500, f"ALARM {alarm} (records): incident 1"), (200, f"ALARM {alarm} (records): incident 1")]
+        (500, f"CRITICAL ALARM {alarm} (records): incident 1"), (200, f"CRITICAL ALARM {alarm} (records): incident 1")]

@@ -34,6 +34,11 @@ MAINTENANCE_FLOWS = (
 )
 # flow name -> its timeout: the flows' decorators and the duration-near-timeout alarm read the same numbers
 FLOW_TIMEOUT_S: dict[str, float] = {"ndjson-merge": ETL_MERGE_TIMEOUT_S, **{name: MAINTENANCE_TIMEOUT_S for name in MAINTENANCE_FLOWS}}
+# task name -> its timeout: the ingest's steps are the seed's manifest builder Lambda (180 s), read by the same alarm
+TASK_TIMEOUT_S: dict[str, float] = {
+    "track-and-batch-files": ETL_MANIFEST_BUILDER_TIMEOUT_S, "claim-and-create-manifests": ETL_MANIFEST_BUILDER_TIMEOUT_S,
+    "batch-status-update": ETL_STATUS_UPDATE_TIMEOUT_S,
+}
 
 # The tag the earlier releases bounded CPU-heavy tasks with (a Prefect task concurrency limit): `make up` deletes it.
 # A tag limit is one count on the server for every worker machine at once, and each task paid its lease round trips

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import random
 import threading
 import time
@@ -40,6 +41,7 @@ from tasks.core.redact import redact_attribute
 BOTO_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 10}, max_pool_connections=64)
 
 _local = threading.local()
+log = logging.getLogger(__name__)
 _deserializer = TypeDeserializer()
 _session: boto3.Session | None = None  # from a prefect-aws AwsCredentials block; None: boto3's default chain
 
@@ -57,8 +59,53 @@ def dynamodb():
     if resource is None:
         factory = _session.resource if _session is not None else boto3.resource
         resource = factory("dynamodb", config=BOTO_CONFIG)
+        resource.meta.client.meta.events.register("needs-retry.dynamodb", _report_throttle, unique_id="pipelines-throttles")
         _local.resource = resource
     return resource
+
+
+# --------------------------------------------------------------------------- throttling, as the client sees it
+
+THROTTLING_CODES = frozenset({"ThrottlingException", "ProvisionedThroughputExceededException", "RequestLimitExceeded"})
+READ_OPERATIONS = frozenset({"GetItem", "BatchGetItem", "Query", "Scan", "TransactGetItems"})
+THROTTLE_EVENT = "dynamodb.throttled"
+
+
+def throttle_resource(kind: str, table_name: str) -> str:
+    """The resource id of a table's throttled reads or writes (``kind``: read/write) in ``THROTTLE_EVENT``."""
+    return f"dynamodb.{kind}.{table_name}"
+
+
+def tables_in(request_body: bytes | str | None) -> list[str]:
+    """The tables a DynamoDB request names (TableName, RequestItems' keys, TransactItems' TableName)."""
+    try:
+        body = json.loads(request_body or "{}")
+    except ValueError:
+        return []
+    names = [body["TableName"]] if "TableName" in body else list(body.get("RequestItems", {}))
+    names += [op["TableName"] for item in body.get("TransactItems", []) for op in item.values() if "TableName" in op]
+    return sorted(set(names))
+
+
+def _report_throttle(response=None, operation=None, request_dict=None, **_: Any) -> None:
+    """botocore's needs-retry hook: a throttled attempt (retried by the adaptive mode, or the last one) becomes a
+    Prefect event per table, which the throttle alarms count; it never decides the retry (returns None)."""
+    if not response or operation is None:
+        return None
+    code = (response[1] or {}).get("Error", {}).get("Code")
+    if code not in THROTTLING_CODES:
+        return None
+    kind = "read" if operation.name in READ_OPERATIONS else "write"
+    try:
+        from prefect.events import emit_event
+
+        for name in tables_in((request_dict or {}).get("body")):
+            emit_event(event=THROTTLE_EVENT, resource={"prefect.resource.id": throttle_resource(kind, name),
+                                                       "dynamodb.table": name, "dynamodb.kind": kind},
+                       payload={"operation": operation.name, "code": code})
+    except Exception:  # noqa: BLE001 - a report must never fail the request it reports on
+        log.debug("throttle report failed", exc_info=True)
+    return None
 
 
 def client():

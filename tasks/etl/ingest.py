@@ -580,32 +580,59 @@ def revalidate_quarantined(items: Sequence[dict[str, Any]], config: EtlSettings,
 Launcher = Callable[[ManifestRef], Any]
 
 
+MANIFEST_READY = "manifest.ready"  # seed 001's ManifestReady: prefect.yaml's merge trigger starts the merge from it
+
+
+class MergesHeld(RuntimeError):
+    """The merge deployment is paused (its circuit breaker is open): the manifest waits ``pending``."""
+
+
 def launch_merges(manifests: Iterable[ManifestRef], launcher: Launcher) -> list[dict[str, Any]]:
-    """Start one merge per manifest; a launch that fails leaves the manifest ``pending`` (restarted later)."""
+    """Start one merge per manifest; a launch that fails or is held leaves the manifest ``pending`` (restarted later)."""
     outcomes = []
     for ref in manifests:
         try:
             started = launcher(ref)
             outcomes.append({**asdict(ref), "launched": True, "run": str(started) if started is not None else None})
+        except MergesHeld as held:
+            log.info("%s", held)
+            outcomes.append({**asdict(ref), "launched": False, "held": True, "error": str(held)})
         except Exception as error:  # noqa: BLE001 - the manifest stays pending; the next ingest or flush starts it
             log.warning("could not start the merge of %s (%s); it stays pending for the next ingest/flush", ref.manifest_name, error)
             outcomes.append({**asdict(ref), "launched": False, "error": f"{type(error).__name__}: {error}"})
     return outcomes
 
 
+def manifest_ready(ref: ManifestRef, deployment: str) -> dict[str, Any]:
+    """The ``manifest.ready`` event of ``ref`` for ``deployment``: its resource (which the trigger matches) and payload."""
+    return {
+        "event": MANIFEST_READY,
+        "resource": {"prefect.resource.id": f"etl.manifest.{ref.date_prefix}.{ref.manifest_name}",
+                     "prefect.resource.name": ref.manifest_name, "etl.date-prefix": ref.date_prefix,
+                     "etl.merge-deployment": deployment},
+        "payload": {"date_prefix": ref.date_prefix, "manifest_name": ref.manifest_name, "manifest_path": ref.manifest_path,
+                    "file_count": ref.file_count},
+    }
+
+
 def deployment_launcher(deployment: str) -> Launcher:
-    """A launcher that runs the ``ndjson-merge`` deployment without waiting (``timeout=0``)."""
+    """A launcher that announces each manifest with a ``manifest.ready`` event; the ``deployment``'s trigger
+    (prefect.yaml) starts the merge. A deployment that does not exist is a launch failure, a paused one (its
+    breaker is open) holds the manifest: either way it stays ``pending``. No run id: the trigger makes the run."""
+    paused: list[bool] = []
 
-    def launch(ref: ManifestRef) -> str:
-        """Start the merge of ``ref``'s manifest; the id of the flow run started."""
-        from prefect.deployments import run_deployment
+    def launch(ref: ManifestRef) -> None:
+        """Announce ``ref``'s manifest to ``deployment``'s trigger."""
+        from prefect.client.orchestration import get_client
+        from prefect.events import emit_event
 
-        run = run_deployment(
-            name=deployment,
-            parameters={"date_prefix": ref.date_prefix, "manifest_name": ref.manifest_name},
-            timeout=0,
-        )
-        return str(run.id)
+        if not paused:  # one read per launcher (a batch), raising ObjectNotFound when it is not deployed
+            with get_client(sync_client=True) as client:
+                paused.append(bool(client.read_deployment_by_name(deployment).paused))
+        if paused[0]:
+            raise MergesHeld(f"{deployment} is paused (circuit breaker open): {ref.manifest_name} waits pending")
+        if emit_event(**manifest_ready(ref, deployment)) is None:
+            raise RuntimeError("Prefect events are not being sent (no API configured)")
 
     return launch
 

@@ -459,9 +459,22 @@ def finish_manifest(
     }
 
 
-def notify_failure(message: str, block_name: str | None = None) -> str:
+def complete_if_published(date_prefix: str, manifest_name: str, manifest_path: str) -> dict[str, Any] | None:
+    """Finish a ``processing`` manifest whose merge published its output but whose status update never landed (the
+    run ended, the best-effort update failed): ``finish_manifest`` with the published summary. None (nothing
+    written) when the output is not published, or was published for other files than the manifest holds now."""
+    done = published(date_prefix, manifest_name, settings().output_store_url)
+    if done is None:
+        return None
+    listed = manifest_files(manifest_path)
+    if sorted(f["url"] for f in done["files"]) != sorted(attached_files(date_prefix, manifest_path, listed)):
+        return None
+    return finish_manifest(date_prefix, manifest_name, done, manifest_path=manifest_path, listed=listed)
+
+
+def notify_failure(message: str, block_name: str | None = None, subject: str = "MERGE FAILED (ndjson-merge)") -> str:
     """Tell the configured notification block about a failed merge (tasks.core.notify logs it when there is none)."""
     from tasks.core.notify import notify
 
     block_name = block_name if block_name is not None else settings().notify_block
-    return notify("MERGE FAILED (ndjson-merge)", message, block_name)
+    return notify(subject, message, block_name)

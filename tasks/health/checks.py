@@ -7,8 +7,10 @@ otherwise) and returns an ``Alarm``: its value, its threshold and the first offe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from boto3.dynamodb.conditions import Key
@@ -16,13 +18,38 @@ from boto3.dynamodb.conditions import Key
 from blocks.health import HealthThresholds
 from tasks.core import keys, state_store
 from tasks.core.config import object_store, table_name
-from tasks.core.runtime import iso_ago
+from tasks.core.runtime import iso_ago, now_iso
 from tasks.etl import ingest as etl
 from tasks.gpu import jobs as gpu
 from tasks.phspectra import survey
 from tasks.video import jobs as video
 
 SHOWN = 5  # offending records named in an alarm's detail
+CRITICAL, WARNING = "CRITICAL", "WARNING"
+# seed 001's severities: failures, timeouts, throttled runs and dead letters are CRITICAL; backlog, age, duration,
+# concurrency and DynamoDB throttling are WARNING. The other seeds' alarms follow the same split (failed: CRITICAL,
+# stuck or slow: WARNING); an alarm whose check could not read its records is CRITICAL (seed SystemErrors).
+SEVERITY = {
+    "flow-runs-failed": CRITICAL, "etl-merge-runs-failed": CRITICAL, "flow-runs-timed-out": CRITICAL,
+    "flow-runs-waiting-for-a-slot": CRITICAL, "etl-merge-file-failures": CRITICAL, "landing-dead-letter-queue": CRITICAL,
+    "records-dead-letter-archive": CRITICAL, "etl-failed-manifests": CRITICAL, "video-jobs-failed-per-hour": CRITICAL,
+    "records-archived-per-hour": CRITICAL,
+    "flow-runs-active": WARNING, "flow-runs-near-timeout": WARNING, "etl-iterator-age": WARNING,
+    "etl-files-pending": WARNING, "etl-files-pending-too-long": WARNING, "etl-tracking-read-throttles": WARNING,
+    "etl-tracking-write-throttles": WARNING, "phspectra-stuck-chunks": WARNING, "video-stuck-jobs": WARNING,
+    "gpu-stuck-jobs": WARNING, "gpu-nodes-out-of-service": WARNING, "gpu-restarts-per-hour": WARNING,
+}
+
+
+def severity_of(name: str, value: int | None = 0) -> str:
+    """An alarm's severity by its name (or the name it is one of, e.g. ``landing-dead-letter-queue-etl``); an
+    unreadable check is CRITICAL, an alarm without a listed severity WARNING."""
+    if value is None:
+        return CRITICAL
+    for known in sorted(SEVERITY, key=len, reverse=True):
+        if name == known or name.startswith(known + "-"):
+            return SEVERITY[known]
+    return WARNING
 
 
 @dataclass(frozen=True)
@@ -40,9 +67,15 @@ class Alarm:
         """Whether the alarm is in ALARM: over its threshold, or its check could not read the records."""
         return self.value is None or self.value > self.threshold
 
+    @property
+    def severity(self) -> str:
+        """CRITICAL or WARNING, as the seed grades the alarm (``severity_of``)."""
+        return severity_of(self.name, self.value)
+
     def row(self) -> dict[str, Any]:
         """The alarm as a table-artifact row."""
-        return {**asdict(self), "state": "ERROR" if self.value is None else ("ALARM" if self.firing else "OK")}
+        return {**asdict(self), "severity": self.severity,
+                "state": "ERROR" if self.value is None else ("ALARM" if self.firing else "OK")}
 
 
 def _alarm(name: str, pipeline: str, offenders: Iterable[str], threshold: int, what: str) -> Alarm:
@@ -75,16 +108,32 @@ def pending_since(item: Mapping[str, Any]) -> str:
     return str(item.get("updated_at") or item.get("created_at", ""))
 
 
+def iterator_age(pending: Sequence[Mapping[str, Any]], batch: int, now: str | None = None) -> tuple[int, str | None]:
+    """Seed IteratorAge: seconds the oldest pending file waited although its date had a full batch pending (a file
+    of a date still filling its batch waits by design, never counted), and which file; (0, None) when none."""
+    per_date = Counter(str(item["date_prefix"]) for item in pending)
+    batchable = [item for item in pending if per_date[str(item["date_prefix"])] >= batch]
+    if not batchable:
+        return 0, None
+    oldest = min(batchable, key=pending_since)
+    waited = datetime.fromisoformat(now or now_iso()) - datetime.fromisoformat(pending_since(oldest))
+    return max(0, int(waited.total_seconds())), f"{oldest['date_prefix']}/{oldest['file_key']}"
+
+
 def etl_pending(limits: HealthThresholds) -> list[Alarm]:
-    """ETL: files pending longer than ``pending_file_minutes`` (message age) and pending files (queue depth)."""
+    """ETL: files pending longer than ``pending_file_minutes`` (message age), pending files (queue depth), and the
+    age of the batching backlog (iterator age, ``iterator_age_seconds``)."""
     pending = _pending_files()
     cutoff = iso_ago(limits.pending_file_minutes * 60)
     names = [f"{item['date_prefix']}/{item['file_key']}" for item in pending]
     late = [n for n, item in zip(names, pending) if pending_since(item) < cutoff]
     minutes = f"{limits.pending_file_minutes:g}"
+    age, oldest = iterator_age(pending, etl.settings().max_files_per_manifest)
     return [
         _alarm("etl-files-pending-too-long", "etl", late, limits.late_pending_files_max, f"file(s) pending > {minutes} min"),
         _alarm("etl-files-pending", "etl", names, limits.pending_files_max, "file(s) pending"),
+        Alarm("etl-iterator-age", "etl", age, int(limits.iterator_age_seconds),
+              f"oldest batchable pending file waited {age} s" + (f": {oldest}" if oldest else "")),
     ]
 
 
@@ -157,7 +206,7 @@ Check = Callable[[HealthThresholds], "Alarm | list[Alarm]"]
 # check -> the alarm names it reports (so a check that fails still reports each of them, as ERROR)
 CHECKS: dict[Check, tuple[str, ...]] = {
     dead_letter_archive: ("records-dead-letter-archive",),
-    etl_pending: ("etl-files-pending-too-long", "etl-files-pending"),
+    etl_pending: ("etl-files-pending-too-long", "etl-files-pending", "etl-iterator-age"),
     etl_failed_manifests: ("etl-failed-manifests",),
     phspectra_stuck_chunks: ("phspectra-stuck-chunks",),
     video_stuck_jobs: ("video-stuck-jobs",),

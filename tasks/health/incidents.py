@@ -44,7 +44,8 @@ def get(alarm: str) -> dict[str, Any] | None:
 def open_incident(alarm: Alarm) -> str:
     """Record that ``alarm`` fires: 'opened' (a new incident) or 'ongoing' (already OPEN)."""
     stamp = now_iso()
-    fields = {"opened_at": stamp, "value": alarm.value, "detail": alarm.detail[:2000], "pipeline": alarm.pipeline}
+    fields = {"opened_at": stamp, "value": alarm.value, "detail": alarm.detail[:2000], "pipeline": alarm.pipeline,
+              "severity": alarm.severity}
     created = state_store.create_if_absent(_table(), {"alarm": alarm.name, "status": OPEN, "incident": 1, **fields}, ["alarm"])
     if created.applied:
         return "opened"
@@ -84,7 +85,7 @@ def _claim(name: str, lease_seconds: float, retry_seconds: float) -> str | None:
 
 def message(item: dict[str, Any]) -> tuple[str, str]:
     """Subject and body of an incident's notification."""
-    subject = f"ALARM {item['alarm']} ({item.get('pipeline', '-')}): incident {int(item.get('incident', 1))}"
+    subject = f"{item.get('severity', 'WARNING')} ALARM {item['alarm']} ({item.get('pipeline', '-')}): incident {int(item.get('incident', 1))}"
     body = f"{item['alarm']} fires since {item.get('opened_at')}: {item.get('detail')}"
     return subject, body
 

@@ -91,8 +91,26 @@ def flow_runs_active(limits_: HealthThresholds) -> Alarm:
     return _alarm("flow-runs-active", "all", _names(running), limits_.active_runs_max, "flow run(s) running")
 
 
+def _running_task_runs(names: Iterable[str]) -> list[tuple[str, Any]]:
+    """(task name, run) of the task runs of ``names`` running right now (a run is named ``{task}-{suffix}``)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterState, TaskRunFilterStateType
+
+    wanted = set(names)
+    running = TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=["RUNNING"])))
+    found, offset = [], 0
+    with get_client(sync_client=True) as client:
+        while page := client.read_task_runs(task_run_filter=running, limit=200, offset=offset):
+            found += [(run.name.rsplit("-", 1)[0], run) for run in page if run.name.rsplit("-", 1)[0] in wanted]
+            offset += len(page)
+            if len(page) < 200:
+                break
+    return found
+
+
 def flow_runs_near_timeout(limits_: HealthThresholds) -> Alarm:
-    """Lambda-DurationHigh: running runs past ``duration_alarm_fraction`` of their flow's timeout."""
+    """Lambda-DurationHigh: running runs past ``duration_alarm_fraction`` of their flow's timeout, and the ingest's
+    steps (the seed's manifest builder, 180 s) and the status update past that share of their task timeout."""
     now = datetime.now(timezone.utc)
     late = []
     for flow_name, timeout in limits.FLOW_TIMEOUT_S.items():
@@ -100,7 +118,57 @@ def flow_runs_near_timeout(limits_: HealthThresholds) -> Alarm:
             ran = (now - run.start_time).total_seconds() if run.start_time else 0
             if ran > limits_.duration_alarm_fraction * timeout:
                 late.append(f"{run.name} ({flow_name}, {ran:.0f} s of {timeout:.0f})")
+    for task_name, run in _running_task_runs(limits.TASK_TIMEOUT_S):
+        timeout = limits.TASK_TIMEOUT_S[task_name]
+        ran = (now - run.start_time).total_seconds() if run.start_time else 0
+        if ran > limits_.duration_alarm_fraction * timeout:
+            late.append(f"{run.name} ({task_name}, {ran:.0f} s of {timeout:.0f})")
     return _alarm("flow-runs-near-timeout", "all", late, 0, f"run(s) past {limits_.duration_alarm_fraction:.0%} of their timeout")
+
+
+THROTTLE_METRICS = {"read": "ReadThrottleEvents", "write": "WriteThrottleEvents"}
+
+
+def _cloudwatch_throttles(table: str) -> dict[str, int]:
+    """AWS: the table's throttle events in the last 5 minutes from CloudWatch's DynamoDB metrics."""
+    from tasks.landing.sqs import aws_session
+
+    cloudwatch = (aws_session() or boto3.Session()).client("cloudwatch")
+    end = datetime.now(timezone.utc)
+    counts = {}
+    for kind, metric in THROTTLE_METRICS.items():
+        points = cloudwatch.get_metric_statistics(
+            Namespace="AWS/DynamoDB", MetricName=metric, Dimensions=[{"Name": "TableName", "Value": table}],
+            StartTime=end - timedelta(seconds=WINDOW_S), EndTime=end, Period=60, Statistics=["Sum"],
+        )["Datapoints"]
+        counts[kind] = int(sum(point["Sum"] for point in points))
+    return counts
+
+
+def _client_throttles(table: str) -> dict[str, int]:
+    """Locally: the throttled attempts the DynamoDB client retried in the last 5 minutes (state_store's events)."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+
+    since = datetime.now(timezone.utc) - timedelta(seconds=WINDOW_S)
+    counts = {}
+    with get_client(sync_client=True) as client:
+        for kind in THROTTLE_METRICS:
+            wanted = EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[state_store.THROTTLE_EVENT]),
+                                 resource=EventResourceFilter(id=[state_store.throttle_resource(kind, table)]))
+            counts[kind] = client.read_events(filter=wanted, limit=1).total
+    return counts
+
+
+def dynamodb_throttles(limits_: HealthThresholds) -> list[Alarm]:
+    """FileTracking-ReadThrottle / -WriteThrottle: throttled reads and writes of the ETL tracking table in 5 minutes;
+    in AWS from CloudWatch (``ReadThrottleEvents``/``WriteThrottleEvents``), with DynamoDB Local (an endpoint set)
+    from the client's throttled attempts that botocore retried."""
+    table = table_name("etl_file_tracking")
+    counts = _client_throttles(table) if os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") else _cloudwatch_throttles(table)
+    maxima = {"read": limits_.read_throttles_5min_max, "write": limits_.write_throttles_5min_max}
+    return [Alarm(f"etl-tracking-{kind}-throttles", "etl", counts[kind], maxima[kind],
+                  f"{counts[kind]} throttled {kind}(s) of {table} in 5 min") for kind in THROTTLE_METRICS]
 
 
 def etl_merge_file_failures(limits_: HealthThresholds) -> Alarm:
@@ -165,6 +233,7 @@ CHECKS: dict[Check, tuple[str, ...]] = {
     flow_runs_waiting: ("flow-runs-waiting-for-a-slot",),
     flow_runs_active: ("flow-runs-active",),
     flow_runs_near_timeout: ("flow-runs-near-timeout",),
+    dynamodb_throttles: ("etl-tracking-read-throttles", "etl-tracking-write-throttles"),
     etl_merge_file_failures: ("etl-merge-file-failures",),
     gpu_restarts: ("gpu-restarts-per-hour",),
     video_jobs_failed: ("video-jobs-failed-per-hour",),

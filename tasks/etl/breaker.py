@@ -1,0 +1,190 @@
+"""The merge deployment's circuit breaker (seed 001: CLOSED → OPEN → HALF_OPEN), on Prefect parts.
+
+    merge runs Failed/Crashed/TimedOut: 3 within 300 s ──(prefect.yaml trigger: ndjson-merge-breaker, action=trip)──>
+        OPEN: state saved, merge deployment paused. The ingest starts no merge of a paused deployment (its manifests
+        wait ``pending``); a merge run already queued leaves its manifest ``pending`` (``admits``)
+    OPEN, cool-down (300 s) over ──(the breaker's schedule, action=check)──> HALF_OPEN: the oldest pending manifest
+        is the one trial, a merge run tagged ``breaker-trial``
+    the trial ended ──(trigger on that run's end, action=check)──> its manifest completed: CLOSED, deployment resumed,
+        every waiting manifest started (``manifest.ready``) · failed: OPEN again, the cool-down from now
+
+Prefect counts the failures (the trigger's threshold and window); pausing a deployment stops only its schedules
+(runs created by triggers still run), so the holding is done here. The state is a Prefect variable
+(``etl-merge-breaker-{deployment}``, visible in the UI with the deployment's paused flag and an artifact); only
+the breaker flow writes it, one run at a time (its deployment's concurrency limit 1, ENQUEUE). The transitions
+are plain functions (``tripped``, ``decide``, ``admits``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from tasks.core.runtime import now_iso, run_logger
+from tasks.etl import ingest as etl
+from tasks.etl.ingest import ManifestRef
+
+CLOSED, OPEN, HALF_OPEN = "CLOSED", "OPEN", "HALF_OPEN"
+COOL_DOWN_S = 300.0  # seed 001: open for 300 s, then one test call
+TRIAL_TAG = "breaker-trial"
+Action = Literal["start_trial", "close"] | None
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    """One merge deployment's breaker: its state, when it opened, and the trial manifest while HALF_OPEN."""
+
+    state: str = CLOSED
+    opened_at: str | None = None
+    trial_date: str | None = None
+    trial_manifest: str | None = None
+    trial_started_at: str | None = None
+    trips: int = 0
+    reason: str = ""
+    updated_at: str | None = None
+
+
+def _seconds_since(stamp: str | None, now: str) -> float:
+    return (datetime.fromisoformat(now) - datetime.fromisoformat(stamp)).total_seconds() if stamp else float("inf")
+
+
+def tripped(state: BreakerState, now: str, reason: str) -> BreakerState:
+    """Failures over the threshold: OPEN from ``now`` (from any state; a trial in flight no longer counts)."""
+    return BreakerState(OPEN, opened_at=now, trips=state.trips + 1, reason=reason, updated_at=now)
+
+
+def decide(state: BreakerState, now: str, cool_down_s: float, trial_status: str | None,
+           oldest_pending: ManifestRef | None) -> tuple[BreakerState, Action]:
+    """The check: OPEN past its cool-down with a manifest waiting → HALF_OPEN with that one trial; HALF_OPEN whose
+    trial manifest completed → CLOSED; failed (or gone) → OPEN again from ``now``; a trial not started within the
+    cool-down is started again. ``trial_status``: the trial MANIFEST's base status (None when there is none)."""
+    if state.state == OPEN and _seconds_since(state.opened_at, now) >= cool_down_s and oldest_pending is not None:
+        trial = replace(state, state=HALF_OPEN, trial_date=oldest_pending.date_prefix,
+                        trial_manifest=oldest_pending.manifest_name, trial_started_at=now, updated_at=now)
+        return trial, "start_trial"
+    if state.state != HALF_OPEN:
+        return state, None
+    if trial_status == etl.COMPLETED:
+        return BreakerState(CLOSED, trips=state.trips, reason=f"trial {state.trial_manifest} completed", updated_at=now), "close"
+    if trial_status in (etl.FAILED, None):
+        return tripped(state, now, f"trial {state.trial_manifest} {trial_status or 'gone'}"), None
+    if trial_status == etl.PENDING and _seconds_since(state.trial_started_at, now) >= cool_down_s:
+        return replace(state, trial_started_at=now, updated_at=now), "start_trial"  # its run was lost: once more
+    return state, None
+
+
+def admits(state: BreakerState, date_prefix: str, manifest_name: str) -> bool:
+    """Whether a merge run may take this manifest: always when CLOSED, only the trial when HALF_OPEN, none when OPEN."""
+    if state.state == CLOSED:
+        return True
+    return state.state == HALF_OPEN and (state.trial_date, state.trial_manifest) == (date_prefix, manifest_name)
+
+
+# --------------------------------------------------------------------------- on the Prefect server
+
+
+def variable_name(merge_deployment: str) -> str:
+    """The Prefect variable holding ``merge_deployment``'s breaker (lowercase letters, digits and dashes)."""
+    return "etl-merge-breaker-" + re.sub(r"[^a-z0-9]+", "-", merge_deployment.lower()).strip("-")
+
+
+def load(merge_deployment: str) -> BreakerState:
+    """The saved breaker of ``merge_deployment`` (CLOSED when none was ever saved)."""
+    from prefect.variables import Variable
+
+    saved = Variable.get(variable_name(merge_deployment), default=None)
+    return BreakerState(**saved) if isinstance(saved, dict) else BreakerState()
+
+
+def save(merge_deployment: str, state: BreakerState) -> None:
+    """Store the breaker (the breaker flow is its only writer)."""
+    from prefect.variables import Variable
+
+    Variable.set(variable_name(merge_deployment), {k: v for k, v in asdict(state).items() if v is not None},
+                 tags=["etl", "circuit-breaker"], overwrite=True)
+
+
+def set_paused(merge_deployment: str, paused: bool) -> None:
+    """Pause (OPEN, HALF_OPEN) or resume (CLOSED) the merge deployment; repeating either changes nothing."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name(merge_deployment)
+        if bool(deployment.paused) != paused:
+            (client.pause_deployment if paused else client.resume_deployment)(deployment.id)
+
+
+def current_merge_deployment() -> str | None:
+    """``flow/deployment`` of the running merge when its run was made from a deployment (None: a subflow, a call)."""
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    run = context.flow_run if context else None
+    if run is None or run.deployment_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        return f"{context.flow.name}/{client.read_deployment(run.deployment_id).name}"
+
+
+def admitted_here(date_prefix: str, manifest_name: str) -> bool:
+    """``admits`` for the running merge's deployment (a run outside a deployment is never held)."""
+    merge_deployment = current_merge_deployment()
+    if merge_deployment is None:
+        return True
+    state = load(merge_deployment)
+    if admits(state, date_prefix, manifest_name):
+        return True
+    run_logger(__name__).warning("%s: held by the circuit breaker of %s (%s since %s): the manifest stays pending",
+                                 manifest_name, merge_deployment, state.state, state.opened_at)
+    return False
+
+
+def _trial_status(state: BreakerState) -> str | None:
+    if not state.trial_manifest or not state.trial_date:
+        return None
+    from tasks.etl.merge import manifest_record
+
+    try:
+        return etl.base_status(manifest_record(state.trial_date, state.trial_manifest))
+    except LookupError:
+        return None
+
+
+def _start_trial(merge_deployment: str, state: BreakerState) -> str:
+    """The one trial: a run of the (paused) merge deployment for the trial manifest, tagged ``breaker-trial``."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(name=merge_deployment, parameters={"date_prefix": state.trial_date, "manifest_name": state.trial_manifest},
+                         timeout=0, tags=[TRIAL_TAG])
+    return str(run.id)
+
+
+def step(merge_deployment: str, action: Literal["trip", "check"], cool_down_s: float = COOL_DOWN_S,
+         reason: str = "") -> dict[str, Any]:
+    """One breaker step on the server: ``trip`` (the failure trigger fired) or ``check`` (schedule, trial ended)."""
+    logger = run_logger(__name__)
+    before = load(merge_deployment)
+    now = now_iso()
+    done: dict[str, Any] = {}
+    if action == "trip":
+        after, todo = tripped(before, now, reason or "merge failures over the threshold"), None
+    else:
+        waiting = etl.pending_manifests(0)
+        after, todo = decide(before, now, cool_down_s, _trial_status(before), waiting[0] if waiting else None)
+    if todo == "close":
+        set_paused(merge_deployment, False)  # resumed, then saved CLOSED: the merges started below are admitted
+        save(merge_deployment, after)
+        launches = etl.launch_merges(etl.pending_manifests(0), etl.deployment_launcher(merge_deployment))
+        done["restarted"] = [launch["manifest_name"] for launch in launches if launch["launched"]]
+    elif after.state != CLOSED:
+        if after != before:
+            save(merge_deployment, after)  # saved before the pause: a merge starting meanwhile is already held
+        set_paused(merge_deployment, True)
+        if todo == "start_trial":
+            done["trial_run"] = _start_trial(merge_deployment, after)
+    if after.state != before.state:
+        logger.warning("circuit breaker of %s: %s -> %s (%s)", merge_deployment, before.state, after.state, after.reason)
+    return {"merge_deployment": merge_deployment, "before": before.state, **asdict(after), **done}
