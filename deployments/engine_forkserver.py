@@ -15,6 +15,12 @@ and SIGHUP to its child (Prefect's cancellation), and exits as the child did (it
 If it is killed outright the server SIGKILLs its child, and a child whose server dies is SIGKILLed by the kernel, so
 no run outlives the process Prefect watches. With no server listening it execs ``python -m prefect.engine`` itself.
 Only the standard library is imported at the top: ``run`` starts in milliseconds.
+
+A run hands over its whole environment (secrets included) and its streams, so both ends check the other: the socket
+lives in a private folder (0700, this user's: ``tasks/core/private_folder.py``; the server refuses any other), ``run``
+talks only to a socket its own user owns in such a folder and whose peer (SO_PEERCRED) runs as its user, and the
+server serves only callers of its own uid. A check that fails: ``run`` starts the engine itself (nothing handed over)
+and says why; the server refuses the caller.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import stat
 import signal
 import socket
 import struct
@@ -38,6 +45,39 @@ PRELOAD = (
 )  # fmt: skip
 HEADER = struct.Struct("!Q")
 PR_SET_PDEATHSIG = 1
+UCRED = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (the kernel's word, SO_PEERCRED)."""
+    return UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))[1]
+
+
+def _private_folder_module():
+    """``tasks/core/private_folder.py`` loaded by its path (``run`` starts with ``deployments/`` as its path)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasks", "core", "private_folder.py")
+    spec = importlib.util.spec_from_file_location("_pipelines_private_folder", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def untrusted_socket(socket_path: str) -> str | None:
+    """Why the server socket at ``socket_path`` may not be this user's own (its folder reachable by others, or the
+    socket another user's), or None when it is; a missing socket is None (nothing to hand anything to)."""
+    try:
+        info = os.lstat(socket_path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISSOCK(info.st_mode) or info.st_uid != os.getuid():
+        return f"{socket_path} is not a socket of this user (uid {info.st_uid})"
+    try:
+        _private_folder_module().check_private(os.path.dirname(socket_path) or ".")
+    except OSError as error:
+        return str(error)
+    return None
 
 
 # --------------------------------------------------------------------------- the run command (stdlib only)
@@ -46,9 +86,18 @@ PR_SET_PDEATHSIG = 1
 def run(socket_path: str) -> None:
     """Start ``python -m prefect.engine`` as a fork of the server at ``socket_path``; exit as it did."""
     argv = [sys.executable, "-m", "prefect.engine"]
+    refused = untrusted_socket(socket_path)
     try:
+        if refused:
+            raise PermissionError(refused)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.connect(socket_path)
+        if peer_uid(server) != os.getuid():
+            raise PermissionError(f"the process serving {socket_path} runs as uid {peer_uid(server)}, not as this user")
+    except PermissionError as error:  # never hand the environment to another user: the engine runs here instead
+        sys.stderr.write(f"engine fork server not used: {error}\n")
+        sys.stderr.flush()
+        os.execv(sys.executable, argv)
     except OSError:  # no server (a worker started without one): the engine in a process of its own
         os.execv(sys.executable, argv)
     pending: list[int] = []
@@ -158,6 +207,7 @@ class ForkServer:
         self.stopping = False
 
     def listen(self) -> None:
+        _private_folder_module().check_private(os.path.dirname(self.socket_path) or ".")  # NotPrivate: refused
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
@@ -223,6 +273,11 @@ class ForkServer:
         conn, _ = self.listener.accept()
         if self.stopping:
             conn.close()  # its run command falls back to nothing: it reports that the server went away
+            return
+        caller = peer_uid(conn)
+        if caller != os.getuid():  # a run of another user would run as this one, with this one's rights
+            print(f"engine fork server: refused a caller running as uid {caller}", file=sys.stderr, flush=True)
+            conn.close()
             return
         try:
             conn.settimeout(10)

@@ -207,13 +207,14 @@ def ecs_base_job_template() -> dict:
 
 
 def engine_socket() -> str:
-    """The worker's engine fork server socket: in the temp folder (a Unix socket path is at most 107 bytes), one per
-    data folder, so two stacks on a machine keep apart."""
+    """The worker's engine fork server socket: in this user's private runtime folder (0700; a Unix socket path is
+    at most 107 bytes, so not under the checkout), one per data folder, so two stacks on a machine keep apart."""
     import hashlib
-    import tempfile
+
+    from tasks.core.private_folder import runtime_folder
 
     digest = hashlib.sha256(str(DATA.resolve()).encode()).hexdigest()[:12]
-    return str(Path(tempfile.gettempdir()) / f"pipelines-engine-{os.getuid()}-{digest}.sock")
+    return str(runtime_folder() / f"engine-{digest}.sock")
 
 
 def engine_command() -> str:

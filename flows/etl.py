@@ -298,7 +298,7 @@ def ndjson_merge_breaker(
     return result
 
 
-@flow(name="ndjson-listen", log_prints=True, on_crashed=[notify_on_failure])
+@flow(name="ndjson-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def ndjson_listen(
     source: Literal["local", "sqs"] = "local",
     batch_size: int = 100,
@@ -314,8 +314,8 @@ def ndjson_listen(
     through the ingest in micro-batches and start their merges; runs until ``max_runtime_seconds`` or
     ``idle_exit_seconds`` without an arrival (0: forever; a catch-up run sets the idle exit)."""
     config = etl.settings()
-    events = open_source(source, "etl", config.input_store_url, INPUT_PREFIX,
-                         settle_seconds=settle_seconds, rescan_seconds=rescan_seconds)
+    events = lambda: open_source(source, "etl", config.input_store_url, INPUT_PREFIX,  # noqa: E731 - reopened on errors
+                                 settle_seconds=settle_seconds, rescan_seconds=rescan_seconds)
     launch = lambda made: _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)  # noqa: E731
     print(f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s")
     stats = listen(events, lambda batch: handle_landed_task(batch, config, launch),

@@ -276,7 +276,7 @@ def phspectra_sweep_stuck(
     return swept
 
 
-@flow(name="phspectra-listen", log_prints=True)
+@flow(name="phspectra-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def phspectra_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
@@ -291,7 +291,7 @@ def phspectra_listen(
     ``source``: "local" watches the object store's ``surveys/incoming/``, "sqs" reads its S3 notifications.
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)
+    events = lambda: open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)  # noqa: E731
     return listen_report(
         "phspectra-listen", events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
         batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,

@@ -120,7 +120,7 @@ def ingest_batch(bodies: list[str]) -> tuple[dict[str, Any], str]:
     return state.result(), str(state.state_details.flow_run_id)
 
 
-@flow(name="records-listen", log_prints=True)
+@flow(name="records-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
@@ -134,7 +134,7 @@ def records_listen(
     for message files (one message, a JSON list, or one per line), moved to ``records/processed/{date}/`` once
     written. Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = open_source(source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES)
+    events = lambda: open_source(source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES)  # noqa: E731
     return listen_report(
         "records-listen", events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
         batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,

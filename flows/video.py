@@ -220,7 +220,7 @@ def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]
     return removed
 
 
-@flow(name="video-listen", log_prints=True)
+@flow(name="video-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
@@ -234,7 +234,7 @@ def video_listen(
     ``source``: "local" watches the object store's ``input/`` folder, "sqs" reads its S3 notifications.
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = open_source(source, video_landing.PIPELINE, None, keys.VIDEO_INPUT_PREFIX, [".mp4"])
+    events = lambda: open_source(source, video_landing.PIPELINE, None, keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
     return listen_report(
         "video-listen", events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
         batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,

@@ -233,3 +233,71 @@ def test_a_garbled_request_is_refused_with_its_reason_and_the_server_keeps_servi
     command = start_run(fork_server, "not-a-uuid", tmp_path)  # the next caller is served as usual
     _, stderr = command.communicate(timeout=60)
     assert command.returncode == 1 and "Invalid flow run id" in stderr
+
+
+# --------------------------------------------------------------------------- who can reach the fork server
+
+
+def test_the_stacks_socket_lives_in_a_private_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIPELINES_RUNTIME_DIR", str(tmp_path / "runtime"))
+    folder = Path(local_stack.engine_socket()).parent
+    assert folder == tmp_path / "runtime"
+    assert (folder.stat().st_uid, folder.stat().st_mode & 0o777) == (os.getuid(), 0o700)
+
+
+def test_the_server_refuses_a_folder_others_may_reach(tmp_path):
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    server = subprocess.run([sys.executable, FORKSERVER, "serve", str(loose / "engine.sock")], capture_output=True, text=True, timeout=120)
+    assert server.returncode != 0 and "others may reach it" in server.stderr
+    assert not (loose / "engine.sock").exists()
+
+
+def test_run_never_hands_its_environment_to_a_socket_in_a_folder_others_may_reach(tmp_path):
+    import socket as socket_module
+
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    listener = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    listener.bind(str(loose / "engine.sock"))  # someone listening first at the path
+    listener.listen(1)
+    listener.settimeout(0.5)
+    command = subprocess.run([sys.executable, FORKSERVER, "run", str(loose / "engine.sock")], env={**os.environ, "SECRET": "s3cr3t"},
+                             capture_output=True, text=True, timeout=120)
+    assert "engine fork server not used" in command.stderr and "others may reach it" in command.stderr
+    with pytest.raises(TimeoutError):
+        listener.accept()  # never connected: nothing handed over (the engine ran itself, and failed without a run id)
+    listener.close()
+
+
+def test_the_server_refuses_a_caller_of_another_uid(tmp_path):
+    if os.getuid() != 0:
+        pytest.skip("a caller of another uid needs root to start one")
+    folder = Path("/tmp") / f"forkserver-test-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o700)
+    sock = folder / "engine.sock"
+    server = subprocess.Popen([sys.executable, FORKSERVER, "serve", str(sock)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        folder.chmod(0o711)  # let the other user reach the socket (as a careless setup might): the peer check remains
+        sock.chmod(0o777)
+        caller = subprocess.run([sys.executable, "-c", (
+            "import os, socket, struct, sys; os.setgid(65534); os.setuid(65534)\n"
+            "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+            "r, w = os.pipe()\n"
+            "try:\n"
+            "    socket.send_fds(s, [struct.pack('!Q', 2)], [r, r, r]); s.sendall(b'{}'); print(s.recv(100) or 'closed')\n"
+            "except (BrokenPipeError, ConnectionResetError):\n"
+            "    print('closed')"), str(sock)], capture_output=True, text=True, timeout=60)
+        assert caller.stdout.strip() == "closed", caller.stdout + caller.stderr  # closed at once: no child forked for it
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        output = server.communicate()[0]
+        subprocess.run(["rm", "-rf", str(folder)])
+    assert "refused a caller running as uid 65534" in output

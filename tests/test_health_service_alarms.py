@@ -3,6 +3,8 @@ dead-letter queue on moto's SQS."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
 
@@ -200,3 +202,15 @@ def test_the_dynamodb_throttle_alarms_read_cloudwatch_in_aws(aws, s3_endpoint, t
     read, write = alarms["etl-tracking-read-throttles"], alarms["etl-tracking-write-throttles"]
     assert (read.value, read.threshold, read.firing) == (8, 5, True)  # the seed's > 5 in 5 min
     assert (write.value, write.firing) == (2, False)
+
+
+def test_the_landing_dead_letter_queue_alarm_finds_the_queues_aws_events_setup_made(aws, capsys):
+    from deployments import cli
+    from tasks.landing.sqs import queue_url_variable
+
+    assert not any(os.environ.get(queue_url_variable(p)) for p in ("etl", "video", "phspectra", "records"))  # as on ECS
+    assert cli.main(["aws-events", "setup", "--pipeline", "etl"]) == 0
+    dead_letter_url = json.loads(capsys.readouterr().out)["dead_letter_url"]
+    boto3.client("sqs").send_message(QueueUrl=dead_letter_url, MessageBody="poison")
+    (alarm,) = service_alarms.landing_dead_letter_queues(LIMITS)  # the other pipelines' queues: not set up here
+    assert (alarm.name, alarm.value, alarm.firing) == ("landing-dead-letter-queue-etl", 1, True)

@@ -327,3 +327,36 @@ def test_ndjson_ingest_over_an_s3_landing_prefix_validates_with_the_listing_size
         summary = ndjson_ingest(merge_deployment="ndjson-merge/none-needed")
     assert (summary["files"], summary["tracked"], summary["quarantined"], summary["manifests"]) == (3, 3, 0, [])
     assert requests["HeadObject"] == 0 and requests["ListObjectsV2"] == 1
+
+
+def test_a_record_whose_key_is_not_a_string_goes_to_the_dead_letter_queue_with_its_reason(aws, capsys, caplog):
+    made = setup("etl", capsys)
+    source = SqsSource.for_pipeline("etl", release_backoff_s=(0,))
+    assert source.receive(wait_seconds=1) == []  # the test event
+    record = {"eventName": "ObjectCreated:Put", "s3": {"bucket": {"name": aws}, "object": {"key": 12345, "size": 3}}}
+    body = json.dumps({"Records": [record]})
+    sqs().send_message(QueueUrl=made["queue_url"], MessageBody=body)
+    with caplog.at_level(logging.ERROR, logger="tasks.landing.sqs"):
+        for _ in range(4):  # never a crash: released 3 times, then the redrive policy takes it
+            assert source.receive(wait_seconds=1) == []
+    poison = [r.getMessage() for r in caplog.records if r.getMessage().startswith("poison message")]
+    assert len(poison) == 3 and all("not a string" in line for line in poison)
+    (dead,) = sqs().receive_message(QueueUrl=made["dead_letter_url"], WaitTimeSeconds=1)["Messages"]
+    assert dead["Body"] == body
+
+
+def test_keys_with_hash_question_mark_and_percent_reach_their_object(aws, capsys):
+    from tasks.core.object_store import object_version, open_url
+
+    setup("etl", capsys)
+    source = SqsSource.for_pipeline("etl", visibility_timeout_s=60)
+    assert source.receive(wait_seconds=1) == []  # the test event
+    names = [f"pipeline/input/{DAY}/a#1.ndjson", f"pipeline/input/{DAY}/b?x=1.ndjson", f"pipeline/input/{DAY}/c%41 +.ndjson"]
+    client = s3_client(os.environ["AWS_ENDPOINT_URL_S3"])
+    for n, name in enumerate(names):
+        client.put_object(Bucket=aws, Key=f"pipelines/{name}", Body=b"x" * (n + 1))
+    arrivals = sorted(receive_until(source, 3), key=lambda a: a.key)
+    assert [a.key for a in arrivals] == names  # decoded once, as S3 encoded them
+    for n, arrival in enumerate(arrivals):
+        store, key = open_url(arrival.url)
+        assert (key, store.get_bytes(key), object_version(arrival.url)[0]) == (f"pipelines/{names[n]}", b"x" * (n + 1), n + 1)

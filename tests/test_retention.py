@@ -96,3 +96,21 @@ def test_dead_staging_and_opted_in_failed_dead_letters_age_out_waiting_ones_neve
     report = apply_retention(record_days=30, dead_letter_days=14, now=now)
     assert report["deleted_objects"] == {"etl-staging": 0, "dead-letter-failed": 1}
     assert sorted(object_store().list(keys.DEAD_LETTER_PREFIX)) == sorted([waiting, failed_new])
+
+
+def test_a_resumed_run_keeps_its_chunks_for_good_once_retention_passes(etl_env):
+    tables = etl_env["tables"]
+    run_id = "run-resumed"
+    state_store.put(tables["phspectra_runs"], {"PK": run_id, "SK": keys.RUN_SK, "status": survey.RUN_COMPLETED,
+                                              "completed_at": ENDED, "jobs_total": 2})
+    for start in (0, 1):
+        state_store.put(tables["phspectra_runs"], {"PK": run_id, "SK": keys.chunk_sk(start), "status": "COMPLETED"})
+    apply_retention(record_days=30)
+    chunks = [{"PK": run_id, "SK": keys.chunk_sk(start)} for start in (0, 1)]
+    assert [item(tables, "phspectra_runs", key)["ttl"] for key in chunks] == [ENDED_EPOCH + THIRTY_DAYS] * 2
+    survey.reopen_run(run_id)  # a resume: the RUN item is live again and loses its own ttl, not its chunks'
+    assert "ttl" not in item(tables, "phspectra_runs", {"PK": run_id, "SK": keys.RUN_SK})
+    report = apply_retention(record_days=30)
+    assert report["unstamped"]["phspectra_runs"] == 2  # the two chunks DynamoDB would have deleted under a live run
+    assert [("ttl" in item(tables, "phspectra_runs", key)) for key in chunks] == [False, False]
+    assert apply_retention(record_days=30)["unstamped"]["phspectra_runs"] == 0

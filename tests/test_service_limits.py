@@ -263,3 +263,43 @@ def test_make_up_drops_the_cpu_heavy_tag_limit_an_older_version_created(monkeypa
         with pytest.raises(ObjectNotFound):
             client.read_concurrency_limit_by_tag(limits.CPU_HEAVY_TAG)
     assert local_stack.drop_stale_tag_limits() == []  # nothing left to drop: make up is idempotent
+
+
+# --------------------------------------------------------------------------- who can reach the CPU slots
+
+
+def test_the_cpu_slots_live_in_a_private_folder_of_their_user(tmp_path, monkeypatch):
+    monkeypatch.delenv("CPU_SLOTS_DIR", raising=False)
+    monkeypatch.setenv("PIPELINES_RUNTIME_DIR", str(tmp_path / "runtime"))
+    with limits.cpu_slot(1):
+        folder = limits.cpu_slots_dir()
+    assert folder == tmp_path / "runtime" / "cpu-slots"
+    for path in (folder, folder.parent):
+        assert (path.stat().st_uid, path.stat().st_mode & 0o777) == (os.getuid(), 0o700)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o755, 0o710])
+def test_a_slot_folder_others_may_reach_is_refused(tmp_path, monkeypatch, mode):
+    from tasks.core.private_folder import NotPrivate
+
+    folder = tmp_path / "slots"
+    folder.mkdir()
+    folder.chmod(mode)  # pre-created by someone who would hold every slot
+    monkeypatch.setenv("CPU_SLOTS_DIR", str(folder))
+    with pytest.raises(NotPrivate, match="others may reach it"):
+        with limits.cpu_slot(1):
+            pass
+    assert list(folder.iterdir()) == []  # not a slot file made in it
+
+
+def test_a_slot_folder_another_user_owns_is_refused(tmp_path, monkeypatch):
+    from tasks.core.private_folder import NotPrivate
+
+    if os.getuid() != 0:
+        pytest.skip("giving a folder to another user needs root")
+    folder = tmp_path / "slots"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 65534, 65534)
+    monkeypatch.setenv("CPU_SLOTS_DIR", str(folder))
+    with pytest.raises(NotPrivate, match="belongs to uid 65534"):
+        limits.cpu_slots_dir()

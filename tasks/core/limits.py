@@ -10,11 +10,12 @@ import contextlib
 import fcntl
 import functools
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
+
+from tasks.core.private_folder import private_folder, runtime_folder
 
 # seed 001: Glue job timeout 2880 min; the batch status updater and manifest builder Lambdas time out at 180 s
 ETL_MERGE_TIMEOUT_S = 48 * 3600
@@ -55,8 +56,10 @@ def cpu_heavy_slots() -> int:
 
 
 def cpu_slots_dir() -> Path:
-    """The folder of this machine's CPU slot files (``CPU_SLOTS_DIR``, default: one per user in the temp folder)."""
-    return Path(os.environ.get("CPU_SLOTS_DIR") or Path(tempfile.gettempdir()) / f"pipelines-cpu-slots-{os.getuid()}")
+    """The folder of this machine's CPU slot files (``CPU_SLOTS_DIR``, default: ``cpu-slots`` in the user's private
+    runtime folder): created 0700, refused if another user owns it or may reach it (they could hold every slot)."""
+    configured = os.environ.get("CPU_SLOTS_DIR")
+    return private_folder(Path(configured) if configured else runtime_folder() / "cpu-slots")
 
 
 @contextlib.contextmanager
@@ -69,7 +72,6 @@ def cpu_slot(slots: int | None = None, on_wait: Callable[[int], None] | None = N
     """
     slots = slots or cpu_heavy_slots()
     folder = cpu_slots_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     handles = [os.open(folder / f"slot-{i}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) for i in range(slots)]
     held = None
     try:

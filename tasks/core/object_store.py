@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 import logging
 
@@ -95,11 +95,11 @@ class ObjectStore:
         """``file:///path`` or a bare path -> LocalStore; ``s3://bucket/prefix`` -> S3Store; empty -> the default folder."""
         if not url:
             return LocalStore(DEFAULT_LOCAL_ROOT)
-        parsed = urlparse(url)
-        if parsed.scheme == "s3":
-            return S3Store(parsed.netloc, parsed.path.lstrip("/"), session=session)
-        if parsed.scheme in ("file", ""):
-            return LocalStore(Path(unquote(parsed.path)) if parsed.scheme else Path(url))
+        scheme, bucket, path = split_url(url)
+        if scheme == "s3":
+            return S3Store(bucket, path, session=session)
+        if scheme in ("file", ""):
+            return LocalStore(Path(path))
         raise ValueError(f"unsupported object store URL {url!r}: use file:// or s3://")
 
     def url_for(self, key: str) -> str:
@@ -174,6 +174,10 @@ class LocalStore(ObjectStore):
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
         self.url = self.root.as_uri()
+
+    def url_for(self, key: str) -> str:
+        """The ``file://`` URL of ``key``, percent-encoded as a file URL is (a name with ``#``, ``?`` or ``%``)."""
+        return f"{self.url.rstrip('/')}/{quote(safe_key(key), safe='/')}"
 
     def path(self, key: str) -> Path:
         """The local file of ``key``; ValueError if it resolves outside the root."""
@@ -535,14 +539,24 @@ class S3Store(ObjectStore):
         return True
 
 
+def split_url(url: str) -> tuple[str, str, str]:
+    """(scheme, bucket, path) of an object URL: an ``s3://`` key taken as written (S3 keys may hold ``#``, ``?``
+    and ``%``, as the AWS CLI writes them), a ``file://`` path percent-decoded, a bare path as it is."""
+    if url.startswith("s3://"):
+        bucket, _, key = url[len("s3://"):].partition("/")
+        return "s3", bucket, key
+    parsed = urlparse(url)
+    return (parsed.scheme, parsed.netloc, unquote(parsed.path)) if parsed.scheme else ("", "", url)
+
+
 def open_url(url: str, session: boto3.Session | None = None) -> tuple[ObjectStore, str]:
     """The store holding an object URL and the object's key in it (for inputs that live anywhere)."""
-    parsed = urlparse(url)
-    if parsed.scheme == "s3":
-        return S3Store(parsed.netloc, "", session=session), parsed.path.lstrip("/")
-    if parsed.scheme in ("file", ""):
-        path = Path(unquote(parsed.path) if parsed.scheme else url).resolve()
-        return LocalStore(path.parent), path.name
+    scheme, bucket, path = split_url(url)
+    if scheme == "s3":
+        return S3Store(bucket, "", session=session), path
+    if scheme in ("file", ""):
+        resolved = Path(path).resolve()
+        return LocalStore(resolved.parent), resolved.name
     raise ValueError(f"unsupported URL {url!r}: use file:// or s3://")
 
 

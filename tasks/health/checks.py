@@ -33,11 +33,12 @@ SEVERITY = {
     "flow-runs-failed": CRITICAL, "etl-merge-runs-failed": CRITICAL, "flow-runs-timed-out": CRITICAL,
     "flow-runs-waiting-for-a-slot": CRITICAL, "etl-merge-file-failures": CRITICAL, "landing-dead-letter-queue": CRITICAL,
     "records-dead-letter-archive": CRITICAL, "etl-failed-manifests": CRITICAL, "video-jobs-failed-per-hour": CRITICAL,
-    "records-archived-per-hour": CRITICAL,
+    "records-archived-per-hour": CRITICAL, "landing-listener-not-running": CRITICAL,
     "flow-runs-active": WARNING, "flow-runs-near-timeout": WARNING, "etl-iterator-age": WARNING,
     "etl-files-pending": WARNING, "etl-files-pending-too-long": WARNING, "etl-tracking-read-throttles": WARNING,
     "etl-tracking-write-throttles": WARNING, "phspectra-stuck-chunks": WARNING, "video-stuck-jobs": WARNING,
     "gpu-stuck-jobs": WARNING, "gpu-nodes-out-of-service": WARNING, "gpu-restarts-per-hour": WARNING,
+    "landing-listener-behind": WARNING,
 }
 
 

@@ -211,15 +211,19 @@ def records_archived(limits_: HealthThresholds) -> Alarm:
 
 
 def landing_dead_letter_queues(limits_: HealthThresholds) -> list[Alarm]:
-    """DLQ-Messages (AWS): messages in each landing queue's dead-letter queue; none where no queue is set up."""
-    from tasks.landing.sqs import SEED_QUEUES, aws_session, queue_names, queue_url_variable
+    """DLQ-Messages (AWS): messages in each landing queue's dead-letter queue, found by the name `aws-events setup`
+    gives it; none where the landing is a file watch (a file:// store) or the queue was never set up."""
+    from tasks.landing.sqs import SEED_QUEUES, aws_session, landing_store_url, queue_names, queue_url_variable
 
     alarms = []
     for pipeline in SEED_QUEUES:
-        if not os.environ.get(queue_url_variable(pipeline)):
+        if not landing_store_url(pipeline).startswith("s3://") and not os.environ.get(queue_url_variable(pipeline)):
             continue  # the local stack has no queues: its landing is a file watch
         sqs = (aws_session() or boto3.Session()).client("sqs")
-        url = sqs.get_queue_url(QueueName=queue_names(pipeline)[1])["QueueUrl"]
+        try:
+            url = sqs.get_queue_url(QueueName=queue_names(pipeline)[1])["QueueUrl"]
+        except sqs.exceptions.QueueDoesNotExist:
+            continue  # this pipeline's landing was not set up here (`aws-events setup --pipeline` makes it)
         attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]
         depth = int(attributes["ApproximateNumberOfMessages"])
         alarms.append(Alarm(f"landing-dead-letter-queue-{pipeline}", pipeline, depth, limits_.dlq_messages_max,

@@ -7,6 +7,10 @@
 A handler that raises releases its whole batch (nothing is lost); every arrival it does not account for is
 released too, so a handler bug cannot silently drop an object. Like the SQS batch of the seeds' Lambdas, a
 batch is bounded by count and by time, never one flow run per object.
+
+A listener never stops on a transient error: opening the source, ``receive``, ``ack`` and ``release`` that raise
+are logged and tried again after 1, 2, 4 … seconds (at most a minute). An ack that failed leaves its arrivals
+to be offered again, which the pipelines' create-if-absent writes make harmless.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, Union
 
 from tasks.landing.sources import Arrival, EventSource
 
@@ -30,6 +34,20 @@ class Outcome:
 
 
 Handler = Callable[[list[Arrival]], Outcome]
+SourceFactory = Callable[[], EventSource]
+MAX_BACKOFF_S = 60.0  # a failing source is tried again after 1, 2, 4 … seconds, at most this
+
+
+def backoff_seconds(failures: int) -> float:
+    """The wait before the next try after ``failures`` consecutive failures (1, 2, 4 … at most a minute)."""
+    return min(MAX_BACKOFF_S, 2.0 ** max(0, failures - 1))
+
+
+def _pause(seconds: float, should_stop: Callable[[], bool]) -> None:
+    """Sleep ``seconds`` in short steps, returning early once ``should_stop()``."""
+    deadline = time.monotonic() + seconds
+    while not should_stop() and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(0.2, left))
 
 
 @dataclass
@@ -40,6 +58,7 @@ class PumpStats:
     acked: int = 0
     released: int = 0
     batches: int = 0
+    errors: int = 0  # source calls (open, receive, ack, release) that raised and were tried again
 
 
 def settle(source: EventSource, batch: Sequence[Arrival], outcome: Outcome, stats: PumpStats) -> None:
@@ -49,14 +68,23 @@ def settle(source: EventSource, batch: Sequence[Arrival], outcome: Outcome, stat
     unaccounted = [a for a in batch if id(a) not in done_ids and id(a) not in retry_ids]
     retry = list(outcome.retry) + [(a, "the handler did not account for it") for a in unaccounted]
     if outcome.done:
-        source.ack(outcome.done)
-        stats.acked += len(outcome.done)
+        try:
+            source.ack(outcome.done)
+            stats.acked += len(outcome.done)
+        except Exception as exc:  # noqa: BLE001 - the work is durable; unacked arrivals come back and change nothing
+            stats.errors += 1
+            LOG.warning("could not ack %d arrival(s) (%s: %s); they are offered again", len(outcome.done), type(exc).__name__, exc)
     by_reason: dict[str, list[Arrival]] = {}
     for arrival, reason in retry:
         by_reason.setdefault(reason, []).append(arrival)
     for reason, arrivals in by_reason.items():
         LOG.warning("offering %d arrival(s) again (%s): %s", len(arrivals), reason, arrivals[0].url)
-        source.release(arrivals, reason)
+        try:
+            source.release(arrivals, reason)
+        except Exception as exc:  # noqa: BLE001 - not released is offered again anyway (visibility timeout)
+            stats.errors += 1
+            LOG.warning("could not release %d arrival(s) (%s: %s); they come back when their lease ends",
+                        len(arrivals), type(exc).__name__, exc)
         stats.released += len(arrivals)
 
 
@@ -85,12 +113,22 @@ def pump(
     stats = stats if stats is not None else PumpStats()
     batch: list[Arrival] = []
     first_at = 0.0
+    failures = 0
     while not should_stop():
         if batch:
             wait = max(0.0, batch_seconds - (time.monotonic() - first_at))
         else:
             wait = wait_seconds
-        received = source.receive(max_items=max(1, min(10, batch_size - len(batch))), wait_seconds=wait)
+        try:
+            received = source.receive(max_items=max(1, min(10, batch_size - len(batch))), wait_seconds=wait)
+            failures = 0
+        except Exception as exc:  # noqa: BLE001 - a network blip or a throttle: try again, never stop listening
+            failures += 1
+            stats.errors += 1
+            delay = backoff_seconds(failures)
+            LOG.warning("receive failed (%s: %s, %d in a row); trying again in %.0f s", type(exc).__name__, exc, failures, delay)
+            _pause(delay, should_stop)
+            received = []
         if received and not batch:
             first_at = time.monotonic()
         batch += received
@@ -120,8 +158,24 @@ def emit_landed(arrival: Arrival, pipeline: str, outcome: str, flow_run_id: str 
     )
 
 
+def open_with_retries(open_source: SourceFactory, should_stop: Callable[[], bool], stats: PumpStats) -> EventSource | None:
+    """``open_source()``, tried again after a growing pause while it raises; None if stopped first."""
+    failures = 0
+    while not should_stop():
+        try:
+            return open_source()
+        except Exception as exc:  # noqa: BLE001 - the queue or the store unreachable for now: keep trying, loudly
+            failures += 1
+            stats.errors += 1
+            delay = backoff_seconds(failures)
+            LOG.error("could not open the event source (%s: %s, %d in a row); trying again in %.0f s",
+                      type(exc).__name__, exc, failures, delay)
+            _pause(delay, should_stop)
+    return None
+
+
 def listen(
-    source: EventSource,
+    source: Union[EventSource, SourceFactory],
     handler: Handler,
     *,
     batch_size: int = 100,
@@ -131,7 +185,8 @@ def listen(
     wait_seconds: float = 5.0,
 ) -> PumpStats:
     """A listener deployment's body: pump until ``max_runtime_seconds`` elapse or nothing arrived for
-    ``idle_exit_seconds`` (0: never), then close the source."""
+    ``idle_exit_seconds`` (0: never), then close the source. ``source`` may be a function that opens it,
+    called again (with backoff) while it raises."""
     stats = PumpStats()
     started = time.monotonic()
     last = {"seen": (-1, -1), "at": started}
@@ -142,6 +197,11 @@ def listen(
             last.update(seen=(stats.received, stats.batches), at=now)
         return (0 < max_runtime_seconds <= now - started) or (0 < idle_exit_seconds <= now - last["at"])
 
+    if not isinstance(source, EventSource):
+        opened = open_with_retries(source, should_stop, stats)
+        if opened is None:
+            return stats
+        source = opened
     try:
         return pump(source, handler, batch_size=batch_size, batch_seconds=batch_seconds,
                     wait_seconds=min(wait_seconds, idle_exit_seconds or wait_seconds), should_stop=should_stop, stats=stats)
@@ -149,8 +209,9 @@ def listen(
         source.close()
 
 
-def listen_report(listener: str, source: EventSource, handler: Handler, **options: Any) -> dict[str, int]:
+def listen_report(listener: str, source: Union[EventSource, SourceFactory], handler: Handler, **options: Any) -> dict[str, int]:
     """``listen`` (same options), then one line on what the listener did; its counts, as its flow returns them."""
     stats = listen(source, handler, **options)
-    print(f"{listener}: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches")
+    print(f"{listener}: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches"
+          f"{f', {stats.errors} source error(s) tried again' if stats.errors else ''}")
     return vars(stats)

@@ -154,9 +154,11 @@ def s3_records(body: str) -> list[dict[str, Any]] | None:
         raise PoisonMessage("no S3 event Records")
     for record in records:
         try:
-            record["s3"]["bucket"]["name"], record["s3"]["object"]["key"], record["eventName"]
+            fields = record["s3"]["bucket"]["name"], record["s3"]["object"]["key"], record["eventName"]
         except (TypeError, KeyError):
             raise PoisonMessage("an S3 record without eventName, bucket name or object key") from None
+        if not all(isinstance(value, str) for value in fields):
+            raise PoisonMessage(f"an S3 record whose eventName, bucket name or object key is not a string: {fields!r}"[:300])
     return records
 
 

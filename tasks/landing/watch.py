@@ -9,17 +9,24 @@ A file still being written is never offered:
   go through ``.{name}.{random}.part`` and a rename);
 - a file renamed in (moved into place once written) is taken as soon as it is seen: the watch reported it
   appear and never change, and no process has it open for writing (a read lease would be refused);
-- a file written in place is taken once its size and mtime have been stable for ``settle_seconds``.
+- a file written in place is taken once its size and mtime have been stable for ``settle_seconds`` and no
+  process holds it open for writing (a writer that pauses longer than that is waited for until it closes).
+
+A file whose name is not a valid key (not UTF-8, a control character, a backslash) is moved to
+``quarantine/landing/`` under its name percent-encoded, beside a ``.reason.json``; its neighbours go on.
+Suffix filters (``suffixes``) apply to files only: a folder created or moved in is listed at once.
 
 An arrival's ``event_id`` is its key, size and mtime (ns). What has been offered and not acked or released is
-not offered again; after a restart the catch-up listing offers everything again and the pipelines'
-create-if-absent writes make the repeats change nothing.
+not offered again. After a restart, the catch-up listing starts from the watermark (``WATERMARK_NAME``, a
+hidden file in the watched folder): every file that existed when it was taken had been acked, so only folders
+and files changed since (ctime) are read and offered; see README, "Landing: the catch-up watermark".
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import threading
@@ -28,7 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
+from urllib.parse import quote
 
 from tasks.core import keys
 from tasks.core.object_store import LocalStore, ObjectStore
@@ -38,6 +46,12 @@ LOG = logging.getLogger(__name__)
 IGNORED_SUFFIXES = (".tmp", ".part")
 TICK_SECONDS = 0.05  # how often receive() looks again at files waiting to settle
 MAX_RELEASE_DELAY = 60.0  # a released arrival is offered again after 1, 2, 4 … seconds, at most this
+WATCH_RESTART_S = 0.2  # a file watch that stopped on an error is started again after this
+WATERMARK_NAME = ".landing-watermark"  # in the watched folder: a hidden name, never an arrival
+# the watermark is taken this long before a listing starts: a timestamp the kernel gave a change an instant
+# before the listing (its clock ticks coarser than time.time) still counts as after it
+WATERMARK_SLACK_S = 2.0
+LANDING_QUARANTINE_PREFIX = "quarantine/landing/"
 
 
 @dataclass
@@ -71,6 +85,57 @@ def open_for_writing(path: Path) -> bool | None:
         os.close(fd)
 
 
+def read_watermark(folder: Path) -> float:
+    """The catch-up watermark kept in ``folder`` (epoch seconds); 0 when there is none or it does not parse."""
+    try:
+        return float(json.loads((folder / WATERMARK_NAME).read_text())["watermark"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def write_watermark(folder: Path, watermark: float) -> None:
+    """Keep ``watermark`` in ``folder``: written beside, then renamed over the old one (never half a file)."""
+    body = json.dumps({"watermark": watermark, "at": datetime.fromtimestamp(watermark, timezone.utc).isoformat()})
+    temporary = folder / f"{WATERMARK_NAME}.{os.getpid()}.part"
+    temporary.write_text(body)
+    os.replace(temporary, folder / WATERMARK_NAME)
+
+
+def changed_files(folder: Path, since: float, take: Callable[[Path], bool] = lambda path: True
+                  ) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every regular file under ``folder`` changed (ctime) at or after ``since`` that ``take`` accepts, with its stat.
+
+    A folder whose ctime is older than ``since`` had no entry added, removed or renamed since: its files are not
+    looked at, and with no subfolder (link count 2) it is not even read. A folder renamed in after ``since``
+    (ctime new, mtime old) counts as new with everything under it, whatever its files' own times."""
+    stack: list[tuple[Path, bool]] = [(folder, since <= 0)]
+    while stack:
+        current, everything = stack.pop()
+        try:
+            stat = os.stat(current, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        changed = everything or stat.st_ctime >= since
+        if not changed and stat.st_nlink == 2:
+            continue  # an unchanged folder without subfolders
+        moved_in = everything or (changed and current != folder and stat.st_mtime < since)
+        try:
+            entries = list(os.scandir(current))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_dir(follow_symlinks=False):
+                stack.append((path, moved_in))
+            elif changed and entry.is_file(follow_symlinks=False) and take(path):
+                try:
+                    file_stat = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if moved_in or file_stat.st_ctime >= since:
+                    yield path, file_stat
+
+
 class LocalWatchSource:
     """An EventSource over a folder of a ``file://`` object store (see the module docstring)."""
 
@@ -97,10 +162,14 @@ class LocalWatchSource:
         self._dirty: dict[str, bool] = {}  # keys the watch reported: key -> whether it saw a write
         self._looks: dict[str, _Look] = {}  # files seen and not offered yet
         self._offered: dict[str, str] = {}  # key -> event id offered and not acked or released
+        self._offered_ctime: dict[str, float] = {}  # key -> ctime of the version offered
         self._acked: dict[str, str] = {}  # key -> event id acked (a rescan does not offer it again)
+        self._acked_ctime: dict[str, float] = {}  # key -> its ctime when acked (forgotten once under the watermark)
         self._not_before: dict[str, float] = {}  # released keys: not offered again before this monotonic time
         self._receives: dict[str, int] = {}  # event id -> times offered
         self._refused: set[str] = set()  # names already logged as refused (logged once)
+        self._watermark = read_watermark(self.folder)  # files changed before it were all acked
+        self._scans: list[tuple[float, set[str]]] = []  # (a listing's start, its keys not acked yet): oldest first
         self._next_rescan = 0.0
         self._stop = threading.Event()
         self._watching = threading.Event()
@@ -120,69 +189,114 @@ class LocalWatchSource:
     # ------------------------------------------------------------------ the watch thread and the listing
 
     def _watch(self) -> None:
-        """Feed the keys inotify reports into ``_dirty`` until closed (a failed watch leaves the rescans)."""
+        """Feed the keys inotify reports into ``_dirty`` until closed; a watch that fails (a name it cannot
+        decode) is started again, and a listing then finds what it missed."""
         import watchfiles
 
-        try:
-            changes_seen = watchfiles.watch(
-                self.folder, watch_filter=None, debounce=50, step=10, rust_timeout=500, yield_on_timeout=True,
-                stop_event=self._stop, raise_interrupt=False,
-            )
-            self._watching.set()
-            for changes in changes_seen:
-                with self._changed:
-                    for change, path in changes:
-                        key = self._key_of(Path(path))
-                        if key is not None:
-                            written = change == watchfiles.Change.modified
-                            self._dirty[key] = self._dirty.get(key, False) or written
-                    if changes:
-                        self._changed.notify_all()
-        except Exception:  # noqa: BLE001 - the listing every rescan_seconds still finds every file
-            LOG.exception("the file watch on %s stopped; relying on the listing every %.0f s", self.folder, self.rescan_seconds)
-        finally:
-            self._watching.set()
+        restarted = False
+        while not self._stop.is_set():
+            try:
+                changes_seen = watchfiles.watch(
+                    self.folder, watch_filter=None, debounce=50, step=10, rust_timeout=500, yield_on_timeout=True,
+                    stop_event=self._stop, raise_interrupt=False,
+                )
+                self._watching.set()
+                for changes in changes_seen:
+                    if restarted:  # watching again: list what landed while nothing watched
+                        restarted, self._next_rescan = False, 0.0
+                    with self._changed:
+                        for change, path in changes:
+                            key = self._key_of(Path(path), file=None)
+                            if key is not None:
+                                written = change == watchfiles.Change.modified
+                                self._dirty[key] = self._dirty.get(key, False) or written
+                        if changes:
+                            self._changed.notify_all()
+            except Exception as error:  # noqa: BLE001 - watch again; the listing covers the gap
+                LOG.warning("the file watch on %s stopped (%s: %s); watching again and listing what it missed",
+                            self.folder, type(error).__name__, error)
+                self._next_rescan, restarted = 0.0, True
+                self._stop.wait(WATCH_RESTART_S)
+            finally:
+                self._watching.set()
 
-    def _key_of(self, path: Path) -> str | None:
-        """The store key of a path under the prefix, or None (ignored name, wrong suffix, invalid key: logged once)."""
-        if ignored_name(path.name) or (self.suffixes and not path.name.endswith(self.suffixes)):
+    def _key_of(self, path: Path, file: bool | None = True) -> str | None:
+        """The store key of a path under the prefix, or None (ignored name, a file of another suffix, outside the
+        prefix, or a name that is no valid key: quarantined). ``file``: None when it may be a folder."""
+        if ignored_name(path.name) or (file and self.suffixes and not path.name.endswith(self.suffixes)):
             return None
         try:
-            key = keys.safe_key(path.relative_to(self.store.root).as_posix())
-        except (ValueError, keys.InvalidKey) as error:
-            if str(path) not in self._refused:
-                self._refused.add(str(path))
-                LOG.warning("ignoring %s: not a valid key under %s (%s)", path, self.prefix, error)
+            relative = path.relative_to(self.store.root).as_posix()
+        except ValueError:
+            return None
+        try:
+            relative.encode("utf-8")
+            key = keys.safe_key(relative)
+        except (UnicodeEncodeError, keys.InvalidKey) as error:
+            if relative.startswith(self.prefix) and file is not None:
+                self._quarantine(path, relative, error)
             return None
         return key if key.startswith(self.prefix) else None
 
-    def _listing(self, folder: Path | None = None) -> Iterator[tuple[str, os.stat_result]]:
-        """Every regular file under the prefix (or ``folder``) with its stat (one scandir pass, no I/O per file)."""
-        folders = [folder or self.folder]
-        while folders:
-            try:
-                entries = list(os.scandir(folders.pop()))
-            except FileNotFoundError:
-                continue
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    folders.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    key = self._key_of(Path(entry.path))
-                    if key is not None:
-                        try:
-                            yield key, entry.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
+    def _quarantine(self, path: Path, relative: str, error: Exception) -> None:
+        """Move a file whose name is no valid key to ``quarantine/landing/`` (its name percent-encoded) beside
+        a ``.reason.json``; logged once. A crash in between leaves it where it was, to be moved by the next look."""
+        reason = "the name is not UTF-8" if isinstance(error, UnicodeEncodeError) else str(error)
+        target_key = LANDING_QUARANTINE_PREFIX + quote(os.fsencode(relative), safe="/")
+        try:
+            target = self.store.path(keys.safe_key(target_key))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.store.put_bytes(keys.quarantine_reason_key(target_key), json.dumps({
+                "name": os.fsencode(relative).decode("utf-8", "backslashreplace"), "reason": reason,
+                "quarantined_at": datetime.now(timezone.utc).isoformat(),
+            }).encode())
+            os.replace(path, target)
+        except (OSError, ValueError) as failure:
+            if str(path) not in self._refused:
+                self._refused.add(str(path))
+                LOG.error("could not quarantine %r (%s): %s; it stays, ignored", path, reason, failure)
+            return
+        LOG.warning("quarantined %r as %s: %s", path, target_key, reason)
+
+    def _listing(self, folder: Path | None = None, since: float = 0.0) -> Iterator[tuple[str, os.stat_result]]:
+        """Every regular file under the prefix (or ``folder``) changed since ``since`` (0: all), with its stat."""
+        for path, stat in changed_files(folder or self.folder, since, lambda path: not ignored_name(path.name)):
+            key = self._key_of(path)
+            if key is not None:
+                yield key, stat
 
     def _rescan(self) -> None:
-        """The catch-up listing: note every file not offered or acked in its current version."""
-        found = set()
-        for key, stat in self._listing():
-            found.add(key)
+        """The catch-up listing from the watermark: note every file changed since and not acked in its version;
+        the listing's start becomes the next watermark once all it found are acked."""
+        started = time.time() - WATERMARK_SLACK_S
+        outstanding = set()
+        for key, stat in self._listing(since=self._watermark):
             self._note(key, stat)
-        for key in [k for k in self._acked if k not in found]:  # deleted since: forget them
-            del self._acked[key]
+            if self._acked.get(key) != self._event_id(key, stat.st_size, stat.st_mtime_ns):
+                outstanding.add(key)
+        self._scans.append((started, outstanding))
+        self._advance_watermark()
+
+    def _settled(self, key: str) -> None:
+        """``key`` needs nothing more (acked, gone): the listings waiting on it may move the watermark on."""
+        for _, outstanding in self._scans:
+            outstanding.discard(key)
+
+    def _advance_watermark(self) -> None:
+        """Move the watermark to the latest listing whose files (and every earlier listing's) are all acked."""
+        advanced = None
+        while self._scans and not self._scans[0][1]:
+            advanced = self._scans.pop(0)[0]
+        if advanced is None or advanced <= self._watermark:
+            return
+        self._watermark = advanced
+        try:
+            write_watermark(self.folder, advanced)
+        except OSError as error:  # the next advance writes it; until then a restart lists a little more
+            LOG.warning("could not write the watermark in %s: %s", self.folder, error)
+        for key in [k for k, ctime in self._acked_ctime.items() if ctime < advanced]:  # never listed again
+            self._acked.pop(key, None)
+            self._acked_ctime.pop(key, None)
 
     # ------------------------------------------------------------------ deciding what is complete
 
@@ -201,10 +315,12 @@ class LocalWatchSource:
             look.modified = True
 
     def _complete(self, key: str, look: _Look, now: float) -> bool:
-        """Renamed in (never written to since it appeared, open for writing nowhere), or stable long enough."""
-        if now - look.since >= self.settle_seconds or time.time_ns() - look.mtime_ns >= self.settle_seconds * 1e9:
-            return True
-        return not look.modified and look.size > 0 and open_for_writing(self.store.path(key)) is False
+        """Open for writing nowhere, and renamed in (never written to since it appeared) or stable long enough."""
+        stable = now - look.since >= self.settle_seconds or time.time_ns() - look.mtime_ns >= self.settle_seconds * 1e9
+        if not stable and (look.modified or look.size == 0):
+            return False
+        writing = open_for_writing(self.store.path(key))
+        return writing is False or (stable and writing is None)  # None: the kernel cannot say; stable must do
 
     def _ready(self, max_items: int) -> list[Arrival]:
         """Look at reported and waiting files; the complete ones not in flight, as arrivals (at most ``max_items``)."""
@@ -214,11 +330,12 @@ class LocalWatchSource:
             stat = self._stat(key)
             if stat is None:
                 self._looks.pop(key, None)
+                self._settled(key)
                 continue
             if S_ISDIR(stat.st_mode):  # a new folder: files may have landed in it before the watch covered it
                 for inner, inner_stat in self._listing(self.store.path(key)):
                     self._note(inner, inner_stat)
-            elif S_ISREG(stat.st_mode):
+            elif S_ISREG(stat.st_mode) and self._key_of(self.store.path(key)) is not None:
                 self._note(key, stat, written)
         now = time.monotonic()
         ready: list[Arrival] = []
@@ -236,10 +353,12 @@ class LocalWatchSource:
                     self._note(key, stat)
                 else:
                     del self._looks[key]
+                    self._settled(key)
                 continue
             del self._looks[key]
             event_id = self._event_id(key, look.size, look.mtime_ns)
             self._offered[key] = event_id
+            self._offered_ctime[key] = stat.st_ctime
             self._receives[event_id] = self._receives.get(event_id, 0) + 1
             ready.append(Arrival(
                 url=self.store.url_for(key), key=key, size=look.size,
@@ -276,11 +395,15 @@ class LocalWatchSource:
     def ack(self, arrivals: Sequence[Arrival]) -> None:
         """These files' work is durable: forget them (a later version of the same key is a new arrival)."""
         for arrival in arrivals:
+            ctime = self._offered_ctime.pop(arrival.key, time.time())
             if self._offered.get(arrival.key) == arrival.event_id:
                 del self._offered[arrival.key]
             self._acked[arrival.key] = arrival.event_id
+            self._acked_ctime[arrival.key] = ctime
             self._not_before.pop(arrival.key, None)
             self._receives.pop(arrival.event_id, None)
+            self._settled(arrival.key)
+        self._advance_watermark()
 
     def release(self, arrivals: Sequence[Arrival], reason: str) -> None:
         """Offer these again later: after 1, 2, 4 … seconds (at most a minute) by how often they were offered."""

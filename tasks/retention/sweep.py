@@ -2,6 +2,8 @@
 
     every table with a TTL attribute ──> terminal record without ``ttl`` ──stamp (guarded: still terminal)──▶ ttl = ended + N days
                                      └─> live record with ``ttl`` (reopened) ──remove (guarded: still live)──▶ kept for ever
+                                     └─> live record whose child items carry a ``ttl`` (a resume took only the
+                                         parent's off) ──remove from those items──▶ kept for ever
     ETL merge staging older than the merge timeout ──────────────────────────────────────────────▶ deleted
     dead-letter archive ``failed/`` (replayed and failed again) older than ``dead_letter_days`` ──▶ deleted (off by default)
 
@@ -45,31 +47,35 @@ class Rule:
     terminal: tuple[str, ...]
     ended_attrs: tuple[str, ...]  # the first present is when it finished
     keep: Callable[[Mapping[str, Any]], bool] = lambda item: True  # only these items are parents here
-    children: Callable[[Mapping[str, Any]], list[tuple[str, dict[str, Any]]]] | None = None  # (table, key)
+    children: Callable[[Mapping[str, Any]], list["Child"]] | None = None  # (table, key, carries a ttl)
 
 
-def _chunks(run: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    return [("phspectra_runs", {"PK": c["PK"], "SK": c["SK"]}) for c in survey.list_chunks(run["PK"])]
+Child = tuple[str, dict[str, Any], bool]  # (table, key, whether the item carries a ttl)
 
 
-def _video_items(job: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _chunks(run: Mapping[str, Any]) -> list[Child]:
+    return [("phspectra_runs", {"PK": c["PK"], "SK": c["SK"]}, "ttl" in c) for c in survey.list_chunks(run["PK"])]
+
+
+def _video_items(job: Mapping[str, Any]) -> list[Child]:
     done = state_store.query_all(table_name("video_segment_completions"), KeyConditionExpression=Key("job_id").eq(job["job_id"]))
-    items = [("video_segment_completions", {"job_id": c["job_id"], "segment_index": c["segment_index"]}) for c in done]
-    if state_store.get_item(table_name("video_reassembly_locks"), {"job_id": job["job_id"]}):
-        items.append(("video_reassembly_locks", {"job_id": job["job_id"]}))
+    items = [("video_segment_completions", {"job_id": c["job_id"], "segment_index": c["segment_index"]}, "ttl" in c) for c in done]
+    lock = state_store.get_item(table_name("video_reassembly_locks"), {"job_id": job["job_id"]})
+    if lock:
+        items.append(("video_reassembly_locks", {"job_id": job["job_id"]}, "ttl" in lock))
     return items
 
 
 _PASS: dict[str, Any] = {}  # what one retention pass read once: GPU tasks by job (one Scan, not one per job)
 
 
-def _gpu_tasks(job: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _gpu_tasks(job: Mapping[str, Any]) -> list[Child]:
     if "tasks_by_job" not in _PASS:
-        by_job: dict[str, list[str]] = {}
+        by_job: dict[str, list[tuple[str, bool]]] = {}
         for task in state_store.scan_all(table_name("ecs_task")):
-            by_job.setdefault(str(task.get("job_id")), []).append(task["ecs_task_id"])
+            by_job.setdefault(str(task.get("job_id")), []).append((task["ecs_task_id"], "ttl" in task))
         _PASS["tasks_by_job"] = by_job
-    return [("ecs_task", {"ecs_task_id": task_id}) for task_id in _PASS["tasks_by_job"].get(str(job["job_id"]), [])]
+    return [("ecs_task", {"ecs_task_id": task_id}, has_ttl) for task_id, has_ttl in _PASS["tasks_by_job"].get(str(job["job_id"]), [])]
 
 
 RULES = (
@@ -104,17 +110,32 @@ def _pending(rule: Rule) -> dict[str, bool]:
     return {ITEMS_PENDING: True} if rule.children else {}
 
 
+def _set_items_ttl(children: list[Child], ttl: int | None) -> None:
+    """Give these child items ``ttl`` (None: take it off), 100 to a transaction (a run's thousands of chunks)."""
+    by_table: dict[str, list[dict[str, Any]]] = {}
+    for child_table, child_key, _ in children:
+        by_table.setdefault(table_name(child_table), []).append(child_key)
+    for child_table, child_keys in by_table.items():
+        sets, remove = ({}, ["ttl"]) if ttl is None else ({"ttl": ttl}, [])
+        state_store.transition_many(child_table, [(child_key, None, None, sets) for child_key in child_keys], remove=remove)
+
+
 def _mark_items(rule: Rule, item: Mapping[str, Any], key: dict[str, Any], ttl: int | None) -> None:
     """Give ``item``'s child items ``ttl`` (None: take it off), then clear the parent's ``ITEMS_PENDING`` mark."""
     if rule.children is None:
         return
-    by_table: dict[str, list[dict[str, Any]]] = {}
-    for child_table, child_key in rule.children(item):
-        by_table.setdefault(table_name(child_table), []).append(child_key)
-    for child_table, child_keys in by_table.items():  # a run's thousands of chunks: 100 to a transaction
-        sets, remove = ({}, ["ttl"]) if ttl is None else ({"ttl": ttl}, [])
-        state_store.transition_many(child_table, [(child_key, None, None, sets) for child_key in child_keys], remove=remove)
+    _set_items_ttl(rule.children(item), ttl)
     state_store.transition(table_name(rule.table), key, None, None, remove=[ITEMS_PENDING])
+
+
+def _unstamp_live_items(rule: Rule, item: Mapping[str, Any]) -> int:
+    """Take the ttl off the child items of a live parent that carries none (a resume reopened the parent alone);
+    how many. DynamoDB would otherwise delete a live run's chunks once their old ttl passed."""
+    if rule.children is None:
+        return 0
+    stamped = [child for child in rule.children(item) if child[2]]
+    _set_items_ttl(stamped, None)
+    return len(stamped)
 
 
 def stamp_finished_records(days: float, report: Report) -> None:
@@ -151,6 +172,8 @@ def stamp_finished_records(days: float, report: Report) -> None:
                     _mark_items(rule, item, key, None)
             elif ITEMS_PENDING in item:  # unstamped by a pass that died before its items
                 _mark_items(rule, item, key, None)
+            else:  # live and unstamped: its items may still carry the ttl of when it had ended
+                unstamped += _unstamp_live_items(rule, item)
         report.stamped[rule.table], report.unstamped[rule.table] = stamped, unstamped
 
 

@@ -1,0 +1,50 @@
+"""A folder only its user can reach (mode 0700, owned by the user), for sockets and lock files other local users
+must neither read, pre-create nor hold. Standard library only: the engine fork server's ``run`` loads it."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+
+class NotPrivate(PermissionError):
+    """A folder (or socket) another user owns or may reach: refused, never used."""
+
+
+def check_private(path: Path, kind: str = "folder") -> None:
+    """NotPrivate unless ``path`` (a folder, not a link) is owned by this user with no group or other access."""
+    info = os.lstat(path)
+    if kind == "folder" and not stat.S_ISDIR(info.st_mode):
+        raise NotPrivate(f"{path} is not a folder (a link or a file in its place): refused")
+    if info.st_uid != os.getuid():
+        raise NotPrivate(f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()}): refused")
+    if info.st_mode & 0o077:
+        raise NotPrivate(f"{path} has mode {stat.S_IMODE(info.st_mode):04o}: others may reach it; refused (chmod 700 "
+                         f"it or remove it)")
+
+
+def private_folder(path: Path) -> Path:
+    """``path`` created with mode 0700 if absent; NotPrivate if it exists and another user owns it or may reach it."""
+    try:
+        path.mkdir(mode=0o700, parents=False)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return private_folder(path)
+    check_private(path)
+    return path
+
+
+def runtime_folder() -> Path:
+    """This user's private folder for the pipelines' sockets and slot files: ``$PIPELINES_RUNTIME_DIR``, else
+    ``$XDG_RUNTIME_DIR/pipelines``, else ``{temp}/pipelines-{uid}``; created 0700, refused if not private."""
+    configured = os.environ.get("PIPELINES_RUNTIME_DIR")
+    if configured:
+        return private_folder(Path(configured))
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return private_folder(Path(runtime) / "pipelines")
+    return private_folder(Path(tempfile.gettempdir()) / f"pipelines-{os.getuid()}")

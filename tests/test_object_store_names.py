@@ -1,0 +1,29 @@
+"""Object URLs for keys holding ``#``, ``?``, ``%xx`` and spaces: a store's URL of a key leads back to that key."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.core.object_store import LocalStore, ObjectStore, object_version, open_url
+
+NAMES = ["surveys/incoming/s/a#1.json", "surveys/incoming/s/b?x=1.json", "surveys/incoming/s/c%41 d.json", "e%2Ff.json"]
+
+
+@pytest.mark.parametrize("key", NAMES)
+def test_a_local_url_of_a_key_with_url_characters_opens_that_key(tmp_path, key):
+    store = LocalStore(tmp_path)
+    store.put_bytes(key, b"manifest")
+    url = store.url_for(key)
+    opened, name = open_url(url)
+    assert (opened.path(name), opened.get_bytes(name)) == (store.path(key), b"manifest")
+    assert object_version(url)[0] == len(b"manifest")
+    assert ObjectStore.from_url(store.url).get_bytes(key) == b"manifest"  # the store's own URL round-trips too
+
+
+@pytest.mark.parametrize("key", NAMES)
+def test_an_s3_url_of_a_key_with_url_characters_opens_that_key(s3_base, key):
+    store = ObjectStore.from_url(s3_base)
+    store.put_bytes(key, b"manifest")
+    opened, name = open_url(store.url_for(key))
+    assert opened.get_bytes(name) == b"manifest"
+    assert object_version(store.url_for(key))[0] == len(b"manifest")
