@@ -237,7 +237,8 @@ def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(
     from flows.phspectra_survey import phspectra_sweep_stuck
 
     run_id, survey, lease = "long-fit", "grs-long", 2.0
-    ph.split_cube(run_id, survey, fits_cube(tmp_path, ny=4, nx=12, n_channels=424, nan_channels=0), chunk_size=48)
+    # 96 spectra (~7 s of fitting) outlast 1.5 leases even on a quiet machine
+    ph.split_cube(run_id, survey, fits_cube(tmp_path, ny=4, nx=24, n_channels=424, nan_channels=0), chunk_size=96)
     result: dict = {}
     fitter = threading.Thread(target=lambda: result.update(ph.fit_chunk(run_id, 0, lease_seconds=lease)))
     fitter.start()
@@ -253,12 +254,12 @@ def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(
             sweeps_past_lease += 1
     fitter.join()
     assert sweeps_past_lease >= 1, "the fit ended before a sweep saw it run past its lease"
-    assert result["outcome"] == "completed" and result["n_spectra"] == 48
+    assert result["outcome"] == "completed" and result["n_spectra"] == 96
     chunk = chunk_items(run_id)[keys.chunk_sk(0)]
     assert (chunk["status"], chunk["started_at"], chunk["attempts"]) == ("COMPLETED", claimed["started_at"], 1)
     assert chunk["lease_expires_at"] > past_lease  # renewed while it fitted
     assert to_plain(ph.get_run(run_id))["jobs_completed"] == 1
-    assert sorted(output_rows(store_root, survey, run_id)) == sorted((x, y) for y in range(4) for x in range(12))
+    assert sorted(output_rows(store_root, survey, run_id)) == sorted((x, y) for y in range(4) for x in range(24))
 
 
 def test_a_fitter_that_lost_its_claim_stops_and_publishes_nothing(tables, store_root, tmp_path):

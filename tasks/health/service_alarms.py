@@ -139,7 +139,8 @@ def _cloudwatch_throttles(table: str) -> dict[str, int]:
     for kind, metric in THROTTLE_METRICS.items():
         points = cloudwatch.get_metric_statistics(
             Namespace="AWS/DynamoDB", MetricName=metric, Dimensions=[{"Name": "TableName", "Value": table}],
-            StartTime=end - timedelta(seconds=WINDOW_S), EndTime=end, Period=60, Statistics=["Sum"],
+            # the end reaches one period past now: a datapoint of the current, unfinished minute counts too
+            StartTime=end - timedelta(seconds=WINDOW_S), EndTime=end + timedelta(seconds=60), Period=60, Statistics=["Sum"],
         )["Datapoints"]
         counts[kind] = int(sum(point["Sum"] for point in points))
     return counts
