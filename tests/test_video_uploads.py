@@ -291,6 +291,7 @@ def test_a_cut_off_upload_fails_once_at_chunking_through_the_flow(tables, store_
     assert job["status"] == v.FAILED and "total_segments" not in job
 
 
+@pytest.mark.sweep  # a full flow through two failing segments: about a minute on 2 cores
 def test_an_ffmpeg_refusal_is_not_retried_and_keeps_its_cause_line(tables, store_root, corpus, monkeypatch):
     """A deterministic failure (here a filter asking for a picture larger than the frame) fails the segment at
     once, with ffmpeg's own line naming the cause, not only the exit code."""
