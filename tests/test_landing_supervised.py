@@ -67,8 +67,6 @@ def _drop(root: Path, first: int, count: int) -> list[str]:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(strict=False, reason="last run: killed, Crashed, a new run by the trigger and every record written "
-                   "once, but a message file was still in records/incoming/ 120 s later: not diagnosed yet")
 def test_a_sigkilled_listener_is_back_within_a_minute_and_nothing_is_lost(tables, store_root, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate

@@ -27,3 +27,18 @@ def test_an_s3_url_of_a_key_with_url_characters_opens_that_key(s3_base, key):
     opened, name = open_url(store.url_for(key))
     assert opened.get_bytes(name) == b"manifest"
     assert object_version(store.url_for(key))[0] == len(b"manifest")
+
+
+def test_a_local_folders_hidden_files_are_its_bookkeeping_and_never_listed(tmp_path):
+    store = LocalStore(tmp_path)
+    store.put_bytes("in/a.json", b"{}")
+    store.put_bytes("in/sub/b.json", b"{}")
+    (tmp_path / "in" / ".landing-watermark").write_text('{"watermark": 1}')  # a listener's own state
+    (tmp_path / "in" / ".DS_Store").write_bytes(b"\0")
+    (tmp_path / "in" / ".concat-x").mkdir()
+    (tmp_path / "in" / ".concat-x" / "list.txt").write_text("file a")  # scratch space beside a target
+    (tmp_path / "in" / ".c.json.123.part").write_text("{")  # an unfinished write
+    assert list(store.list("in/")) == ["in/a.json", "in/sub/b.json"]
+    assert [o.key for o in store.list_objects("in/")] == ["in/a.json", "in/sub/b.json"]
+    assert store.delete_prefix("in/") == 2
+    assert not (tmp_path / "in" / ".c.json.123.part").exists()  # unfinished writes still go with their prefix

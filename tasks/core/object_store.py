@@ -10,7 +10,9 @@ copies above the threshold are multipart server-side copies. A multipart upload 
 part completes it, so a writer killed mid-upload leaves no half object (only parts that
 ``abort_incomplete_uploads`` or the bucket's AbortIncompleteMultipartUpload lifecycle rule removes). Locally a
 killed writer leaves a hidden ``.part`` file, which ``list`` skips and ``abort_incomplete_uploads`` removes;
-``delete_prefix`` removes both kinds of leftover under its prefix.
+``delete_prefix`` removes both kinds of leftover under its prefix. Other hidden files and folders in a local
+store are the folder's own bookkeeping (a landing listener's watermark, scratch space), never objects: ``list``
+leaves them out.
 """
 
 from __future__ import annotations
@@ -280,10 +282,13 @@ class LocalStore(ObjectStore):
         folder = base if prefix.endswith("/") or not prefix else base.parent
         if not folder.exists():
             return
-        for dirpath, _dirs, files in os.walk(folder):
+        for dirpath, dirs, files in os.walk(folder):
+            dirs[:] = [name for name in dirs if not name.startswith(".")]  # scratch folders (a concat's) hold no objects
             for name in sorted(files):
                 key = Path(dirpath, name).relative_to(self.root).as_posix()
                 unfinished = name.startswith(".") and name.endswith(".part")
+                if name.startswith(".") and not unfinished:
+                    continue  # the folder's own bookkeeping (a listener's watermark, a desktop's .DS_Store)
                 # a temp file is `.{name}.{random}.part` beside its target: it belongs to the prefix its target does
                 written = Path(dirpath, name[1:-len(".part")]).relative_to(self.root).as_posix() if unfinished else key
                 if written.startswith(prefix):
