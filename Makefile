@@ -45,11 +45,13 @@ demo: up
 	$(PY) -m deployments.demo
 
 test: install lint-tools
-	$(PY) -m deployments.test_packages || true
-	$(PY) -m pytest tests -m "not sweep" --durations=25
+	$(PY) -m deployments.test_packages postgresql || true
+	$(PY) -m pytest tests -m "not sweep and not crashpoints" --durations=25
 
-# every write of every pipeline's run as a crash point, and the slow deployment runs (CI runs it after `make test`)
+# every write of every pipeline's run as a crash point, the slow deployment runs and the browser test
+# (CI runs it after `make test` on every submission)
 test-sweep: install lint-tools
+	$(PY) -m deployments.test_packages chromium || true
 	CRASHPOINTS_LIMIT=40 $(PY) -m pytest tests -m "sweep or crashpoints"
 
 bench: install

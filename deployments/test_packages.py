@@ -1,6 +1,7 @@
 """Install the Debian packages some tests need, when possible (root, apt reachable); never fails the build.
 
-Chromium for the browser test, PostgreSQL for the Prefect server's PostgreSQL path. A test whose package is still
+Chromium for the browser test (`make test-sweep`), PostgreSQL for the Prefect server's PostgreSQL path
+(`make test`): ``python -m deployments.test_packages [PACKAGE ...]``, every package when none is named. A test whose package is still
 missing skips and says why.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 
 from deployments import postgres_local
@@ -29,9 +31,9 @@ PACKAGES: dict[str, Callable[[], bool]] = {  # Debian package -> whether it is a
 }
 
 
-def main() -> int:
-    """apt-get install the missing packages when possible; always exit code 0."""
-    missing = [name for name, present in PACKAGES.items() if not present()]
+def main(wanted: list[str]) -> int:
+    """apt-get install the missing ones of ``wanted`` (every package when empty) when possible; always exit code 0."""
+    missing = [name for name, present in PACKAGES.items() if (not wanted or name in wanted) and not present()]
     if not missing:
         return 0
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -46,4 +48,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))

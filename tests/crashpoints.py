@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# up to this many writes every point is tried; above, a seeded sample of this size. `make test` samples 3 per
-# pipeline (the first and last write and one more) to stay fast; `make test-sweep` (CI runs it after `make test`)
+# up to this many writes every point is tried; above, a seeded sample of this size. By hand a sweep samples 3
+# points per pipeline (the first and last write and one more); `make test-sweep` (CI runs it after `make test`)
 # sets CRASHPOINTS_LIMIT=40: every write of every pipeline's run.
 EXHAUSTIVE = int(os.environ.get("CRASHPOINTS_LIMIT", "3"))
 SUMMARY: list[str] = []  # one line per sweep, printed at the end of the pytest run (tests/conftest.py)

@@ -20,7 +20,7 @@ from tasks.core import keys
 from tasks.records import reconcile
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
-pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
+pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 from tests.test_etl import etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
 from tests.test_etl_merge import merged_rows
 

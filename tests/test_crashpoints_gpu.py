@@ -25,7 +25,7 @@ from tasks.core import state_store
 from tasks.gpu import jobs as gpu
 from tests.crashpoints import REPO_ROOT, Write, child_env, crash_points, report, report_crashed_runs
 
-pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
+pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 from tests.test_gpu import FAIL_FIRST, gpu_env  # noqa: F401 (fixture)
 from tests.test_records_reconcile import _wait
 

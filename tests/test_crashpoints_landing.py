@@ -24,7 +24,7 @@ from tasks.landing.sources import Arrival
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 from tests.test_landing_media import arrive, deployed, runs_of  # noqa: F401 - deployed is a fixture
 
-pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
+pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
 
 def plans_for(writes) -> list[str]:

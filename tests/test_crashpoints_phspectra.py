@@ -18,7 +18,7 @@ from tasks.phspectra import survey as ph
 from tasks.records import reconcile
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
-pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
+pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 from tests.test_phspectra import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 SURVEY = "grs-crash"

@@ -24,7 +24,7 @@ from tasks.records import messages as records_messages
 from test_records import message
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
-pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
+pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
 CALL = "flows.records:records_ingest"
 VOLATILE = {"timestamp", "updatedAt", "duration"}  # set from the clock of the run that wrote them

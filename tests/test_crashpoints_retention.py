@@ -16,7 +16,7 @@ from tests.crashpoints import count_writes, crash_points, killed, report, run_ch
 from tests.test_etl import etl_env  # noqa: F401 - a fixture
 from tests.test_retention import _aged, make_records
 
-pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
+pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
 TABLES = {"phspectra_runs": ("PK", "SK"), "video_jobs": ("job_id",), "video_segment_completions": ("job_id", "segment_index"),
           "video_reassembly_locks": ("job_id",), "ecs_job": ("job_id",), "ecs_task": ("ecs_task_id",),

@@ -15,7 +15,7 @@ from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
-pytestmark = pytest.mark.crashpoints  # `make test` samples 3 points; `make test-sweep` takes every write
+pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
 SECONDS, FPS, SEGMENT = 2.0, 10, 1.0  # 2 segments, 20 frames
 

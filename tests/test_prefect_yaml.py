@@ -110,6 +110,7 @@ def assert_ecs_image_built_and_pushed(docker) -> None:
         assert not [name for name in build["files"] if "__pycache__" in name]
 
 
+@pytest.mark.sweep  # deploys every set through the CLI (~35 s)
 @pytest.mark.timeout(900)
 def test_prefect_deploy_of_each_set_against_the_test_server():
     """`make up` deploys the local set only; the AWS set deploys too; a later `make up` retires it with its Late runs."""

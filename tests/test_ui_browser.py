@@ -21,7 +21,7 @@ from tests.conftest import prefect_server_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [pytest.mark.browser, pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")]
+pytestmark = [pytest.mark.browser, pytest.mark.sweep, pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")]
 
 RUN_DEMO = """
 import json, sys
