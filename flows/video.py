@@ -225,13 +225,15 @@ def video_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
     batch_size: int = 10,
-    batch_seconds: float = 1.0,
+    batch_seconds: float = 0.0,
     wait_seconds: float = 20.0,
     process_deployment: str = video_landing.PROCESS_DEPLOYMENT,
 ) -> dict[str, int]:
     """Seed 003's upload event: an object at ``input/{job_id}/source.mp4`` starts one `video-process` run for the job.
 
     ``source``: "local" watches the object store's ``input/`` folder, "sqs" reads its S3 notifications.
+    Every upload starts its own run, so a batch saves nothing: ``batch_seconds`` 0 hands each receive's arrivals
+    over at once (the user waits for their video, not for a batch to fill).
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
     events = lambda: open_source(source, video_landing.PIPELINE, None, keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
