@@ -9,6 +9,8 @@ so state survives `down && up`. Processes are tracked by pid files in .data/run 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shlex
 import signal
@@ -445,15 +447,61 @@ def retire_unserved_deployments(client) -> tuple[int, int]:
     return len(unserved), runs
 
 
+# what the last deploy was made from; `up` deploys again only when it changed (or the server lost a deployment)
+DEPLOYED = RUN / "deployed.json"
+DEPLOYED_FROM = ("flows", "tasks", "blocks")  # the code a deployment's parameter schema and entrypoint come from
+
+
+def deployment_fingerprint() -> str:
+    """A digest of what `prefect deploy` reads: prefect.yaml, the Python files of ``DEPLOYED_FROM``, the stack's env."""
+    digest = hashlib.sha256(json.dumps(local_env(), sort_keys=True).encode())
+    files = [REPO_ROOT / "prefect.yaml"] + sorted(p for part in DEPLOYED_FROM for p in (REPO_ROOT / part).rglob("*.py"))
+    for path in files:
+        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def deployed_unchanged(client, fingerprint: str) -> bool:
+    """The last deploy was made from ``fingerprint`` and every deployment it made is still on the server."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    try:
+        recorded = json.loads(DEPLOYED.read_text())
+    except (OSError, ValueError):
+        return False
+    ids = recorded.get("deployment_ids") or []
+    if recorded.get("fingerprint") != fingerprint or not ids:
+        return False
+    found = client.read_deployments(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=ids)), limit=len(ids) + 1)
+    return len(found) == len(ids)
+
+
+def record_deployed(client, fingerprint: str) -> None:
+    """Remember ``fingerprint`` and the ids of the deployments on the local pool, for the next `up`."""
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+
+    deployments = client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL])))
+    RUN.mkdir(parents=True, exist_ok=True)
+    DEPLOYED.write_text(json.dumps({"fingerprint": fingerprint, "deployment_ids": sorted(str(d.id) for d in deployments)}))
+
+
 def deploy_all() -> str:
-    """Deploy the local set from prefect.yaml and retire AWS deployments an older version left; says what was done."""
+    """Deploy the local set from prefect.yaml unless nothing it is made from changed, and retire AWS deployments
+    an older version left; says what was done."""
     if not (REPO_ROOT / "prefect.yaml").exists():
         return "skipped (no prefect.yaml)"
-    _prefect("--no-prompt", "deploy", "--name", LOCAL_DEPLOYMENTS, quiet=True)
+    os.environ.update(local_env())
     from prefect.client.orchestration import get_client
 
+    fingerprint = deployment_fingerprint()
+    with get_client(sync_client=True) as client:
+        if deployed_unchanged(client, fingerprint):
+            return f"unchanged (prefect.yaml and the code as deployed; delete {DEPLOYED.name} in {RUN} to deploy anyway)"
+    DEPLOYED.unlink(missing_ok=True)  # a deploy cut short is done again next time
+    _prefect("--no-prompt", "deploy", "--name", LOCAL_DEPLOYMENTS, quiet=True)
     with get_client(sync_client=True) as client:
         retired, runs = retire_unserved_deployments(client)
+        record_deployed(client, fingerprint)
     note = f"; retired {retired} ECS deployment(s) and {runs} waiting run(s) an older version left" if retired else ""
     return f"deployed (prefect deploy --name '{LOCAL_DEPLOYMENTS}'){note}"
 

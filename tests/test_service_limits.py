@@ -303,3 +303,46 @@ def test_a_slot_folder_another_user_owns_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("CPU_SLOTS_DIR", str(folder))
     with pytest.raises(NotPrivate, match="belongs to uid 65534"):
         limits.cpu_slots_dir()
+
+
+# --------------------------------------------------------------------------- `make up` on a running stack
+
+
+def test_make_up_deploys_again_only_when_what_deployments_are_made_from_changed(tmp_path, monkeypatch):
+    """`prefect deploy` (here its effect: a deployment on the pool, the CLI taking a minute or two) runs on the first
+    `up`, not on the next while nothing changed, and again after prefect.yaml or a flow changed or the server lost one."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from deployments import local_stack
+
+    pool = f"up-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "prefect.yaml").write_text("deployments: []\n")
+    (tmp_path / "flows" / "a.py").write_text("A = 1\n")
+    monkeypatch.setattr(local_stack, "local_env", lambda: {})  # the session's server, not the stack's
+    monkeypatch.setattr(local_stack, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(local_stack, "RUN", tmp_path / "run")
+    monkeypatch.setattr(local_stack, "DEPLOYED", tmp_path / "run" / "deployed.json")
+    monkeypatch.setattr(local_stack, "WORK_POOL", pool)
+    deploys = []
+
+    def prefect_cli(*args, **_):
+        assert args[:2] == ("--no-prompt", "deploy")
+        with get_client(sync_client=True) as client:
+            flow_id = client.create_flow_from_name(f"up-{uuid.uuid4().hex[:6]}")
+            deploys.append(client.create_deployment(flow_id, "local", work_pool_name=pool))
+
+    monkeypatch.setattr(local_stack, "_prefect", prefect_cli)
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        assert local_stack.deploy_all().startswith("deployed") and len(deploys) == 1
+        assert local_stack.deploy_all().startswith("unchanged") and len(deploys) == 1
+        (tmp_path / "flows" / "a.py").write_text("A = 2\n")  # a flow changed
+        assert local_stack.deploy_all().startswith("deployed") and len(deploys) == 2
+        assert local_stack.deploy_all().startswith("unchanged")
+        (tmp_path / "prefect.yaml").write_text("deployments: [] # edited\n")
+        assert local_stack.deploy_all().startswith("deployed") and len(deploys) == 3
+        client.delete_deployment(deploys[0])  # the server lost one (its database reset, a person deleted it)
+        assert local_stack.deploy_all().startswith("deployed") and len(deploys) == 4
+        assert local_stack.deploy_all().startswith("unchanged") and len(deploys) == 4
