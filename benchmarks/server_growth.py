@@ -63,10 +63,14 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str]:
 
 
 def database_usage(db: Path) -> dict[str, int]:
-    """Rows in each of ``TABLES`` and the bytes the database uses (its pages less the free ones, WAL checkpointed)."""
+    """Rows in each of ``TABLES``, the bytes each uses with its indexes (``bytes:TABLE``) and the bytes the database
+    uses (its pages less the free ones, WAL checkpointed)."""
     with sqlite3.connect(db, timeout=60) as connection:
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         usage = {table: connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in TABLES}  # noqa: S608
+        sizes = connection.execute("SELECT m.tbl_name, SUM(d.pgsize) FROM dbstat d JOIN sqlite_master m ON m.name = d.name "
+                                   "GROUP BY m.tbl_name").fetchall()
+        usage.update({f"bytes:{table}": size for table, size in sizes if table in TABLES})
         page_size, pages, free = (connection.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "page_count", "freelist_count"))
     usage["bytes"] = (pages - free) * page_size
     return usage
@@ -101,7 +105,7 @@ def one_run(code: Path, files: int, per_second: float, workdir: Path) -> dict[st
     finally:
         server.terminate()
         server.wait(timeout=60)
-    return {name: (after[name] - before[name]) / files for name in after}
+    return {name: (after[name] - before.get(name, 0)) / files for name in after}
 
 
 def main() -> int:
@@ -122,9 +126,9 @@ def main() -> int:
                 shutil.rmtree(workdir, ignore_errors=True)
     per_day = 86400 * args.files_per_second
     for label, per_file in results.items():
-        rows = ", ".join(f"{table} {per_file[table]:.2f}" for table in TABLES)
+        rows = ", ".join(f"{table} {per_file[table]:.2f} ({per_file.get('bytes:' + table, 0):,.0f} B)" for table in TABLES)
         print(f"{label:6}: {per_file['bytes']:,.0f} bytes per landed file ({per_file['bytes'] * per_day / 1e6:,.0f} MB a day at "
-              f"{args.files_per_second} files/s); rows per file: {rows}")
+              f"{args.files_per_second} files/s); rows (bytes with indexes) per file: {rows}")
     if "before" in results:
         before, now = results["before"], results["now"]
         print(f"ratio now/before: bytes {now['bytes'] / before['bytes']:.2f}, events {now['events'] / max(before['events'], 1e-9):.2f}")
