@@ -35,8 +35,9 @@ ENV_FILE = DATA / "local.env"
 FORKSERVER = REPO_ROOT / "deployments" / "engine_forkserver.py"
 # the long-running listener deployments `up` starts, one run each (a name not deployed yet is skipped)
 LISTENERS = ("ndjson-listen/local", "video-listen/local", "phspectra-listen/local", "records-listen/local")
-# the Prefect server's database: "sqlite" (embedded, the default) or "postgres" (Debian's postgresql, for load)
-SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "sqlite").strip().lower()
+# the Prefect server's database: "postgres" (Debian's postgresql; the default where its binaries are) or "sqlite"
+# (embedded; "database is locked" under the pipelines' load, see benchmarks/server_load.py). PREFECT_SERVER_DB chooses.
+SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "").strip().lower()
 POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
 
 
@@ -149,22 +150,51 @@ def _prefect(*args: str, check: bool = True, quiet: bool = False) -> subprocess.
     return result
 
 
+def server_db() -> str:
+    """The Prefect server's database: ``PREFECT_SERVER_DB`` if set; else the running server's; else "postgres" where
+    this machine can run it, "sqlite" otherwise."""
+    if SERVER_DB:
+        return SERVER_DB
+    if _pid("prefect-server"):  # a running server keeps its database (one started before the record: by its postgres)
+        recorded = RUN / "prefect-server.database"  # written when it started
+        return recorded.read_text().strip() if recorded.exists() else ("postgres" if _pid("postgres") else "sqlite")
+    return "sqlite" if postgres_local.missing() else "postgres"
+
+
 def server_database_env() -> dict[str, str]:
     """The Prefect server's database setting: none for SQLite (its default), the PostgreSQL URL otherwise."""
-    if SERVER_DB in ("", "sqlite"):
+    database = server_db()
+    if database in ("", "sqlite"):
         return {}
-    if SERVER_DB in ("postgres", "postgresql"):
+    if database in ("postgres", "postgresql"):
         return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres_local.url(POSTGRES_PORT)}
-    raise StackError(f"PREFECT_SERVER_DB={SERVER_DB!r}: use 'sqlite' (default) or 'postgres'")
+    raise StackError(f"PREFECT_SERVER_DB={database!r}: use 'postgres' (the default where installed) or 'sqlite'")
 
 
 def start_postgres() -> str:
-    """Start the project's PostgreSQL (data in .data/postgres) if the server should use it; state word."""
+    """Start the project's PostgreSQL (data in .data/postgres) if the server should use it; state word. Chosen by
+    default and unable to start (not installed, a private folder as root), the server falls back to SQLite, with a
+    WARNING line."""
+    global SERVER_DB
     if not server_database_env():
+        if not SERVER_DB and (reason := postgres_local.missing()):
+            print(f"WARNING: the Prefect server runs on SQLite, which reports \"database is locked\" under the pipelines' "
+                  f"load: {reason}")
         return "not used"
     if _pid("postgres") and port_open(HOST, POSTGRES_PORT):
         return "running"
-    process = postgres_local.start(POSTGRES_PORT, DATA / "postgres", LOGS / "postgres.log")
+    if not SERVER_DB and not (DATA / "postgres").exists() and (DATA / "prefect" / "prefect.db").exists():
+        print("note: the Prefect server moves to PostgreSQL (the default where installed); its history so far stays in "
+              ".data/prefect/prefect.db (PREFECT_SERVER_DB=sqlite make up to keep using it)")
+    try:
+        process = postgres_local.start(POSTGRES_PORT, DATA / "postgres", LOGS / "postgres.log")
+    except StackError as error:
+        if SERVER_DB:  # asked for by name: no quiet fallback
+            raise
+        print(f"WARNING: PostgreSQL could not start ({error}); the Prefect server runs on SQLite, which reports "
+              "\"database is locked\" under the pipelines' load")
+        SERVER_DB = "sqlite"
+        return "failed"
     RUN.mkdir(parents=True, exist_ok=True)
     (RUN / "postgres.pid").write_text(str(process.pid))
     return "started"
@@ -176,11 +206,13 @@ def start_prefect_server() -> str:
         return "running"
     _check_port_free("prefect-server", PREFECT_PORT)
     (DATA / "prefect").mkdir(parents=True, exist_ok=True)
+    database = server_db()
     pid = _spawn(
         "prefect-server",
         [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
         {**local_env(), **server_database_env(), **server_retention_env()},
     )
+    (RUN / "prefect-server.database").write_text(database)
     _wait_port("prefect-server", PREFECT_PORT, pid, 120)
     _wait_healthy()
     return "started"
@@ -398,6 +430,25 @@ def stop_listeners() -> dict[str, str]:
     return states
 
 
+def register_block_types() -> list[str]:
+    """What `prefect block register -m blocks` does, in this process (no second Prefect import): the block types and
+    schemas of ``blocks``; their names."""
+    import inspect
+
+    import blocks
+    from prefect.blocks.core import Block, InvalidBlockRegistration
+
+    registered = []
+    for _, cls in inspect.getmembers(blocks):
+        if cls is not None and Block.is_block_class(cls):
+            try:
+                cls.register_type_and_schema()
+            except InvalidBlockRegistration:  # an abstract base: the CLI skips it too
+                continue
+            registered.append(cls.get_block_type_name())
+    return registered
+
+
 def ensure_tables_and_blocks() -> dict[str, str]:
     """Create or check every table, register the blocks and save their defaults; table -> 'created'/'exists'."""
     os.environ.update(local_env())
@@ -407,7 +458,7 @@ def ensure_tables_and_blocks() -> dict[str, str]:
 
     state_store.reset_clients()
     result = ensure_tables(load_config(DynamoTables).names())
-    _prefect("block", "register", "-m", "blocks", quiet=True)
+    register_block_types()
     # save the defaults so the UI shows (and a person can edit) the configuration the flows use
     load_config(DynamoTables).save("default", overwrite=True)
     from blocks.health import HealthThresholds
@@ -517,7 +568,7 @@ def up() -> None:
     dynamodb_local.java()
     dynamodb_local.jar_path()
     print(f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; {dynamodb_reach()})")
-    print(f"postgres         {start_postgres():8} " + (f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)" if server_database_env() else "(PREFECT_SERVER_DB=postgres to use it)"))
+    print(f"postgres         {start_postgres():8} " + (f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)" if server_database_env() else "(the server runs on SQLite)"))
     print(f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}  (database: {'PostgreSQL' if server_database_env() else 'SQLite'})")
     for pool, state in ensure_work_pools().items():
         print(f"work pool        {state:8} {pool}")
