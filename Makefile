@@ -31,7 +31,7 @@ install: $(VENV)/.installed node_modules/.installed
 
 lint-tools: .venv-tools/.installed
 
-# PREFECT_SERVER_DB=postgres make up: the Prefect server on PostgreSQL (Debian's postgresql) instead of SQLite
+# make up: the Prefect server on PostgreSQL where Debian's postgresql is installed (PREFECT_SERVER_DB=sqlite: SQLite)
 up: install
 	$(PY) -m deployments.local_stack up
 

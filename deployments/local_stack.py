@@ -9,6 +9,8 @@ so state survives `down && up`. Processes are tracked by pid files in .data/run 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shlex
 import signal
@@ -33,8 +35,9 @@ ENV_FILE = DATA / "local.env"
 FORKSERVER = REPO_ROOT / "deployments" / "engine_forkserver.py"
 # the long-running listener deployments `up` starts, one run each (a name not deployed yet is skipped)
 LISTENERS = ("ndjson-listen/local", "video-listen/local", "phspectra-listen/local", "records-listen/local")
-# the Prefect server's database: "sqlite" (embedded, the default) or "postgres" (Debian's postgresql, for load)
-SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "sqlite").strip().lower()
+# the Prefect server's database: "postgres" (Debian's postgresql; the default where its binaries are) or "sqlite"
+# (embedded; "database is locked" under the pipelines' load, see benchmarks/server_load.py). PREFECT_SERVER_DB chooses.
+SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "").strip().lower()
 POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
 
 
@@ -147,22 +150,51 @@ def _prefect(*args: str, check: bool = True, quiet: bool = False) -> subprocess.
     return result
 
 
+def server_db() -> str:
+    """The Prefect server's database: ``PREFECT_SERVER_DB`` if set; else the running server's; else "postgres" where
+    this machine can run it, "sqlite" otherwise."""
+    if SERVER_DB:
+        return SERVER_DB
+    if _pid("prefect-server"):  # a running server keeps its database (one started before the record: by its postgres)
+        recorded = RUN / "prefect-server.database"  # written when it started
+        return recorded.read_text().strip() if recorded.exists() else ("postgres" if _pid("postgres") else "sqlite")
+    return "sqlite" if postgres_local.missing() else "postgres"
+
+
 def server_database_env() -> dict[str, str]:
     """The Prefect server's database setting: none for SQLite (its default), the PostgreSQL URL otherwise."""
-    if SERVER_DB in ("", "sqlite"):
+    database = server_db()
+    if database in ("", "sqlite"):
         return {}
-    if SERVER_DB in ("postgres", "postgresql"):
+    if database in ("postgres", "postgresql"):
         return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres_local.url(POSTGRES_PORT)}
-    raise StackError(f"PREFECT_SERVER_DB={SERVER_DB!r}: use 'sqlite' (default) or 'postgres'")
+    raise StackError(f"PREFECT_SERVER_DB={database!r}: use 'postgres' (the default where installed) or 'sqlite'")
 
 
 def start_postgres() -> str:
-    """Start the project's PostgreSQL (data in .data/postgres) if the server should use it; state word."""
+    """Start the project's PostgreSQL (data in .data/postgres) if the server should use it; state word. Chosen by
+    default and unable to start (not installed, a private folder as root), the server falls back to SQLite, with a
+    WARNING line."""
+    global SERVER_DB
     if not server_database_env():
+        if not SERVER_DB and (reason := postgres_local.missing()):
+            print(f"WARNING: the Prefect server runs on SQLite, which reports \"database is locked\" under the pipelines' "
+                  f"load: {reason}")
         return "not used"
     if _pid("postgres") and port_open(HOST, POSTGRES_PORT):
         return "running"
-    process = postgres_local.start(POSTGRES_PORT, DATA / "postgres", LOGS / "postgres.log")
+    if not SERVER_DB and not (DATA / "postgres").exists() and (DATA / "prefect" / "prefect.db").exists():
+        print("note: the Prefect server moves to PostgreSQL (the default where installed); its history so far stays in "
+              ".data/prefect/prefect.db (PREFECT_SERVER_DB=sqlite make up to keep using it)")
+    try:
+        process = postgres_local.start(POSTGRES_PORT, DATA / "postgres", LOGS / "postgres.log")
+    except StackError as error:
+        if SERVER_DB:  # asked for by name: no quiet fallback
+            raise
+        print(f"WARNING: PostgreSQL could not start ({error}); the Prefect server runs on SQLite, which reports "
+              "\"database is locked\" under the pipelines' load")
+        SERVER_DB = "sqlite"
+        return "failed"
     RUN.mkdir(parents=True, exist_ok=True)
     (RUN / "postgres.pid").write_text(str(process.pid))
     return "started"
@@ -174,11 +206,13 @@ def start_prefect_server() -> str:
         return "running"
     _check_port_free("prefect-server", PREFECT_PORT)
     (DATA / "prefect").mkdir(parents=True, exist_ok=True)
+    database = server_db()
     pid = _spawn(
         "prefect-server",
         [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
         {**local_env(), **server_database_env(), **server_retention_env()},
     )
+    (RUN / "prefect-server.database").write_text(database)
     _wait_port("prefect-server", PREFECT_PORT, pid, 120)
     _wait_healthy()
     return "started"
@@ -396,6 +430,25 @@ def stop_listeners() -> dict[str, str]:
     return states
 
 
+def register_block_types() -> list[str]:
+    """What `prefect block register -m blocks` does, in this process (no second Prefect import): the block types and
+    schemas of ``blocks``; their names."""
+    import inspect
+
+    import blocks
+    from prefect.blocks.core import Block, InvalidBlockRegistration
+
+    registered = []
+    for _, cls in inspect.getmembers(blocks):
+        if cls is not None and Block.is_block_class(cls):
+            try:
+                cls.register_type_and_schema()
+            except InvalidBlockRegistration:  # an abstract base: the CLI skips it too
+                continue
+            registered.append(cls.get_block_type_name())
+    return registered
+
+
 def ensure_tables_and_blocks() -> dict[str, str]:
     """Create or check every table, register the blocks and save their defaults; table -> 'created'/'exists'."""
     os.environ.update(local_env())
@@ -405,7 +458,7 @@ def ensure_tables_and_blocks() -> dict[str, str]:
 
     state_store.reset_clients()
     result = ensure_tables(load_config(DynamoTables).names())
-    _prefect("block", "register", "-m", "blocks", quiet=True)
+    register_block_types()
     # save the defaults so the UI shows (and a person can edit) the configuration the flows use
     load_config(DynamoTables).save("default", overwrite=True)
     from blocks.health import HealthThresholds
@@ -445,15 +498,61 @@ def retire_unserved_deployments(client) -> tuple[int, int]:
     return len(unserved), runs
 
 
+# what the last deploy was made from; `up` deploys again only when it changed (or the server lost a deployment)
+DEPLOYED = RUN / "deployed.json"
+DEPLOYED_FROM = ("flows", "tasks", "blocks")  # the code a deployment's parameter schema and entrypoint come from
+
+
+def deployment_fingerprint() -> str:
+    """A digest of what `prefect deploy` reads: prefect.yaml, the Python files of ``DEPLOYED_FROM``, the stack's env."""
+    digest = hashlib.sha256(json.dumps(local_env(), sort_keys=True).encode())
+    files = [REPO_ROOT / "prefect.yaml"] + sorted(p for part in DEPLOYED_FROM for p in (REPO_ROOT / part).rglob("*.py"))
+    for path in files:
+        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def deployed_unchanged(client, fingerprint: str) -> bool:
+    """The last deploy was made from ``fingerprint`` and every deployment it made is still on the server."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    try:
+        recorded = json.loads(DEPLOYED.read_text())
+    except (OSError, ValueError):
+        return False
+    ids = recorded.get("deployment_ids") or []
+    if recorded.get("fingerprint") != fingerprint or not ids:
+        return False
+    found = client.read_deployments(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=ids)), limit=len(ids) + 1)
+    return len(found) == len(ids)
+
+
+def record_deployed(client, fingerprint: str) -> None:
+    """Remember ``fingerprint`` and the ids of the deployments on the local pool, for the next `up`."""
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+
+    deployments = client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL])))
+    RUN.mkdir(parents=True, exist_ok=True)
+    DEPLOYED.write_text(json.dumps({"fingerprint": fingerprint, "deployment_ids": sorted(str(d.id) for d in deployments)}))
+
+
 def deploy_all() -> str:
-    """Deploy the local set from prefect.yaml and retire AWS deployments an older version left; says what was done."""
+    """Deploy the local set from prefect.yaml unless nothing it is made from changed, and retire AWS deployments
+    an older version left; says what was done."""
     if not (REPO_ROOT / "prefect.yaml").exists():
         return "skipped (no prefect.yaml)"
-    _prefect("--no-prompt", "deploy", "--name", LOCAL_DEPLOYMENTS, quiet=True)
+    os.environ.update(local_env())
     from prefect.client.orchestration import get_client
 
+    fingerprint = deployment_fingerprint()
+    with get_client(sync_client=True) as client:
+        if deployed_unchanged(client, fingerprint):
+            return f"unchanged (prefect.yaml and the code as deployed; delete {DEPLOYED.name} in {RUN} to deploy anyway)"
+    DEPLOYED.unlink(missing_ok=True)  # a deploy cut short is done again next time
+    _prefect("--no-prompt", "deploy", "--name", LOCAL_DEPLOYMENTS, quiet=True)
     with get_client(sync_client=True) as client:
         retired, runs = retire_unserved_deployments(client)
+        record_deployed(client, fingerprint)
     note = f"; retired {retired} ECS deployment(s) and {runs} waiting run(s) an older version left" if retired else ""
     return f"deployed (prefect deploy --name '{LOCAL_DEPLOYMENTS}'){note}"
 
@@ -469,7 +568,7 @@ def up() -> None:
     dynamodb_local.java()
     dynamodb_local.jar_path()
     print(f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; {dynamodb_reach()})")
-    print(f"postgres         {start_postgres():8} " + (f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)" if server_database_env() else "(PREFECT_SERVER_DB=postgres to use it)"))
+    print(f"postgres         {start_postgres():8} " + (f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)" if server_database_env() else "(the server runs on SQLite)"))
     print(f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}  (database: {'PostgreSQL' if server_database_env() else 'SQLite'})")
     for pool, state in ensure_work_pools().items():
         print(f"work pool        {state:8} {pool}")

@@ -1,7 +1,7 @@
 """A PostgreSQL for the Prefect server (``PREFECT_SERVER_DB=postgres make up``): Debian's ``postgresql`` binaries,
 a cluster of the project's own in ``.data/postgres``, listening on 127.0.0.1 only, started and stopped like
-DynamoDB Local. SQLite stays the default: PostgreSQL is for load (many concurrent runs) where SQLite reports
-"database is locked".
+DynamoDB Local. `make up`'s default where the binaries are: under the pipelines' load SQLite reports "database is
+locked" (``benchmarks/server_load.py``); without them the server runs on SQLite, with a warning.
 """
 
 from __future__ import annotations
@@ -25,7 +25,26 @@ def bindir() -> Path:
     on_path = shutil.which("postgres")
     if on_path:
         return Path(on_path).parent
-    raise StackError("PostgreSQL is missing: install it (Debian: apt-get install postgresql), or leave PREFECT_SERVER_DB unset for SQLite.")
+    raise StackError("PostgreSQL is missing: install it (Debian: apt-get install postgresql), or set PREFECT_SERVER_DB=sqlite.")
+
+
+def missing() -> str | None:
+    """Why this machine cannot run the project's PostgreSQL (no binaries; root without `runuser` or a `postgres`
+    user), or None."""
+    import pwd
+
+    try:
+        bindir()
+    except StackError as error:
+        return str(error)
+    if os.geteuid() == 0:
+        if shutil.which("runuser") is None:
+            return "running as root without `runuser`"
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root without a `postgres` user (Debian's postgresql package makes it)"
+    return None
 
 
 def _as_owner(args: list[str]) -> list[str]:

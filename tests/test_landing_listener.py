@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from tasks.landing.listener import Outcome, pump
+from tasks.landing import listener
+from tasks.landing.listener import Outcome, PumpStats, pump
 from tasks.landing.sources import Arrival
 
 
@@ -65,3 +66,66 @@ def test_a_raising_or_forgetful_handler_loses_nothing():
     assert source.acked == ["in/2"]
     assert source.released == [("in/0", "RuntimeError: database down"), ("in/1", "RuntimeError: database down"),
                                 ("in/3", "the handler did not account for it")]
+
+
+class FlakySource(ListSource):
+    """A source like SQS: the receive calls numbered in ``failing_receives`` fail, the first ack and release fail,
+    and what was received but not acked is offered again (its lease ends)."""
+
+    def __init__(self, arrivals, failing_receives):
+        super().__init__(arrivals)
+        self.failing_receives = failing_receives
+        self.receives = itertools.count()
+        self.ack_failures = 1
+        self.release_failures = 1
+
+    def receive(self, max_items=10, wait_seconds=20.0):
+        if next(self.receives) in self.failing_receives:
+            raise ConnectionError("connection reset by peer")
+        return super().receive(max_items, wait_seconds)
+
+    def ack(self, arrivals):
+        if self.ack_failures:
+            self.ack_failures -= 1
+            self.waiting += arrivals  # not acked: offered again
+            raise ConnectionError("ack timed out")
+        super().ack(arrivals)
+
+    def release(self, arrivals, reason):
+        self.waiting += arrivals  # offered again whether or not the release call got through
+        if self.release_failures:
+            self.release_failures -= 1
+            raise ConnectionError("release timed out")
+        super().release(arrivals, reason)
+
+
+def test_a_failing_source_is_tried_again_after_growing_pauses_and_nothing_is_lost(monkeypatch):
+    pauses: list[float] = []
+    monkeypatch.setattr(listener, "_pause", lambda seconds, should_stop: pauses.append(seconds))
+    source = FlakySource(arrivals(6), failing_receives={*range(8), 9, 10})  # 8 in a row, one delivery, 2 more
+    opens = itertools.count()
+
+    def open_source():
+        if next(opens) < 2:
+            raise ConnectionError("queue unreachable")
+        return source
+
+    first_offer: set[str] = set()
+
+    def handler(batch):  # every arrival is refused once (released), then done
+        retry = [a for a in batch if a.key not in first_offer]
+        first_offer.update(a.key for a in retry)
+        return Outcome(done=[a for a in batch if a not in retry], retry=[(a, "busy") for a in retry])
+
+    stats = PumpStats()
+    ticks = itertools.count()
+    stop = lambda: len(source.acked) == 6 or next(ticks) > 200  # noqa: E731
+    opened = listener.open_with_retries(open_source, stop, stats)
+    pump(opened, handler, batch_size=3, batch_seconds=0, wait_seconds=0, should_stop=stop, stats=stats)
+
+    # opening, then receive: doubling, at most a minute, and from 1 s again after a receive that worked
+    assert pauses == [1, 2] + [1, 2, 4, 8, 16, 32, 60, 60] + [1, 2]
+    assert sorted(source.acked) == sorted(a.key for a in arrivals(6))  # nothing lost, each acked once
+    assert len(source.acked) == 6
+    assert stats.errors == 2 + 10 + 1 + 1  # two opens, ten receives, one ack, one release
+    assert [listener.backoff_seconds(n) for n in (1, 2, 3, 7, 8, 50)] == [1, 2, 4, 60, 60, 60]

@@ -210,13 +210,13 @@ def test_repeats_of_files_a_killed_run_left_pending_are_batched_and_repeats_of_b
 
 
 def landed_events(url: str, wait_for: int = 1) -> list:
-    """The Prefect events whose resource is ``url`` (the server files events in the background: polled)."""
+    """The Prefect events naming ``url`` (the server files events in the background: polled)."""
     from prefect import get_client
-    from prefect.events.filters import EventFilter, EventResourceFilter
+    from prefect.events.filters import EventAnyResourceFilter, EventFilter
     from prefect.events.worker import EventsWorker
 
     EventsWorker.drain_all()
-    wanted = EventFilter(resource=EventResourceFilter(id=[url]))
+    wanted = EventFilter(any_resource=EventAnyResourceFilter(id=[url]))
     with get_client(sync_client=True) as client:
         for _ in range(100):
             events = client.read_events(filter=wanted, limit=50).events
@@ -245,9 +245,12 @@ def test_files_landing_while_the_listener_runs_end_completed_once_in_the_parquet
     assert [m["status"] for m in manifests(table).values()] == ["completed", "completed"]
     assert merged_ids(root, DAY) == list(range(5)) + list(range(10, 15))  # every row exactly once
 
-    (event,) = landed_events(before[0])
+    (event,) = landed_events(before[0])  # one event for the first batch's five tracked files
     assert event.event == "pipelines.etl.object.tracked"
-    assert event.payload["size"] == (root / INPUT / DAY / "a-0.ndjson").stat().st_size
+    assert sorted(o["url"] for o in event.payload["objects"]) == sorted(before)
+    assert [r.id for r in event.related if r.role == "object"] == [o["url"] for o in event.payload["objects"]]
+    assert {o["url"]: o["size"] for o in event.payload["objects"]} == {
+        url: (root / INPUT / DAY / f"a-{i}.ndjson").stat().st_size for i, url in enumerate(before)}
     runs = [r.id for r in event.related if r.role == "flow-run"]
     from prefect import get_client
 

@@ -208,7 +208,7 @@ def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_sa
 def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(tmp_path):
     """`make up`'s server settings: runs that ended over 3 days ago go (with their logs); newer or active runs stay."""
     import sqlite3
-    from datetime import datetime, timedelta
+    from datetime import datetime, timedelta, timezone
 
     from prefect import flow
     from prefect.client.orchestration import SyncPrefectClient
@@ -236,18 +236,54 @@ def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(
                     db.execute("UPDATE flow_run SET end_time = ? WHERE id = ?", (ended.isoformat(sep=" "), str(run.id)))
             return run.id
 
+        def event_that(days_ago: float) -> str:
+            """An event that occurred that many days ago (a landed batch's, say); its resource id."""
+            resource = f"retention.{uuid.uuid4().hex}"
+            occurred = datetime.now(timezone.utc) - timedelta(days=days_ago)
+            client.request("POST", "/events", json=[{"id": str(uuid.uuid4()), "occurred": occurred.isoformat(),
+                                                     "event": "pipelines.etl.object.tracked", "resource": {"prefect.resource.id": resource}}])
+            return resource
+
+        def events_of(resource: str) -> int:
+            found = client.request("POST", "/events/filter", json={"filter": {"resource": {"id": [resource]},
+                                                                             "occurred": {"since": "2000-01-01T00:00:00Z"}}})
+            return len(found.json()["events"])
+
         old, recent, active = run_that(4), run_that(2.9), run_that(None)
+        old_event, recent_event = event_that(4), event_that(2.9)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
                 client.read_flow_run(old)
             except ObjectNotFound:
-                break
+                if events_of(old_event) == 0 and events_of(recent_event) == 1:
+                    break
             time.sleep(1)
         else:
-            pytest.fail("the run that ended 4 days ago was not vacuumed")
+            pytest.fail("the run that ended 4 days ago, or the event of 4 days ago, was not vacuumed")
         assert client.read_flow_run(recent).state.is_completed()
         assert client.read_flow_run(active).state.is_running()
+        assert events_of(recent_event) == 1
+
+
+def test_make_up_starts_the_server_with_the_retention_settings(tmp_path, monkeypatch):
+    """The retention above is what `make up`'s server runs with (3 days unless PIPELINES_PREFECT_RETENTION_DAYS)."""
+    from deployments import local_stack
+
+    spawned = {}
+    monkeypatch.setattr(local_stack, "DATA", tmp_path)
+    monkeypatch.setattr(local_stack, "RUN", tmp_path)
+    monkeypatch.setattr(local_stack, "_pid", lambda name: None)
+    monkeypatch.setattr(local_stack, "_check_port_free", lambda name, port: None)
+    monkeypatch.setattr(local_stack, "_spawn", lambda name, args, env: spawned.update({name: env}) or 1)
+    monkeypatch.setattr(local_stack, "_wait_port", lambda *args: None)
+    monkeypatch.setattr(local_stack, "_wait_healthy", lambda *args: None)
+    monkeypatch.setenv("PIPELINES_PREFECT_RETENTION_DAYS", "2")
+    assert local_stack.start_prefect_server() == "started"
+    env = spawned["prefect-server"]
+    assert env["PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED"] == "events,flow_runs,orphans"
+    assert env["PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD"] == str(2 * 86400)
+    assert env["PREFECT_SERVER_EVENTS_RETENTION_PERIOD"] == f"PT{2 * 86400}S"
 
 
 def test_make_up_drops_the_cpu_heavy_tag_limit_an_older_version_created(monkeypatch):
@@ -303,3 +339,87 @@ def test_a_slot_folder_another_user_owns_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("CPU_SLOTS_DIR", str(folder))
     with pytest.raises(NotPrivate, match="belongs to uid 65534"):
         limits.cpu_slots_dir()
+
+
+# --------------------------------------------------------------------------- `make up` on a running stack
+
+
+def test_make_up_deploys_again_only_when_what_deployments_are_made_from_changed(tmp_path, monkeypatch):
+    """`prefect deploy` (here its effect: a deployment on the pool, the CLI taking a minute or two) runs on the first
+    `up`, not on the next while nothing changed, and again after prefect.yaml or a flow changed or the server lost one."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from deployments import local_stack
+
+    pool = f"up-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "prefect.yaml").write_text("deployments: []\n")
+    (tmp_path / "flows" / "a.py").write_text("A = 1\n")
+    monkeypatch.setattr(local_stack, "local_env", lambda: {})  # the session's server, not the stack's
+    monkeypatch.setattr(local_stack, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(local_stack, "RUN", tmp_path / "run")
+    monkeypatch.setattr(local_stack, "DEPLOYED", tmp_path / "run" / "deployed.json")
+    monkeypatch.setattr(local_stack, "WORK_POOL", pool)
+    deploys = []
+
+    def prefect_cli(*args, **_):
+        assert args[:2] == ("--no-prompt", "deploy")
+        with get_client(sync_client=True) as client:
+            flow_id = client.create_flow_from_name(f"up-{uuid.uuid4().hex[:6]}")
+            deploys.append(client.create_deployment(flow_id, "local", work_pool_name=pool))
+
+    monkeypatch.setattr(local_stack, "_prefect", prefect_cli)
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+        assert local_stack.deploy_all().startswith("deployed") and len(deploys) == 1
+        assert local_stack.deploy_all().startswith("unchanged") and len(deploys) == 1
+        (tmp_path / "flows" / "a.py").write_text("A = 2\n")  # a flow changed
+        assert local_stack.deploy_all().startswith("deployed") and len(deploys) == 2
+        assert local_stack.deploy_all().startswith("unchanged")
+        (tmp_path / "prefect.yaml").write_text("deployments: [] # edited\n")
+        assert local_stack.deploy_all().startswith("deployed") and len(deploys) == 3
+        client.delete_deployment(deploys[0])  # the server lost one (its database reset, a person deleted it)
+        assert local_stack.deploy_all().startswith("deployed") and len(deploys) == 4
+        assert local_stack.deploy_all().startswith("unchanged") and len(deploys) == 4
+
+
+def test_the_server_runs_on_postgresql_where_installed_and_on_sqlite_with_a_warning_otherwise(tmp_path, monkeypatch, capsys):
+    from deployments import local_stack, postgres_local
+    from deployments.dynamodb_local import StackError
+
+    monkeypatch.setattr(local_stack, "DATA", tmp_path)
+    monkeypatch.setattr(local_stack, "RUN", tmp_path / "run")
+    monkeypatch.setattr(local_stack, "SERVER_DB", "")  # PREFECT_SERVER_DB unset
+    running: set[str] = set()
+    monkeypatch.setattr(local_stack, "_pid", lambda name: 1 if name in running else None)
+    monkeypatch.setattr(postgres_local, "missing", lambda: None)
+    assert local_stack.server_db() == "postgres"
+    assert local_stack.server_database_env()["PREFECT_SERVER_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://")
+
+    monkeypatch.setattr(postgres_local, "missing", lambda: "PostgreSQL is missing: install it")
+    assert local_stack.server_db() == "sqlite" and local_stack.server_database_env() == {}
+    assert local_stack.start_postgres() == "not used"
+    assert 'WARNING: the Prefect server runs on SQLite, which reports "database is locked"' in capsys.readouterr().out
+
+    monkeypatch.setattr(local_stack, "SERVER_DB", "sqlite")  # asked for: no warning
+    assert local_stack.start_postgres() == "not used" and capsys.readouterr().out == ""
+
+    monkeypatch.setattr(local_stack, "SERVER_DB", "")
+    monkeypatch.setattr(postgres_local, "missing", lambda: None)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "prefect-server.database").write_text("sqlite")
+    running.add("prefect-server")  # a server running on SQLite keeps it until `make down`
+    assert local_stack.server_db() == "sqlite"
+    running.clear()
+
+    def refuses(*args):
+        raise StackError("the `postgres` user cannot reach /x: a folder above it is private (mode 700?)")
+
+    monkeypatch.setattr(postgres_local, "start", refuses)
+    assert local_stack.start_postgres() == "failed"  # by default: SQLite, said so
+    assert "WARNING: PostgreSQL could not start (the `postgres` user cannot reach" in capsys.readouterr().out
+    assert local_stack.server_db() == "sqlite"
+    monkeypatch.setattr(local_stack, "SERVER_DB", "postgres")  # asked for by name: the error, no fallback
+    with pytest.raises(StackError, match="cannot reach"):
+        local_stack.start_postgres()

@@ -9,7 +9,7 @@ without Prefect.
     DynamoDB or the store unreachable ──> Outcome.retry (offered again; nothing half done is lost: every
                                           write is create-if-absent or guarded, so the retry finishes it)
 
-One Prefect event per arrival (its URL, related to the merge run it started where one was), one log line each.
+One Prefect event per outcome of a batch (naming its files, related to the merge runs they started), one log line a file.
 """
 
 from __future__ import annotations
@@ -124,8 +124,6 @@ def handle_landed(arrivals: Sequence[Arrival], config: EtlSettings, launch: Laun
     if present:  # the same metrics row as an ndjson-ingest run: the dashboard's files per hour
         etl.record_metric("ingest", {"files": len(present), "tracked": counts[TRACKED], "quarantined": counts[QUARANTINED],
                                      "already_tracked": counts[ALREADY_TRACKED], "source": "listener"}, config)
-    for arrival in arrivals:
-        if id(arrival) in labels:
-            outcome.done.append(arrival)
-            emit_landed(arrival, PIPELINE, labels[id(arrival)], run_of.get(id(arrival)))
+    outcome.done = [arrival for arrival in arrivals if id(arrival) in labels]
+    emit_landed(PIPELINE, [(a, labels[id(a)], [run_of[id(a)]] if id(a) in run_of else []) for a in outcome.done])
     return outcome

@@ -141,21 +141,38 @@ def pump(
     return stats
 
 
-def emit_landed(arrival: Arrival, pipeline: str, outcome: str, flow_run_id: str | None = None) -> None:
-    """One Prefect event per arrival: the object (its URL) and, where one was started, the run it started."""
+# objects one event names: Prefect refuses an event with more than 500 related resources (the run context's included)
+OBJECTS_PER_EVENT = 200
+Landed = tuple[Arrival, str, Sequence[str]]  # an arrival, what became of it (the event's last word), the runs it started
+
+
+def emit_landed(pipeline: str, landed: Sequence[Landed]) -> None:
+    """One Prefect event per outcome of a batch, ``pipelines.{pipeline}.object.{outcome}``: its objects as related
+    resources (role ``object``, found by their URL) and in its payload (size, time, id, runs started), and the runs
+    they started (role ``flow-run``, ``pipelines.relation: started``); one per arrival would cost the server a write each."""
     from prefect.events import emit_event
 
-    related = []
-    if flow_run_id:
-        # marked "started": inside a listener run Prefect also relates the listener's own run and flow
-        related.append({"prefect.resource.id": f"prefect.flow-run.{flow_run_id}", "prefect.resource.role": "flow-run",
-                        "pipelines.relation": "started"})
-    emit_event(
-        event=f"pipelines.{pipeline}.object.{outcome}",
-        resource={"prefect.resource.id": arrival.url, "prefect.resource.name": arrival.key or arrival.url, "pipelines.pipeline": pipeline},
-        related=related,
-        payload={"size": arrival.size, "event_time": arrival.event_time, "event_id": arrival.event_id},
-    )
+    by_outcome: dict[str, list[Landed]] = {}
+    for item in landed:
+        by_outcome.setdefault(item[1], []).append(item)
+    for outcome, items in by_outcome.items():
+        for start in range(0, len(items), OBJECTS_PER_EVENT):
+            chunk = items[start:start + OBJECTS_PER_EVENT]
+            runs = sorted({run for _, _, flow_run_ids in chunk for run in flow_run_ids})
+            # marked "started": inside a listener run Prefect also relates the listener's own run and flow
+            related = [{"prefect.resource.id": f"prefect.flow-run.{run}", "prefect.resource.role": "flow-run",
+                        "pipelines.relation": "started"} for run in runs]
+            related += [{"prefect.resource.id": arrival.url, "prefect.resource.role": "object",
+                         "prefect.resource.name": arrival.key or arrival.url} for arrival, _, _ in chunk]
+            emit_event(
+                event=f"pipelines.{pipeline}.object.{outcome}",
+                resource={"prefect.resource.id": f"pipelines.{pipeline}.landed.{chunk[0][0].event_id}",
+                          "prefect.resource.name": f"{len(chunk)} object(s)", "pipelines.pipeline": pipeline},
+                related=related,
+                payload={"objects": [{"url": arrival.url, "size": arrival.size, "event_time": arrival.event_time,
+                                      "event_id": arrival.event_id, "flow_run_ids": list(flow_run_ids)}
+                                     for arrival, _, flow_run_ids in chunk]},
+            )
 
 
 def open_with_retries(open_source: SourceFactory, should_stop: Callable[[], bool], stats: PumpStats) -> EventSource | None:

@@ -1,7 +1,7 @@
 """What the media listeners' handlers share: starting a run once per landing, and one outcome per arrival.
 
     handler ──> start_deployment_run(name, parameters, idempotency_key) ──> the flow run's id
-    handle_each(arrivals, pipeline, start) ──> Outcome (done / retry) + one Prefect event per arrival
+    handle_each(arrivals, pipeline, start) ──> Outcome (done / retry) + one Prefect event per outcome of the batch
 
 The source and the loop are ``tasks.landing.sources.open_source`` and ``tasks.landing.listener.listen``.
 """
@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from tasks.core.keys import InvalidKey
 from tasks.core.runtime import run_logger
-from tasks.landing.listener import Outcome, emit_landed
+from tasks.landing.listener import Landed, Outcome, emit_landed
 from tasks.landing.sources import Arrival
 
 
@@ -30,10 +30,11 @@ def start_deployment_run(deployment: str, parameters: dict[str, Any], idempotenc
 
 
 def handle_each(arrivals: list[Arrival], pipeline: str, start: Callable[[Arrival], tuple[str, list[str]]]) -> Outcome:
-    """A handler from a per-arrival ``start`` (what happened, the runs it started): one event per run (or one
-    without), done when ``start`` returned or refused the key (one log line), offered again when it raised
+    """A handler from a per-arrival ``start`` (what happened, the runs it started): one event per outcome naming
+    its arrivals and runs, done when ``start`` returned or refused the key (one log line), offered again when it raised
     anything else (DynamoDB or the Prefect server down)."""
     outcome = Outcome()
+    landed: list[Landed] = []
     for arrival in arrivals:
         try:
             what, flow_run_ids = start(arrival)
@@ -43,7 +44,7 @@ def handle_each(arrivals: list[Arrival], pipeline: str, start: Callable[[Arrival
         except Exception as error:  # noqa: BLE001 - offered again later, never lost
             outcome.retry.append((arrival, f"{type(error).__name__}: {error}"))
             continue
-        for flow_run_id in flow_run_ids or [None]:
-            emit_landed(arrival, pipeline, what, flow_run_id)
+        landed.append((arrival, what, flow_run_ids))
         outcome.done.append(arrival)
+    emit_landed(pipeline, landed)
     return outcome

@@ -25,7 +25,7 @@ from tasks.core import keys
 from tasks.core.config import object_store
 from tasks.core.object_store import ObjectNotFound, rename
 from tasks.core.runtime import run_logger, today_iso
-from tasks.landing.listener import Outcome, emit_landed
+from tasks.landing.listener import Landed, Outcome, emit_landed
 from tasks.landing.sources import Arrival
 from tasks.records import dead_letter
 from tasks.records import messages as records_messages
@@ -92,17 +92,18 @@ def handle_messages(arrivals: list[Arrival], ingest: Ingest = ingest_in_process)
     10; an arrival is done once all its messages are written, offered again when any batch of them failed."""
     log = run_logger(__name__)
     outcome = Outcome()
+    landed: list[Landed] = []
     carried: list[tuple[Arrival, list[str]]] = []
     for arrival in arrivals:
         try:
             carried.append((arrival, bodies_of(arrival)))
         except keys.InvalidKey as error:
             log.warning("ignored %s: %s", arrival.url, error)
-            emit_landed(arrival, PIPELINE, "ignored")
+            landed.append((arrival, "ignored", []))
             outcome.done.append(arrival)
         except ObjectNotFound:
             log.info("%s is gone (written and set aside already?): nothing to write", arrival.url)
-            emit_landed(arrival, PIPELINE, "gone")
+            landed.append((arrival, "gone", []))
             outcome.done.append(arrival)
         except Exception as error:  # noqa: BLE001 - the store or DynamoDB down: offered again later
             outcome.retry.append((arrival, f"{type(error).__name__}: {error}"))
@@ -129,7 +130,7 @@ def handle_messages(arrivals: list[Arrival], ingest: Ingest = ingest_in_process)
         except Exception as error:  # noqa: BLE001 - written but still in incoming/: writing it again changes nothing
             outcome.retry.append((arrival, f"{type(error).__name__}: {error}"))
             continue
-        for flow_run_id in [r for r in runs[index] if r] or [None]:
-            emit_landed(arrival, PIPELINE, "written", flow_run_id)
+        landed.append((arrival, "written", [r for r in runs[index] if r]))
         outcome.done.append(arrival)
+    emit_landed(PIPELINE, landed)
     return outcome
