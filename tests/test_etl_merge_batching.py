@@ -130,15 +130,23 @@ def test_a_failing_manifest_is_failed_with_its_reason_while_its_neighbours_compl
 
 
 def _announced(refs: list[ManifestRef]) -> set[str]:
-    """The manifests of ``refs`` a ``manifest.ready`` event was received for (the events sent first)."""
+    """The manifests of ``refs`` a ``manifest.ready`` event was received for: every event sent so far, as a last
+    marker event sent after them has arrived."""
     from prefect.client.orchestration import get_client
+    from prefect.events import emit_event
     from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
     from prefect.events.worker import EventsWorker
 
+    marker = f"test.marker.{uuid.uuid4().hex}"
+    emit_event(event="test.marker", resource={"prefect.resource.id": marker})
     EventsWorker.drain_all()
     wanted = EventFilter(event=EventNameFilter(name=[etl.MANIFEST_READY]),
                          resource=EventResourceFilter(id=[f"etl.manifest.{r.date_prefix}.{r.manifest_name}" for r in refs]))
     with get_client(sync_client=True) as client:
+        deadline = time.monotonic() + 30
+        while not client.read_events(filter=EventFilter(resource=EventResourceFilter(id=[marker])), limit=1).events:
+            assert time.monotonic() < deadline, "the marker event never arrived"
+            time.sleep(0.2)
         events = client.read_events(filter=wanted, limit=50).events
     return {e.resource["prefect.resource.name"] for e in events}
 
@@ -155,28 +163,21 @@ def test_the_launcher_announces_one_manifest_per_batch_and_none_while_a_merge_ru
     with get_client(sync_client=True) as client:
         flow_id = client.create_flow(prefect_flow(name="ndjson-merge")(lambda: None))
         deployment_id = client.create_deployment(flow_id=flow_id, name=name, paused=False)
-        single = client.create_flow_run_from_deployment(deployment_id, parameters={"more_manifests": 0})
+        client.create_flow_run_from_deployment(deployment_id, parameters={"more_manifests": 0})
     tag = uuid.uuid4().hex[:6]
     batch = [ManifestRef(DAY, f"batch-{tag}-{i}.json", f"file:///m/{tag}-{i}.json", 5) for i in range(3)]
 
     launched = etl.launch_merges(batch, etl.deployment_launcher(deployment))  # only a run that takes none is queued
-    assert all(o["launched"] for o in launched) and {o["run"] for o in launched} == {f"{etl.MANIFEST_READY} {batch[0].manifest_name}"}
-    deadline = time.monotonic() + 20
-    while not (seen := _announced(batch)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert seen == {batch[0].manifest_name}  # one event for the batch
+    assert [o["launched"] for o in launched] == [True] * 3
+    assert _announced(batch) == {batch[0].manifest_name}  # one event for the batch
 
     with get_client(sync_client=True) as client:
         queued = client.create_flow_run_from_deployment(deployment_id, parameters={"more_manifests": 10})
     later = [ManifestRef(DAY, f"batch-{tag}-later-{i}.json", f"file:///m/{tag}-l{i}.json", 5) for i in range(2)]
-    taken = etl.launch_merges(later, etl.deployment_launcher(deployment))
-    assert [o["run"] for o in taken] == [str(queued.id)] * 2
+    assert [o["launched"] for o in etl.launch_merges(later, etl.deployment_launcher(deployment))] == [True] * 2
+    assert _announced(later) == set()  # the queued run takes them when it starts
 
     with get_client(sync_client=True) as client:  # that run started: its scan may have passed, so announce again
         client.set_flow_run_state(queued.id, Running(), force=True)
-    again = etl.launch_merges(later, etl.deployment_launcher(deployment))
-    assert {o["run"] for o in again} == {f"{etl.MANIFEST_READY} {later[0].manifest_name}"}
-    deadline = time.monotonic() + 20
-    while not (seen := _announced(later)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert seen == {later[0].manifest_name} and single.id != queued.id
+    assert [o["launched"] for o in etl.launch_merges(later, etl.deployment_launcher(deployment))] == [True] * 2
+    assert _announced(later) == {later[0].manifest_name}

@@ -641,7 +641,8 @@ def deployment_launcher(deployment: str) -> Launcher:
     the ``deployment``'s trigger (prefect.yaml) starts the merge, which takes the others while they are pending.
     No event at all when a run of the deployment is queued and has not started (``queued_merge_run``). A
     deployment that does not exist is a launch failure, a paused one (its breaker is open) holds the manifest:
-    either way it stays ``pending``. Returns the run that takes the manifest (queued) or the announced manifest.
+    either way it stays ``pending``. No run id: the trigger makes the run, and a queued run may meet the manifest
+    taken by another.
 
     Invariant: every ``pending`` manifest is announced or will be taken by a run that had not started when it
     was written. Proof: a launcher is only called with manifests whose ``MANIFEST#`` record already exists
@@ -657,7 +658,7 @@ def deployment_launcher(deployment: str) -> Launcher:
     ``processing`` under an ended run."""
     looked: dict[str, Any] = {}
 
-    def launch(ref: ManifestRef) -> str:
+    def launch(ref: ManifestRef) -> None:
         """Announce ``ref``'s manifest to ``deployment``'s trigger, or leave it to the run that will take it."""
         from prefect.client.orchestration import get_client
         from prefect.events import emit_event
@@ -670,11 +671,11 @@ def deployment_launcher(deployment: str) -> Launcher:
         if looked["paused"]:
             raise MergesHeld(f"{deployment} is paused (circuit breaker open): {ref.manifest_name} waits pending")
         if looked["taker"] is not None:
-            return looked["taker"]
+            log.debug("%s: left to %s", ref.manifest_name, looked["taker"])
+            return
         if emit_event(**manifest_ready(ref, deployment)) is None:
             raise RuntimeError("Prefect events are not being sent (no API configured)")
-        looked["taker"] = f"{MANIFEST_READY} {ref.manifest_name}"  # the run made from this event takes the rest
-        return looked["taker"]
+        looked["taker"] = f"the run of {MANIFEST_READY} {ref.manifest_name}"  # it takes the rest of the batch
 
     return launch
 
