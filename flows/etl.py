@@ -3,8 +3,9 @@
     files ──> ndjson-ingest: validate ─┬─> quarantine (copy + reason, tracked quarantined#N)
                                        └─> manifest JSON ─> track + claim + MANIFEST# (pending) in one transaction
                                             (rest: pending#N, claimed in batches: pending#N → manifested#N + MANIFEST#)
-                                            ─> run_deployment(ndjson-merge)
-    ndjson-merge: MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
+                                            ─> manifest.ready (one per batch; none while a merge run is queued)
+    ndjson-merge: its manifest, then further pending ones (oldest first, each taken by its own conditional write):
+                  MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
                   ─> publish (rename parts, publish record; a published manifest is skipped) ─> date's partition
                      in the catalog (Glue too on S3)
                   ─> MANIFEST completed | failed + files manifested#N → completed#N | failed#N + metric row, in
@@ -19,10 +20,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture, as_completed
 
 from tasks.etl import breaker as etl_breaker
 from tasks.etl import ingest as etl
@@ -72,15 +75,15 @@ release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 report_task = task(etl_reports.write_run_report, name="write-run-report", **_side_effects)
-start_processing_task = task(etl_merge.start_processing, name="manifest-processing", **_dynamo)
+start_processing_task = task(etl_merge.start_processing, name="manifest-processing", task_run_name="manifest-processing {manifest_name}", **_dynamo)
 # seed 001's Step Functions retries: the Glue job 3 times, 60 s then ×2; the batch status updater twice, 5 s then ×2
 MERGE_RETRY_DELAYS_S = [60, 120, 240]
 STATUS_UPDATE_RETRY_DELAYS_S = [5, 10]
 merge_task = task(  # reads the manifest and the files still in it first: one task run, not three
-    etl_merge.merge_listed, name="dask-merge", retries=len(MERGE_RETRY_DELAYS_S), retry_delay_seconds=MERGE_RETRY_DELAYS_S,
+    etl_merge.merge_listed, name="dask-merge", task_run_name="dask-merge {manifest_name}", retries=len(MERGE_RETRY_DELAYS_S), retry_delay_seconds=MERGE_RETRY_DELAYS_S,
     retry_condition_fn=_capacity_error, **_side_effects,
 )
-finish_task = task(etl_merge.finish_manifest, name="batch-status-update", timeout_seconds=limits.TASK_TIMEOUT_S["batch-status-update"],
+finish_task = task(etl_merge.finish_manifest, name="batch-status-update", task_run_name="batch-status-update {manifest_name}", timeout_seconds=limits.TASK_TIMEOUT_S["batch-status-update"],
                    retries=len(STATUS_UPDATE_RETRY_DELAYS_S), retry_delay_seconds=STATUS_UPDATE_RETRY_DELAYS_S, **_side_effects)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
@@ -111,11 +114,13 @@ def _with_restarts(made: list[ManifestRef], restart_after_seconds: float) -> lis
 
 
 def _fail_timed_out_merge(flow, flow_run, state) -> None:
-    """A merge that ran past its timeout (Prefect: Failed/TimedOut): its MANIFEST and files failed with the same words."""
+    """A merge that ran past its timeout (Prefect: Failed/TimedOut): its MANIFESTs and files failed with the same words."""
     if state.name != "TimedOut":
         return  # any other failure was recorded by the flow itself
     params = flow_run.parameters
-    etl_merge.finish_manifest(params["date_prefix"], params["manifest_name"], None, error=state.message)
+    names = {params["manifest_name"]: params["date_prefix"]} | etl_merge.processing_under(str(flow_run.id))
+    for manifest_name, date_prefix in names.items():  # the run's own manifest and those it took after it
+        etl_merge.finish_manifest(date_prefix, manifest_name, None, error=state.message)
     notify_on_failure(flow, flow_run, state)
 
 
@@ -188,6 +193,100 @@ def ndjson_ingest(
     return summary
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """A manifest this run moved to ``processing``: where it is and when its chain began."""
+
+    date_prefix: str
+    manifest_name: str
+    manifest_path: str
+    started: Any  # utc_now() when it was taken: the run report's start
+    merge_started: float  # time.monotonic() when its merge was submitted: the metric's seconds
+    report_part: str = ""  # the run's own manifest: the seed's report name; a further one: its manifest's stem
+
+
+def _take(date_prefix: str, manifest_name: str, rerun: bool = False, own: bool = True) -> _Taken | None:
+    """MANIFEST ``pending → processing`` for this run (conditional: None when another run has it)."""
+    record = start_processing_task(date_prefix, manifest_name, rerun)
+    if record is None:
+        return None
+    part = "" if own else manifest_name.removesuffix(".json")
+    return _Taken(date_prefix, manifest_name, record["manifest_path"], utc_now(), time.monotonic(), part)
+
+
+def _submit_merge(taken: _Taken, config: Any, target_file_mb: float | None, dask_scheduler: str) -> PrefectFuture:
+    """The manifest's merge as a task future (its own retries; task runs are named after their manifest)."""
+    return merge_task.submit(
+        taken.date_prefix, taken.manifest_name, taken.manifest_path, config.output_store_url,
+        target_file_mb or config.target_file_mb, dask_scheduler,
+    )
+
+
+def _finish_merged(taken: _Taken, merged: PrefectFuture, config: Any) -> dict[str, Any]:
+    """After one manifest's merge: its MANIFEST and file statuses, metric row and run report (failed: with the
+    reason, notified). Returns its outcome; never raises for the merge's own failure (its neighbours go on)."""
+    date_prefix, manifest_name, manifest_path = taken.date_prefix, taken.manifest_name, taken.manifest_path
+    try:
+        summary = merged.result()
+    except Exception as error:  # noqa: BLE001 - recorded on the manifest; the run fails after its neighbours
+        message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
+        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path)
+        notify_task(message, config.notify_block)
+        etl_reports.write_run_report("glue", taken.started, {"status": "failed", "manifest": manifest_name, "manifest_path": manifest_path,
+                                                             "date_prefix": date_prefix, "error": message}, config, taken.report_part)
+        return {"manifest": manifest_name, "date_prefix": date_prefix, "manifest_status": etl_merge.FAILED, "error": message}
+    metric = {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
+              "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
+              "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
+              "seconds": round(time.monotonic() - taken.merge_started, 3), "skipped": summary["already_published"]}
+    statuses = _finish_best_effort(date_prefix, manifest_name, summary, manifest_path, metric, config.notify_block)
+    if summary["files_failed"]:
+        get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
+                                 [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
+    etl_reports.write_run_report("glue", taken.started, {
+        "status": statuses["manifest_status"], "manifest": manifest_name, "manifest_path": manifest_path,
+        "date_prefix": date_prefix, "rows": summary["rows"], "rejected_lines": summary["rejected_lines"],
+        "files": len(summary["files"]), "files_failed": summary["files_failed"], "parts": summary["parts"],
+        "rejects_path": summary["rejects_path"], "already_published": summary["already_published"],
+        "partition": summary.get("partition"),
+        "file_errors": [{"url": f["url"], "error": f["error"]} for f in summary["files"] if f["error"]],
+    }, config, taken.report_part)
+    print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s)"
+          f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
+          f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed")
+    return {"manifest": manifest_name, "date_prefix": date_prefix, **summary, **statuses}
+
+
+class _PendingQueue:
+    """Pending manifests to take after the run's own, oldest first; the list is read again whenever it runs out."""
+
+    def __init__(self) -> None:
+        self.tried: set[tuple[str, str]] = set()
+        self.queue: list[ManifestRef] = []
+
+    def next(self) -> ManifestRef | None:
+        """The next pending manifest not tried by this run (a fresh scan when the last one is used up), or None."""
+        if not self.queue:
+            self.queue = [ref for ref in pending_manifests_task(older_than_seconds=0)
+                          if (ref.date_prefix, ref.manifest_name) not in self.tried]
+        if not self.queue:
+            return None
+        ref = self.queue.pop(0)
+        self.tried.add((ref.date_prefix, ref.manifest_name))
+        return ref
+
+
+def _merge_summary_artifact(outcomes: list[dict[str, Any]]) -> None:
+    """The run's manifests in the UI: one table row each (status, rows, files, error)."""
+    from prefect.artifacts import create_table_artifact
+
+    create_table_artifact(
+        table=[{"manifest": o["manifest"], "date": o["date_prefix"], "status": o["manifest_status"], "rows": o.get("rows", ""),
+                "files": len(o.get("files", [])), "error": o.get("error", "")} for o in outcomes],
+        description=f"ndjson-merge: {len(outcomes)} manifest(s) merged by this run",
+    )
+
+
 # on_crashed only: a failed run has already sent its own, more detailed alert
 @flow(name="ndjson-merge", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-merge"], on_failure=[_fail_timed_out_merge],
       on_crashed=[notify_on_failure])
@@ -197,51 +296,64 @@ def ndjson_merge(
     target_file_mb: float | None = None,
     dask_scheduler: str = "threads",
     rerun: bool = False,
+    more_manifests: int = 0,
+    more_seconds: float = 120.0,
+    parallel_manifests: int = 1,
 ) -> dict[str, Any]:
-    """One manifest: MANIFEST processing → Dask/pyarrow merge → MANIFEST and file statuses with the metric row
-    (notify on failure) → run report. Three task runs: the report is written by the flow itself (it never fails)."""
+    """One manifest, then up to ``more_manifests`` further ``pending`` ones (oldest first, for ``more_seconds`` at
+    most; each taken by the conditional ``pending → processing``, so no two runs merge one), ``parallel_manifests``
+    merges at a time. Each: MANIFEST processing → Dask/pyarrow merge (its own retries) → MANIFEST and file statuses
+    with its metric row (notify on failure) → its run report. A failed manifest ends the taking: the merges in
+    flight finish, then the run fails (one failed run per failing manifest at ``parallel_manifests`` 1, as the
+    breaker counts). A run stopped by its bound or a failure with manifests still pending announces one
+    (``etl.deployment_launcher``): the next run takes them.
+
+    Returns the first manifest's outcome (``skipped`` when another run had it) with ``merged``: every manifest's."""
     config = etl.settings()
-    started = utc_now()
+    deployment = etl_breaker.current_merge_deployment() if more_manifests > 0 else None
     if not etl_breaker.admitted_here(date_prefix, manifest_name):  # the deployment's circuit breaker is open
-        return {"manifest": manifest_name, "skipped": True, "held": True}
-    record = start_processing_task(date_prefix, manifest_name, rerun)
-    if record is None:
-        print(f"{manifest_name}: already taken by another run; nothing to do")
-        return {"manifest": manifest_name, "skipped": True}
-    manifest_path = record["manifest_path"]
-    merge_started = time.monotonic()
-    try:
-        summary = merge_task(
-            date_prefix, manifest_name, manifest_path, config.output_store_url, target_file_mb or config.target_file_mb,
-            dask_scheduler,
-        )
-    except Exception as error:
-        message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
-        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path)
-        notify_task(message, config.notify_block)
-        etl_reports.write_run_report("glue", started, {"status": "failed", "manifest": manifest_name, "manifest_path": manifest_path,
-                                                       "date_prefix": date_prefix, "error": message}, config)
-        raise
-    metric = {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
-              "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
-              "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
-              "seconds": round(time.monotonic() - merge_started, 3), "skipped": summary["already_published"]}
-    statuses = _finish_best_effort(date_prefix, manifest_name, summary, manifest_path, metric, config.notify_block)
-    if summary["files_failed"]:
-        get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
-                                 [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
-    etl_reports.write_run_report("glue", started, {
-        "status": statuses["manifest_status"], "manifest": manifest_name, "manifest_path": manifest_path,
-        "date_prefix": date_prefix, "rows": summary["rows"], "rejected_lines": summary["rejected_lines"],
-        "files": len(summary["files"]), "files_failed": summary["files_failed"], "parts": summary["parts"],
-        "rejects_path": summary["rejects_path"], "already_published": summary["already_published"],
-        "partition": summary.get("partition"),
-        "file_errors": [{"url": f["url"], "error": f["error"]} for f in summary["files"] if f["error"]],
-    }, config)
-    print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s)"
-          f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
-          f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed")
-    return {"manifest": manifest_name, **summary, **statuses}
+        return {"manifest": manifest_name, "skipped": True, "held": True, "merged": []}
+    own = _take(date_prefix, manifest_name, rerun)
+    if own is None:
+        print(f"{manifest_name}: already taken by another run")
+    in_flight: dict[PrefectFuture, _Taken] = {}
+    if own is not None:
+        in_flight[_submit_merge(own, config, target_file_mb, dask_scheduler)] = own
+    outcomes: list[dict[str, Any]] = []
+    queue, deadline, taken, stop = _PendingQueue(), time.monotonic() + more_seconds, 0, ""
+    while True:
+        while not stop and len(in_flight) < max(1, parallel_manifests):
+            if taken >= more_manifests or time.monotonic() >= deadline:
+                stop = "bound" if more_manifests > 0 else "single"
+                break
+            ref = queue.next()
+            if ref is None:
+                stop = "none pending" if not in_flight else ""
+                break
+            if deployment is not None and not etl_breaker.admits(etl_breaker.load(deployment), ref.date_prefix, ref.manifest_name):
+                stop = "breaker"  # the held manifests stay pending; closing the breaker starts them
+                break
+            more = _take(ref.date_prefix, ref.manifest_name, own=False)
+            if more is not None:
+                taken += 1
+                in_flight[_submit_merge(more, config, target_file_mb, dask_scheduler)] = more
+        if not in_flight:
+            break
+        done = next(as_completed(list(in_flight)))
+        outcomes.append(_finish_merged(in_flight.pop(done), done, config))
+        if outcomes[-1]["manifest_status"] == etl_merge.FAILED:
+            stop = "failed"  # the run fails after what is in flight: the breaker counts it, a next run goes on
+    if stop in ("bound", "failed") and deployment is not None and (left := pending_manifests_task(older_than_seconds=0)):
+        etl.launch_merges(left[:1], etl.deployment_launcher(deployment))  # the chain goes on in a new run
+    if len(outcomes) > 1:
+        _merge_summary_artifact(outcomes)
+    failed = [o for o in outcomes if o["manifest_status"] == etl_merge.FAILED]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(outcomes)} manifest(s) failed: " + "; ".join(o["error"] for o in failed))
+    first = next((o for o in outcomes if own is not None and o["manifest"] == own.manifest_name),
+                 {"manifest": manifest_name, "skipped": True})
+    return {**first, "merged": [{"manifest": o["manifest"], "date_prefix": o["date_prefix"], "status": o["manifest_status"]}
+                                for o in outcomes]}
 
 
 @flow(name="ndjson-flush-orphans", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-flush-orphans"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])

@@ -198,7 +198,8 @@ def test_three_failed_merges_open_the_breaker_manifests_wait_and_a_trial_after_t
     try:
         failing = [write_input(root, DAY, f"f-{i:02d}.ndjson", [{"id": f"f{i}-{k}"} for k in range(3)]) for i in range(15)]
         first = ndjson_ingest(file_urls=failing, merge_deployment=merge)
-        assert (len(first["manifests"]), first["launched"]) == (3, 3)  # three manifest.ready events → three merges
+        # one manifest.ready for the batch; a failing manifest ends its run, which announces the next: three failed runs
+        assert (len(first["manifests"]), first["launched"]) == (3, 3)
         runs = _wait("three failed merges", lambda: (r := _runs(merge)) and len(r) == 3 and all(x.state.is_final() for x in r) and r,
                      worker=worker)
         assert [r.state_name for r in runs] == ["Failed"] * 3, worker.tail()

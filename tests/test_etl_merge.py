@@ -423,7 +423,7 @@ def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_compl
     (key,) = manifests(table)
     calls = []
 
-    def unreachable(*args, **kwargs):
+    def unreachable(date_prefix, manifest_name, *args, **kwargs):  # the task run's name quotes manifest_name
         calls.append(args)
         raise ConnectionError("DynamoDB unreachable")
 

@@ -615,24 +615,67 @@ def manifest_ready(ref: ManifestRef, deployment: str) -> dict[str, Any]:
     }
 
 
+def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
+    """A run of the merge deployment that has not started (Scheduled, incl. AwaitingConcurrencySlot and Late, or
+    Pending) and takes further pending manifests (``more_manifests`` > 0, no breaker trial): its id, or None."""
+    from prefect.client.schemas.filters import (
+        DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    runs = client.read_flow_runs(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))),
+        limit=20,
+    )
+    from tasks.etl.breaker import TRIAL_TAG
+
+    for run in runs:
+        if int((run.parameters or {}).get("more_manifests", 0)) > 0 and TRIAL_TAG not in (run.tags or []):
+            return str(run.id)
+    return None
+
+
 def deployment_launcher(deployment: str) -> Launcher:
-    """A launcher that announces each manifest with a ``manifest.ready`` event; the ``deployment``'s trigger
-    (prefect.yaml) starts the merge. A deployment that does not exist is a launch failure, a paused one (its
-    breaker is open) holds the manifest: either way it stays ``pending``. No run id: the trigger makes the run."""
-    paused: list[bool] = []
+    """A launcher that announces a batch of manifests with one ``manifest.ready`` event (its first manifest's);
+    the ``deployment``'s trigger (prefect.yaml) starts the merge, which takes the others while they are pending.
+    No event at all when a run of the deployment is queued and has not started (``queued_merge_run``). A
+    deployment that does not exist is a launch failure, a paused one (its breaker is open) holds the manifest:
+    either way it stays ``pending``. No run id: the trigger makes the run, and a queued run may meet the manifest
+    taken by another.
+
+    Invariant: every ``pending`` manifest is announced or will be taken by a run that had not started when it
+    was written. Proof: a launcher is only called with manifests whose ``MANIFEST#`` record already exists
+    (``pending``). Its one look at the server (time t) comes after every such write. (a) A run R found queued at t
+    has not started at t, so R starts, and scans the pending manifests (``ndjson_merge``), after t, hence after
+    the write: R takes the manifest unless it is no longer pending (another run has it: fine) or R stops first,
+    at its bound (R then announces a pending one: the same argument for the next run), at the breaker (the
+    manifest is held; closing the breaker announces every pending one) or by dying (below). (b) Otherwise the
+    batch's event is emitted after t; the run the trigger makes from it is created after the event, so it starts
+    and scans after every write of the batch: (a) holds for it. Backstops for what Prefect loses (an event, a
+    run that dies before its scan, a status index that lags on AWS): the ingest and ``ndjson-flush-orphans``
+    announce manifests left ``pending`` past their grace period, and ``records-reconcile`` fails those left
+    ``processing`` under an ended run."""
+    looked: dict[str, Any] = {}
 
     def launch(ref: ManifestRef) -> None:
-        """Announce ``ref``'s manifest to ``deployment``'s trigger."""
+        """Announce ``ref``'s manifest to ``deployment``'s trigger, or leave it to the run that will take it."""
         from prefect.client.orchestration import get_client
         from prefect.events import emit_event
 
-        if not paused:  # one read per launcher (a batch), raising ObjectNotFound when it is not deployed
+        if not looked:  # one look per launcher (a batch), raising ObjectNotFound when it is not deployed
             with get_client(sync_client=True) as client:
-                paused.append(bool(client.read_deployment_by_name(deployment).paused))
-        if paused[0]:
+                found = client.read_deployment_by_name(deployment)
+                looked["paused"] = bool(found.paused)
+                looked["taker"] = None if found.paused else queued_merge_run(client, found.id)
+        if looked["paused"]:
             raise MergesHeld(f"{deployment} is paused (circuit breaker open): {ref.manifest_name} waits pending")
+        if looked["taker"] is not None:
+            log.debug("%s: left to %s", ref.manifest_name, looked["taker"])
+            return
         if emit_event(**manifest_ready(ref, deployment)) is None:
             raise RuntimeError("Prefect events are not being sent (no API configured)")
+        looked["taker"] = f"the run of {MANIFEST_READY} {ref.manifest_name}"  # it takes the rest of the batch
 
     return launch
 

@@ -25,12 +25,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from boto3.dynamodb.conditions import Key
 
 from tasks.core import keys, state_store
 from tasks.core.runtime import now_iso, prefect_ids
 from tasks.core.config import table_name
 from tasks.etl.ingest import (
-    COMPLETED, FAILED, MANIFESTED, METRICS, PENDING, PROCESSING, TRACKING, base_status, file_records, input_file,
+    COMPLETED, FAILED, MANIFESTED, METRICS, PENDING, PROCESSING, STATUS_INDEX, TRACKING, base_status, file_records, input_file,
     input_home, metric_item, settings, store, tracking_key, with_shard,
 )
 from tasks.core import object_store
@@ -80,6 +81,16 @@ def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) 
         return current
     log.info("manifest %s is %s already; this run does nothing", manifest_name, current.get("status"))
     return None
+
+
+def processing_under(flow_run_id: str) -> dict[str, str]:
+    """The MANIFESTs ``processing`` under this flow run: manifest name → date (``status-index``)."""
+    found = state_store.query_all(
+        table_name(TRACKING), keep=lambda item: item["file_key"].startswith(keys.MANIFEST_PREFIX)
+        and item.get("prefect_flow_run_id") == flow_run_id,
+        IndexName=STATUS_INDEX, KeyConditionExpression=Key("status").eq(PROCESSING),
+    )
+    return {keys.manifest_name_from_record_key(item["file_key"]): item["date_prefix"] for item in found}
 
 
 def manifest_files(manifest_path: str) -> list[str]:

@@ -1,0 +1,183 @@
+"""A merge run takes every pending manifest it can (each with its own record, output, metric row and report), two
+runs never merge one manifest twice, a failing manifest fails alone, and the launcher announces nothing while a
+merge run is queued that will take the manifest."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from flows.etl import ndjson_ingest, ndjson_merge
+from tasks.core import keys, state_store
+from tasks.etl import ingest as etl
+from tasks.etl import merge as etl_merge
+from tasks.etl.ingest import ManifestRef
+from tests.test_etl import DAY, MISSING_DEPLOYMENT, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
+from tests.test_etl_merge import file_statuses, manifests, merged_rows
+
+LINES = 2
+
+
+def _pending(root, count: int, prefix: str) -> tuple[list[str], list[str]]:
+    """``count`` manifests of 5 files each, left ``pending`` (their launch fails): (file URLs, manifest names)."""
+    urls = [write_input(root, DAY, f"{prefix}-{i:02d}.ndjson", [{"id": f"{prefix}{i}-{k}", "v": k} for k in range(LINES)])
+            for i in range(5 * count)]
+    summary = ndjson_ingest(file_urls=urls, merge_deployment=MISSING_DEPLOYMENT)
+    assert (len(summary["manifests"]), summary["launched"]) == (count, 0)
+    return urls, sorted(summary["manifests"])
+
+
+def _statuses(table: str) -> dict[str, str]:
+    return {keys.manifest_name_from_record_key(k): m["status"] for k, m in manifests(table).items()}
+
+
+def _merge_metrics(tables) -> list[dict]:
+    return [m for m in state_store.scan_all(tables["etl_metrics"]) if m["metric_type"] == "merge"]
+
+
+def _each_line_once(root, urls: list[str]) -> None:
+    ids = Counter(row["id"] for row in merged_rows(root))
+    assert sum(ids.values()) == len(urls) * LINES and set(ids.values()) == {1}, ids
+
+
+def test_one_run_merges_every_pending_manifest_each_with_its_own_record_output_metric_and_report(etl_env):
+    root, table = etl_env["root"], etl_env["table"]
+    urls, names = _pending(root, 4, "a")
+
+    result = ndjson_merge(date_prefix=DAY, manifest_name=names[2], more_manifests=10, parallel_manifests=2)
+
+    assert (result["manifest"], result["manifest_status"], result["rows"]) == (names[2], "completed", 5 * LINES)
+    assert sorted(m["manifest"] for m in result["merged"]) == names and {m["status"] for m in result["merged"]} == {"completed"}
+    assert _statuses(table) == dict.fromkeys(names, "completed")
+    records_ = {keys.manifest_name_from_record_key(k): m for k, m in manifests(table).items()}
+    assert {m["rows"] for m in records_.values()} == {5 * LINES}
+    assert len({m["prefect_flow_run_id"] for m in records_.values()}) == 1  # one run took them all
+    assert file_statuses(table) == {"completed": 20}
+    _each_line_once(root, urls)
+    for name in names:  # each its own published output, holding its own five files
+        assert sorted(f["url"] for f in etl_merge.published(DAY, name)["files"]) == sorted(etl_merge.manifest_files(records_[name]["manifest_path"]))
+    metrics = _merge_metrics(etl_env["tables"])
+    assert sorted(m["manifest"] for m in metrics) == names and {m["rows"] for m in metrics} == {5 * LINES}
+    reports = [json.loads(p.read_text()) for p in (root / "logs/glue").iterdir()]
+    assert sorted(r["manifest"] for r in reports) == names and {r["status"] for r in reports} == {"completed"}
+
+
+def test_a_run_whose_manifest_another_run_took_merges_what_is_pending(etl_env):
+    root, table = etl_env["root"], etl_env["table"]
+    urls, names = _pending(root, 3, "b")
+    assert etl_merge.start_processing(DAY, names[0]) is not None  # another run has it
+
+    result = ndjson_merge(date_prefix=DAY, manifest_name=names[0], more_manifests=10)
+
+    assert result["skipped"] is True and [m["manifest"] for m in result["merged"]] == names[1:]  # oldest first
+    assert _statuses(table) == {names[0]: "processing", names[1]: "completed", names[2]: "completed"}
+    assert file_statuses(table) == {"completed": 10, "manifested": 5}
+
+
+def test_a_run_stops_at_its_bound_and_leaves_the_rest_pending(etl_env):
+    root, table = etl_env["root"], etl_env["table"]
+    _, names = _pending(root, 3, "c")
+    result = ndjson_merge(date_prefix=DAY, manifest_name=names[0], more_manifests=1)
+    assert [m["manifest"] for m in result["merged"]] == names[:2]
+    assert _statuses(table) == {names[0]: "completed", names[1]: "completed", names[2]: "pending"}
+
+
+def test_two_runs_at_once_never_merge_one_manifest_twice(etl_env):
+    root, table = etl_env["root"], etl_env["table"]
+    urls, names = _pending(root, 6, "d")
+    results: dict[int, dict] = {}
+
+    def run(i: int) -> None:
+        results[i] = ndjson_merge(date_prefix=DAY, manifest_name=names[i], more_manifests=10, parallel_manifests=2)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert sorted(results) == [0, 1]
+    merged = [m["manifest"] for r in results.values() for m in r["merged"]]
+    assert sorted(merged) == names  # every manifest merged, by exactly one of the two runs
+    assert _statuses(table) == dict.fromkeys(names, "completed") and file_statuses(table) == {"completed": 30}
+    assert sorted(m["manifest"] for m in _merge_metrics(etl_env["tables"])) == names  # one metric row each
+    _each_line_once(root, urls)
+
+
+def test_a_failing_manifest_is_failed_with_its_reason_while_its_neighbours_complete(etl_env, caplog):
+    root, table = etl_env["root"], etl_env["table"]
+    urls, names = _pending(root, 3, "e")
+    (root / keys.manifest_key(DAY, names[1])).unlink()  # its manifest JSON is gone: the merge cannot read it
+
+    state = ndjson_merge(date_prefix=DAY, manifest_name=names[0], more_manifests=10, parallel_manifests=2, return_state=True)
+
+    assert state.is_failed() and names[1] in state.message
+    records_ = {keys.manifest_name_from_record_key(k): m for k, m in manifests(table).items()}
+    assert records_[names[1]]["status"] == "failed" and "ObjectNotFound" in records_[names[1]]["error_message"]
+    assert records_[names[0]]["status"] == "completed"  # merged beside it, in the same run
+    # the failure ends the taking (the breaker counts one failed run); what was left pending goes to the next run
+    assert records_[names[2]]["status"] == "pending"
+    assert ndjson_merge(date_prefix=DAY, manifest_name=names[2], more_manifests=10)["manifest_status"] == "completed"
+    assert _statuses(table) == {names[0]: "completed", names[1]: "failed", names[2]: "completed"}
+    assert file_statuses(table) == {"completed": 10, "failed": 5}
+    assert "MERGE FAILED" in caplog.text
+    rows = Counter(row["id"] for row in merged_rows(root))
+    assert sum(rows.values()) == 10 * LINES and set(rows.values()) == {1}
+
+
+def _announced(refs: list[ManifestRef]) -> set[str]:
+    """The manifests of ``refs`` a ``manifest.ready`` event was received for: every event sent so far, as a last
+    marker event sent after them has arrived."""
+    from prefect.client.orchestration import get_client
+    from prefect.events import emit_event
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    marker = f"test.marker.{uuid.uuid4().hex}"
+    emit_event(event="test.marker", resource={"prefect.resource.id": marker})
+    EventsWorker.drain_all()
+    wanted = EventFilter(event=EventNameFilter(name=[etl.MANIFEST_READY]),
+                         resource=EventResourceFilter(id=[f"etl.manifest.{r.date_prefix}.{r.manifest_name}" for r in refs]))
+    with get_client(sync_client=True) as client:
+        deadline = time.monotonic() + 30
+        while not client.read_events(filter=EventFilter(resource=EventResourceFilter(id=[marker])), limit=1).events:
+            assert time.monotonic() < deadline, "the marker event never arrived"
+            time.sleep(0.2)
+        events = client.read_events(filter=wanted, limit=50).events
+    return {e.resource["prefect.resource.name"] for e in events}
+
+
+def test_the_launcher_announces_one_manifest_per_batch_and_none_while_a_merge_run_waits_to_start(etl_env):
+    """On the test server: a queued (Scheduled) run that takes further manifests takes the batch (no event); one that
+    does not take further ones, or a run already running, does not count: one event for the batch."""
+    from prefect import flow as prefect_flow
+    from prefect.client.orchestration import get_client
+    from prefect.states import Running
+
+    name = f"batching-{uuid.uuid4().hex[:6]}"
+    deployment = f"ndjson-merge/{name}"
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow(prefect_flow(name="ndjson-merge")(lambda: None))
+        deployment_id = client.create_deployment(flow_id=flow_id, name=name, paused=False)
+        client.create_flow_run_from_deployment(deployment_id, parameters={"more_manifests": 0})
+    tag = uuid.uuid4().hex[:6]
+    batch = [ManifestRef(DAY, f"batch-{tag}-{i}.json", f"file:///m/{tag}-{i}.json", 5) for i in range(3)]
+
+    launched = etl.launch_merges(batch, etl.deployment_launcher(deployment))  # only a run that takes none is queued
+    assert [o["launched"] for o in launched] == [True] * 3
+    assert _announced(batch) == {batch[0].manifest_name}  # one event for the batch
+
+    with get_client(sync_client=True) as client:
+        queued = client.create_flow_run_from_deployment(deployment_id, parameters={"more_manifests": 10})
+    later = [ManifestRef(DAY, f"batch-{tag}-later-{i}.json", f"file:///m/{tag}-l{i}.json", 5) for i in range(2)]
+    assert [o["launched"] for o in etl.launch_merges(later, etl.deployment_launcher(deployment))] == [True] * 2
+    assert _announced(later) == set()  # the queued run takes them when it starts
+
+    with get_client(sync_client=True) as client:  # that run started: its scan may have passed, so announce again
+        client.set_flow_run_state(queued.id, Running(), force=True)
+    assert [o["launched"] for o in etl.launch_merges(later, etl.deployment_launcher(deployment))] == [True] * 2
+    assert _announced(later) == {later[0].manifest_name}
