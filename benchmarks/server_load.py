@@ -1,4 +1,4 @@
-"""The Prefect server under load, on SQLite (the default) and on PostgreSQL (``PREFECT_SERVER_DB=postgres``).
+"""The Prefect server under load, on SQLite (``PREFECT_SERVER_DB=sqlite``) and on PostgreSQL (make up's default where installed).
 
     .venv/bin/python benchmarks/server_load.py [--per-pipeline 2] [--databases sqlite,postgres] [--timeout 900] [--quick]
 

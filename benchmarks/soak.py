@@ -399,7 +399,7 @@ def main() -> int:
            "PREFECT_SERVER_PORT": str(free_port()), "PREFECT_POSTGRES_PORT": str(free_port())}  # fmt: skip
     for name in ("AWS_ENDPOINT_URL_DYNAMODB", "PREFECT_API_URL", "OBJECT_STORE_BASE_URL"):
         env.pop(name, None)
-    database = os.environ.get("PREFECT_SERVER_DB", "sqlite")
+    database = os.environ.get("PREFECT_SERVER_DB") or "make up's default (PostgreSQL where installed)"
     print(f"soak: {args.minutes:g} min; ETL {args.etl_rate:g} files/s of {args.etl_lines} lines, a video every "
           f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every {args.cube_every:g} s; "
           f"Prefect server on {database}; machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start",
@@ -408,7 +408,9 @@ def main() -> int:
     failed_exit = 0
     try:
         stack("up", env)
-        print(f"(stack up in {time.monotonic() - t0:.0f} s in {data}, not counted)", flush=True)
+        chosen = data / "run" / "prefect-server.database"  # what `up` started the server on
+        print(f"(stack up in {time.monotonic() - t0:.0f} s in {data}, not counted; Prefect server on "
+              f"{chosen.read_text().strip() if chosen.exists() else 'unknown'})", flush=True)
         for line in (data / "local.env").read_text().splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
             os.environ[name] = value
