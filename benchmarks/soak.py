@@ -18,7 +18,8 @@ the hourly ``ndjson-flush-orphans`` deployment). Printed: per pipeline arrival â
 last quarter of the arrivals, the backlog (arrived, not done) over time, lost (left undone while its pipeline
 finished nothing for 2 minutes; left while it still finishes is slow, not lost), duplicated (an ETL file
 in two manifests, merged rows beyond the files' lines) and failed counts, each stack process's memory (RSS) at the
-start and the end, and the Prefect database's growth. Exit code 1 on lost or duplicated data (never on a slow run).
+start and the end, the Prefect database's growth, a user's API call (the latest runs, every 2 s) p50/p95 over the
+first and the last quarter of the feed, and the server log's "database is locked" and ERROR lines. Exit code 1 on lost or duplicated data (never on a slow run).
 
     .venv/bin/python benchmarks/soak.py --minutes 15 [--etl-rate 3.9] [--kill-listener-at 300] [--kill-worker-at 600]
     .venv/bin/python benchmarks/soak.py --quick     # 1.5 minutes at low rates, no kills (make test-sweep)
@@ -83,6 +84,46 @@ class Ledger:
             ordered = sorted(self.arrived.items(), key=lambda kv: kv[1])
             chosen = ordered[part]
             return [self.done[i] - t for i, t in chosen if i in self.done]
+
+
+class ApiProbe:
+    """A user's API calls during the soak: every ``every_s`` the runs list the UI shows first, timed."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self.every_s, self.samples, self.errors = every_s, [], 0
+        self.stop = threading.Event()
+        self.began = time.monotonic()
+
+    def run(self) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        with get_client(sync_client=True) as client:
+            while not self.stop.wait(self.every_s):
+                t0 = time.monotonic()
+                try:
+                    client.read_flow_runs(limit=25, sort=FlowRunSort.START_TIME_DESC)
+                except Exception:  # noqa: BLE001 - an API call that fails is counted, not fatal
+                    self.errors += 1
+                    continue
+                self.samples.append((t0 - self.began, time.monotonic() - t0))
+
+    def figures(self, feed_s: float) -> str:
+        first = [s for t, s in self.samples if t < feed_s / 4]
+        last = [s for t, s in self.samples if 3 * feed_s / 4 <= t < feed_s]
+        every = [s for _, s in self.samples]
+        return (f"API (latest 25 runs, every {self.every_s:g} s): first quarter p50 {percentile(first, 0.5):.3f} s "
+                f"p95 {percentile(first, 0.95):.3f} s | last quarter p50 {percentile(last, 0.5):.3f} s "
+                f"p95 {percentile(last, 0.95):.3f} s | max {max(every, default=float('nan')):.3f} s, "
+                f"{len(every)} calls, {self.errors} failed")
+
+
+def server_errors(data: Path) -> str:
+    """'database is locked' and ERROR lines in the stack's Prefect server log."""
+    log = data / "logs" / "prefect-server.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return (f"server log: {text.count('database is locked')} 'database is locked', "
+            f"{sum(' ERROR ' in line or '| ERROR' in line for line in text.splitlines())} ERROR lines")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -437,6 +478,8 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         recoveries: list[float] = []
         began = time.monotonic()
         threads = feeders.start()
+        probe = ApiProbe()
+        threading.Thread(target=probe.run, daemon=True).start()
         print(f"\n{'t (s)':>6} " + " ".join(f"{p + ' backlog':>17}" for p in PIPELINES) + f" {'load':>5} {'db MB':>7}", flush=True)
         backlog = []
         next_tick, flushed, stopped = began, False, False
@@ -444,6 +487,7 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
             now = time.monotonic() - began
             if not stopped and now >= feed_s:
                 feeders.stop.set()
+                probe.stop.set()
                 for thread in threads:
                     thread.join(60)
                 stopped = True
@@ -501,6 +545,8 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
     landed = sum(len(l.arrived) for l in feeders.ledgers.values())
     print(f"Prefect database: {db_start:.1f} -> {db_end:.1f} MB (+{db_end - db_start:.1f} MB for {landed} items landed, "
           f"{(db_end - db_start) * 1024 / max(landed, 1):.1f} KB each)")
+    print(probe.figures(feed_s))
+    print(server_errors(data))
     print(f"load average at the end: {os.getloadavg()} on {os.cpu_count()} cores (shared machine: other work counts)")
     wrong = lost_total or doubles or extra_rows
     print("RESULT: " + ("FAILED: lost or duplicated data" if wrong else "nothing lost or duplicated"))
