@@ -9,6 +9,7 @@ day at that rate, which retention (3 days of ended runs and events) multiplies b
 The baseline is the same run of the code in ``--before`` (a checkout of an older commit), same machine, same run.
 
     .venv/bin/python benchmarks/server_growth.py [--files 300] [--files-per-second 3.9] [--before DIR] [--json]
+    .venv/bin/python benchmarks/server_growth.py --quick     # 40 files (make test-sweep); exit 1 if nothing was measured
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ def main() -> int:
     parser.add_argument("--files-per-second", type=float, default=3.9)
     parser.add_argument("--before", type=Path, help="a checkout of the code to compare with (the baseline)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="40 files: checks the benchmark still measures something")
     args = parser.parse_args()
+    if args.quick:
+        args.files = min(args.files, 40)
     results = {}
     with dynamodb_local():
         for label, code in ([("before", args.before)] if args.before else []) + [("now", REPO_ROOT)]:
@@ -134,7 +138,11 @@ def main() -> int:
         print(f"ratio now/before: bytes {now['bytes'] / before['bytes']:.2f}, events {now['events'] / max(before['events'], 1e-9):.2f}")
     if args.json:
         print(json.dumps({"files": args.files, "files_per_second": args.files_per_second, **results}))
-    return 0
+    # the listener's run and its landed-file events must show up: none means the benchmark no longer measures the path
+    broken = [label for label, per_file in results.items() if per_file["events"] <= 0 or per_file["flow_run"] <= 0]
+    if broken:
+        print(f"WRONG: no listener run or no events recorded for {broken}")
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":

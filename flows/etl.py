@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -214,15 +214,27 @@ def _take(date_prefix: str, manifest_name: str, rerun: bool = False, own: bool =
     return _Taken(date_prefix, manifest_name, record["manifest_path"], utc_now(), time.monotonic(), part)
 
 
-def _submit_merge(taken: _Taken, config: Any, target_file_mb: float | None, dask_scheduler: str) -> PrefectFuture:
-    """The manifest's merge as a task future (its own retries; task runs are named after their manifest)."""
-    return merge_task.submit(
-        taken.date_prefix, taken.manifest_name, taken.manifest_path, config.output_store_url,
-        target_file_mb or config.target_file_mb, dask_scheduler,
-    )
+class _MergedHere:
+    """A merge that runs in the flow's own thread when its result is asked for (one manifest at a time): the flow's
+    timeout interrupts it there, where a task runner's thread would hold the run past its timeout."""
+
+    def __init__(self, merge: Callable[[], dict[str, Any]]) -> None:
+        self._merge = merge
+
+    def result(self) -> dict[str, Any]:
+        return self._merge()
 
 
-def _finish_merged(taken: _Taken, merged: PrefectFuture, config: Any) -> dict[str, Any]:
+def _submit_merge(taken: _Taken, config: Any, target_file_mb: float | None, dask_scheduler: str,
+                  here: bool) -> PrefectFuture | _MergedHere:
+    """The manifest's merge (its own retries; task runs are named after their manifest): in this thread when
+    ``here``, else a task future."""
+    args = (taken.date_prefix, taken.manifest_name, taken.manifest_path, config.output_store_url,
+            target_file_mb or config.target_file_mb, dask_scheduler)
+    return _MergedHere(lambda: merge_task(*args)) if here else merge_task.submit(*args)
+
+
+def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: Any) -> dict[str, Any]:
     """After one manifest's merge: its MANIFEST and file statuses, metric row and run report (failed: with the
     reason, notified). Returns its outcome; never raises for the merge's own failure (its neighbours go on)."""
     date_prefix, manifest_name, manifest_path = taken.date_prefix, taken.manifest_name, taken.manifest_path
@@ -316,9 +328,10 @@ def ndjson_merge(
     own = _take(date_prefix, manifest_name, rerun)
     if own is None:
         print(f"{manifest_name}: already taken by another run")
-    in_flight: dict[PrefectFuture, _Taken] = {}
+    here = parallel_manifests <= 1
+    in_flight: dict[PrefectFuture | _MergedHere, _Taken] = {}
     if own is not None:
-        in_flight[_submit_merge(own, config, target_file_mb, dask_scheduler)] = own
+        in_flight[_submit_merge(own, config, target_file_mb, dask_scheduler, here)] = own
     outcomes: list[dict[str, Any]] = []
     queue, deadline, taken, stop = _PendingQueue(), time.monotonic() + more_seconds, 0, ""
     while True:
@@ -336,10 +349,10 @@ def ndjson_merge(
             more = _take(ref.date_prefix, ref.manifest_name, own=False)
             if more is not None:
                 taken += 1
-                in_flight[_submit_merge(more, config, target_file_mb, dask_scheduler)] = more
+                in_flight[_submit_merge(more, config, target_file_mb, dask_scheduler, here)] = more
         if not in_flight:
             break
-        done = next(as_completed(list(in_flight)))
+        done = next(iter(in_flight)) if here else next(as_completed(list(in_flight)))
         outcomes.append(_finish_merged(in_flight.pop(done), done, config))
         if outcomes[-1]["manifest_status"] == etl_merge.FAILED:
             stop = "failed"  # the run fails after what is in flight: the breaker counts it, a next run goes on
