@@ -169,6 +169,7 @@ def test_each_ecs_deployment_registers_and_runs_on_ecs(ecs_pool, aws, deployment
     assert "PREFECT__FLOW_RUN_ID" in env and override["name"] == container["name"]
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_a_typo_in_a_job_variable_is_caught(ecs_pool, aws):
     import jsonschema
     from botocore.exceptions import ClientError

@@ -257,6 +257,7 @@ def test_ops_remediate_follows_the_manifest_or_releases_dead_claims(etl_env):
     assert main(["etl", "status"]) == 2  # a clear error, no trace
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_four_ingest_runs_at_once_put_every_file_in_exactly_one_manifest(etl_env, monkeypatch):
     """Four ndjson-ingest flow runs in threads over 1,020 files on 3 dates, with redelivered events."""
     from concurrent.futures import ThreadPoolExecutor

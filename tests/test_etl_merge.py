@@ -250,6 +250,7 @@ def test_rerunning_a_failed_manifest_completes_its_files_and_a_later_reprocess_d
     _exactly_once(root, urls)
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_rerunning_a_failed_manifest_after_its_files_were_reprocessed_merges_nothing_twice(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
     urls = _ingest_five(root, "s")

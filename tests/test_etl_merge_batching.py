@@ -151,6 +151,7 @@ def _announced(refs: list[ManifestRef]) -> set[str]:
     return {e.resource["prefect.resource.name"] for e in events}
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_the_launcher_announces_one_manifest_per_batch_and_none_while_a_merge_run_waits_to_start(etl_env):
     """On the test server: a queued (Scheduled) run that takes further manifests takes the batch (no event); one that
     does not take further ones, or a run already running, does not count: one event for the batch."""

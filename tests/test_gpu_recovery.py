@@ -31,6 +31,7 @@ def running_job(job_id: str):
     return job if job and job["job_status"] == "IN_PROGRESS" and job["submitted_ecs_task_ids"] else None
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_killed_flow_process_job_completes_through_the_sweep(gpu_env):
     from flows.gpu import gpu_sweep
 

@@ -8,6 +8,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
+import pytest
 import yaml
 
 from tests.crashpoints import REPO_ROOT
@@ -35,6 +36,7 @@ def test_every_listener_is_rerun_on_crashed_or_failed_after_a_delay_under_a_minu
         assert 10 <= trigger["schedule_after"] <= 30, deployment["name"]  # no tight loop, back within a minute
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_each_failure_of_a_listener_schedules_one_rerun_after_the_delay():
     """The records listener's trigger from prefect.yaml on the test server, for a flow of its own name (so other
     tests' listener runs leave it alone): each Failed run is followed by exactly one run, scheduled later."""

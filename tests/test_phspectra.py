@@ -172,6 +172,7 @@ def wait_for_worker(table: str, run_id: str, process: subprocess.Popen, timeout:
     raise AssertionError(f"the chunk never started (fitter exit code {process.poll()})")
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refitted_once(tables, store_root, tmp_path):
     from prefect.settings import get_current_settings
 
@@ -231,6 +232,7 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     assert phspectra_sweep_stuck(survey=survey) == {}  # nothing left to sweep
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(tables, store_root, tmp_path):
     from datetime import datetime, timedelta
 
@@ -478,6 +480,7 @@ def test_the_flow_reports_bad_input_and_cannot_resume_it(tables, store_root, tmp
     assert to_plain(ph.get_run("bad-flow"))["status"] == "FAILED" and ph.list_chunks("bad-flow") == []
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_the_fits_run_on_a_dask_local_cluster(tables, store_root, tmp_path):
     from flows.phspectra_survey import phspectra_survey
 

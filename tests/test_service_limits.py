@@ -204,6 +204,7 @@ def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_sa
     assert {v["status"].split("#")[0] for k, v in records(table).items() if k[1].endswith(".ndjson")} == {"failed"}
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 @pytest.mark.timeout(600)
 def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(tmp_path):
     """`make up`'s server settings: runs that ended over 3 days ago go (with their logs); newer or active runs stay."""

@@ -231,6 +231,7 @@ def _job_ready_for_trigger(tables, job_id: str, total: int) -> None:
     )
 
 
+@pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_trigger_on_write_fires_exactly_once_under_8_threads_50_rounds(tables):
     total, threads, rounds = 5, 8, 50
     started_per_round = []
