@@ -182,3 +182,27 @@ def test_the_launcher_announces_one_manifest_per_batch_and_none_while_a_merge_ru
         client.set_flow_run_state(queued.id, Running(), force=True)
     assert [o["launched"] for o in etl.launch_merges(later, etl.deployment_launcher(deployment))] == [True] * 2
     assert _announced(later) == {later[0].manifest_name}
+
+
+def test_only_a_recently_queued_draining_run_holds_back_an_announcement():
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from tasks.core.runtime import utc_now
+    from tasks.etl.breaker import TRIAL_TAG
+    from tasks.etl.ingest import QUEUED_RUN_TRUSTED_S, queued_merge_run
+
+    def run(name, age_s, more=500, tags=()):
+        return SimpleNamespace(id=name, parameters={"more_manifests": more}, tags=list(tags),
+                               created=utc_now() - timedelta(seconds=age_s))
+
+    def client(*runs):
+        return SimpleNamespace(read_flow_runs=lambda **kwargs: list(runs))
+
+    DEPLOYMENT = uuid.uuid4()  # noqa: N806
+
+    assert queued_merge_run(client(run("fresh", 5)), DEPLOYMENT) == "fresh"
+    assert queued_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60)), DEPLOYMENT) is None  # no worker took it: announce
+    assert queued_merge_run(client(run("single", 5, more=0)), DEPLOYMENT) is None  # takes only its own manifest
+    assert queued_merge_run(client(run("trial", 5, tags=[TRIAL_TAG])), DEPLOYMENT) is None  # the breaker's trial: its own only
+    assert queued_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60), run("fresh", 5)), DEPLOYMENT) == "fresh"

@@ -615,9 +615,15 @@ def manifest_ready(ref: ManifestRef, deployment: str) -> dict[str, Any]:
     }
 
 
+# a run queued longer than this is not trusted to start (no worker for its pool, a stuck slot): manifests are
+# announced again, so the ingest's and the flush's restarts of pending manifests still start a merge
+QUEUED_RUN_TRUSTED_S = 600
+
+
 def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
     """A run of the merge deployment that has not started (Scheduled, incl. AwaitingConcurrencySlot and Late, or
-    Pending) and takes further pending manifests (``more_manifests`` > 0, no breaker trial): its id, or None."""
+    Pending), was created in the last ``QUEUED_RUN_TRUSTED_S`` and takes further pending manifests
+    (``more_manifests`` > 0, no breaker trial): its id, or None."""
     from prefect.client.schemas.filters import (
         DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
     )
@@ -630,8 +636,10 @@ def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
     )
     from tasks.etl.breaker import TRIAL_TAG
 
+    trusted_since = utc_now() - timedelta(seconds=QUEUED_RUN_TRUSTED_S)
     for run in runs:
-        if int((run.parameters or {}).get("more_manifests", 0)) > 0 and TRIAL_TAG not in (run.tags or []):
+        if (int((run.parameters or {}).get("more_manifests", 0)) > 0 and TRIAL_TAG not in (run.tags or [])
+                and run.created is not None and run.created >= trusted_since):
             return str(run.id)
     return None
 
@@ -655,7 +663,8 @@ def deployment_launcher(deployment: str) -> Launcher:
     and scans after every write of the batch: (a) holds for it. Backstops for what Prefect loses (an event, a
     run that dies before its scan, a status index that lags on AWS): the ingest and ``ndjson-flush-orphans``
     announce manifests left ``pending`` past their grace period, and ``records-reconcile`` fails those left
-    ``processing`` under an ended run."""
+    ``processing`` under an ended run; a queued run that never starts (no worker, a stuck slot) holds announcements
+    back for at most ``QUEUED_RUN_TRUSTED_S``, after which those restarts announce again."""
     looked: dict[str, Any] = {}
 
     def launch(ref: ManifestRef) -> None:
