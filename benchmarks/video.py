@@ -245,12 +245,13 @@ def local_stack_pieces(work: Path):
     saved = dict(os.environ)
     os.environ.update({
         "PIPELINES_DATA_DIR": str(work / "stack"), "PREFECT_SERVER_PORT": str(free_port()),
-        "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
+        "PREFECT_POSTGRES_PORT": str(free_port()), "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
     })  # fmt: skip
     from deployments import local_stack as stack  # reads the folder and ports above
 
     try:
         t0 = time.perf_counter()
+        stack.start_postgres()  # the server's database as `make up` chooses it (SQLite, with a warning, where it cannot)
         stack.start_prefect_server()
         os.environ.update(stack.local_env())
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
@@ -264,7 +265,7 @@ def local_stack_pieces(work: Path):
     finally:
         with contextlib.suppress(Exception):
             stack.stop_listeners()
-        for name in ("worker", "prefect-server"):
+        for name in ("worker", "prefect-server", "postgres"):
             stack._stop(name)
         os.environ.clear()
         os.environ.update(saved)
