@@ -41,7 +41,7 @@ WORKERS = 4
 
 
 def make_files(root: Path, count: int) -> list[str]:
-    from tasks.core import keys
+    from tasks.etl import keys
 
     urls = []
     for i in range(count):
@@ -55,7 +55,7 @@ def make_files(root: Path, count: int) -> list[str]:
 def use_tables(suffix: str) -> dict[str, str]:
     from blocks.base import clear_cache
     from tasks.core import state_store
-    from tasks.core.tables import default_names, ensure_tables
+    from tasks.core.tables import default_names
 
     names = {logical: f"{physical}-{suffix}" for logical, physical in default_names("bench").items()
              if logical.startswith("etl_")}

@@ -35,7 +35,7 @@ import pyarrow.json as pajson  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from tasks.etl import merge as etl_merge
-from tasks.core import keys
+from tasks.etl import keys
 
 DATE = "2026-01-01"
 SHARE_MB = 128  # the manifest size the orchestration share goal is stated for (issue 25)

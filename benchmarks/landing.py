@@ -96,7 +96,8 @@ def land(root: Path, i: int) -> tuple[str, float]:
 
 
 def records() -> list[dict]:
-    from tasks.core import keys, state_store
+    from tasks.core import state_store
+    from tasks.etl import keys
     from tasks.core.config import table_name
 
     return [i for i in state_store.scan_all(table_name("etl_file_tracking")) if not keys.is_meta_record(i["file_key"])]

@@ -35,8 +35,6 @@ import os
 import random
 import shutil
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -173,10 +171,10 @@ class Feeders:
             self.stop.wait(max(0.0, began + n * every_s - time.monotonic()))
 
     def feed_etl(self, n: int) -> None:
-        from tasks.core import keys
+        from tasks.etl import keys as etl_keys
 
         name = f"soak-{self.tag}-{n:07d}.ndjson"
-        self.store.put_file(keys.input_key(self.date, name), self.etl_template)
+        self.store.put_file(etl_keys.input_key(self.date, name), self.etl_template)
         self.ledgers["etl"].arrive(name)
 
     def feed_video(self, n: int) -> None:
@@ -188,26 +186,26 @@ class Feeders:
     def feed_records(self, n: int) -> None:
         from deployments.samples.records import _message
 
-        from tasks.core import keys
+        from tasks.records import keys as records_keys
 
         granules = [f"SOAK{self.tag}.A{n:05d}.h{g:02d}v00.006" for g in range(self.args.records)]
         bodies = [json.dumps(_message("completed", f"soak-{self.tag}-{n}-{g}", 1_700_000_000_000 + n, [granule]))
                   for g, granule in enumerate(granules)]  # fmt: skip
-        self.store.put_bytes(f"{keys.RECORDS_INCOMING_PREFIX}soak-{self.tag}-{n:05d}.ndjson", ("\n".join(bodies) + "\n").encode())
+        self.store.put_bytes(f"{records_keys.RECORDS_INCOMING_PREFIX}soak-{self.tag}-{n:05d}.ndjson", ("\n".join(bodies) + "\n").encode())
         for granule in granules:
             self.ledgers["records"].arrive(granule)
 
     def feed_cube(self, n: int) -> None:
         from deployments.samples.phspectra import synthetic_cube, write_fits
 
-        from tasks.core import keys
+        from tasks.phspectra import keys as phspectra_keys
 
         survey = f"soak-{self.tag}-{n:04d}"
         cube = write_fits(synthetic_cube(seed=n), self.work / f"cube-{n:04d}.fits")
         cube_key = f"surveys/cubes/{survey}-cube.fits"
         self.store.put_file(cube_key, cube)
         manifest = {"survey": survey, "cubes": [cube_key], "chunk_size": 12, "fit_params": {"beta": 3.5}}
-        self.store.put_bytes(f"{keys.SURVEY_INCOMING_PREFIX}{survey}/{survey}.json", json.dumps(manifest).encode())
+        self.store.put_bytes(f"{phspectra_keys.SURVEY_INCOMING_PREFIX}{survey}/{survey}.json", json.dumps(manifest).encode())
         self.ledgers["phspectra"].arrive(survey)
 
     def start(self) -> list[threading.Thread]:
@@ -260,17 +258,17 @@ class Feeders:
         """(files listed in two manifests, merged rows, rows the merged files hold) for this soak's files."""
         import pyarrow.parquet as pq
 
-        from tasks.core import keys
+        from tasks.etl import keys as etl_keys
 
         mine = set(self.ledgers["etl"].arrived)
         listed = collections.Counter()
-        for path in self.store.path(keys.manifest_key(self.date, "x")).parent.glob("*.json"):
+        for path in self.store.path(etl_keys.manifest_key(self.date, "x")).parent.glob("*.json"):
             for url in json.loads(path.read_text())["fileLocations"][0]["URIPrefixes"]:
                 name = url.rsplit("/", 1)[-1]
                 if name in mine:
                     listed[name] += 1
         rows = 0
-        for part in self.store.path(keys.merged_output_prefix(self.date) + "x").parent.glob("*.parquet"):
+        for part in self.store.path(etl_keys.merged_output_prefix(self.date) + "x").parent.glob("*.parquet"):
             rows += pq.read_metadata(part).num_rows
         return sum(n - 1 for n in listed.values() if n > 1), rows, len(self.ledgers["etl"].done) * self.etl_lines
 

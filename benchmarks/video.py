@@ -72,7 +72,7 @@ def raw_baseline(source: Path, work: Path, segment_seconds: float) -> float:
 
 
 def _new_job(source: Path, segment_seconds: float) -> str:
-    from tasks.core import keys
+    from tasks.video import keys
     from tasks.video import jobs as v
     from tasks.core.config import object_store
 
@@ -147,7 +147,7 @@ def bare_grayscale(source: Path, work: Path, segment_seconds: float, workers: in
 
 def grayscale_flow(source: Path, segment_seconds: float, workers: int) -> tuple[float, dict]:
     """The whole `video-process` flow (grayscale, reassembly included) through the Prefect server; upload not timed."""
-    from tasks.core import keys
+    from tasks.video import keys
     from tasks.core.config import object_store
     from tasks.video import jobs as v
     from flows.video import video_process
@@ -288,7 +288,7 @@ def user_path(source: Path, segment_seconds: float, timeout_s: float = 900) -> d
 
     from prefect.client.orchestration import get_client
 
-    from tasks.core import keys
+    from tasks.video import keys
     from tasks.core.config import object_store
     from tasks.video import jobs as v
 

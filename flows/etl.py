@@ -37,7 +37,7 @@ from tasks.etl.ingest import ManifestRef
 from tasks.core import limits
 from tasks.core.runtime import quick_heartbeat_exit, today_iso, utc_now
 from tasks.core.redact import redact_logs
-from tasks.core.keys import INPUT_PREFIX
+from tasks.etl.keys import INPUT_PREFIX
 from tasks.core.object_store import ObjectNotFound
 from tasks.core.notify import notify_on_failure
 from tasks.landing.listener import listen

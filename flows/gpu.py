@@ -31,7 +31,8 @@ from prefect.states import Cancelled
 
 from blocks import load_config
 from blocks.gpu import GpuCompute
-from tasks.core import keys, limits
+from tasks.core import limits
+from tasks.gpu import keys
 from tasks.core.notify import notify_on_failure
 from tasks.core.runtime import artifact_key, quick_heartbeat_exit
 from tasks.core.redact import redact_logs

@@ -38,7 +38,8 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.phspectra_catalog import survey_progress
-from tasks.core import keys, limits
+from tasks.core import limits
+from tasks.phspectra import keys
 from tasks.landing.listener import listen_report
 from tasks.landing.sources import open_source
 from tasks.phspectra import landing as ph_landing

@@ -19,7 +19,8 @@ from typing import Any
 from prefect import Flow, flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from tasks.core import keys, limits
+from tasks.core import limits
+from tasks.records import keys
 from tasks.core.runtime import quick_heartbeat_exit, utc_now
 from tasks.core.redact import redact_logs
 from tasks.landing.listener import listen_report

@@ -18,6 +18,7 @@ from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
 from tasks.core import keys, limits
+from tasks.video import keys as video_keys
 from tasks.landing.listener import listen_report
 from tasks.landing.sources import open_source
 from tasks.video import jobs as v
@@ -236,7 +237,7 @@ def video_listen(
     over at once (the user waits for their video, not for a batch to fill).
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(source, video_landing.PIPELINE, None, keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
+    events = lambda: open_source(source, video_landing.PIPELINE, None, video_keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
     return listen_report(
         "video-listen", events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
         batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,

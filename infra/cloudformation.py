@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from blocks.etl import EtlSettings
-from tasks.core import keys, limits
+from tasks.core import limits
+from tasks.etl import keys
 from tasks.core.tables import TABLE_SPECS, _create_request, default_names
 from tasks.landing import sqs
 

@@ -6,7 +6,7 @@ import json
 
 from deployments.ops import key_argument
 from tasks.gpu import jobs as gpu
-from tasks.core import keys
+from tasks.gpu import keys
 
 
 def register_local_nodes(count: int | None = None) -> dict[str, str]:

@@ -18,7 +18,8 @@ from tasks.core import config, state_store
 from tasks.core.runtime import today_iso
 from tasks.records import dead_letter, reconcile
 from tasks.records import messages as records_messages
-from tasks.core.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix, safe_date
+from tasks.core.keys import safe_date
+from tasks.records.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix
 
 
 def _ingest(args):

@@ -46,7 +46,7 @@ def make(workdir: Path) -> dict:
 def drop(workdir: Path, store) -> dict:
     """The sample files written into the store's landing place, ``pipeline/input/{date}/`` (each renamed in
     whole, as an upload lands); the listener tracks and batches them. Returns what ``landed`` waits for."""
-    from tasks.core import keys
+    from tasks.etl import keys
 
     tracked = []
     for url in make(workdir)["file_urls"]:

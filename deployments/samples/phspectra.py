@@ -43,7 +43,7 @@ def drop(workdir: Path, store) -> dict:
     """The cube into the store, then a survey manifest naming it under ``surveys/incoming/{survey}/``."""
     import json
 
-    from tasks.core import keys
+    from tasks.phspectra import keys
 
     params = make(workdir)
     cube_key = f"surveys/cubes/{Path(workdir).name}-cube.fits"

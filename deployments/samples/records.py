@@ -48,7 +48,7 @@ def drop(workdir: Path, store, shuffle_seed: int = 7) -> dict:
     message file under ``records/incoming/``: the local stand-in for the workflow-message queue."""
     import random
 
-    from tasks.core import keys
+    from tasks.records import keys
 
     bodies = make(workdir)["messages"]
     random.Random(shuffle_seed).shuffle(bodies)

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.core import keys
+from tasks.etl import keys as etl_keys
 from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
 from tasks.etl.ingest import settings, store
 
@@ -32,7 +33,7 @@ _PARQUET_OUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat"
 
 def partition_files(target: ObjectStore, date_prefix: str) -> list[str]:
     """The published Parquet parts of a date, sorted (a local write's hidden temp file is not one)."""
-    prefix = keys.merged_output_prefix(date_prefix)
+    prefix = etl_keys.merged_output_prefix(date_prefix)
     return sorted(k for k in target.list(prefix) if k.endswith(".parquet") and not k[len(prefix):].startswith("."))
 
 
@@ -57,10 +58,10 @@ def register_partition(date_prefix: str, output_url: str = "") -> dict[str, Any]
     config = settings()
     target = store(output_url or config.output_store_url)
     table = config.catalog_table
-    location = target.url_for(keys.merged_output_prefix(date_prefix))
+    location = target.url_for(etl_keys.merged_output_prefix(date_prefix))
     columns = _schema(target, partition_files(target, date_prefix)).names
     entry = {"table": table, PARTITION_KEY: date_prefix, "location": location, "columns": columns}
-    key = keys.catalog_partition_key(table, date_prefix)
+    key = etl_keys.catalog_partition_key(table, date_prefix)
     try:
         changed = json.loads(target.get_bytes(key)) != entry
     except ObjectNotFound:
@@ -87,8 +88,8 @@ def registered_partitions(output_url: str = "") -> list[dict[str, Any]]:
     config = settings()
     target = store(output_url or config.output_store_url)
     found = []
-    for key in sorted(target.list(keys.catalog_table_prefix(config.catalog_table))):
-        keys.catalog_partition_date(key)
+    for key in sorted(target.list(etl_keys.catalog_table_prefix(config.catalog_table))):
+        etl_keys.catalog_partition_date(key)
         found.append(json.loads(target.get_bytes(key)))
     return found
 
@@ -154,7 +155,7 @@ def register_glue_partition(target: S3Store, database: str, table: str, date_pre
         glue.create_database(DatabaseInput={"Name": database, "Description": "seed 001: merged NDJSON as Parquet"})
     except glue.exceptions.AlreadyExistsException:
         pass
-    root = target.url_for(keys.OUTPUT_PREFIX)
+    root = target.url_for(etl_keys.OUTPUT_PREFIX)
     try:
         known = glue.get_table(DatabaseName=database, Name=table)["Table"]["StorageDescriptor"]["Columns"]
     except glue.exceptions.EntityNotFoundException:

@@ -22,6 +22,7 @@ from boto3.dynamodb.conditions import Key
 from blocks import load_config
 from blocks.etl import EtlSettings
 from tasks.core import keys, state_store
+from tasks.etl import keys as etl_keys
 from tasks.core.runtime import now_iso, prefect_ids, utc_now
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import ListedObject, ObjectNotFound, ObjectStore, copy_url, object_version, open_url
@@ -59,13 +60,13 @@ def ttl_epoch(config: EtlSettings) -> int:
 
 def base_status(item: dict[str, Any]) -> str:
     """The item's status without its shard suffix (``manifested#3`` → ``manifested``)."""
-    return keys.split_status(str(item.get("status", "")))[0]
+    return etl_keys.split_status(str(item.get("status", "")))[0]
 
 
 def with_shard(status: str, current: str) -> str:
     """``status`` carrying the shard suffix of ``current`` (``manifested#3`` → ``completed#3``); legacy stays bare."""
-    shard = keys.split_status(current)[1]
-    return status if shard is None else keys.sharded_status(status, shard)
+    shard = etl_keys.split_status(current)[1]
+    return status if shard is None else etl_keys.sharded_status(status, shard)
 
 
 def tracking_key(date_prefix: str, file_key: str) -> dict[str, str]:
@@ -115,10 +116,10 @@ def input_home(config: EtlSettings) -> str:
     return store(config.input_store_url).url
 
 
-def input_file(url: str, home: str) -> tuple[keys.InputFile, str]:
+def input_file(url: str, home: str) -> tuple[etl_keys.InputFile, str]:
     """The parsed input path of ``url`` and its tracking ``file_key``; InvalidKey if it is no input path."""
-    parsed = keys.parse_input_path(url.split("?", 1)[0])
-    return parsed, keys.input_file_key(parsed, home)
+    parsed = etl_keys.parse_input_path(url.split("?", 1)[0])
+    return parsed, etl_keys.input_file_key(parsed, home)
 
 
 def validate_file(url: str, config: EtlSettings, size: int | None = None, home: str | None = None) -> FileCheck:
@@ -129,7 +130,7 @@ def validate_file(url: str, config: EtlSettings, size: int | None = None, home: 
     try:
         parsed, file_key = input_file(url, home or input_home(config))
     except keys.InvalidKey as error:
-        return FileCheck(url, keys.UNDATED_PREFIX, keys.undated_file_key(url), None, f"unparseable input path: {error}")
+        return FileCheck(url, etl_keys.UNDATED_PREFIX, etl_keys.undated_file_key(url), None, f"unparseable input path: {error}")
     try:
         if size is None:
             source, key = open_url(url)
@@ -159,13 +160,13 @@ def validate_files(urls: Sequence[str], config: EtlSettings, sizes: Sequence[int
 
 
 def _file_item(check: FileCheck, status: str, config: EtlSettings, **extra: Any) -> dict[str, Any]:
-    shard = keys.status_shard(check.file_key, config.num_status_shards)
+    shard = etl_keys.status_shard(check.file_key, config.num_status_shards)
     stamp = now_iso()
     item = {
         "date_prefix": check.date_prefix,
         "file_key": check.file_key,
         "file_path": check.url,
-        "status": keys.sharded_status(status, shard),
+        "status": etl_keys.sharded_status(status, shard),
         "shard_id": shard,
         "created_at": stamp,
         "updated_at": stamp,
@@ -194,10 +195,10 @@ def _version(url: str) -> tuple[int | None, str | None]:
 def _quarantine_copy(check: FileCheck, config: EtlSettings, size: int | None, version: str | None) -> tuple[str, str]:
     """The refused file's bytes (streamed, never whole in memory) and its reason file; (quarantine URL, reason)."""
     target = store(config.quarantine_store_url)
-    if check.date_prefix == keys.UNDATED_PREFIX:
-        key = keys.undated_quarantine_key(check.url)
+    if check.date_prefix == etl_keys.UNDATED_PREFIX:
+        key = etl_keys.undated_quarantine_key(check.url)
     else:
-        key = keys.quarantine_key(check.date_prefix, check.file_key)
+        key = etl_keys.quarantine_key(check.date_prefix, check.file_key)
     reason = check.reason or ""
     copied = ""
     if size is not None:  # it exists: keep its bytes
@@ -206,7 +207,7 @@ def _quarantine_copy(check: FileCheck, config: EtlSettings, size: int | None, ve
         except ObjectNotFound:  # deleted since it was looked at
             size = version = None
     document = {"file_path": check.url, "reason": reason, "size_bytes": size, "etag": version, "quarantined_at": now_iso()}
-    target.put_bytes(keys.quarantine_reason_key(key), json.dumps(document, indent=2).encode())
+    target.put_bytes(etl_keys.quarantine_reason_key(key), json.dumps(document, indent=2).encode())
     return copied, reason
 
 
@@ -271,7 +272,7 @@ def file_records(date_prefix: str, consistent: bool = True, **query: Any) -> Ite
     """Every file record of a date (meta-records filtered in code, never in a FilterExpression)."""
     return state_store.query_all(
         table_name(TRACKING),
-        keep=lambda item: not keys.is_meta_record(item["file_key"]),
+        keep=lambda item: not etl_keys.is_meta_record(item["file_key"]),
         KeyConditionExpression=Key("date_prefix").eq(date_prefix),
         ConsistentRead=consistent,
         **query,
@@ -283,10 +284,10 @@ def pending_files(date_prefix: str, shards: int | None = None) -> list[dict[str,
     oldest name first (a stable order keeps concurrent claimers apart). The index may lag: claims are guarded."""
     shards = settings().num_status_shards if shards is None else shards
     found: list[dict[str, Any]] = []
-    for status in [keys.sharded_status(PENDING, n) for n in range(shards)] + [PENDING]:
+    for status in [etl_keys.sharded_status(PENDING, n) for n in range(shards)] + [PENDING]:
         found += state_store.query_all(
             table_name(TRACKING),
-            keep=lambda item: not keys.is_meta_record(item["file_key"]),
+            keep=lambda item: not etl_keys.is_meta_record(item["file_key"]),
             IndexName=STATUS_INDEX,
             KeyConditionExpression=Key("status").eq(status) & Key("date_prefix").eq(keys.safe_date(date_prefix)),
         )
@@ -323,7 +324,7 @@ def release(items: Sequence[dict[str, Any]]) -> int:
 def next_sequences(date_prefix: str, count: int = 1) -> list[int]:
     """``count`` fresh manifest numbers for a date (one atomic ADD on a meta-record), so names never collide."""
     table = table_name(TRACKING)
-    key = tracking_key(date_prefix, keys.MANIFEST_SEQUENCE_KEY)
+    key = tracking_key(date_prefix, etl_keys.MANIFEST_SEQUENCE_KEY)
     result = state_store.transition(table, key, None, None, add={"sequence": count})
     if not result.applied:  # the date's first manifest: create the counter, then count
         state_store.create_if_absent(table, {**key, "sequence": 0}, TRACKING_KEYS)
@@ -348,8 +349,8 @@ def reserve_manifests(date_prefix: str, count: int, config: EtlSettings) -> list
         return []
     created = utc_now()
     target = store(config.manifest_store_url)
-    names = [keys.manifest_name(sequence, created) for sequence in next_sequences(date_prefix, count)]
-    return [(name, target.url_for(keys.manifest_key(date_prefix, name))) for name in names]
+    names = [etl_keys.manifest_name(sequence, created) for sequence in next_sequences(date_prefix, count)]
+    return [(name, target.url_for(etl_keys.manifest_key(date_prefix, name))) for name in names]
 
 
 def _put_entry(item: dict[str, Any]) -> dict[str, Any]:
@@ -371,7 +372,7 @@ def _claim_entry(item: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
 def _manifest_record(date_prefix: str, path: str, count: int, partial: bool, created: str, config: EtlSettings) -> dict:
     """The ``MANIFEST#`` record of a manifest (``pending`` until its merge starts)."""
     return {
-        **tracking_key(date_prefix, keys.manifest_record_key(path.rsplit("/", 1)[1])),
+        **tracking_key(date_prefix, etl_keys.manifest_record_key(path.rsplit("/", 1)[1])),
         "status": PENDING, "manifest_path": path, "file_count": count, "partial_batch": partial,
         "created_at": created, "updated_at": created, "ttl": ttl_epoch(config),
     }
@@ -401,7 +402,7 @@ def publish_batches(
         is_partial = partial or len(urls) < config.max_files_per_manifest
         document = {"fileLocations": [{"URIPrefixes": urls}], "date_prefix": date_prefix, "manifest_name": name,
                     "file_count": len(urls), "partial_batch": is_partial, "created_at": created}
-        target.put_bytes(keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
+        target.put_bytes(etl_keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
         entries = [
             _put_entry(_file_item(f, MANIFESTED, config, **sets_for(path))) if isinstance(f, FileCheck)
             else _claim_entry(f, sets_for(path))
@@ -412,7 +413,7 @@ def publish_batches(
     outcomes = state_store.transact_groups(groups)
     lost = [i for i, reasons in enumerate(outcomes) if reasons is not None]
     for i in lost:
-        target.delete(keys.manifest_key(date_prefix, refs[i].manifest_name))  # never recorded: nothing reads it
+        target.delete(etl_keys.manifest_key(date_prefix, refs[i].manifest_name))  # never recorded: nothing reads it
     return [ref for i, ref in enumerate(refs) if i not in lost], lost
 
 
@@ -433,12 +434,12 @@ def _publish_unatomic(
         created = now_iso()
         document = {"fileLocations": [{"URIPrefixes": urls}], "date_prefix": date_prefix, "manifest_name": name,
                     "file_count": len(urls), "partial_batch": is_partial, "created_at": created}
-        store(config.manifest_store_url).put_bytes(keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
+        store(config.manifest_store_url).put_bytes(etl_keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
         record = _manifest_record(date_prefix, path, len(urls), is_partial, created, config)
         state_store.create_if_absent(table_name(TRACKING), record, TRACKING_KEYS)
     except BaseException:
         with contextlib.suppress(Exception):  # the flush releases them if this fails too
-            record_key = tracking_key(date_prefix, keys.manifest_record_key(name))
+            record_key = tracking_key(date_prefix, etl_keys.manifest_record_key(name))
             if state_store.get_item(table_name(TRACKING), record_key) is None:  # else the manifest holds them
                 _release_claims(batch, path)
         raise
@@ -694,12 +695,12 @@ def pending_manifests(older_than_seconds: float = 0, dates: Sequence[str] | None
     cutoff = utc_now() - timedelta(seconds=older_than_seconds)
     query: dict[str, Any] = {"IndexName": STATUS_INDEX, "KeyConditionExpression": Key("status").eq(PENDING)}
     found = []
-    for item in state_store.query_all(table_name(TRACKING), keep=lambda i: i["file_key"].startswith(keys.MANIFEST_PREFIX), **query):
+    for item in state_store.query_all(table_name(TRACKING), keep=lambda i: i["file_key"].startswith(etl_keys.MANIFEST_PREFIX), **query):
         if dates is not None and item["date_prefix"] not in dates:
             continue
         if datetime.fromisoformat(item["created_at"]) > cutoff:
             continue
-        name = keys.manifest_name_from_record_key(item["file_key"])
+        name = etl_keys.manifest_name_from_record_key(item["file_key"])
         found.append(ManifestRef(item["date_prefix"], name, item["manifest_path"], int(item.get("file_count", 0))))
     return sorted(found, key=lambda r: (r.date_prefix, r.manifest_name))
 
@@ -710,11 +711,11 @@ def pending_manifests(older_than_seconds: float = 0, dates: Sequence[str] | None
 def orphan_dates(config: EtlSettings, today: str) -> dict[str, int]:
     """Pending files of dates before ``today``, across every ``pending#N`` shard and legacy ``pending``."""
     counts: dict[str, int] = {}
-    statuses = [keys.sharded_status(PENDING, n) for n in range(config.num_status_shards)] + [PENDING]
+    statuses = [etl_keys.sharded_status(PENDING, n) for n in range(config.num_status_shards)] + [PENDING]
     for status in statuses:
         for item in state_store.query_all(
             table_name(TRACKING),
-            keep=lambda i: not keys.is_meta_record(i["file_key"]),
+            keep=lambda i: not etl_keys.is_meta_record(i["file_key"]),
             IndexName=STATUS_INDEX,
             KeyConditionExpression=Key("status").eq(status) & Key("date_prefix").lt(keys.safe_date(today)),
         ):

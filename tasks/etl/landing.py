@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from botocore.exceptions import BotoCoreError, ClientError
 
 from blocks.etl import EtlSettings
-from tasks.core import keys
+from tasks.etl import keys
 from tasks.core.runtime import run_logger
 from tasks.etl import ingest as etl
 from tasks.etl.ingest import FileCheck, ManifestRef

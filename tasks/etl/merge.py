@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Key
 
 from tasks.core import keys, state_store
+from tasks.etl import keys as etl_keys
 from tasks.core.runtime import now_iso, prefect_ids
 from tasks.core.config import table_name
 from tasks.etl.ingest import (
@@ -52,7 +53,7 @@ NDJSON_TO_PARQUET = 0.25  # typical Snappy Parquet size / NDJSON size: how much 
 
 def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
     """The ``MANIFEST#`` meta-record, or LookupError."""
-    key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
+    key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
     item = state_store.get_item(table_name(TRACKING), key)
     if item is None:
         raise LookupError(f"no manifest record {key['file_key']} for {date_prefix}")
@@ -65,7 +66,7 @@ def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) 
     Returns the record, or None when another run already has it (a duplicate launch does nothing). A retry of
     the same flow run finds its own ``processing`` record and carries on.
     """
-    key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
+    key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
     expected = [PENDING, FAILED, COMPLETED] if rerun else PENDING
     ids = prefect_ids()
     result = state_store.transition(
@@ -86,11 +87,11 @@ def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) 
 def processing_under(flow_run_id: str) -> dict[str, str]:
     """The MANIFESTs ``processing`` under this flow run: manifest name → date (``status-index``)."""
     found = state_store.query_all(
-        table_name(TRACKING), keep=lambda item: item["file_key"].startswith(keys.MANIFEST_PREFIX)
+        table_name(TRACKING), keep=lambda item: item["file_key"].startswith(etl_keys.MANIFEST_PREFIX)
         and item.get("prefect_flow_run_id") == flow_run_id,
         IndexName=STATUS_INDEX, KeyConditionExpression=Key("status").eq(PROCESSING),
     )
-    return {keys.manifest_name_from_record_key(item["file_key"]): item["date_prefix"] for item in found}
+    return {etl_keys.manifest_name_from_record_key(item["file_key"]): item["date_prefix"] for item in found}
 
 
 def manifest_files(manifest_path: str) -> list[str]:
@@ -296,7 +297,7 @@ def run_dask(calls: list, scheduler: str) -> list:
 def published(date_prefix: str, manifest_name: str, output_url: str = "") -> dict[str, Any] | None:
     """The summary a finished publish of this manifest left (None when its output is not all published)."""
     try:
-        return json.loads(store(output_url).get_bytes(keys.merged_published_key(date_prefix, manifest_name)))
+        return json.loads(store(output_url).get_bytes(etl_keys.merged_published_key(date_prefix, manifest_name)))
     except ObjectNotFound:
         return None
 
@@ -312,20 +313,20 @@ def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list
     parts = []
     for o in sorted(outputs, key=lambda o: o["part"]):
         if o["staged"]:
-            final = keys.merged_part_key(date_prefix, manifest_name, o["part"])
+            final = etl_keys.merged_part_key(date_prefix, manifest_name, o["part"])
             parts.append(object_store.rename(target, o["staged"], final))
-    written = {keys.merged_part_key(date_prefix, manifest_name, o["part"]) for o in outputs if o["staged"]}
-    for key in list(target.list(keys.merged_part_prefix(date_prefix, manifest_name))):
+    written = {etl_keys.merged_part_key(date_prefix, manifest_name, o["part"]) for o in outputs if o["staged"]}
+    for key in list(target.list(etl_keys.merged_part_prefix(date_prefix, manifest_name))):
         if key not in written:  # a part an earlier run wrote that this run does not (fewer rows now)
             target.delete(key)
     rejects = [r for o in outputs for r in o["rejects"]]
-    rejects_key = keys.rejects_key(date_prefix, manifest_name)
+    rejects_key = etl_keys.rejects_key(date_prefix, manifest_name)
     summary = {**summary, "parts": parts, "rejects_path": None}
     if rejects:
         summary["rejects_path"] = target.put_bytes(rejects_key, "".join(json.dumps(r) + "\n" for r in rejects).encode())
     elif target.exists(rejects_key):
         target.delete(rejects_key)
-    target.put_bytes(keys.merged_published_key(date_prefix, manifest_name), json.dumps(summary).encode())
+    target.put_bytes(etl_keys.merged_published_key(date_prefix, manifest_name), json.dumps(summary).encode())
     return {**summary, "partition": catalog.register_logged(date_prefix, output_url)}
 
 
@@ -333,13 +334,13 @@ def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int
     """Remove a failed manifest's output (publish record first, then parts and rejects); how many objects went."""
     target = store(output_url)
     removed = 0
-    marker = keys.merged_published_key(date_prefix, manifest_name)
+    marker = etl_keys.merged_published_key(date_prefix, manifest_name)
     if target.exists(marker):
         removed += target.delete(marker)
-    for key in list(target.list(keys.merged_part_prefix(date_prefix, manifest_name))):
+    for key in list(target.list(etl_keys.merged_part_prefix(date_prefix, manifest_name))):
         removed += target.delete(key)
-    if target.exists(keys.rejects_key(date_prefix, manifest_name)):
-        removed += target.delete(keys.rejects_key(date_prefix, manifest_name))
+    if target.exists(etl_keys.rejects_key(date_prefix, manifest_name)):
+        removed += target.delete(etl_keys.rejects_key(date_prefix, manifest_name))
     return removed
 
 
@@ -373,7 +374,7 @@ def merge_manifest(
     if done is not None and sorted(f["url"] for f in done["files"]) == sorted(urls) and not done["files_failed"]:
         return {**done, "already_published": True, "partition": catalog.register_logged(date_prefix, output_url)}
     token = uuid.uuid4().hex
-    staging = keys.merged_staging_prefix(date_prefix, manifest_name, token)
+    staging = etl_keys.merged_staging_prefix(date_prefix, manifest_name, token)
     processed_at = now_iso()
     sizes = input_sizes(urls)
     parts = plan_parts(sorted(urls), target_file_mb, sizes)
@@ -438,7 +439,7 @@ def finish_manifest(
                     parts=summary["parts"], rejects_path=summary["rejects_path"] or "")
     if error:
         sets["error_message"] = error[:1000]
-    manifest_key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
+    manifest_key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
     changes = [(manifest_key, PROCESSING, outcome, sets)]
     with_manifest = [state_store.put_entry(table_name(METRICS), metric_item("merge", metric))] if metric else []
 

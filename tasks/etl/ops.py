@@ -12,6 +12,7 @@ from typing import Any
 from boto3.dynamodb.conditions import Key
 
 from tasks.core import keys, state_store
+from tasks.etl import keys as etl_keys
 from tasks.core.runtime import now_iso, utc_now
 from tasks.core.config import table_name
 from tasks.etl.ingest import (
@@ -24,7 +25,7 @@ def manifest_records(date_prefix: str) -> list[dict[str, Any]]:
     """The ``MANIFEST#`` records of a date (selected in code, never with a key in a FilterExpression)."""
     return list(state_store.query_all(
         table_name(TRACKING),
-        keep=lambda item: item["file_key"].startswith(keys.MANIFEST_PREFIX),
+        keep=lambda item: item["file_key"].startswith(etl_keys.MANIFEST_PREFIX),
         KeyConditionExpression=Key("date_prefix").eq(keys.safe_date(date_prefix)),
     ))
 
@@ -48,12 +49,12 @@ def status_by_date(date_prefix: str, status: str | None = None) -> dict[str, Any
 def files_with_status(status: str, before: str | None = None) -> dict[str, int]:
     """Files in ``status`` per date across every shard of ``status-index`` (dates before ``before`` if given)."""
     counts: Counter[str] = Counter()
-    for value in [keys.sharded_status(status, n) for n in range(settings().num_status_shards)] + [status]:
+    for value in [etl_keys.sharded_status(status, n) for n in range(settings().num_status_shards)] + [status]:
         condition = Key("status").eq(value)
         if before:
             condition = condition & Key("date_prefix").lt(keys.safe_date(before))
         for item in state_store.query_all(
-            table_name(TRACKING), keep=lambda i: not keys.is_meta_record(i["file_key"]),
+            table_name(TRACKING), keep=lambda i: not etl_keys.is_meta_record(i["file_key"]),
             IndexName=STATUS_INDEX, KeyConditionExpression=condition,
         ):
             counts[item["date_prefix"]] += 1
@@ -104,7 +105,7 @@ def reprocess_failed(date_prefix: str, file_keys: list[str] | None = None, dry_r
     if missing:
         raise LookupError(f"not failed (or not tracked) on {date_prefix}: {', '.join(missing)}")
     paths = {f.get("manifest_path") for f in failed}
-    dead = sorted(keys.manifest_name_from_record_key(m["file_key"]) for m in manifest_records(date_prefix)
+    dead = sorted(etl_keys.manifest_name_from_record_key(m["file_key"]) for m in manifest_records(date_prefix)
                   if m["status"] == FAILED and m.get("manifest_path") in paths)
     changes = [
         (tracking_key(date_prefix, f["file_key"]), f["status"], with_shard(PENDING, f["status"]),

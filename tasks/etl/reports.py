@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from blocks.etl import EtlSettings
-from tasks.core import keys
+from tasks.etl import keys
 from tasks.core.runtime import prefect_ids, utc_now
 from tasks.etl.ingest import settings, store
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tasks.core import keys
+from tasks.gpu import keys
 from tasks.gpu.health import UNKNOWN, HealthResult, command_check, run_check
 
 LAUNCHER = Path(__file__).resolve().with_name("launcher.py")

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.gpu import keys
 from tasks.core.config import table_name
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger
 from tasks.core.state_store import Condition

@@ -16,7 +16,9 @@ from typing import Any
 from boto3.dynamodb.conditions import Key
 
 from blocks.health import HealthThresholds
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.etl import keys as etl_keys
+from tasks.records import keys as records_keys
 from tasks.core.config import object_store, table_name
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.etl import ingest as etl
@@ -87,17 +89,17 @@ def _alarm(name: str, pipeline: str, offenders: Iterable[str], threshold: int, w
 
 def dead_letter_archive(limits: HealthThresholds) -> Alarm:
     """Records: objects in the dead-letter archive (waiting for replay, or failed again under failed/)."""
-    found = list(object_store().list(keys.DEAD_LETTER_PREFIX))
+    found = list(object_store().list(records_keys.DEAD_LETTER_PREFIX))
     return _alarm("records-dead-letter-archive", "records", found, limits.dead_letter_max, "archived message(s)")
 
 
 def _pending_files() -> list[dict[str, Any]]:
     """Every tracked file (not meta-record) pending in any status shard, through the status index."""
-    statuses = [keys.sharded_status(etl.PENDING, n) for n in range(etl.settings().num_status_shards)] + [etl.PENDING]
+    statuses = [etl_keys.sharded_status(etl.PENDING, n) for n in range(etl.settings().num_status_shards)] + [etl.PENDING]
     found = []
     for status in statuses:
         found += state_store.query_all(
-            table_name(etl.TRACKING), keep=lambda item: not keys.is_meta_record(item["file_key"]),
+            table_name(etl.TRACKING), keep=lambda item: not etl_keys.is_meta_record(item["file_key"]),
             IndexName=etl.STATUS_INDEX, KeyConditionExpression=Key("status").eq(status),
         )
     return found
@@ -141,10 +143,10 @@ def etl_pending(limits: HealthThresholds) -> list[Alarm]:
 def etl_failed_manifests(limits: HealthThresholds) -> Alarm:
     """ETL: ``MANIFEST#`` records whose merge failed (a re-run moves them on, which clears the alarm)."""
     failed = state_store.query_all(
-        table_name(etl.TRACKING), keep=lambda item: item["file_key"].startswith(keys.MANIFEST_PREFIX),
+        table_name(etl.TRACKING), keep=lambda item: item["file_key"].startswith(etl_keys.MANIFEST_PREFIX),
         IndexName=etl.STATUS_INDEX, KeyConditionExpression=Key("status").eq(etl.FAILED),
     )
-    names = [f"{item['date_prefix']}/{keys.manifest_name_from_record_key(item['file_key'])}" for item in failed]
+    names = [f"{item['date_prefix']}/{etl_keys.manifest_name_from_record_key(item['file_key'])}" for item in failed]
     return _alarm("etl-failed-manifests", "etl", names, limits.failed_manifests_max, "failed manifest(s)")
 
 

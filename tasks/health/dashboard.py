@@ -15,7 +15,9 @@ from typing import Any
 
 from boto3.dynamodb.conditions import Key
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.phspectra import keys as phspectra_keys
+from tasks.records import keys as records_keys
 from tasks.core.config import object_store, table_name
 from tasks.core.state_store import to_plain
 from tasks.etl import ingest as etl
@@ -90,7 +92,7 @@ def etl_outcomes(ingests: Sequence[Mapping[str, Any]], merges: Sequence[Mapping[
 def pipeline_outcomes(since_iso: str, since_epoch_ms: int) -> list[Outcomes]:
     """phspectra runs, video jobs, GPU jobs and records executions that ended in the window (maintenance reads)."""
     after = lambda *attrs: lambda item: max((str(item.get(a) or "") for a in attrs), default="") >= since_iso  # noqa: E731
-    runs = state_store.scan_all(survey.runs_table(), keep=lambda item: item["SK"] == keys.RUN_SK)
+    runs = state_store.scan_all(survey.runs_table(), keep=lambda item: item["SK"] == phspectra_keys.RUN_SK)
     executions = state_store.scan_all(table_name("executions"))
     return [
         _outcomes("phspectra", "runs", runs, "status", survey.RUN_COMPLETED, survey.RUN_FAILED, after("completed_at", "created_at")),
@@ -119,7 +121,7 @@ def dashboard(backlog: int, now_us: int | None = None) -> tuple[str, list[dict[s
     hour_labels = [time.strftime("%H:00", time.gmtime(now_us / 1e6 - (HOURS - 1 - h) * 3600)) for h in range(HOURS)]
     files = hourly(ingests, "tracked", now_us)
     rate = merge_mb_per_s(merges)
-    dead_letters = sum(1 for _ in object_store().list(keys.DEAD_LETTER_PREFIX))
+    dead_letters = sum(1 for _ in object_store().list(records_keys.DEAD_LETTER_PREFIX))
     rows = [o.row() for o in outcomes]
     table = "\n".join(
         ["| pipeline | ended (24 h) | failed | failure rate |", "|---|---:|---:|---:|"]

@@ -18,7 +18,10 @@ from typing import Sequence
 import boto3
 
 from blocks.health import HealthThresholds
-from tasks.core import keys
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks.records import keys as records_keys
+from tasks.video import keys as video_keys
 from tasks.core.object_store import LocalStore, ObjectStore
 from tasks.health.checks import Alarm, Check, _alarm
 
@@ -42,10 +45,10 @@ def places() -> list[Place]:
     from tasks.records.landing import SUFFIXES as RECORD_SUFFIXES
 
     return [
-        Place("ndjson-listen", "etl", keys.INPUT_PREFIX),
-        Place("video-listen", "video", keys.VIDEO_INPUT_PREFIX, (".mp4",)),
-        Place("phspectra-listen", "phspectra", keys.SURVEY_INCOMING_PREFIX),
-        Place("records-listen", "records", keys.RECORDS_INCOMING_PREFIX, tuple(RECORD_SUFFIXES)),
+        Place("ndjson-listen", "etl", etl_keys.INPUT_PREFIX),
+        Place("video-listen", "video", video_keys.VIDEO_INPUT_PREFIX, (".mp4",)),
+        Place("phspectra-listen", "phspectra", phspectra_keys.SURVEY_INCOMING_PREFIX),
+        Place("records-listen", "records", records_keys.RECORDS_INCOMING_PREFIX, tuple(RECORD_SUFFIXES)),
     ]
 
 

@@ -16,10 +16,10 @@ from typing import Any
 import boto3
 
 from blocks.health import HealthThresholds
-from tasks.core import keys, limits, state_store
+from tasks.core import limits, state_store
+from tasks.records import keys
 from tasks.core.config import object_store, table_name
 from tasks.core.runtime import iso_ago
-from tasks.gpu import jobs as gpu
 from tasks.health.checks import Alarm, Check, _alarm
 from tasks.health.dashboard import metric_rows
 from tasks.video import jobs as video

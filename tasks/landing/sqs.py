@@ -26,6 +26,9 @@ import boto3
 
 from blocks import DynamoTables, ObjectStorage, load_config
 from tasks.core import keys
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks.video import keys as video_keys
 from tasks.core.config import object_store
 from tasks.core.state_store import BOTO_CONFIG
 from tasks.landing.sources import Arrival
@@ -57,14 +60,14 @@ class QueueSpec:
 SEED_QUEUES: dict[str, QueueSpec] = {
     # seed 001: `ndjson-parquet-file-events-{env}`, 6-minute visibility (sqs_visibility_timeout = 360), long
     # polling 20 s, 3 receives then `ndjson-parquet-dlq-{env}`
-    "etl": QueueSpec("ndjson-parquet-file-events-{env}", "ndjson-parquet-dlq-{env}", 360, OBJECTS, keys.INPUT_PREFIX),
+    "etl": QueueSpec("ndjson-parquet-file-events-{env}", "ndjson-parquet-dlq-{env}", 360, OBJECTS, etl_keys.INPUT_PREFIX),
     # seed 003: an upload's object-created event notifies the chunking queue; the seed gives no timeout, so 15
     # minutes covers the chunking it starts (an ffmpeg split of a whole upload)
-    "video": QueueSpec("video-chunking-{env}", "video-chunking-dlq-{env}", 900, OBJECTS, keys.VIDEO_INPUT_PREFIX),
+    "video": QueueSpec("video-chunking-{env}", "video-chunking-dlq-{env}", 900, OBJECTS, video_keys.VIDEO_INPUT_PREFIX),
     # seed 000: the survey CLI uploads a cube or a manifest that starts a run (access pattern 3); the seed's Lambda
     # worker ran 15 minutes at most, and starting a run takes seconds, so the ETL's 6 minutes is ample
     "phspectra": QueueSpec("phspectra-survey-uploads-{env}", "phspectra-survey-uploads-dlq-{env}", 360, OBJECTS,
-                           keys.SURVEY_INCOMING_PREFIX),
+                           phspectra_keys.SURVEY_INCOMING_PREFIX),
     # seed 004: workflow messages on sfEventSqsToDbRecordsInputQueue in batches of 10; visibility
     # acquireTimeoutMillis / 1000 + 60 = 150 s with Cumulus's default 90 s acquire timeout
     "records": QueueSpec(

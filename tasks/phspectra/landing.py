@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from tasks.core import keys, state_store
+from tasks.phspectra import keys as phspectra_keys
 from tasks.core.config import object_store
 from tasks.core.object_store import ObjectNotFound, open_url
 from tasks.core.runtime import now_iso, run_logger
@@ -97,12 +98,12 @@ def parse_manifest(data: bytes, folder_survey: str | None) -> tuple[str, list[st
 def tiles_of(urls: list[str]) -> list[str]:
     """The cubes' tile names (``keys.tile_name``); InvalidManifest naming a cube without a usable one."""
     try:
-        return [keys.tile_name(url) for url in urls]
+        return [phspectra_keys.tile_name(url) for url in urls]
     except keys.InvalidKey as error:
         raise InvalidManifest(str(error)) from None
 
 
-def runs_of(arrival: Arrival, landing: keys.SurveyLanding) -> tuple[str, list[str], dict[str, Any]]:
+def runs_of(arrival: Arrival, landing: phspectra_keys.SurveyLanding) -> tuple[str, list[str], dict[str, Any]]:
     """(survey, cube URLs, other parameters) an arrival asks for: its own cube, or its manifest's list."""
     if not landing.is_manifest:
         tiles_of([arrival.url])
@@ -117,7 +118,7 @@ def runs_of(arrival: Arrival, landing: keys.SurveyLanding) -> tuple[str, list[st
 
 def landing_key(arrival: Arrival) -> dict[str, str]:
     """The key of the landing's item in ``phspectra-runs``."""
-    return {"PK": keys.landing_pk(arrival.url, arrival.event_id), "SK": keys.LANDING_SK}
+    return {"PK": phspectra_keys.landing_pk(arrival.url, arrival.event_id), "SK": phspectra_keys.LANDING_SK}
 
 
 def claim_landing(arrival: Arrival) -> state_store.WriteResult:
@@ -129,7 +130,7 @@ def claim_landing(arrival: Arrival) -> state_store.WriteResult:
 def object_arrived(arrival: Arrival, deployment: str = SURVEY_DEPLOYMENT) -> tuple[str, list[str]]:
     """Start the runs one landing asks for: (what happened, the flow run ids); one log line when none is started (InvalidKey: not a landing key)."""
     log = run_logger(__name__)
-    landing = keys.parse_survey_landing(arrival.key)
+    landing = phspectra_keys.parse_survey_landing(arrival.key)
     claim = claim_landing(arrival)
     if not claim.applied and claim.item and claim.item.get("status") == STARTED:
         log.info("%s landed again: its runs %s were started already", arrival.url, claim.item.get("flow_run_ids"))
@@ -146,7 +147,7 @@ def object_arrived(arrival: Arrival, deployment: str = SURVEY_DEPLOYMENT) -> tup
     pk = landing_key(arrival)["PK"]
     flow_run_ids, run_ids = [], []
     for index, cube in enumerate(cubes):
-        run_id = keys.landing_run_id(pk, index)
+        run_id = phspectra_keys.landing_run_id(pk, index)
         parameters = {"cube_url": cube, "survey": survey, "run_id": run_id, **params}
         flow_run_ids.append(start_deployment_run(deployment, parameters, f"phspectra-landing:{pk}:{index}"))
         run_ids.append(run_id)

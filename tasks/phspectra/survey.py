@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Attr, Key
 
 from tasks.core import keys, state_store
+from tasks.phspectra import keys as phspectra_keys
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger, utc_now
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import ObjectNotFound, ObjectStore, open_url
@@ -72,12 +73,12 @@ def runs_table() -> str:
 
 def run_key(run_id: str) -> dict[str, str]:
     """The key of a run's RUN item."""
-    return {"PK": keys.safe_id(run_id, "run_id"), "SK": keys.RUN_SK}
+    return {"PK": keys.safe_id(run_id, "run_id"), "SK": phspectra_keys.RUN_SK}
 
 
 def chunk_key(run_id: str, start: int) -> dict[str, str]:
     """The key of the run's chunk item starting at spectrum ``start``."""
-    return {"PK": keys.safe_id(run_id, "run_id"), "SK": keys.chunk_sk(start)}
+    return {"PK": keys.safe_id(run_id, "run_id"), "SK": phspectra_keys.chunk_sk(start)}
 
 
 
@@ -90,13 +91,13 @@ def get_run(run_id: str) -> dict[str, Any] | None:
 
 
 def _chunk_query(run_id: str, **extra: Any) -> list[dict[str, Any]]:
-    condition = Key("PK").eq(keys.safe_id(run_id, "run_id")) & Key("SK").begins_with(keys.CHUNK_SK_PREFIX)
+    condition = Key("PK").eq(keys.safe_id(run_id, "run_id")) & Key("SK").begins_with(phspectra_keys.CHUNK_SK_PREFIX)
     return list(state_store.query_all(runs_table(), KeyConditionExpression=condition, ConsistentRead=True, **extra))
 
 
 def list_chunks(run_id: str) -> list[dict[str, Any]]:
     """2. Query(PK=run_id, SK begins_with "CHUNK#"), in spectrum order (past 10 million, SK order is not)."""
-    return sorted(_chunk_query(run_id), key=lambda chunk: keys.chunk_start_from_sk(chunk["SK"]))
+    return sorted(_chunk_query(run_id), key=lambda chunk: phspectra_keys.chunk_start_from_sk(chunk["SK"]))
 
 
 def latest_run(survey: str, not_before: str | None = None) -> dict[str, Any] | None:
@@ -213,11 +214,11 @@ def _write_chunks(
     for start in starts:
         end = start + chunk_size
         store.put_bytes(
-            keys.chunk_npz_key(run_id, start), _npz_bytes(spectra=spectra[start:end], x=xs[start:end], y=ys[start:end])
+            phspectra_keys.chunk_npz_key(run_id, start), _npz_bytes(spectra=spectra[start:end], x=xs[start:end], y=ys[start:end])
         )
     now = now_iso()
     chunk_items = [
-        {**chunk_key(run_id, start), "status": PENDING, "chunk_key": keys.chunk_npz_key(run_id, start),
+        {**chunk_key(run_id, start), "status": PENDING, "chunk_key": phspectra_keys.chunk_npz_key(run_id, start),
          "n_spectra": min(chunk_size, len(spectra) - start), "created_at": now}
         for start in starts
     ]  # fmt: skip
@@ -275,7 +276,7 @@ def complete_split(run_id: str) -> list[int]:
     run = to_plain(get_run(run_id) or {})
     if not run.get("jobs_total"):
         return []
-    have = {keys.chunk_start_from_sk(chunk["SK"]) for chunk in _chunk_query(run_id)}
+    have = {phspectra_keys.chunk_start_from_sk(chunk["SK"]) for chunk in _chunk_query(run_id)}
     missing = [start for start in chunk_starts(run["n_spectra"], run["chunk_size"]) if start not in have]
     if missing:
         spectra, xs, ys, _ = prepare_spectra(load_cube(run["cube_url"]))
@@ -380,7 +381,7 @@ def claim_chunk(
             return to_plain(result.item)
         current = result.item
         if current is None:
-            raise LookupError(f"no chunk {keys.chunk_sk(start)} in run {run_id}")
+            raise LookupError(f"no chunk {phspectra_keys.chunk_sk(start)} in run {run_id}")
         status = current.get("status")
         if status == COMPLETED:
             return None
@@ -469,7 +470,7 @@ def fit_chunk(
                     xs, ys = data["x"], data["y"]
             if not lease.renew():  # published only under a lease just confirmed, so nobody else holds the chunk
                 raise FitStopped(f"chunk {start} of run {run_id} was taken from this fit")
-            output_key = keys.decomposition_key(run["survey"], run_id, start)
+            output_key = phspectra_keys.decomposition_key(run["survey"], run_id, start)
             write_parquet(store, output_key, rows_to_table(xs, ys, rows))
         n_components = sum(r["n_components"] for r in rows if r["n_components"] != TIMED_OUT)
         n_timed_out = sum(r["n_components"] == TIMED_OUT for r in rows)
@@ -534,7 +535,7 @@ def chunks_to_fit(run_id: str, now: str | None = None) -> tuple[list[int], list[
     fit, slow = [], []
     now = now or now_iso()
     for chunk in list_chunks(run_id):
-        start, status = keys.chunk_start_from_sk(chunk["SK"]), chunk.get("status")
+        start, status = phspectra_keys.chunk_start_from_sk(chunk["SK"]), chunk.get("status")
         if status in (PENDING, FAILED) or (status == IN_PROGRESS and lease_expired(chunk, now)):
             fit.append(start)
         elif status == COMPLETED and chunk.get("n_timed_out"):
@@ -583,7 +584,7 @@ def active_runs(survey: str | None = None) -> list[dict[str, Any]]:
     if survey:
         condition = Key("GSI1_PK").eq(keys.safe_id(survey, "survey"))
         return list(state_store.query_all(runs_table(), keep=running, IndexName="GSI1", KeyConditionExpression=condition))
-    return list(state_store.scan_all(runs_table(), keep=lambda item: item["SK"] == keys.RUN_SK and running(item)))
+    return list(state_store.scan_all(runs_table(), keep=lambda item: item["SK"] == phspectra_keys.RUN_SK and running(item)))
 
 
 def summarize(run_id: str) -> dict[str, Any]:
@@ -602,7 +603,7 @@ def summarize(run_id: str) -> dict[str, Any]:
         "n_slow_refit": sum(c.get("n_slow_refit", 0) for c in done),
         "n_chunk_items": len(chunks), "chunk_statuses": dict(statuses), "fit_seconds": sum(c.get("duration_ms", 0) for c in chunks) / 1000,
         "chunks": [
-            {"chunk": c["SK"].removeprefix(keys.CHUNK_SK_PREFIX), "status": c.get("status"),
+            {"chunk": c["SK"].removeprefix(phspectra_keys.CHUNK_SK_PREFIX), "status": c.get("status"),
              "n_spectra": c.get("n_spectra"), "n_components": c.get("n_components"),
              "n_timed_out": c.get("n_timed_out"), "duration_ms": c.get("duration_ms"),
              "attempts": c.get("attempts"), "error": c.get("error")}

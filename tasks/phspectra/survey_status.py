@@ -17,6 +17,7 @@ from typing import Any
 from boto3.dynamodb.conditions import Key
 
 from tasks.core import keys, state_store
+from tasks.phspectra import keys as phspectra_keys
 from tasks.core.state_store import to_plain
 from tasks.phspectra import survey as ph
 
@@ -26,7 +27,7 @@ PENDING = "PENDING"  # a tile whose run a landing started but whose split has no
 def run_tile(run: dict[str, Any]) -> str:
     """The tile of a run: its cube's (``keys.tile_name``), or the run id for a cube with no usable name."""
     try:
-        return keys.tile_name(run.get("cube_url") or "")
+        return phspectra_keys.tile_name(run.get("cube_url") or "")
     except keys.InvalidKey:
         return run["PK"]
 
@@ -42,8 +43,8 @@ def survey_runs(survey: str) -> list[dict[str, Any]]:
 
 def started_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """(run_id, tile, started_at) of every run that the landings of ``runs`` started, from their LANDING items."""
-    pks = {keys.landing_pk_of_run(run["PK"]) for run in runs} - {None}
-    landings = state_store.get_many(ph.runs_table(), [{"PK": pk, "SK": keys.LANDING_SK} for pk in sorted(pks)])
+    pks = {phspectra_keys.landing_pk_of_run(run["PK"]) for run in runs} - {None}
+    landings = state_store.get_many(ph.runs_table(), [{"PK": pk, "SK": phspectra_keys.LANDING_SK} for pk in sorted(pks)])
     return [
         {"run_id": run_id, "tile": tile, "started_at": landing.get("started_at", "")}
         for landing in map(to_plain, landings)

@@ -18,7 +18,8 @@ from typing import Any
 
 from tasks.core import config
 from tasks.core.runtime import now_iso, run_logger, today_iso
-from tasks.core.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix, safe_id
+from tasks.core.keys import safe_id
+from tasks.records.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix
 
 
 # process(payloads, ids) -> one error dict (or None when written) per payload

@@ -22,6 +22,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from tasks.core import keys
+from tasks.records import keys as records_keys
 from tasks.core.config import object_store
 from tasks.core.object_store import ObjectNotFound, rename
 from tasks.core.runtime import run_logger, today_iso
@@ -50,7 +51,7 @@ def bodies_of(arrival: Arrival) -> list[str]:
     """
     if arrival.body is not None:
         return [arrival.body]
-    keys.records_processed_key(today_iso(), arrival.key)  # InvalidKey unless it lies under records/incoming/
+    records_keys.records_processed_key(today_iso(), arrival.key)  # InvalidKey unless it lies under records/incoming/
     data = object_store().get_bytes(arrival.key)
     try:  # the same strict decode as a batch at messages_url: a message that is not UTF-8 stays its bytes
         found = records_messages.batch_from_bytes(data, arrival.key)
@@ -70,7 +71,7 @@ def bodies_of(arrival: Arrival) -> list[str]:
 def processed_key(store, key: str) -> str:
     """Where a written file goes under ``records/processed/{date}/``: its own name, unless a different file of
     that name is there already (then the name carries its content hash: a file set aside never replaces another)."""
-    target = keys.records_processed_key(today_iso(), key)
+    target = records_keys.records_processed_key(today_iso(), key)
     if not store.exists(target):
         return target
     data = store.get_bytes(key)

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 from tasks.core import config, state_store
 from tasks.core.runtime import now_iso, run_logger
-from tasks.core.keys import CHUNK_SK_PREFIX, MANIFEST_PREFIX, RUN_SK, manifest_name_from_record_key
+from tasks.etl.keys import MANIFEST_PREFIX, manifest_name_from_record_key
+from tasks.phspectra.keys import CHUNK_SK_PREFIX, RUN_SK
 from tasks.phspectra import survey
 from tasks.core.state_store import Increment
 

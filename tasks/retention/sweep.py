@@ -23,7 +23,10 @@ from typing import Any
 
 from boto3.dynamodb.conditions import Key
 
-from tasks.core import keys, limits, state_store
+from tasks.core import limits, state_store
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks.records import keys as records_keys
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import ObjectStore
 from tasks.etl import ingest as etl
@@ -80,7 +83,7 @@ def _gpu_tasks(job: Mapping[str, Any]) -> list[Child]:
 
 RULES = (
     Rule("phspectra_runs", ("PK", "SK"), "status", (survey.RUN_COMPLETED, survey.RUN_FAILED), ("completed_at", "created_at"),
-         keep=lambda item: item["SK"] == keys.RUN_SK, children=_chunks),
+         keep=lambda item: item["SK"] == phspectra_keys.RUN_SK, children=_chunks),
     Rule("video_jobs", ("job_id",), "status", (video.COMPLETED, video.FAILED, video.DELETED),
          ("deleted_at", "completed_at", "failed_at", "created_at"), children=_video_items),
     Rule("ecs_job", ("job_id",), "job_status", gpu.JOB_TERMINAL, ("updated_at", "created_at"), children=_gpu_tasks),
@@ -186,12 +189,12 @@ def age_out_objects(dead_letter_days: float | None, now: datetime, report: Repor
     that were replayed and failed again (``failed/``) older than ``dead_letter_days``; never the waiting ones."""
     staging_cutoff = now - timedelta(seconds=limits.ETL_MERGE_TIMEOUT_S)
     output = etl.store(etl.settings().output_store_url)
-    report.deleted_objects["etl-staging"] = sum(output.delete(k) for k in _older_than(output, keys.MERGED_STAGING_PREFIX, staging_cutoff))
+    report.deleted_objects["etl-staging"] = sum(output.delete(k) for k in _older_than(output, etl_keys.MERGED_STAGING_PREFIX, staging_cutoff))
     if dead_letter_days is None:
         report.deleted_objects["dead-letter-failed"] = 0
         return
     archive = object_store()
-    old = _older_than(archive, f"{keys.DEAD_LETTER_PREFIX}failed/", now - timedelta(days=dead_letter_days))
+    old = _older_than(archive, f"{records_keys.DEAD_LETTER_PREFIX}failed/", now - timedelta(days=dead_letter_days))
     report.deleted_objects["dead-letter-failed"] = sum(archive.delete(k) for k in old)
 
 

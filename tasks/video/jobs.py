@@ -20,6 +20,7 @@ from boto3.dynamodb.conditions import Key
 
 from blocks import VideoInference, load_config
 from tasks.core import faults, keys, state_store
+from tasks.video import keys as video_keys
 from tasks.video import ffmpeg as video_ffmpeg
 from tasks.video import inference as video_inference
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids
@@ -134,7 +135,7 @@ def create_job(
     job_id = keys.safe_id(uuid.uuid4().hex if job_id is None else job_id, "job_id")
     if mode is not None and mode not in video_ffmpeg.FILTERS:
         raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(video_ffmpeg.FILTERS)}")
-    item = {"job_id": job_id, "status": CREATED, "created_at": now_iso(), "source_key": keys.source_key(job_id)}
+    item = {"job_id": job_id, "status": CREATED, "created_at": now_iso(), "source_key": video_keys.source_key(job_id)}
     if mode:
         item["mode"] = mode
     if segment_seconds:
@@ -142,7 +143,7 @@ def create_job(
     result = state_store.create_if_absent(_jobs(), item, ["job_id"])
     if not result.applied:
         raise ValueError(f"video job {job_id!r} already exists (status {result.item.get('status')})")
-    target = object_store().presign_put(keys.source_key(job_id))
+    target = object_store().presign_put(video_keys.source_key(job_id))
     return {"job_id": job_id, "status": CREATED, "source_key": item["source_key"], "upload_target": target}
 
 
@@ -202,10 +203,10 @@ def import_source(job_id: str, source_url: str) -> str:
     source_store, source = open_url(source_url)
     try:
         with local_path(source_store, source) as path:
-            store.put_file(keys.source_key(job_id), path)
+            store.put_file(video_keys.source_key(job_id), path)
     except ObjectNotFound:
         raise video_ffmpeg.InvalidMedia(f"no source at {source}") from None
-    return keys.source_key(job_id)
+    return video_keys.source_key(job_id)
 
 
 def get_job(job_id: str) -> dict[str, Any]:
@@ -263,7 +264,7 @@ _ATTEMPT_ATTRS = (
 def clear_job_outputs(job_id: str) -> dict[str, int]:
     """Remove a job's segments, outputs, completion records and lock (its input stays)."""
     store = object_store()
-    objects = sum(store.delete_prefix(prefix) for prefix in (keys.segments_prefix(job_id), keys.job_output_prefix(job_id)))
+    objects = sum(store.delete_prefix(prefix) for prefix in (video_keys.segments_prefix(job_id), video_keys.job_output_prefix(job_id)))
     records = state_store.batch_delete(
         _completions(), [{"job_id": job_id, "segment_index": r["segment_index"]} for r in completions(job_id)]
     )
@@ -314,7 +315,7 @@ def start_chunking(job_id: str) -> dict[str, Any]:
 def segment_keys_of(job: dict[str, Any]) -> list[str]:
     """The object keys of the job's ``total_segments`` segments, in order."""
     total = int(job["total_segments"])
-    return [keys.segment_key(job["job_id"], i, total, job["mode"]) for i in range(total)]
+    return [video_keys.segment_key(job["job_id"], i, total, job["mode"]) for i in range(total)]
 
 
 def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
@@ -327,7 +328,7 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
     if job.get("status") in (CHUNKED, COMPLETED):
         return segment_keys_of(job)
     store = object_store()
-    source = keys.source_key(job_id)
+    source = video_keys.source_key(job_id)
     with scratch_dir(store, "video-chunk-") as tmp:
         try:
             with local_path(store, source) as path:
@@ -340,7 +341,7 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
         except ObjectNotFound:
             raise video_ffmpeg.InvalidMedia(f"no upload at {source}") from None
         total = len(parts)
-        segment_keys = [keys.segment_key(job_id, i, total, mode) for i in range(total)]
+        segment_keys = [video_keys.segment_key(job_id, i, total, mode) for i in range(total)]
         # each segment probed once here; its output must match (frames, duration) before it counts as done
         probes = [video_ffmpeg.probe(part, key) for part, key in zip(parts, segment_keys)]
         if sum(p.frames for p in probes) != info.frames:
@@ -391,11 +392,11 @@ def completions(job_id: str) -> list[dict[str, Any]]:
     return [state_store.to_plain(i) for i in items]
 
 
-def record_completion(segment: keys.SegmentKey, output_key: str) -> Outcome:
+def record_completion(segment: video_keys.SegmentKey, output_key: str) -> Outcome:
     """Write the segment's SegmentCompletion once (a retry or duplicate finds it there)."""
     item = {
         "job_id": segment.job_id, "segment_index": segment.segment_index, "total_segments": segment.total_segments,
-        "segment_key": keys.segment_key(segment.job_id, segment.segment_index, segment.total_segments, segment.mode),
+        "segment_key": video_keys.segment_key(segment.job_id, segment.segment_index, segment.total_segments, segment.mode),
         "output_key": output_key, "completed_at": now_iso(), **prefect_ids(),
     }
     return state_store.create_if_absent(_completions(), item, ["job_id", "segment_index"]).outcome
@@ -436,7 +437,7 @@ def check_output(path: Path, output_key: str, index: int, job: dict[str, Any], b
 
 def infer_segment(segment_key: str, backend: str | None = None, mode: str | None = None) -> dict[str, Any]:
     """Run the backend on one segment, store its output, record the completion, then run the trigger."""
-    segment = keys.parse_segment_key(segment_key)
+    segment = video_keys.parse_segment_key(segment_key)
     config = load_config(VideoInference)
     backend = backend or config.backend
     mode = mode or segment.mode
@@ -445,7 +446,7 @@ def infer_segment(segment_key: str, backend: str | None = None, mode: str | None
         status = None if job is None else job.get("status")
         return {"segment_index": segment.segment_index, "skipped": f"job is {status}", "triggered": False}
     store = object_store()
-    output = keys.output_segment_key(segment.job_id, segment.segment_index, segment.total_segments, mode)
+    output = video_keys.output_segment_key(segment.job_id, segment.segment_index, segment.total_segments, mode)
     if not store.exists(output):  # outputs are written atomically: present means complete
         if backend == "ffmpeg" and mode == "identity":
             copy_object(store, segment_key, output)  # identity: the output is the segment, unchanged
@@ -462,7 +463,7 @@ def infer_segment(segment_key: str, backend: str | None = None, mode: str | None
                 found = video_inference.detections_file(target)
                 if found.is_file():  # before the output: a present output means the segment is finished
                     store.put_file(
-                        keys.detections_key(segment.job_id, segment.segment_index, segment.total_segments, mode), found
+                        video_keys.detections_key(segment.job_id, segment.segment_index, segment.total_segments, mode), found
                     )
                 put_finished_file(store, output, target)
     outcome = record_completion(segment, output)
@@ -537,7 +538,7 @@ def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900
     job = state_store.get_item(_jobs(), _key(job_id))
     if job is None:
         raise LookupError(f"video job {job_id!r} not found")
-    final = keys.final_key(job_id)
+    final = video_keys.final_key(job_id)
     if job["status"] == COMPLETED:
         return {"job_id": job_id, "status": COMPLETED, "final_key": final, "reassembled": False}
     if job["status"] != CHUNKED:
@@ -562,7 +563,7 @@ def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900
             with scratch_dir(store, "video-concat-") as tmp, contextlib.ExitStack() as stack:
                 parts = [stack.enter_context(local_path(store, r["output_key"])) for r in records]
                 # the source's own audio track, whole, onto the joined picture (segments carry no audio)
-                audio = stack.enter_context(local_path(store, keys.source_key(job_id))) if plain.get("source_has_audio") else None
+                audio = stack.enter_context(local_path(store, video_keys.source_key(job_id))) if plain.get("source_has_audio") else None
                 target = tmp / "final.mp4"
                 video_ffmpeg.concat(parts, target, audio)
                 info = video_ffmpeg.probe(target, final)
@@ -609,7 +610,7 @@ def cleanup_deleted_job(job_id: str) -> dict[str, int]:
     if job is None or job.get("status") != DELETED:
         status = None if job is None else job.get("status")
         raise ValueError(f"video job {job_id!r} is {status}: only deleted jobs are cleaned up")
-    inputs = object_store().delete_prefix(keys.input_prefix(job_id))
+    inputs = object_store().delete_prefix(video_keys.input_prefix(job_id))
     removed = clear_job_outputs(job_id)
     # the row stays `deleted`; cleaned_up_at tells the scheduled sweep this job needs nothing more
     state_store.transition(_jobs(), _key(job_id), DELETED, None, set={"cleaned_up_at": now_iso()})

@@ -11,7 +11,7 @@ idempotency key, which the Prefect server answers with the run already created i
 
 from __future__ import annotations
 
-from tasks.core import keys
+from tasks.video import keys
 from tasks.core.runtime import run_logger
 from tasks.landing.listener import Outcome
 from tasks.landing.pipelines import handle_each, start_deployment_run
