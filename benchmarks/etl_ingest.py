@@ -55,18 +55,19 @@ def make_files(root: Path, count: int) -> list[str]:
 def use_tables(suffix: str) -> dict[str, str]:
     from blocks.base import clear_cache
     from tasks.core import state_store
-    from tasks.core.tables import default_names
+    from tasks.core.registry import default_table_names
 
-    names = {logical: f"{physical}-{suffix}" for logical, physical in default_names("bench").items()
+    names = {logical: f"{physical}-{suffix}" for logical, physical in default_table_names("bench").items()
              if logical.startswith("etl_")}
     for logical, physical in names.items():
         os.environ[f"TABLE_{logical.upper()}"] = physical
     clear_cache()
     state_store.reset_clients()
-    from tasks.core.tables import TABLE_SPECS, ensure_table
+    from tasks.core.tables import ensure_table
+    from tasks.core.registry import table_specs
 
     for logical, physical in names.items():
-        ensure_table(physical, TABLE_SPECS[logical])
+        ensure_table(physical, table_specs()[logical])
     return names
 
 

@@ -128,15 +128,15 @@ def merge_stack(files_root: Path):
     from prefect.testing.utilities import prefect_test_harness
 
     from _common import dynamodb_local, ensure_table
-    from tasks.core.tables import TABLE_SPECS, default_names
+    from tasks.core.registry import default_table_names, table_specs
 
     with dynamodb_local():
         suffix = uuid.uuid4().hex[:6]
-        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_names("bench").items()}
-        for logical in TABLE_SPECS:
+        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_table_names("bench").items()}
+        for logical in table_specs():
             os.environ[f"TABLE_{logical.upper()}"] = names[logical]
         for logical in ("etl_file_tracking", "etl_metrics"):
-            ensure_table(names[logical], TABLE_SPECS[logical])
+            ensure_table(names[logical], table_specs()[logical])
         os.environ.update({"OBJECT_STORE_BASE_URL": files_root.as_uri(), "PIPELINES_USE_BLOCKS": "0",
                            "SIZE_TOLERANCE_PERCENT": "99", "MIN_FILES_FOR_PARTIAL_BATCH": "1"})
         os.environ.pop("NOTIFY_BLOCK", None)

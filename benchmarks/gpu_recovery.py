@@ -62,10 +62,10 @@ def events(log: Path, job_id: str) -> dict[tuple[str, str, str], float]:
 def setup(workdir: Path, poll: float, reboot_s: float, nodes: int):
     suffix = uuid.uuid4().hex[:8]
     from _common import ensure_table  # dropped again at the end
-    from tasks.core.tables import TABLE_SPECS, default_names
+    from tasks.core.registry import default_table_names, table_specs
 
-    names = {logical: f"{physical}-bench-{suffix}" for logical, physical in default_names("bench").items()}
-    for logical, spec in TABLE_SPECS.items():
+    names = {logical: f"{physical}-bench-{suffix}" for logical, physical in default_table_names("bench").items()}
+    for logical, spec in table_specs().items():
         os.environ[f"TABLE_{logical.upper()}"] = names[logical]
         ensure_table(names[logical], spec)
     os.environ.update({

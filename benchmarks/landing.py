@@ -49,12 +49,12 @@ INPUT = "pipeline/input/"
 def use_tables(suffix: str) -> None:
     """Fresh ETL tables (deleted when the benchmark ends), named through TABLE_* for every process."""
     from tasks.core import state_store
-    from tasks.core.tables import TABLE_SPECS, default_names
+    from tasks.core.registry import default_table_names, table_specs
 
-    for logical, physical in default_names("bench").items():
+    for logical, physical in default_table_names("bench").items():
         if logical.startswith("etl_"):
             os.environ[f"TABLE_{logical.upper()}"] = f"{physical}-{suffix}"
-            ensure_table(f"{physical}-{suffix}", TABLE_SPECS[logical])
+            ensure_table(f"{physical}-{suffix}", table_specs()[logical])
     state_store.reset_clients()
 
 

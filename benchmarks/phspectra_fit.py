@@ -169,13 +169,13 @@ def main() -> None:
         from prefect.testing.utilities import prefect_test_harness
 
         from _common import ensure_table  # dropped again at the end
-        from tasks.core.tables import TABLE_SPECS
+        from tasks.core.registry import table_specs
 
         table = f"phspectra-bench-{uuid.uuid4().hex[:6]}"
         os.environ.update(
             TABLE_PHSPECTRA_RUNS=table, OBJECT_STORE_BASE_URL=(workdir / "objects").as_uri(), PIPELINES_USE_BLOCKS="0"
         )
-        ensure_table(table, TABLE_SPECS["phspectra_runs"])
+        ensure_table(table, table_specs()["phspectra_runs"])
         with prefect_test_harness(server_startup_timeout=180):
             from flows.phspectra_survey import phspectra_survey
 

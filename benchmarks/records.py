@@ -66,10 +66,10 @@ def main() -> None:
         from tasks.records import rules as records
         from tasks.records.rules import GRANULE
         from _common import ensure_table  # dropped again at the end
-        from tasks.core.tables import TABLE_SPECS
+        from tasks.core.registry import table_specs
 
-        ensure_table(os.environ["TABLE_GRANULES"], TABLE_SPECS["granules"])
-        ensure_table(os.environ["TABLE_EXECUTIONS"], TABLE_SPECS["executions"])
+        ensure_table(os.environ["TABLE_GRANULES"], table_specs()["granules"])
+        ensure_table(os.environ["TABLE_EXECUTIONS"], table_specs()["executions"])
         table = os.environ["TABLE_GRANULES"]
         import boto3
 

@@ -27,10 +27,10 @@ def main() -> None:
     with dynamodb_local():
         from tasks.core import state_store as store
         from _common import ensure_table  # dropped again at the end
-        from tasks.core.tables import TABLE_SPECS
+        from tasks.core.registry import table_specs
 
         name = f"bench-{uuid.uuid4().hex[:6]}"
-        ensure_table(name, TABLE_SPECS["etl_file_tracking"])
+        ensure_table(name, table_specs()["etl_file_tracking"])
         results: dict[str, list[float]] = {}
         import boto3
 

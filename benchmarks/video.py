@@ -414,14 +414,14 @@ def main() -> None:
         os.environ["OBJECT_STORE_BASE_URL"] = (work / "objects").as_uri()
         os.environ["PIPELINES_USE_BLOCKS"] = "0"
         from benchmarks._common import ensure_table  # dropped again at the end
-        from tasks.core.tables import TABLE_SPECS, default_names
+        from tasks.core.registry import default_table_names, table_specs
 
         suffix = uuid.uuid4().hex[:6]
-        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_names("bench").items()}
-        for logical in TABLE_SPECS:
+        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_table_names("bench").items()}
+        for logical in table_specs():
             os.environ[f"TABLE_{logical.upper()}"] = names[logical]
         for logical in ("video_jobs", "video_segment_completions", "video_reassembly_locks"):
-            ensure_table(names[logical], TABLE_SPECS[logical])
+            ensure_table(names[logical], table_specs()[logical])
 
         t0 = time.perf_counter()
         source = make_source(work / "source.mp4", seconds, size, 30, args.segment_seconds / 2)

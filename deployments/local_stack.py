@@ -453,11 +453,12 @@ def ensure_tables_and_blocks() -> dict[str, str]:
     """Create or check every table, register the blocks and save their defaults; table -> 'created'/'exists'."""
     os.environ.update(local_env())
     from blocks import DynamoTables, ObjectStorage, load_config
-    from tasks.core import state_store
+    from tasks.core import registry, state_store
+    from tasks.core.config import table_names
     from tasks.core.tables import ensure_tables
 
     state_store.reset_clients()
-    result = ensure_tables(load_config(DynamoTables).names())
+    result = ensure_tables(registry.table_specs(), table_names())
     register_block_types()
     # save the defaults so the UI shows (and a person can edit) the configuration the flows use
     load_config(DynamoTables).save("default", overwrite=True)

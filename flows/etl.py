@@ -41,7 +41,7 @@ from tasks.etl.keys import INPUT_PREFIX
 from tasks.core.object_store import ObjectNotFound
 from tasks.core.notify import notify_on_failure
 from tasks.landing.listener import listen
-from tasks.landing.sources import open_source
+from tasks.landing.listener import open_source
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -68,8 +68,8 @@ _dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
 list_landing_task = task(etl.landing_objects, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
 quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
-track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.TASK_TIMEOUT_S["track-and-batch-files"], **_dynamo)
-create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.TASK_TIMEOUT_S["claim-and-create-manifests"], **_dynamo)
+track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.task_timeouts()["track-and-batch-files"], **_dynamo)
+create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.task_timeouts()["claim-and-create-manifests"], **_dynamo)
 orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
 release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
@@ -83,7 +83,7 @@ merge_task = task(  # reads the manifest and the files still in it first: one ta
     etl_merge.merge_listed, name="dask-merge", task_run_name="dask-merge {manifest_name}", retries=len(MERGE_RETRY_DELAYS_S), retry_delay_seconds=MERGE_RETRY_DELAYS_S,
     retry_condition_fn=_capacity_error, **_side_effects,
 )
-finish_task = task(etl_merge.finish_manifest, name="batch-status-update", task_run_name="batch-status-update {manifest_name}", timeout_seconds=limits.TASK_TIMEOUT_S["batch-status-update"],
+finish_task = task(etl_merge.finish_manifest, name="batch-status-update", task_run_name="batch-status-update {manifest_name}", timeout_seconds=limits.task_timeouts()["batch-status-update"],
                    retries=len(STATUS_UPDATE_RETRY_DELAYS_S), retry_delay_seconds=STATUS_UPDATE_RETRY_DELAYS_S, **_side_effects)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
@@ -300,7 +300,7 @@ def _merge_summary_artifact(outcomes: list[dict[str, Any]]) -> None:
 
 
 # on_crashed only: a failed run has already sent its own, more detailed alert
-@flow(name="ndjson-merge", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-merge"], on_failure=[_fail_timed_out_merge],
+@flow(name="ndjson-merge", log_prints=True, timeout_seconds=limits.flow_timeout("ndjson-merge"), on_failure=[_fail_timed_out_merge],
       on_crashed=[notify_on_failure])
 def ndjson_merge(
     date_prefix: str,
@@ -369,7 +369,7 @@ def ndjson_merge(
                                 for o in outcomes]}
 
 
-@flow(name="ndjson-flush-orphans", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-flush-orphans"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="ndjson-flush-orphans", log_prints=True, timeout_seconds=limits.flow_timeout("ndjson-flush-orphans"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def ndjson_flush_orphans(
     today: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",

@@ -39,7 +39,7 @@ from tasks.core.redact import redact_logs
 from tasks.gpu import jobs as gpu
 from tasks.gpu.backends import make_backend
 from tasks.gpu.health import HealthResult
-from tasks.records import reconcile
+from tasks import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -238,7 +238,7 @@ def gpu_job(
     return summary
 
 
-@flow(name="gpu-sweep", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["gpu-sweep"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="gpu-sweep", log_prints=True, timeout_seconds=limits.flow_timeout("gpu-sweep"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def gpu_sweep() -> dict[str, Any]:
     """Scheduled every minute: ask the backend about every in-flight job's tasks and move each job on (also one
     whose flow run is gone); resume steps whose owner is gone; put back nodes nobody will move any more."""
@@ -255,7 +255,7 @@ def gpu_sweep() -> dict[str, Any]:
     return result
 
 
-@flow(name="gpu-node-healthcheck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["gpu-node-healthcheck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="gpu-node-healthcheck", log_prints=True, timeout_seconds=limits.flow_timeout("gpu-node-healthcheck"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def gpu_node_healthcheck(
     health_check: Literal["nvml", "dcgmi", "command"] | None = None,
     health_command: str | None = None,

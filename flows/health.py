@@ -29,7 +29,7 @@ check_task = task(check_health, name="check-health", retries=2, retry_delay_seco
 dashboard_task = task(dashboard, name="dashboard", retries=2, retry_delay_seconds=[5, 30])
 
 
-@flow(name="pipeline-health", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["pipeline-health"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="pipeline-health", log_prints=True, timeout_seconds=limits.flow_timeout("pipeline-health"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     """Read every pipeline's records, raise or clear each alarm, notify new incidents once."""
     rows = check_task(notify_block)

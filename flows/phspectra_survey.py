@@ -41,14 +41,14 @@ from flows.phspectra_catalog import survey_progress
 from tasks.core import limits
 from tasks.phspectra import keys
 from tasks.landing.listener import listen_report
-from tasks.landing.sources import open_source
+from tasks.landing.listener import open_source
 from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
 from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
 from tasks.core.redact import redact_logs
 from tasks.core.notify import notify_on_failure
-from tasks.records import reconcile
+from tasks import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -207,7 +207,7 @@ def phspectra_survey(
     return {k: v for k, v in summary.items() if k != "chunks"}
 
 
-@flow(name="phspectra-sweep-stuck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["phspectra-sweep-stuck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="phspectra-sweep-stuck", log_prints=True, timeout_seconds=limits.flow_timeout("phspectra-sweep-stuck"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def phspectra_sweep_stuck(
     survey: str | None = None,
     time_limit_s: float = 60.0,

@@ -24,8 +24,8 @@ from tasks.records import keys
 from tasks.core.runtime import quick_heartbeat_exit, utc_now
 from tasks.core.redact import redact_logs
 from tasks.landing.listener import listen_report
-from tasks.landing.sources import open_source
-from tasks.records import reconcile
+from tasks.landing.listener import open_source
+from tasks import reconcile
 from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
 from tasks.core.notify import notify_on_failure
@@ -142,7 +142,7 @@ def records_listen(
     )  # fmt: skip
 
 
-@checked_flow(name="records-replay-dla", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["records-replay-dla"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@checked_flow(name="records-replay-dla", log_prints=True, timeout_seconds=limits.flow_timeout("records-replay-dla"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_replay_dla(day: str | None = None, message_ids: list[str] | None = None) -> dict[str, Any]:
     """Reprocess dead-letter-archive/{day}/ (or only ``message_ids``)."""
     if day is None:  # the scheduled run replays yesterday's archive (UTC)
@@ -153,7 +153,7 @@ def records_replay_dla(day: str | None = None, message_ids: list[str] | None = N
     return result
 
 
-@checked_flow(name="records-reconcile", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["records-reconcile"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@checked_flow(name="records-reconcile", log_prints=True, timeout_seconds=limits.flow_timeout("records-reconcile"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False) -> list[dict]:
     """Prefect <-> DynamoDB reconciliation for every registered pipeline (or ``pipelines``)."""
     findings = reconcile_task(pipelines, dry_run)

@@ -20,7 +20,7 @@ quick_heartbeat_exit()  # in every flow module: a worker loads the file by path,
 retention_task = task(apply_retention, name="apply-retention", retries=2, retry_delay_seconds=[10, 60])
 
 
-@flow(name="pipelines-retention", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["pipelines-retention"],
+@flow(name="pipelines-retention", log_prints=True, timeout_seconds=limits.flow_timeout("pipelines-retention"),
       on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def pipelines_retention(record_days: float = 30, dead_letter_days: float | None = None) -> dict[str, Any]:
     """Stamp finished records for expiry after ``record_days``; age out dead staging (and old failed dead letters)."""

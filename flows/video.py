@@ -20,7 +20,7 @@ from blocks import VideoInference, load_config
 from tasks.core import keys, limits
 from tasks.video import keys as video_keys
 from tasks.landing.listener import listen_report
-from tasks.landing.sources import open_source
+from tasks.landing.listener import open_source
 from tasks.video import jobs as v
 from tasks.video import landing as video_landing
 from tasks.video import inference as video_inference
@@ -184,7 +184,7 @@ def video_process(
     return v.get_job(job_id)
 
 
-@flow(name="video-sweep-stuck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["video-sweep-stuck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="video-sweep-stuck", log_prints=True, timeout_seconds=limits.flow_timeout("video-sweep-stuck"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     """Jobs `chunking_complete` for longer than ``stuck_minutes`` whose Prefect runs all ended: reassemble,
     re-drive (a new run of the dead run's deployment, at most ``MAX_REDRIVES`` times) or fail with the reason.
@@ -192,7 +192,7 @@ def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     A job whose process or reassembly run is still scheduled, pending or running is left alone. The same
     recovery runs at once when a run that held a job crashes (`records-prefect-state`); this sweep is the backstop.
     """
-    from tasks.records.reconcile import TERMINAL, prefect_states
+    from tasks.reconcile import TERMINAL, prefect_states
 
     candidates = v.stuck_candidates(stuck_minutes * 60)
     states = prefect_states([r for c in candidates for r in c["flow_run_ids"]], [])
@@ -207,7 +207,7 @@ def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     return swept
 
 
-@flow(name="video-delete-cleanup", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["video-delete-cleanup"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@flow(name="video-delete-cleanup", log_prints=True, timeout_seconds=limits.flow_timeout("video-delete-cleanup"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
 def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]:
     """Asynchronous cleanup after a soft delete: objects, completion records and the lock; the job row stays.
 

@@ -4,7 +4,7 @@
     python -m infra.cloudformation --check    # exit 1 when the committed template differs from the generated one
 
 Tables come from ``tasks.core.tables`` (keys, GSIs, TTL attribute), queues and dead-letter queues from
-``tasks.landing.sqs.SEED_QUEUES`` (the spec ``aws-events setup`` applies), the listeners and the worker's pool from
+``tasks.landing.sqs.landing_queues()`` (the spec ``aws-events setup`` applies), the listeners and the worker's pool from
 ``prefect.yaml``'s ecs set; the worker and each listener run as an ECS service of desired count 1, so ECS starts
 a new task when one dies.
 """
@@ -23,7 +23,8 @@ import yaml
 from blocks.etl import EtlSettings
 from tasks.core import limits
 from tasks.etl import keys
-from tasks.core.tables import TABLE_SPECS, _create_request, default_names
+from tasks.core.tables import _create_request
+from tasks.core.registry import default_table_names, table_specs
 from tasks.landing import sqs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ def listener_deployments() -> dict[str, dict[str, Any]]:
         if deployment["name"] == "ecs" and function in functions:
             found[function] = deployment
     by_pipeline = {"etl": "ndjson_listen", "video": "video_listen", "phspectra": "phspectra_listen", "records": "records_listen"}
-    assert set(by_pipeline) == set(sqs.SEED_QUEUES) and set(by_pipeline.values()) == set(found), (by_pipeline, found)
+    assert set(by_pipeline) == set(sqs.landing_queues()) and set(by_pipeline.values()) == set(found), (by_pipeline, found)
     return {pipeline: found[function] for pipeline, function in by_pipeline.items()}
 
 
@@ -116,10 +117,10 @@ def parameters() -> dict[str, Any]:
 
 
 def table_resources() -> dict[str, Any]:
-    """One AWS::DynamoDB::Table per TABLE_SPECS entry, keyed and indexed as ``ensure_tables`` creates it."""
-    names = default_names(ENV)
+    """One AWS::DynamoDB::Table per table_specs() entry, keyed and indexed as ``ensure_tables`` creates it."""
+    names = default_table_names(ENV)
     resources = {}
-    for logical, spec in TABLE_SPECS.items():
+    for logical, spec in table_specs().items():
         properties = _create_request(names[logical], spec)
         properties["TableName"] = sub(properties["TableName"]) if ENV in properties["TableName"] else properties["TableName"]
         properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
@@ -140,7 +141,7 @@ def queue_resources() -> dict[str, Any]:
     resources = {}
     encrypted = skip(("CKV_AWS_27", "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): S3 cannot send "
                                     "its notifications to a queue under the AWS managed KMS key"))
-    for pipeline, spec in sqs.SEED_QUEUES.items():
+    for pipeline, spec in sqs.landing_queues().items():
         queue, dead_letter = spec.names(ENV)
         dlq_id, queue_id = logical_id(pipeline, "dead letter queue"), logical_id(pipeline, "queue")
         resources[dlq_id] = {"Type": "AWS::SQS::Queue", "Properties": {
@@ -165,12 +166,12 @@ def queue_resources() -> dict[str, Any]:
 
 def notified_prefix(pipeline: str) -> dict[str, str]:
     """The key prefix whose created objects notify ``pipeline``'s queue: the store prefix + its input prefix."""
-    return sub(f"${{StorePrefix}}/{sqs.SEED_QUEUES[pipeline].input_prefix}")
+    return sub(f"${{StorePrefix}}/{sqs.landing_queues()[pipeline].input_prefix}")
 
 
 def bucket_resources() -> dict[str, Any]:
     """The pipelines' bucket: private, encrypted, versioned, its arrivals notifying the queues, with lifecycle rules."""
-    object_pipelines = [p for p, spec in sqs.SEED_QUEUES.items() if spec.mode == sqs.OBJECTS]
+    object_pipelines = [p for p, spec in sqs.landing_queues().items() if spec.mode == sqs.OBJECTS]
     expiring = {  # what the pipelines write to explain a record, kept as long as the record (TTL_DAYS)
         "quarantine": "quarantine/",  # refused input files and their .reason.json (keys.quarantine_key)
         "manifests": "manifests/",  # keys.manifest_key
@@ -234,10 +235,10 @@ def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
 def iam_resources(log_groups: list[str]) -> dict[str, Any]:
     """The execution role (pull the image, write logs, read the API key), the pipelines' task role (their tables,
     bucket and queues, nothing else) and the worker's task role (run flow-run tasks on the cluster)."""
-    tables = [arn(logical_id("table", t)) for t in TABLE_SPECS]
-    table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in TABLE_SPECS.items() if s.gsis]
-    queues = [arn(logical_id(p, "queue")) for p in sqs.SEED_QUEUES]
-    dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.SEED_QUEUES]
+    tables = [arn(logical_id("table", t)) for t in table_specs()]
+    table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in table_specs().items() if s.gsis]
+    queues = [arn(logical_id(p, "queue")) for p in sqs.landing_queues()]
+    dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.landing_queues()]
     execution = [
         {"Sid": "PullImage", "Effect": "Allow", "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
                                                            "ecr:BatchCheckLayerAvailability"],
@@ -324,7 +325,7 @@ def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
         "NUMBA_CACHE_DIR": f"{SCRATCH}/numba",
     }
     if pipeline_queues:
-        variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.SEED_QUEUES}
+        variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.landing_queues()}
     return [{"Name": name, "Value": value} for name, value in variables.items()]
 
 
@@ -392,7 +393,7 @@ def template() -> dict[str, Any]:
         "FlowRunLogGroup": {"Value": ref("FlowRunLogGroup"), "Description": "log group for the flow-run tasks"},
     }
     outputs |= {logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}
-                for p in sqs.SEED_QUEUES}
+                for p in sqs.landing_queues()}
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "

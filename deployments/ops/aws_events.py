@@ -125,7 +125,7 @@ def register(subparsers) -> None:
     group = subparsers.add_parser("aws-events", help="S3 → SQS arrival queues that start the pipelines in AWS")
     commands = group.add_subparsers(dest="command", required=True)
     make = commands.add_parser("setup", help="queue + dead-letter queue (+ bucket notification); idempotent")
-    make.add_argument("--pipeline", required=True, choices=sorted(sqs.SEED_QUEUES))
+    make.add_argument("--pipeline", required=True, choices=sorted(sqs.landing_queues()))
     make.add_argument("--bucket", help="bucket whose new objects are notified (default: the pipeline's store's)")
     make.add_argument("--prefix", help="key prefix notified (default: the store's prefix + the pipeline's input prefix)")
     make.set_defaults(handler=lambda a: setup(a.pipeline, a.bucket, a.prefix))

@@ -16,7 +16,8 @@ from pathlib import Path
 from deployments.ops import key_argument
 from tasks.core import config, state_store
 from tasks.core.runtime import today_iso
-from tasks.records import dead_letter, reconcile
+from tasks import reconcile
+from tasks.records import dead_letter
 from tasks.records import messages as records_messages
 from tasks.core.keys import safe_date
 from tasks.records.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix
@@ -87,5 +88,5 @@ def register(subparsers) -> None:
     replay.add_argument("--day", required=True)
     replay.add_argument("--id", action="append", help="only this message id (repeatable)")
     rec = command("reconcile", _reconcile, "compare Prefect run states with the records (dry run unless --apply)")
-    rec.add_argument("--pipeline", action="append", help=f"adapter name (repeatable); known: {', '.join(sorted(reconcile.REGISTRY))}")
+    rec.add_argument("--pipeline", action="append", help=f"adapter name (repeatable); known: {', '.join(sorted(reconcile.adapters()))}")
     rec.add_argument("--apply", action="store_true", help="repair through guarded transitions")

@@ -47,3 +47,9 @@ def safe_date(value: str) -> str:
     return value
 
 
+def quarantine_reason_key(quarantined_key: str) -> str:
+    """``{quarantine key}.reason.json``: why the file at that quarantine key was refused (every pipeline's quarantine
+    and the landing's write one beside the file they set aside)."""
+    if not quarantined_key.startswith("quarantine/"):
+        raise InvalidKey(f"not a quarantine key: {quarantined_key!r}")
+    return quarantined_key + ".reason.json"

@@ -24,11 +24,10 @@ from typing import Any, Literal
 
 from tasks.core.runtime import now_iso, run_logger
 from tasks.etl import ingest as etl
-from tasks.etl.ingest import ManifestRef
+from tasks.etl.ingest import TRIAL_TAG, ManifestRef, manifest_record
 
 CLOSED, OPEN, HALF_OPEN = "CLOSED", "OPEN", "HALF_OPEN"
 COOL_DOWN_S = 300.0  # seed 001: open for 300 s, then one test call
-TRIAL_TAG = "breaker-trial"
 Action = Literal["start_trial", "close"] | None
 
 
@@ -145,8 +144,6 @@ def admitted_here(date_prefix: str, manifest_name: str) -> bool:
 def _trial_status(state: BreakerState) -> str | None:
     if not state.trial_manifest or not state.trial_date:
         return None
-    from tasks.etl.merge import manifest_record
-
     try:
         return etl.base_status(manifest_record(state.trial_date, state.trial_manifest))
     except LookupError:

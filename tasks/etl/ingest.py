@@ -207,7 +207,7 @@ def _quarantine_copy(check: FileCheck, config: EtlSettings, size: int | None, ve
         except ObjectNotFound:  # deleted since it was looked at
             size = version = None
     document = {"file_path": check.url, "reason": reason, "size_bytes": size, "etag": version, "quarantined_at": now_iso()}
-    target.put_bytes(etl_keys.quarantine_reason_key(key), json.dumps(document, indent=2).encode())
+    target.put_bytes(keys.quarantine_reason_key(key), json.dumps(document, indent=2).encode())
     return copied, reason
 
 
@@ -619,6 +619,7 @@ def manifest_ready(ref: ManifestRef, deployment: str) -> dict[str, Any]:
 # a run queued longer than this is not trusted to start (no worker for its pool, a stuck slot): manifests are
 # announced again, so the ingest's and the flush's restarts of pending manifests still start a merge
 QUEUED_RUN_TRUSTED_S = 600
+TRIAL_TAG = "breaker-trial"  # the tag of a circuit breaker's trial merge run (never a draining run to trust)
 
 
 def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
@@ -635,14 +636,21 @@ def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
         flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))),
         limit=20,
     )
-    from tasks.etl.breaker import TRIAL_TAG
-
     trusted_since = utc_now() - timedelta(seconds=QUEUED_RUN_TRUSTED_S)
     for run in runs:
         if (int((run.parameters or {}).get("more_manifests", 0)) > 0 and TRIAL_TAG not in (run.tags or [])
                 and run.created is not None and run.created >= trusted_since):
             return str(run.id)
     return None
+
+
+def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
+    """The ``MANIFEST#`` meta-record, or LookupError."""
+    key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
+    item = state_store.get_item(table_name(TRACKING), key)
+    if item is None:
+        raise LookupError(f"no manifest record {key['file_key']} for {date_prefix}")
+    return item
 
 
 def deployment_launcher(deployment: str) -> Launcher:

@@ -135,13 +135,6 @@ def quarantine_key(date_prefix: str, file_key: str) -> str:
     return f"quarantine/{safe_date(date_prefix)}/{safe_file_key(file_key)}"
 
 
-def quarantine_reason_key(quarantined_key: str) -> str:
-    """``{quarantine key}.reason.json``: why the file at that quarantine key was refused."""
-    if not quarantined_key.startswith("quarantine/"):
-        raise InvalidKey(f"not a quarantine key: {quarantined_key!r}")
-    return quarantined_key + ".reason.json"
-
-
 MANIFEST_SEQUENCE_KEY = f"{LOCK_PREFIX}manifest-sequence"  # per-date counter behind batch-NNNN (a meta-record)
 UNDATED_PREFIX = "UNDATED"  # date_prefix of tracking records for inputs whose path does not parse
 CLAIM_PLACEHOLDER_PREFIX = "claiming:"  # manifest_path of files claimed before their manifest exists

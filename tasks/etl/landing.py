@@ -30,6 +30,14 @@ from tasks.landing.listener import Outcome, emit_landed
 from tasks.landing.sources import Arrival
 
 PIPELINE = "etl"
+
+
+def input_store_url() -> str:
+    """The URL of the store ETL input lands in: ``EtlSettings.input_store_url``, else the pipeline object store."""
+    from blocks import load_config
+    from tasks.core.config import object_store
+
+    return object_store(load_config(EtlSettings).input_store_url or None).url
 TRACKED, ALREADY_TRACKED, QUARANTINED, MISSING, OUTSIDE = "tracked", "already_tracked", "quarantined", "missing", "outside_prefix"
 TRANSIENT = (BotoCoreError, ClientError, OSError)  # DynamoDB or the object store unreachable, throttled, timing out
 

@@ -33,7 +33,7 @@ from tasks.core.runtime import now_iso, prefect_ids
 from tasks.core.config import table_name
 from tasks.etl.ingest import (
     COMPLETED, FAILED, MANIFESTED, METRICS, PENDING, PROCESSING, STATUS_INDEX, TRACKING, base_status, file_records, input_file,
-    input_home, metric_item, settings, store, tracking_key, with_shard,
+    input_home, manifest_record, metric_item, settings, store, tracking_key, with_shard,
 )
 from tasks.core import object_store
 from tasks.core.object_store import ObjectNotFound, open_url
@@ -49,15 +49,6 @@ NDJSON_TO_PARQUET = 0.25  # typical Snappy Parquet size / NDJSON size: how much 
 
 
 # --------------------------------------------------------------------------- the MANIFEST record
-
-
-def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
-    """The ``MANIFEST#`` meta-record, or LookupError."""
-    key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
-    item = state_store.get_item(table_name(TRACKING), key)
-    if item is None:
-        raise LookupError(f"no manifest record {key['file_key']} for {date_prefix}")
-    return item
 
 
 def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) -> dict[str, Any] | None:

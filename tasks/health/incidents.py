@@ -24,6 +24,7 @@ from tasks.core.notify import DeliveryError, deliver
 from tasks.core.runtime import iso_ago, now_iso, run_logger
 from tasks.core.state_store import Condition
 from tasks.health.checks import Alarm
+from tasks.retention.sweep import Rule
 
 OPEN, CLEARED = "OPEN", "CLEARED"
 TABLE = "health_incidents"
@@ -148,3 +149,7 @@ def apply(
             "notified": "sent now" if sent else _notified(item) if alarm.firing else "-",
         })
     return rows
+
+
+# a cleared incident is kept for the retention pass's days, then DynamoDB's TTL deletes it
+RETENTION_RULES = (Rule(TABLE, ("alarm",), "status", (CLEARED,), ("cleared_at", "opened_at", "created_at")),)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pkgutil
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import unquote_plus, urlparse
@@ -25,55 +25,18 @@ from urllib.parse import unquote_plus, urlparse
 import boto3
 
 from blocks import DynamoTables, ObjectStorage, load_config
-from tasks.core import keys
-from tasks.etl import keys as etl_keys
-from tasks.phspectra import keys as phspectra_keys
-from tasks.video import keys as video_keys
+from tasks.core import keys, registry
 from tasks.core.config import object_store
+from tasks.core.registry import MESSAGES, OBJECTS, QueueSpec
 from tasks.core.state_store import BOTO_CONFIG
 from tasks.landing.sources import Arrival
 
 log = logging.getLogger(__name__)
 
-OBJECTS, MESSAGES = "objects", "messages"
 MAX_BATCH = 10  # SQS: at most 10 messages per receive, 10 entries per batch call
 MAX_WAIT_S = 20  # SQS: the longest long poll
 RELEASE_BACKOFF_S = (30, 120, 300)  # visibility after a release, by how many times the message was received
 SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp"]
-
-
-@dataclass(frozen=True)
-class QueueSpec:
-    """One pipeline's arrival queue as its seed describes it: names, visibility timeout, what it carries."""
-
-    queue: str  # name, with {env}
-    dead_letter: str  # its dead-letter queue's name, with {env}
-    visibility_timeout_s: int
-    mode: str  # OBJECTS: S3 notifications for keys under input_prefix; MESSAGES: plain workflow messages
-    input_prefix: str = ""  # key prefix (in the pipeline's store) whose created objects are notified
-
-    def names(self, env: str) -> tuple[str, str]:
-        """(queue name, dead-letter queue name) in ``env``."""
-        return self.queue.format(env=env), self.dead_letter.format(env=env)
-
-
-SEED_QUEUES: dict[str, QueueSpec] = {
-    # seed 001: `ndjson-parquet-file-events-{env}`, 6-minute visibility (sqs_visibility_timeout = 360), long
-    # polling 20 s, 3 receives then `ndjson-parquet-dlq-{env}`
-    "etl": QueueSpec("ndjson-parquet-file-events-{env}", "ndjson-parquet-dlq-{env}", 360, OBJECTS, etl_keys.INPUT_PREFIX),
-    # seed 003: an upload's object-created event notifies the chunking queue; the seed gives no timeout, so 15
-    # minutes covers the chunking it starts (an ffmpeg split of a whole upload)
-    "video": QueueSpec("video-chunking-{env}", "video-chunking-dlq-{env}", 900, OBJECTS, video_keys.VIDEO_INPUT_PREFIX),
-    # seed 000: the survey CLI uploads a cube or a manifest that starts a run (access pattern 3); the seed's Lambda
-    # worker ran 15 minutes at most, and starting a run takes seconds, so the ETL's 6 minutes is ample
-    "phspectra": QueueSpec("phspectra-survey-uploads-{env}", "phspectra-survey-uploads-dlq-{env}", 360, OBJECTS,
-                           phspectra_keys.SURVEY_INCOMING_PREFIX),
-    # seed 004: workflow messages on sfEventSqsToDbRecordsInputQueue in batches of 10; visibility
-    # acquireTimeoutMillis / 1000 + 60 = 150 s with Cumulus's default 90 s acquire timeout
-    "records": QueueSpec(
-        "sfEventSqsToDbRecordsInputQueue-{env}", "sfEventSqsToDbRecordsDeadLetterQueue-{env}", 150, MESSAGES
-    ),
-}
 
 
 MAX_RECEIVE_COUNT = 3  # every seed: a message is tried 3 times, then it goes to the dead-letter queue
@@ -92,11 +55,17 @@ def queue_attributes(spec: QueueSpec, dead_letter_arn: str) -> dict[str, str]:
             "RedrivePolicy": json.dumps(redrive)}
 
 
+def landing_queues() -> dict[str, QueueSpec]:
+    """Pipeline name -> its seed queue, for every pipeline with a landing (``tasks.core.registry``)."""
+    return {pipeline: landing.queue for pipeline, landing in registry.landings().items()}
+
+
 def queue_spec(pipeline: str) -> QueueSpec:
     """The seed queue of ``pipeline``; ValueError naming the known ones otherwise."""
-    if pipeline not in SEED_QUEUES:
-        raise ValueError(f"unknown pipeline {pipeline!r}: one of {', '.join(sorted(SEED_QUEUES))}")
-    return SEED_QUEUES[pipeline]
+    queues = landing_queues()
+    if pipeline not in queues:
+        raise ValueError(f"unknown pipeline {pipeline!r}: one of {', '.join(sorted(queues))}")
+    return queues[pipeline]
 
 
 def queue_names(pipeline: str) -> tuple[str, str]:
@@ -117,13 +86,11 @@ def aws_session() -> boto3.Session | None:
 
 
 def landing_store_url(pipeline: str) -> str:
-    """The store whose objects reach ``pipeline``'s queue: the ETL's input store, else the pipeline object store."""
+    """The store whose objects reach ``pipeline``'s queue: the one its landing names (the ETL's input store), else
+    the pipeline object store."""
     queue_spec(pipeline)
-    if pipeline == "etl":
-        from blocks.etl import EtlSettings
-
-        return object_store(load_config(EtlSettings).input_store_url or None).url
-    return object_store().url
+    store = registry.pipeline(pipeline).landing.store
+    return pkgutil.resolve_name(store)() if store else object_store().url
 
 
 def object_url(bucket: str, key: str) -> str:
@@ -206,7 +173,7 @@ class SqsSource:
     @classmethod
     def for_pipeline(cls, pipeline: str, **options: Any) -> "SqsSource":
         """The source of ``pipeline``'s seed queue: ``PIPELINES_<PIPELINE>_QUEUE_URL``, else the queue named in
-        ``SEED_QUEUES`` for the configured env, looked up in the account of the object storage credentials."""
+        its landing's queue spec for the configured env, looked up in the account of the object storage credentials."""
         spec, variable = queue_spec(pipeline), queue_url_variable(pipeline)
         session = options.pop("session", None) or aws_session()
         url = os.environ.get(variable)

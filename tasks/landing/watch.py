@@ -39,7 +39,6 @@ from typing import Callable, Iterator, Sequence
 from urllib.parse import quote
 
 from tasks.core import keys
-from tasks.etl import keys as etl_keys
 from tasks.core.object_store import LocalStore, ObjectStore
 from tasks.landing.sources import Arrival
 
@@ -247,7 +246,7 @@ class LocalWatchSource:
         try:
             target = self.store.path(keys.safe_key(target_key))
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.store.put_bytes(etl_keys.quarantine_reason_key(target_key), json.dumps({
+            self.store.put_bytes(keys.quarantine_reason_key(target_key), json.dumps({
                 "name": os.fsencode(relative).decode("utf-8", "backslashreplace"), "reason": reason,
                 "quarantined_at": datetime.now(timezone.utc).isoformat(),
             }).encode())

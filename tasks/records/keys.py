@@ -17,6 +17,7 @@ DEAD_LETTER_PREFIX = "dead-letter-archive/"
 
 RECORDS_INCOMING_PREFIX = "records/incoming/"  # the local stand-in for the workflow-message queue
 RECORDS_PROCESSED_PREFIX = "records/processed/"
+MESSAGE_SUFFIXES = (".json", ".ndjson", ".jsonl")  # the names under records/incoming/ that are message files
 
 
 def records_processed_key(day: str, incoming_key: str) -> str:

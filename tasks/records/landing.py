@@ -33,7 +33,7 @@ from tasks.records import messages as records_messages
 
 PIPELINE = "records"
 BATCH = 10  # the seed's SQS batch size
-SUFFIXES = [".json", ".ndjson", ".jsonl"]
+SUFFIXES = list(records_keys.MESSAGE_SUFFIXES)
 
 # ingest(text bodies) -> (the batch's summary, the records-ingest flow run that wrote it, or None)
 Ingest = Callable[[list[str]], tuple[dict[str, Any], str | None]]
