@@ -76,15 +76,16 @@ def _fresh_tables(monkeypatch) -> dict[str, str]:
     """Fresh tables (logical -> physical name), exposed to the code through TABLE_* variables."""
     from blocks.base import clear_cache
     from tasks.core import state_store
-    from tasks.core.tables import TABLE_SPECS, default_names, ensure_tables
+    from tasks.core import registry
+    from tasks.core.tables import ensure_tables
 
     suffix = uuid.uuid4().hex[:8]
-    names = {logical: f"{physical}-{suffix}" for logical, physical in default_names("test").items()}
-    for logical in TABLE_SPECS:
+    names = {logical: f"{physical}-{suffix}" for logical, physical in registry.default_table_names("test").items()}
+    for logical in names:
         monkeypatch.setenv(f"TABLE_{logical.upper()}", names[logical])
     clear_cache()
     state_store.reset_clients()
-    ensure_tables(names)
+    ensure_tables(registry.table_specs(), names)
     return names
 
 
@@ -105,10 +106,11 @@ def module_tables() -> Iterator[dict[str, str]]:
 def record_alarms_only(monkeypatch):
     """pipeline-health with the record alarms only: the service alarms read every run on the shared test server
     (tests/test_health_service_alarms.py has them)."""
-    from tasks.health import listeners, service_alarms
+    from tasks.health import listeners, run, service_alarms
 
     monkeypatch.setattr(service_alarms, "CHECKS", {})
     monkeypatch.setattr(listeners, "CHECKS", {})  # the listeners' too (tests/test_health_listeners.py has them)
+    monkeypatch.setattr(run, "DECLARED_CHECKS", ("health_checks",))  # and the pipelines' service checks
 
 
 @pytest.fixture

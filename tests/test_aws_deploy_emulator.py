@@ -30,8 +30,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from infra import cloudformation as cfn
-from tasks.core import keys, state_store
-from tasks.core.tables import TABLE_SPECS, ensure_tables
+from tasks.core import state_store
+from tasks.etl import keys
+from tasks.core.tables import ensure_tables
+from tasks.core.registry import table_specs
 from tasks.landing import sqs
 from tests.crashpoints import REPO_ROOT, child_env
 
@@ -144,9 +146,9 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     ecs = client("ecs", s3_endpoint)
     services = ecs.describe_services(cluster=stack["outputs"]["EcsCluster"],
                                      services=[values[n] for n, r in template["Resources"].items() if r["Type"] == "AWS::ECS::Service"])["services"]
-    assert len(services) == 1 + len(sqs.SEED_QUEUES) and {s["desiredCount"] for s in services} == {1}
+    assert len(services) == 1 + len(sqs.landing_queues()) and {s["desiredCount"] for s in services} == {1}
     groups = client("logs", s3_endpoint).describe_log_groups(logGroupNamePrefix=f"/pipelines/{env}/")["logGroups"]
-    assert len(groups) == 2 + len(sqs.SEED_QUEUES) and {g["retentionInDays"] for g in groups} == {3}
+    assert len(groups) == 2 + len(sqs.landing_queues()) and {g["retentionInDays"] for g in groups} == {3}
     queue_url = stack["outputs"]["EtlQueueUrl"]
     attributes = client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
     assert attributes["VisibilityTimeout"] == "360" and json.loads(attributes["RedrivePolicy"])["maxReceiveCount"] == 3
@@ -168,7 +170,7 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     apply_bucket_configuration(s3, bucket, resolve(template["Resources"]["Bucket"]["Properties"], values))
     assert len(s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]) == 4
     names = {}
-    for logical in TABLE_SPECS:
+    for logical in table_specs():
         properties = resolve(template["Resources"][cfn.logical_id("table", logical)]["Properties"], values)
         ttl = properties.pop("TimeToLiveSpecification", None)
         request = {k: v for k, v in properties.items() if k in ("TableName", "KeySchema", "AttributeDefinitions",

@@ -19,7 +19,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks.video import keys as video_keys
 from tasks.core.keys import InvalidKey
 from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
 from tests.crashpoints import killed, run_child
@@ -326,13 +329,13 @@ def test_phspectra_survey_on_s3(tables, s3_base, tmp_path):
     run_id = summary["run_id"]
     run = state_store.to_plain(ph.get_run(run_id))
     assert (run["status"], run["jobs_total"], run["jobs_completed"], run["jobs_failed"]) == ("COMPLETED", 3, 3, 0)
-    parquet = sorted(store.list(keys.decomposition_prefix("grs-s3", run_id)))
-    assert parquet == [keys.decomposition_key("grs-s3", run_id, s) for s in (0, 5, 10)]
+    parquet = sorted(store.list(phspectra_keys.decomposition_prefix("grs-s3", run_id)))
+    assert parquet == [phspectra_keys.decomposition_key("grs-s3", run_id, s) for s in (0, 5, 10)]
     rows = [row for key in parquet for row in ph.read_parquet(store, key).to_pylist()]
     got = {(r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"])) for r in rows}
     assert len(rows) == len(got) == 12  # each spectrum exactly once
     assert got == direct_rows(cube_url, params)
-    assert sorted(store.list(f"chunks/{run_id}/")) == [keys.chunk_npz_key(run_id, s) for s in (0, 5, 10)]
+    assert sorted(store.list(f"chunks/{run_id}/")) == [phspectra_keys.chunk_npz_key(run_id, s) for s in (0, 5, 10)]
 
 
 def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_base, tmp_path):
@@ -350,13 +353,13 @@ def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_ba
     urllib.request.urlopen(request, timeout=30).close()
 
     done = video_process(job_id=job_id, segment_seconds=1.0, mode="grayscale", segment_retry_delays=[0, 0])
-    assert (done["status"], done["total_segments"], done["final_key"]) == ("completed", 3, keys.final_key(job_id))
+    assert (done["status"], done["total_segments"], done["final_key"]) == ("completed", 3, video_keys.final_key(job_id))
     store.download(done["final_key"], tmp_path / "final.mp4")
     final = probe(tmp_path / "final.mp4")
     assert final.frames == done["final_frames"] and abs(final.frames - 30) <= 2
     records = v.completions(job_id)
     assert set(store.list("")) == (
-        {keys.source_key(job_id), keys.final_key(job_id)}
+        {video_keys.source_key(job_id), video_keys.final_key(job_id)}
         | {r["segment_key"] for r in records} | {r["output_key"] for r in records}
     )  # fmt: skip
 
@@ -368,7 +371,7 @@ def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_ba
 
 def test_records_dead_letter_archive_and_replay_on_s3(tables, s3_base):
     from flows.records import records_ingest, records_replay_dla
-    from tasks.core.keys import dead_letter_prefix
+    from tasks.records.keys import dead_letter_prefix
     from tasks.core.runtime import today_iso
     from tasks.records import dead_letter
     from tasks.records import messages as records_messages
@@ -427,12 +430,12 @@ def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
         for day, n in ((ETL_DAY, 4), (ETL_LATE_DAY, 2)):  # one full batch; two files the flush must pick up
             for i in range(n):
                 rows = [{"id": f"{day}-{i}-{k}", "n": k, "nested": {"k": [k]}} for k in range(3)]
-                key = keys.input_key(day, f"part-{i}.ndjson")
+                key = etl_keys.input_key(day, f"part-{i}.ndjson")
                 store.put_bytes(key, b"".join(json.dumps(r).encode() + b"\n" for r in rows) + b"{broken\n" * (i == 1))
                 urls.append(store.url_for(key))
                 lines.update({r["id"]: r for r in rows})
-        bad = store.url_for(keys.input_key(ETL_DAY, "empty.ndjson"))
-        store.put_bytes(keys.input_key(ETL_DAY, "empty.ndjson"), b"")
+        bad = store.url_for(etl_keys.input_key(ETL_DAY, "empty.ndjson"))
+        store.put_bytes(etl_keys.input_key(ETL_DAY, "empty.ndjson"), b"")
 
         summary = ndjson_ingest(file_urls=urls + [bad], merge_deployment=deployments["ndjson-merge"])
         assert (summary["tracked"], summary["quarantined"], len(summary["manifests"]), summary["launched"]) == (6, 1, 1, 1)
@@ -440,7 +443,7 @@ def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
         assert flushed["orphaned_dates"] == {ETL_LATE_DAY: 2} and flushed["launched"] == 1
         # one run or two: a run still queued when the flush's manifest is written takes it too (no second event)
         deadline = time.monotonic() + 240
-        while sum(i.get("status") == "completed" and i["file_key"].startswith(keys.MANIFEST_PREFIX)
+        while sum(i.get("status") == "completed" and i["file_key"].startswith(etl_keys.MANIFEST_PREFIX)
                   for i in state_store.scan_all(tables["etl_file_tracking"])) < 2:
             assert time.monotonic() < deadline, f"both manifests not merged in 240 s\n{worker.tail()}"
             time.sleep(1)
@@ -452,7 +455,7 @@ def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
     # every good line exactly once in the merged Parquet on S3; the bad lines in the rejects; every file completed
     merged = []
     for day in (ETL_DAY, ETL_LATE_DAY):
-        for key in store.list(keys.merged_output_prefix(day)):
+        for key in store.list(etl_keys.merged_output_prefix(day)):
             with store.open(key) as body:
                 merged += pq.read_table(pa.BufferReader(body.read())).to_pylist()
     assert sorted(r["id"] for r in merged) == sorted(lines) and len(merged) == 18
@@ -460,9 +463,9 @@ def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
     rejects = [key for key in store.list("pipeline/output/rejects/")]
     assert len(rejects) == 2 and all(store.get_bytes(k).count(b"\n") == 1 for k in rejects)
     statuses = {(i["date_prefix"], i["file_key"]): i.get("status") for i in state_store.scan_all(tables["etl_file_tracking"])}
-    files = {k: s.split("#")[0] for k, s in statuses.items() if not k[1].startswith((keys.MANIFEST_PREFIX, keys.LOCK_PREFIX))}
+    files = {k: s.split("#")[0] for k, s in statuses.items() if not k[1].startswith((etl_keys.MANIFEST_PREFIX, etl_keys.LOCK_PREFIX))}
     assert len(files) == 7, statuses
-    manifests = {k: s for k, s in statuses.items() if k[1].startswith(keys.MANIFEST_PREFIX)}
+    manifests = {k: s for k, s in statuses.items() if k[1].startswith(etl_keys.MANIFEST_PREFIX)}
     assert sorted(set(files.values())) == ["completed", "quarantined"] and list(files.values()).count("completed") == 6
     assert sorted(manifests.values()) == ["completed", "completed"]
-    assert keys.quarantine_key(ETL_DAY, "empty.ndjson") in set(store.list(""))
+    assert etl_keys.quarantine_key(ETL_DAY, "empty.ndjson") in set(store.list(""))

@@ -15,8 +15,10 @@ import uuid
 
 import pytest
 
-from tasks.core import keys, state_store
-from tasks.records import reconcile
+from tasks.core import state_store
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks import reconcile
 from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 
@@ -43,7 +45,7 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
     day = "2026-04-01"
     urls = []
     for i in range(2):
-        path = store_root / keys.input_key(day, f"f{i}.ndjson")
+        path = store_root / etl_keys.input_key(day, f"f{i}.ndjson")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join('{"id": "%d-%d", "pad": "%s"}\n' % (i, k, "x" * 40) for k in range(10)))
         urls.append(path.as_uri())
@@ -53,7 +55,7 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
         [manifest] = ndjson_ingest(file_urls=urls, merge_deployment=merges["ndjson-merge"])["manifests"]
         [merge_run] = wait_for_runs(merges["ndjson-merge"], 1, timeout=120, worker=merge_worker)
         assert merge_run.state_name == "Crashed", merge_worker.tail()  # reported by the worker itself
-        key = {"date_prefix": day, "file_key": keys.manifest_record_key(manifest)}
+        key = {"date_prefix": day, "file_key": etl_keys.manifest_record_key(manifest)}
         crashed_run = str(merge_run.id)
 
         # a pipeline run that fails: a survey of a cube that is not there (its split task fails, then the flow)
@@ -86,6 +88,6 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
     record = state_store.to_plain(state_store.get_item(tables["etl_file_tracking"], key))
     assert record["status"] == "failed" and "Crashed" in record["error_message"]
     assert record["prefect_flow_run_id"] == crashed_run  # the crashed run had taken the manifest before it died
-    run = state_store.to_plain(state_store.get_item(tables["phspectra_runs"], {"PK": survey_run, "SK": keys.RUN_SK}))
+    run = state_store.to_plain(state_store.get_item(tables["phspectra_runs"], {"PK": survey_run, "SK": phspectra_keys.RUN_SK}))
     assert run["status"] == "FAILED" and "cube not found" in run["error"]
     assert reconcile.disagreements() == []

@@ -16,8 +16,8 @@ import pytest
 
 from deployments.cli import main as cli
 from flows.records import records_reconcile
-from tasks.core import keys
-from tasks.records import reconcile
+
+from tasks import reconcile
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points

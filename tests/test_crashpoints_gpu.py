@@ -109,7 +109,7 @@ def _recover(runner, job_id: str) -> None:
     """Only what the product runs after a crash, in the order its schedules would: what a process worker does,
     then the bodies of records-reconcile, gpu-node-healthcheck and gpu-sweep (the flows run once at the end)."""
     from flows.gpu import PLAIN, sweep
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     report_crashed_runs()
     reconcile.reconcile(["gpu"], dry_run=False)
@@ -123,7 +123,7 @@ def _recover(runner, job_id: str) -> None:
 
 
 def _check_invariants(runner, job_id: str) -> str:
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     job = gpu.get_job(job_id)
     outcome = "never created" if job is None else job["job_status"]

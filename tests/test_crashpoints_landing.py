@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.records import keys as records_keys
+from tasks.video import keys as video_keys
 from tasks.core.object_store import LocalStore
 from tasks.core.runtime import today_iso
 from tasks.landing.sources import Arrival
@@ -52,13 +54,13 @@ def _upload(store_root: Path) -> Arrival:
     from tasks.video import jobs
 
     job_id = jobs.create_job()["job_id"]
-    return arrive(store_root, keys.source_key(job_id), b"an upload the listener does not decode")
+    return arrive(store_root, video_keys.source_key(job_id), b"an upload the listener does not decode")
 
 
 def _one_run_recorded_on_the_job(deployment: str, upload: Arrival, where: str) -> None:
     from tasks.video import jobs, landing
 
-    job_id = keys.parse_source_key(upload.key)
+    job_id = video_keys.parse_source_key(upload.key)
     runs = [r for r in runs_of(deployment) if r.parameters["job_id"] == job_id]
     assert len(runs) == 1, where
     job = jobs.get_job(job_id)
@@ -177,7 +179,7 @@ def _records_state(tables, store_root: Path) -> dict:
         for item in state_store.scan_all(tables[logical]):
             records[item[key]] = {k: v for k, v in state_store.to_plain(item).items() if k not in ("timestamp", "updatedAt", "duration")}
     store = LocalStore(store_root)
-    archive = {k: json.loads(store.get_bytes(k))["error"]["type"] for k in store.list(keys.DEAD_LETTER_PREFIX)}
+    archive = {k: json.loads(store.get_bytes(k))["error"]["type"] for k in store.list(records_keys.DEAD_LETTER_PREFIX)}
     files = sorted(store.list("records/"))
     return {"records": records, "archive": archive, "files": files}
 
@@ -192,7 +194,8 @@ def _clear(tables, store_root: Path) -> None:
 def test_records_listener_survives_a_crash_at_every_write(tables, store_root, tmp_path):
     from flows.records import ingest_batch
     from tasks.landing.listing import listed_arrivals
-    from tasks.records import landing, reconcile
+    from tasks import reconcile
+    from tasks.records import landing
 
     call = "tests.test_crashpoints_landing:message_files"
     dropped = _drop(store_root)
@@ -210,7 +213,7 @@ def test_records_listener_survives_a_crash_at_every_write(tables, store_root, tm
         dropped = _drop(store_root)
         _crash(call, {"arrivals": [dataclasses.asdict(a) for a in dropped]}, plan)
         # the restarted listener's catch-up listing: every file still in records/incoming/, offered again
-        again = listed_arrivals(None, keys.RECORDS_INCOMING_PREFIX)
+        again = listed_arrivals(None, records_keys.RECORDS_INCOMING_PREFIX)
         assert landing.handle_messages(again, ingest_batch).done == again, plan
         assert landing.handle_messages(dropped, ingest_batch).done == dropped, plan  # SQS-like redelivery: "gone"
         assert _records_state(tables, store_root) == expected, plan

@@ -15,7 +15,7 @@ import pytest
 
 from tasks.core.state_store import to_plain
 from tasks.phspectra import survey as ph
-from tasks.records import reconcile
+from tasks import reconcile
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points

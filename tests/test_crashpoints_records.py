@@ -17,9 +17,9 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
 from flows.records import records_ingest
 from tasks.core import state_store
-from tasks.core.keys import dead_letter_prefix
+from tasks.records.keys import dead_letter_prefix
 from tasks.core.runtime import today_iso
-from tasks.records import reconcile
+from tasks import reconcile
 from tasks.records import messages as records_messages
 from test_records import message
 from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child

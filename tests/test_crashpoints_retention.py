@@ -9,7 +9,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks.records import keys as records_keys
 from tasks.core.object_store import LocalStore
 from tasks.retention.sweep import ITEMS_PENDING, apply_retention
 from tests.crashpoints import count_writes, crash_points, killed, report, run_child
@@ -37,11 +40,11 @@ def _land(tables: dict, root, now: datetime) -> None:
 
 def _objects() -> dict[str, float]:
     return {
-        keys.merged_staging_prefix("2026-01-01", "batch-0001.json", "dead") + "part-00000.parquet": 3,
-        keys.merged_staging_prefix("2026-01-02", "batch-0002.json", "live") + "part-00000.parquet": 1,  # in use: kept
-        keys.dead_letter_key("2026-01-01", "m-waiting"): 300,  # waiting for a replay: kept
-        keys.dead_letter_failed_key("2026-01-01", "m-old"): 30,
-        keys.dead_letter_failed_key("2026-11-01", "m-new"): 1,
+        etl_keys.merged_staging_prefix("2026-01-01", "batch-0001.json", "dead") + "part-00000.parquet": 3,
+        etl_keys.merged_staging_prefix("2026-01-02", "batch-0002.json", "live") + "part-00000.parquet": 1,  # in use: kept
+        records_keys.dead_letter_key("2026-01-01", "m-waiting"): 300,  # waiting for a replay: kept
+        records_keys.dead_letter_failed_key("2026-01-01", "m-old"): 30,
+        records_keys.dead_letter_failed_key("2026-11-01", "m-new"): 1,
     }
 
 
@@ -65,7 +68,7 @@ def test_retention_survives_a_crash_at_every_write(etl_env, tmp_path):
     expected = _state(tables, root)
     ttl = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() + timedelta(days=30).total_seconds())
     assert {k: v for k, v in expected["items"].items() if v[0] is not None} == {
-        ("phspectra_runs", "run-done", keys.RUN_SK): (ttl, False), ("phspectra_runs", "run-done", keys.chunk_sk(0)): (ttl, False),
+        ("phspectra_runs", "run-done", phspectra_keys.RUN_SK): (ttl, False), ("phspectra_runs", "run-done", phspectra_keys.chunk_sk(0)): (ttl, False),
         ("video_jobs", "v-done"): (ttl, False), ("video_segment_completions", "v-done", "0"): (ttl, False),
         ("video_reassembly_locks", "v-done"): (ttl, False), ("ecs_job", "g-done"): (ttl, False),
         ("ecs_task", "t-1"): (ttl, False), ("health_incidents", "cleared"): (ttl, False),

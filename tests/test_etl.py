@@ -19,6 +19,7 @@ from tasks.etl import ingest as etl
 from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.core import keys, state_store
+from tasks.etl import keys as etl_keys
 
 DAY = "2026-01-05"
 TODAY = "2026-01-10"
@@ -80,22 +81,22 @@ def test_bad_input_gets_a_recorded_reason_and_good_files_still_flow(etl_env):
     assert (summary["tracked"], summary["already_tracked"], summary["quarantined"]) == (3, 1, 5)
     items = records(table)
     reasons = {k[1]: v["error_message"] for k, v in items.items() if v["status"].startswith("quarantined")}
-    undated_key = keys.undated_file_key(undated)
+    undated_key = etl_keys.undated_file_key(undated)
     assert set(reasons) == {"data.json", "big.ndjson", "empty.ndjson", "gone.ndjson", undated_key}
     assert reasons["data.json"] == "wrong extension: expected .ndjson"
     assert reasons["empty.ndjson"] == "empty file (0 bytes)"
     assert reasons["big.ndjson"].startswith("size ") and "outside 0.001 MB ± 99.0%" in reasons["big.ndjson"]
     assert reasons["gone.ndjson"].startswith("file not found")
-    assert reasons[undated_key].startswith("unparseable input path") and items[(keys.UNDATED_PREFIX, undated_key)]
+    assert reasons[undated_key].startswith("unparseable input path") and items[(etl_keys.UNDATED_PREFIX, undated_key)]
     # copies and reason files in quarantine; nothing removed from the input
-    assert (root / keys.quarantine_key(DAY, "big.ndjson")).read_bytes() == Path(too_big[7:]).read_bytes()
-    assert json.loads((root / keys.quarantine_reason_key(keys.quarantine_key(DAY, "data.json"))).read_text())["reason"] == reasons["data.json"]
-    assert (root / keys.quarantine_reason_key(keys.undated_quarantine_key(undated))).exists()
+    assert (root / etl_keys.quarantine_key(DAY, "big.ndjson")).read_bytes() == Path(too_big[7:]).read_bytes()
+    assert json.loads((root / keys.quarantine_reason_key(etl_keys.quarantine_key(DAY, "data.json"))).read_text())["reason"] == reasons["data.json"]
+    assert (root / keys.quarantine_reason_key(etl_keys.undated_quarantine_key(undated))).exists()
     assert all(Path(u[7:]).exists() for u in good + [wrong_ext, too_big, empty, undated])
     # valid files: pending#N with the seed's MD5 shard, TTL ~30 days ahead
     for i in range(3):
         item = items[(DAY, f"good-{i}.ndjson")]
-        shard = keys.status_shard(f"good-{i}.ndjson", 4)
+        shard = etl_keys.status_shard(f"good-{i}.ndjson", 4)
         assert (item["status"], item["shard_id"]) == (f"pending#{shard}", shard)
         assert abs(item["ttl"] - (time.time() + 30 * 86400)) < 120
     metrics = list(state_store.scan_all(etl_env["tables"]["etl_metrics"]))
@@ -153,7 +154,7 @@ def test_ingest_merge_flush_end_to_end(etl_env, monkeypatch):
     assert sorted(m["file_count"] for m in manifests.values()) == [3, 5]
     files = {k[1]: v for k, v in items.items() if k[1].endswith(".ndjson")}
     for name, item in files.items():  # the shard suffix survived pending → manifested → completed/failed
-        assert item["status"].split("#")[1] == str(keys.status_shard(name, 4)) == str(item["shard_id"])
+        assert item["status"].split("#")[1] == str(etl_keys.status_shard(name, 4)) == str(item["shard_id"])
     assert files["f-07.ndjson"]["status"].startswith("failed#")
     assert files["f-07.ndjson"]["error_message"] == "not JSON: all 3 non-empty lines are malformed"
     assert {n for n, i in files.items() if i["status"].startswith("completed#")} == {f"f-{i:02d}.ndjson" for i in range(7)}
@@ -161,7 +162,7 @@ def test_ingest_merge_flush_end_to_end(etl_env, monkeypatch):
     assert sum(m["rejected_lines"] for m in manifests.values()) == 5 and sum(m["rows"] for m in manifests.values()) == 26
 
     # the Parquet output: every good line once, every column a string, metadata columns present
-    out = root / keys.merged_output_prefix(DAY)
+    out = root / etl_keys.merged_output_prefix(DAY)
     table_read = pq.read_table(out)
     assert table_read.num_rows == 6 * 4 + 2
     assert all(pa.types.is_string(f.type) for f in table_read.schema)
@@ -180,7 +181,7 @@ def test_ingest_merge_flush_end_to_end(etl_env, monkeypatch):
         ("f-06.ndjson", 2), ("f-06.ndjson", 3), ("f-07.ndjson", 1), ("f-07.ndjson", 2), ("f-07.ndjson", 3)]
 
     # re-running a manifest overwrites its parts: same row count
-    name = keys.manifest_name_from_record_key(sorted(manifests)[0])
+    name = etl_keys.manifest_name_from_record_key(sorted(manifests)[0])
     again = ndjson_merge(date_prefix=DAY, manifest_name=name, rerun=True)
     assert again["manifest_status"] == "completed"
     assert duckdb.sql(f"select count(*) from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall()[0][0] == 26
@@ -215,9 +216,9 @@ def test_a_failed_merge_marks_everything_failed_and_alerts(etl_env, caplog):
     urls = [write_input(root, TODAY, f"h-{i}.ndjson", good_lines(2, i)) for i in range(5)]
     ndjson_ingest(file_urls=urls, merge_deployment=MISSING_DEPLOYMENT)
     (record,) = [v for k, v in records(table).items() if k[1].startswith("MANIFEST#")]
-    (root / keys.manifest_key(TODAY, keys.manifest_name_from_record_key(record["file_key"]))).unlink()  # manifest lost
+    (root / etl_keys.manifest_key(TODAY, etl_keys.manifest_name_from_record_key(record["file_key"]))).unlink()  # manifest lost
     with caplog.at_level(logging.ERROR):
-        state = ndjson_merge(date_prefix=TODAY, manifest_name=keys.manifest_name_from_record_key(record["file_key"]), return_state=True)
+        state = ndjson_merge(date_prefix=TODAY, manifest_name=etl_keys.manifest_name_from_record_key(record["file_key"]), return_state=True)
     assert state.is_failed()
     items = records(table)
     assert items[(TODAY, record["file_key"])]["status"] == "failed"
@@ -239,9 +240,9 @@ def test_ops_remediate_follows_the_manifest_or_releases_dead_claims(etl_env):
     etl.track_files(etl.validate_files(urls, config), config)
     (ref,) = etl.create_manifests(DAY, 5, config)
     # the merge ended but the batch status update never ran: files stuck in manifested
-    state_store.transition(table, {"date_prefix": DAY, "file_key": keys.manifest_record_key(ref.manifest_name)}, "pending", "completed")
+    state_store.transition(table, {"date_prefix": DAY, "file_key": etl_keys.manifest_record_key(ref.manifest_name)}, "pending", "completed")
     # a claimer that died before writing its manifest
-    dead = etl._claim(etl.pending_files(DAY), keys.claim_placeholder("dead"))
+    dead = etl._claim(etl.pending_files(DAY), etl_keys.claim_placeholder("dead"))
     assert len(dead) == 2
     assert etl_ops.remediate_manifested(DAY, placeholder_older_than_minutes=60)["moved"] == 5  # young claims left alone
     out = etl_ops.remediate_manifested(DAY, placeholder_older_than_minutes=0)
@@ -286,8 +287,8 @@ def test_four_ingest_runs_at_once_put_every_file_in_exactly_one_manifest(etl_env
     file_items = {k: v for k, v in items.items() if k[1].startswith("c-")}
     assert not [v for v in file_items.values() if not v["status"].startswith("manifested#")]  # none pending
     meta = {k: v for k, v in items.items() if k[1].startswith("MANIFEST#")}
-    assert {(d, keys.manifest_name_from_record_key(f)) for d, f in meta} == set(manifests)
+    assert {(d, etl_keys.manifest_name_from_record_key(f)) for d, f in meta} == set(manifests)
     for (date, name), files in manifests.items():  # every file points at the one manifest that lists it
-        path = meta[(date, keys.manifest_record_key(name))]["manifest_path"]
+        path = meta[(date, etl_keys.manifest_record_key(name))]["manifest_path"]
         assert {file_items[(date, Path(u).name)]["manifest_path"] for u in files} == {path}
-        assert meta[(date, keys.manifest_record_key(name))]["file_count"] == len(files)
+        assert meta[(date, etl_keys.manifest_record_key(name))]["file_count"] == len(files)

@@ -9,6 +9,7 @@ import pytest
 
 from flows.etl import ndjson_flush_orphans, ndjson_ingest
 from tasks.core import keys
+from tasks.etl import keys as etl_keys
 from tests.test_etl import DAY, TODAY, etl_env, good_lines, records, write_input  # noqa: F401 - etl_env is a fixture
 from tests.test_etl_merge import merged_rows
 
@@ -32,7 +33,7 @@ def test_one_file_name_in_two_input_trees_is_merged_twice_once_each(etl_env, tmp
 
 def test_file_keys_of_one_name_in_two_buckets_differ_and_stay_inside_their_date():
     home = "s3://input-bucket/env"
-    keyed = {url: keys.input_file_key(keys.parse_input_path(url), home) for url in (
+    keyed = {url: etl_keys.input_file_key(etl_keys.parse_input_path(url), home) for url in (
         f"s3://input-bucket/env/pipeline/input/{DAY}/x.ndjson",  # the configured input store: the seed's bare name
         f"s3://other-bucket/env/pipeline/input/{DAY}/x.ndjson",
         f"s3://other-bucket/pipeline/input/{DAY}/x.ndjson",
@@ -40,8 +41,8 @@ def test_file_keys_of_one_name_in_two_buckets_differ_and_stay_inside_their_date(
     )}
     assert list(keyed.values())[0] == "x.ndjson" and len(set(keyed.values())) == 4
     assert all(k == "x.ndjson" or re.fullmatch(r"tree-[0-9a-f]{16}/x\.ndjson", k) for k in keyed.values())
-    assert all(keys.safe_file_key(k) == k for k in keyed.values())
+    assert all(etl_keys.safe_file_key(k) == k for k in keyed.values())
     for bad in ("tree-0123456789abcdef/../x.ndjson", "a/b.ndjson", "tree-0123456789abcdef/", "../x.ndjson"):
         with pytest.raises(keys.InvalidKey):
-            keys.safe_file_key(bad)
-    assert keys.quarantine_key(DAY, list(keyed.values())[1]).startswith(f"quarantine/{DAY}/tree-")
+            etl_keys.safe_file_key(bad)
+    assert etl_keys.quarantine_key(DAY, list(keyed.values())[1]).startswith(f"quarantine/{DAY}/tree-")

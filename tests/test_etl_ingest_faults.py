@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.etl import ndjson_flush_orphans, ndjson_ingest
-from tasks.core import faults, keys, state_store
+from tasks.core import faults, state_store
+from tasks.etl import keys
 from tasks.etl import ingest as etl
 from tasks.etl import ops as etl_ops
 from tests.crashpoints import count_writes, crash_points, killed, run_child

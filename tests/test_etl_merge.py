@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.etl import ndjson_flush_orphans, ndjson_ingest, ndjson_merge
-from tasks.core import faults, keys
+from tasks.core import faults
+from tasks.etl import keys
 from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.etl.ndjson_text import parse_ndjson
@@ -416,7 +417,7 @@ def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_compl
 
     from flows import etl as etl_flows
     from flows.records import records_reconcile
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     root, table = etl_env["root"], etl_env["table"]
     urls = _ingest_five(root, "best")

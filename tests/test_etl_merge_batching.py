@@ -13,7 +13,8 @@ from collections import Counter
 import pytest
 
 from flows.etl import ndjson_ingest, ndjson_merge
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.etl import keys
 from tasks.etl import ingest as etl
 from tasks.etl import merge as etl_merge
 from tasks.etl.ingest import ManifestRef

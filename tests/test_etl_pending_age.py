@@ -7,10 +7,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from blocks.health import HealthThresholds
-from tasks.core import keys, runtime, state_store
+from tasks.core import runtime, state_store
+from tasks.etl import keys
 from tasks.etl import ingest as etl
 from tasks.etl import ops
-from tasks.health.checks import etl_pending
+from tasks.etl.alarms import etl_pending
 
 DATE = "2026-11-20"
 T0 = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.etl import keys as etl_keys
+from tasks.video import keys as video_keys
 from tasks.etl import ops as etl_ops
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
@@ -85,7 +87,7 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     (run,) = wait_for_runs(process, 1)
     failed = v.get_job(job_id)
     assert (run.state_name, failed["status"]) == ("Failed", "failed"), failed
-    assert "chunking failed" in failed["failure_reason"] and keys.source_key(job_id) in failed["failure_reason"]
+    assert "chunking failed" in failed["failure_reason"] and video_keys.source_key(job_id) in failed["failure_reason"]
     assert str(store_root) not in failed["failure_reason"]  # object keys, not this machine's paths
 
     upload.write_bytes(data)  # uploaded again to the same target, then the documented re-run
@@ -98,10 +100,10 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     assert state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})["reassembly_owner"] == job["prefect_flow_run_id"]
     assert (job["status"], job["total_segments"], job["final_frames"], job["attempts"]) == ("completed", 3, 30, 1)
     assert "chunking failed" in job["previous_failure_reason"] and "failure_reason" not in job
-    assert probe(store_root / keys.final_key(job_id)).frames == 30
+    assert probe(store_root / video_keys.final_key(job_id)).frames == 30
     assert [r["segment_index"] for r in v.completions(job_id)] == [0, 1, 2]
     assert sorted((store_root / f"jobs/{job_id}/segments").iterdir()) == [  # the job's mode, not the block's
-        store_root / keys.output_segment_key(job_id, i, 3, "grayscale") for i in range(3)]
+        store_root / video_keys.output_segment_key(job_id, i, 3, "grayscale") for i in range(3)]
 
 
 @pytest.mark.timeout(600)
@@ -121,10 +123,10 @@ def test_a_failed_merge_is_rerun_through_its_deployment(etl_env, tmp_path, deplo
     (key,) = manifests(table)
     assert (run.state_name, manifests(table)[key]["status"]) == ("Failed", "failed"), stack.worker.tail()
     assert "InjectedFault" in manifests(table)[key]["error_message"]
-    assert file_statuses(table) == {"failed": 5} and not list(root.glob(f"{keys.merged_output_prefix(DAY)}*.parquet"))
+    assert file_statuses(table) == {"failed": 5} and not list(root.glob(f"{etl_keys.merged_output_prefix(DAY)}*.parquet"))
 
     stack.start_worker()  # the cause is fixed (a worker without the fault); the README's re-run of a failed merge
-    name = keys.manifest_name_from_record_key(key)
+    name = etl_keys.manifest_name_from_record_key(key)
     _deployment_run(merge, f"date_prefix={DAY}", f"manifest_name={name}", "rerun=true")
     runs = wait_for_runs(merge, 2, worker=stack.worker)
     assert sorted(r.state_name for r in runs) == ["Completed", "Failed"]
@@ -161,7 +163,7 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    from tasks.records import reconcile
+    from tasks import reconcile
     from tests.test_video_faults import _upload
 
     (backend, url), _ = endpoints
@@ -195,6 +197,6 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
     assert [r.state_name for r in crash_repair] == ["Completed"]
     job = v.get_job(job_id)
     assert (job["status"], job["final_frames"], job["redrives"]) == ("completed", 30, 1)
-    assert probe(store_root / keys.final_key(job_id)).frames == 30
+    assert probe(store_root / video_keys.final_key(job_id)).frames == 30
     assert [r["segment_index"] for r in v.completions(job_id)] == [0, 1, 2]
     assert reconcile.disagreements(["video"]) == []  # DynamoDB and Prefect agree

@@ -10,9 +10,11 @@ import pytest
 from prefect import flow, task
 
 from blocks import DynamoTables, ObjectStorage, load_config
+from tasks.core.config import table_names
 from tasks.core import keys, state_store
 from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore
-from tasks.core.tables import TABLE_SPECS, SchemaMismatch, TableSpec, ensure_table
+from tasks.core.tables import SchemaMismatch, TableSpec, ensure_table
+from tasks.core.registry import table_specs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,9 +46,13 @@ def test_a_table_with_the_wrong_keys_is_refused_and_left_alone(tables):
 def test_blocks_default_to_seed_names_and_env_overrides(monkeypatch):
     monkeypatch.delenv("TABLE_ETL_FILE_TRACKING", raising=False)
     monkeypatch.setenv("TABLE_ENV", "prod")
-    config = load_config(DynamoTables)
-    assert config.names()["etl_file_tracking"] == "ndjson-parquet-sqs-file-tracking-prod"
-    assert set(config.names()) == set(TABLE_SPECS)
+    names = table_names()
+    assert names["etl_file_tracking"] == "ndjson-parquet-sqs-file-tracking-prod"
+    assert set(names) == set(table_specs())
+    monkeypatch.setenv("TABLE_ETL_FILE_TRACKING", "my-tracking")
+    assert table_names()["etl_file_tracking"] == "my-tracking"
+    saved_by_field = DynamoTables(env="prod", etl_metrics="old-style-metrics")  # a block saved with one field per table
+    assert saved_by_field.name_of("etl_metrics", "seed-name") == "old-style-metrics"
     monkeypatch.setenv("OBJECT_STORE_BASE_URL", "s3://bucket/prefix")
     assert load_config(ObjectStorage).base_url == "s3://bucket/prefix"
 

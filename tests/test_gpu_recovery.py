@@ -66,7 +66,7 @@ def test_killed_flow_process_job_completes_through_the_sweep(gpu_env):
 def test_reconcile_during_a_running_job_leaves_its_tasks_alone(gpu_env):
     from flows.gpu import gpu_job
     from flows.records import records_reconcile
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault(

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.etl import ingest as etl
 from tasks.gpu import jobs as gpu
@@ -56,7 +58,7 @@ def make_etl_records(tables: dict) -> None:
               updated_at=iso_ago(TWO_HOURS))
     stamp = now_iso()
     state_store.create_if_absent(tables["etl_file_tracking"], {
-        **etl.tracking_key("2026-11-20", keys.manifest_record_key("manifest-0001")), "status": etl.FAILED,
+        **etl.tracking_key("2026-11-20", etl_keys.manifest_record_key("manifest-0001")), "status": etl.FAILED,
         "manifest_path": "manifests/2026-11-20/manifest-0001.json", "file_count": 2, "created_at": stamp,
         "updated_at": stamp, "error_message": "merge failed: disk full",
     }, etl.TRACKING_KEYS)
@@ -121,7 +123,7 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
     assert rows["etl-files-pending-too-long"]["value"] == 1 and "2026-11-20/f1.ndjson" in rows["etl-files-pending-too-long"]["detail"]
     assert rows["etl-files-pending"]["value"] == 2
     assert rows["etl-failed-manifests"]["detail"] == "1 failed manifest(s): 2026-11-20/manifest-0001"
-    assert rows["phspectra-stuck-chunks"]["detail"] == f"1 chunk(s) IN_PROGRESS with a lease expired > 30 min: run-1/{keys.chunk_sk(0)}"
+    assert rows["phspectra-stuck-chunks"]["detail"] == f"1 chunk(s) IN_PROGRESS with a lease expired > 30 min: run-1/{phspectra_keys.chunk_sk(0)}"
     assert rows["video-stuck-jobs"]["detail"].endswith(": job-old (created)")
     assert rows["gpu-stuck-jobs"]["detail"].endswith(": gpu-job-1 (PENDING_RESTART)")
     assert rows["gpu-nodes-out-of-service"]["detail"].endswith(": node-a (FAILED)")
@@ -295,7 +297,7 @@ def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(table
 
 
 def test_the_iterator_age_counts_only_files_a_full_batch_could_have_taken():
-    from tasks.health.checks import iterator_age
+    from tasks.etl.alarms import iterator_age
 
     def item(date: str, name: str, seconds_ago: int) -> dict:
         return {"date_prefix": date, "file_key": name, "created_at": iso_ago(seconds_ago)}

@@ -29,7 +29,7 @@ def test_the_dashboard_reads_24_hours_of_metrics_and_records(tables, store_root)
                                ("j4", gpu.JOB_IN_PROGRESS, recent)):
         state_store.put(tables["ecs_job"], {"job_id": job_id, "job_status": status, "created_at": at, "updated_at": at})
 
-    markdown, rows = dashboard.dashboard(backlog=7, now_us=now)
+    markdown, rows = dashboard.dashboard({"etl-files-pending": 7}, now_us=now)
 
     by_pipeline = {r["pipeline"]: r for r in rows}
     assert by_pipeline["etl"] == {"pipeline": "etl", "unit": "files", "ended": 42, "failed": 3, "failure rate": "7.1%"}

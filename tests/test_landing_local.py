@@ -123,7 +123,8 @@ def land(root: Path, date: str, name: str, rows: list[int]) -> str:
 
 def statuses(table: str) -> dict[str, str]:
     """file key -> status of every file record (meta-records left out)."""
-    from tasks.core import keys, state_store
+    from tasks.core import state_store
+    from tasks.etl import keys
 
     return {i["file_key"]: i["status"] for i in state_store.scan_all(table) if not keys.is_meta_record(i["file_key"])}
 
@@ -139,7 +140,7 @@ def merged_ids(root: Path, date: str) -> list[int]:
     """Every id in the date's merged Parquet, sorted (repeats kept)."""
     import duckdb
 
-    from tasks.core import keys
+    from tasks.etl import keys
 
     out = root / keys.merged_output_prefix(date)
     return sorted(int(r[0]) for r in duckdb.sql(f"select id from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall())

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import keys
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks.records import keys as records_keys
+from tasks.video import keys as video_keys
 from tasks.core.object_store import LocalStore
 from tasks.landing.sources import Arrival
 
@@ -97,7 +100,7 @@ def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_n
 
     deployment = f"video-process/{deployed}"
     job_id = jobs.create_job()["job_id"]
-    upload = arrive(store_root, keys.source_key(job_id), b"not decoded by the listener")
+    upload = arrive(store_root, video_keys.source_key(job_id), b"not decoded by the listener")
     outcome = landing.handle_uploads([upload], deployment)
     assert outcome.done == [upload] and outcome.retry == []
 
@@ -106,7 +109,7 @@ def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_n
     job = jobs.get_job(job_id)
     assert (job["status"], job["process_run_id"], job["upload_event_id"]) == ("created", str(run.id), upload.event_id)
 
-    again = arrive(store_root, keys.source_key(job_id), b"not decoded by the listener, written again")
+    again = arrive(store_root, video_keys.source_key(job_id), b"not decoded by the listener, written again")
     with caplog.at_level(logging.INFO, logger="tasks.video.landing"):
         outcome = landing.handle_uploads([upload, again], deployment)
     assert outcome.done == [upload, again]
@@ -123,7 +126,7 @@ def test_a_claim_whose_run_was_never_created_is_started_by_the_next_event(tables
 
     deployment = f"video-process/{deployed}"
     job_id = jobs.create_job()["job_id"]
-    upload = arrive(store_root, keys.source_key(job_id), b"x")
+    upload = arrive(store_root, video_keys.source_key(job_id), b"x")
     assert jobs.claim_upload(job_id, upload.event_id).applied  # the listener died right after its claim
     assert not jobs.claim_upload(job_id, upload.event_id).applied
 
@@ -144,9 +147,9 @@ def test_an_upload_for_an_unknown_deleted_or_busy_job_starts_nothing(tables, sto
     busy = jobs.create_job()["job_id"]
     jobs.start_chunking(busy)  # a person ran video-process for it before the upload's event came
     arrivals = [
-        arrive(store_root, keys.source_key("no-such-job"), b"x"),
-        arrive(store_root, keys.source_key(deleted), b"x"),
-        arrive(store_root, keys.source_key(busy), b"x"),
+        arrive(store_root, video_keys.source_key("no-such-job"), b"x"),
+        arrive(store_root, video_keys.source_key(deleted), b"x"),
+        arrive(store_root, video_keys.source_key(busy), b"x"),
         arrive(store_root, "input/no-such-job/other.mp4", b"x"),
     ]
     before = len(runs_of(deployment))
@@ -167,7 +170,7 @@ def test_an_upload_waits_while_the_prefect_server_cannot_start_its_run(tables, s
     from tasks.video import jobs, landing
 
     job_id = jobs.create_job()["job_id"]
-    upload = arrive(store_root, keys.source_key(job_id), b"x")
+    upload = arrive(store_root, video_keys.source_key(job_id), b"x")
     outcome = landing.handle_uploads([upload], "video-process/no-such-deployment")
     assert outcome.done == [] and [a for a, _ in outcome.retry] == [upload]
     assert "ObjectNotFound" in outcome.retry[0][1]
@@ -325,20 +328,20 @@ def test_the_demo_drops_its_samples_where_the_listeners_start_them(tables, store
     dropped = {sample.__name__.rsplit(".", 1)[1]: sample.drop(tmp_path, store) for sample in (etl, phspectra, records, video)}
     landed = lambda prefix: [arrive(store_root, k, (store_root / k).read_bytes()) for k in sorted(store.list(prefix))]  # noqa: E731
 
-    (manifest,) = landed(keys.SURVEY_INCOMING_PREFIX)
+    (manifest,) = landed(phspectra_keys.SURVEY_INCOMING_PREFIX)
     assert manifest.url == dropped["phspectra"]["manifest_url"]
     assert ph_landing.handle_landings([manifest], f"phspectra-survey/{deployed}").done == [manifest]
     (run,) = [r for r in runs_of(f"phspectra-survey/{deployed}") if r.parameters["survey"] == phspectra.SURVEY]
     assert (run.parameters["chunk_size"], run.parameters["fit_params"]) == (12, {"beta": 3.5})
 
-    (upload,) = landed(keys.VIDEO_INPUT_PREFIX)
+    (upload,) = landed(video_keys.VIDEO_INPUT_PREFIX)
     assert video_landing.upload_arrived(upload, f"video-process/{deployed}")[0] == "started"
 
-    (messages,) = landed(keys.RECORDS_INCOMING_PREFIX)
+    (messages,) = landed(records_keys.RECORDS_INCOMING_PREFIX)
     assert records_landing.handle_messages([messages]).done == [messages] and records.landed(**dropped["records"])
     assert "MOD09GQ.A2017025.h21v00.006: completed" in records.report()
 
-    assert len(dropped["etl"]["tracked"]) == len(landed(keys.INPUT_PREFIX)) == 25
+    assert len(dropped["etl"]["tracked"]) == len(landed(etl_keys.INPUT_PREFIX)) == 25
 
 
 # --------------------------------------------------------------------------- issue 21's number for video
@@ -363,7 +366,7 @@ def test_each_upload_reaches_processing_through_its_own_run_timed(tables, store_
         latencies, steps = [], []
         for _ in range(5):
             job_id = jobs.create_job()["job_id"]
-            upload = arrive(store_root, keys.source_key(job_id), b"not a video: the run fails right after it starts")
+            upload = arrive(store_root, video_keys.source_key(job_id), b"not a video: the run fails right after it starts")
             uploaded = datetime.fromtimestamp((store_root / upload.key).stat().st_mtime_ns / 1e9).astimezone()
             assert landing.handle_uploads([upload], deployment).done == [upload]
             deadline = time.monotonic() + 120

@@ -21,7 +21,8 @@ import boto3
 import pytest
 
 from deployments import cli
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.etl import keys
 from tasks.core.object_store import ListedObject, LocalStore, ObjectStore, S3Store
 from tasks.etl import ingest as etl
 from tasks.landing.listing import listed_arrivals

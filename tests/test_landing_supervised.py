@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from deployments import local_stack
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.records import keys
 from tasks.core.object_store import LocalStore
 from tests.conftest import prefect_server_process
 from tests.crashpoints import REPO_ROOT, child_env

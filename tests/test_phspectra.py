@@ -20,6 +20,7 @@ import pytest
 
 from deployments.samples.phspectra import synthetic_cube, write_fits
 from tasks.core import keys, state_store
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.core.state_store import to_plain
@@ -37,7 +38,7 @@ def direct_rows(cube_url: str, params: dict) -> dict[tuple[int, int], list[tuple
 
 
 def output_rows(store_root: Path, survey: str, run_id: str) -> dict[tuple[int, int], list[tuple[float, float, float]]]:
-    table = ds.dataset(store_root / keys.decomposition_prefix(survey, run_id), format="parquet").to_table()
+    table = ds.dataset(store_root / phspectra_keys.decomposition_prefix(survey, run_id), format="parquet").to_table()
     assert table.schema.equals(ph.PARQUET_SCHEMA)
     rows = table.to_pylist()
     pairs = [(r["x"], r["y"]) for r in rows]
@@ -75,16 +76,16 @@ def test_every_spectrum_equals_a_direct_fit_and_records_agree(tables, store_root
     assert run["n_nan_channels"] == 3 and json.loads(run["params"]) == params
     assert (run["GSI1_PK"], run["GSI1_SK"]) == ("grs-15", run["created_at"])
     chunks = chunk_items(run_id)
-    assert sorted(chunks) == [keys.chunk_sk(s) for s in (0, 7, 14, 21)]
+    assert sorted(chunks) == [phspectra_keys.chunk_sk(s) for s in (0, 7, 14, 21)]
     for sk, chunk in chunks.items():
-        start = keys.chunk_start_from_sk(sk)
+        start = phspectra_keys.chunk_start_from_sk(sk)
         assert chunk["status"] == "COMPLETED" and chunk["n_spectra"] == (3 if start == 21 else 7)
-        assert chunk["output_key"] == keys.decomposition_key("grs-15", run_id, start)
-        assert chunk["chunk_key"] == keys.chunk_npz_key(run_id, start)
+        assert chunk["output_key"] == phspectra_keys.decomposition_key("grs-15", run_id, start)
+        assert chunk["chunk_key"] == phspectra_keys.chunk_npz_key(run_id, start)
         assert chunk["completed_at"] > chunk["started_at"] > chunk["created_at"] and chunk["duration_ms"] > 0
         assert chunk["prefect_flow_run_id"] and chunk["prefect_task_run_id"] and chunk["attempts"] == 1
     # the whole survey as one dataset (hive partitions survey=/run_id=) in pyarrow and duckdb
-    root = store_root / keys.decomposition_prefix("grs-15")
+    root = store_root / phspectra_keys.decomposition_prefix("grs-15")
     table = ds.dataset(root, format="parquet", partitioning="hive").to_table()
     assert table.num_rows == 24 and set(table.column("run_id").to_pylist()) == {run_id}
     count, components = duckdb.sql(
@@ -135,10 +136,10 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
     run = to_plain(ph.get_run(run_id))
     assert (run["jobs_total"], run["jobs_completed"], run["jobs_failed"], run["status"]) == (3, 2, 1, "FAILED")
     chunks = chunk_items(run_id)
-    assert chunks[keys.chunk_sk(0)]["attempts"] == 2 and chunks[keys.chunk_sk(0)]["status"] == "COMPLETED"
-    assert chunks[keys.chunk_sk(5)]["attempts"] == 3 and chunks[keys.chunk_sk(5)]["status"] == "FAILED"
+    assert chunks[phspectra_keys.chunk_sk(0)]["attempts"] == 2 and chunks[phspectra_keys.chunk_sk(0)]["status"] == "COMPLETED"
+    assert chunks[phspectra_keys.chunk_sk(5)]["attempts"] == 3 and chunks[phspectra_keys.chunk_sk(5)]["status"] == "FAILED"
     failed = to_plain(ph.failures(run_id))
-    assert [c["SK"] for c in failed] == [keys.chunk_sk(5)]
+    assert [c["SK"] for c in failed] == [phspectra_keys.chunk_sk(5)]
     assert failed[0]["error"].startswith("RuntimeError: injected failure #3") and len(failed[0]["error"]) == 1024
 
     monkeypatch.setattr(ph, "write_parquet", real_write)  # resume: only the failed chunk is fitted again
@@ -146,9 +147,9 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
     run = to_plain(ph.get_run(run_id))
     assert (run["jobs_total"], run["jobs_completed"], run["jobs_failed"], run["status"]) == (3, 3, 0, "COMPLETED")
     assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {
-        keys.chunk_sk(0): 2, keys.chunk_sk(5): 4, keys.chunk_sk(10): 1
+        phspectra_keys.chunk_sk(0): 2, phspectra_keys.chunk_sk(5): 4, phspectra_keys.chunk_sk(10): 1
     }
-    assert ph.failures(run_id) == [] and "error" not in chunk_items(run_id)[keys.chunk_sk(5)]
+    assert ph.failures(run_id) == [] and "error" not in chunk_items(run_id)[phspectra_keys.chunk_sk(5)]
     assert output_rows(store_root, "grs-retry", run_id) == direct_rows(cube_url, {})
     assert summary["spectra_fitted"] == 15
 
@@ -177,7 +178,7 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     from prefect.settings import get_current_settings
 
     from flows.phspectra_survey import phspectra_sweep_stuck
-    from tasks.records import reconcile
+    from tasks import reconcile
     from tests.crashpoints import report_crashed_runs
 
     cube_url = fits_cube(tmp_path, ny=4, nx=5, n_channels=424, nan_channels=0)  # one slow chunk of 20 spectra
@@ -202,7 +203,7 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists(), "the fitting process survived SIGKILL"
-    output_key = keys.decomposition_key(survey, run_id, 0)
+    output_key = phspectra_keys.decomposition_key(survey, run_id, 0)
     assert not (store_root / output_key).exists(), "the chunk finished before the kill"
     report_crashed_runs()  # what its process worker does: the flow run is Crashed
 
@@ -214,13 +215,13 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     assert chunk["status"] == "IN_PROGRESS" and not ph.lease_expired(chunk), "the checks outlasted the lease"
 
     wait_until_leases_expire(run_id)
-    adapter = reconcile.REGISTRY["phspectra"]
+    adapter = reconcile.adapters()["phspectra"]
     [record] = [r for r in adapter.tracked() if r.scope == run_id]
     assert ph.ChunkLease(run_id, 0, chunk["started_at"], 0.5).renew()  # its fitter renews before the repair lands
     assert adapter.repair(record, "reconciled").outcome is state_store.Outcome.STALE
     wait_until_leases_expire(run_id)
     findings = reconcile.reconcile_rows(["phspectra"], dry_run=False)  # the records-reconcile flow's task body
-    assert [(f["record"], f["outcome"]) for f in findings] == [(f"{run_id}/{keys.chunk_sk(0)}", "applied")]
+    assert [(f["record"], f["outcome"]) for f in findings] == [(f"{run_id}/{phspectra_keys.chunk_sk(0)}", "applied")]
 
     swept = phspectra_sweep_stuck(survey=survey)
     assert swept == {run_id: {"redriven": [0], "status": "COMPLETED"}}
@@ -228,7 +229,7 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     assert (run["jobs_completed"], run["jobs_failed"], run["jobs_total"], run["status"]) == (1, 0, 1, "COMPLETED")
     rows = output_rows(store_root, survey, run_id)
     assert sorted(rows) == sorted((x, y) for y in range(4) for x in range(5))
-    assert chunk_items(run_id)[keys.chunk_sk(0)]["attempts"] == 2
+    assert chunk_items(run_id)[phspectra_keys.chunk_sk(0)]["attempts"] == 2
     assert phspectra_sweep_stuck(survey=survey) == {}  # nothing left to sweep
 
 
@@ -257,7 +258,7 @@ def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(
     fitter.join()
     assert sweeps_past_lease >= 1, "the fit ended before a sweep saw it run past its lease"
     assert result["outcome"] == "completed" and result["n_spectra"] == 96
-    chunk = chunk_items(run_id)[keys.chunk_sk(0)]
+    chunk = chunk_items(run_id)[phspectra_keys.chunk_sk(0)]
     assert (chunk["status"], chunk["started_at"], chunk["attempts"]) == ("COMPLETED", claimed["started_at"], 1)
     assert chunk["lease_expires_at"] > past_lease  # renewed while it fitted
     assert to_plain(ph.get_run(run_id))["jobs_completed"] == 1
@@ -290,8 +291,8 @@ def test_a_fitter_that_lost_its_claim_stops_and_publishes_nothing(tables, store_
     assert json.loads(out.strip().splitlines()[-1])["outcome"] == "superseded"
     assert stopped_s < 6, f"the fitter ran on for {stopped_s:.1f} s after its renewal failed (120 spectra take longer)"
     assert not Path(f"/proc/{chunk['worker_pid']}").exists(), "its fitting process still runs"
-    assert not (store_root / keys.decomposition_key(survey, run_id, 0)).exists()
-    now = chunk_items(run_id)[keys.chunk_sk(0)]
+    assert not (store_root / phspectra_keys.decomposition_key(survey, run_id, 0)).exists()
+    now = chunk_items(run_id)[phspectra_keys.chunk_sk(0)]
     assert (now["status"], now["started_at"], now["attempts"]) == ("IN_PROGRESS", taken["started_at"], 2)
     assert to_plain(ph.get_run(run_id))["jobs_completed"] == 0
 
@@ -319,8 +320,8 @@ def test_a_resume_by_run_id_alone_fits_into_the_runs_stored_output_url(tables, s
     summary = phspectra_survey(run_id=run_id, workers=2)
     assert (summary["status"], summary["spectra_fitted"], summary["jobs_completed"]) == ("COMPLETED", 12, 3)
     assert output_rows(elsewhere, survey, run_id) == direct_rows(cube_url, {})  # each spectrum once, where it belongs
-    assert not (store_root / keys.decomposition_prefix(survey)).exists()
-    assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {keys.chunk_sk(s): 1 for s in (0, 4, 8)}
+    assert not (store_root / phspectra_keys.decomposition_prefix(survey)).exists()
+    assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {phspectra_keys.chunk_sk(s): 1 for s in (0, 4, 8)}
 
 
 def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
@@ -406,11 +407,11 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     }  # fmt: skip
     assert ph.get_run("new-run") == seed["get-run"]
     assert ph.list_chunks("new-run") == seed["list-chunks"] and len(seed["list-chunks"]) == 3
-    assert ph.stuck_chunks("new-run") == seed["stuck"] and [c["SK"] for c in seed["stuck"]] == [keys.chunk_sk(1)]
+    assert ph.stuck_chunks("new-run") == seed["stuck"] and [c["SK"] for c in seed["stuck"]] == [phspectra_keys.chunk_sk(1)]
     assert ph.latest_run("grs-ap") == seed["latest"][0] and seed["latest"][0]["PK"] == "new-run"
     assert ph.latest_run("grs-ap", not_before="2999-01-01") is None
     assert ph.latest_run("grs-none") is None
-    assert [(c["SK"], c["error"]) for c in ph.failures("new-run")] == [(keys.chunk_sk(2), "boom")]
+    assert [(c["SK"], c["error"]) for c in ph.failures("new-run")] == [(phspectra_keys.chunk_sk(2), "boom")]
 
     def cli(*args):
         assert main(["phspectra", *args]) == 0
@@ -419,7 +420,7 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     assert cli("get-run", "--run-id", "new-run") == to_plain(seed["get-run"])
     assert len(cli("list-chunks", "--run-id", "new-run")) == 3
     assert cli("latest-run", "--survey", "grs-ap")["PK"] == "new-run"
-    assert [c["SK"] for c in cli("stuck-chunks", "--run-id", "new-run", "--minutes", "15")] == [keys.chunk_sk(1)]
+    assert [c["SK"] for c in cli("stuck-chunks", "--run-id", "new-run", "--minutes", "15")] == [phspectra_keys.chunk_sk(1)]
     assert cli("failures", "--run-id", "new-run")[0]["error"] == "boom"
     assert main(["phspectra", "get-run", "--run-id", "nope"]) == 2
     assert "no run nope" in capsys.readouterr().err
@@ -536,11 +537,11 @@ def test_a_second_start_with_one_run_id_cannot_overwrite_or_fail_the_first(table
 
 def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root):
     starts = [0, 5_000_000, 10_000_000, 15_000_000]
-    assert [keys.chunk_start_from_sk(keys.chunk_sk(s)) for s in starts] == starts
-    assert keys.chunk_sk(0) == "CHUNK#chunk-0000000" and keys.chunk_sk(10_000_000) == "CHUNK#chunk-10000000"
+    assert [phspectra_keys.chunk_start_from_sk(phspectra_keys.chunk_sk(s)) for s in starts] == starts
+    assert phspectra_keys.chunk_sk(0) == "CHUNK#chunk-0000000" and phspectra_keys.chunk_sk(10_000_000) == "CHUNK#chunk-10000000"
     for bad in ("CHUNK#chunk-000000", "CHUNK#chunk-00000000", "CHUNK#chunk-1e7"):
         with pytest.raises(keys.InvalidKey):
-            keys.chunk_start_from_sk(bad)
+            phspectra_keys.chunk_start_from_sk(bad)
     table = tables["phspectra_runs"]
     run = {**ph.run_key("wide"), "GSI1_PK": "grs-wide", "GSI1_SK": now_iso(), "survey": "grs-wide", "status": "RUNNING",
            "created_at": now_iso(), "jobs_total": 4, "jobs_completed": 3, "jobs_failed": 0, "n_spectra": 15_000_001,
@@ -550,7 +551,7 @@ def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root)
         status = "PENDING" if start == 15_000_000 else "COMPLETED"
         item = {**ph.chunk_key("wide", start), "status": status, "n_spectra": 1 if status == "PENDING" else 5_000_000}
         state_store.create_if_absent(table, item, ["PK", "SK"])
-    assert [keys.chunk_start_from_sk(c["SK"]) for c in ph.list_chunks("wide")] == starts  # spectrum order
+    assert [phspectra_keys.chunk_start_from_sk(c["SK"]) for c in ph.list_chunks("wide")] == starts  # spectrum order
     assert ph.complete_split("wide") == [] and ph.chunks_to_fit("wide") == ([15_000_000], [])
     assert [c["chunk"] for c in ph.summarize("wide")["chunks"]][-2:] == ["chunk-10000000", "chunk-15000000"]
     assert ph.finalize_run("wide")["status"] == "RUNNING"

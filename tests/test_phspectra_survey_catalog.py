@@ -11,7 +11,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from deployments.samples.phspectra import synthetic_cube, write_fits
-from tasks.core import keys
+from tasks.phspectra import keys
 from tasks.core.object_store import LocalStore
 from tasks.phspectra import catalog
 from tasks.phspectra import survey as ph

@@ -23,7 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
 DEPLOYMENTS = CONFIG["deployments"]
 SUBFLOWS = {"phspectra-fit-chunks"}  # run only inside their parent flow
-MAINTENANCE_FLOWS = set(limits.MAINTENANCE_FLOWS)
+MAINTENANCE_FLOWS = set(limits.maintenance_flows())
 
 
 def _flow(entrypoint: str):

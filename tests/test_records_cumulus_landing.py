@@ -8,7 +8,7 @@ import base64
 import json
 
 from tasks.core import state_store
-from tasks.core.keys import dead_letter_prefix
+from tasks.records.keys import dead_letter_prefix
 from tasks.core.object_store import LocalStore
 from tasks.core.runtime import today_iso
 from tasks.records import dead_letter

@@ -11,7 +11,7 @@ from tasks.core.runtime import today_iso
 from tasks.records import dead_letter
 from tasks.records import messages as records_messages
 from tasks.core import state_store
-from tasks.core.keys import dead_letter_prefix
+from tasks.records.keys import dead_letter_prefix
 from test_records import message
 
 NOW_MS = 1_700_000_900_000

@@ -13,7 +13,7 @@ from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFi
 from flows.records import UnservableParameters, parameter_problems, records_ingest
 from tasks.core import state_store
 from tasks.core.runtime import today_iso
-from tasks.core.keys import dead_letter_prefix
+from tasks.records.keys import dead_letter_prefix
 from tasks.records import messages as records_messages
 from test_records import message
 

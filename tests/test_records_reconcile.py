@@ -18,7 +18,7 @@ from prefect import flow, task
 from prefect.runtime import flow_run, task_run
 
 from tasks.core import state_store
-from tasks.core.keys import RUN_SK, chunk_sk
+from tasks.phspectra.keys import RUN_SK, chunk_sk
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ if __name__ == "__main__":  # the worker subprocess
 import pytest  # noqa: E402
 
 from flows.records import records_prefect_state, records_reconcile  # noqa: E402
-from tasks.records import reconcile
+from tasks import reconcile
 
 
 def _seed_run(table: str, run_id: str, chunks: dict[int, str], completed: int = 0, failed: int = 0) -> None:
@@ -227,7 +227,7 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     @flow(name="records-test-held")
     def held() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from flows.records import records_ingest, records_replay_dla
 from tasks.core import config, state_store
-from tasks.core.keys import dead_letter_prefix
+from tasks.records.keys import dead_letter_prefix
 from tasks.core.runtime import today_iso
 from tasks.records import dead_letter
 from tasks.records import messages as records_messages

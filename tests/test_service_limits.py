@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from flows.etl import ndjson_ingest, ndjson_merge
-from tasks.core import faults, keys, limits
+from tasks.core import faults, limits
+from tasks.etl import keys
 from tests.conftest import prefect_server_process
 from tests.test_etl import DAY, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
 

@@ -18,6 +18,7 @@ import pytest
 
 from flows.video import video_delete_cleanup, video_process
 from tasks.core import keys, state_store
+from tasks.video import keys as video_keys
 from tasks.video import jobs as v
 from tasks.core.object_store import LocalStore
 from tasks.video.ffmpeg import make_test_video, probe
@@ -32,7 +33,7 @@ def source_video(tmp_path_factory) -> Path:
 
 def _upload(store_root: Path, data: bytes, mode: str = "grayscale") -> str:
     job = v.create_job(mode=mode, segment_seconds=SEGMENT)
-    assert job["upload_target"] == str(store_root / keys.source_key(job["job_id"]))
+    assert job["upload_target"] == str(store_root / video_keys.source_key(job["job_id"]))
     Path(job["upload_target"]).write_bytes(data)
     return job["job_id"]
 
@@ -61,8 +62,8 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
 
     records = v.completions(job_id)
     assert [r["segment_index"] for r in records] == list(range(5))
-    assert [r["segment_key"] for r in records] == [keys.segment_key(job_id, i, 5, "grayscale") for i in range(5)]
-    assert [r["output_key"] for r in records] == [keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
+    assert [r["segment_key"] for r in records] == [video_keys.segment_key(job_id, i, 5, "grayscale") for i in range(5)]
+    assert [r["output_key"] for r in records] == [video_keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
     assert all(r["prefect_flow_run_id"] == job["prefect_flow_run_id"] and r["prefect_task_run_id"] for r in records)
     assert len({r["prefect_task_run_id"] for r in records}) == 5
     lock = state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})
@@ -70,7 +71,7 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
 
     # every object is under the job's prefixes; the outputs really are gray
     assert set(_objects(store_root)) == (
-        {keys.source_key(job_id), keys.final_key(job_id)}
+        {video_keys.source_key(job_id), video_keys.final_key(job_id)}
         | {r["segment_key"] for r in records} | {r["output_key"] for r in records}
     )
     import av
@@ -132,7 +133,7 @@ def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with
     job = video_process(job_id=job_id, segment_retry_delays=[0, 0])
     assert (job["status"], job["total_segments"]) == ("completed", 5)
     outputs = [k for k in _objects(store_root) if k.startswith(f"jobs/{job_id}/segments/")]
-    assert outputs == [keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
+    assert outputs == [video_keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
     # a run's own parameters still come first
     other = _upload(store_root, source_video.read_bytes(), mode="grayscale")
     assert video_process(job_id=other, segment_seconds=2.5, mode="identity", segment_retry_delays=[0, 0])["total_segments"] == 2
@@ -167,7 +168,7 @@ def test_backend_errors_are_retried_then_fail_the_job(
     assert job["failure_reason"].startswith("5 of 5 segments failed after retries; first: 00000_00005_identity.mp4")
     assert reason in job["failure_reason"]
     assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
-    assert all(k.startswith((keys.input_prefix(job_id), keys.segments_prefix(job_id))) for k in _objects(store_root))
+    assert all(k.startswith((video_keys.input_prefix(job_id), video_keys.segments_prefix(job_id))) for k in _objects(store_root))
 
 
 @pytest.mark.parametrize(
@@ -195,7 +196,7 @@ def test_bad_input_fails_the_job_with_the_reason(tables, store_root, source_vide
         _run(job_id=job_id)
     job = state_store.to_plain(state_store.get_item(tables["video_jobs"], {"job_id": job_id}))
     assert job["status"] == "failed" and reason in job["failure_reason"] and "total_segments" not in job
-    assert _objects(store_root) == [keys.source_key(job_id)]  # input kept, nothing else written
+    assert _objects(store_root) == [video_keys.source_key(job_id)]  # input kept, nothing else written
     with pytest.raises(ValueError, match="is failed: it cannot be processed"):
         v.start_chunking(job_id)
 
@@ -244,8 +245,8 @@ def test_trigger_on_write_fires_exactly_once_under_8_threads_50_rounds(tables):
 
             def last_segment_finishes(worker: int, job_id=job_id, barrier=barrier):
                 barrier.wait()
-                segment = keys.SegmentKey(job_id, total - 1, total, "identity")
-                v.record_completion(segment, keys.output_segment_key(job_id, total - 1, total, "identity"))
+                segment = video_keys.SegmentKey(job_id, total - 1, total, "identity")
+                v.record_completion(segment, video_keys.output_segment_key(job_id, total - 1, total, "identity"))
                 if v.trigger_on_write(job_id):  # won the lock: start reassembly (claim reassembly_started_at)
                     return worker, v.claim_reassembly(job_id, owner=f"worker-{worker}").applied
                 return None
@@ -262,7 +263,7 @@ def test_trigger_on_write_fires_exactly_once_under_8_threads_50_rounds(tables):
 def test_only_one_worker_claims_the_reassembly_lock(tables):
     _job_ready_for_trigger(tables, "claim", 1)
     assert v.trigger_on_write("claim") is False
-    v.record_completion(keys.SegmentKey("claim", 0, 1, "identity"), "jobs/claim/segments/x.mp4")
+    v.record_completion(video_keys.SegmentKey("claim", 0, 1, "identity"), "jobs/claim/segments/x.mp4")
     assert v.trigger_on_write("claim") is True and v.trigger_on_write("claim") is False
     barrier = threading.Barrier(8)
     results = {}
@@ -316,7 +317,7 @@ def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, stor
     assert v.reassemble(job_id) == {
         "job_id": job_id, "status": "chunking_complete", "reassembled": False, "skipped": "another worker holds the lock"
     }
-    assert not (store_root / keys.final_key(job_id)).exists()
+    assert not (store_root / video_keys.final_key(job_id)).exists()
     job = _run(job_id=job_id, reassembly_stale_after_s=0)  # a re-run of the flow finds the pending reassembly
     assert job["status"] == "completed" and job["final_frames"] == 50
     lock = state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})
@@ -344,7 +345,7 @@ def test_delete_cleans_up_and_the_job_reads_as_not_found(tables, store_root, tmp
     removed = video_delete_cleanup()  # the scheduled sweep: every deleted job not yet cleaned up
     assert removed == {job_id: {"objects": 1 + 6 + 6 + 1, "completion_records": 6, "locks": 1}}
     assert video_delete_cleanup() == {} and v.deleted_jobs_awaiting_cleanup() == []
-    assert _objects(store_root) == [keys.source_key(other)]
+    assert _objects(store_root) == [video_keys.source_key(other)]
     assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
     row = state_store.get_item(tables["video_jobs"], {"job_id": job_id})
     assert row["status"] == "deleted" and "deleted_at" in row and "cleaned_up_at" in row
@@ -410,10 +411,10 @@ def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, st
     # the reassembly is a task run of the process run: its logs and retries are on that run's page in the UI
     assert (claimed_by.name.split("-")[0], str(claimed_by.flow_run_id)) == ("reassemble", job["prefect_flow_run_id"])
 
-    final = store_root / keys.final_key(job_id)
+    final = store_root / video_keys.final_key(job_id)
     written = (final.stat().st_ino, final.stat().st_mtime_ns)
     assert video_reassemble(job_id) == {
-        "job_id": job_id, "status": "completed", "final_key": keys.final_key(job_id), "reassembled": False,
+        "job_id": job_id, "status": "completed", "final_key": video_keys.final_key(job_id), "reassembled": False,
     }
     assert (final.stat().st_ino, final.stat().st_mtime_ns) == written  # no second final.mp4
     assert v.get_job(job_id) == job  # no second transition: completed_at, final_* as the process run wrote them

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.video import video_process, video_sweep_stuck
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.video import keys
 from tasks.core.object_store import LocalStore
 from tasks.video import inference
 from tasks.video import jobs as v
@@ -193,7 +194,7 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
     from prefect.states import Crashed, Running
 
     from flows.records import records_prefect_state
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     partial, done, spent = (_upload(clip.read_bytes()) for _ in range(3))
     for job_id in (partial, done, spent):

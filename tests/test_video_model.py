@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from flows.video import video_process
-from tasks.core import keys
+from tasks.video import keys
 from tasks.video import inference as video_inference
 from tasks.video import jobs as v
 from tasks.video import model

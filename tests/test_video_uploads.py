@@ -24,7 +24,7 @@ from typing import Callable
 import ffmpeg
 import pytest
 
-from tasks.core import keys
+from tasks.video import keys
 from tasks.video import ffmpeg as video_ffmpeg
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import probe, run

@@ -73,7 +73,8 @@ class Pipeline:
     maintenance_flows: tuple[str, ...] = ()  # scheduled upkeep: one run at a time, MAINTENANCE_TIMEOUT_S each
     flow_timeouts: Mapping[str, float] = field(default_factory=dict)  # other flows' timeouts, in seconds
     task_timeouts: Mapping[str, float] = field(default_factory=dict)  # task name -> timeout (duration alarm)
-    health_checks: str | None = None  # hook: Mapping[check, alarm names] (tasks.health.checks.Check)
+    health_checks: str | None = None  # hook: Mapping[check, alarm names] of checks reading its records
+    service_checks: str | None = None  # hook: the same, of checks reading the orchestrator (runs, events, metrics)
     severities: Mapping[str, str] = field(default_factory=dict)  # alarm name -> CRITICAL / WARNING
     retention_rules: str | None = None  # hook: Sequence[tasks.retention.sweep.Rule]
     object_retention: str | None = None  # hook: (RetentionWindow) -> {area: objects deleted}

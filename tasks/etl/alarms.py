@@ -179,9 +179,11 @@ def figures(window: Window) -> Figures:
 
 
 CHECKS = {
-    etl_merge_runs_failed: ("etl-merge-runs-failed",),
     etl_pending: ("etl-files-pending-too-long", "etl-files-pending", "etl-iterator-age"),
     etl_failed_manifests: ("etl-failed-manifests",),
+}
+SERVICE_CHECKS = {
+    etl_merge_runs_failed: ("etl-merge-runs-failed",),
     dynamodb_throttles: ("etl-tracking-read-throttles", "etl-tracking-write-throttles"),
     etl_merge_file_failures: ("etl-merge-file-failures",),
 }

@@ -40,6 +40,7 @@ PIPELINE = Pipeline(
         "batch-status-update": STATUS_UPDATE_TIMEOUT_S,
     },
     health_checks="tasks.etl.alarms:CHECKS",
+    service_checks="tasks.etl.alarms:SERVICE_CHECKS",
     # failures, timeouts and dead letters are CRITICAL; backlog, age and throttling are WARNING
     severities={
         "etl-merge-runs-failed": "CRITICAL", "etl-merge-file-failures": "CRITICAL", "etl-failed-manifests": "CRITICAL",

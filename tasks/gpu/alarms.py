@@ -60,7 +60,5 @@ def figures(window: Window) -> Figures:
                                ended_since(window, "updated_at", "created_at")))
 
 
-CHECKS = {
-    gpu_stuck_jobs: ("gpu-stuck-jobs",), gpu_nodes_out: ("gpu-nodes-out-of-service",),
-    gpu_restarts: ("gpu-restarts-per-hour",),
-}
+CHECKS = {gpu_stuck_jobs: ("gpu-stuck-jobs",), gpu_nodes_out: ("gpu-nodes-out-of-service",)}
+SERVICE_CHECKS = {gpu_restarts: ("gpu-restarts-per-hour",)}

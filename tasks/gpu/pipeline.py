@@ -16,6 +16,7 @@ PIPELINE = Pipeline(
     flows=("gpu-job", "gpu-healthcheck"),
     maintenance_flows=("gpu-sweep", "gpu-node-healthcheck"),
     health_checks="tasks.gpu.alarms:CHECKS",
+    service_checks="tasks.gpu.alarms:SERVICE_CHECKS",
     severities={"gpu-stuck-jobs": "WARNING", "gpu-nodes-out-of-service": "WARNING", "gpu-restarts-per-hour": "WARNING"},
     retention_rules="tasks.gpu.retention:RULES",
     reconcile_adapters="tasks.gpu.reconcile:ADAPTERS",

@@ -10,11 +10,16 @@ from tasks.core import registry
 from tasks.health import checks, incidents, listeners, service_alarms
 
 
+# the declared checks a pass runs: a pipeline's checks of its records, and of the orchestrator's runs and events
+DECLARED_CHECKS = ("health_checks", "service_checks")
+
+
 def all_checks() -> dict[checks.Check, tuple[str, ...]]:
-    """The shared alarms' checks, then every pipeline's (``health_checks`` in its ``pipeline.py``)."""
+    """The shared alarms' checks, then every pipeline's (``DECLARED_CHECKS`` in its ``pipeline.py``)."""
     merged = {**service_alarms.CHECKS, **listeners.CHECKS}
-    for _, declared in registry.hooks("health_checks"):
-        merged.update(declared)
+    for pipeline in registry.pipelines():
+        for hook in DECLARED_CHECKS:
+            merged.update(pipeline.hook(hook) or {})
     return merged
 
 

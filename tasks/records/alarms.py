@@ -40,4 +40,5 @@ def figures(window: Window) -> Figures:
     )
 
 
-CHECKS = {dead_letter_archive: ("records-dead-letter-archive",), records_archived: ("records-archived-per-hour",)}
+CHECKS = {dead_letter_archive: ("records-dead-letter-archive",)}
+SERVICE_CHECKS = {records_archived: ("records-archived-per-hour",)}

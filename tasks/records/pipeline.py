@@ -26,6 +26,7 @@ PIPELINE = Pipeline(
     flows=("records-ingest",),
     maintenance_flows=("records-replay-dla", "records-reconcile"),
     health_checks="tasks.records.alarms:CHECKS",
+    service_checks="tasks.records.alarms:SERVICE_CHECKS",
     severities={"records-dead-letter-archive": "CRITICAL", "records-archived-per-hour": "CRITICAL"},
     object_retention="tasks.records.retention:age_out_failed_dead_letters",
     dashboard="tasks.records.alarms:figures",

@@ -37,4 +37,5 @@ def figures(window: Window) -> Figures:
                                ended_since(window, "completed_at", "failed_at", "created_at")))
 
 
-CHECKS = {video_stuck_jobs: ("video-stuck-jobs",), video_jobs_failed: ("video-jobs-failed-per-hour",)}
+CHECKS = {video_stuck_jobs: ("video-stuck-jobs",)}
+SERVICE_CHECKS = {video_jobs_failed: ("video-jobs-failed-per-hour",)}

@@ -28,6 +28,7 @@ PIPELINE = Pipeline(
     flows=("video-process", "video-reassemble"),
     maintenance_flows=("video-sweep-stuck", "video-delete-cleanup"),
     health_checks="tasks.video.alarms:CHECKS",
+    service_checks="tasks.video.alarms:SERVICE_CHECKS",
     severities={"video-stuck-jobs": "WARNING", "video-jobs-failed-per-hour": "CRITICAL"},
     retention_rules="tasks.video.retention:RULES",
     reconcile_adapters="tasks.video.reconcile:ADAPTERS",
