@@ -52,7 +52,9 @@ def _saved_block(cls: type[ConfigBlock], name: str) -> ConfigBlock | None:
     except Exception as error:  # API unreachable: the defaults still work, but say so
         import logging
 
-        logging.getLogger(__name__).warning("could not load block %s/%s (%s); using defaults", cls.__name__, name, error)
+        logging.getLogger(__name__).warning(
+            "could not load block %s/%s (%s); using defaults", cls.__name__, name, error
+        )
         return None
 
 

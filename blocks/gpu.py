@@ -50,8 +50,19 @@ class GpuCompute(ConfigBlock):
         ),
     )
     env_passthrough: list[str] = Field(
-        default=["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "LD_LIBRARY_PATH",
-                 "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"],
+        default=[
+            "PATH",
+            "HOME",
+            "LANG",
+            "LC_ALL",
+            "TZ",
+            "TMPDIR",
+            "USER",
+            "LOGNAME",
+            "LD_LIBRARY_PATH",
+            "CUDA_VISIBLE_DEVICES",
+            "NVIDIA_VISIBLE_DEVICES",
+        ],
         description="Local backend: the only variables of the worker's environment a job command sees (plus the job's).",
     )
     # ECS backend

@@ -22,9 +22,9 @@ import yaml
 
 from blocks.etl import EtlSettings
 from tasks.core import limits
-from tasks.etl import keys
-from tasks.core.tables import _create_request
 from tasks.core.registry import default_table_names, table_specs
+from tasks.core.tables import _create_request
+from tasks.etl import keys
 from tasks.landing import sqs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +39,10 @@ NONCURRENT_VERSION_DAYS = 7  # an overwritten or deleted object can be restored 
 APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
 SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
 # a listener's service runs its flow in the container's own process, with the ecs deployment's parameters
-RUN_FLOW = ("import json, sys; from prefect.flows import load_flow_from_entrypoint; "
-            "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))")
+RUN_FLOW = (
+    "import json, sys; from prefect.flows import load_flow_from_entrypoint; "
+    "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))"
+)
 
 
 def sub(text: str) -> dict[str, str]:
@@ -83,8 +85,16 @@ def listener_deployments() -> dict[str, dict[str, Any]]:
         function = deployment["entrypoint"].split(":")[1]
         if deployment["name"] == "ecs" and function in functions:
             found[function] = deployment
-    by_pipeline = {"etl": "ndjson_listen", "video": "video_listen", "phspectra": "phspectra_listen", "records": "records_listen"}
-    assert set(by_pipeline) == set(sqs.landing_queues()) and set(by_pipeline.values()) == set(found), (by_pipeline, found)
+    by_pipeline = {
+        "etl": "ndjson_listen",
+        "video": "video_listen",
+        "phspectra": "phspectra_listen",
+        "records": "records_listen",
+    }
+    assert set(by_pipeline) == set(sqs.landing_queues()) and set(by_pipeline.values()) == set(found), (
+        by_pipeline,
+        found,
+    )
     return {pipeline: found[function] for pipeline, function in by_pipeline.items()}
 
 
@@ -94,22 +104,49 @@ def listener_deployments() -> dict[str, dict[str, Any]]:
 def parameters() -> dict[str, Any]:
     """The stack's inputs: environment, image, network, the Prefect API."""
     return {
-        "Env": {"Type": "String", "Default": "prod", "AllowedPattern": "[a-z0-9-]+",
-                "Description": "The tables' env (TABLE_ENV): it names the queues and the env-suffixed tables"},
-        "BucketName": {"Type": "String", "AllowedPattern": "[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]",
-                       "Description": "The pipelines' bucket (created here)"},
-        "StorePrefix": {"Type": "String", "Default": "pipelines", "AllowedPattern": "[A-Za-z0-9_-]+",
-                        "Description": "OBJECT_STORE_BASE_URL is s3://BucketName/StorePrefix"},
-        "ImageRepository": {"Type": "String", "Default": "pipelines",
-                            "Description": "ECR repository in this account and region that holds the Dockerfile's image"},
-        "ImageTag": {"Type": "String", "Description": "The image's tag (PIPELINES_IMAGE_TAG of `prefect deploy --name ecs`)"},
+        "Env": {
+            "Type": "String",
+            "Default": "prod",
+            "AllowedPattern": "[a-z0-9-]+",
+            "Description": "The tables' env (TABLE_ENV): it names the queues and the env-suffixed tables",
+        },
+        "BucketName": {
+            "Type": "String",
+            "AllowedPattern": "[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]",
+            "Description": "The pipelines' bucket (created here)",
+        },
+        "StorePrefix": {
+            "Type": "String",
+            "Default": "pipelines",
+            "AllowedPattern": "[A-Za-z0-9_-]+",
+            "Description": "OBJECT_STORE_BASE_URL is s3://BucketName/StorePrefix",
+        },
+        "ImageRepository": {
+            "Type": "String",
+            "Default": "pipelines",
+            "Description": "ECR repository in this account and region that holds the Dockerfile's image",
+        },
+        "ImageTag": {
+            "Type": "String",
+            "Description": "The image's tag (PIPELINES_IMAGE_TAG of `prefect deploy --name ecs`)",
+        },
         "PrefectApiUrl": {"Type": "String", "Description": "PREFECT_API_URL of the Prefect server or workspace"},
-        "PrefectApiKeySecretArn": {"Type": "String", "Default": "",
-                                   "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)"},
+        "PrefectApiKeySecretArn": {
+            "Type": "String",
+            "Default": "",
+            "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)",
+        },
         "Subnets": {"Type": "List<AWS::EC2::Subnet::Id>", "Description": "Subnets of the worker and listener tasks"},
-        "SecurityGroups": {"Type": "List<AWS::EC2::SecurityGroup::Id>", "Description": "Security groups of those tasks"},
-        "AssignPublicIp": {"Type": "String", "Default": "DISABLED", "AllowedValues": ["ENABLED", "DISABLED"],
-                           "Description": "ENABLED only in public subnets without a NAT gateway (to reach ECR and Prefect)"},
+        "SecurityGroups": {
+            "Type": "List<AWS::EC2::SecurityGroup::Id>",
+            "Description": "Security groups of those tasks",
+        },
+        "AssignPublicIp": {
+            "Type": "String",
+            "Default": "DISABLED",
+            "AllowedValues": ["ENABLED", "DISABLED"],
+            "Description": "ENABLED only in public subnets without a NAT gateway (to reach ECR and Prefect)",
+        },
     }
 
 
@@ -122,7 +159,9 @@ def table_resources() -> dict[str, Any]:
     resources = {}
     for logical, spec in table_specs().items():
         properties = _create_request(names[logical], spec)
-        properties["TableName"] = sub(properties["TableName"]) if ENV in properties["TableName"] else properties["TableName"]
+        properties["TableName"] = (
+            sub(properties["TableName"]) if ENV in properties["TableName"] else properties["TableName"]
+        )
         properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
         properties["SSESpecification"] = {"SSEEnabled": True}
         if spec.ttl_attribute:
@@ -139,14 +178,25 @@ def table_resources() -> dict[str, Any]:
 def queue_resources() -> dict[str, Any]:
     """Each seed queue with its dead-letter queue, attributes from ``sqs.queue_attributes`` (as ``aws-events setup``)."""
     resources = {}
-    encrypted = skip(("CKV_AWS_27", "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): S3 cannot send "
-                                    "its notifications to a queue under the AWS managed KMS key"))
+    encrypted = skip(
+        (
+            "CKV_AWS_27",
+            "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): S3 cannot send "
+            "its notifications to a queue under the AWS managed KMS key",
+        )
+    )
     for pipeline, spec in sqs.landing_queues().items():
         queue, dead_letter = spec.names(ENV)
         dlq_id, queue_id = logical_id(pipeline, "dead letter queue"), logical_id(pipeline, "queue")
-        resources[dlq_id] = {"Type": "AWS::SQS::Queue", "Properties": {
-            "QueueName": sub(dead_letter), **{k: int(v) for k, v in sqs.dead_letter_attributes().items()},
-            "SqsManagedSseEnabled": True}, "Metadata": encrypted}
+        resources[dlq_id] = {
+            "Type": "AWS::SQS::Queue",
+            "Properties": {
+                "QueueName": sub(dead_letter),
+                **{k: int(v) for k, v in sqs.dead_letter_attributes().items()},
+                "SqsManagedSseEnabled": True,
+            },
+            "Metadata": encrypted,
+        }
         attributes = sqs.queue_attributes(spec, "DEAD_LETTER_ARN")
         redrive = json.loads(attributes.pop("RedrivePolicy"))
         redrive["deadLetterTargetArn"] = arn(dlq_id)
@@ -179,11 +229,24 @@ def bucket_resources() -> dict[str, Any]:
     }
     assert keys.quarantine_key("2026-01-01", "a.ndjson").startswith(expiring["quarantine"])
     assert keys.run_report_key("glue", datetime(2026, 1, 1), "r").startswith(expiring["reports"])
-    rules = [{"Id": "abort-incomplete-multipart-uploads", "Status": "Enabled", "Prefix": "",
-              "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": INCOMPLETE_UPLOAD_DAYS},
-              "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_VERSION_DAYS}}]
-    rules += [{"Id": f"expire-{name}", "Status": "Enabled", "Prefix": sub(f"${{StorePrefix}}/{prefix}"),
-               "ExpirationInDays": OBJECT_RETENTION_DAYS} for name, prefix in expiring.items()]
+    rules = [
+        {
+            "Id": "abort-incomplete-multipart-uploads",
+            "Status": "Enabled",
+            "Prefix": "",
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": INCOMPLETE_UPLOAD_DAYS},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_VERSION_DAYS},
+        }
+    ]
+    rules += [
+        {
+            "Id": f"expire-{name}",
+            "Status": "Enabled",
+            "Prefix": sub(f"${{StorePrefix}}/{prefix}"),
+            "ExpirationInDays": OBJECT_RETENTION_DAYS,
+        }
+        for name, prefix in expiring.items()
+    ]
     bucket = {
         "Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
         "DependsOn": [logical_id(p, "queue policy") for p in object_pipelines],  # S3 checks it may send when configured
@@ -283,10 +346,16 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
          "Resource": sub("${FlowRunLogGroup.Arn}")},
     ]  # fmt: skip
     wildcard_reasons = (
-        ("CKV_AWS_111", "ecs:RegisterTaskDefinition and ecs:DeregisterTaskDefinition take no resource ARN (AWS's "
-                        "service authorization reference): the worker registers one per deployment version"),
-        ("CKV_AWS_356", "ecr:GetAuthorizationToken, the ECS task-definition calls and ec2:Describe* take no "
-                        "resource ARN; every other statement names its resources"),
+        (
+            "CKV_AWS_111",
+            "ecs:RegisterTaskDefinition and ecs:DeregisterTaskDefinition take no resource ARN (AWS's "
+            "service authorization reference): the worker registers one per deployment version",
+        ),
+        (
+            "CKV_AWS_356",
+            "ecr:GetAuthorizationToken, the ECS task-definition calls and ec2:Describe* take no "
+            "resource ARN; every other statement names its resources",
+        ),
     )
     return {
         "ExecutionRole": {"Type": "AWS::IAM::Role", "Properties": {
@@ -329,7 +398,9 @@ def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
     return [{"Name": name, "Value": value} for name, value in variables.items()]
 
 
-def task_definition(family: str, command: list[str], role: str, log_group_id: str, pipeline_queues: bool) -> dict[str, Any]:
+def task_definition(
+    family: str, command: list[str], role: str, log_group_id: str, pipeline_queues: bool
+) -> dict[str, Any]:
     """A Fargate task definition of the image running ``command`` as the image's non-root user."""
     container = {
         "Name": family, "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
@@ -349,13 +420,30 @@ def task_definition(family: str, command: list[str], role: str, log_group_id: st
 def service(name: str, definition: str) -> dict[str, Any]:
     """An ECS service keeping one task of ``definition`` running: ECS starts another when it dies, and never
     two at once (a deployment stops the old task before it starts the new one)."""
-    return {"Type": "AWS::ECS::Service", "Properties": {
-        "ServiceName": name, "Cluster": ref("Cluster"), "TaskDefinition": ref(definition), "DesiredCount": 1,
-        "LaunchType": "FARGATE", "PropagateTags": "SERVICE", "EnableECSManagedTags": True,
-        "DeploymentConfiguration": {"MinimumHealthyPercent": 0, "MaximumPercent": 100,
-                                    "DeploymentCircuitBreaker": {"Enable": True, "Rollback": True}},
-        "NetworkConfiguration": {"AwsvpcConfiguration": {
-            "Subnets": ref("Subnets"), "SecurityGroups": ref("SecurityGroups"), "AssignPublicIp": ref("AssignPublicIp")}}}}
+    return {
+        "Type": "AWS::ECS::Service",
+        "Properties": {
+            "ServiceName": name,
+            "Cluster": ref("Cluster"),
+            "TaskDefinition": ref(definition),
+            "DesiredCount": 1,
+            "LaunchType": "FARGATE",
+            "PropagateTags": "SERVICE",
+            "EnableECSManagedTags": True,
+            "DeploymentConfiguration": {
+                "MinimumHealthyPercent": 0,
+                "MaximumPercent": 100,
+                "DeploymentCircuitBreaker": {"Enable": True, "Rollback": True},
+            },
+            "NetworkConfiguration": {
+                "AwsvpcConfiguration": {
+                    "Subnets": ref("Subnets"),
+                    "SecurityGroups": ref("SecurityGroups"),
+                    "AssignPublicIp": ref("AssignPublicIp"),
+                }
+            },
+        },
+    }
 
 
 def ecs_resources() -> dict[str, Any]:
@@ -372,11 +460,20 @@ def ecs_resources() -> dict[str, Any]:
     }  # fmt: skip
     for pipeline, deployment in listener_deployments().items():
         family = deployment["entrypoint"].split(":")[1].replace("_", "-")
-        command = ["python", "-c", RUN_FLOW, deployment["entrypoint"], json.dumps(deployment["parameters"], sort_keys=True)]
+        command = [
+            "python",
+            "-c",
+            RUN_FLOW,
+            deployment["entrypoint"],
+            json.dumps(deployment["parameters"], sort_keys=True),
+        ]
         resources[logical_id(pipeline, "listener log group")] = log_group(family)
         resources[logical_id(pipeline, "listener task definition")] = task_definition(
-            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True)
-        resources[logical_id(pipeline, "listener service")] = service(family, logical_id(pipeline, "listener task definition"))
+            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True
+        )
+        resources[logical_id(pipeline, "listener service")] = service(
+            family, logical_id(pipeline, "listener task definition")
+        )
     return resources
 
 
@@ -392,12 +489,14 @@ def template() -> dict[str, Any]:
         "BucketUrl": {"Value": sub("s3://${Bucket}/${StorePrefix}"), "Description": "PIPELINES_BUCKET_URL"},
         "FlowRunLogGroup": {"Value": ref("FlowRunLogGroup"), "Description": "log group for the flow-run tasks"},
     }
-    outputs |= {logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}
-                for p in sqs.landing_queues()}
+    outputs |= {
+        logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}
+        for p in sqs.landing_queues()
+    }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
-                       "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)",
+        "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)",
         "Parameters": parameters(),
         "Conditions": {"HasPrefectApiKey": {"Fn::Not": [{"Fn::Equals": [ref("PrefectApiKeySecretArn"), ""]}]}},
         "Resources": resources,

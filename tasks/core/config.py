@@ -12,7 +12,10 @@ def table_names() -> dict[str, str]:
     config = load_config(DynamoTables)
     if config.aws_credentials is not None:
         state_store.use_session(config.aws_credentials.get_boto3_session())
-    return {logical: config.name_of(logical, default) for logical, default in registry.default_table_names(config.env).items()}
+    return {
+        logical: config.name_of(logical, default)
+        for logical, default in registry.default_table_names(config.env).items()
+    }
 
 
 def table_name(logical: str) -> str:

@@ -89,7 +89,9 @@ def schema_differences(name: str, spec: TableSpec, description: dict) -> list[st
         if index.name not in have_gsis:
             diffs.append(f"{name}: GSI {index.name} is missing")
         elif have_gsis[index.name] != want_keys:
-            diffs.append(f"{name}: GSI {index.name} keys are {sorted(have_gsis[index.name])}, expected {sorted(want_keys)}")
+            diffs.append(
+                f"{name}: GSI {index.name} keys are {sorted(have_gsis[index.name])}, expected {sorted(want_keys)}"
+            )
     return diffs
 
 

@@ -21,8 +21,9 @@ from tasks.core.state_store import to_plain
 from tasks.etl import ingest as etl
 from tasks.etl import keys
 from tasks.health.checks import Alarm, count_alarm
-from tasks.health.service_alarms import WINDOW_S, flow_runs, run_names
 from tasks.health.dashboard import HOURS, Figures, Outcomes, Window, bar_chart, hourly
+from tasks.health.service_alarms import WINDOW_S, flow_runs, run_names
+
 
 def metric_rows(metric_type: str, since_us: int) -> list[dict[str, Any]]:
     """Rows of one metric type written since ``since_us`` (a Query on the seed's key, oldest first)."""
@@ -36,8 +37,10 @@ def _pending_files() -> list[dict[str, Any]]:
     found = []
     for status in statuses:
         found += state_store.query_all(
-            table_name(etl.TRACKING), keep=lambda item: not keys.is_meta_record(item["file_key"]),
-            IndexName=etl.STATUS_INDEX, KeyConditionExpression=Key("status").eq(status),
+            table_name(etl.TRACKING),
+            keep=lambda item: not keys.is_meta_record(item["file_key"]),
+            IndexName=etl.STATUS_INDEX,
+            KeyConditionExpression=Key("status").eq(status),
         )
     return found
 
@@ -70,18 +73,27 @@ def etl_pending(limits: HealthThresholds) -> list[Alarm]:
     minutes = f"{limits.pending_file_minutes:g}"
     age, oldest = iterator_age(pending, etl.settings().max_files_per_manifest)
     return [
-        count_alarm("etl-files-pending-too-long", "etl", late, limits.late_pending_files_max, f"file(s) pending > {minutes} min"),
+        count_alarm(
+            "etl-files-pending-too-long", "etl", late, limits.late_pending_files_max, f"file(s) pending > {minutes} min"
+        ),
         count_alarm("etl-files-pending", "etl", names, limits.pending_files_max, "file(s) pending"),
-        Alarm("etl-iterator-age", "etl", age, int(limits.iterator_age_seconds),
-              f"oldest batchable pending file waited {age} s" + (f": {oldest}" if oldest else "")),
+        Alarm(
+            "etl-iterator-age",
+            "etl",
+            age,
+            int(limits.iterator_age_seconds),
+            f"oldest batchable pending file waited {age} s" + (f": {oldest}" if oldest else ""),
+        ),
     ]
 
 
 def etl_failed_manifests(limits: HealthThresholds) -> Alarm:
     """ETL: ``MANIFEST#`` records whose merge failed (a re-run moves them on, which clears the alarm)."""
     failed = state_store.query_all(
-        table_name(etl.TRACKING), keep=lambda item: item["file_key"].startswith(keys.MANIFEST_PREFIX),
-        IndexName=etl.STATUS_INDEX, KeyConditionExpression=Key("status").eq(etl.FAILED),
+        table_name(etl.TRACKING),
+        keep=lambda item: item["file_key"].startswith(keys.MANIFEST_PREFIX),
+        IndexName=etl.STATUS_INDEX,
+        KeyConditionExpression=Key("status").eq(etl.FAILED),
     )
     names = [f"{item['date_prefix']}/{keys.manifest_name_from_record_key(item['file_key'])}" for item in failed]
     return count_alarm("etl-failed-manifests", "etl", names, limits.failed_manifests_max, "failed manifest(s)")
@@ -99,9 +111,14 @@ def _cloudwatch_throttles(table: str) -> dict[str, int]:
     counts = {}
     for kind, metric in THROTTLE_METRICS.items():
         points = cloudwatch.get_metric_statistics(
-            Namespace="AWS/DynamoDB", MetricName=metric, Dimensions=[{"Name": "TableName", "Value": table}],
+            Namespace="AWS/DynamoDB",
+            MetricName=metric,
+            Dimensions=[{"Name": "TableName", "Value": table}],
             # the end reaches one period past now: a datapoint of the current, unfinished minute counts too
-            StartTime=end - timedelta(seconds=WINDOW_S), EndTime=end + timedelta(seconds=60), Period=60, Statistics=["Sum"],
+            StartTime=end - timedelta(seconds=WINDOW_S),
+            EndTime=end + timedelta(seconds=60),
+            Period=60,
+            Statistics=["Sum"],
         )["Datapoints"]
         counts[kind] = int(sum(point["Sum"] for point in points))
     return counts
@@ -116,8 +133,11 @@ def _client_throttles(table: str) -> dict[str, int]:
     counts = {}
     with get_client(sync_client=True) as client:
         for kind in THROTTLE_METRICS:
-            wanted = EventFilter(occurred=EventOccurredFilter(since=since), event=EventNameFilter(name=[state_store.THROTTLE_EVENT]),
-                                 resource=EventResourceFilter(id=[state_store.throttle_resource(kind, table)]))
+            wanted = EventFilter(
+                occurred=EventOccurredFilter(since=since),
+                event=EventNameFilter(name=[state_store.THROTTLE_EVENT]),
+                resource=EventResourceFilter(id=[state_store.throttle_resource(kind, table)]),
+            )
             counts[kind] = client.read_events(filter=wanted, limit=1).total
     return counts
 
@@ -129,25 +149,46 @@ def dynamodb_throttles(limits_: HealthThresholds) -> list[Alarm]:
     table = table_name("etl_file_tracking")
     counts = _client_throttles(table) if os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") else _cloudwatch_throttles(table)
     maxima = {"read": limits_.read_throttles_5min_max, "write": limits_.write_throttles_5min_max}
-    return [Alarm(f"etl-tracking-{kind}-throttles", "etl", counts[kind], maxima[kind],
-                  f"{counts[kind]} throttled {kind}(s) of {table} in 5 min") for kind in THROTTLE_METRICS]
+    return [
+        Alarm(
+            f"etl-tracking-{kind}-throttles",
+            "etl",
+            counts[kind],
+            maxima[kind],
+            f"{counts[kind]} throttled {kind}(s) of {table} in 5 min",
+        )
+        for kind in THROTTLE_METRICS
+    ]
 
 
 def etl_merge_runs_failed(limits_: HealthThresholds) -> Alarm:
     """Seed 001's GlueJob-Errors: merge runs that ended Failed/Crashed in the last 5 minutes."""
     merges = flow_runs(states=("FAILED", "CRASHED"), ended_within_s=WINDOW_S, flows=("ndjson-merge",))
-    return count_alarm("etl-merge-runs-failed", "etl", run_names(merges), limits_.failed_merge_runs_5min_max,
-                       "merge run(s) failed in 5 min")
+    return count_alarm(
+        "etl-merge-runs-failed",
+        "etl",
+        run_names(merges),
+        limits_.failed_merge_runs_5min_max,
+        "merge run(s) failed in 5 min",
+    )
 
 
 def etl_merge_file_failures(limits_: HealthThresholds) -> Alarm:
     """GlueJob-Failures: files the merges failed in the last 5 minutes, from the metrics table."""
     since_us = time.time_ns() // 1000 - WINDOW_S * 1_000_000
-    failed = [f"{row.get('manifest')}: {row.get('files_failed')}" for row in metric_rows("merge", since_us)
-              if int(row.get("files_failed") or 0)]
+    failed = [
+        f"{row.get('manifest')}: {row.get('files_failed')}"
+        for row in metric_rows("merge", since_us)
+        if int(row.get("files_failed") or 0)
+    ]
     total = sum(int(part.rsplit(": ", 1)[1]) for part in failed)
-    return Alarm("etl-merge-file-failures", "etl", total, limits_.merge_file_failures_5min_max,
-                 f"{total} file(s) failed by merges in 5 min" + (f": {', '.join(failed[:5])}" if failed else ""))
+    return Alarm(
+        "etl-merge-file-failures",
+        "etl",
+        total,
+        limits_.merge_file_failures_5min_max,
+        f"{total} file(s) failed by merges in 5 min" + (f": {', '.join(failed[:5])}" if failed else ""),
+    )
 
 
 def etl_outcomes(ingests: Sequence[Mapping[str, Any]], merges: Sequence[Mapping[str, Any]]) -> Outcomes:
@@ -173,7 +214,7 @@ def figures(window: Window) -> Figures:
     return Figures(
         etl_outcomes(ingests, merges),
         summary=f"**ETL:** {sum(files):,.0f} files tracked · backlog {backlog} pending · "
-                f"merge {'-' if rate is None else f'{rate} MB/s'} over {len(merges)} merge(s)",
+        f"merge {'-' if rate is None else f'{rate} MB/s'} over {len(merges)} merge(s)",
         charts=(bar_chart("ETL files tracked per hour (UTC)", window.hour_labels(HOURS), files),),
     )
 

@@ -13,9 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-
 from tasks.core.keys import InvalidKey, safe_date, safe_id
-
 
 INPUT_PREFIX = "pipeline/input/"
 OUTPUT_PREFIX = "pipeline/output/"
@@ -46,7 +44,7 @@ def parse_input_path(path: str) -> InputFile:
     match = _INPUT.search(path)
     if not match:
         raise InvalidKey(f"{path!r} is not under pipeline/input/YYYY-MM-DD/")
-    tree = path[:match.start()] or "."
+    tree = path[: match.start()] or "."
     return InputFile(safe_date(match.group(1)), safe_id(match.group(2), "file name"), input_tree(tree))
 
 
@@ -110,7 +108,7 @@ def manifest_name_from_record_key(file_key: str) -> str:
     """The manifest name in a MANIFEST meta-record's ``file_key``; InvalidKey if it is not one."""
     if not file_key.startswith(MANIFEST_PREFIX):
         raise InvalidKey(f"not a manifest record key: {file_key!r}")
-    return file_key[len(MANIFEST_PREFIX):]
+    return file_key[len(MANIFEST_PREFIX) :]
 
 
 def merged_output_prefix(date_prefix: str) -> str:
@@ -168,7 +166,9 @@ def _manifest_stem(manifest: str) -> str:
 
 def merged_staging_prefix(date_prefix: str, manifest: str, token: str) -> str:
     """``pipeline/output/_staging/{date}/{manifest stem}/{token}/``: one merge run's parts before they are published."""
-    return f"{MERGED_STAGING_PREFIX}{safe_date(date_prefix)}/{_manifest_stem(manifest)}/{safe_id(token, 'staging token')}/"
+    return (
+        f"{MERGED_STAGING_PREFIX}{safe_date(date_prefix)}/{_manifest_stem(manifest)}/{safe_id(token, 'staging token')}/"
+    )
 
 
 MERGED_STAGING_PREFIX = f"{OUTPUT_PREFIX}_staging/"

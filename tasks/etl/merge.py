@@ -17,9 +17,9 @@ import logging
 import os
 import re
 import uuid
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -27,17 +27,32 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Key
 
-from tasks.core import keys, state_store
-from tasks.etl import keys as etl_keys
-from tasks.core.runtime import now_iso, prefect_ids
+from tasks.core import keys, object_store, state_store
 from tasks.core.config import table_name
-from tasks.etl.ingest import (
-    COMPLETED, FAILED, MANIFESTED, METRICS, PENDING, PROCESSING, STATUS_INDEX, TRACKING, base_status, file_records, input_file,
-    input_home, manifest_record, metric_item, settings, store, tracking_key, with_shard,
-)
-from tasks.core import object_store
 from tasks.core.object_store import ObjectNotFound, open_url
+from tasks.core.runtime import now_iso, prefect_ids
 from tasks.etl import catalog
+from tasks.etl import keys as etl_keys
+from tasks.etl.ingest import (
+    COMPLETED,
+    FAILED,
+    MANIFESTED,
+    METRICS,
+    PENDING,
+    PROCESSING,
+    STATUS_INDEX,
+    TRACKING,
+    base_status,
+    file_records,
+    input_file,
+    input_home,
+    manifest_record,
+    metric_item,
+    settings,
+    store,
+    tracking_key,
+    with_shard,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +76,11 @@ def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) 
     expected = [PENDING, FAILED, COMPLETED] if rerun else PENDING
     ids = prefect_ids()
     result = state_store.transition(
-        table_name(TRACKING), key, expected, PROCESSING, set={"processing_at": now_iso(), "updated_at": now_iso(), **ids},
+        table_name(TRACKING),
+        key,
+        expected,
+        PROCESSING,
+        set={"processing_at": now_iso(), "updated_at": now_iso(), **ids},
     )
     if result.applied:
         return result.item
@@ -78,9 +97,12 @@ def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) 
 def processing_under(flow_run_id: str) -> dict[str, str]:
     """The MANIFESTs ``processing`` under this flow run: manifest name → date (``status-index``)."""
     found = state_store.query_all(
-        table_name(TRACKING), keep=lambda item: item["file_key"].startswith(etl_keys.MANIFEST_PREFIX)
-        and item.get("prefect_flow_run_id") == flow_run_id,
-        IndexName=STATUS_INDEX, KeyConditionExpression=Key("status").eq(PROCESSING),
+        table_name(TRACKING),
+        keep=lambda item: (
+            item["file_key"].startswith(etl_keys.MANIFEST_PREFIX) and item.get("prefect_flow_run_id") == flow_run_id
+        ),
+        IndexName=STATUS_INDEX,
+        KeyConditionExpression=Key("status").eq(PROCESSING),
     )
     return {etl_keys.manifest_name_from_record_key(item["file_key"]): item["date_prefix"] for item in found}
 
@@ -174,7 +196,9 @@ def plan_parts(urls: list[str], target_file_mb: float, sizes: dict[str, int] | N
 def _unify(tables: list[pa.Table]) -> pa.Table:
     """Concatenate string tables with different columns (missing values are null), first-seen column order."""
     names = list(dict.fromkeys(name for t in tables for name in t.column_names))
-    return pa.concat_tables([t.select([c for c in names if c in t.column_names]) for t in tables], promote_options="default").select(names)
+    return pa.concat_tables(
+        [t.select([c for c in names if c in t.column_names]) for t in tables], promote_options="default"
+    ).select(names)
 
 
 def repetitive_columns(table: pa.Table, sample: int = 4096) -> list[str]:
@@ -197,8 +221,10 @@ ROW_GROUP_ROWS = 1 << 17  # rows per row group while later files of the part are
 
 def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with ``schema``'s columns in its order (a column it lacks is null), all text."""
-    return pa.table([table[name] if name in table.column_names else pa.nulls(table.num_rows, pa.string())
-                     for name in schema.names], schema=schema)
+    return pa.table(
+        [table[name] if name in table.column_names else pa.nulls(table.num_rows, pa.string()) for name in schema.names],
+        schema=schema,
+    )
 
 
 def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Table]) -> str | None:
@@ -223,8 +249,9 @@ def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Tabl
         fs.create_dir(parent, recursive=True)
         destination = f"{parent}/.{name}.{uuid.uuid4().hex}.part"
     seen, schema, streamed = [first], first.schema, True
-    with pq.ParquetWriter(destination, schema, filesystem=fs, compression="snappy",
-                          use_dictionary=repetitive_columns(first)) as writer:
+    with pq.ParquetWriter(
+        destination, schema, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(first)
+    ) as writer:
         buffered, rows, names = [first], first.num_rows, set(schema.names)
         for table in pending:
             seen.append(table)
@@ -240,7 +267,9 @@ def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Tabl
             writer.write_table(pa.concat_tables(buffered))
     if not streamed:  # a new column: every table (the rest too) unified, then written whole
         whole = _unify(seen + list(pending))
-        pq.write_table(whole, destination, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(whole))
+        pq.write_table(
+            whole, destination, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(whole)
+        )
     if destination != path:
         fs.move(destination, path)
     return target.url_for(key)
@@ -256,8 +285,11 @@ def merge_part(part: int, urls: list[str], staging_prefix: str, output_url: str,
             for r in pool.map(read_ndjson, urls):  # in file order, each as soon as it and those before it are read
                 results.append(r)
                 if r.table is not None and r.rows:
-                    yield (r.table.append_column(PROCESSING_TIMESTAMP, pa.repeat(pa.scalar(processed_at, pa.string()), r.rows))
-                           .append_column(SOURCE_FILE, pa.repeat(pa.scalar(r.url, pa.string()), r.rows)))
+                    yield (
+                        r.table.append_column(
+                            PROCESSING_TIMESTAMP, pa.repeat(pa.scalar(processed_at, pa.string()), r.rows)
+                        ).append_column(SOURCE_FILE, pa.repeat(pa.scalar(r.url, pa.string()), r.rows))
+                    )
 
     key = f"{staging_prefix}part-{part:05d}.parquet"
     staged = key if write_parquet(output_url, key, parsed_tables()) else None
@@ -293,7 +325,9 @@ def published(date_prefix: str, manifest_name: str, output_url: str = "") -> dic
         return None
 
 
-def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
+def publish(
+    date_prefix: str, manifest_name: str, output_url: str, outputs: list[dict[str, Any]], summary: dict[str, Any]
+) -> dict[str, Any]:
     """Make the staged parts visible (one rename each), drop parts an earlier run left, write the publish record,
     then register the date's partition in the catalog (``tasks.etl.catalog``).
 
@@ -349,12 +383,20 @@ def listed_file_records(date_prefix: str, urls: list[str]) -> list[dict[str, Any
 
 def attached_files(date_prefix: str, manifest_path: str, urls: list[str]) -> list[str]:
     """The manifest's files whose records still belong to it (a reprocessed file has moved on to another manifest)."""
-    mine = {item["file_path"] for item in listed_file_records(date_prefix, urls) if item.get("manifest_path") == manifest_path}
+    mine = {
+        item["file_path"]
+        for item in listed_file_records(date_prefix, urls)
+        if item.get("manifest_path") == manifest_path
+    }
     return [url for url in urls if url in mine]
 
 
 def merge_manifest(
-    date_prefix: str, manifest_name: str, urls: list[str], output_url: str = "", target_file_mb: float = 128,
+    date_prefix: str,
+    manifest_name: str,
+    urls: list[str],
+    output_url: str = "",
+    target_file_mb: float = 128,
     scheduler: str = "threads",
 ) -> dict[str, Any]:
     """Merge a manifest's files into staged Parquet parts on Dask, then publish them; a published run is skipped
@@ -388,7 +430,11 @@ def merge_manifest(
 
 
 def merge_listed(
-    date_prefix: str, manifest_name: str, manifest_path: str, output_url: str = "", target_file_mb: float = 128,
+    date_prefix: str,
+    manifest_name: str,
+    manifest_path: str,
+    output_url: str = "",
+    target_file_mb: float = 128,
     scheduler: str = "threads",
 ) -> dict[str, Any]:
     """Read the manifest JSON, keep the files still in it, merge them (``merge_manifest``): the summary, with the
@@ -402,13 +448,19 @@ def merge_listed(
 
 
 def finish_manifest(
-    date_prefix: str, manifest_name: str, summary: dict[str, Any] | None, error: str | None = None,
-    manifest_path: str | None = None, listed: list[str] | None = None, metric: dict[str, Any] | None = None,
+    date_prefix: str,
+    manifest_name: str,
+    summary: dict[str, Any] | None,
+    error: str | None = None,
+    manifest_path: str | None = None,
+    listed: list[str] | None = None,
+    metric: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
 
     Files are the records whose ``manifest_path`` is the manifest's, among the ``listed`` files of its JSON
-    (read by key) or, when the JSON could not be read, among every record of the date (a query); a file that could not be read fails on its own with its reason while the others complete. A
+    (read by key) or, when the JSON could not be read, among every record of the date (a query); a file that could not
+    be read fails on its own with its reason while the others complete. A
     re-run moves the files an earlier run left ``failed#N`` too; a failed run first removes the manifest's
     output, and fails its files whatever an earlier run made of them, so `etl reprocess` can take them all.
     ``manifest_path`` (from the record ``start_processing`` returned) saves reading the record again.
@@ -426,8 +478,13 @@ def finish_manifest(
     ids = prefect_ids()
     sets: dict[str, Any] = {"updated_at": stamp, f"{outcome}_time": stamp}
     if summary is not None:
-        sets.update(rows=summary["rows"], rejected_lines=summary["rejected_lines"], files_failed=summary["files_failed"],
-                    parts=summary["parts"], rejects_path=summary["rejects_path"] or "")
+        sets.update(
+            rows=summary["rows"],
+            rejected_lines=summary["rejected_lines"],
+            files_failed=summary["files_failed"],
+            parts=summary["parts"],
+            rejects_path=summary["rejects_path"] or "",
+        )
     if error:
         sets["error_message"] = error[:1000]
     manifest_key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
@@ -452,7 +509,9 @@ def finish_manifest(
             file_sets.update(rows=info["rows"], rejected_lines=info["rejected_lines"])
         if file_error:
             file_sets["error_message"] = file_error[:1000]
-        changes.append((tracking_key(date_prefix, item["file_key"]), item["status"], with_shard(new, item["status"]), file_sets))
+        changes.append(
+            (tracking_key(date_prefix, item["file_key"]), item["status"], with_shard(new, item["status"]), file_sets)
+        )
     manifest_result, *results = state_store.transition_many(table, changes, also=[with_manifest])
     moved = [change[2] for change, r in zip(changes[1:], results) if r.applied]
     return {

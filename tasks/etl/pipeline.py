@@ -15,7 +15,9 @@ PIPELINE = Pipeline(
     seed=1,
     tables={
         "etl_file_tracking": Table(
-            TableSpec("date_prefix", "file_key", gsis=(Index("status-index", "status", "date_prefix"),), ttl_attribute="ttl"),
+            TableSpec(
+                "date_prefix", "file_key", gsis=(Index("status-index", "status", "date_prefix"),), ttl_attribute="ttl"
+            ),
             "ndjson-parquet-sqs-file-tracking-{env}",
         ),
         "etl_metrics": Table(
@@ -43,9 +45,14 @@ PIPELINE = Pipeline(
     service_checks="tasks.etl.alarms:SERVICE_CHECKS",
     # failures, timeouts and dead letters are CRITICAL; backlog, age and throttling are WARNING
     severities={
-        "etl-merge-runs-failed": "CRITICAL", "etl-merge-file-failures": "CRITICAL", "etl-failed-manifests": "CRITICAL",
-        "etl-iterator-age": "WARNING", "etl-files-pending": "WARNING", "etl-files-pending-too-long": "WARNING",
-        "etl-tracking-read-throttles": "WARNING", "etl-tracking-write-throttles": "WARNING",
+        "etl-merge-runs-failed": "CRITICAL",
+        "etl-merge-file-failures": "CRITICAL",
+        "etl-failed-manifests": "CRITICAL",
+        "etl-iterator-age": "WARNING",
+        "etl-files-pending": "WARNING",
+        "etl-files-pending-too-long": "WARNING",
+        "etl-tracking-read-throttles": "WARNING",
+        "etl-tracking-write-throttles": "WARNING",
     },
     object_retention="tasks.etl.retention:age_out_staging",
     reconcile_adapters="tasks.etl.reconcile:ADAPTERS",

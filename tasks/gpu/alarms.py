@@ -37,9 +37,12 @@ def gpu_nodes_out(limits: HealthThresholds) -> Alarm:
     out = [
         f"{node['node_name']} ({node['node_status']})"
         for node in gpu.list_nodes()
-        if node.get("node_status") in NODE_OUT and last_change(node, ("created_at", "updated_at", "rebooted_at")) < cutoff
+        if node.get("node_status") in NODE_OUT
+        and last_change(node, ("created_at", "updated_at", "rebooted_at")) < cutoff
     ]
-    return count_alarm("gpu-nodes-out-of-service", "gpu", out, 0, f"node(s) out of service > {limits.gpu_node_out_minutes:g} min")
+    return count_alarm(
+        "gpu-nodes-out-of-service", "gpu", out, 0, f"node(s) out of service > {limits.gpu_node_out_minutes:g} min"
+    )
 
 
 def gpu_restarts(limits_: HealthThresholds) -> Alarm:
@@ -51,13 +54,24 @@ def gpu_restarts(limits_: HealthThresholds) -> Alarm:
         for item in state_store.scan_all(tasks_table)
         if str(item.get("retry", "0")) != "0" and str(item.get("created_at", "")) >= since
     }
-    return count_alarm("gpu-restarts-per-hour", "gpu", restarts, limits_.gpu_restarts_hour_max, "GPU job restart(s) in the last hour")
+    return count_alarm(
+        "gpu-restarts-per-hour", "gpu", restarts, limits_.gpu_restarts_hour_max, "GPU job restart(s) in the last hour"
+    )
 
 
 def figures(window: Window) -> Figures:
     """GPU jobs that ended in the window."""
-    return Figures(Outcomes.of("gpu", "jobs", gpu.list_jobs(), "job_status", gpu.JOB_COMPLETE, gpu.JOB_FAILED,
-                               ended_since(window, "updated_at", "created_at")))
+    return Figures(
+        Outcomes.of(
+            "gpu",
+            "jobs",
+            gpu.list_jobs(),
+            "job_status",
+            gpu.JOB_COMPLETE,
+            gpu.JOB_FAILED,
+            ended_since(window, "updated_at", "created_at"),
+        )
+    )
 
 
 CHECKS = {gpu_stuck_jobs: ("gpu-stuck-jobs",), gpu_nodes_out: ("gpu-nodes-out-of-service",)}

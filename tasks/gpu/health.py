@@ -255,7 +255,7 @@ def dcgmi_check(level: int = 1, timeout_s: float = 900) -> HealthResult:
             readings["stdout"] = out[-4000:]
         if code is None:
             return HealthResult(UNHEALTHY, "dcgmi", f"dcgmi diag -r {level} timed out", readings)
-        failed = "\"Fail\"" in out or "\"fail\"" in out
+        failed = '"Fail"' in out or '"fail"' in out
         if code == 0 and not failed:
             return HealthResult(HEALTHY, "dcgmi", f"dcgmi diag -r {level} passed", readings)
         return HealthResult(UNHEALTHY, "dcgmi", f"dcgmi diag -r {level} failed (exit {code})", readings)
@@ -284,7 +284,9 @@ def command_check(command: str | list[str], timeout_s: float = 300, env: dict[st
     return _timed("command", body)
 
 
-def run_check(method: str, command: str | list[str] | None = None, dcgm_level: int = 1, timeout_s: float = 900) -> HealthResult:
+def run_check(
+    method: str, command: str | list[str] | None = None, dcgm_level: int = 1, timeout_s: float = 900
+) -> HealthResult:
     """The check named ``method`` ("nvml", "dcgmi" or "command") on this machine."""
     if method == "nvml":
         return nvml_check()

@@ -6,10 +6,7 @@ validated by the shared validators of ``tasks.core.keys`` so no input can write 
 
 from __future__ import annotations
 
-
-
 from tasks.core.keys import InvalidKey, safe_id
-
 
 GPU_JOB_ID_MAX = 96  # room for the task-id suffix inside safe_id's 128 characters
 

@@ -9,7 +9,6 @@ from tasks.core.runtime import now_iso, run_logger
 from tasks.reconcile.adapters import TableAdapter, Tracked
 
 
-
 class GpuTaskAdapter(TableAdapter):
     """Seed 002 tasks: a task is held by its process on a node, not by the short Prefect task that started it,
     so the backend is asked first (local: the process; ECS: ``describe_tasks``). A task that still runs (or
@@ -19,8 +18,15 @@ class GpuTaskAdapter(TableAdapter):
 
     def __init__(self) -> None:
         super().__init__(
-            "gpu", "ecs_task", "task_status", "IN_PROGRESS", None, "TERMINATED", ("ecs_task_id",),
-            error_attr="termination_reason", ended_attr="updated_at",
+            "gpu",
+            "ecs_task",
+            "task_status",
+            "IN_PROGRESS",
+            None,
+            "TERMINATED",
+            ("ecs_task_id",),
+            error_attr="termination_reason",
+            ended_attr="updated_at",
         )
 
     def _exit(self, task_id: str):
@@ -45,8 +51,12 @@ class GpuTaskAdapter(TableAdapter):
         stopped = self._exit(record.key["ecs_task_id"])
         if stopped is None:
             return state_store.WriteResult(state_store.Outcome.STALE, None)
-        return gpu.record_stop(record.key["ecs_task_id"], stopped.exit_code, f"{stopped.reason} ({reason})",
-                               **{self.error_attr: reason, "reconciled_at": now_iso()})
+        return gpu.record_stop(
+            record.key["ecs_task_id"],
+            stopped.exit_code,
+            f"{stopped.reason} ({reason})",
+            **{self.error_attr: reason, "reconciled_at": now_iso()},
+        )
 
 
 ADAPTERS = (GpuTaskAdapter(),)

@@ -18,7 +18,12 @@ def _gpu_tasks(job: Mapping[str, Any], cache: dict[str, Any]) -> list[Child]:
         for task in state_store.scan_all(table_name("ecs_task")):
             by_job.setdefault(str(task.get("job_id")), []).append((task["ecs_task_id"], "ttl" in task))
         cache["tasks_by_job"] = by_job
-    return [("ecs_task", {"ecs_task_id": task_id}, has_ttl) for task_id, has_ttl in cache["tasks_by_job"].get(str(job["job_id"]), [])]
+    return [
+        ("ecs_task", {"ecs_task_id": task_id}, has_ttl)
+        for task_id, has_ttl in cache["tasks_by_job"].get(str(job["job_id"]), [])
+    ]
 
 
-RULES = (Rule("ecs_job", ("job_id",), "job_status", gpu.JOB_TERMINAL, ("updated_at", "created_at"), children=_gpu_tasks),)
+RULES = (
+    Rule("ecs_job", ("job_id",), "job_status", gpu.JOB_TERMINAL, ("updated_at", "created_at"), children=_gpu_tasks),
+)

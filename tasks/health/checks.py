@@ -21,9 +21,14 @@ CRITICAL, WARNING = "CRITICAL", "WARNING"
 # concurrency and DynamoDB throttling are WARNING. The other seeds' alarms follow the same split (failed: CRITICAL,
 # stuck or slow: WARNING); an alarm whose check could not read its records is CRITICAL (seed SystemErrors).
 SEVERITY = {  # the shared alarms'; each pipeline declares its own (``severities``)
-    "flow-runs-failed": CRITICAL, "flow-runs-timed-out": CRITICAL, "flow-runs-waiting-for-a-slot": CRITICAL,
-    "landing-dead-letter-queue": CRITICAL, "landing-listener-not-running": CRITICAL,
-    "flow-runs-active": WARNING, "flow-runs-near-timeout": WARNING, "landing-listener-behind": WARNING,
+    "flow-runs-failed": CRITICAL,
+    "flow-runs-timed-out": CRITICAL,
+    "flow-runs-waiting-for-a-slot": CRITICAL,
+    "landing-dead-letter-queue": CRITICAL,
+    "landing-listener-not-running": CRITICAL,
+    "flow-runs-active": WARNING,
+    "flow-runs-near-timeout": WARNING,
+    "landing-listener-behind": WARNING,
 }
 
 
@@ -69,8 +74,11 @@ class Alarm:
 
     def row(self) -> dict[str, Any]:
         """The alarm as a table-artifact row."""
-        return {**asdict(self), "severity": self.severity,
-                "state": "ERROR" if self.value is None else ("ALARM" if self.firing else "OK")}
+        return {
+            **asdict(self),
+            "severity": self.severity,
+            "state": "ERROR" if self.value is None else ("ALARM" if self.firing else "OK"),
+        }
 
 
 def count_alarm(name: str, pipeline: str, offenders: Iterable[str], threshold: int, what: str) -> Alarm:

@@ -56,11 +56,25 @@ class Outcomes:
     def row(self) -> dict[str, Any]:
         """The pipeline as a dashboard table row."""
         rate = f"{self.failed / self.ended:.1%}" if self.ended else "-"
-        return {"pipeline": self.pipeline, "unit": self.unit, "ended": self.ended, "failed": self.failed, "failure rate": rate}
+        return {
+            "pipeline": self.pipeline,
+            "unit": self.unit,
+            "ended": self.ended,
+            "failed": self.failed,
+            "failure rate": rate,
+        }
 
     @classmethod
-    def of(cls, pipeline: str, unit: str, items: Iterable[Mapping[str, Any]], status: str, ok: str, bad: str,
-           since: Callable[[Mapping[str, Any]], bool]) -> Outcomes:
+    def of(
+        cls,
+        pipeline: str,
+        unit: str,
+        items: Iterable[Mapping[str, Any]],
+        status: str,
+        ok: str,
+        bad: str,
+        since: Callable[[Mapping[str, Any]], bool],
+    ) -> Outcomes:
         """The items whose ``status`` is ``ok`` or ``bad`` and that ended in the window (``since``)."""
         ended = [item for item in items if item.get(status) in (ok, bad) and since(item)]
         return cls(pipeline, unit, len(ended), sum(1 for item in ended if item.get(status) == bad))

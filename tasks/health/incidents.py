@@ -45,16 +45,36 @@ def get(alarm: str) -> dict[str, Any] | None:
 def open_incident(alarm: Alarm) -> str:
     """Record that ``alarm`` fires: 'opened' (a new incident) or 'ongoing' (already OPEN)."""
     stamp = now_iso()
-    fields = {"opened_at": stamp, "value": alarm.value, "detail": alarm.detail[:2000], "pipeline": alarm.pipeline,
-              "severity": alarm.severity}
-    created = state_store.create_if_absent(_table(), {"alarm": alarm.name, "status": OPEN, "incident": 1, **fields}, ["alarm"])
+    fields = {
+        "opened_at": stamp,
+        "value": alarm.value,
+        "detail": alarm.detail[:2000],
+        "pipeline": alarm.pipeline,
+        "severity": alarm.severity,
+    }
+    created = state_store.create_if_absent(
+        _table(), {"alarm": alarm.name, "status": OPEN, "incident": 1, **fields}, ["alarm"]
+    )
     if created.applied:
         return "opened"
     if (created.item or {}).get("status") != CLEARED:
         return "ongoing"
     reopened = state_store.transition(
-        _table(), {"alarm": alarm.name}, CLEARED, OPEN, set=fields, add={"incident": 1},
-        remove=["notified_at", "notify_claimed_at", "cleared_at", "notify_error", "notify_failed_at", "notify_attempts", "ttl"],
+        _table(),
+        {"alarm": alarm.name},
+        CLEARED,
+        OPEN,
+        set=fields,
+        add={"incident": 1},
+        remove=[
+            "notified_at",
+            "notify_claimed_at",
+            "cleared_at",
+            "notify_error",
+            "notify_failed_at",
+            "notify_attempts",
+            "ttl",
+        ],
     )
     return "opened" if reopened.applied else "ongoing"
 
@@ -109,17 +129,33 @@ def notify_incident(
         where = send(*message(item), block)
     except DeliveryError as error:
         failed = state_store.transition(
-            _table(), {"alarm": name}, OPEN, None, set={"notify_error": str(error), "notify_failed_at": now_iso()},
-            add={"notify_attempts": 1}, remove=["notify_claimed_at"], condition=mine_only,
+            _table(),
+            {"alarm": name},
+            OPEN,
+            None,
+            set={"notify_error": str(error), "notify_failed_at": now_iso()},
+            add={"notify_attempts": 1},
+            remove=["notify_claimed_at"],
+            condition=mine_only,
         )
         attempts = int(((failed.item or {}) if failed.applied else item).get("notify_attempts", 0))
         run_logger(__name__).warning(
-            "notification of %s not delivered (attempt %d; retried after %.0f s): %s", name, attempts, retry_seconds, error
+            "notification of %s not delivered (attempt %d; retried after %.0f s): %s",
+            name,
+            attempts,
+            retry_seconds,
+            error,
         )
         return False
     confirmed = state_store.transition(
-        _table(), {"alarm": name}, OPEN, None, set={"notified_at": now_iso(), "notified_via": where},
-        add={"notify_attempts": 1}, remove=["notify_error", "notify_failed_at"], condition=mine_only,
+        _table(),
+        {"alarm": name},
+        OPEN,
+        None,
+        set={"notified_at": now_iso(), "notified_via": where},
+        add={"notify_attempts": 1},
+        remove=["notify_error", "notify_failed_at"],
+        condition=mine_only,
     )
     if not confirmed.applied:  # the lease ran out while sending and another run claimed it: it may send again
         run_logger(__name__).warning("notification of %s sent but its claim was taken over", name)
@@ -136,7 +172,11 @@ def _notified(item: dict[str, Any]) -> str:
 
 
 def apply(
-    alarms: list[Alarm], lease_seconds: float, block: str | None = None, send: Sender | None = None, retry_seconds: float = 0
+    alarms: list[Alarm],
+    lease_seconds: float,
+    block: str | None = None,
+    send: Sender | None = None,
+    retry_seconds: float = 0,
 ) -> list[dict[str, Any]]:
     """Open or clear each alarm's incident, notify every open one not yet notified; one row per alarm."""
     rows = []
@@ -144,10 +184,14 @@ def apply(
         incident = open_incident(alarm) if alarm.firing else clear_incident(alarm.name)
         sent = alarm.firing and notify_incident(alarm.name, lease_seconds, block, send, retry_seconds)
         item = get(alarm.name) or {}
-        rows.append({
-            **alarm.row(), "incident": incident, "incident_no": int(item.get("incident", 0)),
-            "notified": "sent now" if sent else _notified(item) if alarm.firing else "-",
-        })
+        rows.append(
+            {
+                **alarm.row(),
+                "incident": incident,
+                "incident_no": int(item.get("incident", 0)),
+                "notified": "sent now" if sent else _notified(item) if alarm.firing else "-",
+            }
+        )
     return rows
 
 

@@ -35,17 +35,32 @@ def listeners_not_running(limits: HealthThresholds) -> Alarm:
     """Listener deployments on this server without a Scheduled, Pending or Running run (nothing listens there)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
-        DeploymentFilter, DeploymentFilterId, FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState,
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
         FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
 
-    live = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
-        any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])))
+    live = FlowRunFilter(
+        state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
+        )
+    )
     silent = []
     with get_client(sync_client=True) as client:
-        flows = {flow.id: flow.name for flow in client.read_flows(flow_filter=FlowFilter(name=FlowFilterName(any_=[p.flow for p in places().values()])))}
-        deployments = client.read_deployments(flow_filter=FlowFilter(name=FlowFilterName(any_=[p.flow for p in places().values()])))
+        flows = {
+            flow.id: flow.name
+            for flow in client.read_flows(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[p.flow for p in places().values()]))
+            )
+        }
+        deployments = client.read_deployments(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[p.flow for p in places().values()]))
+        )
         for deployment in deployments:
             only = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
             if not client.read_flow_runs(deployment_filter=only, flow_run_filter=live, limit=1):
@@ -65,8 +80,11 @@ def local_backlog(store: LocalStore, place: Landing, older_than_s: float, now: f
     def counted(path: Path) -> bool:
         return not ignored_name(path.name) and (not place.suffixes or path.name.endswith(tuple(place.suffixes)))
 
-    return [path.relative_to(store.root).as_posix() for path, stat in changed_files(folder, read_watermark(folder), counted)
-            if stat.st_ctime < cutoff]
+    return [
+        path.relative_to(store.root).as_posix()
+        for path, stat in changed_files(folder, read_watermark(folder), counted)
+        if stat.st_ctime < cutoff
+    ]
 
 
 def oldest_message_age(pipeline: str) -> float | None:
@@ -84,8 +102,13 @@ def oldest_message_age(pipeline: str) -> float | None:
         return None
     now = datetime.now(timezone.utc)
     points = session.client("cloudwatch").get_metric_statistics(
-        Namespace="AWS/SQS", MetricName="ApproximateAgeOfOldestMessage", Dimensions=[{"Name": "QueueName", "Value": name}],
-        StartTime=now - timedelta(minutes=5), EndTime=now, Period=60, Statistics=["Maximum"],
+        Namespace="AWS/SQS",
+        MetricName="ApproximateAgeOfOldestMessage",
+        Dimensions=[{"Name": "QueueName", "Value": name}],
+        StartTime=now - timedelta(minutes=5),
+        EndTime=now,
+        Period=60,
+        Statistics=["Maximum"],
     )["Datapoints"]
     return max((float(p["Maximum"]) for p in points), default=0.0)
 
@@ -101,8 +124,13 @@ def listeners_behind(limits: HealthThresholds) -> Alarm:
             waiting += local_backlog(store, place, LISTENER_BACKLOG_S)
         elif (age := oldest_message_age(pipeline) or 0) > LISTENER_BACKLOG_S:
             waiting.append(f"{pipeline} queue (oldest message {age:.0f} s)")
-    return count_alarm("landing-listener-behind", "all", waiting, LISTENER_BACKLOG_MAX,
-                  f"arrival(s) or queue(s) waiting for a listener over {LISTENER_BACKLOG_S // 60} min")
+    return count_alarm(
+        "landing-listener-behind",
+        "all",
+        waiting,
+        LISTENER_BACKLOG_MAX,
+        f"arrival(s) or queue(s) waiting for a listener over {LISTENER_BACKLOG_S // 60} min",
+    )
 
 
 CHECKS: dict[Check, tuple[str, ...]] = {

@@ -9,7 +9,6 @@ from blocks.health import HealthThresholds
 from tasks.core import registry
 from tasks.health import checks, incidents, listeners, service_alarms
 
-
 # the declared checks a pass runs: a pipeline's checks of its records, and of the orchestrator's runs and events
 DECLARED_CHECKS = ("health_checks", "service_checks")
 
@@ -27,6 +26,8 @@ def check_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     """Evaluate every alarm against the thresholds block and apply the incidents; one row per alarm."""
     limits = load_config(HealthThresholds)
     return incidents.apply(
-        checks.evaluate(limits, all_checks()), limits.notify_lease_seconds, notify_block or limits.notify_block,
+        checks.evaluate(limits, all_checks()),
+        limits.notify_lease_seconds,
+        notify_block or limits.notify_block,
         retry_seconds=limits.notify_retry_seconds,
     )

@@ -27,14 +27,24 @@ def pipeline_flows() -> tuple[str, ...]:
     return tuple(f for p in registry.pipelines() for f in p.flows) + limits.maintenance_flows()
 
 
-def flow_runs(*, states: Iterable[str] = (), ended_within_s: float | None = None, names: Iterable[str] = (),
-              flows: Iterable[str] | None = None) -> list[Any]:
+def flow_runs(
+    *,
+    states: Iterable[str] = (),
+    ended_within_s: float | None = None,
+    names: Iterable[str] = (),
+    flows: Iterable[str] | None = None,
+) -> list[Any]:
     """Flow runs of ``flows`` (default: ``pipeline_flows()``) in these state types (or state names), optionally ended
     in the last seconds."""
     flows = pipeline_flows() if flows is None else flows
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
-        FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterEndTime, FlowRunFilterState, FlowRunFilterStateName,
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterEndTime,
+        FlowRunFilterState,
+        FlowRunFilterStateName,
         FlowRunFilterStateType,
     )
 
@@ -42,11 +52,19 @@ def flow_runs(*, states: Iterable[str] = (), ended_within_s: float | None = None
         type=FlowRunFilterStateType(any_=list(states)) if states else None,
         name=FlowRunFilterStateName(any_=list(names)) if names else None,
     )
-    end = FlowRunFilterEndTime(after_=datetime.now(timezone.utc) - timedelta(seconds=ended_within_s)) if ended_within_s else None
+    end = (
+        FlowRunFilterEndTime(after_=datetime.now(timezone.utc) - timedelta(seconds=ended_within_s))
+        if ended_within_s
+        else None
+    )
     runs, offset = [], 0
     with get_client(sync_client=True) as client:
-        while page := client.readflow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=list(flows))),
-                                            flow_run_filter=FlowRunFilter(state=state, end_time=end), limit=200, offset=offset):
+        while page := client.readflow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=list(flows))),
+            flow_run_filter=FlowRunFilter(state=state, end_time=end),
+            limit=200,
+            offset=offset,
+        ):
             runs += page
             offset += len(page)
             if len(page) < 200:
@@ -62,8 +80,13 @@ def run_names(runs: Iterable[Any]) -> list[str]:
 def flow_runs_failed(limits_: HealthThresholds) -> Alarm:
     """Lambda-Errors and StepFunctions-ExecutionFailed: runs that ended Failed/Crashed in the last 5 minutes."""
     failed = flow_runs(states=("FAILED", "CRASHED"), ended_within_s=WINDOW_S)
-    return count_alarm("flow-runs-failed", "all", run_names(failed), limits_.failed_runs_5min_max,
-                       "flow run(s) failed or crashed in 5 min")
+    return count_alarm(
+        "flow-runs-failed",
+        "all",
+        run_names(failed),
+        limits_.failed_runs_5min_max,
+        "flow run(s) failed or crashed in 5 min",
+    )
 
 
 def flow_runs_timed_out(limits_: HealthThresholds) -> Alarm:
@@ -75,8 +98,13 @@ def flow_runs_timed_out(limits_: HealthThresholds) -> Alarm:
 def flow_runs_waiting(limits_: HealthThresholds) -> Alarm:
     """Lambda-Throttles / StepFunctions-ExecutionThrottled: runs a concurrency limit holds back right now."""
     waiting = flow_runs(names=("AwaitingConcurrencySlot",))
-    return count_alarm("flow-runs-waiting-for-a-slot", "all", run_names(waiting), limits_.waiting_runs_max,
-                  "flow run(s) waiting for a concurrency slot")
+    return count_alarm(
+        "flow-runs-waiting-for-a-slot",
+        "all",
+        run_names(waiting),
+        limits_.waiting_runs_max,
+        "flow run(s) waiting for a concurrency slot",
+    )
 
 
 def flow_runs_active(limits_: HealthThresholds) -> Alarm:
@@ -118,7 +146,9 @@ def flow_runs_near_timeout(limits_: HealthThresholds) -> Alarm:
         ran = (now - run.start_time).total_seconds() if run.start_time else 0
         if ran > limits_.duration_alarm_fraction * timeout:
             late.append(f"{run.name} ({task_name}, {ran:.0f} s of {timeout:.0f})")
-    return count_alarm("flow-runs-near-timeout", "all", late, 0, f"run(s) past {limits_.duration_alarm_fraction:.0%} of their timeout")
+    return count_alarm(
+        "flow-runs-near-timeout", "all", late, 0, f"run(s) past {limits_.duration_alarm_fraction:.0%} of their timeout"
+    )
 
 
 def landing_dead_letter_queues(limits_: HealthThresholds) -> list[Alarm]:
@@ -135,10 +165,19 @@ def landing_dead_letter_queues(limits_: HealthThresholds) -> list[Alarm]:
             url = sqs.get_queue_url(QueueName=queue_names(pipeline)[1])["QueueUrl"]
         except sqs.exceptions.QueueDoesNotExist:
             continue  # this pipeline's landing was not set up here (`aws-events setup --pipeline` makes it)
-        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]
+        attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])[
+            "Attributes"
+        ]
         depth = int(attributes["ApproximateNumberOfMessages"])
-        alarms.append(Alarm(f"landing-dead-letter-queue-{pipeline}", pipeline, depth, limits_.dlq_messages_max,
-                            f"{depth} message(s) in the {pipeline} landing dead-letter queue"))
+        alarms.append(
+            Alarm(
+                f"landing-dead-letter-queue-{pipeline}",
+                pipeline,
+                depth,
+                limits_.dlq_messages_max,
+                f"{depth} message(s) in the {pipeline} landing dead-letter queue",
+            )
+        )
     return alarms
 
 

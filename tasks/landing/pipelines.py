@@ -25,7 +25,9 @@ def start_deployment_run(deployment: str, parameters: dict[str, Any], idempotenc
     """
     from prefect.deployments import run_deployment
 
-    run = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key, as_subflow=False)
+    run = run_deployment(
+        deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key, as_subflow=False
+    )
     return str(run.id)
 
 

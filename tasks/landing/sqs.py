@@ -51,8 +51,11 @@ def dead_letter_attributes() -> dict[str, str]:
 def queue_attributes(spec: QueueSpec, dead_letter_arn: str) -> dict[str, str]:
     """SQS attributes of ``spec``'s queue: the seed's visibility timeout, 20 s long polls, redrive after 3 receives."""
     redrive = {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": MAX_RECEIVE_COUNT}
-    return {"VisibilityTimeout": str(spec.visibility_timeout_s), "ReceiveMessageWaitTimeSeconds": str(MAX_WAIT_S),
-            "RedrivePolicy": json.dumps(redrive)}
+    return {
+        "VisibilityTimeout": str(spec.visibility_timeout_s),
+        "ReceiveMessageWaitTimeSeconds": str(MAX_WAIT_S),
+        "RedrivePolicy": json.dumps(redrive),
+    }
 
 
 def landing_queues() -> dict[str, QueueSpec]:
@@ -128,7 +131,9 @@ def s3_records(body: str) -> list[dict[str, Any]] | None:
         except (TypeError, KeyError):
             raise PoisonMessage("an S3 record without eventName, bucket name or object key") from None
         if not all(isinstance(value, str) for value in fields):
-            raise PoisonMessage(f"an S3 record whose eventName, bucket name or object key is not a string: {fields!r}"[:300])
+            raise PoisonMessage(
+                f"an S3 record whose eventName, bucket name or object key is not a string: {fields!r}"[:300]
+            )
     return records
 
 
@@ -238,7 +243,13 @@ class SqsSource:
                     delays[arrival.receipt] = self._backoff(arrival.receive_count)
         for arrival in arrivals:
             if arrival.receipt in delays:
-                log.warning("released %s (receive %d) for %ss: %s", arrival.url, arrival.receive_count, delays[arrival.receipt], reason)
+                log.warning(
+                    "released %s (receive %d) for %ss: %s",
+                    arrival.url,
+                    arrival.receive_count,
+                    delays[arrival.receipt],
+                    reason,
+                )
         self._change_visibility(delays)
 
     def close(self) -> None:
@@ -259,15 +270,31 @@ class SqsSource:
         receipt, message_id = message["ReceiptHandle"], message["MessageId"]
         count = int(attributes.get("ApproximateReceiveCount", 1))
         if self.mode == MESSAGES:
-            found = [Arrival(url=self.queue_url, key="", size=None, event_time=_iso_from_millis(attributes.get("SentTimestamp")),
-                             event_id=message_id, body=message.get("Body", ""), receipt=receipt, receive_count=count)]
+            found = [
+                Arrival(
+                    url=self.queue_url,
+                    key="",
+                    size=None,
+                    event_time=_iso_from_millis(attributes.get("SentTimestamp")),
+                    event_id=message_id,
+                    body=message.get("Body", ""),
+                    receipt=receipt,
+                    receive_count=count,
+                )
+            ]
         else:
             try:
                 records = s3_records(message.get("Body", ""))
                 found = [] if records is None else [a for r in records if (a := self._object(r, receipt, count))]
             except PoisonMessage as error:
-                log.error("poison message %s on %s (receive %d): %s; released, the queue's redrive policy sends it to "
-                          "the dead-letter queue", message_id, self.queue_url, count, error)
+                log.error(
+                    "poison message %s on %s (receive %d): %s; released, the queue's redrive policy sends it to "
+                    "the dead-letter queue",
+                    message_id,
+                    self.queue_url,
+                    count,
+                    error,
+                )
                 self._change_visibility({receipt: self._backoff(count)})
                 return []
             if records is None:
@@ -288,9 +315,11 @@ class SqsSource:
             log.info("%s for %s: not an object created, nothing to do", record["eventName"], url)
             return None
         if self._bucket is not None and (bucket != self._bucket or not key.startswith(self._prefix)):
-            log.warning("%s is outside s3://%s/%s, the store this listener watches: ignored", url, self._bucket, self._prefix)
+            log.warning(
+                "%s is outside s3://%s/%s, the store this listener watches: ignored", url, self._bucket, self._prefix
+            )
             return None
-        relative = key[len(self._prefix):]
+        relative = key[len(self._prefix) :]
         try:
             keys.safe_key(relative)
         except keys.InvalidKey as error:
@@ -298,20 +327,35 @@ class SqsSource:
             return None
         size = obj.get("size")
         event_id = obj.get("sequencer") or f"{key}@{obj.get('eTag', '')}"  # a duplicate S3 send: the same id
-        return Arrival(url=url, key=relative, size=int(size) if size is not None else None,
-                       event_time=record.get("eventTime") or _iso_from_millis(None), event_id=event_id,
-                       receipt=receipt, receive_count=count)
+        return Arrival(
+            url=url,
+            key=relative,
+            size=int(size) if size is not None else None,
+            event_time=record.get("eventTime") or _iso_from_millis(None),
+            event_id=event_id,
+            receipt=receipt,
+            receive_count=count,
+        )
 
     def _delete(self, receipts: Sequence[str]) -> None:
         for start in range(0, len(receipts), MAX_BATCH):
-            entries = [{"Id": str(n), "ReceiptHandle": r} for n, r in enumerate(receipts[start:start + MAX_BATCH])]
+            entries = [{"Id": str(n), "ReceiptHandle": r} for n, r in enumerate(receipts[start : start + MAX_BATCH])]
             for failed in self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=entries).get("Failed", []):
                 # its receipt expired (the message is visible again): the next delivery is acked again, a no-op
-                log.warning("could not delete a message from %s: %s", self.queue_url, failed.get("Message", failed.get("Code")))
+                log.warning(
+                    "could not delete a message from %s: %s", self.queue_url, failed.get("Message", failed.get("Code"))
+                )
 
     def _change_visibility(self, delays: dict[str, int]) -> None:
         items = list(delays.items())
         for start in range(0, len(items), MAX_BATCH):
-            entries = [{"Id": str(n), "ReceiptHandle": r, "VisibilityTimeout": s} for n, (r, s) in enumerate(items[start:start + MAX_BATCH])]
-            for failed in self._client.change_message_visibility_batch(QueueUrl=self.queue_url, Entries=entries).get("Failed", []):
-                log.warning("could not release a message on %s: %s", self.queue_url, failed.get("Message", failed.get("Code")))
+            entries = [
+                {"Id": str(n), "ReceiptHandle": r, "VisibilityTimeout": s}
+                for n, (r, s) in enumerate(items[start : start + MAX_BATCH])
+            ]
+            for failed in self._client.change_message_visibility_batch(QueueUrl=self.queue_url, Entries=entries).get(
+                "Failed", []
+            ):
+                log.warning(
+                    "could not release a message on %s: %s", self.queue_url, failed.get("Message", failed.get("Code"))
+                )

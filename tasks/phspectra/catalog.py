@@ -24,9 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.core import keys
-from tasks.phspectra import keys as phspectra_keys
 from tasks.core.config import object_store
 from tasks.core.object_store import ObjectStore
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 from tasks.phspectra.survey_status import tile_runs
 
@@ -117,7 +117,11 @@ def build_catalog(survey: str, catalog_url: str | None = None, force: bool = Fal
 def catalog_tiles(store: ObjectStore, survey: str) -> list[str]:
     """The tiles that have a partition in the survey's catalog, sorted."""
     prefix = phspectra_keys.survey_catalog_prefix(survey)
-    return sorted(phspectra_keys.survey_catalog_tile(survey, key) for key in store.list(prefix) if key.endswith(f"/{phspectra_keys.CATALOG_PART}"))
+    return sorted(
+        phspectra_keys.survey_catalog_tile(survey, key)
+        for key in store.list(prefix)
+        if key.endswith(f"/{phspectra_keys.CATALOG_PART}")
+    )
 
 
 def open_catalog(survey: str, catalog_url: str | None = None):

@@ -11,9 +11,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-
 from tasks.core.keys import InvalidKey, safe_id, safe_key
-
 
 RUN_SK = "RUN"
 CHUNK_SK_PREFIX = "CHUNK#"
@@ -92,7 +90,11 @@ def survey_catalog_key(survey: str, tile: str) -> str:
 def survey_catalog_tile(survey: str, key: str) -> str:
     """The tile of a ``survey_catalog_key``; InvalidKey if ``key`` is not one."""
     prefix = survey_catalog_prefix(survey)
-    match = re.fullmatch(r"tile=([^/]+)/" + re.escape(CATALOG_PART), key.removeprefix(prefix)) if key.startswith(prefix) else None
+    match = (
+        re.fullmatch(r"tile=([^/]+)/" + re.escape(CATALOG_PART), key.removeprefix(prefix))
+        if key.startswith(prefix)
+        else None
+    )
     if not match:
         raise InvalidKey(f"not a catalog partition of survey {survey!r}: {key!r}")
     return safe_tile(match.group(1))

@@ -19,13 +19,13 @@ import json
 from typing import Any
 
 from tasks.core import keys, state_store
-from tasks.phspectra import keys as phspectra_keys
 from tasks.core.config import object_store
 from tasks.core.object_store import ObjectNotFound, open_url
 from tasks.core.runtime import now_iso, run_logger
 from tasks.landing.listener import Outcome
 from tasks.landing.pipelines import handle_each, start_deployment_run
 from tasks.landing.sources import Arrival
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import validate_fit_params
 
@@ -64,7 +64,9 @@ def parse_manifest(data: bytes, folder_survey: str | None) -> tuple[str, list[st
     except ValueError as error:
         raise InvalidManifest(f"the manifest is not JSON: {error}") from None
     if not isinstance(manifest, dict):
-        raise InvalidManifest(f"the manifest must be a JSON object with {sorted(MANIFEST_FIELDS)}, not {type(manifest).__name__}")
+        raise InvalidManifest(
+            f"the manifest must be a JSON object with {sorted(MANIFEST_FIELDS)}, not {type(manifest).__name__}"
+        )
     unknown = sorted(set(manifest) - MANIFEST_FIELDS)
     if unknown:
         raise InvalidManifest(f"unknown manifest field(s) {unknown}: use {sorted(MANIFEST_FIELDS)}")
@@ -123,7 +125,13 @@ def landing_key(arrival: Arrival) -> dict[str, str]:
 
 def claim_landing(arrival: Arrival) -> state_store.WriteResult:
     """The landing's item, created STARTING (APPLIED once per landing; EXISTS with the item after that)."""
-    item = {**landing_key(arrival), "status": STARTING, "url": arrival.url, "event_id": arrival.event_id, "landed_at": now_iso()}
+    item = {
+        **landing_key(arrival),
+        "status": STARTING,
+        "url": arrival.url,
+        "event_id": arrival.event_id,
+        "landed_at": now_iso(),
+    }
     return state_store.create_if_absent(ph.runs_table(), item, ["PK", "SK"])
 
 

@@ -19,8 +19,13 @@ PIPELINE = Pipeline(
     landing=Landing(
         "phspectra-listen",
         keys.SURVEY_INCOMING_PREFIX,
-        QueueSpec("phspectra-survey-uploads-{env}", "phspectra-survey-uploads-dlq-{env}", 360, OBJECTS,
-                  keys.SURVEY_INCOMING_PREFIX),
+        QueueSpec(
+            "phspectra-survey-uploads-{env}",
+            "phspectra-survey-uploads-dlq-{env}",
+            360,
+            OBJECTS,
+            keys.SURVEY_INCOMING_PREFIX,
+        ),
     ),
     flows=("phspectra-survey", "phspectra-fit-chunks"),
     maintenance_flows=("phspectra-sweep-stuck",),

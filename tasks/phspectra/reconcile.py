@@ -12,7 +12,6 @@ from tasks.phspectra.keys import CHUNK_SK_PREFIX, RUN_SK
 from tasks.reconcile.adapters import Finding, TableAdapter, Tracked, show_key
 
 
-
 class PhspectraAdapter(TableAdapter):
     """Seed 000 chunk items (``CHUNK#...``) and their RUN item's jobs_completed / jobs_failed counters.
 
@@ -22,8 +21,15 @@ class PhspectraAdapter(TableAdapter):
 
     def __init__(self) -> None:
         super().__init__(
-            "phspectra", "phspectra_runs", "status", survey.IN_PROGRESS, "COMPLETED", "FAILED", ("PK", "SK"),
-            keep=self._unleased_chunk, ended_attr="completed_at",
+            "phspectra",
+            "phspectra_runs",
+            "status",
+            survey.IN_PROGRESS,
+            "COMPLETED",
+            "FAILED",
+            ("PK", "SK"),
+            keep=self._unleased_chunk,
+            ended_attr="completed_at",
         )
 
     @staticmethod
@@ -62,13 +68,21 @@ class PhspectraAdapter(TableAdapter):
             if {k: (None if v is None else int(v)) for k, v in have.items()} == want:
                 continue
             finding = Finding(
-                self.name, show_key({"PK": run["PK"], "SK": RUN_SK}), "run counters do not match chunk items",
-                ", ".join(f"{k}={state_store.to_plain(v)}" for k, v in have.items()), "-",
+                self.name,
+                show_key({"PK": run["PK"], "SK": RUN_SK}),
+                "run counters do not match chunk items",
+                ", ".join(f"{k}={state_store.to_plain(v)}" for k, v in have.items()),
+                "-",
                 "set " + ", ".join(f"{k}={v}" for k, v in want.items()),
             )
             if not dry_run:
                 result = state_store.transition(
-                    table, {"PK": run["PK"], "SK": RUN_SK}, None, None, set=want, condition=state_store.unchanged(have, "c")
+                    table,
+                    {"PK": run["PK"], "SK": RUN_SK},
+                    None,
+                    None,
+                    set=want,
+                    condition=state_store.unchanged(have, "c"),
                 )
                 finding.outcome = "applied" if result.applied else "stale"
             findings.append(finding)

@@ -15,6 +15,13 @@ def _chunks(run: Mapping[str, Any], cache: dict[str, Any]) -> list[Child]:
 
 
 RULES = (
-    Rule("phspectra_runs", ("PK", "SK"), "status", (survey.RUN_COMPLETED, survey.RUN_FAILED), ("completed_at", "created_at"),
-         keep=lambda item: item["SK"] == RUN_SK, children=_chunks),
+    Rule(
+        "phspectra_runs",
+        ("PK", "SK"),
+        "status",
+        (survey.RUN_COMPLETED, survey.RUN_FAILED),
+        ("completed_at", "created_at"),
+        keep=lambda item: item["SK"] == RUN_SK,
+        children=_chunks,
+    ),
 )

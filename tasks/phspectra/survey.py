@@ -29,12 +29,12 @@ import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Attr, Key
 
 from tasks.core import keys, state_store
-from tasks.phspectra import keys as phspectra_keys
-from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger, utc_now
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import ObjectNotFound, ObjectStore, open_url
-from tasks.phspectra.worker import TIMED_OUT, FitStopped, run_in_child, start_fork_server, validate_fit_params
+from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger, utc_now
 from tasks.core.state_store import Condition, Increment, to_plain
+from tasks.phspectra import keys as phspectra_keys
+from tasks.phspectra.worker import TIMED_OUT, FitStopped, run_in_child, start_fork_server, validate_fit_params
 
 PENDING, IN_PROGRESS, COMPLETED, FAILED = "PENDING", "IN_PROGRESS", "COMPLETED", "FAILED"
 RUN_RUNNING, RUN_COMPLETED, RUN_FAILED = "RUNNING", "COMPLETED", "FAILED"
@@ -81,7 +81,6 @@ def chunk_key(run_id: str, start: int) -> dict[str, str]:
     return {"PK": keys.safe_id(run_id, "run_id"), "SK": phspectra_keys.chunk_sk(start)}
 
 
-
 # --------------------------------------------------------------------------- the seed's access patterns
 
 
@@ -119,7 +118,9 @@ def stuck_chunks(run_id: str, older_than_s: float = 15 * 60) -> list[dict[str, A
 
 def expired_leases(run_id: str, before: str | None = None) -> list[dict[str, Any]]:
     """Chunks IN_PROGRESS whose lease ran out before ``before`` (default now): their fitter stopped renewing."""
-    return _chunk_query(run_id, FilterExpression=Attr("status").eq(IN_PROGRESS), keep=lambda c: lease_expired(c, before))
+    return _chunk_query(
+        run_id, FilterExpression=Attr("status").eq(IN_PROGRESS), keep=lambda c: lease_expired(c, before)
+    )
 
 
 def failures(run_id: str) -> list[dict[str, Any]]:
@@ -208,13 +209,20 @@ def driver_claim() -> dict[str, Any]:
 
 
 def _write_chunks(
-    run_id: str, spectra: np.ndarray, xs: np.ndarray, ys: np.ndarray, starts: list[int], chunk_size: int, store: ObjectStore
+    run_id: str,
+    spectra: np.ndarray,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    starts: list[int],
+    chunk_size: int,
+    store: ObjectStore,
 ) -> None:
     """Each chunk's .npz, then every chunk's PENDING item (an item exists only once its file does)."""
     for start in starts:
         end = start + chunk_size
         store.put_bytes(
-            phspectra_keys.chunk_npz_key(run_id, start), _npz_bytes(spectra=spectra[start:end], x=xs[start:end], y=ys[start:end])
+            phspectra_keys.chunk_npz_key(run_id, start),
+            _npz_bytes(spectra=spectra[start:end], x=xs[start:end], y=ys[start:end]),
         )
     now = now_iso()
     chunk_items = [
@@ -304,7 +312,9 @@ def lease_expired(item: Mapping[str, Any], now: str | None = None) -> bool:
 
 def lease_expired_condition(now: str | None = None) -> Condition:
     """``lease_expired`` as a write condition, so a fitter that renews meanwhile wins."""
-    return Condition("attribute_not_exists(#lease) OR #lease < :now", {"#lease": "lease_expires_at"}, {":now": now or now_iso()})
+    return Condition(
+        "attribute_not_exists(#lease) OR #lease < :now", {"#lease": "lease_expires_at"}, {":now": now or now_iso()}
+    )
 
 
 def _mine(started_at: str) -> Condition:
@@ -375,7 +385,12 @@ def claim_chunk(
     ids = prefect_ids()
     for _ in range(5):
         now = now_iso()
-        claim = {"started_at": now, "lease_expires_at": lease_until(lease_seconds), "worker_host": socket.gethostname(), **ids}
+        claim = {
+            "started_at": now,
+            "lease_expires_at": lease_until(lease_seconds),
+            "worker_host": socket.gethostname(),
+            **ids,
+        }
         result = state_store.transition(table, key, PENDING, IN_PROGRESS, set=claim, add={"attempts": 1})
         if result.applied:
             return to_plain(result.item)
@@ -398,7 +413,9 @@ def claim_chunk(
                 condition = seen & lease_expired_condition(now)
             else:
                 return None
-            result = state_store.transition(table, key, IN_PROGRESS, IN_PROGRESS, set=claim, add={"attempts": 1}, condition=condition)
+            result = state_store.transition(
+                table, key, IN_PROGRESS, IN_PROGRESS, set=claim, add={"attempts": 1}, condition=condition
+            )
         if result.applied:
             return to_plain(result.item)
     return None
@@ -583,8 +600,12 @@ def active_runs(survey: str | None = None) -> list[dict[str, Any]]:
     running = lambda item: item.get("status") == RUN_RUNNING  # noqa: E731
     if survey:
         condition = Key("GSI1_PK").eq(keys.safe_id(survey, "survey"))
-        return list(state_store.query_all(runs_table(), keep=running, IndexName="GSI1", KeyConditionExpression=condition))
-    return list(state_store.scan_all(runs_table(), keep=lambda item: item["SK"] == phspectra_keys.RUN_SK and running(item)))
+        return list(
+            state_store.query_all(runs_table(), keep=running, IndexName="GSI1", KeyConditionExpression=condition)
+        )
+    return list(
+        state_store.scan_all(runs_table(), keep=lambda item: item["SK"] == phspectra_keys.RUN_SK and running(item))
+    )
 
 
 def summarize(run_id: str) -> dict[str, Any]:
@@ -629,14 +650,17 @@ def finalize_run(run_id: str) -> dict[str, Any]:
     return summary
 
 
-
 # --------------------------------------------------------------------------- the sweeper: no run stays RUNNING
 
 
 def last_activity(run: Mapping[str, Any], chunks: list[Mapping[str, Any]]) -> str:
     """The latest timestamp the run or any of its chunks carries: when anything last moved."""
     stamps = [run.get(a) or "" for a in ("created_at", "driven_at")]
-    stamps += [c.get(a) or "" for c in chunks for a in ("created_at", "started_at", "completed_at", "failed_at", "slow_lane_at")]
+    stamps += [
+        c.get(a) or ""
+        for c in chunks
+        for a in ("created_at", "started_at", "completed_at", "failed_at", "slow_lane_at")
+    ]
     return max(stamps)
 
 

@@ -17,8 +17,8 @@ from typing import Any
 from boto3.dynamodb.conditions import Key
 
 from tasks.core import keys, state_store
-from tasks.phspectra import keys as phspectra_keys
 from tasks.core.state_store import to_plain
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 
 PENDING = "PENDING"  # a tile whose run a landing started but whose split has not written its RUN item yet
@@ -36,7 +36,9 @@ def survey_runs(survey: str) -> list[dict[str, Any]]:
     """Every RUN item of ``survey``, newest first: GSI1 finds them (access pattern 3 without its limit), then each
     is read again strongly consistent (a GSI lags its table)."""
     condition = Key("GSI1_PK").eq(keys.safe_id(survey, "survey"))
-    found = state_store.query_all(ph.runs_table(), IndexName="GSI1", KeyConditionExpression=condition, ScanIndexForward=False)
+    found = state_store.query_all(
+        ph.runs_table(), IndexName="GSI1", KeyConditionExpression=condition, ScanIndexForward=False
+    )
     runs = state_store.get_many(ph.runs_table(), [ph.run_key(item["PK"]) for item in found])
     return sorted((to_plain(run) for run in runs), key=lambda run: (run.get("created_at", ""), run["PK"]), reverse=True)
 
@@ -44,11 +46,15 @@ def survey_runs(survey: str) -> list[dict[str, Any]]:
 def started_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """(run_id, tile, started_at) of every run that the landings of ``runs`` started, from their LANDING items."""
     pks = {phspectra_keys.landing_pk_of_run(run["PK"]) for run in runs} - {None}
-    landings = state_store.get_many(ph.runs_table(), [{"PK": pk, "SK": phspectra_keys.LANDING_SK} for pk in sorted(pks)])
+    landings = state_store.get_many(
+        ph.runs_table(), [{"PK": pk, "SK": phspectra_keys.LANDING_SK} for pk in sorted(pks)]
+    )
     return [
         {"run_id": run_id, "tile": tile, "started_at": landing.get("started_at", "")}
         for landing in map(to_plain, landings)
-        for run_id, tile in zip(landing.get("run_ids", []), landing.get("tiles", []))  # tiles: landings since survey status
+        for run_id, tile in zip(
+            landing.get("run_ids", []), landing.get("tiles", [])
+        )  # tiles: landings since survey status
     ]
 
 

@@ -26,14 +26,21 @@ from typing import Any
 from tasks.core import registry
 from tasks.core.runtime import run_logger
 from tasks.reconcile.adapters import (
-    BAD, TERMINAL, Adapter, Finding, RunState, TableAdapter, Tracked, show_key, transition_for,
+    BAD,
+    TERMINAL,
+    Adapter,
+    Finding,
+    RunState,
+    TableAdapter,
+    Tracked,
+    show_key,
+    transition_for,
 )
 
 
 def adapters() -> dict[str, Adapter]:
     """Adapter name -> adapter, over every pipeline that declares ``reconcile_adapters``."""
     return {adapter.name: adapter for _, declared in registry.hooks("reconcile_adapters") for adapter in declared}
-
 
 
 def _uuids(ids: Iterable[str | None]) -> list[uuid.UUID]:
@@ -56,13 +63,18 @@ def prefect_states(flow_run_ids: Iterable[str | None], task_run_ids: Iterable[st
     with get_client(sync_client=True) as client:
         for start in range(0, len(flows), 200):
             part = flows[start : start + 200]
-            for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=part)), limit=len(part)):
+            for run in client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=part)), limit=len(part)
+            ):
                 if run.state is not None:
                     states[str(run.id)] = _ended_with_parent(client, run) or RunState(
-                        str(run.id), run.state.type.value, run.state.name, "flow run")
+                        str(run.id), run.state.type.value, run.state.name, "flow run"
+                    )
         for start in range(0, len(tasks), 200):
             part = tasks[start : start + 200]
-            for run in client.read_task_runs(task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=part)), limit=len(part)):
+            for run in client.read_task_runs(
+                task_run_filter=TaskRunFilter(id=TaskRunFilterId(any_=part)), limit=len(part)
+            ):
                 if run.state is not None:
                     states[str(run.id)] = RunState(str(run.id), run.state.type.value, run.state.name, "task run")
     return states
@@ -102,7 +114,8 @@ def with_subflows(run_ids: set[str]) -> set[str]:
     with get_client(sync_client=True) as client:
         while frontier:
             children = client.read_flow_runs(
-                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier)))
+                flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=frontier))
+            )
             frontier = [c.id for c in children if _in_process(c) and str(c.id) not in found]
             found |= {str(c) for c in frontier}
     return found
@@ -130,7 +143,9 @@ def effective_state(record: Tracked, states: Mapping[str, RunState]) -> RunState
     return task or flow
 
 
-def reconcile(pipelines: Sequence[str] | None = None, dry_run: bool = True, run_ids: set[str] | None = None) -> list[Finding]:
+def reconcile(
+    pipelines: Sequence[str] | None = None, dry_run: bool = True, run_ids: set[str] | None = None
+) -> list[Finding]:
     """Compare every adapter's tracked records with Prefect and repair (unless ``dry_run``)."""
     known = adapters()
     unknown = [p for p in pipelines or () if p not in known]
@@ -154,20 +169,37 @@ def reconcile(pipelines: Sequence[str] | None = None, dry_run: bool = True, run_
             state = effective_state(record, states)
             if state is None:
                 if not {record.flow_run_id, record.task_run_id, *record.holders} & states.keys():
-                    findings.append(Finding(adapter.name, show_key(record.key), "Prefect run not found", record.status,
-                                            "-", "none", "report-only"))
+                    findings.append(
+                        Finding(
+                            adapter.name,
+                            show_key(record.key),
+                            "Prefect run not found",
+                            record.status,
+                            "-",
+                            "none",
+                            "report-only",
+                        )
+                    )
                 continue
             target = transition_for(record.role, state.type)
             if target is None:
                 continue
             label = f"{state.what} {state.id} {state.name}"
             reason = f"reconciled: record {record.status} while Prefect {label}"
-            finding = Finding(adapter.name, show_key(record.key), f"{record.status} while Prefect {state.name}", record.status, label,
-                              f"-> {getattr(adapter, 'action', target)}")
+            finding = Finding(
+                adapter.name,
+                show_key(record.key),
+                f"{record.status} while Prefect {state.name}",
+                record.status,
+                label,
+                f"-> {getattr(adapter, 'action', target)}",
+            )
             if not dry_run:
                 result = adapter.repair(record, reason)
                 finding.outcome = "applied" if result.applied else "stale"
-            run_logger(__name__).warning("%s %s: %s (%s)", adapter.name, finding.record, finding.problem, finding.outcome)
+            run_logger(__name__).warning(
+                "%s %s: %s (%s)", adapter.name, finding.record, finding.problem, finding.outcome
+            )
             findings.append(finding)
         scopes = None if run_ids is None else {r.scope for r in tracked[adapter.name] if r.scope}
         if scopes is None or scopes:
@@ -192,7 +224,7 @@ def run_ids_from_event(event: Mapping[str, Any]) -> tuple[str, set[str]]:
     resource_id = str(resource.get("prefect.resource.id", ""))
     for prefix in ("prefect.flow-run.", "prefect.task-run."):
         if resource_id.startswith(prefix):
-            run_id = resource_id[len(prefix):]
+            run_id = resource_id[len(prefix) :]
             try:
                 return name, {str(uuid.UUID(run_id))}
             except ValueError:
@@ -219,7 +251,21 @@ def rows(findings: Sequence[Finding]) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "BAD", "TERMINAL", "Adapter", "Finding", "RunState", "TableAdapter", "Tracked", "adapters", "disagreements",
-    "effective_state", "prefect_states", "reconcile", "rows", "run_ids_from_event", "transition_for",
-    "wait_until_ended", "with_subflows",
+    "BAD",
+    "TERMINAL",
+    "Adapter",
+    "Finding",
+    "RunState",
+    "TableAdapter",
+    "Tracked",
+    "adapters",
+    "disagreements",
+    "effective_state",
+    "prefect_states",
+    "reconcile",
+    "rows",
+    "run_ids_from_event",
+    "transition_for",
+    "wait_until_ended",
+    "with_subflows",
 ]

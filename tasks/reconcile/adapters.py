@@ -14,7 +14,6 @@ from tasks.core import config, state_store
 from tasks.core.runtime import now_iso
 from tasks.core.state_store import Increment
 
-
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 BAD = {"FAILED", "CRASHED", "CANCELLED"}
 
@@ -82,7 +81,6 @@ class Adapter(Protocol):
     def counters(self, scopes: set[str] | None, dry_run: bool) -> list[Finding]:
         """Findings for counters that disagree with their records (fixed unless ``dry_run``)."""
         ...
-
 
 
 def show_key(key: Mapping[str, Any]) -> str:

@@ -23,10 +23,18 @@ def dead_letter_archive(limits: HealthThresholds) -> Alarm:
 def records_archived(limits_: HealthThresholds) -> Alarm:
     """Seed 004: messages archived to the dead-letter archive in the last hour."""
     since = datetime.now(timezone.utc) - timedelta(seconds=HOUR_S)
-    archived = [o.key for o in object_store().list_objects(keys.DEAD_LETTER_PREFIX)
-                if datetime.fromisoformat(o.last_modified) >= since]
-    return count_alarm("records-archived-per-hour", "records", archived, limits_.records_archived_hour_max,
-                  "message(s) archived in the last hour")
+    archived = [
+        o.key
+        for o in object_store().list_objects(keys.DEAD_LETTER_PREFIX)
+        if datetime.fromisoformat(o.last_modified) >= since
+    ]
+    return count_alarm(
+        "records-archived-per-hour",
+        "records",
+        archived,
+        limits_.records_archived_hour_max,
+        "message(s) archived in the last hour",
+    )
 
 
 def figures(window: Window) -> Figures:
@@ -34,8 +42,15 @@ def figures(window: Window) -> Figures:
     executions = state_store.scan_all(table_name("executions"))
     dead_letters = sum(1 for _ in object_store().list(keys.DEAD_LETTER_PREFIX))
     return Figures(
-        Outcomes.of("records", "executions", executions, "status", "completed", "failed",
-                    lambda item: int(item.get("createdAt") or 0) >= window.since_epoch_ms),
+        Outcomes.of(
+            "records",
+            "executions",
+            executions,
+            "status",
+            "completed",
+            "failed",
+            lambda item: int(item.get("createdAt") or 0) >= window.since_epoch_ms,
+        ),
         summary=f"**records:** {dead_letters} message(s) in the dead-letter archive",
     )
 

@@ -138,7 +138,9 @@ def _path(doc: Any, *steps: str) -> Any:
 
 def ummg_temporal(doc: Any) -> dict[str, str]:
     """The temporal values of a UMM-G document (a dict)."""
-    if not isinstance(doc, Mapping) or not any(k in doc for k in ("GranuleUR", "TemporalExtent", "DataGranule", "ProviderDates")):
+    if not isinstance(doc, Mapping) or not any(
+        k in doc for k in ("GranuleUR", "TemporalExtent", "DataGranule", "ProviderDates")
+    ):
         raise CmrFileError("not a UMM-G granule (no GranuleUR, TemporalExtent, DataGranule or ProviderDates)")
     dates = doc.get("ProviderDates") if isinstance(doc.get("ProviderDates"), list) else []
     return _select(
@@ -186,12 +188,19 @@ def iso_temporal(root: ET.Element) -> dict[str, str]:
         raise CmrFileError(f"not an ISO granule (root element <{root.tag}> without gmd:DS_Series/…/gmi:MI_Metadata)")
     identifications = _children(metadata, ISO_DATA_ID)
     with_extent = [i for i in identifications if _children([i], "gmd:extent")][:1]
-    updates = [i for i in identifications if _text([i], "gmd:citation/gmd:CI_Citation/gmd:title/gco:CharacterString") == "UpdateTime"]
+    updates = [
+        i
+        for i in identifications
+        if _text([i], "gmd:citation/gmd:CI_Citation/gmd:title/gco:CharacterString") == "UpdateTime"
+    ]
     return _select(
         _text(with_extent, f"{ISO_TEMPORAL}/gml:TimePeriod/gml:beginPosition"),
         _text(with_extent, f"{ISO_TEMPORAL}/gml:TimePeriod/gml:endPosition"),
         _text(with_extent, f"{ISO_TEMPORAL}/gml:TimeInstant/gml:timePosition"),
-        _text(metadata, "gmd:dataQualityInfo/gmd:DQ_DataQuality/gmd:lineage/gmd:LI_Lineage/gmd:processStep/gmi:LE_ProcessStep/gmd:dateTime/gco:DateTime"),
+        _text(
+            metadata,
+            "gmd:dataQualityInfo/gmd:DQ_DataQuality/gmd:lineage/gmd:LI_Lineage/gmd:processStep/gmi:LE_ProcessStep/gmd:dateTime/gco:DateTime",
+        ),
         [_text(updates[:1], "gmd:citation/gmd:CI_Citation/gmd:date/gmd:CI_Date/gmd:date/gco:DateTime")],
     )
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import re
 
-
 from tasks.core.keys import InvalidKey, safe_date, safe_id, safe_key
-
 
 DEAD_LETTER_PREFIX = "dead-letter-archive/"
 

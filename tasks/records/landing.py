@@ -22,13 +22,13 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from tasks.core import keys
-from tasks.records import keys as records_keys
 from tasks.core.config import object_store
 from tasks.core.object_store import ObjectNotFound, rename
 from tasks.core.runtime import run_logger, today_iso
 from tasks.landing.listener import Landed, Outcome, emit_landed
 from tasks.landing.sources import Arrival
 from tasks.records import dead_letter
+from tasks.records import keys as records_keys
 from tasks.records import messages as records_messages
 
 PIPELINE = "records"
@@ -60,7 +60,9 @@ def bodies_of(arrival: Arrival) -> list[str]:
             kept: dict[str, Any] = {"body": data.decode("utf-8")}
         except UnicodeDecodeError:
             kept = {"raw": data}
-        dead_letter.archive(records_messages.message_id(data), {"type": "UnreadableBatch", "message": str(error)}, **kept)
+        dead_letter.archive(
+            records_messages.message_id(data), {"type": "UnreadableBatch", "message": str(error)}, **kept
+        )
         return []
     undecodable = [m for m in found if isinstance(m, bytes)]
     if undecodable:  # no text body for a flow run's parameters: archived here (InvalidUtf8), as records-ingest would
@@ -112,7 +114,7 @@ def handle_messages(arrivals: list[Arrival], ingest: Ingest = ingest_in_process)
     runs: dict[int, list[str]] = {index: [] for index in range(len(carried))}
     failed: dict[int, str] = {}
     for start in range(0, len(queue), BATCH):
-        batch = queue[start:start + BATCH]
+        batch = queue[start : start + BATCH]
         owners = sorted({index for index, _ in batch})
         try:
             summary, flow_run_id = ingest([body for _, body in batch])

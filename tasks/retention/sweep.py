@@ -1,7 +1,9 @@
 """Retention: finished records get a DynamoDB TTL, staging left by dead runs and old dead letters age out.
 
-    every table with a TTL attribute ──> terminal record without ``ttl`` ──stamp (guarded: still terminal)──▶ ttl = ended + N days
-                                     └─> live record with ``ttl`` (reopened) ──remove (guarded: still live)──▶ kept for ever
+    every table with a TTL attribute ──> terminal record without ``ttl`` ──stamp (guarded: still terminal)──▶ ttl =
+    ended + N days
+                                     └─> live record with ``ttl`` (reopened) ──remove (guarded: still live)──▶ kept for
+                                     ever
                                      └─> live record whose child items carry a ``ttl`` (a resume took only the
                                          parent's off) ──remove from those items──▶ kept for ever
     each pipeline's object areas (``object_retention``: the ETL's merge staging older than the merge timeout,
@@ -85,10 +87,14 @@ def _set_items_ttl(children: list[Child], ttl: int | None) -> None:
         by_table.setdefault(table_name(child_table), []).append(child_key)
     for child_table, child_keys in by_table.items():
         sets, remove = ({}, ["ttl"]) if ttl is None else ({"ttl": ttl}, [])
-        state_store.transition_many(child_table, [(child_key, None, None, sets) for child_key in child_keys], remove=remove)
+        state_store.transition_many(
+            child_table, [(child_key, None, None, sets) for child_key in child_keys], remove=remove
+        )
 
 
-def _mark_items(rule: Rule, item: Mapping[str, Any], key: dict[str, Any], ttl: int | None, cache: dict[str, Any]) -> None:
+def _mark_items(
+    rule: Rule, item: Mapping[str, Any], key: dict[str, Any], ttl: int | None, cache: dict[str, Any]
+) -> None:
     """Give ``item``'s child items ``ttl`` (None: take it off), then clear the parent's ``ITEMS_PENDING`` mark."""
     if rule.children is None:
         return
@@ -125,15 +131,17 @@ def stamp_finished_records(days: float, report: Report) -> None:
                 if ended is None:
                     continue  # no time to count from: kept (a record the pipelines always stamp would not be here)
                 ttl = _epoch(ended) + int(days * DAY_S)
-                result = state_store.transition(table, key, rule.terminal, None, status_attr=rule.status_attr,
-                                                set={"ttl": ttl, **_pending(rule)})
+                result = state_store.transition(
+                    table, key, rule.terminal, None, status_attr=rule.status_attr, set={"ttl": ttl, **_pending(rule)}
+                )
                 if result.applied:
                     stamped += 1
                     _mark_items(rule, item, key, ttl, cache)
             elif "ttl" in item:  # live again (reopened, resumed): keep it and its items for good
                 live = tuple({item[rule.status_attr]})
-                result = state_store.transition(table, key, live, None, status_attr=rule.status_attr, remove=["ttl"],
-                                                set=_pending(rule))
+                result = state_store.transition(
+                    table, key, live, None, status_attr=rule.status_attr, remove=["ttl"], set=_pending(rule)
+                )
                 if result.applied:
                     unstamped += 1
                     _mark_items(rule, item, key, None, cache)
@@ -161,10 +169,11 @@ def age_out_objects(dead_letter_days: float | None, now: datetime, report: Repor
         report.deleted_objects.update(age_out(ageing))
 
 
-def apply_retention(record_days: float = 30, dead_letter_days: float | None = None, now: datetime | None = None) -> dict[str, Any]:
+def apply_retention(
+    record_days: float = 30, dead_letter_days: float | None = None, now: datetime | None = None
+) -> dict[str, Any]:
     """One retention pass over every table and object area; what it did."""
     report = Report()
     stamp_finished_records(record_days, report)
     age_out_objects(dead_letter_days, now or datetime.now(timezone.utc), report)
     return report.row()
-

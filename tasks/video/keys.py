@@ -9,9 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-
 from tasks.core.keys import InvalidKey, safe_id
-
 
 VIDEO_INPUT_PREFIX = "input/"  # every job's upload lands under it
 _SEGMENT = re.compile(r"^segments/([^/]+)/(\d{5})_(\d{5})_([A-Za-z0-9-]+)\.mp4$")
@@ -81,8 +79,6 @@ def detections_key(job_id: str, segment_index: int, total_segments: int, mode: s
 def final_key(job_id: str) -> str:
     """``jobs/{job_id}/final.mp4``."""
     return f"{job_output_prefix(job_id)}final.mp4"
-
-
 
 
 def input_prefix(job_id: str) -> str:

@@ -11,12 +11,11 @@ idempotency key, which the Prefect server answers with the run already created i
 
 from __future__ import annotations
 
-from tasks.video import keys
 from tasks.core.runtime import run_logger
 from tasks.landing.listener import Outcome
 from tasks.landing.pipelines import handle_each, start_deployment_run
 from tasks.landing.sources import Arrival
-from tasks.video import jobs
+from tasks.video import jobs, keys
 
 PIPELINE = "video"
 PROCESS_DEPLOYMENT = "video-process/local"

@@ -9,7 +9,6 @@ from tasks.core.runtime import run_logger
 from tasks.reconcile.adapters import TableAdapter, Tracked
 
 
-
 class VideoJobAdapter(TableAdapter):
     """Seed 003 jobs chunking or ``chunking_complete``: held by their video-process run and by the reassembly runs
     of their lock (``tasks.video.jobs.holders``). Once every one has ended, the job is recovered the way
@@ -17,8 +16,17 @@ class VideoJobAdapter(TableAdapter):
 
     def __init__(self) -> None:
         super().__init__(
-            "video", "video_jobs", "status", "chunking_in_progress", None, "failed", ("job_id",),
-            error_attr="failure_reason", ended_attr="failed_at", flow_level=True, action="recover",
+            "video",
+            "video_jobs",
+            "status",
+            "chunking_in_progress",
+            None,
+            "failed",
+            ("job_id",),
+            error_attr="failure_reason",
+            ended_attr="failed_at",
+            flow_level=True,
+            action="recover",
         )
 
     def tracked(self) -> Iterable[Tracked]:
@@ -26,11 +34,18 @@ class VideoJobAdapter(TableAdapter):
         from tasks.video import jobs as video
 
         active = (video.CHUNKING, video.CHUNKED)
-        jobs = list(state_store.scan_all(
-            self.table_name(), keep=lambda item: item.get("status") in active and bool(item.get("prefect_flow_run_id"))
-        ))
-        locks = {lock["job_id"]: lock for lock in state_store.get_many(config.table_name("video_reassembly_locks"),
-                                                                       ({"job_id": job["job_id"]} for job in jobs))}
+        jobs = list(
+            state_store.scan_all(
+                self.table_name(),
+                keep=lambda item: item.get("status") in active and bool(item.get("prefect_flow_run_id")),
+            )
+        )
+        locks = {
+            lock["job_id"]: lock
+            for lock in state_store.get_many(
+                config.table_name("video_reassembly_locks"), ({"job_id": job["job_id"]} for job in jobs)
+            )
+        }
         for job in jobs:
             owner = str(job["prefect_flow_run_id"])
             others = tuple(r for r in video.holders(job, locks.get(job["job_id"])) if r != owner)

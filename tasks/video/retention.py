@@ -14,8 +14,13 @@ from tasks.video import jobs as video
 
 
 def _video_items(job: Mapping[str, Any], cache: dict[str, Any]) -> list[Child]:
-    done = state_store.query_all(table_name("video_segment_completions"), KeyConditionExpression=Key("job_id").eq(job["job_id"]))
-    items = [("video_segment_completions", {"job_id": c["job_id"], "segment_index": c["segment_index"]}, "ttl" in c) for c in done]
+    done = state_store.query_all(
+        table_name("video_segment_completions"), KeyConditionExpression=Key("job_id").eq(job["job_id"])
+    )
+    items = [
+        ("video_segment_completions", {"job_id": c["job_id"], "segment_index": c["segment_index"]}, "ttl" in c)
+        for c in done
+    ]
     lock = state_store.get_item(table_name("video_reassembly_locks"), {"job_id": job["job_id"]})
     if lock:
         items.append(("video_reassembly_locks", {"job_id": job["job_id"]}, "ttl" in lock))
@@ -23,6 +28,12 @@ def _video_items(job: Mapping[str, Any], cache: dict[str, Any]) -> list[Child]:
 
 
 RULES = (
-    Rule("video_jobs", ("job_id",), "status", (video.COMPLETED, video.FAILED, video.DELETED),
-         ("deleted_at", "completed_at", "failed_at", "created_at"), children=_video_items),
+    Rule(
+        "video_jobs",
+        ("job_id",),
+        "status",
+        (video.COMPLETED, video.FAILED, video.DELETED),
+        ("deleted_at", "completed_at", "failed_at", "created_at"),
+        children=_video_items,
+    ),
 )
