@@ -1,11 +1,9 @@
 """pipeline-health: seed 001's CloudWatch alarms, asked of all five pipelines on a schedule.
 
-    dead-letter archive ─┐
-    ETL pending / failed ├─▶ alarms (thresholds block) ─▶ incidents (guarded writes) ─▶ one notification each
-    phspectra chunks     │                                                          └─▶ table artifact
-    video / GPU jobs     │
-    GPU nodes ───────────┘
-    metrics table + records ─▶ dashboard (markdown artifact: last 24 h, files/hour chart, merge MB/s, failure rates)
+    each pipeline's checks ─┐
+    (its pipeline.py)       ├─▶ alarms (thresholds block) ─▶ incidents (guarded writes) ─▶ one notification each
+    flow runs, listeners ───┘                                                       └─▶ table artifact
+    each pipeline's figures ─▶ dashboard (markdown artifact: last 24 h, charts, failure rates)
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
         key="pipeline-health", table=rows,
         description=f"{len(firing)} of {len(rows)} alarm(s) firing" + (f": {', '.join(r['name'] for r in firing)}" if firing else ""),
     )
-    backlog = next((r["value"] or 0 for r in rows if r["name"] == "etl-files-pending"), 0)
-    markdown, _ = dashboard_task(backlog)
+    markdown, _ = dashboard_task({r["name"]: r["value"] for r in rows})
     create_markdown_artifact(key="pipeline-dashboard", markdown=markdown, description="All pipelines, last 24 hours")
     for row in firing:
         get_run_logger().warning("%s %s: %s (incident %s, notified %s)", row["state"], row["name"], row["detail"], row["incident"], row["notified"])
