@@ -336,10 +336,59 @@ def start_worker() -> str:
     """Start a process worker on the local pool if none is running; 'running' or 'started'."""
     if _pid("worker"):
         return "running"
-    worker = [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process"]
-    # the engine fork server starts the worker beside it, in one process group: `make down` stops both and the runs
+    worker = [sys.executable, "-m", "deployments.local_stack", "worker"]
+    # the engine fork server starts the worker beside it, in one process group (`make down` stops both and the
+    # runs), and starts it again whenever it exits
     _spawn("worker", [sys.executable, str(FORKSERVER), "serve", engine_socket(), "--", *worker], {**local_env(), **WORKER_ENV})
     return "started"
+
+
+def crash_runs_of_gone_processes(client) -> list[str]:
+    """Mark Crashed the local pool's runs whose process is gone: Running or Pending with a recorded pid that no
+    longer runs here, or Pending with none (claimed by a worker that died before starting it). Nobody else reports
+    them once their worker is dead, and a Running listener holds its deployment's one slot, so without this no
+    trigger would replace it. The names of the runs marked."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, WorkPoolFilter, WorkPoolFilterName,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    from tasks.gpu.backends import pid_alive
+
+    live = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])))
+    runs = client.read_flow_runs(flow_run_filter=live, work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL])))
+    marked = []
+    for run in runs:
+        if run.deployment_id is None:
+            continue  # an in-process subflow: it lives and dies with its parent's process
+        pid = _run_pid(run.infrastructure_pid)
+        gone = not pid_alive(pid) if pid is not None else run.state_type == StateType.PENDING
+        if not gone:
+            continue
+        crashed = Crashed(message="its process is gone with the worker that ran it (found when the worker started again)")
+        if client.set_flow_run_state(run.id, crashed).status.value != "ACCEPT":
+            client.set_flow_run_state(run.id, crashed, force=True)
+        marked.append(run.name)
+    return marked
+
+
+def run_worker() -> None:
+    """The local worker as the engine fork server starts it, first or again: the runs the last worker left without
+    a process are marked Crashed (their triggers replace the listeners among them), then ``prefect worker start``
+    takes this process over."""
+    os.environ.update(local_env())
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            marked = crash_runs_of_gone_processes(client)
+        if marked:
+            print(f"worker: marked Crashed, their processes gone: {', '.join(marked)}", flush=True)
+    except Exception as error:  # noqa: BLE001 - the worker starts anyway; the next start looks again
+        print(f"worker: could not look for runs without a process ({type(error).__name__}: {error})", flush=True)
+    worker = [sys.executable, "-m", "prefect", "worker", "start", "--pool", WORK_POOL, "--type", "process"]
+    os.execv(sys.executable, worker)
 
 
 def _run_pid(infrastructure_pid: str | None) -> int | None:
@@ -637,12 +686,13 @@ def status() -> None:
 
 
 def main() -> int:
-    """The ``up|down|status`` command line; exit code 2 on a StackError."""
+    """The ``up|down|status|worker`` command line (``worker``: what the engine fork server runs); exit code 2 on a
+    StackError."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("command", choices=["up", "down", "status", "worker"])
     args = parser.parse_args()
     try:
-        {"up": up, "down": down, "status": status}[args.command]()
+        {"up": up, "down": down, "status": status, "worker": run_worker}[args.command]()
     except StackError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

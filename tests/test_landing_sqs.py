@@ -361,3 +361,30 @@ def test_keys_with_hash_question_mark_and_percent_reach_their_object(aws, capsys
     for n, arrival in enumerate(arrivals):
         store, key = open_url(arrival.url)
         assert (key, store.get_bytes(key), object_version(arrival.url)[0]) == (f"pipelines/{names[n]}", b"x" * (n + 1), n + 1)
+
+
+def test_a_queue_whose_oldest_message_waits_too_long_raises_the_listener_behind_alarm(aws, capsys, monkeypatch):
+    """The AWS half of `landing-listener-behind`: CloudWatch's ApproximateAgeOfOldestMessage of a landing queue."""
+    from datetime import datetime, timedelta, timezone
+
+    from blocks.health import HealthThresholds
+    from tasks.health import listeners
+    from tasks.landing.sqs import queue_names
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_CLOUDWATCH", os.environ["AWS_ENDPOINT_URL_SQS"])
+    setup("etl", capsys)
+    assert listeners.oldest_message_age("etl") == 0.0  # set up, no figure yet: nothing waits
+    assert listeners.oldest_message_age("video") is None  # never set up here
+
+    def age(seconds: float, minutes_ago: float) -> None:
+        boto3.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[{
+            "MetricName": "ApproximateAgeOfOldestMessage", "Dimensions": [{"Name": "QueueName", "Value": queue_names("etl")[0]}],
+            "Timestamp": datetime.now(timezone.utc) - timedelta(minutes=minutes_ago), "Value": seconds, "Unit": "Seconds"}])
+
+    age(60, minutes_ago=3)
+    alarm = listeners.listeners_behind(HealthThresholds())
+    assert not alarm.firing  # a minute: the listener keeps up
+    age(listeners.LISTENER_BACKLOG_S + 100, minutes_ago=1)
+    assert listeners.oldest_message_age("etl") == listeners.LISTENER_BACKLOG_S + 100  # the 5 minutes' maximum
+    alarm = listeners.listeners_behind(HealthThresholds())
+    assert alarm.firing and f"etl queue (oldest message {listeners.LISTENER_BACKLOG_S + 100} s)" in alarm.detail
