@@ -36,7 +36,7 @@ class ConfigBlock(Block):
         return values
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _saved_block(cls: type[ConfigBlock], name: str) -> ConfigBlock | None:
     """The saved block, or None when there is no API to ask or no such block (cached per process)."""
     if os.environ.get("PIPELINES_USE_BLOCKS", "1") == "0":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -77,7 +77,7 @@ class HealthThresholds(ConfigBlock):
     notify_retry_seconds: float = Field(
         default=300, description="A notification the block failed to deliver (webhook down) is sent again after this."
     )
-    notify_block: Optional[str] = Field(
+    notify_block: str | None = Field(
         default=None,
         description="Notification block as 'block-type-slug/name' (unset: PIPELINES_NOTIFY_BLOCK, else the log).",
     )

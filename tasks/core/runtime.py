@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import logging
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 
 def utc_now() -> datetime:
     """The current time, timezone-aware UTC (for arithmetic; store ``now_iso()``)."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def now_iso(at: datetime | None = None) -> str:
     """UTC ISO 8601 with microseconds (fixed width, so timestamps sort as strings in DynamoDB conditions)."""
-    return (at or utc_now()).astimezone(timezone.utc).isoformat(timespec="microseconds")
+    return (at or utc_now()).astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def iso_ago(seconds: float) -> str:

@@ -358,7 +358,7 @@ class ChunkLease:
             except Exception as error:  # e.g. DynamoDB unreachable: the next tick tries again, the final write decides
                 run_logger(__name__).warning("%s: lease renewal failed (%s); retrying", self.key["SK"], error)
 
-    def __enter__(self) -> "ChunkLease":
+    def __enter__(self) -> ChunkLease:
         self._thread.start()
         return self
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from xml.parsers import expat
 
@@ -114,7 +114,7 @@ def _datetime(value: Any) -> datetime | None:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _most_recent(values: Sequence[Any]) -> str | None:

@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -241,7 +241,7 @@ def execution_arn(message: Mapping[str, Any]) -> str:
 
 
 def _iso(ms: int | None) -> str | None:
-    return None if ms is None else utc_iso(datetime.fromtimestamp(ms / 1000, timezone.utc))
+    return None if ms is None else utc_iso(datetime.fromtimestamp(ms / 1000, UTC))
 
 
 def _error(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class RecordKind:
         default_factory=lambda: {QUEUED: QUEUED, RUNNING: RUNNING, COMPLETED: COMPLETED, FAILED: FAILED}
     )
     execution_attr: str | None = None  # attribute holding the linked execution's key value
-    execution_kind: "RecordKind | None" = None  # the kind the execution records are
+    execution_kind: RecordKind | None = None  # the kind the execution records are
     terminal_removes: tuple[str, ...] = ()  # removed by a terminal write that does not give them (a stale error)
     upsert: Upsert = Upsert.ATTEMPT
 
