@@ -49,7 +49,7 @@ def _saved_block(cls: type[ConfigBlock], name: str) -> ConfigBlock | None:
         return cls.load(name, validate=False)
     except (ValueError, KeyError):  # not registered or not saved
         return None
-    except Exception as error:  # API unreachable: the defaults still work, but say so
+    except Exception as error:  # noqa: BLE001 - API unreachable (any client error): the defaults still work, but say so
         import logging
 
         logging.getLogger(__name__).warning(

@@ -41,11 +41,12 @@ def prefect_ids() -> dict[str, str]:
 
 def run_logger(name: str) -> logging.Logger | logging.LoggerAdapter:
     """The Prefect run logger inside a flow/task run (so messages show in the UI), else a standard logger."""
-    try:
-        from prefect import get_run_logger
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
 
+    try:
         return get_run_logger()
-    except Exception:  # MissingContextError outside a run
+    except MissingContextError:  # outside a flow or task run
         return logging.getLogger(name)
 
 

@@ -355,7 +355,8 @@ class ChunkLease:
                 continue  # the fitter renewed meanwhile
             try:
                 self.renew()
-            except Exception as error:  # e.g. DynamoDB unreachable: the next tick tries again, the final write decides
+            except Exception as error:  # noqa: BLE001 - the keeper thread must outlive any failed renewal
+                # e.g. DynamoDB unreachable: the next tick tries again, the final write decides
                 run_logger(__name__).warning("%s: lease renewal failed (%s); retrying", self.key["SK"], error)
 
     def __enter__(self) -> ChunkLease:

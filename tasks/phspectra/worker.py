@@ -233,7 +233,7 @@ def serve(address: str) -> None:
     while True:
         try:
             connection = listener.accept()
-        except Exception:  # a client that failed authentication
+        except Exception:  # noqa: BLE001 - a client that failed authentication (or hung up) must not stop the server
             continue
         if os.fork() == 0:  # the child: fit, report, exit
             listener._listener._socket.close()  # the child must not keep the server socket

@@ -145,7 +145,7 @@ def gpu_available() -> str | None:
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
         pynvml.nvmlShutdown()
-    except Exception as error:  # no driver / library
+    except Exception as error:  # noqa: BLE001 - no driver / library: any NVML failure means no NVENC here
         return f"no NVIDIA driver ({type(error).__name__})"
     if count == 0:
         return "no NVIDIA GPU"
