@@ -20,7 +20,8 @@ class DynamoTables(ConfigBlock):
     env: str = Field(default="dev", description="Environment suffix of the seed table names ({env}).")
     names: dict[str, str] = Field(
         default_factory=dict,
-        description='Logical table -> physical name where it is not the seed\'s, e.g. {"etl_file_tracking": "tracking"}.',
+        description="Logical table -> physical name where it is not the seed's, "
+        'e.g. {"etl_file_tracking": "tracking"}.',
     )
     aws_credentials: AwsCredentials | None = Field(
         default=None, description="Credentials for DynamoDB in AWS; unset: boto3's default chain (env, role)."

@@ -63,7 +63,8 @@ class GpuCompute(ConfigBlock):
             "CUDA_VISIBLE_DEVICES",
             "NVIDIA_VISIBLE_DEVICES",
         ],
-        description="Local backend: the only variables of the worker's environment a job command sees (plus the job's).",
+        description="Local backend: the only variables of the worker's environment a job command sees "
+        "(plus the job's).",
     )
     # ECS backend
     task_definition: str = Field(default="", description="ECS task definition of job tasks (family[:revision] or ARN).")

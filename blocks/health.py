@@ -26,7 +26,8 @@ class HealthThresholds(ConfigBlock):
     late_pending_files_max: int = Field(default=0, description="ETL: alarm when more files are late than this.")
     iterator_age_seconds: float = Field(
         default=60,
-        description="ETL: a pending file a full batch could have taken waited this long (seed IteratorAgeHigh: > 60 s).",
+        description="ETL: a pending file a full batch could have taken waited this long "
+        "(seed IteratorAgeHigh: > 60 s).",
     )
     read_throttles_5min_max: int = Field(
         default=5, description="ETL: throttled reads of the tracking table in 5 min (seed: > 5)."

@@ -26,7 +26,8 @@ class VideoInference(ConfigBlock):
     )
     endpoint_url: str | None = Field(
         default=None,
-        description="http backend: URL that receives a segment's bytes; sagemaker backend: the runtime API (empty: AWS's).",
+        description="http backend: URL that receives a segment's bytes; "
+        "sagemaker backend: the runtime API (empty: AWS's).",
     )
     endpoint_name: str | None = Field(default=None, description="sagemaker backend: the asynchronous endpoint's name.")
     batch_size: int = Field(default=8, ge=1, description="text-redact backend: frames per run of the detector.")

@@ -93,7 +93,7 @@ class ObjectStore:
 
     @staticmethod
     def from_url(url: str | None, session: boto3.Session | None = None) -> ObjectStore:
-        """``file:///path`` or a bare path -> LocalStore; ``s3://bucket/prefix`` -> S3Store; empty -> the default folder."""
+        """``file:///path`` or a bare path -> LocalStore; ``s3://bucket/prefix`` -> S3Store; empty -> default folder."""
         if not url:
             return LocalStore(DEFAULT_LOCAL_ROOT)
         scheme, bucket, path = split_url(url)
@@ -432,7 +432,7 @@ class S3Store(ObjectStore):
         return self.url_for(key)
 
     def get_bytes(self, key: str) -> bytes:
-        """Bytes of the object at ``key`` (for small objects; ``open``/``download`` stream); ObjectNotFound if absent."""
+        """Bytes of the object at ``key`` (small objects; ``open``/``download`` stream); ObjectNotFound if absent."""
         with self._reading(key):
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
 

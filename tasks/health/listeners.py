@@ -88,8 +88,9 @@ def local_backlog(store: LocalStore, place: Landing, older_than_s: float, now: f
 
 
 def oldest_message_age(pipeline: str) -> float | None:
-    """Seconds the oldest message of ``pipeline``'s landing queue has waited (CloudWatch's ApproximateAgeOfOldestMessage,
-    the last 5 minutes' maximum); None when the queue does not exist, 0 when CloudWatch has no figure yet."""
+    """Seconds the oldest message of ``pipeline``'s landing queue has waited (CloudWatch's
+    ApproximateAgeOfOldestMessage, the last 5 minutes' maximum); None when the queue does not exist, 0 when
+    CloudWatch has no figure yet."""
     from datetime import UTC, datetime, timedelta
 
     from tasks.landing.sqs import aws_session, queue_names

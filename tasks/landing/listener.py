@@ -163,7 +163,8 @@ Landed = tuple[
 def emit_landed(pipeline: str, landed: Sequence[Landed]) -> None:
     """One Prefect event per outcome of a batch, ``pipelines.{pipeline}.object.{outcome}``: its objects as related
     resources (role ``object``, found by their URL) and in its payload (size, time, id, runs started), and the runs
-    they started (role ``flow-run``, ``pipelines.relation: started``); one per arrival would cost the server a write each."""
+    they started (role ``flow-run``, ``pipelines.relation: started``); one per arrival would cost the server a write
+    each."""
     from prefect.events import emit_event
 
     by_outcome: dict[str, list[Landed]] = {}
@@ -300,7 +301,8 @@ def listen_report(
     """``listen`` (same options), then one line on what the listener did; its counts, as its flow returns them."""
     stats = listen(source, handler, **options)
     print(
-        f"{listener}: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches"
+        f"{listener}: {stats.received} received, {stats.acked} done, "
+        f"{stats.released} offered again in {stats.batches} batches"
         f"{f', {stats.errors} source error(s) tried again' if stats.errors else ''}"
     )
     return vars(stats)

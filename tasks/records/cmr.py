@@ -182,7 +182,8 @@ ISO_TEMPORAL = "gmd:extent/gmd:EX_Extent/gmd:temporalElement/gmd:EX_TemporalExte
 
 
 def iso_temporal(root: ET.Element) -> dict[str, str]:
-    """The temporal values of an ISO 19115-2 granule (``gmd:DS_Series`` as CMR writes it, prefixes as Cumulus reads them)."""
+    """The temporal values of an ISO 19115-2 granule (``gmd:DS_Series`` as CMR writes it, prefixes as Cumulus reads
+    them)."""
     metadata = _children([root], "gmd:composedOf/gmd:DS_DataSet/gmd:has/gmi:MI_Metadata")
     if root.tag != "gmd:DS_Series" or not metadata:
         raise CmrFileError(f"not an ISO granule (root element <{root.tag}> without gmd:DS_Series/…/gmi:MI_Metadata)")

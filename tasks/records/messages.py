@@ -65,7 +65,10 @@ API_GRANULE_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "properties": {
-                    **{name: _TEXT for name in ("bucket", "checksum", "checksumType", "fileName", "key", "source", "type")},
+                    **{
+                        name: _TEXT
+                        for name in ("bucket", "checksum", "checksumType", "fileName", "key", "source", "type")
+                    },
                     **{name: _INTEGER for name in ("createdAt", "size", "updatedAt")},
                 },
             },
@@ -718,7 +721,7 @@ def read_batch(url: str) -> list[Any]:
 def ingest_messages(
     messages: Sequence[dict[str, Any] | str] | None = None, messages_url: str | None = None
 ) -> dict[str, Any]:
-    """Write the records of a batch (text bodies or dicts, or the file at ``messages_url``); archive rejected messages."""
+    """Write the records of a batch (text bodies or dicts, or the file at ``messages_url``); archive the rejected."""
     if (messages is None) == (messages_url is None):
         raise ValueError(
             "give the batch either as messages (text bodies) or as messages_url (an object-store URL), not both"
