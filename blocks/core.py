@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from prefect_aws import AwsCredentials
 from pydantic import Field
@@ -20,9 +20,10 @@ class DynamoTables(ConfigBlock):
     env: str = Field(default="dev", description="Environment suffix of the seed table names ({env}).")
     names: dict[str, str] = Field(
         default_factory=dict,
-        description='Logical table -> physical name where it is not the seed\'s, e.g. {"etl_file_tracking": "tracking"}.',
+        description="Logical table -> physical name where it is not the seed's, "
+        'e.g. {"etl_file_tracking": "tracking"}.',
     )
-    aws_credentials: Optional[AwsCredentials] = Field(
+    aws_credentials: AwsCredentials | None = Field(
         default=None, description="Credentials for DynamoDB in AWS; unset: boto3's default chain (env, role)."
     )
 
@@ -41,4 +42,4 @@ class ObjectStorage(ConfigBlock):
     _env_prefix: ClassVar[str] = "OBJECT_STORE_"
 
     base_url: str = Field(default="", description="Root URL; empty: .data/objects/ at the repository root.")
-    aws_credentials: Optional[AwsCredentials] = None
+    aws_credentials: AwsCredentials | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -34,7 +34,7 @@ class EtlSettings(ConfigBlock):
     catalog_table: str = Field(
         default="merged_parquet", description="Table the merged Parquet is registered as, one partition per date."
     )
-    notify_block: Optional[str] = Field(
+    notify_block: str | None = Field(
         default=None, description="Notification block told about failed merges, as 'block-type-slug/name' (unset: log)."
     )
 

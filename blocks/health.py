@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -26,7 +26,8 @@ class HealthThresholds(ConfigBlock):
     late_pending_files_max: int = Field(default=0, description="ETL: alarm when more files are late than this.")
     iterator_age_seconds: float = Field(
         default=60,
-        description="ETL: a pending file a full batch could have taken waited this long (seed IteratorAgeHigh: > 60 s).",
+        description="ETL: a pending file a full batch could have taken waited this long "
+        "(seed IteratorAgeHigh: > 60 s).",
     )
     read_throttles_5min_max: int = Field(
         default=5, description="ETL: throttled reads of the tracking table in 5 min (seed: > 5)."
@@ -77,7 +78,7 @@ class HealthThresholds(ConfigBlock):
     notify_retry_seconds: float = Field(
         default=300, description="A notification the block failed to deliver (webhook down) is sent again after this."
     )
-    notify_block: Optional[str] = Field(
+    notify_block: str | None = Field(
         default=None,
         description="Notification block as 'block-type-slug/name' (unset: PIPELINES_NOTIFY_BLOCK, else the log).",
     )

@@ -176,7 +176,7 @@ def table_resources() -> dict[str, Any]:
 
 
 def queue_resources() -> dict[str, Any]:
-    """Each seed queue with its dead-letter queue, attributes from ``sqs.queue_attributes`` (as ``aws-events setup``)."""
+    """Each seed queue with its dead-letter queue, attributes from ``sqs.queue_attributes`` as ``aws-events setup``."""
     resources = {}
     encrypted = skip(
         (
@@ -321,7 +321,8 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
         {"Sid": "ListBucket", "Effect": "Allow", "Resource": arn("Bucket"),
          "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetBucketLocation"]},
         {"Sid": "Objects", "Effect": "Allow", "Resource": sub("${Bucket.Arn}/${StorePrefix}/*"), "Action": [
-            "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]},
+            "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+            "s3:ListMultipartUploadParts"]},
         {"Sid": "Arrivals", "Effect": "Allow", "Resource": queues + dead_letters, "Action": [
             "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes",
             "sqs:GetQueueUrl"]},
@@ -333,7 +334,8 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
             "ecs:RegisterTaskDefinition", "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition",
             "ecs:ListTaskDefinitions"]},
         {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": ["ecs:RunTask", "ecs:TagResource"],
-         "Resource": [sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"), cluster_tasks],
+         "Resource": [
+             sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"), cluster_tasks],
          "Condition": on_cluster},
         {"Sid": "WatchFlowRuns", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
          "Resource": cluster_tasks, "Condition": on_cluster},
@@ -403,10 +405,12 @@ def task_definition(
 ) -> dict[str, Any]:
     """A Fargate task definition of the image running ``command`` as the image's non-root user."""
     container = {
-        "Name": family, "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
+        "Name": family,
+        "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
         "Essential": True, "Command": command, "WorkingDirectory": APP_DIR, "Environment": environment(pipeline_queues),
-        "Secrets": {"Fn::If": ["HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
-                               ref("AWS::NoValue")]},
+        "Secrets": {"Fn::If": [
+            "HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
+            ref("AWS::NoValue")]},
         "ReadonlyRootFilesystem": True, "MountPoints": [{"SourceVolume": "scratch", "ContainerPath": SCRATCH}],
         "LogConfiguration": {"LogDriver": "awslogs", "Options": {
             "awslogs-group": ref(log_group_id), "awslogs-region": ref("AWS::Region"), "awslogs-stream-prefix": family}},
@@ -451,11 +455,13 @@ def ecs_resources() -> dict[str, Any]:
     pool = prefect_config()["definitions"]["work_pools"]["ecs"]["name"]
     resources: dict[str, Any] = {
         "Cluster": {"Type": "AWS::ECS::Cluster", "Properties": {
-            "ClusterName": sub("pipelines-${Env}"), "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]}},
+            "ClusterName": sub("pipelines-${Env}"),
+            "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]}},
         "FlowRunLogGroup": log_group("flow-runs"),
         "WorkerLogGroup": log_group("worker"),
         "WorkerTaskDefinition": task_definition(
-            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs"], "WorkerRole", "WorkerLogGroup", False),
+            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs"], "WorkerRole", "WorkerLogGroup",
+            False),
         "WorkerService": service("prefect-worker", "WorkerTaskDefinition"),
     }  # fmt: skip
     for pipeline, deployment in listener_deployments().items():

@@ -74,7 +74,8 @@ def cpu_slots_dir() -> Path:
 
 @contextlib.contextmanager
 def cpu_slot(slots: int | None = None, on_wait: Callable[[int], None] | None = None) -> Iterator[int]:
-    """Hold one of this machine's ``slots`` CPU slots (default ``cpu_heavy_slots()``) while the block runs; yields its index.
+    """Hold one of this machine's ``slots`` CPU slots (default ``cpu_heavy_slots()``) while the block runs; yield its
+    index.
 
     A slot is an exclusive ``flock`` on a file shared by every process (and thread) on the machine, so no server is
     asked and a holder that dies (SIGKILL included) lets go at once: the kernel drops the lock with the process.

@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote, unquote, urlparse
@@ -83,7 +83,7 @@ class ListedObject:
 
 
 def _iso_utc(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat()
+    return moment.astimezone(UTC).isoformat()
 
 
 class ObjectStore:
@@ -92,8 +92,8 @@ class ObjectStore:
     url: str
 
     @staticmethod
-    def from_url(url: str | None, session: boto3.Session | None = None) -> "ObjectStore":
-        """``file:///path`` or a bare path -> LocalStore; ``s3://bucket/prefix`` -> S3Store; empty -> the default folder."""
+    def from_url(url: str | None, session: boto3.Session | None = None) -> ObjectStore:
+        """``file:///path`` or a bare path -> LocalStore; ``s3://bucket/prefix`` -> S3Store; empty -> default folder."""
         if not url:
             return LocalStore(DEFAULT_LOCAL_ROOT)
         scheme, bucket, path = split_url(url)
@@ -285,7 +285,7 @@ class LocalStore(ObjectStore):
                 stat = (self.root / key).stat()
             except FileNotFoundError:  # removed since the walk saw it
                 continue
-            modified = datetime.fromtimestamp(stat.st_mtime, timezone.utc)
+            modified = datetime.fromtimestamp(stat.st_mtime, UTC)
             found.append(ListedObject(key, stat.st_size, self.url_for(key), _iso_utc(modified)))
         return found
 
@@ -432,7 +432,7 @@ class S3Store(ObjectStore):
         return self.url_for(key)
 
     def get_bytes(self, key: str) -> bytes:
-        """Bytes of the object at ``key`` (for small objects; ``open``/``download`` stream); ObjectNotFound if absent."""
+        """Bytes of the object at ``key`` (small objects; ``open``/``download`` stream); ObjectNotFound if absent."""
         with self._reading(key):
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
 

@@ -111,7 +111,7 @@ def _report_throttle(response=None, operation=None, request_dict=None, **_: Any)
                 },
                 payload={"operation": operation.name, "code": code},
             )
-    except Exception:  # noqa: BLE001 - a report must never fail the request it reports on
+    except Exception:  # a report must never fail the request it reports on
         log.debug("throttle report failed", exc_info=True)
     return None
 
@@ -202,7 +202,7 @@ class Condition:
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
 
-    def __and__(self, other: "Condition") -> "Condition":
+    def __and__(self, other: Condition) -> Condition:
         """Both conditions (their placeholders must differ)."""
         if set(self.names) & set(other.names) or set(self.values) & set(other.values):
             raise ValueError(f"conditions share placeholders: {self.expression!r} and {other.expression!r}")
@@ -509,7 +509,7 @@ def transition(
     new: str | None,
     *,
     status_attr: str = "status",
-    set: Mapping[str, Any] | None = None,  # noqa: A002 - mirrors DynamoDB's SET
+    set: Mapping[str, Any] | None = None,  # mirrors DynamoDB's SET
     remove: Sequence[str] = (),
     add: Mapping[str, Any] | None = None,
     condition: Condition | None = None,

@@ -7,7 +7,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -107,7 +107,7 @@ def _cloudwatch_throttles(table: str) -> dict[str, int]:
     from tasks.landing.sqs import aws_session
 
     cloudwatch = (aws_session() or boto3.Session()).client("cloudwatch")
-    end = datetime.now(timezone.utc)
+    end = datetime.now(UTC)
     counts = {}
     for kind, metric in THROTTLE_METRICS.items():
         points = cloudwatch.get_metric_statistics(
@@ -129,7 +129,7 @@ def _client_throttles(table: str) -> dict[str, int]:
     from prefect.client.orchestration import get_client
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
 
-    since = datetime.now(timezone.utc) - timedelta(seconds=WINDOW_S)
+    since = datetime.now(UTC) - timedelta(seconds=WINDOW_S)
     counts = {}
     with get_client(sync_client=True) as client:
         for kind in THROTTLE_METRICS:

@@ -691,7 +691,7 @@ class MergesHeld(RuntimeError):
 
 
 def launch_merges(manifests: Iterable[ManifestRef], launcher: Launcher) -> list[dict[str, Any]]:
-    """Start one merge per manifest; a launch that fails or is held leaves the manifest ``pending`` (restarted later)."""
+    """Start one merge per manifest; a launch that fails or is held leaves its manifest ``pending`` (started later)."""
     outcomes = []
     for ref in manifests:
         try:
@@ -711,7 +711,7 @@ def launch_merges(manifests: Iterable[ManifestRef], launcher: Launcher) -> list[
 
 
 def manifest_ready(ref: ManifestRef, deployment: str) -> dict[str, Any]:
-    """The ``manifest.ready`` event of ``ref`` for ``deployment``: its resource (which the trigger matches) and payload."""
+    """The ``manifest.ready`` event of ``ref`` for ``deployment``: its resource (the trigger matches it) and payload."""
     return {
         "event": MANIFEST_READY,
         "resource": {

@@ -40,7 +40,7 @@ def input_tree(url: str) -> str:
 
 
 def parse_input_path(path: str) -> InputFile:
-    """Date prefix, file name and input tree of ``…/pipeline/input/YYYY-MM-DD/name``; InvalidKey if it does not parse."""
+    """Date prefix, file name and input tree of ``…/pipeline/input/YYYY-MM-DD/name``; InvalidKey if unparsable."""
     match = _INPUT.search(path)
     if not match:
         raise InvalidKey(f"{path!r} is not under pipeline/input/YYYY-MM-DD/")
@@ -175,7 +175,7 @@ MERGED_STAGING_PREFIX = f"{OUTPUT_PREFIX}_staging/"
 
 
 def merged_published_key(date_prefix: str, manifest: str) -> str:
-    """``pipeline/output/_published/{date}/{manifest stem}.json``: written last when a manifest's parts are published."""
+    """``pipeline/output/_published/{date}/{manifest stem}.json``: written last, once a manifest's parts are out."""
     return f"{OUTPUT_PREFIX}_published/{safe_date(date_prefix)}/{_manifest_stem(manifest)}.json"
 
 

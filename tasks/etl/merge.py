@@ -152,7 +152,7 @@ def read_ndjson(url: str) -> FileResult:
         return FileResult(url, error="file disappeared before the merge (not found)")
     except _CAPACITY_ERRORS:
         raise
-    except Exception as error:  # noqa: BLE001 - one unreadable file must not fail its manifest
+    except Exception as error:  # one unreadable file must not fail its manifest
         log.warning("%s could not be read; the file fails alone", url, exc_info=True)  # the traceback: logs only
         return FileResult(url, error=f"could not be read: {type(error).__name__}: {error}"[:1000])
     result = FileResult(url, parsed.table, parsed.rows, parsed.rejects)

@@ -86,7 +86,7 @@ def _skip_space(a: np.ndarray, i: int) -> int:
 
 @njit(**_COMPILED)
 def _string_end(a: np.ndarray, i: int) -> tuple[int, bool]:
-    """The closing quote of a string whose contents start at ``i`` (-1 if not valid JSON), and whether it has escapes."""
+    """The closing quote of a string whose contents start at ``i`` (-1 if invalid JSON), and whether it has escapes."""
     escaped = False
     while True:
         c = a[i]

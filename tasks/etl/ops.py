@@ -1,4 +1,5 @@
-"""Operations on the ETL's records (the seed's pipeline-status, remediate-manifested-files, reprocess-failed; release-quarantine).
+"""Operations on the ETL's records (the seed's pipeline-status, remediate-manifested-files, reprocess-failed;
+release-quarantine).
 
 Every change is a guarded transition through ``tasks.core.state_store``; the shard suffix is kept.
 """

@@ -213,7 +213,8 @@ class LocalBackend:
 
     # tasks
     def start_task(self, spec: TaskSpec) -> StartedTask:
-        """Start the command under the launcher (reused if this attempt's task was started before); BackendError if it cannot."""
+        """Start the command under the launcher (reused if this attempt's task was started before); BackendError if it
+        cannot."""
         task_id = keys.gpu_local_task_id(spec.job_id, spec.retry, spec.node_index)
         try:
             argv = shlex.split(spec.command)

@@ -71,7 +71,7 @@ def _nvml_value(fn, *args):
     """A reading, or a short 'n/a: <error>' string when the GPU or driver does not support it."""
     try:
         value = fn(*args)
-    except Exception as error:  # NVMLError_NotSupported and friends: a reading we cannot have
+    except Exception as error:  # noqa: BLE001 - NVMLError_NotSupported and friends: a reading we cannot have
         return f"n/a: {error}"
     if isinstance(value, bytes):
         return value.decode(errors="replace")
@@ -82,7 +82,7 @@ def _xid_events(pynvml, handles: list, wait_ms: int) -> dict[int, list[int]] | s
     """Critical XID events seen within ``wait_ms`` per device index (best effort: NVML only reports new events)."""
     try:
         event_set = pynvml.nvmlEventSetCreate()
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - XID events are best effort: any failure reads "n/a"
         return f"n/a: {error}"
     seen: dict[int, list[int]] = {}
     registered: list[int] = []
@@ -91,7 +91,7 @@ def _xid_events(pynvml, handles: list, wait_ms: int) -> dict[int, list[int]] | s
             try:
                 pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
                 registered.append(index)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a device that cannot report XID events is skipped
                 continue
         if not registered:
             return "n/a: XID events not supported"
@@ -104,7 +104,7 @@ def _xid_events(pynvml, handles: list, wait_ms: int) -> dict[int, list[int]] | s
                 data = pynvml.nvmlEventSetWait(event_set, remaining)
             except pynvml.NVMLError_Timeout:
                 break
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - XID events are best effort: any failure reads "n/a"
                 return f"n/a: {error}"
             uuids = [_nvml_value(pynvml.nvmlDeviceGetUUID, h) for h in handles]
             device = _nvml_value(pynvml.nvmlDeviceGetUUID, data.device)
@@ -113,7 +113,7 @@ def _xid_events(pynvml, handles: list, wait_ms: int) -> dict[int, list[int]] | s
     finally:
         try:
             pynvml.nvmlEventSetFree(event_set)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a failed free must not lose the readings
             pass
     return seen
 

@@ -106,7 +106,10 @@ def _claim(name: str, lease_seconds: float, retry_seconds: float) -> str | None:
 
 def message(item: dict[str, Any]) -> tuple[str, str]:
     """Subject and body of an incident's notification."""
-    subject = f"{item.get('severity', 'WARNING')} ALARM {item['alarm']} ({item.get('pipeline', '-')}): incident {int(item.get('incident', 1))}"
+    subject = (
+        f"{item.get('severity', 'WARNING')} ALARM {item['alarm']} ({item.get('pipeline', '-')}): "
+        f"incident {int(item.get('incident', 1))}"
+    )
     body = f"{item['alarm']} fires since {item.get('opened_at')}: {item.get('detail')}"
     return subject, body
 

@@ -88,9 +88,10 @@ def local_backlog(store: LocalStore, place: Landing, older_than_s: float, now: f
 
 
 def oldest_message_age(pipeline: str) -> float | None:
-    """Seconds the oldest message of ``pipeline``'s landing queue has waited (CloudWatch's ApproximateAgeOfOldestMessage,
-    the last 5 minutes' maximum); None when the queue does not exist, 0 when CloudWatch has no figure yet."""
-    from datetime import datetime, timedelta, timezone
+    """Seconds the oldest message of ``pipeline``'s landing queue has waited (CloudWatch's
+    ApproximateAgeOfOldestMessage, the last 5 minutes' maximum); None when the queue does not exist, 0 when
+    CloudWatch has no figure yet."""
+    from datetime import UTC, datetime, timedelta
 
     from tasks.landing.sqs import aws_session, queue_names
 
@@ -100,7 +101,7 @@ def oldest_message_age(pipeline: str) -> float | None:
         sqs.get_queue_url(QueueName=name)
     except sqs.exceptions.QueueDoesNotExist:
         return None
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     points = session.client("cloudwatch").get_metric_statistics(
         Namespace="AWS/SQS",
         MetricName="ApproximateAgeOfOldestMessage",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -52,11 +52,7 @@ def flow_runs(
         type=FlowRunFilterStateType(any_=list(states)) if states else None,
         name=FlowRunFilterStateName(any_=list(names)) if names else None,
     )
-    end = (
-        FlowRunFilterEndTime(after_=datetime.now(timezone.utc) - timedelta(seconds=ended_within_s))
-        if ended_within_s
-        else None
-    )
+    end = FlowRunFilterEndTime(after_=datetime.now(UTC) - timedelta(seconds=ended_within_s)) if ended_within_s else None
     runs, offset = [], 0
     with get_client(sync_client=True) as client:
         while page := client.readflow_runs(
@@ -133,7 +129,7 @@ def _running_task_runs(names: Iterable[str]) -> list[tuple[str, Any]]:
 def flow_runs_near_timeout(limits_: HealthThresholds) -> Alarm:
     """Lambda-DurationHigh: running runs past ``duration_alarm_fraction`` of their flow's timeout, and the ingest's
     steps (the seed's manifest builder, 180 s) and the status update past that share of their task timeout."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     late = []
     for flow_name, timeout in limits.flow_timeouts().items():
         for run in flow_runs(states=("RUNNING",), flows=(flow_name,)):

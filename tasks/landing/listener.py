@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 from tasks.landing.sources import Arrival, EventSource
 
@@ -102,7 +103,7 @@ def handle_batch(source: EventSource, handler: Handler, batch: list[Arrival], st
     stats.batches += 1
     try:
         outcome = handler(batch)
-    except Exception as exc:  # noqa: BLE001 - the batch is offered again, never lost
+    except Exception as exc:  # the batch is offered again, never lost
         LOG.exception("handler failed on a batch of %d; offering it again", len(batch))
         outcome = Outcome(retry=[(a, f"{type(exc).__name__}: {exc}") for a in batch])
     settle(source, batch, outcome, stats)
@@ -162,7 +163,8 @@ Landed = tuple[
 def emit_landed(pipeline: str, landed: Sequence[Landed]) -> None:
     """One Prefect event per outcome of a batch, ``pipelines.{pipeline}.object.{outcome}``: its objects as related
     resources (role ``object``, found by their URL) and in its payload (size, time, id, runs started), and the runs
-    they started (role ``flow-run``, ``pipelines.relation: started``); one per arrival would cost the server a write each."""
+    they started (role ``flow-run``, ``pipelines.relation: started``); one per arrival would cost the server a write
+    each."""
     from prefect.events import emit_event
 
     by_outcome: dict[str, list[Landed]] = {}
@@ -252,7 +254,7 @@ def open_with_retries(
 
 
 def listen(
-    source: Union[EventSource, SourceFactory],
+    source: EventSource | SourceFactory,
     handler: Handler,
     *,
     batch_size: int = 100,
@@ -294,12 +296,13 @@ def listen(
 
 
 def listen_report(
-    listener: str, source: Union[EventSource, SourceFactory], handler: Handler, **options: Any
+    listener: str, source: EventSource | SourceFactory, handler: Handler, **options: Any
 ) -> dict[str, int]:
     """``listen`` (same options), then one line on what the listener did; its counts, as its flow returns them."""
     stats = listen(source, handler, **options)
     print(
-        f"{listener}: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches"
+        f"{listener}: {stats.received} received, {stats.acked} done, "
+        f"{stats.released} offered again in {stats.batches} batches"
         f"{f', {stats.errors} source error(s) tried again' if stats.errors else ''}"
     )
     return vars(stats)

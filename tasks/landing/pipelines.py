@@ -8,7 +8,8 @@ The source and the loop are ``tasks.landing.sources.open_source`` and ``tasks.la
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tasks.core.keys import InvalidKey
 from tasks.core.runtime import run_logger

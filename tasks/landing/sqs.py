@@ -18,7 +18,7 @@ import os
 import pkgutil
 import threading
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote_plus, urlparse
 
@@ -106,7 +106,7 @@ class PoisonMessage(ValueError):
 
 
 def _iso_from_millis(millis: str | None) -> str:
-    moment = datetime.fromtimestamp(int(millis) / 1000, timezone.utc) if millis else datetime.now(timezone.utc)
+    moment = datetime.fromtimestamp(int(millis) / 1000, UTC) if millis else datetime.now(UTC)
     return moment.isoformat()
 
 
@@ -176,7 +176,7 @@ class SqsSource:
         return parsed.netloc, f"{prefix}/" if prefix else ""
 
     @classmethod
-    def for_pipeline(cls, pipeline: str, **options: Any) -> "SqsSource":
+    def for_pipeline(cls, pipeline: str, **options: Any) -> SqsSource:
         """The source of ``pipeline``'s seed queue: ``PIPELINES_<PIPELINE>_QUEUE_URL``, else the queue named in
         its landing's queue spec for the configured env, looked up in the account of the object storage credentials."""
         spec, variable = queue_spec(pipeline), queue_url_variable(pipeline)

@@ -31,11 +31,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
-from typing import Callable, Iterator, Sequence
 from urllib.parse import quote
 
 from tasks.core import keys
@@ -95,7 +95,7 @@ def read_watermark(folder: Path) -> float:
 
 def write_watermark(folder: Path, watermark: float) -> None:
     """Keep ``watermark`` in ``folder``: written beside, then renamed over the old one (never half a file)."""
-    body = json.dumps({"watermark": watermark, "at": datetime.fromtimestamp(watermark, timezone.utc).isoformat()})
+    body = json.dumps({"watermark": watermark, "at": datetime.fromtimestamp(watermark, UTC).isoformat()})
     temporary = folder / f"{WATERMARK_NAME}.{os.getpid()}.part"
     temporary.write_text(body)
     os.replace(temporary, folder / WATERMARK_NAME)
@@ -181,7 +181,7 @@ class LocalWatchSource:
     @classmethod
     def for_prefix(
         cls, store_url: str | None, prefix: str, suffixes: Sequence[str] | None = None, **options
-    ) -> "LocalWatchSource":
+    ) -> LocalWatchSource:
         """A watch on ``prefix`` of the store at ``store_url`` (the configured object store when empty)."""
         if not store_url:
             from tasks.core.config import object_store
@@ -265,7 +265,7 @@ class LocalWatchSource:
                     {
                         "name": os.fsencode(relative).decode("utf-8", "backslashreplace"),
                         "reason": reason,
-                        "quarantined_at": datetime.now(timezone.utc).isoformat(),
+                        "quarantined_at": datetime.now(UTC).isoformat(),
                     }
                 ).encode(),
             )
@@ -386,7 +386,7 @@ class LocalWatchSource:
                     url=self.store.url_for(key),
                     key=key,
                     size=look.size,
-                    event_time=datetime.fromtimestamp(look.mtime_ns / 1e9, timezone.utc).isoformat(),
+                    event_time=datetime.fromtimestamp(look.mtime_ns / 1e9, UTC).isoformat(),
                     event_id=event_id,
                     receive_count=self._receives[event_id],
                 )

@@ -59,7 +59,8 @@ def components(spectra: pa.Table, run_id: str) -> pa.Table:
 
 
 def run_source(run: dict[str, Any]) -> dict[str, Any]:
-    """What a partition built from ``run`` records about it (a resumed run finishes again with a new ``completed_at``)."""
+    """What a partition built from ``run`` records about it (a resumed run finishes again, with a new
+    ``completed_at``)."""
     return {"run_id": run["PK"], "completed_at": run.get("completed_at")}
 
 
@@ -110,8 +111,8 @@ def build_catalog(survey: str, catalog_url: str | None = None, force: bool = Fal
             continue
         written[tile] = write_partition(store, survey, tile, run)
     kept = sorted(set(catalog_tiles(store, survey)) - set(tiles))
-    return {"survey": survey, "catalog_url": store.url_for(phspectra_keys.survey_catalog_prefix(survey)), "written": written,
-            "unchanged": unchanged, "missing": missing, "kept": kept}  # fmt: skip
+    return {"survey": survey, "catalog_url": store.url_for(phspectra_keys.survey_catalog_prefix(survey)),
+            "written": written, "unchanged": unchanged, "missing": missing, "kept": kept}  # fmt: skip
 
 
 def catalog_tiles(store: ObjectStore, survey: str) -> list[str]:

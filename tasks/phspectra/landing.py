@@ -136,7 +136,8 @@ def claim_landing(arrival: Arrival) -> state_store.WriteResult:
 
 
 def object_arrived(arrival: Arrival, deployment: str = SURVEY_DEPLOYMENT) -> tuple[str, list[str]]:
-    """Start the runs one landing asks for: (what happened, the flow run ids); one log line when none is started (InvalidKey: not a landing key)."""
+    """Start the runs one landing asks for: (what happened, the flow run ids); one log line when none is started
+    (InvalidKey: not a landing key)."""
     log = run_logger(__name__)
     landing = phspectra_keys.parse_survey_landing(arrival.key)
     claim = claim_landing(arrival)
@@ -161,12 +162,14 @@ def object_arrived(arrival: Arrival, deployment: str = SURVEY_DEPLOYMENT) -> tup
         run_ids.append(run_id)
     state_store.transition(
         ph.runs_table(), landing_key(arrival), STARTING, STARTED,
-        set={"survey": survey, "run_ids": run_ids, "tiles": tiles_of(cubes), "flow_run_ids": flow_run_ids, "started_at": now_iso()},
+        set={"survey": survey, "run_ids": run_ids, "tiles": tiles_of(cubes), "flow_run_ids": flow_run_ids,
+             "started_at": now_iso()},
     )  # fmt: skip
     log.info("%s started %d %s run(s) for survey %s: %s", arrival.url, len(cubes), deployment, survey, run_ids)
     return "started", flow_run_ids
 
 
 def handle_landings(arrivals: list[Arrival], deployment: str = SURVEY_DEPLOYMENT) -> Outcome:
-    """The phspectra listener's handler: each landing starts its runs once; one that cannot be handled now is retried."""
+    """The phspectra listener's handler: each landing starts its runs once; one that cannot be handled now is
+    retried."""
     return handle_each(arrivals, PIPELINE, lambda arrival: object_arrived(arrival, deployment))

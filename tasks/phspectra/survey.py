@@ -290,7 +290,8 @@ def complete_split(run_id: str) -> list[int]:
         spectra, xs, ys, _ = prepare_spectra(load_cube(run["cube_url"]))
         if spectra.shape != (run["n_spectra"], run["n_channels"]):
             raise ValueError(
-                f"run {run_id}: cube {run['cube_url']} is now {spectra.shape[0]} spectra x {spectra.shape[1]} channels, "
+                f"run {run_id}: cube {run['cube_url']} is now "
+                f"{spectra.shape[0]} spectra x {spectra.shape[1]} channels, "
                 f"split as {run['n_spectra']} x {run['n_channels']}; its missing chunks cannot be written"
             )
         _write_chunks(run_id, spectra, xs, ys, missing, run["chunk_size"], object_store(run.get("output_url")))
@@ -340,8 +341,8 @@ class ChunkLease:
         """Extend the lease (setting ``extra`` too) while this claim holds the chunk; False once it is lost."""
         self._tried_at = time.monotonic()
         renewed = state_store.transition(
-            runs_table(), self.key, IN_PROGRESS, None, set={"lease_expires_at": lease_until(self.lease_seconds), **extra},
-            condition=_mine(self.started_at),
+            runs_table(), self.key, IN_PROGRESS, None,
+            set={"lease_expires_at": lease_until(self.lease_seconds), **extra}, condition=_mine(self.started_at),
         ).applied  # fmt: skip
         if not renewed:
             self.lost.set()
@@ -355,10 +356,11 @@ class ChunkLease:
                 continue  # the fitter renewed meanwhile
             try:
                 self.renew()
-            except Exception as error:  # e.g. DynamoDB unreachable: the next tick tries again, the final write decides
+            except Exception as error:  # noqa: BLE001 - the keeper thread must outlive any failed renewal
+                # e.g. DynamoDB unreachable: the next tick tries again, the final write decides
                 run_logger(__name__).warning("%s: lease renewal failed (%s); retrying", self.key["SK"], error)
 
-    def __enter__(self) -> "ChunkLease":
+    def __enter__(self) -> ChunkLease:
         self._thread.start()
         return self
 
@@ -493,8 +495,9 @@ def fit_chunk(
         n_timed_out = sum(r["n_components"] == TIMED_OUT for r in rows)
         done = state_store.transition(
             table, key, IN_PROGRESS, COMPLETED, condition=_mine(started_at),
-            set={"completed_at": now_iso(), "duration_ms": elapsed_ms(), "fit_ms": int(fit_seconds * 1000), "output_key": output_key,
-                 "n_spectra": len(rows), "n_components": n_components, "n_timed_out": n_timed_out},
+            set={"completed_at": now_iso(), "duration_ms": elapsed_ms(), "fit_ms": int(fit_seconds * 1000),
+                 "output_key": output_key, "n_spectra": len(rows), "n_components": n_components,
+                 "n_timed_out": n_timed_out},
             increments=[Increment(table, increment_key, {"jobs_completed": 1})],
         )  # fmt: skip
     except FitStopped as stopped:
@@ -580,7 +583,8 @@ def reopen_run(
     asked = {"survey": survey, **given, "fit_params": validate_fit_params(fit_params) if fit_params else None}
     stored = {name: run.get(name) for name in asked} | {"fit_params": run_params(run)}
     conflicts = [
-        f"{name}={asked[name]!r} (the run's: {'the default object store' if stored[name] is None else repr(stored[name])})"
+        f"{name}={asked[name]!r} "
+        f"(the run's: {'the default object store' if stored[name] is None else repr(stored[name])})"
         for name in asked if asked[name] is not None and asked[name] != stored[name]
     ]  # fmt: skip
     if conflicts:
@@ -622,7 +626,8 @@ def summarize(run_id: str) -> dict[str, Any]:
         "n_components": sum(c.get("n_components", 0) for c in done),
         "n_timed_out": sum(c.get("n_timed_out", 0) for c in done),
         "n_slow_refit": sum(c.get("n_slow_refit", 0) for c in done),
-        "n_chunk_items": len(chunks), "chunk_statuses": dict(statuses), "fit_seconds": sum(c.get("duration_ms", 0) for c in chunks) / 1000,
+        "n_chunk_items": len(chunks), "chunk_statuses": dict(statuses),
+        "fit_seconds": sum(c.get("duration_ms", 0) for c in chunks) / 1000,
         "chunks": [
             {"chunk": c["SK"].removeprefix(phspectra_keys.CHUNK_SK_PREFIX), "status": c.get("status"),
              "n_spectra": c.get("n_spectra"), "n_components": c.get("n_components"),
@@ -695,5 +700,9 @@ def unfinished(summary: Mapping[str, Any]) -> str:
     """What keeps a run from finishing, in words (for a FAILED run's reason)."""
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary["chunk_statuses"].items()))
     missing = summary["jobs_total"] - summary["n_chunk_items"]
-    return (f"chunks {statuses or 'none'} of {summary['jobs_total']}" + (f", {missing} never written" if missing > 0 else "")
-            + (f", {summary['n_timed_out']} spectra still past the time limit" if summary["n_timed_out"] else ""))  # fmt: skip
+    timed_out = summary["n_timed_out"]
+    return (
+        f"chunks {statuses or 'none'} of {summary['jobs_total']}"
+        + (f", {missing} never written" if missing > 0 else "")
+        + (f", {timed_out} spectra still past the time limit" if timed_out else "")
+    )

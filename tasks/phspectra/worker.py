@@ -98,7 +98,7 @@ def validate_fit_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
     return params
 
 
-def _on_alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+def _on_alarm(signum, frame):  # signal handler signature
     raise SpectrumTimeout()
 
 
@@ -233,10 +233,10 @@ def serve(address: str) -> None:
     while True:
         try:
             connection = listener.accept()
-        except Exception:  # a client that failed authentication
+        except Exception:  # noqa: BLE001 - a client that failed authentication (or hung up) must not stop the server
             continue
         if os.fork() == 0:  # the child: fit, report, exit
-            listener._listener._socket.close()  # noqa: SLF001 - the child must not keep the server socket
+            listener._listener._socket.close()  # the child must not keep the server socket
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             code = 1
             try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from blocks.health import HealthThresholds
 from tasks.core import state_store
@@ -22,7 +22,7 @@ def dead_letter_archive(limits: HealthThresholds) -> Alarm:
 
 def records_archived(limits_: HealthThresholds) -> Alarm:
     """Seed 004: messages archived to the dead-letter archive in the last hour."""
-    since = datetime.now(timezone.utc) - timedelta(seconds=HOUR_S)
+    since = datetime.now(UTC) - timedelta(seconds=HOUR_S)
     archived = [
         o.key
         for o in object_store().list_objects(keys.DEAD_LETTER_PREFIX)

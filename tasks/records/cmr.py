@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from xml.parsers import expat
 
@@ -114,7 +114,7 @@ def _datetime(value: Any) -> datetime | None:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _most_recent(values: Sequence[Any]) -> str | None:
@@ -182,7 +182,8 @@ ISO_TEMPORAL = "gmd:extent/gmd:EX_Extent/gmd:temporalElement/gmd:EX_TemporalExte
 
 
 def iso_temporal(root: ET.Element) -> dict[str, str]:
-    """The temporal values of an ISO 19115-2 granule (``gmd:DS_Series`` as CMR writes it, prefixes as Cumulus reads them)."""
+    """The temporal values of an ISO 19115-2 granule (``gmd:DS_Series`` as CMR writes it, prefixes as Cumulus reads
+    them)."""
     metadata = _children([root], "gmd:composedOf/gmd:DS_DataSet/gmd:has/gmi:MI_Metadata")
     if root.tag != "gmd:DS_Series" or not metadata:
         raise CmrFileError(f"not an ISO granule (root element <{root.tag}> without gmd:DS_Series/…/gmi:MI_Metadata)")

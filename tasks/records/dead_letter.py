@@ -37,7 +37,7 @@ def archive(
     previous_errors: Sequence[Mapping[str, Any]] = (),
     store=None,
 ) -> str:
-    """Write one rejected message (parsed ``message``, text ``body`` or ``raw`` bytes) with its error; returns the key."""
+    """Write one rejected message (parsed ``message``, text ``body`` or ``raw`` bytes) with its error; its key."""
     if message is None and body is None and raw is None:
         raise ValueError(f"dead letter {message_id}: nothing to archive (no message and no body)")
     store = store or config.object_store()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from tasks.core.runtime import run_logger
 
@@ -23,7 +23,7 @@ class RunTimes:
 
 def utc_iso(moment: datetime | None) -> str | None:
     """``moment`` as ISO 8601 UTC with milliseconds (the records' date-time format)."""
-    return None if moment is None else moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
 def _run_ids(execution_names: Iterable[str]) -> dict[str, list[str]]:

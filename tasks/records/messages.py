@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -65,7 +65,10 @@ API_GRANULE_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "properties": {
-                    **{name: _TEXT for name in ("bucket", "checksum", "checksumType", "fileName", "key", "source", "type")},
+                    **{
+                        name: _TEXT
+                        for name in ("bucket", "checksum", "checksumType", "fileName", "key", "source", "type")
+                    },
                     **{name: _INTEGER for name in ("createdAt", "size", "updatedAt")},
                 },
             },
@@ -241,7 +244,7 @@ def execution_arn(message: Mapping[str, Any]) -> str:
 
 
 def _iso(ms: int | None) -> str | None:
-    return None if ms is None else utc_iso(datetime.fromtimestamp(ms / 1000, timezone.utc))
+    return None if ms is None else utc_iso(datetime.fromtimestamp(ms / 1000, UTC))
 
 
 def _error(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -718,7 +721,7 @@ def read_batch(url: str) -> list[Any]:
 def ingest_messages(
     messages: Sequence[dict[str, Any] | str] | None = None, messages_url: str | None = None
 ) -> dict[str, Any]:
-    """Write the records of a batch (text bodies or dicts, or the file at ``messages_url``); archive rejected messages."""
+    """Write the records of a batch (text bodies or dicts, or the file at ``messages_url``); archive the rejected."""
     if (messages is None) == (messages_url is None):
         raise ValueError(
             "give the batch either as messages (text bodies) or as messages_url (an object-store URL), not both"

@@ -84,7 +84,7 @@ class RecordKind:
         default_factory=lambda: {QUEUED: QUEUED, RUNNING: RUNNING, COMPLETED: COMPLETED, FAILED: FAILED}
     )
     execution_attr: str | None = None  # attribute holding the linked execution's key value
-    execution_kind: "RecordKind | None" = None  # the kind the execution records are
+    execution_kind: RecordKind | None = None  # the kind the execution records are
     terminal_removes: tuple[str, ...] = ()  # removed by a terminal write that does not give them (a stale error)
     upsert: Upsert = Upsert.ATTEMPT
 
@@ -119,8 +119,8 @@ EXECUTION = RecordKind(
     light_attrs=("timestamp", "updatedAt", "originalPayload"),
 )  # fmt: skip
 GRANULE = RecordKind(
-    "granule", "granules", ("granuleId",), scope_attr="collectionId", execution_attr="execution", execution_kind=EXECUTION,
-    upsert=Upsert.GRANULE,
+    "granule", "granules", ("granuleId",), scope_attr="collectionId", execution_attr="execution",
+    execution_kind=EXECUTION, upsert=Upsert.GRANULE,
 )  # fmt: skip
 # a PDR name is not tied to one collection (no scope); its running writes compare executions and progress
 PDR = RecordKind("pdr", "pdrs", ("pdrName",), statuses=NOT_QUEUED, execution_attr="execution", upsert=Upsert.PDR)
@@ -223,7 +223,8 @@ def fit(kind: RecordKind, record: Mapping[str, Any]) -> tuple[dict[str, Any], tu
     for attr, value in record.items():
         if value is not REMOVE and not storable(value):
             raise Unwritable(
-                f"{kind.name} {attr} holds a number DynamoDB cannot store (over 38 digits, beyond 1e125, NaN or Infinity)"
+                f"{kind.name} {attr} holds a number DynamoDB cannot store "
+                "(over 38 digits, beyond 1e125, NaN or Infinity)"
             )
     size = item_bytes(record)
     if size <= RECORD_BYTES:
@@ -406,7 +407,8 @@ def _explain(op: _Op, reasons: Sequence[Mapping[str, Any]]) -> tuple[Verdict, st
         if kind.upsert is Upsert.PDR and op.role == RUNNING:
             return (
                 Verdict.STALE,
-                f"running write of the same execution without more progress ({record.get('progress')} <= {current.get('progress')})",
+                "running write of the same execution without more progress "
+                f"({record.get('progress')} <= {current.get('progress')})",
                 current,
             )
         return (

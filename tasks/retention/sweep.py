@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from tasks.core import registry, state_store
@@ -44,7 +44,7 @@ class Rule:
     ended_attrs: tuple[str, ...]  # the first present is when it finished
     keep: Callable[[Mapping[str, Any]], bool] = lambda item: True  # only these items are parents here
     # a parent's child items, given a dict the pass keeps for the rule (what one pass reads once)
-    children: Callable[[Mapping[str, Any], dict[str, Any]], list["Child"]] | None = None
+    children: Callable[[Mapping[str, Any], dict[str, Any]], list[Child]] | None = None
 
 
 Child = tuple[str, dict[str, Any], bool]  # (table, key, whether the item carries a ttl)
@@ -175,5 +175,5 @@ def apply_retention(
     """One retention pass over every table and object area; what it did."""
     report = Report()
     stamp_finished_records(record_days, report)
-    age_out_objects(dead_letter_days, now or datetime.now(timezone.utc), report)
+    age_out_objects(dead_letter_days, now or datetime.now(UTC), report)
     return report.row()

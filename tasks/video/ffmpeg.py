@@ -63,7 +63,7 @@ def ffmpeg_exe() -> str:
 
 
 def cause_lines(stderr: str) -> list[str]:
-    """ffmpeg's error lines without repeats or object addresses: the first ``CAUSE_LINES`` and the last ``LAST_LINES``."""
+    """ffmpeg's error lines without repeats or object addresses: the first ``CAUSE_LINES``, the last ``LAST_LINES``."""
     lines = []
     for line in stderr.strip().splitlines():
         line = re.sub(r" @ 0x[0-9a-f]+\]", "]", line.strip())
@@ -108,13 +108,8 @@ class MediaInfo:
         return (self.height, self.width) if self.rotation % 180 == 90 else (self.width, self.height)
 
 
-TRUNCATION_TOLERANCE_S = 0.25
-PREMATURE_END = (
-    "File ended prematurely",
-    "partial file",
-    # what the matroska and mov demuxers log at a cut  # readable packets may end this much before the container's declared
-    # duration
-)
+TRUNCATION_TOLERANCE_S = 0.25  # readable packets may end this much before the container's declared duration
+PREMATURE_END = ("File ended prematurely", "partial file")  # what the matroska and mov demuxers log at a cut
 
 
 def _span(packets: list[tuple[float, float]]) -> tuple[float, float] | None:

@@ -101,7 +101,7 @@ def put_finished_file(store: ObjectStore, key: str, path: Path) -> None:
 
 
 def copy_object(store: ObjectStore, src: str, dst: str) -> None:
-    """``dst`` gets ``src``'s bytes: a hard link on a local store (objects are never rewritten in place), else a copy."""
+    """``dst`` gets ``src``'s bytes: a hard link on a local store (no object is rewritten in place), else a copy."""
     if isinstance(store, LocalStore):
         source, target = store.path(src), store.path(dst)
         if not source.is_file():
@@ -167,7 +167,7 @@ def note_process_run(job_id: str, flow_run_id: str) -> None:
 
 
 def _normal_url(url: str) -> str:
-    """``url`` in one spelling for prefix checks: ``file://`` paths resolved (no ``..``, no symlinks), ``s3://`` as is."""
+    """``url`` spelt one way for prefix checks: ``file://`` paths resolved (no ``..``, no symlinks), ``s3://`` as is."""
     parsed = urlparse(url)
     if parsed.scheme == "s3" and parsed.netloc:
         return f"s3://{parsed.netloc}{parsed.path or '/'}"
@@ -345,7 +345,8 @@ def segment_keys_of(job: dict[str, Any]) -> list[str]:
 
 
 def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
-    """Split the source into segments (stream copy), upload them, then set total_segments + chunking_complete at once."""
+    """Split the source into segments (stream copy), upload them, then set total_segments + chunking_complete at
+    once."""
     if mode not in video_ffmpeg.FILTERS:
         raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(video_ffmpeg.FILTERS)}")
     if not segment_seconds or segment_seconds <= 0:
@@ -448,7 +449,8 @@ def record_completion(segment: video_keys.SegmentKey, output_key: str) -> Outcom
 
 
 def trigger_on_write(job_id: str) -> bool:
-    """After a completion put: if chunking_complete and all segments are done, create the lock. True for the one winner."""
+    """After a completion put: if chunking_complete and all segments are done, create the lock. True for the one
+    winner."""
     job = state_store.get_item(_jobs(), _key(job_id))
     if job is None or job.get("status") != CHUNKED:
         return False
@@ -561,7 +563,8 @@ DURATION_TOLERANCE_S = 0.1  # how far the final's picture and sound may end from
 
 
 def final_problems(info: video_ffmpeg.MediaInfo, job: dict[str, Any]) -> list[str]:
-    """How the final output differs from the job's source (frames, duration, picture size, audio); empty when it matches."""
+    """How the final output differs from the job's source (frames, duration, picture size, audio); empty if it
+    matches."""
     problems, tolerance = [], DURATION_TOLERANCE_S
     if "source_frames" in job and info.frames != int(job["source_frames"]):
         problems.append(f"{info.frames} frames, the source {int(job['source_frames'])}")

@@ -27,7 +27,8 @@ def run_key(job: dict) -> str:
 
 
 def upload_arrived(arrival: Arrival, deployment: str = PROCESS_DEPLOYMENT) -> tuple[str, list[str]]:
-    """Start the job of one upload: (what happened, the run it started); one log line when nothing is started (InvalidKey: not an upload key)."""
+    """Start the job of one upload: (what happened, the run it started); one log line when nothing is started
+    (InvalidKey: not an upload key)."""
     log = run_logger(__name__)
     job_id = keys.parse_source_key(arrival.key)
     claim = jobs.claim_upload(job_id, arrival.event_id)

@@ -43,7 +43,8 @@ def cuda_available() -> bool:
 
 
 def session_options(threads: int | None = None):
-    """The CPU-tuned session options: every graph optimisation, one sequential pool of ``threads`` that sleeps when idle."""
+    """The CPU-tuned session options: every graph optimisation, one sequential pool of ``threads`` that sleeps when
+    idle."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
