@@ -180,7 +180,7 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
             state_store.client().get_waiter("table_exists").wait(TableName=request["TableName"])
             state_store.client().update_time_to_live(TableName=request["TableName"], TimeToLiveSpecification=ttl)
         names[logical] = request["TableName"]
-    assert set(ensure_tables(names).values()) == {"exists"}  # the code's own check finds the keys it expects
+    assert set(ensure_tables(table_specs(), names).values()) == {"exists"}  # the code's own check finds the keys it expects
 
     # the ETL listener as its service runs it: the task definition's command and environment
     family = next(v for k, v in values.items() if k == "EtlListenerTaskDefinition")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_ensure_tables_is_idempotent_and_matches_the_seeds(tables):
     from tasks.core.tables import ensure_tables
 
-    assert set(ensure_tables(tables).values()) == {"exists"}
+    assert set(ensure_tables(table_specs(), tables).values()) == {"exists"}
     description = state_store.client().describe_table(TableName=tables["etl_file_tracking"])["Table"]
     assert {k["AttributeName"]: k["KeyType"] for k in description["KeySchema"]} == {"date_prefix": "HASH", "file_key": "RANGE"}
     gsi = description["GlobalSecondaryIndexes"][0]

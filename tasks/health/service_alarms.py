@@ -55,7 +55,7 @@ def flow_runs(
     end = FlowRunFilterEndTime(after_=datetime.now(UTC) - timedelta(seconds=ended_within_s)) if ended_within_s else None
     runs, offset = [], 0
     with get_client(sync_client=True) as client:
-        while page := client.readflow_runs(
+        while page := client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=list(flows))),
             flow_run_filter=FlowRunFilter(state=state, end_time=end),
             limit=200,

@@ -164,3 +164,4 @@ class TableAdapter:
 
     def counters(self, scopes: set[str] | None, dry_run: bool) -> list[Finding]:
         """Counter findings: none for a plain table (it keeps no counters)."""
+        return []
