@@ -6,7 +6,7 @@ A sweep (see ``tests/test_crashpoints_*.py``):
    the first and last write of each kind;
 3. for each point, ``run_child`` runs the step in a child process with ``PIPELINES_FAULT=N:kill:when``, and the
    test runs only what the product itself runs afterwards (maintenance flows, the documented re-run), then
-   asserts the pipeline's invariants (../shared/DESIGN.md, "Fault model").
+   asserts the pipeline's invariants (docs/design.md, "Fault model").
 
 The child is this file run as a script: ``python tests/crashpoints.py module:function JSON-kwargs``.
 """

@@ -4,7 +4,7 @@ The child runs the ``gpu-job`` flow on a job whose node-0 task fails on the firs
 so every step writes: run, detect failure, health check, reboot, restart, completion. After the child is
 SIGKILLed at write N (before or after it lands), only what the product runs is run: what a process worker does
 (``report_crashed_runs``), ``records-reconcile``, ``gpu-node-healthcheck`` and ``gpu-sweep`` (scheduled). Then
-DESIGN.md's GPU invariants must hold: the job COMPLETE / FAILED / USER_STOPPED (or never created), every node
+docs/design.md's GPU invariants must hold: the job COMPLETE / FAILED / USER_STOPPED (or never created), every node
 AVAILABLE, no task left IN_PROGRESS, no live task marked TERMINATED, and ``records-reconcile`` finds nothing.
 """
 

@@ -1,7 +1,7 @@
 """Crash-point sweeps of the media listeners' writes: a listener's handler dies at each chosen write of one batch,
 then only what the product does afterwards: the worker reports the dead run, and the restarted listener is offered
 the arrivals again (the local watch's catch-up listing offers every file still where it landed; an SQS message
-not deleted comes back after its visibility timeout). Invariants (../shared/DESIGN.md, "Fault model"):
+not deleted comes back after its visibility timeout). Invariants (docs/design.md, "Fault model"):
 - video: the upload started exactly one `video-process` run, recorded on its job (claim, then run id);
 - phspectra: a manifest started exactly one `phspectra-survey` run per cube, its landing item STARTED with their
   ids; a bad manifest started none and its landing item is REJECTED with its reason;

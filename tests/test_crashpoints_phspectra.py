@@ -1,5 +1,5 @@
 """Crash-point sweep of phspectra-survey: the flow dies (SIGKILL) at a write, the product recovers, nothing is
-lost, duplicated or left RUNNING (../shared/DESIGN.md, "Fault model").
+lost, duplicated or left RUNNING (docs/design.md, "Fault model").
 
 Recovery is only what the product itself runs: a process worker reports the dead flow run Crashed
 (``report_crashed_runs``), and once the dead fitters' leases expired (every claim holds one, renewed while it

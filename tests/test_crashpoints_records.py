@@ -2,7 +2,7 @@
 product runs recovers: the worker marks the run Crashed, SQS delivers the same batch again, `records-replay-dla`
 replays the archive, `records-reconcile` compares Prefect with DynamoDB.
 
-Invariants (../shared/DESIGN.md, fault model): every message is reflected in the records (written, or superseded
+Invariants (docs/design.md, "Fault model"): every message is reflected in the records (written, or superseded
 by a newer one) or kept in the dead-letter archive; the records equal those of a run that never crashed;
 reconciliation finds 0 disagreements.
 """

@@ -1,6 +1,6 @@
 """The one module that writes status to DynamoDB: every conditional write goes through here.
 
-Rules (../shared/DESIGN.md):
+Rules (docs/design.md, "One state store, one set of rules"):
 - create-if-absent for anything created once;
 - transition-if-current for every status change;
 - a counter moves in the same transaction as the transition that justifies it;
