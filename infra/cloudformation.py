@@ -488,7 +488,7 @@ def template() -> dict[str, Any]:
     ecs = ecs_resources()
     log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
     resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs}
-    outputs = {  # what `prefect deploy --name ecs` and the blocks need (README "Pointing it at AWS")
+    outputs = {  # what `prefect deploy --name ecs` and the blocks need (docs/aws.md, "Image, template, deployments")
         "EcsCluster": {"Value": ref("Cluster"), "Description": "ECS_CLUSTER"},
         "EcsTaskRoleArn": {"Value": arn("TaskRole"), "Description": "ECS_TASK_ROLE_ARN"},
         "EcsExecutionRoleArn": {"Value": arn("ExecutionRole"), "Description": "ECS_EXECUTION_ROLE_ARN"},

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_FILE = "_source_file"
 PROCESSING_TIMESTAMP = "_processing_timestamp"
-INPUT_SUFFIX = "__input"  # appended to an input field named like a column the merge adds (README)
+INPUT_SUFFIX = "__input"  # appended to an input field named like a column the merge adds (docs/operations.md)
 _METADATA_LIKE = re.compile(rf"^(?:{SOURCE_FILE}|{PROCESSING_TIMESTAMP})(?:{INPUT_SUFFIX})*$")
 NDJSON_TO_PARQUET = 0.25  # typical Snappy Parquet size / NDJSON size: how much input fills one output part
 

@@ -1,6 +1,6 @@
 """NDJSON to a table of strings that keeps every value as written: one compiled pass per file, no Python per row.
 
-What "as written" means (the README's "What the merged Parquet holds"):
+What "as written" means (docs/operations.md, "What the merged Parquet holds"):
 - a top-level string is its decoded value, byte for byte (``"caf\\u00e9"`` → ``café``);
 - a top-level number, ``true`` or ``false`` is its JSON text exactly as in the line (``1.50`` stays ``1.50``,
   ``9007199254740993`` stays ``9007199254740993``, ``1e3`` stays ``1e3``); ``null`` and a missing key are null;

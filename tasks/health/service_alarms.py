@@ -2,7 +2,7 @@
 concurrency and duration of every pipeline's flow runs from the Prefect API, and the landing queues' dead letters.
 Each returns an ``Alarm``; a pipeline's own service alarms (failure rates, throttles) are among its checks.
 
-Seed 001's 15 CloudWatch alarms and where each one went: README, "Alarms (`pipeline-health`)".
+Seed 001's 15 CloudWatch alarms and where each one went: docs/operations.md, "Alarms (`pipeline-health`)".
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Suffix filters (``suffixes``) apply to files only: a folder created or moved in 
 An arrival's ``event_id`` is its key, size and mtime (ns). What has been offered and not acked or released is
 not offered again. After a restart, the catch-up listing starts from the watermark (``WATERMARK_NAME``, a
 hidden file in the watched folder): every file that existed when it was taken had been acked, so only folders
-and files changed since (ctime) are read and offered; see README, "Landing: the catch-up watermark".
+and files changed since (ctime) are read and offered; see docs/design.md, "The catch-up watermark".
 """
 
 from __future__ import annotations
