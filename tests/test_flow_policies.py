@@ -54,23 +54,23 @@ FLOWS: dict[str, dict[str, tuple]] = {
     },
 }
 
-NONE = (0, 0, "NoCache", None, None)  # no retries, no cache
+NONE = (0, 0, "_None", None, None)  # no retries, no cache
 # task name -> (retries, retry_delay_seconds, cache policy class, timeout_seconds, retry_condition_fn name)
 TASKS: dict[str, dict[str, tuple]] = {
     "etl": {
-        "list-landing": (2, [2, 10], "NoCache", None, None),
+        "list-landing": (2, [2, 10], "_None", None, None),
         "validate-files": NONE,
-        "quarantine-files": (2, [2, 10], "NoCache", None, None),
-        "track-and-batch-files": (2, [2, 10], "NoCache", 180.0, None),
-        "claim-and-create-manifests": (2, [2, 10], "NoCache", 180.0, None),
-        "find-orphaned-dates": (2, [2, 10], "NoCache", None, None),
-        "release-dead-claims": (2, [2, 10], "NoCache", None, None),
-        "find-pending-manifests": (2, [2, 10], "NoCache", None, None),
-        "record-metric": (2, [2, 10], "NoCache", None, None),
+        "quarantine-files": (2, [2, 10], "_None", None, None),
+        "track-and-batch-files": (2, [2, 10], "_None", 180.0, None),
+        "claim-and-create-manifests": (2, [2, 10], "_None", 180.0, None),
+        "find-orphaned-dates": (2, [2, 10], "_None", None, None),
+        "release-dead-claims": (2, [2, 10], "_None", None, None),
+        "find-pending-manifests": (2, [2, 10], "_None", None, None),
+        "record-metric": (2, [2, 10], "_None", None, None),
         "write-run-report": NONE,
-        "manifest-processing": (2, [2, 10], "NoCache", None, None),
-        "dask-merge": (3, [60, 120, 240], "NoCache", None, "_capacity_error"),
-        "batch-status-update": (2, [5, 10], "NoCache", 180.0, None),
+        "manifest-processing": (2, [2, 10], "_None", None, None),
+        "dask-merge": (3, [60, 120, 240], "_None", None, "_capacity_error"),
+        "batch-status-update": (2, [5, 10], "_None", 180.0, None),
         "notify-failure": NONE,
         "track-landed-files": NONE,
     },
@@ -89,8 +89,8 @@ TASKS: dict[str, dict[str, tuple]] = {
     "phspectra_catalog": {"survey-status": NONE, "build-survey-catalog": NONE},
     "phspectra_survey": {
         "split-cube": NONE,
-        "fit-chunk": (2, [2, 10], "NoCache", None, None),
-        "slow-lane-refit": (2, [5, 30], "NoCache", None, None),
+        "fit-chunk": (2, [2, 10], "_None", None, None),
+        "slow-lane-refit": (2, [5, 30], "_None", None, None),
         "aggregate-run": NONE,
         "find-expired-leases": NONE,
         "complete-split": NONE,
@@ -104,15 +104,15 @@ TASKS: dict[str, dict[str, tuple]] = {
     "retention": {"apply-retention": (2, [10, 60], "CompoundCachePolicy", None, None)},
     "video": {
         "create-job": NONE,
-        "import-source": (2, [2, 10], "NoCache", None, None),
+        "import-source": (2, [2, 10], "_None", None, None),
         "start-chunking": NONE,
-        "reopen-failed-job": (2, [2, 10], "NoCache", None, None),
-        "chunk-source": (2, [2, 10], "NoCache", 900.0, "_retry_unless_bad_input"),
-        "infer-segment": (2, [2, 10], "NoCache", 900.0, "_retry_unless_bad_input"),
+        "reopen-failed-job": (2, [2, 10], "_None", None, None),
+        "chunk-source": (2, [2, 10], "_None", 900.0, "_retry_unless_bad_input"),
+        "infer-segment": (2, [2, 10], "_None", 900.0, "_retry_unless_bad_input"),
         "fail-job": NONE,
-        "reassemble": (2, [2, 10], "NoCache", 900.0, "_retry_unless_bad_input"),
-        "recover-stuck-job": (2, [2, 10], "NoCache", None, "_retry_unless_bad_input"),
-        "cleanup-deleted-job": (2, [2, 10], "NoCache", None, None),
+        "reassemble": (2, [2, 10], "_None", 900.0, "_retry_unless_bad_input"),
+        "recover-stuck-job": (2, [2, 10], "_None", None, "_retry_unless_bad_input"),
+        "cleanup-deleted-job": (2, [2, 10], "_None", None, None),
     },
 }
 
