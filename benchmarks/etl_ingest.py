@@ -7,7 +7,7 @@ Both sides do the seed's per-file conditional semantics with 4 concurrent ingest
 - ours: the ingest task bodies (validation; ``track_and_batch``: each full batch of new files created
   ``manifested#N`` in the transaction that creates its MANIFEST record, the rest ``pending#N``; claim-first
   batches, each claimed in one transaction with its record), then an orphan flush for the remainders.
-Checks: zero double claims (every file in exactly one manifest). Goal: ≥ 250 files/s (issue 16; seed: 3.9/s).
+Checks: zero double claims (every file in exactly one manifest). Goal: ≥ 250 files/s (seed: 3.9/s).
 
     .venv/bin/python benchmarks/etl_ingest.py           # 2,000 files (about 1-3 minutes)
     .venv/bin/python benchmarks/etl_ingest.py --quick   # 600 files (about 20 s)

@@ -38,7 +38,7 @@ from tasks.etl import merge as etl_merge
 from tasks.etl import keys
 
 DATE = "2026-01-01"
-SHARE_MB = 128  # the manifest size the orchestration share goal is stated for (issue 25)
+SHARE_MB = 128  # the manifest size the orchestration share goal is stated for
 
 
 def make_files(root: Path, files: int, mb_each: float, nested: bool) -> list[str]:

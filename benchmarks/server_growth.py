@@ -138,7 +138,7 @@ def main() -> int:
         print(f"ratio now/before: bytes {now['bytes'] / before['bytes']:.2f}, events {now['events'] / max(before['events'], 1e-9):.2f}")
     if args.json:
         print(json.dumps({"files": args.files, "files_per_second": args.files_per_second, **results}))
-    # the listener's run and its landed-file events must show up: none means the benchmark no longer measures the path
+    # the listener's run and its landed-file events must show up: none means the benchmark misses the path
     broken = [label for label, per_file in results.items() if per_file["events"] <= 0 or per_file["flow_run"] <= 0]
     if broken:
         print(f"WRONG: no listener run or no events recorded for {broken}")

@@ -1,17 +1,17 @@
 """Video pipeline benchmark (seed 003): the whole flow against a bare ffmpeg script, and the task bodies.
 
     .venv/bin/python benchmarks/video.py [--quick [--flow]] [--repeat N] [--seconds S] [--size WxH] [--no-flow]
-    .venv/bin/python benchmarks/video.py --gray-only     # issue 16 goal 2 only: RATIO flow/bare
+    .venv/bin/python benchmarks/video.py --gray-only     # the whole-flow goal only: RATIO flow/bare
     .venv/bin/python benchmarks/video.py --model [--quick]  # text-redact backend frames/s against grayscale
-    .venv/bin/python benchmarks/video.py --user-path [--quick]  # issue 25 goal 1 only: RATIO user/bare
+    .venv/bin/python benchmarks/video.py --user-path [--quick]  # the user's-path goal only: RATIO user/bare
 
-User's path (issue 25, goal 1): a job created with the grayscale mode and 4 s segments, its upload in place, then
+User's path: a job created with the grayscale mode and 4 s segments, its upload in place, then
 what `prefect deployment run 'video-process/local' -p job_id=…` does (the same API call), on the server and process
 worker that `make up` starts (here in a folder of their own, with `make up`'s settings), until final.mp4 exists;
 against the same bare script, interleaved; prints ``RATIO user/bare = X`` (goal <= 1.3), the orchestration share
 and where the seconds went: the worker's pickup, the flow-run process's start, the flow body.
 
-Whole flow (issue 16, goal 2): `video-process` on a 60 s 720p clip with the grayscale mode, through a Prefect
+Whole flow: `video-process` on a 60 s 720p clip with the grayscale mode, through a Prefect
 server, reassembly included, against a bare script doing the same ffmpeg work (segment, grayscale each part
 with as many processes at once as the flow's ``max_parallel_segments``, concat), interleaved in the same run;
 prints ``RATIO flow/bare = X`` (goal <= 1.3) and the orchestration share, 1 - bare/flow (goal <= 5%).
@@ -208,7 +208,7 @@ def spread(values: list[float]) -> str:
 
 
 def whole_flow_vs_bare(source: Path, work: Path, segment_seconds: float, repeat: int, workers: int) -> None:
-    """Issue 16 goal 2: `video-process` (grayscale, through a Prefect server) against the bare script, interleaved."""
+    """`video-process` (grayscale, through a Prefect server) against the bare script, interleaved."""
     from prefect.testing.utilities import prefect_test_harness
 
     t0 = time.perf_counter()
@@ -227,7 +227,7 @@ def whole_flow_vs_bare(source: Path, work: Path, segment_seconds: float, repeat:
     print(f"orchestration + bookkeeping share of the flow's wall time: {(1 - 1 / ratio) * 100:.1f}% (goal <= 5%)")
 
 
-# --------------------------------------------------------------------------- issue 25: the user's path
+# --------------------------------------------------------------------------- the user's path
 
 
 @contextlib.contextmanager

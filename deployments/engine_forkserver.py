@@ -1,11 +1,11 @@
 """A fork server for the local worker's flow runs: Prefect imported once, each run a fork of it.
 
 Starting a flow run is a new Python process that imports Prefect, prefect-aws and the pipelines' libraries before
-the flow's first line: about 1.5 s of the ~2 s a `deployment run` waits on 2 cores (issue 25). The server imports
+the flow's first line: about 1.5 s of the ~2 s a `deployment run` waits on 2 cores. The server imports
 those libraries once, then forks a child per run; the child takes the caller's standard streams, environment,
 working folder and ``sys.path``, refreshes Prefect's settings and logging from that environment, and runs
 ``python -m prefect.engine`` as the caller would have. The pipelines' own code (``flows``, ``tasks``, ``blocks``) is
-not preloaded: each run imports it fresh, so an edit is picked up by the next run as before.
+not preloaded: each run imports it fresh, so the next run picks up an edit, as without the fork server.
 
     python deployments/engine_forkserver.py serve SOCKET -- WORKER COMMAND...   # `make up`: the worker beside it
     python deployments/engine_forkserver.py run SOCKET                          # the pool's command for a run

@@ -257,7 +257,7 @@ def engine_command() -> str:
 
     With no command, Prefect 3.8's process worker starts a workspace supervisor that runs the pull steps and then
     execs a second interpreter for the engine: two Python starts and two imports of Prefect before the flow runs
-    (seconds a user waits for every `deployment run`, issue 25). The engine runs the pull steps itself.
+    (seconds a user waits for every `deployment run`). The engine runs the pull steps itself.
     """
     return shlex.join([sys.executable, str(FORKSERVER), "run", engine_socket()])
 
@@ -309,8 +309,8 @@ def ensure_work_pools() -> dict[str, str]:
 
 
 def drop_stale_tag_limits() -> list[str]:
-    """Delete the task concurrency limits earlier releases created (CPU-heavy work now holds the machine's CPU
-    slots, ``limits.cpu_slot``); the tags deleted."""
+    """Delete the task concurrency limits a server may hold for tags the flows do not use (CPU-heavy work holds
+    the machine's CPU slots, ``limits.cpu_slot``); the tags deleted."""
     os.environ.update(local_env())
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound

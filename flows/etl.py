@@ -23,10 +23,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
+from flows.policies import TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.etl import breaker as etl_breaker
 from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
@@ -63,7 +64,7 @@ def _capacity_error(task_, task_run, state) -> bool:
 
 
 _side_effects = dict(cache_policy=NO_CACHE)
-_dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
+_dynamo = dict(**TRANSIENT_RETRIES, **_side_effects)  # DynamoDB and object-store calls: throttles clear in seconds
 
 list_landing_task = task(etl.landing_objects, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
@@ -80,11 +81,11 @@ start_processing_task = task(etl_merge.start_processing, name="manifest-processi
 MERGE_RETRY_DELAYS_S = [60, 120, 240]
 STATUS_UPDATE_RETRY_DELAYS_S = [5, 10]
 merge_task = task(  # reads the manifest and the files still in it first: one task run, not three
-    etl_merge.merge_listed, name="dask-merge", task_run_name="dask-merge {manifest_name}", retries=len(MERGE_RETRY_DELAYS_S), retry_delay_seconds=MERGE_RETRY_DELAYS_S,
-    retry_condition_fn=_capacity_error, **_side_effects,
+    etl_merge.merge_listed, name="dask-merge", task_run_name="dask-merge {manifest_name}",
+    **retry_policy(*MERGE_RETRY_DELAYS_S), retry_condition_fn=_capacity_error, **_side_effects,
 )
 finish_task = task(etl_merge.finish_manifest, name="batch-status-update", task_run_name="batch-status-update {manifest_name}", timeout_seconds=limits.task_timeouts()["batch-status-update"],
-                   retries=len(STATUS_UPDATE_RETRY_DELAYS_S), retry_delay_seconds=STATUS_UPDATE_RETRY_DELAYS_S, **_side_effects)
+                   **retry_policy(*STATUS_UPDATE_RETRY_DELAYS_S), **_side_effects)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
 
@@ -143,7 +144,7 @@ def _finish_best_effort(date_prefix: str, manifest_name: str, summary: dict[str,
 # --------------------------------------------------------------------------- flows
 
 
-@flow(name="ndjson-ingest", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("ndjson-ingest")
 def ndjson_ingest(
     file_urls: list[str] | None = None,
     landing_url: str | None = None,
@@ -299,9 +300,8 @@ def _merge_summary_artifact(outcomes: list[dict[str, Any]]) -> None:
     )
 
 
-# on_crashed only: a failed run has already sent its own, more detailed alert
-@flow(name="ndjson-merge", log_prints=True, timeout_seconds=limits.flow_timeout("ndjson-merge"), on_failure=[_fail_timed_out_merge],
-      on_crashed=[notify_on_failure])
+# a failed run has already sent its own, more detailed alert; a timed-out one is finished by its hook
+@pipeline_flow("ndjson-merge", alert="crashed", on_failure=[_fail_timed_out_merge])
 def ndjson_merge(
     date_prefix: str,
     manifest_name: str,
@@ -369,7 +369,7 @@ def ndjson_merge(
                                 for o in outcomes]}
 
 
-@flow(name="ndjson-flush-orphans", log_prints=True, timeout_seconds=limits.flow_timeout("ndjson-flush-orphans"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("ndjson-flush-orphans")
 def ndjson_flush_orphans(
     today: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",
@@ -400,7 +400,7 @@ def ndjson_flush_orphans(
     return summary
 
 
-@flow(name="ndjson-merge-breaker", log_prints=True, timeout_seconds=limits.MAINTENANCE_TIMEOUT_S, on_crashed=[notify_on_failure])
+@pipeline_flow("ndjson-merge-breaker", alert="crashed", timeout_seconds=limits.MAINTENANCE_TIMEOUT_S)
 def ndjson_merge_breaker(
     merge_deployment: str = "ndjson-merge/local",
     action: Literal["trip", "check"] = "check",
@@ -423,7 +423,7 @@ def ndjson_merge_breaker(
     return result
 
 
-@flow(name="ndjson-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("ndjson-listen")
 def ndjson_listen(
     source: Literal["local", "sqs"] = "local",
     batch_size: int = 100,

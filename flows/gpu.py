@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prefect import flow, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -31,9 +31,8 @@ from prefect.states import Cancelled
 
 from blocks import load_config
 from blocks.gpu import GpuCompute
-from tasks.core import limits
+from flows.policies import pipeline_flow
 from tasks.gpu import keys
-from tasks.core.notify import notify_on_failure
 from tasks.core.runtime import artifact_key, quick_heartbeat_exit
 from tasks.core.redact import redact_logs
 from tasks.gpu import jobs as gpu
@@ -155,7 +154,7 @@ def _health_artifact(node_name: str, result: HealthResult) -> None:
     )
 
 
-@flow(name="gpu-healthcheck", log_prints=True)
+@pipeline_flow("gpu-healthcheck", alert=None)  # a subflow: the flow that calls it alerts
 def gpu_healthcheck(
     node_name: str,
     health_check: Literal["nvml", "dcgmi", "command"] | None = None,
@@ -202,8 +201,8 @@ def _job_artifact(job: dict[str, Any]) -> None:
     )
 
 
-# on_crashed only: a failed run has already sent its own, more detailed alert
-@flow(name="gpu-job", log_prints=True, on_cancellation=[_stop_on_cancel], on_crashed=[notify_on_failure])
+# a failed run has already sent its own, more detailed alert
+@pipeline_flow("gpu-job", alert="crashed", on_cancellation=[_stop_on_cancel])
 def gpu_job(
     command: str = DEFAULT_COMMAND,
     num_nodes: int = 2,
@@ -238,7 +237,7 @@ def gpu_job(
     return summary
 
 
-@flow(name="gpu-sweep", log_prints=True, timeout_seconds=limits.flow_timeout("gpu-sweep"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("gpu-sweep")
 def gpu_sweep() -> dict[str, Any]:
     """Scheduled every minute: ask the backend about every in-flight job's tasks and move each job on (also one
     whose flow run is gone); resume steps whose owner is gone; put back nodes nobody will move any more."""
@@ -255,7 +254,7 @@ def gpu_sweep() -> dict[str, Any]:
     return result
 
 
-@flow(name="gpu-node-healthcheck", log_prints=True, timeout_seconds=limits.flow_timeout("gpu-node-healthcheck"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("gpu-node-healthcheck")
 def gpu_node_healthcheck(
     health_check: Literal["nvml", "dcgmi", "command"] | None = None,
     health_command: str | None = None,

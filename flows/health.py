@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from tasks.core import limits
-from tasks.core.notify import notify_on_failure
+from flows.policies import HEAVY_RETRIES, pipeline_flow
 from tasks.health.dashboard import dashboard
 from tasks.health.run import check_health
 from tasks.core.runtime import quick_heartbeat_exit
@@ -23,11 +22,11 @@ from tasks.core.redact import redact_logs
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
-check_task = task(check_health, name="check-health", retries=2, retry_delay_seconds=[5, 30])
-dashboard_task = task(dashboard, name="dashboard", retries=2, retry_delay_seconds=[5, 30])
+check_task = task(check_health, name="check-health", **HEAVY_RETRIES)
+dashboard_task = task(dashboard, name="dashboard", **HEAVY_RETRIES)
 
 
-@flow(name="pipeline-health", log_prints=True, timeout_seconds=limits.flow_timeout("pipeline-health"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("pipeline-health")
 def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     """Read every pipeline's records, raise or clear each alarm, notify new incidents once."""
     rows = check_task(notify_block)

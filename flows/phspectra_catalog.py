@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.core.notify import notify_on_failure
+from flows.policies import pipeline_flow
 from tasks.core.redact import redact_logs
 from tasks.core.runtime import artifact_key, quick_heartbeat_exit, run_logger
 from tasks.phspectra import catalog, survey_status
@@ -70,7 +70,7 @@ def survey_progress(survey: str, catalog_url: str | None = None) -> dict[str, An
         return None
 
 
-@flow(name="phspectra-survey-catalog", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("phspectra-survey-catalog")
 def phspectra_survey_catalog(survey: str, catalog_url: str | None = None, force: bool = False) -> dict[str, Any]:
     """A survey's progress artifacts, then its catalog (re)built from each tile's newest completed run.
 

@@ -26,7 +26,7 @@ import os
 import uuid
 from typing import Any
 
-from prefect import flow, get_run_logger, task, unmapped
+from prefect import get_run_logger, task, unmapped
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -38,6 +38,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.phspectra_catalog import survey_progress
+from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow
 from tasks.core import limits
 from tasks.phspectra import keys
 from tasks.landing.listener import listen_report
@@ -47,7 +48,6 @@ from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
 from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
 from tasks.core.redact import redact_logs
-from tasks.core.notify import notify_on_failure
 from tasks import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
@@ -56,8 +56,9 @@ redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 # no cpu-heavy tag: a chunk's fit runs on its process's fitting slots (``fitting_slots``), not on a core of its own,
 # and the tag's limit would cost two API round trips a chunk (about 2 s before the first fit)
-fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
-slow_lane_task = task(limits.holding_cpu_slot(ph.refit_timed_out), name="slow-lane-refit", retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
+fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", **TRANSIENT_RETRIES, cache_policy=NO_CACHE)
+slow_lane_task = task(limits.holding_cpu_slot(ph.refit_timed_out), name="slow-lane-refit", **HEAVY_RETRIES,
+                      cache_policy=NO_CACHE)
 aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
 find_expired_task = task(ph.expired_leases, name="find-expired-leases", cache_policy=NO_CACHE)
 complete_split_task = task(ph.complete_split, name="complete-split", cache_policy=NO_CACHE)
@@ -84,7 +85,7 @@ def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers:
     return ThreadPoolTaskRunner(max_workers=fitting_slots(workers) + 1)
 
 
-@flow(name="phspectra-fit-chunks", log_prints=True)
+@pipeline_flow("phspectra-fit-chunks", alert=None)  # a subflow: the run that maps it alerts
 def fit_chunks(
     run_id: str,
     starts: list[int],
@@ -146,7 +147,7 @@ def publish_summary(summary: dict[str, Any]) -> None:
         survey_progress(summary["survey"])
 
 
-@flow(name="phspectra-survey", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("phspectra-survey")
 def phspectra_survey(
     cube_url: str | None = None,
     survey: str | None = None,
@@ -207,7 +208,7 @@ def phspectra_survey(
     return {k: v for k, v in summary.items() if k != "chunks"}
 
 
-@flow(name="phspectra-sweep-stuck", log_prints=True, timeout_seconds=limits.flow_timeout("phspectra-sweep-stuck"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("phspectra-sweep-stuck")
 def phspectra_sweep_stuck(
     survey: str | None = None,
     time_limit_s: float = 60.0,
@@ -277,7 +278,7 @@ def phspectra_sweep_stuck(
     return swept
 
 
-@flow(name="phspectra-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("phspectra-listen")
 def phspectra_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,

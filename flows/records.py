@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from prefect import Flow, flow, get_run_logger, task
+from prefect import Flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from tasks.core import limits
+from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.records import keys
 from tasks.core.runtime import quick_heartbeat_exit, utc_now
 from tasks.core.redact import redact_logs
@@ -28,7 +27,6 @@ from tasks.landing.listener import open_source
 from tasks import reconcile
 from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
-from tasks.core.notify import notify_on_failure
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -83,14 +81,9 @@ class CheckedFlow(Flow):
         return serialized
 
 
-def checked_flow(**options: Any) -> Callable[[Callable[..., Any]], CheckedFlow]:
-    """``@flow(**options)`` making a ``CheckedFlow``."""
-    return lambda fn: CheckedFlow(fn, **options)
-
-
-ingest_task = task(records_messages.ingest_messages, name="ingest-messages", retries=2, retry_delay_seconds=[2, 10])
-replay_task = task(records_messages.replay_archive, name="replay-dead-letters", retries=1, retry_delay_seconds=[5])
-reconcile_task = task(reconcile.reconcile_rows, name="reconcile-records", retries=2, retry_delay_seconds=[5, 30])
+ingest_task = task(records_messages.ingest_messages, name="ingest-messages", **TRANSIENT_RETRIES)
+replay_task = task(records_messages.replay_archive, name="replay-dead-letters", **retry_policy(5))
+reconcile_task = task(reconcile.reconcile_rows, name="reconcile-records", **HEAVY_RETRIES)
 
 
 def _summary_artifact(key: str, findings: list[dict], dry_run: bool) -> None:
@@ -98,7 +91,7 @@ def _summary_artifact(key: str, findings: list[dict], dry_run: bool) -> None:
     create_table_artifact(key=key, table=rows, description=f"records reconciliation ({'dry run' if dry_run else 'repairs applied'})")
 
 
-@checked_flow(name="records-ingest", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-ingest", flow_class=CheckedFlow)
 def records_ingest(messages: list[str] | None = None, messages_url: str | None = None) -> dict[str, Any]:
     """Cumulus workflow messages as text bodies (as SQS delivers them), or the batch file at ``messages_url``
     (a JSON list or one body per line, file:// or s3://) -> execution and granule records."""
@@ -121,7 +114,7 @@ def ingest_batch(bodies: list[str]) -> tuple[dict[str, Any], str]:
     return state.result(), str(state.state_details.flow_run_id)
 
 
-@flow(name="records-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-listen")
 def records_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
@@ -142,7 +135,7 @@ def records_listen(
     )  # fmt: skip
 
 
-@checked_flow(name="records-replay-dla", log_prints=True, timeout_seconds=limits.flow_timeout("records-replay-dla"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-replay-dla", flow_class=CheckedFlow)
 def records_replay_dla(day: str | None = None, message_ids: list[str] | None = None) -> dict[str, Any]:
     """Reprocess dead-letter-archive/{day}/ (or only ``message_ids``)."""
     if day is None:  # the scheduled run replays yesterday's archive (UTC)
@@ -153,7 +146,7 @@ def records_replay_dla(day: str | None = None, message_ids: list[str] | None = N
     return result
 
 
-@checked_flow(name="records-reconcile", log_prints=True, timeout_seconds=limits.flow_timeout("records-reconcile"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-reconcile", flow_class=CheckedFlow)
 def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False) -> list[dict]:
     """Prefect <-> DynamoDB reconciliation for every registered pipeline (or ``pipelines``)."""
     findings = reconcile_task(pipelines, dry_run)
@@ -162,7 +155,7 @@ def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False)
     return findings
 
 
-@checked_flow(name="records-prefect-state", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-prefect-state", flow_class=CheckedFlow)
 def records_prefect_state(event: dict[str, Any]) -> list[dict]:
     """A Prefect flow-run/task-run Crashed/Failed event -> repair the records of that run."""
     name, run_ids = reconcile.run_ids_from_event(event)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
+from flows.policies import TRANSIENT_RETRIES, pipeline_flow
 from tasks.core import keys, limits
 from tasks.video import keys as video_keys
 from tasks.landing.listener import listen_report
@@ -25,7 +26,6 @@ from tasks.video import jobs as v
 from tasks.video import landing as video_landing
 from tasks.video import inference as video_inference
 from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
-from tasks.core.notify import notify_on_failure
 from tasks.core.runtime import quick_heartbeat_exit
 from tasks.core.redact import redact_logs
 
@@ -44,7 +44,7 @@ def _retry_unless_bad_input(task, task_run, state) -> bool:
 
 
 # bookkeeping steps run once (their writes are guarded); work steps retry transient faults, not bad input
-RETRIED = {"retries": 2, "retry_delay_seconds": [2, 10], "cache_policy": NO_CACHE}
+RETRIED = {**TRANSIENT_RETRIES, "cache_policy": NO_CACHE}
 WORK_RETRIED = {**RETRIED, "retry_condition_fn": _retry_unless_bad_input}
 # ffmpeg work: bounded per worker machine (its CPU slots) and per call (the seed's 15-minute Lambda ceiling)
 CPU_HEAVY = {"timeout_seconds": limits.SEGMENT_TIMEOUT_S}
@@ -69,7 +69,7 @@ recover_stuck_task = task(v.recover_stuck_job, name="recover-stuck-job", **WORK_
 cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", **RETRIED)
 
 
-@flow(name="video-reassemble", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-reassemble")
 def video_reassemble(job_id: str, stale_after_s: float = 900.0) -> dict[str, Any]:
     """Reassembly worker: claim the lock, concat from the completion store, final.mp4, job completed."""
     return _reassemble(keys.safe_id(job_id, "job_id"), stale_after_s)
@@ -118,7 +118,7 @@ def _fail(job_id: str, reason: str) -> None:
     raise v.JobFailed(f"video job {job_id} failed: {reason}")
 
 
-@flow(name="video-process", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-process")
 def video_process(
     job_id: str | None = None,
     source_url: str | None = None,
@@ -184,7 +184,7 @@ def video_process(
     return v.get_job(job_id)
 
 
-@flow(name="video-sweep-stuck", log_prints=True, timeout_seconds=limits.flow_timeout("video-sweep-stuck"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-sweep-stuck")
 def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     """Jobs `chunking_complete` for longer than ``stuck_minutes`` whose Prefect runs all ended: reassemble,
     re-drive (a new run of the dead run's deployment, at most ``MAX_REDRIVES`` times) or fail with the reason.
@@ -207,7 +207,7 @@ def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     return swept
 
 
-@flow(name="video-delete-cleanup", log_prints=True, timeout_seconds=limits.flow_timeout("video-delete-cleanup"), on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-delete-cleanup")
 def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]:
     """Asynchronous cleanup after a soft delete: objects, completion records and the lock; the job row stays.
 
@@ -221,7 +221,7 @@ def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]
     return removed
 
 
-@flow(name="video-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-listen")
 def video_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
