@@ -20,7 +20,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import rate  # noqa: E402
+from _common import rate
 
 MiB = 1024 * 1024
 
@@ -45,7 +45,11 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=0, help="object size in MiB (default 128, --quick 32)")
     args = parser.parse_args()
     size = (args.mib or (32 if args.quick else 128)) * MiB
-    for name, value in (("AWS_ACCESS_KEY_ID", "local"), ("AWS_SECRET_ACCESS_KEY", "local"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "local"),
+        ("AWS_SECRET_ACCESS_KEY", "local"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(name, value)
 
     from tasks.core.object_store import ObjectStore, multipart_bytes
@@ -67,7 +71,9 @@ def main() -> None:
             ),
             "download, ranged parts to disk (download)": measure(lambda: store.download("a.bin", Path(tmp) / "a.out")),
             "download, whole bytes (get_object.read)": measure(
-                lambda: (Path(tmp) / "b.out").write_bytes(client.get_object(Bucket=bucket, Key="bench/b.bin")["Body"].read())
+                lambda: (Path(tmp) / "b.out").write_bytes(
+                    client.get_object(Bucket=bucket, Key="bench/b.bin")["Body"].read()
+                )
             ),
         }
         for copy in ("a.out", "b.out"):  # a transfer that is fast but wrong fails the benchmark

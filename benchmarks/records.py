@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import dynamodb_local, rate  # noqa: E402
+from _common import dynamodb_local, rate
 
 
 def granule(i: int, tag: str, status: str = "completed", created: int = 2000) -> dict:
@@ -63,10 +63,11 @@ def main() -> None:
         suffix = uuid.uuid4().hex[:6]
         os.environ["TABLE_GRANULES"] = f"bench-granules-{suffix}"
         os.environ["TABLE_EXECUTIONS"] = f"bench-executions-{suffix}"
+        from _common import ensure_table  # dropped again at the end
+
+        from tasks.core.registry import table_specs
         from tasks.records import rules as records
         from tasks.records.rules import GRANULE
-        from _common import ensure_table  # dropped again at the end
-        from tasks.core.registry import table_specs
 
         ensure_table(os.environ["TABLE_GRANULES"], table_specs()["granules"])
         ensure_table(os.environ["TABLE_EXECUTIONS"], table_specs()["executions"])
@@ -97,10 +98,16 @@ def main() -> None:
             r = [granule(i, f"{tag}r", status="running") for i in range(bulk)]
             add("bulk guarded running, new (insert)", measure(lambda: records.write_many(GRANULE, r, table), bulk))
             again = [dict(x, createdAt=3000) for x in r]
-            add("bulk guarded running, existing (+ check)", measure(lambda: records.write_many(GRANULE, again, table), bulk))
+            add(
+                "bulk guarded running, existing (+ check)",
+                measure(lambda: records.write_many(GRANULE, again, table), bulk),
+            )
             old = [dict(x, createdAt=1000) for x in g]
             verdicts = []
-            add("bulk guarded, all stale", measure(lambda: verdicts.extend(records.write_many(GRANULE, old, table)), bulk))
+            add(
+                "bulk guarded, all stale",
+                measure(lambda: verdicts.extend(records.write_many(GRANULE, old, table)), bulk),
+            )
             assert {v.verdict.value for v in verdicts} == {"stale"}, "stale writes must all be dropped"
             sg = [granule(i, f"{tag}sg") for i in range(single)]
             su = [granule(i, f"{tag}su") for i in range(single)]
@@ -119,10 +126,18 @@ def main() -> None:
             values = [x / y for x, y in zip(results[a], results[b])]
             return f"{min(values):.2f}" if len(values) == 1 else f"{min(values):.2f} - {max(values):.2f}"
 
-        print(f"ratio bulk guarded / unguarded:          {ratio('bulk guarded (write_many)', 'bulk unguarded (batch_put)')}")
-        print(f"ratio bulk running new / unguarded:      {ratio('bulk guarded running, new (insert)', 'bulk unguarded (batch_put)')}")
-        print(f"ratio bulk running existing / unguarded: {ratio('bulk guarded running, existing (+ check)', 'bulk unguarded (batch_put)')}")
-        print(f"ratio bulk all-stale / unguarded:        {ratio('bulk guarded, all stale', 'bulk unguarded (batch_put)')}")
+        print(
+            f"ratio bulk guarded / unguarded:          {ratio('bulk guarded (write_many)', 'bulk unguarded (batch_put)')}"
+        )
+        print(
+            f"ratio bulk running new / unguarded:      {ratio('bulk guarded running, new (insert)', 'bulk unguarded (batch_put)')}"
+        )
+        print(
+            f"ratio bulk running existing / unguarded: {ratio('bulk guarded running, existing (+ check)', 'bulk unguarded (batch_put)')}"
+        )
+        print(
+            f"ratio bulk all-stale / unguarded:        {ratio('bulk guarded, all stale', 'bulk unguarded (batch_put)')}"
+        )
         print(f"ratio single guarded / unguarded:        {ratio('single guarded (write)', 'single unguarded (put)')}")
 
 

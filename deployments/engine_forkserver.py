@@ -32,9 +32,9 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import stat
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -65,7 +65,9 @@ def _private_folder_module():
     """``tasks/core/private_folder.py`` loaded by its path (``run`` starts with ``deployments/`` as its path)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasks", "core", "private_folder.py")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasks", "core", "private_folder.py"
+    )
     spec = importlib.util.spec_from_file_location("_pipelines_private_folder", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -120,7 +122,9 @@ def run(socket_path: str) -> None:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     cwd = os.getcwd()
-    request = json.dumps({"env": dict(os.environ), "cwd": cwd, "path": [cwd, *sys.path[1:]], "argv": sys.argv[3:]}).encode()
+    request = json.dumps(
+        {"env": dict(os.environ), "cwd": cwd, "path": [cwd, *sys.path[1:]], "argv": sys.argv[3:]}
+    ).encode()
     socket.send_fds(server, [HEADER.pack(len(request))], [0, 1, 2])
     server.sendall(request)
     replies = server.makefile("r", encoding="ascii")
@@ -255,7 +259,10 @@ class ForkServer:
             except Exception as error:  # noqa: BLE001 - a library a run may not need
                 print(f"engine fork server: {name} not preloaded: {error}", file=sys.stderr, flush=True)
         self.listen()
-        print(f"engine fork server: listening on {self.socket_path} ({time.perf_counter() - started:.1f} s to preload)", flush=True)
+        print(
+            f"engine fork server: listening on {self.socket_path} ({time.perf_counter() - started:.1f} s to preload)",
+            flush=True,
+        )
         try:
             return self._loop()
         finally:
@@ -280,8 +287,11 @@ class ForkServer:
             pause = WORKER_RESTART_PAUSES_S[min(self.worker_restarts, len(WORKER_RESTART_PAUSES_S) - 1)]
             self.worker_restarts += 1
             self.worker_restart_at = now + pause
-            print(f"engine fork server: the worker exited ({self.worker.returncode}); starting it again in {pause:g} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"engine fork server: the worker exited ({self.worker.returncode}); starting it again in {pause:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
         if now >= self.worker_restart_at:
             self.worker_restart_at = None
             self._start_worker()

@@ -1,9 +1,9 @@
 """pipeline-health: seed 001's CloudWatch alarms, asked of all five pipelines on a schedule.
 
-    each pipeline's checks ─┐
-    (its pipeline.py)       ├─▶ alarms (thresholds block) ─▶ incidents (guarded writes) ─▶ one notification each
-    flow runs, listeners ───┘                                                       └─▶ table artifact
-    each pipeline's figures ─▶ dashboard (markdown artifact: last 24 h, charts, failure rates)
+each pipeline's checks ─┐
+(its pipeline.py)       ├─▶ alarms (thresholds block) ─▶ incidents (guarded writes) ─▶ one notification each
+flow runs, listeners ───┘                                                       └─▶ table artifact
+each pipeline's figures ─▶ dashboard (markdown artifact: last 24 h, charts, failure rates)
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.policies import HEAVY_RETRIES, pipeline_flow
+from tasks.core.redact import redact_logs
+from tasks.core.runtime import quick_heartbeat_exit
 from tasks.health.dashboard import dashboard
 from tasks.health.run import check_health
-from tasks.core.runtime import quick_heartbeat_exit
-from tasks.core.redact import redact_logs
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -32,11 +32,20 @@ def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     rows = check_task(notify_block)
     firing = [r for r in rows if r["state"] != "OK"]
     create_table_artifact(
-        key="pipeline-health", table=rows,
-        description=f"{len(firing)} of {len(rows)} alarm(s) firing" + (f": {', '.join(r['name'] for r in firing)}" if firing else ""),
+        key="pipeline-health",
+        table=rows,
+        description=f"{len(firing)} of {len(rows)} alarm(s) firing"
+        + (f": {', '.join(r['name'] for r in firing)}" if firing else ""),
     )
     markdown, _ = dashboard_task({r["name"]: r["value"] for r in rows})
     create_markdown_artifact(key="pipeline-dashboard", markdown=markdown, description="All pipelines, last 24 hours")
     for row in firing:
-        get_run_logger().warning("%s %s: %s (incident %s, notified %s)", row["state"], row["name"], row["detail"], row["incident"], row["notified"])
+        get_run_logger().warning(
+            "%s %s: %s (incident %s, notified %s)",
+            row["state"],
+            row["name"],
+            row["detail"],
+            row["incident"],
+            row["notified"],
+        )
     return rows

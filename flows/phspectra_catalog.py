@@ -1,6 +1,7 @@
 """PHSpectra survey level (seed 000's 22-tile run as one survey): progress over its tiles, and its combined catalog.
 
-    every tile's run aggregates ─> survey status (phspectra-runs) ─> progress / table / markdown artifacts keyed by survey
+    every tile's run aggregates ─> survey status (phspectra-runs) ─> progress / table / markdown artifacts keyed by
+    survey
                                    └ every tile finished ─> catalog: catalogs/survey=…/tile=…/part-0.parquet
 
 `phspectra-survey-catalog` does the same on demand: the status artifacts, then the catalog rebuilt (only tiles whose
@@ -46,7 +47,8 @@ def publish_survey(status: dict[str, Any], built: dict[str, Any] | None = None) 
     if built:
         markdown += (
             f"\nCatalog `{built['catalog_url']}`: {len(built['written'])} tile(s) written, {len(built['unchanged'])} unchanged"
-            + (f", no completed run for {', '.join(built['missing'])}" if built["missing"] else "") + "\n"
+            + (f", no completed run for {', '.join(built['missing'])}" if built["missing"] else "")
+            + "\n"
         )
     create_markdown_artifact(key=artifact_key("phspectra-survey", survey), markdown=markdown,
                              description=f"Survey {survey}: tiles and catalog")  # fmt: skip

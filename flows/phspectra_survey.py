@@ -39,16 +39,15 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.phspectra_catalog import survey_progress
 from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow
+from tasks import reconcile
 from tasks.core import limits
+from tasks.core.redact import redact_logs
+from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
+from tasks.landing.listener import listen_report, open_source
 from tasks.phspectra import keys
-from tasks.landing.listener import listen_report
-from tasks.landing.listener import open_source
 from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
-from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
-from tasks.core.redact import redact_logs
-from tasks import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -57,8 +56,9 @@ split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 # no cpu-heavy tag: a chunk's fit runs on its process's fitting slots (``fitting_slots``), not on a core of its own,
 # and the tag's limit would cost two API round trips a chunk (about 2 s before the first fit)
 fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", **TRANSIENT_RETRIES, cache_policy=NO_CACHE)
-slow_lane_task = task(limits.holding_cpu_slot(ph.refit_timed_out), name="slow-lane-refit", **HEAVY_RETRIES,
-                      cache_policy=NO_CACHE)
+slow_lane_task = task(
+    limits.holding_cpu_slot(ph.refit_timed_out), name="slow-lane-refit", **HEAVY_RETRIES, cache_policy=NO_CACHE
+)
 aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
 find_expired_task = task(ph.expired_leases, name="find-expired-leases", cache_policy=NO_CACHE)
 complete_split_task = task(ph.complete_split, name="complete-split", cache_policy=NO_CACHE)
@@ -118,7 +118,9 @@ def fit_chunks(
     slow = sorted(set(slow_starts or []) | {r["start"] for r in results if r.get("n_timed_out")})
     if slow:
         logger.info("slow lane: %d chunk(s) with spectra past the %ss limit", len(slow), time_limit_s)
-        for future in slow_lane_task.map(unmapped(run_id), slow, output_url=unmapped(output_url), fit_slots=unmapped(fit_slots)):
+        for future in slow_lane_task.map(
+            unmapped(run_id), slow, output_url=unmapped(output_url), fit_slots=unmapped(fit_slots)
+        ):
             outcome = future.result(raise_on_failure=False)
             if isinstance(outcome, BaseException):
                 logger.error("slow lane failed (the chunk keeps n_timed_out; a resume retries it): %s", outcome)
@@ -191,7 +193,14 @@ def phspectra_survey(
     )
     if starts or slow_starts:
         fit_chunks.with_options(task_runner=task_runner(workers, dask_address, dask_workers))(
-            run_id, starts, slow_starts, output_url, time_limit_s, take_expired, lease_seconds, str(progress_id),
+            run_id,
+            starts,
+            slow_starts,
+            output_url,
+            time_limit_s,
+            take_expired,
+            lease_seconds,
+            str(progress_id),
             fitting_slots(workers, dask_address, dask_workers),
         )
     else:
@@ -236,7 +245,9 @@ def phspectra_sweep_stuck(
         if ph.orphaned(run, driver is not None and driver.type in reconcile.TERMINAL, iso_ago(quiet_minutes * 60)):
             attempts = int(run.get("sweep_attempts", 0))
             reason = None
-            if driver is not None and driver.type == "CANCELLED":  # a person stopped it: finish it as FAILED, not re-drive
+            if (
+                driver is not None and driver.type == "CANCELLED"
+            ):  # a person stopped it: finish it as FAILED, not re-drive
                 reason = f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); resume with run_id"
             elif attempts >= max_sweeps:
                 reason = f"gave up after {attempts} sweeps: {ph.unfinished(ph.summarize(run_id))}"
@@ -257,7 +268,9 @@ def phspectra_sweep_stuck(
                 continue
             stuck, slow = ph.chunks_to_fit(run_id)  # the dead driver's IN_PROGRESS chunks too: their leases expired
             why = f"driver {driver.name}" if driver is not None and driver.type in reconcile.TERMINAL else "quiet"
-            logger.warning("run %s orphaned (%s): re-driving %d chunk(s), slow lane %d", run_id, why, len(stuck), len(slow))
+            logger.warning(
+                "run %s orphaned (%s): re-driving %d chunk(s), slow lane %d", run_id, why, len(stuck), len(slow)
+            )
         else:
             stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_expired_task(run_id)]
             slow = []
@@ -267,7 +280,13 @@ def phspectra_sweep_stuck(
         results = []
         if stuck or slow:
             results = fit_chunks.with_options(task_runner=task_runner(workers))(
-                run_id, stuck, slow, run.get("output_url"), time_limit_s, take_expired=True, lease_seconds=lease_seconds,
+                run_id,
+                stuck,
+                slow,
+                run.get("output_url"),
+                time_limit_s,
+                take_expired=True,
+                lease_seconds=lease_seconds,
                 fit_slots=fitting_slots(workers),
             )
         summary = aggregate_task(run_id)

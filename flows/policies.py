@@ -52,6 +52,11 @@ def pipeline_flow(
     ``flow_class`` for a Flow subclass, further ``options`` as ``@flow`` takes them."""
     alert_on_failure, alert_on_crashed = _alert_hooks(alert)
     options.setdefault("timeout_seconds", limits.flow_timeout(name))
-    settings = dict(name=name, log_prints=True, on_failure=[*on_failure, *alert_on_failure],
-                    on_crashed=[*on_crashed, *alert_on_crashed], **options)
+    settings = dict(
+        name=name,
+        log_prints=True,
+        on_failure=[*on_failure, *alert_on_failure],
+        on_crashed=[*on_crashed, *alert_on_crashed],
+        **options,
+    )
     return lambda fn: flow_class(fn, **settings)

@@ -1,11 +1,11 @@
 """Records that agree (seed 004): workflow messages -> guarded records, dead-letter replay, reconciliation.
 
-    messages ──parse/validate──▶ invalid ──▶ granule failed + dead-letter-archive/{date}/
-        │
-        └─▶ derive (+ CMR file dates, Prefect run times) ──▶ execution ──▶ PDR ──▶ granules (guarded writes)
-                                                                                          └─▶ rejected ──▶ archive
-    dead-letter-archive/{date}/ ──replay──▶ written: deleted │ failed again: dead-letter-archive/failed/{date}/
-    Prefect run states ──▶ records in flight / COMPLETED / run counters ──▶ guarded repairs + table artifact
+messages ──parse/validate──▶ invalid ──▶ granule failed + dead-letter-archive/{date}/
+    │
+    └─▶ derive (+ CMR file dates, Prefect run times) ──▶ execution ──▶ PDR ──▶ granules (guarded writes)
+                                                                                      └─▶ rejected ──▶ archive
+dead-letter-archive/{date}/ ──replay──▶ written: deleted │ failed again: dead-letter-archive/failed/{date}/
+Prefect run states ──▶ records in flight / COMPLETED / run counters ──▶ guarded repairs + table artifact
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from prefect import Flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow, retry_policy
-from tasks.records import keys
-from tasks.core.runtime import quick_heartbeat_exit, utc_now
-from tasks.core.redact import redact_logs
-from tasks.landing.listener import listen_report
-from tasks.landing.listener import open_source
 from tasks import reconcile
+from tasks.core.redact import redact_logs
+from tasks.core.runtime import quick_heartbeat_exit, utc_now
+from tasks.landing.listener import listen_report, open_source
+from tasks.records import keys
 from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
 
@@ -88,7 +87,9 @@ reconcile_task = task(reconcile.reconcile_rows, name="reconcile-records", **HEAV
 
 def _summary_artifact(key: str, findings: list[dict], dry_run: bool) -> None:
     rows = findings or [{"pipeline": "-", "record": "-", "problem": "none: Prefect and DynamoDB agree", "outcome": "-"}]
-    create_table_artifact(key=key, table=rows, description=f"records reconciliation ({'dry run' if dry_run else 'repairs applied'})")
+    create_table_artifact(
+        key=key, table=rows, description=f"records reconciliation ({'dry run' if dry_run else 'repairs applied'})"
+    )
 
 
 @pipeline_flow("records-ingest", flow_class=CheckedFlow)
@@ -96,12 +97,20 @@ def records_ingest(messages: list[str] | None = None, messages_url: str | None =
     """Cumulus workflow messages as text bodies (as SQS delivers them), or the batch file at ``messages_url``
     (a JSON list or one body per line, file:// or s3://) -> execution and granule records."""
     if (messages is None) == (messages_url is None):
-        raise ValueError("records-ingest: give messages (a list of text bodies) or messages_url (an object-store URL), not both")
+        raise ValueError(
+            "records-ingest: give messages (a list of text bodies) or messages_url (an object-store URL), not both"
+        )
     logger = get_run_logger()
     summary = ingest_task(messages, messages_url)
     stale = sum(kind["stale"] for kind in summary["records"].values())
-    logger.info("%d messages: %d ok, %d archived; %d stale writes dropped; records %s",
-                summary["messages"], summary["ok"], summary["archived"], stale, summary["records"])
+    logger.info(
+        "%d messages: %d ok, %d archived; %d stale writes dropped; records %s",
+        summary["messages"],
+        summary["ok"],
+        summary["archived"],
+        stale,
+        summary["records"],
+    )
     for message_id, error in summary["errors"].items():
         text = error["message"] if len(error["message"]) <= 1000 else error["message"][:1000] + " …"
         logger.warning("message %s archived: %s: %s", message_id, error["type"], text)
@@ -128,7 +137,9 @@ def records_listen(
     for message files (one message, a JSON list, or one per line), moved to ``records/processed/{date}/`` once
     written. Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES)  # noqa: E731
+    events = lambda: open_source(
+        source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES
+    )
     return listen_report(
         "records-listen", events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
         batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
@@ -141,8 +152,12 @@ def records_replay_dla(day: str | None = None, message_ids: list[str] | None = N
     if day is None:  # the scheduled run replays yesterday's archive (UTC)
         day = (utc_now() - timedelta(days=1)).date().isoformat()
     result = replay_task(day, message_ids)
-    get_run_logger().info("replayed %s: %d written (deleted), %d failed again (moved to failed/)",
-                          day, len(result["written"]), len(result["failed"]))
+    get_run_logger().info(
+        "replayed %s: %d written (deleted), %d failed again (moved to failed/)",
+        day,
+        len(result["written"]),
+        len(result["failed"]),
+    )
     return result
 
 

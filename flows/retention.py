@@ -1,7 +1,8 @@
 """pipelines-retention: what the seeds' AWS services expired for them (DynamoDB TTL, S3 lifecycle), on a schedule.
 
-    finished records (phspectra runs, video jobs, GPU jobs, cleared incidents) ──▶ ttl stamped (guarded) ──▶ DynamoDB expires them
-    ETL merge staging older than the merge timeout, replayed-and-failed dead letters (opt-in) ──▶ deleted
+finished records (phspectra runs, video jobs, GPU jobs, cleared incidents) ──▶ ttl stamped (guarded) ──▶ DynamoDB
+expires them
+ETL merge staging older than the merge timeout, replayed-and-failed dead letters (opt-in) ──▶ deleted
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ retention_task = task(apply_retention, name="apply-retention", **retry_policy(10
 def pipelines_retention(record_days: float = 30, dead_letter_days: float | None = None) -> dict[str, Any]:
     """Stamp finished records for expiry after ``record_days``; age out dead staging (and old failed dead letters)."""
     report = retention_task(record_days, dead_letter_days)
-    print(f"retention: ttl stamped {report['stamped']}, taken off live records {report['unstamped']}, "
-          f"objects deleted {report['deleted_objects']}")
+    print(
+        f"retention: ttl stamped {report['stamped']}, taken off live records {report['unstamped']}, "
+        f"objects deleted {report['deleted_objects']}"
+    )
     return report

@@ -19,22 +19,28 @@ from prefect.futures import as_completed
 from blocks import VideoInference, load_config
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow
 from tasks.core import keys, limits
-from tasks.video import keys as video_keys
-from tasks.landing.listener import listen_report
-from tasks.landing.listener import open_source
-from tasks.video import jobs as v
-from tasks.video import landing as video_landing
-from tasks.video import inference as video_inference
-from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
-from tasks.core.runtime import quick_heartbeat_exit
 from tasks.core.redact import redact_logs
+from tasks.core.runtime import quick_heartbeat_exit
+from tasks.landing.listener import listen_report, open_source
+from tasks.video import inference as video_inference
+from tasks.video import jobs as v
+from tasks.video import keys as video_keys
+from tasks.video import landing as video_landing
+from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 
-FINAL_ERRORS = (InvalidMedia, FfmpegRefused, video_inference.InferenceRefused, keys.InvalidKey, LookupError, ValueError,
-                v.JobFailed)
+FINAL_ERRORS = (
+    InvalidMedia,
+    FfmpegRefused,
+    video_inference.InferenceRefused,
+    keys.InvalidKey,
+    LookupError,
+    ValueError,
+    v.JobFailed,
+)
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:
@@ -54,7 +60,11 @@ import_source_task = task(v.import_source, name="import-source", **RETRIED)
 start_chunking_task = task(v.start_chunking, name="start-chunking", cache_policy=NO_CACHE)
 reopen_task = task(v.reopen_failed_job, name="reopen-failed-job", **RETRIED)
 chunk_source_task = task(limits.holding_cpu_slot(v.chunk_source), name="chunk-source", **CPU_HEAVY, **WORK_RETRIED)
-def infer_segment_here_or_remote(segment_key: str, backend: str | None = None, mode: str | None = None) -> dict[str, Any]:
+
+
+def infer_segment_here_or_remote(
+    segment_key: str, backend: str | None = None, mode: str | None = None
+) -> dict[str, Any]:
     """``infer_segment`` holding one of this machine's CPU slots, except for a remote backend (it only waits)."""
     backend = backend or load_config(VideoInference).backend
     if backend in video_inference.REMOTE_BACKENDS:
@@ -167,7 +177,9 @@ def video_process(
     print(f"video job {job_id}: {len(segment_keys)} segments of {segment_seconds:g} s, mode {mode}, backend {backend}")
 
     infer = infer_segment_task.with_options(retries=segment_retries, retry_delay_seconds=segment_retry_delays)
-    futures = _bounded_submit(infer, segment_keys, max_parallel_segments or os.cpu_count() or 1, backend=backend, mode=mode)
+    futures = _bounded_submit(
+        infer, segment_keys, max_parallel_segments or os.cpu_count() or 1, backend=backend, mode=mode
+    )
     results, errors = [], []
     for segment_key, future in zip(segment_keys, futures):
         try:
