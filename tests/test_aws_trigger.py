@@ -17,7 +17,7 @@ import pytest
 
 from tasks.core import keys, state_store
 from tasks.records import reconcile
-from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, wait_for_runs
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 
 @pytest.mark.sweep  # a server, a worker and its trigger: `make test-sweep`, which CI runs

@@ -14,8 +14,8 @@ from flows.etl import ndjson_flush_orphans, ndjson_ingest
 from tasks.core import faults, keys, state_store
 from tasks.etl import ingest as etl
 from tasks.etl import ops as etl_ops
-from tests.crashpoints import count_writes, crash_points, killed, run_child
-from tests.test_etl import MISSING_DEPLOYMENT, etl_env, good_lines, records, write_input  # noqa: F401 - fixture
+from tests.helpers.crashpoints import count_writes, crash_points, killed, run_child
+from tests.helpers.etl import MISSING_DEPLOYMENT, good_lines, records, write_input
 
 TODAY = "2026-03-01"
 

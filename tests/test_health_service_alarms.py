@@ -15,8 +15,7 @@ from blocks.health import HealthThresholds
 from tasks.core import limits, state_store
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.health import service_alarms
-from tests.test_health import health, make_dead_letter  # noqa: F401 - health is a fixture
-from tests.test_landing_sqs import aws  # noqa: F401 - a fixture
+from tests.helpers.health import make_dead_letter
 
 LIMITS = HealthThresholds()
 
