@@ -53,7 +53,7 @@ def main() -> None:
         os.environ.setdefault(name, value)
 
     from tasks.core.object_store import ObjectStore, multipart_bytes
-    from tests.s3 import moto_server, new_bucket
+    from tests.helpers.s3 import moto_server, new_bucket
 
     with tempfile.TemporaryDirectory() as tmp, moto_server(Path(tmp) / "moto.log") as endpoint:
         os.environ["AWS_ENDPOINT_URL_S3"] = endpoint

@@ -24,8 +24,8 @@ from tasks.core import state_store
 from tasks.etl import keys as etl_keys
 from tasks.phspectra import keys as phspectra_keys
 from tasks.core.object_store import ObjectStore
-from tests.crashpoints import child_env
-from tests.test_aws_s3 import REPO_ROOT, Worker, deploy_from_prefect_yaml, wait_for_runs
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 DASK = str(Path(sys.executable).with_name("dask"))
 KILL_ON_TASK = "DASK_TEST_KILL_ON_TASK"
@@ -119,7 +119,7 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
     from deployments.samples.phspectra import synthetic_cube, write_fits
     from flows.etl import ndjson_ingest
     from tasks.phspectra import survey as ph
-    from tests.test_phspectra import direct_rows
+    from tests.helpers.phspectra_survey import direct_rows
 
     for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "4",
                         "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip

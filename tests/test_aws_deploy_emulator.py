@@ -1,5 +1,5 @@
-"""infra/pipelines.template.json deployed to moto's CloudFormation (the moto server of tests/s3.py), then the ETL
-run on what it created: a file put in the bucket → S3 notification → the ETL queue → the ETL listener, started
+"""infra/pipelines.template.json deployed to moto's CloudFormation (the moto server of tests/helpers/s3.py), then
+the ETL run on what it created: a file put in the bucket → S3 notification → the ETL queue → the ETL listener, started
 with the command and environment of its ECS service's task definition → Parquet in the bucket.
 
 What moto cannot do is bridged here, each step named:
@@ -35,7 +35,7 @@ from tasks.etl import keys
 from tasks.core.tables import ensure_tables
 from tasks.core.registry import table_specs
 from tasks.landing import sqs
-from tests.crashpoints import REPO_ROOT, child_env
+from tests.helpers.crashpoints import REPO_ROOT, child_env
 
 DAY = "2026-02-01"
 ACCOUNT = "123456789012"  # moto's account

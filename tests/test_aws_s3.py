@@ -1,4 +1,4 @@
-"""The S3 path end to end: moto's S3 server on loopback (tests/s3.py) as the object store of every pipeline.
+"""The S3 path end to end: moto's S3 server on loopback (tests/helpers/s3.py) as the object store of every pipeline.
 
 OBJECT_STORE_BASE_URL is s3://bucket/pipelines and AWS_ENDPOINT_URL_S3 points at the server, so the code
 under test is the code that runs against AWS. Large objects go up in multipart and stream both ways; a
@@ -25,8 +25,9 @@ from tasks.phspectra import keys as phspectra_keys
 from tasks.video import keys as video_keys
 from tasks.core.keys import InvalidKey
 from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
-from tests.crashpoints import killed, run_child
-from tests.s3 import object_keys
+from tests.helpers.crashpoints import killed, run_child
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
+from tests.helpers.s3 import object_keys
 
 MiB = 1024 * 1024
 BIG = 13 * MiB  # two parts of the default 8 MiB
@@ -194,123 +195,6 @@ def test_the_new_writes_are_crash_points(s3_base, tmp_path, when):
     assert len(s3.incomplete_uploads()) == (0 if landed else 1)
 
 
-# --------------------------------------------------------------------------- deployments and a worker (shared)
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def flow_name(entrypoint: str) -> str:
-    """The Prefect flow name of a prefect.yaml entrypoint (``flows/etl.py:ndjson_merge`` -> ``ndjson-merge``)."""
-    return entrypoint.split(":")[1].replace("_", "-")
-
-
-def prefect_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    """``prefect --no-prompt ARGS`` against the test server (or with ``env``), as a user types it; must succeed."""
-    import subprocess
-    import sys
-
-    from prefect.settings import PREFECT_API_URL
-
-    env = env or {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
-    result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
-def _to_copies(value, name: str):
-    """``value`` (parameters, triggers) with every reference to a 'local' deployment pointed at the copy ``name``."""
-    if isinstance(value, dict):
-        return {k: name if k == "prefect.resource.name" and v == "local" else _to_copies(v, name) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_copies(v, name) for v in value]
-    return value.replace("/local", f"/{name}") if isinstance(value, str) and value.endswith("/local") else value
-
-
-def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: str) -> dict[str, str]:
-    """`prefect deploy` the 'local' deployments of ``flows`` from prefect.yaml as ``{flow}/{name}`` on ``pool``.
-
-    Everything else (entrypoint, parameters, triggers, pull step) is prefect.yaml's own; references from one
-    deployment to another (``merge_deployment``, ``reassembly_deployment``, the triggers' deployment names) are
-    pointed at the copies.
-    """
-    import yaml
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
-
-    config = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
-    chosen = []
-    for deployment in config["deployments"]:
-        if deployment["name"] != "local" or flow_name(deployment["entrypoint"]) not in flows:
-            continue
-        parameters = _to_copies(deployment.get("parameters") or {}, name)
-        chosen.append({**deployment, "name": name, "work_pool": {"name": pool, "work_queue_name": "default"},
-                       "parameters": parameters, "schedules": [],
-                       "triggers": _to_copies(deployment.get("triggers") or [], name)})  # fmt: skip
-    assert {flow_name(d["entrypoint"]) for d in chosen} == flows
-    document = {key: config[key] for key in ("name", "prefect-version", "build", "push", "pull")}
-    path = tmp_path / "prefect-test.yaml"
-    path.write_text(yaml.safe_dump({**document, "deployments": chosen}, sort_keys=False))
-    from deployments.local_stack import process_base_job_template
-
-    with get_client(sync_client=True) as client:
-        try:  # as `make up` makes its pool: flow runs started by the engine command
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=process_base_job_template()))
-        except ObjectAlreadyExists:
-            pass
-    prefect_cli("deploy", "--all", "--prefect-file", str(path))
-    return {flow: f"{flow}/{name}" for flow in flows}
-
-
-class Worker:
-    """A `prefect worker start` process on ``pool`` with this test's environment (tables, endpoints, store)."""
-
-    def __init__(self, pool: str, log: Path, extra: dict[str, str] | None = None):
-        import subprocess
-        import sys
-
-        from tests.crashpoints import child_env
-
-        env = child_env({"PREFECT_WORKER_QUERY_SECONDS": "1", "PIPELINES_ROOT": str(REPO_ROOT), **(extra or {})})
-        self.log = log
-        with open(log, "ab") as handle:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
-                cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-
-    def stop(self) -> None:
-        """Stop the worker and whatever flow runs it still has (its process group)."""
-        with __import__("contextlib").suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def tail(self) -> str:
-        """The end of the worker's log (for assertion messages)."""
-        return self.log.read_text(errors="replace")[-4000:]
-
-
-def wait_for_runs(deployment: str, count: int, timeout: float = 240, worker: Worker | None = None) -> list:
-    """Wait until ``count`` runs of ``deployment`` exist and all are final; returns them."""
-    import time
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as client:
-        deployment_id = client.read_deployment_by_name(deployment).id
-        while True:
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
-            if len(runs) >= count and all(r.state and r.state.is_final() for r in runs):
-                return runs
-            if time.monotonic() > deadline:
-                states = [(r.name, r.state_name) for r in runs]
-                raise AssertionError(f"{deployment}: runs {states} not final in {timeout} s\n{worker.tail() if worker else ''}")
-            time.sleep(1)
-
-
 # --------------------------------------------------------------------------- every pipeline through S3
 
 
@@ -318,7 +202,7 @@ def test_phspectra_survey_on_s3(tables, s3_base, tmp_path):
     from deployments.samples.phspectra import synthetic_cube, write_fits
     from flows.phspectra_survey import phspectra_survey
     from tasks.phspectra import survey as ph
-    from tests.test_phspectra import direct_rows
+    from tests.helpers.phspectra_survey import direct_rows
 
     store = ObjectStore.from_url(s3_base)
     store.put_file("cubes/grs.fits", write_fits(synthetic_cube(ny=3, nx=4, n_channels=64), tmp_path / "cube.fits"))
@@ -375,7 +259,7 @@ def test_records_dead_letter_archive_and_replay_on_s3(tables, s3_base):
     from tasks.core.runtime import today_iso
     from tasks.records import dead_letter
     from tasks.records import messages as records_messages
-    from tests.test_records import message
+    from tests.helpers.records import message
 
     store = ObjectStore.from_url(s3_base)
     good = message("completed", "exec-1", 1000, granule="G1")

@@ -19,7 +19,7 @@ from tasks.core import state_store
 from tasks.etl import keys as etl_keys
 from tasks.phspectra import keys as phspectra_keys
 from tasks import reconcile
-from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, wait_for_runs
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 
 @pytest.mark.sweep  # a server, a worker and its trigger: `make test-sweep`, which CI runs

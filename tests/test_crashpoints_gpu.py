@@ -23,11 +23,11 @@ import pytest
 
 from tasks.core import state_store
 from tasks.gpu import jobs as gpu
-from tests.crashpoints import REPO_ROOT, Write, child_env, crash_points, report, report_crashed_runs
+from tests.helpers.crashpoints import REPO_ROOT, Write, child_env, crash_points, report, report_crashed_runs
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
-from tests.test_gpu import FAIL_FIRST, gpu_env  # noqa: F401 (fixture)
-from tests.test_records_reconcile import _wait
+from tests.helpers.gpu import FAIL_FIRST
+from tests.helpers.prefect_runs import wait_for
 
 CALL = "flows.gpu:gpu_job"
 NODES = ["local-0", "local-1", "local-2"]
@@ -62,7 +62,7 @@ for line in sys.stdin:
 
 
 class Children:
-    """A fork server for crash-point children (same environment as ``tests.crashpoints.run_child``)."""
+    """A fork server for crash-point children (same environment as ``tests.helpers.crashpoints.run_child``)."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.process = subprocess.Popen([sys.executable, "-c", FORK_SERVER], env=child_env(env), cwd=REPO_ROOT,
@@ -75,7 +75,7 @@ class Children:
         return json.loads(self.process.stdout.readline())["status"]
 
     def count(self, call: str, kwargs: dict, log: Path) -> list[Write]:
-        """``tests.crashpoints.count_writes`` through the fork server."""
+        """``tests.helpers.crashpoints.count_writes`` through the fork server."""
         log.unlink(missing_ok=True)
         assert self.run(call, kwargs, "count", log) == 0, "counting run failed"
         rows = [line.split("\t") for line in log.read_text().splitlines()]
@@ -198,7 +198,7 @@ def _abandon_in_recovery(runner, job_id: str) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     gpu.launch_job(runner, job_id, 2, FAIL_FIRST, nodes=["local-0", "local-1"])
-    _wait(lambda: runner.backend.poll(f"{job_id}-r0-n0"), 10, "task 0 to fail")
+    wait_for(lambda: runner.backend.poll(f"{job_id}-r0-n0"), 10, "task 0 to fail")
     ghost = gpu.Runner(runner.backend, runner.config)  # another owner, whose process is gone
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gpu.os, "getpid", lambda: dead.pid)

@@ -23,8 +23,8 @@ from tasks.video import keys as video_keys
 from tasks.core.object_store import LocalStore
 from tasks.core.runtime import today_iso
 from tasks.landing.sources import Arrival
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
-from tests.test_landing_media import arrive, deployed, runs_of  # noqa: F401 - deployed is a fixture
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.landing import arrive, runs_of
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
@@ -161,13 +161,13 @@ def message_files(arrivals: list[dict]) -> list[str]:
 
 
 def _drop(store_root: Path) -> list[Arrival]:
-    from tests.test_landing_media import _messages
+    from tests.helpers.landing import record_messages
 
     invalid = {"meta": {"collection": {"name": "MOD09GQ", "version": "006"}}}  # no cumulus_meta: archived
-    lines = [json.dumps(m) for m in _messages(0, FILES["a.ndjson"] - 1)] + [json.dumps(invalid)]
+    lines = [json.dumps(m) for m in record_messages(0, FILES["a.ndjson"] - 1)] + [json.dumps(invalid)]
     return [
         arrive(store_root, "records/incoming/a.ndjson", "\n".join(lines).encode()),
-        arrive(store_root, "records/incoming/b.json", json.dumps(_messages(20, 1)[0]).encode()),
+        arrive(store_root, "records/incoming/b.json", json.dumps(record_messages(20, 1)[0]).encode()),
         arrive(store_root, "records/incoming/c.json", b"42"),  # JSON but no batch: archived whole
     ]
 

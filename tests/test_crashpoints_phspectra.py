@@ -16,10 +16,10 @@ import pytest
 from tasks.core.state_store import to_plain
 from tasks.phspectra import survey as ph
 from tasks import reconcile
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
-from tests.test_phspectra import direct_rows, fits_cube, output_rows, wait_until_leases_expire
+from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 SURVEY = "grs-crash"
 CALL = "flows.phspectra_survey:phspectra_survey"

@@ -21,8 +21,8 @@ from tasks.records.keys import dead_letter_prefix
 from tasks.core.runtime import today_iso
 from tasks import reconcile
 from tasks.records import messages as records_messages
-from test_records import message
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.records import message
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 

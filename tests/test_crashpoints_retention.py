@@ -15,9 +15,8 @@ from tasks.phspectra import keys as phspectra_keys
 from tasks.records import keys as records_keys
 from tasks.core.object_store import LocalStore
 from tasks.retention.sweep import ITEMS_PENDING, apply_retention
-from tests.crashpoints import count_writes, crash_points, killed, report, run_child
-from tests.test_etl import etl_env  # noqa: F401 - a fixture
-from tests.test_retention import _aged, make_records
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, run_child
+from tests.helpers.retention import aged, make_records
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
@@ -32,10 +31,10 @@ def retention_pass(now: str) -> dict:
 
 
 def _land(tables: dict, root, now: datetime) -> None:
-    """The records of tests/test_retention.py (a put replaces an item whole: any ttl goes) and aged objects."""
+    """The records of tests/helpers/retention.py (a put replaces an item whole: any ttl goes) and aged objects."""
     make_records(tables)
     for key, days in _objects().items():
-        _aged(root, key, days, now)
+        aged(root, key, days, now)
 
 
 def _objects() -> dict[str, float]:

@@ -14,7 +14,7 @@ from tasks.video import keys
 from tasks.core.object_store import LocalStore
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 

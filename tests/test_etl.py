@@ -20,39 +20,7 @@ from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.core import keys, state_store
 from tasks.etl import keys as etl_keys
-
-DAY = "2026-01-05"
-TODAY = "2026-01-10"
-MISSING_DEPLOYMENT = "ndjson-merge/not-deployed"
-
-
-@pytest.fixture
-def etl_env(tables, store_root, monkeypatch):
-    """Fresh tables and store; small files are the norm here (1 KiB ± 99%), 5 files per manifest, 4 shards."""
-    for name, value in {
-        "EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "5",
-        "MIN_FILES_FOR_PARTIAL_BATCH": "1", "NUM_STATUS_SHARDS": "4", "TTL_DAYS": "30",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NOTIFY_BLOCK", raising=False)
-    return {"tables": tables, "root": store_root, "table": tables["etl_file_tracking"]}
-
-
-def write_input(root: Path, date: str, name: str, lines: list) -> str:
-    """An input file under pipeline/input/{date}/ (dicts become JSON lines, str lines are written as they are)."""
-    path = root / "pipeline" / "input" / date / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((json.dumps(l) if not isinstance(l, str) else l) + "\n" for l in lines))
-    return path.as_uri()
-
-
-def records(table: str) -> dict[tuple[str, str], dict]:
-    return {(i["date_prefix"], i["file_key"]): state_store.to_plain(i) for i in state_store.scan_all(table)}
-
-
-def good_lines(n: int, i: int) -> list[dict]:
-    return [{"id": i * 100 + k, "name": f"row-{k}", "score": k / 2, "ok": k % 2 == 0, "tags": ["a", k],
-             "meta": {"x": k}, "when": "2026-01-05T10:00:00Z", "none": None} for k in range(n)]
+from tests.helpers.etl import DAY, MISSING_DEPLOYMENT, TODAY, good_lines, records, write_input
 
 
 def test_settings_use_the_seed_names_and_env_overrides(monkeypatch):

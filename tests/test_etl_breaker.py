@@ -15,8 +15,8 @@ from tasks.etl import breaker
 from tasks.etl import ingest as etl
 from tasks.etl.breaker import CLOSED, HALF_OPEN, OPEN, BreakerState
 from tasks.etl.ingest import ManifestRef
-from tests.test_etl import DAY, TODAY, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
-from tests.test_prefect_yaml import REPO_ROOT
+from tests.helpers.crashpoints import REPO_ROOT
+from tests.helpers.etl import DAY, TODAY, records, write_input
 
 T0 = "2026-01-05T10:00:00+00:00"
 
@@ -185,8 +185,8 @@ def _paused(deployment: str) -> bool:
 def test_three_failed_merges_open_the_breaker_manifests_wait_and_a_trial_after_the_cool_down_closes_it(etl_env, tmp_path):
     from deployments.cli import main as cli
     from flows.etl import ndjson_flush_orphans, ndjson_ingest, ndjson_merge_breaker
-    from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml
-    from tests.test_etl_merge import file_statuses, merged_rows
+    from tests.helpers.etl import file_statuses, merged_rows
+    from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml
 
     root, table = etl_env["root"], etl_env["table"]
     name = f"breaker-{uuid.uuid4().hex[:6]}"

@@ -18,7 +18,7 @@ from tasks.etl import keys as etl_keys
 from tasks.core.object_store import ObjectStore
 from tasks.etl import catalog, reports
 from tasks.etl import merge as etl_merge
-from tests.test_etl import etl_env, good_lines, write_input  # noqa: F401 - etl_env is a fixture
+from tests.helpers.etl import good_lines, write_input
 
 DAYS = ("2026-03-01", "2026-03-02")
 

@@ -10,8 +10,7 @@ import pytest
 from flows.etl import ndjson_flush_orphans, ndjson_ingest
 from tasks.core import keys
 from tasks.etl import keys as etl_keys
-from tests.test_etl import DAY, TODAY, etl_env, good_lines, records, write_input  # noqa: F401 - etl_env is a fixture
-from tests.test_etl_merge import merged_rows
+from tests.helpers.etl import DAY, TODAY, good_lines, merged_rows, records, write_input
 
 
 def test_one_file_name_in_two_input_trees_is_merged_twice_once_each(etl_env, tmp_path):

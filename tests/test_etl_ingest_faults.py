@@ -15,8 +15,8 @@ from tasks.core import faults, state_store
 from tasks.etl import keys
 from tasks.etl import ingest as etl
 from tasks.etl import ops as etl_ops
-from tests.crashpoints import count_writes, crash_points, killed, run_child
-from tests.test_etl import MISSING_DEPLOYMENT, etl_env, good_lines, records, write_input  # noqa: F401 - fixture
+from tests.helpers.crashpoints import count_writes, crash_points, killed, run_child
+from tests.helpers.etl import MISSING_DEPLOYMENT, good_lines, records, write_input
 
 TODAY = "2026-03-01"
 

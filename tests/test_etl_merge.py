@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,23 +16,12 @@ from tasks.etl import keys
 from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.etl.ndjson_text import parse_ndjson
-from tests.test_etl import DAY, TODAY, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
+from tests.helpers.etl import (
+    DAY, TODAY, assert_merged_exactly_once, file_statuses, lone_surrogate, manifests, merged_rows, records,
+    write_five_inputs, write_input,
+)
 
 MISSING = "ndjson-merge/not-deployed"
-
-
-def merged_rows(root, date: str = DAY) -> list[dict]:
-    """Every row of the date's merged Parquet (each part read on its own: columns differ between parts)."""
-    out = root / keys.merged_output_prefix(date)
-    return [row for part in sorted(out.glob("*.parquet")) for row in pq.read_table(part).to_pylist()]
-
-
-def manifests(table: str, date: str = DAY) -> dict[str, dict]:
-    return {k[1]: v for k, v in records(table).items() if k[0] == date and k[1].startswith("MANIFEST#")}
-
-
-def file_statuses(table: str, date: str = DAY) -> Counter:
-    return Counter(v["status"].split("#")[0] for k, v in records(table).items() if k[0] == date and k[1].endswith(".ndjson"))
 
 
 def test_fields_named_like_the_metadata_columns_merge_under_a_documented_name(etl_env):
@@ -111,21 +99,13 @@ def _as_written(line: str) -> dict[str, str | None] | None:
         key, at = json.decoder.scanstring(line, at + 1)
         at = space.match(line, space.match(line, at).end() + 1).end()  # past the colon
         value, end = decoder.raw_decode(line, at)
-        if isinstance(value, str) and _lone_surrogate(value):  # even a value a repeated key replaces: not Unicode
+        if isinstance(value, str) and lone_surrogate(value):  # even a value a repeated key replaces: not Unicode
             return None
         text = line[at:end]
         if text[0] in "{[":  # whitespace between tokens removed, strings untouched
             text = re.sub(r'("(?:[^"\\]|\\.)*")|[ \t\r\n]+', lambda m: m.group(1) or "", text)
         row[key] = None if value is None else value if isinstance(value, str) else text
         at = end
-
-
-def _lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
 
 
 def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
@@ -192,21 +172,11 @@ def _fail_second_part(monkeypatch):
     monkeypatch.setattr(etl_merge, "write_parquet", write)
 
 
-def _ingest_five(root, prefix: str, lines_per_file: int = 3) -> list[str]:
-    return [write_input(root, DAY, f"{prefix}-{i}.ndjson", [{"id": f"{prefix}{i}-{k}", "v": k} for k in range(lines_per_file)])
-            for i in range(5)]
-
-
-def _exactly_once(root, urls: list[str], lines_per_file: int = 3) -> None:
-    ids = Counter(r["id"] for r in merged_rows(root))
-    assert sum(ids.values()) == len(urls) * lines_per_file and set(ids.values()) == {1}, ids
-
-
 @pytest.mark.parametrize("where", ["writing a part", "publishing"])
 def test_a_merge_failing_midway_then_reprocess_writes_every_line_exactly_once(etl_env, monkeypatch, where):
     root, table = etl_env["root"], etl_env["table"]
     monkeypatch.setenv("TARGET_FILE_MB", "0")  # one part per file
-    urls = _ingest_five(root, "p")
+    urls = write_five_inputs(root, "p")
     with monkeypatch.context() as patch:
         if where == "writing a part":
             _fail_second_part(patch)
@@ -221,12 +191,12 @@ def test_a_merge_failing_midway_then_reprocess_writes_every_line_exactly_once(et
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)
     assert file_statuses(table) == {"completed": 5}
     assert sorted(m["status"] for m in manifests(table).values()) == ["completed", "failed"]
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     # a re-run finds the published output and skips the merge
     (name,) = [keys.manifest_name_from_record_key(k) for k, m in manifests(table).items() if m["status"] == "completed"]
     again = ndjson_merge(date_prefix=DAY, manifest_name=name, rerun=True)
     assert again["already_published"] is True and again["manifest_status"] == "completed"
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
 
 
 def faults_at_third_rename(real, *args):
@@ -237,7 +207,7 @@ def faults_at_third_rename(real, *args):
 def test_rerunning_a_failed_manifest_completes_its_files_and_a_later_reprocess_duplicates_nothing(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
     monkeypatch.setenv("TARGET_FILE_MB", "0")
-    urls = _ingest_five(root, "r")
+    urls = write_five_inputs(root, "r")
     with monkeypatch.context() as patch:
         _fail_second_part(patch)
         ndjson_ingest(file_urls=urls, merge_deployment=None)
@@ -248,23 +218,23 @@ def test_rerunning_a_failed_manifest_completes_its_files_and_a_later_reprocess_d
     assert file_statuses(table) == {"completed": 5}
     assert etl_ops.reprocess_failed(DAY)["moved"] == 0
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
 
 
 @pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_rerunning_a_failed_manifest_after_its_files_were_reprocessed_merges_nothing_twice(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
-    urls = _ingest_five(root, "s")
+    urls = write_five_inputs(root, "s")
     with monkeypatch.context() as patch:
         patch.setattr(etl_merge, "write_parquet", lambda *a: (_ for _ in ()).throw(RuntimeError("bad part (test)")))
         ndjson_ingest(file_urls=urls, merge_deployment=None)
     (old,) = manifests(table)
     etl_ops.reprocess_failed(DAY)
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)  # the files go to a new manifest
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     late = ndjson_merge(date_prefix=DAY, manifest_name=keys.manifest_name_from_record_key(old), rerun=True)
     assert late["rows"] == 0 and late["files"] == []
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     assert file_statuses(table) == {"completed": 5}
 
 
@@ -272,7 +242,7 @@ def test_a_manifest_listing_a_path_that_is_no_input_file_still_merges_and_finish
     from tasks.core.object_store import open_url
 
     root, table = etl_env["root"], etl_env["table"]
-    urls = _ingest_five(root, "odd")
+    urls = write_five_inputs(root, "odd")
     ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
     (key,) = manifests(table)
     name = keys.manifest_name_from_record_key(key)
@@ -286,14 +256,14 @@ def test_a_manifest_listing_a_path_that_is_no_input_file_still_merges_and_finish
     assert (summary["manifest_status"], summary["files_completed"], summary["rows"]) == ("completed", 5, 15)
     assert stray not in [f["url"] for f in summary["files"]] and f"manifest lists {stray}" in caplog.text
     assert file_statuses(table) == {"completed": 5}
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
 
 
 def test_the_merge_metric_lands_with_its_manifest_once_and_a_retried_status_update_writes_nothing_again(etl_env):
     from tasks.core import state_store
 
     root, table = etl_env["root"], etl_env["table"]
-    urls = _ingest_five(root, "metric")
+    urls = write_five_inputs(root, "metric")
     ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
     (key,) = manifests(table)
     name = keys.manifest_name_from_record_key(key)
@@ -358,7 +328,7 @@ def test_lines_the_reader_once_raised_on_are_rejects_and_every_file_of_the_manif
     assert file_statuses(table) == {"completed": 10}
     ((_, manifest),) = manifests(table).items()
     assert (manifest["status"], manifest["rows"], manifest["rejected_lines"], manifest["files_failed"]) == ("completed", 20, 10, 0)
-    _exactly_once(root, urls, lines_per_file=2)
+    assert_merged_exactly_once(root, urls, lines_per_file=2)
     rejects = [json.loads(line) for line in (root / keys.rejects_key(DAY, keys.manifest_name_from_record_key(
         next(iter(manifests(table)))))).read_text().splitlines()]
     assert sorted((r["source_file"], r["line_number"]) for r in rejects) == sorted(
@@ -384,7 +354,7 @@ def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exac
     assert {v["status"].split("#")[0] for v in files.values()} == {"completed"} and len(files) == 9
     assert manifests(table)[key]["status"] == "completed"
     nine = [u for u in urls if not u.endswith("/t-4.ndjson")]
-    _exactly_once(root, nine)
+    assert_merged_exactly_once(root, nine)
     assert {r["_source_file"] for r in merged_rows(root)} == set(nine)  # none of the failed file's lines
     # fixed, then reprocessed: its lines arrive once, and nothing of the nine twice
     unreadable.rmdir()
@@ -392,7 +362,7 @@ def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exac
     assert etl_ops.reprocess_failed(DAY)["moved"] == 1
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)
     assert file_statuses(table) == {"completed": 10}
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
 
 
 def test_a_file_whose_every_line_brings_a_new_key_merges_to_parquet_with_each_value_in_its_row(tmp_path):
@@ -420,7 +390,7 @@ def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_compl
     from tasks import reconcile
 
     root, table = etl_env["root"], etl_env["table"]
-    urls = _ingest_five(root, "best")
+    urls = write_five_inputs(root, "best")
     ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked, manifest left pending
     (key,) = manifests(table)
     calls = []
@@ -438,10 +408,10 @@ def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_compl
     assert state.result()["manifest_status"] == "processing" and "status update failed" in state.result()["status_update_error"]
     assert "STATUS UPDATE FAILED" in caplog.text  # the alarm (notification; the log when no block is set)
     assert manifests(table)[key]["status"] == "processing" and file_statuses(table) == {"manifested": 5}
-    _exactly_once(root, urls)  # the output is published
+    assert_merged_exactly_once(root, urls)  # the output is published
 
     records_reconcile()  # DynamoDB is back
     assert manifests(table)[key]["status"] == "completed" and manifests(table)[key]["rows"] == 15
     assert file_statuses(table) == {"completed": 5}
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     assert reconcile.disagreements() == []

@@ -18,8 +18,7 @@ from tasks.etl import keys
 from tasks.etl import ingest as etl
 from tasks.etl import merge as etl_merge
 from tasks.etl.ingest import ManifestRef
-from tests.test_etl import DAY, MISSING_DEPLOYMENT, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
-from tests.test_etl_merge import file_statuses, manifests, merged_rows
+from tests.helpers.etl import DAY, MISSING_DEPLOYMENT, file_statuses, manifests, merged_rows, write_input
 
 LINES = 2
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tasks.etl import ndjson_text
 from tasks.etl.ndjson_text import MAX_DEPTH, parse_ndjson
-from tests.test_etl_merge import _lone_surrogate
+from tests.helpers.etl import lone_surrogate
 
 QUICK = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SWEEP = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,7 +81,7 @@ def expected_line(line: bytes):
     if not isinstance(value, Pairs):
         return REJECT
     for key, member in value.pairs:  # the policy: UTF-8 column names and top-level strings, bounded nesting
-        if _lone_surrogate(key) or (isinstance(member, str) and _lone_surrogate(member)):
+        if lone_surrogate(key) or (isinstance(member, str) and lone_surrogate(member)):
             return REJECT
         if _depth(member) > MAX_DEPTH:
             return REJECT

@@ -23,11 +23,8 @@ from tasks.video import keys as video_keys
 from tasks.etl import ops as etl_ops
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
-from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
-from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - etl_env is a fixture
-from tests.test_etl_merge import _exactly_once, _ingest_five, file_statuses, manifests
-from tests.test_records_reconcile import _wait
-from tests.test_video_faults import endpoints  # noqa: F401 - a fixture
+from tests.helpers.etl import DAY, TODAY, assert_merged_exactly_once, file_statuses, manifests, write_five_inputs
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for, wait_for_runs
 
 pytestmark = pytest.mark.sweep  # a worker and flow-run processes: `make test-sweep`, which CI runs
 
@@ -115,7 +112,7 @@ def test_a_failed_merge_is_rerun_through_its_deployment(etl_env, tmp_path, deplo
     # injector (tasks/core/faults.py) in raise mode, a fault the merge does not retry
     stack = deployed({"ndjson-merge"}, PIPELINES_FAULT="2:raise:before")
     merge = stack.deployments["ndjson-merge"]
-    urls = _ingest_five(root, "d")
+    urls = write_five_inputs(root, "d")
 
     summary = ndjson_ingest(file_urls=urls, merge_deployment=merge)
     assert (summary["tracked"], summary["launched"]) == (5, 1)
@@ -131,11 +128,11 @@ def test_a_failed_merge_is_rerun_through_its_deployment(etl_env, tmp_path, deplo
     runs = wait_for_runs(merge, 2, worker=stack.worker)
     assert sorted(r.state_name for r in runs) == ["Completed", "Failed"]
     assert manifests(table)[key]["status"] == "completed" and file_statuses(table) == {"completed": 5}
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     # nothing is left to reprocess, and the flush finds nothing to batch again
     assert etl_ops.reprocess_failed(DAY)["moved"] == 0
     assert ndjson_flush_orphans(today=TODAY, merge_deployment=merge)["launched"] == 0
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     assert not list(state_store.scan_all(table, keep=lambda i: str(i.get("status", "")).startswith("pending")))
 
 
@@ -164,24 +161,24 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
     from prefect.deployments import run_deployment
 
     from tasks import reconcile
-    from tests.test_video_faults import _upload
+    from tests.helpers.video import upload_bytes
 
     (backend, url), _ = endpoints
     backend.behaviour = "hold-after-first"
     stack = deployed({"video-process", "video-reassemble", "records-prefect-state"}, VIDEO_INFERENCE_ENDPOINT_URL=f"{url}/infer")
     clip = make_test_video(tmp_path / "clip.mp4", 3.0, 10, keyframe_seconds=1.0)
-    job_id = _upload(clip.read_bytes())
+    job_id = upload_bytes(clip.read_bytes())
     process = stack.deployments["video-process"]
     try:
         params = {"job_id": job_id, "backend": "http", "max_parallel_segments": 1, "segment_retries": 0}
         crashed = str(run_deployment(process, parameters=params, timeout=0, as_subflow=False).id)
-        _wait(lambda: len(backend.seen) >= 2, 240, "segment 0 done and segment 1 at the backend")
+        wait_for(lambda: len(backend.seen) >= 2, 240, "segment 0 done and segment 1 at the backend")
         assert [c["segment_index"] for c in v.completions(job_id)] == [0]
         _flow_run_process(stack.worker, crashed).send_signal(signal.SIGKILL)  # mid-inference: no hook, no final state
         killed = time.monotonic()
         backend.behaviour = "ok"  # the backend is well again: a re-drive can finish the job
 
-        redriven = _wait(lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
+        redriven = wait_for(lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
                          120, "the job to be re-driven")
         redrive_s = time.monotonic() - killed
         runs = wait_for_runs(process, 2, worker=stack.worker)  # the re-driven run reassembles in its own process

@@ -7,7 +7,7 @@ import pytest
 
 from tasks.core import faults, state_store
 from tasks.core.object_store import LocalStore
-from tests.crashpoints import Write, count_writes, crash_points, killed, report_crashed_runs, run_child
+from tests.helpers.crashpoints import Write, count_writes, crash_points, killed, report_crashed_runs, run_child
 
 
 def _create(table: str, n: int) -> state_store.WriteResult:

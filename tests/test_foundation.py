@@ -109,7 +109,7 @@ def test_a_killed_local_writer_leaves_no_object_and_its_temp_file_is_cleaned_up(
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.crashpoints import killed, run_child
+    from tests.helpers.crashpoints import killed, run_child
 
     store = LocalStore(tmp_path / "store")
     store.put_bytes("jobs/a/keep.bin", b"kept")

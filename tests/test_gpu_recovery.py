@@ -16,19 +16,13 @@ import pytest
 
 from flows.gpu import PLAIN, advance, watch
 from tasks.gpu import jobs as gpu
-from tests.crashpoints import REPO_ROOT, child_env
-from tests.test_records_reconcile import _task_state, _wait
-from tests.test_gpu import EXIT0, FAIL_FIRST, FAIL_ONE_HANG_OTHERS, HANG, alive, gpu_env, statuses  # noqa: F401 (fixture)
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+from tests.helpers.gpu import EXIT0, FAIL_FIRST, FAIL_ONE_HANG_OTHERS, HANG, alive, running_job, statuses
+from tests.helpers.prefect_runs import task_run_state, wait_for
 
 PY = sys.executable
 SLEEP = f"{PY} -c 'import time; time.sleep(3)'"
 NODES = ["local-0", "local-1", "local-2"]
-
-
-def running_job(job_id: str):
-    """The job row once its tasks are all started and recorded, else None."""
-    job = gpu.get_job(job_id)
-    return job if job and job["job_status"] == "IN_PROGRESS" and job["submitted_ecs_task_ids"] else None
 
 
 @pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
@@ -41,7 +35,7 @@ def test_killed_flow_process_job_completes_through_the_sweep(gpu_env):
         env=child_env({"PIPELINES_USE_BLOCKS": "0"}), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        job = _wait(lambda: running_job("job-orphan"), 90, "the job's tasks to run")
+        job = wait_for(lambda: running_job("job-orphan"), 90, "the job's tasks to run")
     finally:
         child.send_signal(signal.SIGKILL)  # the watcher dies with its flow process; no hook runs
         child.wait(timeout=10)
@@ -72,10 +66,10 @@ def test_reconcile_during_a_running_job_leaves_its_tasks_alone(gpu_env):
     thread = threading.Thread(target=lambda: result.setdefault(
         "summary", gpu_job(command=f"{PY} -c 'import time; time.sleep(5)'", num_nodes=2, job_id="job-live", timeout_s=60)))
     thread.start()
-    job = _wait(lambda: running_job("job-live"), 60, "the job's tasks to run")
+    job = wait_for(lambda: running_job("job-live"), 60, "the job's tasks to run")
     tasks = gpu.job_tasks(job)
     # the short Prefect task that started each process has Completed: what made the reconciler terminate them
-    _wait(lambda: all(_task_state(t["prefect_task_run_id"]) == "COMPLETED" for t in tasks), 30, "start task runs")
+    wait_for(lambda: all(task_run_state(t["prefect_task_run_id"]) == "COMPLETED" for t in tasks), 30, "start task runs")
     assert reconcile.disagreements(["gpu"]) == []
     assert [f for f in records_reconcile(dry_run=False) if f["pipeline"] == "gpu"] == []
     assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-live-r0-n0": "IN_PROGRESS", "job-live-r0-n1": "IN_PROGRESS"}
@@ -126,7 +120,7 @@ def test_an_application_failure_without_a_gpu_leaves_the_nodes_in_service(gpu_en
 def test_watcher_and_sweep_on_one_failure_restart_once(gpu_env):
     gpu_env.backend.inject_health_command("local-0", "false")
     gpu.launch_job(gpu_env, "job-race", 2, FAIL_FIRST)
-    _wait(lambda: gpu_env.backend.poll("job-race-r0-n0"), 10, "task 0 to fail")
+    wait_for(lambda: gpu_env.backend.poll("job-race-r0-n0"), 10, "task 0 to fail")
     sweep = gpu.make_runner()  # another runner, as the gpu-sweep flow run is
     barrier = threading.Barrier(2)
     outcome: dict[str, object] = {}
@@ -183,5 +177,5 @@ def test_gpu_stop_ends_a_job_whose_watcher_is_gone(gpu_env, capsys):
     assert main(["gpu", "stop", "job-nowatch"]) == 0
     assert json.loads(capsys.readouterr().out)["job_status"] == "USER_STOPPED"
     assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-nowatch-r0-n0": "TERMINATED", "job-nowatch-r0-n1": "TERMINATED"}
-    _wait(lambda: not any(alive(p) for p in pids), 10, "the stopped tasks to end")
+    wait_for(lambda: not any(alive(p) for p in pids), 10, "the stopped tasks to end")
     assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")

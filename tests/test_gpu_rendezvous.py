@@ -13,8 +13,8 @@ import pytest
 from flows.gpu import PLAIN, watch
 from tasks.gpu import jobs as gpu
 from tasks.gpu.backends import BackendError
-from tests.crashpoints import REPO_ROOT
-from tests.test_gpu import gpu_env, statuses  # noqa: F401 (fixture)
+from tests.helpers.crashpoints import REPO_ROOT
+from tests.helpers.gpu import statuses
 
 HANDSHAKE = f"{sys.executable} {REPO_ROOT / 'tests' / 'rendezvous_handshake.py'}"
 NODES = ["local-0", "local-1", "local-2"]

@@ -18,9 +18,9 @@ from tasks.gpu import jobs as gpu
 from tasks.health import incidents, service_alarms
 from tasks.health.run import check_health
 from tasks.phspectra import survey
-from tasks.records import dead_letter
 from tasks.video import jobs as video
-from tests.crashpoints import count_writes, crash_points, killed, run_child
+from tests.helpers.crashpoints import count_writes, crash_points, killed, run_child
+from tests.helpers.health import make_dead_letter
 
 ALARMS = {
     "records-dead-letter-archive", "etl-files-pending-too-long", "etl-files-pending", "etl-failed-manifests",
@@ -29,24 +29,8 @@ ALARMS = {
 TWO_HOURS = 2 * 3600
 
 
-@pytest.fixture
-def health(tables, store_root, monkeypatch, record_alarms_only):
-    """Fresh tables and store; thresholds from the environment; notifications captured in a list."""
-    monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
-    monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "2")  # two pending files of a date are a full batch (iterator age)
-    sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(incidents, "deliver", lambda subject, body, block=None: sent.append((subject, body)) or "test")
-    return sent
-
-
 def _backdate(table: str, key: dict, **stamps: str) -> None:
     state_store.transition(table, key, None, None, set=stamps)
-
-
-def make_dead_letter(message_id: str = "m-1") -> str:
-    """A message rejected by records-ingest, archived as the pipeline does."""
-    return dead_letter.archive(message_id, {"type": "ValidationError", "message": "no granules"}, body="{not json")
 
 
 def make_etl_records(tables: dict) -> None:

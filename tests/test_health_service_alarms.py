@@ -20,8 +20,7 @@ from tasks.etl.pipeline import MANIFEST_BUILDER_TIMEOUT_S
 from tasks.gpu import alarms as gpu_alarms
 from tasks.records import alarms as records_alarms
 from tasks.video import alarms as video_alarms
-from tests.test_health import health, make_dead_letter  # noqa: F401 - health is a fixture
-from tests.test_landing_sqs import aws  # noqa: F401 - a fixture
+from tests.helpers.health import make_dead_letter
 
 LIMITS = HealthThresholds()
 

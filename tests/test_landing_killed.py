@@ -21,8 +21,8 @@ from tasks.phspectra import keys as phspectra_keys
 from tasks.records import keys as records_keys
 from tasks.video import keys as video_keys
 from tasks.core.object_store import LocalStore
-from tests.crashpoints import report_crashed_runs, start_child
-from tests.test_landing_media import deployed, runs_of  # noqa: F401 - deployed is a fixture
+from tests.helpers.crashpoints import report_crashed_runs, start_child
+from tests.helpers.landing import runs_of
 
 pytestmark = pytest.mark.sweep  # ~45 s each on a loaded machine: two listener processes, the second runs 20 s
 
@@ -95,11 +95,11 @@ def test_a_killed_phspectra_listener_started_again_starts_each_cube_once(tables,
 
 def test_a_killed_records_listener_started_again_writes_each_file_once(tables, store_root, tmp_path):
     from tasks.core.runtime import today_iso
-    from tests.test_landing_media import _messages
+    from tests.helpers.landing import record_messages
 
     names = [f"m-{i:02d}.json" for i in range(INPUTS)]
     for i, name in enumerate(names):  # 5 messages a file: a batch of 10 arrivals is 50 messages, 5 ingest runs
-        _drop(store_root, f"{records_keys.RECORDS_INCOMING_PREFIX}{name}", json.dumps(_messages(5 * i, 5)).encode())
+        _drop(store_root, f"{records_keys.RECORDS_INCOMING_PREFIX}{name}", json.dumps(record_messages(5 * i, 5)).encode())
     granules = [f"LAND.G{i:03d}" for i in range(5 * INPUTS)]
     written = lambda: len(state_store.get_many(tables["granules"], [{"granuleId": g} for g in granules]))  # noqa: E731
     at_kill = kill_mid_batch_and_restart("flows.records:records_listen", {**LISTEN, "batch_size": 10},

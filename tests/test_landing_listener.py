@@ -7,28 +7,7 @@ import itertools
 from tasks.landing import listener
 from tasks.landing.listener import Outcome, PumpStats, pump
 from tasks.landing.sources import Arrival
-
-
-class ListSource:
-    """An event source over a list: the smallest real implementation of the interface."""
-
-    def __init__(self, arrivals):
-        self.waiting = list(arrivals)
-        self.acked: list[str] = []
-        self.released: list[tuple[str, str]] = []
-
-    def receive(self, max_items=10, wait_seconds=20.0):
-        taken, self.waiting = self.waiting[:max_items], self.waiting[max_items:]
-        return taken
-
-    def ack(self, arrivals):
-        self.acked += [a.key for a in arrivals]
-
-    def release(self, arrivals, reason):
-        self.released += [(a.key, reason) for a in arrivals]
-
-    def close(self):
-        pass
+from tests.helpers.landing import ListSource
 
 
 def arrivals(n):

@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 
 from tasks.landing.watch import LocalWatchSource
+from tests.helpers.landing import receive_all
 
 INPUT = "pipeline/input/"
-
-
-def receive_all(source: LocalWatchSource, seconds: float, until: int | None = None) -> list:
-    """Everything the source offers within ``seconds`` (or until ``until`` arrivals came)."""
-    got, deadline = [], time.monotonic() + seconds
-    while time.monotonic() < deadline and (until is None or len(got) < until):
-        got += source.receive(max_items=10, wait_seconds=min(0.5, max(0.0, deadline - time.monotonic())))
-    return got
 
 
 @pytest.fixture
@@ -110,7 +103,7 @@ def test_a_released_arrival_comes_back_after_a_delay_with_its_count(watched):
 
 # --------------------------------------------------------------------------- the ETL listener
 
-from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - the ETL tests' small-file settings
+from tests.helpers.etl import DAY, TODAY
 
 
 def land(root: Path, date: str, name: str, rows: list[int]) -> str:

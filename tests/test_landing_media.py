@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -19,40 +18,7 @@ from tasks.records import keys as records_keys
 from tasks.video import keys as video_keys
 from tasks.core.object_store import LocalStore
 from tasks.landing.sources import Arrival
-
-
-def arrive(store_root: Path, key: str, data: bytes) -> Arrival:
-    """Write ``data`` at ``key`` of the store and the arrival a watch would report for it."""
-    path = store_root / key
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    stat = path.stat()
-    return Arrival(
-        url=LocalStore(store_root).url_for(key), key=key, size=stat.st_size,
-        event_time="2026-01-01T00:00:00+00:00", event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}",
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def deployed() -> str:
-    """The pipelines' flows as deployments named for this module (no work pool: their runs stay Scheduled)."""
-    from flows.phspectra_survey import phspectra_survey
-    from flows.video import video_process
-
-    name = f"landing-{uuid.uuid4().hex[:6]}"
-    for flow in (video_process, phspectra_survey):
-        flow.to_deployment(name=name, enforce_parameter_schema=True).apply()
-    return name
-
-
-def runs_of(deployment: str) -> list:
-    """Every flow run of ``deployment`` (``flow/name``)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-    with get_client(sync_client=True) as client:
-        deployment_id = client.read_deployment_by_name(deployment).id
-        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+from tests.helpers.landing import arrive, record_messages, runs_of
 
 
 def flow_run_states(flow_run_id) -> list:
@@ -244,12 +210,6 @@ def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(tables, s
 # --------------------------------------------------------------------------- records
 
 
-def _messages(first: int, count: int) -> list[dict]:
-    from deployments.samples.records import _message
-
-    return [_message("completed", f"land-exec-{i}", 1_700_000_000_000 + i, [f"LAND.G{i:03d}"]) for i in range(first, first + count)]
-
-
 def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(tables, store_root):
     from flows.records import ingest_batch
     from tasks.core import state_store
@@ -258,11 +218,11 @@ def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(table
     from tasks.records.messages import message_id
 
     invalid = {"meta": {"collection": {"name": "MOD09GQ", "version": "006"}}}  # no cumulus_meta: archived
-    lines = [json.dumps(m) for m in _messages(0, 11)] + [json.dumps(invalid)]
+    lines = [json.dumps(m) for m in record_messages(0, 11)] + [json.dumps(invalid)]
     arrivals = [
         arrive(store_root, "records/incoming/a.ndjson", "\n".join(lines).encode()),  # 12 messages, one per line
-        arrive(store_root, "records/incoming/b.json", json.dumps(_messages(11, 1)[0]).encode()),  # one message
-        arrive(store_root, "records/incoming/c.json", json.dumps(_messages(12, 10)).encode()),  # a JSON list of 10
+        arrive(store_root, "records/incoming/b.json", json.dumps(record_messages(11, 1)[0]).encode()),  # one message
+        arrive(store_root, "records/incoming/c.json", json.dumps(record_messages(12, 10)).encode()),  # a list of 10
         arrive(store_root, "records/incoming/d.json", b"42"),  # JSON, but no batch: archived whole
     ]
     sizes, run_ids = [], []
@@ -298,7 +258,8 @@ def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(table
 def test_message_files_whose_batch_failed_stay_and_are_offered_again(tables, store_root):
     from tasks.records import landing
 
-    arrivals = [arrive(store_root, f"records/incoming/{n}.json", json.dumps(_messages(100 + 5 * n, 5)).encode()) for n in range(3)]
+    arrivals = [arrive(store_root, f"records/incoming/{n}.json", json.dumps(record_messages(100 + 5 * n, 5)).encode())
+                for n in range(3)]
     calls = []
 
     def down_once(bodies):
@@ -357,7 +318,7 @@ def test_each_upload_reaches_processing_through_its_own_run_timed(tables, store_
     from datetime import datetime
 
     from tasks.video import jobs, landing
-    from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml
+    from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml
 
     name = f"landing-{uuid.uuid4().hex[:6]}"
     deployment = deploy_from_prefect_yaml(tmp_path, {"video-process"}, f"pool-{name}", name)["video-process"]
@@ -396,7 +357,7 @@ def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(table
     queue = "https://sqs.us-east-1.amazonaws.com/123456789012/workflow-messages"
     arrivals = [
         Arrival(url=queue, key="", size=None, event_time="2026-01-01T00:00:00+00:00", event_id=f"m-{n}", body=json.dumps(message))
-        for n, message in enumerate(_messages(200, 12))
+        for n, message in enumerate(record_messages(200, 12))
     ]  # fmt: skip
     sizes = []
     outcome = landing.handle_messages(arrivals, lambda bodies: (sizes.append(len(bodies)), landing.ingest_in_process(bodies))[1])
@@ -410,7 +371,7 @@ def test_a_listener_stops_after_its_max_runtime_and_closes_its_source():
 
     from tasks.landing.listener import Outcome
     from tasks.landing.listener import listen
-    from tests.test_landing_listener import ListSource
+    from tests.helpers.landing import ListSource
 
     class Closing(ListSource):
         closed = False

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import yaml
 
-from tests.crashpoints import REPO_ROOT
+from tests.helpers.crashpoints import REPO_ROOT
 
 LISTENERS = ("ndjson_listen", "video_listen", "phspectra_listen", "records_listen")
 

@@ -1,6 +1,6 @@
 """The AWS arrival path against moto's server: `aws-events setup` → bucket notification → SQS → SqsSource.
 
-moto serves S3 and SQS on one loopback endpoint (tests/s3.py); S3 sends its notifications to the queue the
+moto serves S3 and SQS on one loopback endpoint (tests/helpers/s3.py); S3 sends its notifications to the queue the
 setup configured, as AWS does. Listing uses ListObjectsV2's sizes, never a HEAD per object.
 """
 
@@ -27,20 +27,10 @@ from tasks.core.object_store import ListedObject, LocalStore, ObjectStore, S3Sto
 from tasks.etl import ingest as etl
 from tasks.landing.listing import listed_arrivals
 from tasks.landing.sqs import SqsSource
-from tests.crashpoints import REPO_ROOT, child_env
-from tests.s3 import s3_client
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+from tests.helpers.s3 import s3_client
 
 DAY = "2026-02-01"
-
-
-@pytest.fixture
-def aws(s3_base, s3_endpoint, monkeypatch):
-    """This test's bucket (s3_base) and queues of its own (a unique env in their names), SQS on moto's server."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", s3_endpoint)
-    monkeypatch.setenv("TABLE_ENV", f"t{uuid.uuid4().hex[:8]}")
-    for pipeline in ("ETL", "VIDEO", "RECORDS"):
-        monkeypatch.delenv(f"PIPELINES_{pipeline}_QUEUE_URL", raising=False)
-    return s3_base.split("/")[2]
 
 
 def sqs():

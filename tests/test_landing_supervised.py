@@ -22,10 +22,9 @@ from deployments import local_stack
 from tasks.core import state_store
 from tasks.records import keys
 from tasks.core.object_store import LocalStore
-from tests.conftest import prefect_server_process
-from tests.crashpoints import REPO_ROOT, child_env
-from tests.test_aws_s3 import prefect_cli
-from tests.test_landing_media import _messages
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+from tests.helpers.landing import record_messages
+from tests.helpers.prefect_runs import prefect_cli, prefect_server_process
 
 pytestmark = pytest.mark.sweep  # a server, a worker and two listener runs: about two minutes on a loaded machine
 
@@ -59,7 +58,7 @@ def _drop(root: Path, first: int, count: int) -> list[str]:
     for i in range(first, first + count):
         name = f"m-{i:02d}.json"
         staged = root / f".{name}.part"
-        staged.write_text(json.dumps(_messages(5 * i, 5)))
+        staged.write_text(json.dumps(record_messages(5 * i, 5)))
         target = root / keys.RECORDS_INCOMING_PREFIX / name
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staged, target)  # renamed in, as uploads land

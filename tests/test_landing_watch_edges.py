@@ -13,7 +13,7 @@ import pytest
 
 from tasks.landing import watch
 from tasks.landing.watch import LocalWatchSource, open_for_writing, read_watermark
-from tests.test_landing_local import receive_all
+from tests.helpers.landing import receive_all
 
 INPUT = "pipeline/input/"
 

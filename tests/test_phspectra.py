@@ -14,43 +14,18 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
-import phspectra
 import pyarrow.dataset as ds
 import pytest
 
-from deployments.samples.phspectra import synthetic_cube, write_fits
+from deployments.samples.phspectra import synthetic_cube
 from tasks.core import keys, state_store
 from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.core.state_store import to_plain
+from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def direct_rows(cube_url: str, params: dict) -> dict[tuple[int, int], list[tuple[float, float, float]]]:
-    """(x, y) -> components of ``phspectra.fit_gaussians`` called directly on the same spectrum."""
-    spectra, xs, ys, _ = ph.prepare_spectra(ph.load_cube(cube_url))
-    return {
-        (int(x), int(y)): [(c.amplitude, c.mean, c.stddev) for c in phspectra.fit_gaussians(s, **params)]
-        for s, x, y in zip(spectra, xs, ys)
-    }
-
-
-def output_rows(store_root: Path, survey: str, run_id: str) -> dict[tuple[int, int], list[tuple[float, float, float]]]:
-    table = ds.dataset(store_root / phspectra_keys.decomposition_prefix(survey, run_id), format="parquet").to_table()
-    assert table.schema.equals(ph.PARQUET_SCHEMA)
-    rows = table.to_pylist()
-    pairs = [(r["x"], r["y"]) for r in rows]
-    assert len(pairs) == len(set(pairs)), "a spectrum appears twice"
-    return {
-        (r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"]))
-        for r in rows
-    }
-
-
-def fits_cube(tmp_path: Path, **kwargs) -> str:
-    return write_fits(synthetic_cube(**kwargs), tmp_path / "cube.fits").as_uri()
 
 
 def chunk_items(run_id: str) -> dict[str, dict]:
@@ -154,14 +129,6 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
     assert summary["spectra_fitted"] == 15
 
 
-def wait_until_leases_expire(run_id: str, timeout: float = 60) -> None:
-    """Wait until no chunk of the run holds a live lease (as the maintenance flows find it after a fitter died)."""
-    deadline = time.monotonic() + timeout
-    while any(c["status"] == "IN_PROGRESS" and not ph.lease_expired(c) for c in ph.list_chunks(run_id)):
-        assert time.monotonic() < deadline, f"run {run_id}: a lease was still renewed after {timeout} s"
-        time.sleep(0.1)
-
-
 def wait_for_worker(table: str, run_id: str, process: subprocess.Popen, timeout: float = 90) -> dict:
     """The chunk item once its fitting process runs (``worker_pid`` recorded)."""
     deadline = time.monotonic() + timeout
@@ -179,7 +146,7 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
 
     from flows.phspectra_survey import phspectra_sweep_stuck
     from tasks import reconcile
-    from tests.crashpoints import report_crashed_runs
+    from tests.helpers.crashpoints import report_crashed_runs
 
     cube_url = fits_cube(tmp_path, ny=4, nx=5, n_channels=424, nan_channels=0)  # one slow chunk of 20 spectra
     run_id, survey, lease = "killed-run-1", "grs-kill", 6.0
@@ -266,12 +233,12 @@ def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(
 
 
 def test_a_fitter_that_lost_its_claim_stops_and_publishes_nothing(tables, store_root, tmp_path):
-    from tests.crashpoints import child_env
+    from tests.helpers.crashpoints import child_command, child_env
 
     run_id, survey, lease = "superseded", "grs-superseded", 2.0
     ph.split_cube(run_id, survey, fits_cube(tmp_path, ny=6, nx=20, n_channels=424, nan_channels=0), chunk_size=120)
-    call = ["tests/crashpoints.py", "tasks.phspectra.survey:fit_chunk", json.dumps({"run_id": run_id, "start": 0, "lease_seconds": lease})]
-    fitter = subprocess.Popen([sys.executable, *call], env=child_env(), cwd=REPO, start_new_session=True,
+    call = child_command("tasks.phspectra.survey:fit_chunk", {"run_id": run_id, "start": 0, "lease_seconds": lease})
+    fitter = subprocess.Popen(call, env=child_env(), cwd=REPO, start_new_session=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         chunk = wait_for_worker(tables["phspectra_runs"], run_id, fitter)
@@ -330,7 +297,7 @@ def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.states import Pending
 
-    from tests.test_aws_s3 import deploy_from_prefect_yaml
+    from tests.helpers.prefect_runs import deploy_from_prefect_yaml
 
     name = f"sweep-{uuid.uuid4().hex[:6]}"
     deployment_name = deploy_from_prefect_yaml(tmp_path, {"phspectra-sweep-stuck"}, f"pool-{name}", name)["phspectra-sweep-stuck"]

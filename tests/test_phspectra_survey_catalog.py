@@ -16,7 +16,7 @@ from tasks.core.object_store import LocalStore
 from tasks.phspectra import catalog
 from tasks.phspectra import survey as ph
 from tasks.phspectra.survey_status import survey_status
-from tests.test_landing_media import arrive, runs_of
+from tests.helpers.landing import arrive, runs_of
 
 TILES = ("l15-a", "l16-b", "l17-c")
 
@@ -213,7 +213,7 @@ def test_a_manifest_runs_end_to_end_on_a_worker_and_the_catalog_deployment_rebui
     from prefect.artifacts import Artifact
 
     from tasks.phspectra import landing
-    from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
+    from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
 
     survey, name = "grs-deployed", f"survey-{uuid.uuid4().hex[:6]}"
     deployments = deploy_from_prefect_yaml(tmp_path, {"phspectra-survey", "phspectra-survey-catalog"}, f"pool-{name}", name)

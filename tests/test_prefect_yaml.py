@@ -17,7 +17,7 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 
 from tasks.core import limits
-from tests.docker_standin import docker_standin
+from tests.helpers.docker_standin import docker_standin
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())

@@ -144,7 +144,7 @@ def test_the_readme_commands_get_run_and_granule_run_in_both_forms(tables, store
     from tasks.core.runtime import now_iso
     from tasks.phspectra import survey
     from tasks.records import messages as records_messages
-    from test_records import message
+    from tests.helpers.records import message
 
     state_store.create_if_absent(tables["phspectra_runs"], {**survey.run_key("run-7"), "status": survey.RUN_RUNNING,
                                                             "survey": "grs", "jobs_total": 2, "created_at": now_iso()}, ["PK", "SK"])

@@ -13,25 +13,9 @@ from tasks.records import rules as records
 from tasks.records import messages as records_messages
 from tasks.core import state_store
 from tasks.records.rules import COMPLETED, EXECUTION, FAILED, GRANULE, QUEUED, RUNNING, RecordKind, Verdict
+from tests.helpers.records import STATE_MACHINE, message
 
-STATE_MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:IngestGranule"
 NOW = 1_700_000_900_000
-
-
-def message(status: str, execution: str, created: int, granule: str = "G1", collection=("MOD09GQ", "006"), **extra) -> dict:
-    granule_status = extra.pop("granule_status", None)
-    granule_item = {"granuleId": granule, "files": [{"fileName": "a.hdf", "size": 100}, {"fileName": "a.xml", "size": 23}]}
-    if granule_status:
-        granule_item["status"] = granule_status
-    msg = {
-        "cumulus_meta": {"state_machine": STATE_MACHINE, "execution_name": execution, "workflow_start_time": created},
-        "meta": {"collection": {"name": collection[0], "version": collection[1]}, "status": status, "provider": {"id": "prov"}},
-        "payload": {"granules": [granule_item], "pdr": {"name": "p.PDR"}},
-    }
-    if status == "failed":
-        msg["error"] = {"Error": "ProcessingError", "Cause": "bad checksum"}
-    msg.update(extra)
-    return msg
 
 
 def granule(tables, granule_id="G1") -> dict | None:

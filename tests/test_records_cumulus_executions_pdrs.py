@@ -12,7 +12,9 @@ import pytest
 
 from tasks.records import messages as records_messages
 from tasks.records.rules import Verdict
-from tests.records_cumulus import COLLECTION_ID, NOW, START, arn, execution, ingest, message, new_id, pdr, ported
+from tests.helpers.records_cumulus import (
+    COLLECTION_ID, NOW, START, arn, execution, ingest, message, new_id, pdr, ported,
+)  # fmt: skip
 
 WE = "packages/api/tests/lib/writeRecords/test-write-execution.js"
 ME = "packages/db/tests/models/test-execution-model.js"

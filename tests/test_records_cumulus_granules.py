@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.records.rules import Verdict
-from tests.records_cumulus import (
+from tests.helpers.records_cumulus import (
     COLLECTION_ID, NOW, START, arn, files, granule, ingest, message, new_id, ported, put_execution,
 )  # fmt: skip
 

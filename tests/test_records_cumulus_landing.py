@@ -14,8 +14,8 @@ from tasks.core.runtime import today_iso
 from tasks.records import dead_letter
 from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
-from test_landing_media import arrive
-from tests.records_cumulus import START, message
+from tests.helpers.landing import arrive
+from tests.helpers.records_cumulus import START, message
 
 
 def body(granule_id: str, execution: str = "exec-1") -> bytes:

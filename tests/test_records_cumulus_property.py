@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.records_cumulus import NOW, arn, execution, granule, ingest, message, pdr
+from tests.helpers.records_cumulus import NOW, arn, execution, granule, ingest, message, pdr
 
 pytestmark = pytest.mark.usefixtures("module_tables")
 

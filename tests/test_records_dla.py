@@ -12,7 +12,7 @@ from tasks.records import dead_letter
 from tasks.records import messages as records_messages
 from tasks.core import state_store
 from tasks.records.keys import dead_letter_prefix
-from test_records import message
+from tests.helpers.records import message
 
 NOW_MS = 1_700_000_900_000
 

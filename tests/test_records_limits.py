@@ -13,7 +13,7 @@ from tasks.records import dead_letter
 from tasks.records import messages as records_messages
 from tasks.records import rules
 from tasks.records.rules import Verdict
-from test_records import message
+from tests.helpers.records import message
 
 NOW = 1_700_000_900_000
 

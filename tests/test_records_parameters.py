@@ -15,7 +15,7 @@ from tasks.core import state_store
 from tasks.core.runtime import today_iso
 from tasks.records.keys import dead_letter_prefix
 from tasks.records import messages as records_messages
-from test_records import message
+from tests.helpers.records import message
 
 FAR = 10**20  # a schema-valid-looking workflow_start_time beyond 64 bits
 

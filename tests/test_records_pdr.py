@@ -283,7 +283,7 @@ def test_processing_times_come_from_the_executions_prefect_flow_run(tables):
 
 def test_a_cmr_file_on_s3_is_read_by_bucket_and_key(s3_base, s3_endpoint, tables):
     """The file model Cumulus writes (``bucket``, ``key``), read from a real S3 API (moto's server)."""
-    from tests.s3 import s3_client
+    from tests.helpers.s3 import s3_client
 
     bucket = s3_base.split("/")[2]
     s3_client(s3_endpoint).put_object(Bucket=bucket, Key="granules/G1.cmr.xml", Body=ECHO10.encode())

@@ -61,6 +61,7 @@ import pytest  # noqa: E402
 
 from flows.records import records_prefect_state, records_reconcile  # noqa: E402
 from tasks import reconcile
+from tests.helpers.prefect_runs import crash_event, task_run_state, wait_for  # noqa: E402
 
 
 def _seed_run(table: str, run_id: str, chunks: dict[int, str], completed: int = 0, failed: int = 0) -> None:
@@ -72,27 +73,6 @@ def _seed_run(table: str, run_id: str, chunks: dict[int, str], completed: int = 
         state_store.create_if_absent(
             table, {"PK": run_id, "SK": chunk_sk(start), "status": status, "created_at": "2026-01-01T00:00:00Z"}, ["PK", "SK"]
         )
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _task_state(task_run_id: str) -> str | None:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        try:
-            run = client.read_task_run(task_run_id)
-        except Exception:  # not recorded yet (task run states arrive as events)
-            return None
-    return run.state.type.value if run.state else None
 
 
 def _item(table, run_id, sk):
@@ -115,10 +95,10 @@ def test_killed_worker_is_reconciled_to_zero_disagreements(tables, tmp_path):
     process = subprocess.Popen([sys.executable, __file__, run_id, "0", str(ready)], env=env, cwd=REPO_ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        _wait(ready.exists, 120, "the worker to move its chunk IN_PROGRESS")
+        wait_for(ready.exists, 120, "the worker to move its chunk IN_PROGRESS")
         chunk = _item(table, run_id, chunk_sk(0))
         assert chunk["status"] == "IN_PROGRESS"
-        _wait(lambda: _task_state(chunk["prefect_task_run_id"]) == "RUNNING", 30, "the task run in the API")
+        wait_for(lambda: task_run_state(chunk["prefect_task_run_id"]) == "RUNNING", 30, "the task run in the API")
         process.send_signal(signal.SIGKILL)  # no hooks, no final state: the worker is simply gone
         process.wait(timeout=10)
     finally:
@@ -134,7 +114,7 @@ def test_killed_worker_is_reconciled_to_zero_disagreements(tables, tmp_path):
     # Stand-in for the server's missed-heartbeat (zombie) detection, which marks the flow run Crashed.
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(chunk["prefect_flow_run_id"], Crashed(message="worker lost (heartbeat missed)"), force=True)
-    assert _task_state(chunk["prefect_task_run_id"]) == "RUNNING"  # Prefect leaves the task run Running
+    assert task_run_state(chunk["prefect_task_run_id"]) == "RUNNING"  # Prefect leaves the task run Running
 
     before = reconcile.disagreements()
     assert sorted((f.pipeline, f.record, f.problem) for f in before) == [
@@ -193,7 +173,7 @@ def test_task_failed_events_move_their_records(tables):
     chunks = [_item(table, run_id, chunk_sk(i)) for i in (0, 1)]
     assert [c["status"] for c in chunks] == ["IN_PROGRESS", "COMPLETED"]
     for c in chunks:
-        _wait(lambda: _task_state(c["prefect_task_run_id"]) == "FAILED", 30, "the task run's Failed state")
+        wait_for(lambda: task_run_state(c["prefect_task_run_id"]) == "FAILED", 30, "the task run's Failed state")
 
     from prefect.events import Event
 
@@ -282,7 +262,7 @@ def test_a_completed_chunk_stays_completed_when_its_flow_crashed_before_the_task
     for start, task_run_id in owners.items():
         state_store.transition(table, {"PK": run_id, "SK": chunk_sk(start)}, None, None,
                                set={"prefect_flow_run_id": str(crashed.id), "prefect_task_run_id": task_run_id})
-    assert _task_state(owners[0]) == "RUNNING"
+    assert task_run_state(owners[0]) == "RUNNING"
 
     findings = reconcile.reconcile(["phspectra"], dry_run=False, run_ids={str(crashed.id)})
     # only the chunk that was still in flight moves; the two recorded results stand
@@ -319,7 +299,7 @@ def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
                                                       "status": "manifested#1", "manifest_path": manifest, **ids})
         state_store.put(tables["video_jobs"], {"job_id": f"job-{run_id}", "status": "chunking_in_progress", **ids})
 
-    findings = records_prefect_state(_crash_event(crashed.id))
+    findings = records_prefect_state(crash_event(crashed.id))
     assert sorted((f["pipeline"], f["record"], f["outcome"]) for f in findings) == [
         ("etl", "2026-02-02/MANIFEST#batch-run-held.json", "applied"), ("gpu", "task-run-held", "applied"),
         ("phspectra", "run-held/CHUNK#chunk-0000000", "applied"),
@@ -337,12 +317,7 @@ def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
     }
     assert statuses == {"run-held": ("FAILED", "TERMINATED", "failed", "failed#1", "failed"),  # the files follow at once
                         "run-alive": ("IN_PROGRESS", "IN_PROGRESS", "processing", "manifested#1", "chunking_in_progress")}
-    assert records_prefect_state(_crash_event(crashed.id)) == []  # a second report finds nothing left to do
-
-
-def _crash_event(run_id) -> dict:
-    """The event prefect.yaml's trigger hands `records-prefect-state` for a crashed flow run."""
-    return {"event": "prefect.flow-run.Crashed", "resource": {"prefect.resource.id": f"prefect.flow-run.{run_id}"}}
+    assert records_prefect_state(crash_event(crashed.id)) == []  # a second report finds nothing left to do
 
 
 def test_records_of_an_in_process_subflow_follow_its_crashed_parent(tables):
@@ -367,7 +342,7 @@ def test_records_of_an_in_process_subflow_follow_its_crashed_parent(tables):
     states = reconcile.prefect_states([str(in_process.id), str(elsewhere.id)], [])
     assert (states[str(in_process.id)].type, states[str(elsewhere.id)].type) == ("CRASHED", "RUNNING")
 
-    findings = records_prefect_state(_crash_event(parent.id))
+    findings = records_prefect_state(crash_event(parent.id))
     assert [(f["record"], f["outcome"]) for f in findings] == [("run-sub/CHUNK#chunk-0000000", "applied")]
     assert [_item(table, "run-sub", chunk_sk(s))["status"] for s in (0, 6)] == ["FAILED", "IN_PROGRESS"]
 
@@ -382,8 +357,8 @@ def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.states import Crashed
 
-    from tests.crashpoints import count_writes, killed, run_child
-    from tests.test_phspectra import fits_cube
+    from tests.helpers.crashpoints import count_writes, killed, run_child
+    from tests.helpers.phspectra_survey import fits_cube
 
     call = "flows.phspectra_survey:phspectra_survey"
     kwargs = {"cube_url": fits_cube(tmp_path, ny=3, nx=4, n_channels=32), "survey": "grs-crash-event", "chunk_size": 6,
@@ -405,7 +380,7 @@ def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_
     held = [s for s in (0, 6) if before[s] == "IN_PROGRESS"]  # 6: if claimed ahead (PENDING, or COMPLETED if it won the race)
 
     time.sleep(3)  # the dead fitter's lease (2 s) lapses: the reconciler never takes a chunk whose lease is live
-    findings = records_prefect_state(_crash_event(survey.id))
+    findings = records_prefect_state(crash_event(survey.id))
     assert [(f["record"], f["problem"], f["outcome"]) for f in findings] == [
         (f"crash-event/{chunk_sk(s)}", f"IN_PROGRESS while Prefect Crashed (with its parent flow run {survey.id})", "applied")
         for s in held

@@ -15,7 +15,7 @@ from tasks.records.keys import dead_letter_prefix
 from tasks.core.runtime import today_iso
 from tasks.records import dead_letter
 from tasks.records import messages as records_messages
-from test_records import message
+from tests.helpers.records import message
 
 
 def broken_message() -> bytes:

@@ -3,46 +3,23 @@
 
 from __future__ import annotations
 
-import os
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 from tasks.core import state_store
 from tasks.etl import keys as etl_keys
 from tasks.phspectra import keys as phspectra_keys
 from tasks.records import keys as records_keys
 from tasks.core.config import object_store
-from tasks.gpu import jobs as gpu
-from tasks.health import incidents
 from tasks.phspectra import survey
 from tasks.retention.sweep import apply_retention
-from tasks.video import jobs as video
-from tests.test_etl import etl_env  # noqa: F401 - a fixture
+from tests.helpers.retention import ENDED, aged, make_records
 
-ENDED = "2026-01-01T00:00:00.000000+00:00"
 ENDED_EPOCH = int(datetime.fromisoformat(ENDED).timestamp())
 THIRTY_DAYS = 30 * 86400
 
 
 def item(tables: dict, logical: str, key: dict) -> dict:
     return state_store.to_plain(state_store.get_item(tables[logical], key))
-
-
-def make_records(tables: dict) -> None:
-    put = lambda logical, it: state_store.put(tables[logical], it)  # noqa: E731
-    put("phspectra_runs", {"PK": "run-done", "SK": phspectra_keys.RUN_SK, "status": survey.RUN_COMPLETED, "completed_at": ENDED})
-    put("phspectra_runs", {"PK": "run-done", "SK": phspectra_keys.chunk_sk(0), "status": "COMPLETED"})
-    put("phspectra_runs", {"PK": "run-live", "SK": phspectra_keys.RUN_SK, "status": survey.RUN_RUNNING, "created_at": ENDED})
-    put("phspectra_runs", {"PK": "run-live", "SK": phspectra_keys.chunk_sk(0), "status": "IN_PROGRESS"})
-    put("video_jobs", {"job_id": "v-done", "status": video.COMPLETED, "completed_at": ENDED})
-    put("video_segment_completions", {"job_id": "v-done", "segment_index": 0})
-    put("video_reassembly_locks", {"job_id": "v-done"})
-    put("video_jobs", {"job_id": "v-reopened", "status": video.CREATED, "created_at": ENDED, "ttl": 1})  # live again
-    put("ecs_job", {"job_id": "g-done", "job_status": gpu.JOB_COMPLETE, "updated_at": ENDED})
-    put("ecs_task", {"ecs_task_id": "t-1", "job_id": "g-done"})
-    put("ecs_job", {"job_id": "g-live", "job_status": gpu.JOB_IN_PROGRESS, "updated_at": ENDED})
-    put("ecs_task", {"ecs_task_id": "t-2", "job_id": "g-live"})
-    put("health_incidents", {"alarm": "cleared", "status": incidents.CLEARED, "cleared_at": ENDED})
-    put("health_incidents", {"alarm": "open", "status": incidents.OPEN, "opened_at": ENDED})
 
 
 def test_finished_records_get_a_ttl_from_when_they_ended_and_live_ones_never(etl_env):
@@ -74,14 +51,6 @@ def test_every_table_with_retention_has_dynamodb_ttl_enabled(etl_env):
         assert (described["TimeToLiveStatus"], described["AttributeName"]) == ("ENABLED", "ttl"), logical
 
 
-def _aged(root, key: str, days: float, now: datetime) -> None:
-    path = root / key
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x")
-    stamp = (now - timedelta(days=days)).timestamp()
-    os.utime(path, (stamp, stamp))
-
-
 def test_dead_staging_and_opted_in_failed_dead_letters_age_out_waiting_ones_never(etl_env):
     root = etl_env["root"]
     now = datetime.now(timezone.utc)
@@ -90,7 +59,7 @@ def test_dead_staging_and_opted_in_failed_dead_letters_age_out_waiting_ones_neve
     waiting = records_keys.dead_letter_key("2026-01-01", "m-waiting")
     failed_old, failed_new = records_keys.dead_letter_failed_key("2026-01-01", "m-old"), records_keys.dead_letter_failed_key("2026-11-01", "m-new")
     for key, days in ((dead, 3), (live, 1), (waiting, 300), (failed_old, 30), (failed_new, 1)):
-        _aged(root, key, days, now)
+        aged(root, key, days, now)
 
     report = apply_retention(record_days=30, now=now)
     assert report["deleted_objects"] == {"etl-staging": 1, "dead-letter-failed": 0}  # dead letters: off by default

@@ -15,8 +15,8 @@ import yaml
 from flows.etl import ndjson_ingest, ndjson_merge
 from tasks.core import faults, limits
 from tasks.etl import keys
-from tests.conftest import prefect_server_process
-from tests.test_etl import DAY, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
+from tests.helpers.etl import DAY, records, write_input
+from tests.helpers.prefect_runs import prefect_server_process
 
 LIMITS = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())["definitions"]["limits"]
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import http.server
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -85,43 +83,6 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
     # a re-run and a second reassembly are no-ops that recognise the finished job
     assert _run(job_id=job_id)["status"] == "completed"
     assert v.reassemble(job_id)["reassembled"] is False
-
-
-class _Backend(http.server.BaseHTTPRequestHandler):
-    """A local inference endpoint: echoes the segment (``ok``), answers 500 (``error``) or stalls (``slow``)."""
-
-    behaviour = "ok"
-    requests: list[str] = []
-
-    def do_POST(self):  # noqa: N802 - http.server's naming
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).requests.append(self.path)
-        if self.behaviour == "error":
-            self.send_error(500, "model crashed")
-            return
-        if self.behaviour == "slow":
-            time.sleep(1.5)
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def http_backend(monkeypatch):
-    """An inference endpoint on 127.0.0.1 in a thread; returns its handler class to set the behaviour."""
-    handler = type("Handler", (_Backend,), {"behaviour": "ok", "requests": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}/infer")
-    monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "30")  # generous: a loaded CI machine must not time out
-    yield handler
-    server.shutdown()
-    server.server_close()
 
 
 def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with(tables, store_root, source_video, monkeypatch):
@@ -392,7 +353,7 @@ def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, st
     from prefect.client.orchestration import get_client
 
     from flows.video import video_reassemble
-    from tests.test_records_reconcile import _wait
+    from tests.helpers.prefect_runs import wait_for
 
     job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
     # a deployment that does not exist: starting `video-reassemble` would fail the run
@@ -407,7 +368,7 @@ def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, st
         with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
             return client.read_task_run(lock["prefect_task_run_id"])
 
-    claimed_by = _wait(task_run, 60, "the reassemble task run on the server")
+    claimed_by = wait_for(task_run, 60, "the reassemble task run on the server")
     # the reassembly is a task run of the process run: its logs and retries are on that run's page in the UI
     assert (claimed_by.name.split("-")[0], str(claimed_by.flow_run_id)) == ("reassemble", job["prefect_flow_run_id"])
 

@@ -1,7 +1,7 @@
 """The video pipeline's model backends: text-redact (a real text detector, ONNX) and a SageMaker-style async endpoint.
 
 Clips are drawn by ffmpeg (drawtext on a white source), so there is known text to find; the endpoint is a local
-stand-in (tests/sagemaker_standin.py) reached through the real boto3 sagemaker-runtime client.
+stand-in (tests/helpers/sagemaker_standin.py) reached through the real boto3 sagemaker-runtime client.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from tasks.video import inference as video_inference
 from tasks.video import jobs as v
 from tasks.video import model
 from tasks.video.ffmpeg import probe, run
-from tests.sagemaker_standin import AsyncEndpoint
 
 SIZE, FPS, SECONDS = (320, 192), 10, 2.0  # 20 frames; two 1 s segments in the flow tests
 TEXT_AT = (40, 60)  # where drawtext puts the text (fontsize 28)
@@ -143,17 +142,6 @@ def test_video_process_with_the_text_redact_backend(tables, store_root, text_cli
     x0, y0, x1, y1 = text_area
     assert frame[y0:y1, x0:x1].max() <= 20 and frame[: y0 - 20].min() >= 235  # text black, background white
     assert np.abs(frame[..., 0].astype(int) - frame[..., 2].astype(int)).max() <= 3  # and gray
-
-
-@pytest.fixture
-def endpoint(tmp_path, monkeypatch):
-    """The stand-in endpoint named text-redact, configured as the VideoInference block's sagemaker backend."""
-    standin = AsyncEndpoint((tmp_path / "sagemaker").as_uri())
-    monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", standin.url)
-    monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_NAME", "text-redact")
-    monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "30")
-    yield standin
-    standin.close()
 
 
 def test_video_process_through_the_async_endpoint(tables, store_root, text_clip, text_area, endpoint):

@@ -21,59 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import ffmpeg
 import pytest
 
 from tasks.video import keys
 from tasks.video import ffmpeg as video_ffmpeg
 from tasks.video import jobs as v
-from tasks.video.ffmpeg import probe, run
-from tests.test_video import http_backend  # noqa: F401 - the echoing endpoint, a fixture
-from tests.test_video_model import endpoint  # noqa: F401 - the SageMaker-style stand-in, a fixture
-
-SEGMENT = 1.0
-
-
-def _lavfi(spec: str):
-    return ffmpeg.input(spec, f="lavfi")
-
-
-def clip(path: Path, *, size: str = "64x48", fps: float = 10, seconds: float = 3.0, vcodec: str = "libx264",
-         pix_fmt: str = "yuv420p", audio: str | None = "stereo", audio_start: float = 0.0,
-         audio_seconds: float | None = None, acodec: str = "aac", rotation: int = 0, keyframe_s: float = 0.5,
-         vfr: tuple[float, float] | None = None, extra: dict | None = None) -> Path:
-    """A ``testsrc`` clip as a device would write it (codec, container from the suffix, rotation, audio layout)."""
-    if vfr:  # the first half at vfr[0] fps, the second at vfr[1]: one stream, frame durations changing
-        halves = [_lavfi(f"testsrc=size={size}:rate={rate}:duration={seconds / 2}:decimals={i}").filter("settb", "1/720")
-                  for i, rate in enumerate(vfr)]  # two different sources: ffmpeg-python merges equal nodes
-        video = ffmpeg.concat(*halves, v=1, a=0)
-    else:
-        video = _lavfi(f"testsrc=size={size}:rate={fps}:duration={seconds}")
-    streams = [video]
-    options = {"vcodec": vcodec, "pix_fmt": pix_fmt, "fps_mode": "passthrough",
-               "force_key_frames": f"expr:gte(t,n_forced*{keyframe_s})", **(extra or {})}
-    if vcodec == "libx264":
-        options.update(preset="veryfast")
-    if vcodec.startswith("libvpx"):
-        options.update({"b:v": "300k", "deadline": "realtime", "cpu-used": 8})
-    if audio:
-        layout = {"mono": "mono", "stereo": "stereo"}[audio]
-        length = audio_seconds if audio_seconds is not None else seconds - audio_start
-        sound = _lavfi(f"sine=frequency=440:sample_rate=48000:duration={length}").filter("aformat", channel_layouts=layout)
-        if audio_start:  # the track begins later in the file (its first timestamp), as a late-starting recorder writes
-            sound = sound.filter("asetpts", f"PTS+{audio_start}/TB")
-        streams.append(sound)
-        options["acodec"] = acodec
-    if not rotation:
-        run(ffmpeg.output(*streams, str(path), **options))
-        return path
-    # a display matrix, as phones store a portrait recording: a second pass sets it (stream copy)
-    plain = path.with_name("unrotated-" + path.name)
-    run(ffmpeg.output(*streams, str(plain), **options))
-    tag = {"tag:v": "hvc1"} if vcodec == "libx265" else {}  # Apple's tag for hevc
-    run(ffmpeg.input(str(plain), display_rotation=rotation).output(str(path), c="copy", **tag))
-    plain.unlink()
-    return path
+from tasks.video.ffmpeg import run
+from tests.helpers.video import SEGMENT, assert_like_source, clip, lavfi, process, upload
 
 
 def cut(source: Path, path: Path, where: str) -> Path:
@@ -118,7 +72,7 @@ def _empty(folder: Path) -> Path:
 
 def _audio_only(folder: Path) -> Path:
     path = folder / "voice-memo.m4a"
-    run(_lavfi("sine=duration=1").output(str(path), acodec="aac"))
+    run(lavfi("sine=duration=1").output(str(path), acodec="aac"))
     return path
 
 
@@ -172,38 +126,6 @@ BAD = [name for name, shape in SHAPES.items() if shape.reason is not None]
 def corpus(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("uploads")
     return {name: shape.make(folder) for name, shape in SHAPES.items()}
-
-
-def upload(store_root: Path, source: Path, mode: str = "grayscale", segment_seconds: float = SEGMENT) -> str:
-    job = v.create_job(mode=mode, segment_seconds=segment_seconds)
-    Path(job["upload_target"]).write_bytes(source.read_bytes())
-    return job["job_id"]
-
-
-def process(job_id: str, backend: str = "ffmpeg") -> dict:
-    """The flow's steps as plain task bodies: chunk, every segment through ``backend``, reassemble."""
-    job = v.start_chunking(job_id)
-    for key in v.chunk_source(job_id, float(job["segment_seconds"]), job["mode"]):
-        assert "output_key" in v.infer_segment(key, backend=backend)
-    v.reassemble(job_id)
-    return v.get_job(job_id)
-
-
-def assert_like_source(source: Path, job: dict, store_root: Path) -> None:
-    """Item 1's invariants: the final has the source's frames, duration, displayed size and whole audio track."""
-    want, final = probe(source), probe(store_root / job["final_key"])
-    assert job["status"] == v.COMPLETED
-    assert final.frames == want.frames == job["final_frames"]
-    assert abs(final.duration - want.duration) <= 0.1, (final.duration, want.duration)
-    width, height = want.display_size
-    if job.get("normalised"):  # odd sides padded to even (stated in the job)
-        width, height = video_ffmpeg.even_size(width, height)
-    assert final.display_size == video_ffmpeg.output_size(job["mode"], width, height)
-    assert job["output_size"] == job["final_size"] == "{}x{}".format(*final.display_size)
-    assert final.has_audio == want.has_audio
-    if want.has_audio:
-        assert abs(final.audio_duration - want.audio_duration) <= 0.1, (final.audio_duration, want.audio_duration)
-        assert abs(final.audio_start - want.audio_start) <= 0.1, (final.audio_start, want.audio_start)
 
 
 @pytest.mark.parametrize("name", VALID)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.video import ffmpeg as video_ffmpeg
-from tests.test_video_uploads import assert_like_source, clip, process, upload
+from tests.helpers.video import assert_like_source, clip, process, upload
 
 # few draws in `make test`; `make test-sweep` draws many more
 QUICK = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

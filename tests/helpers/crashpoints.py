@@ -8,7 +8,7 @@ A sweep (see ``tests/test_crashpoints_*.py``):
    test runs only what the product itself runs afterwards (maintenance flows, the documented re-run), then
    asserts the pipeline's invariants (docs/design.md, "Fault model").
 
-The child is this file run as a script: ``python tests/crashpoints.py module:function JSON-kwargs``.
+The child is this file run as a script: ``python tests/helpers/crashpoints.py module:function JSON-kwargs``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # up to this many writes every point is tried; above, a seeded sample of this size. By hand a sweep samples 3
 # points per pipeline (the first and last write and one more); `make test-sweep` (CI runs it after `make test`)
 # sets CRASHPOINTS_LIMIT=40: every write of every pipeline's run.
