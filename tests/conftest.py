@@ -27,8 +27,13 @@ TEST_OUTPUT = REPO_ROOT / "test-output"
 # the shared helpers (tests/helpers/) get pytest's assertion messages, as the test modules do; the fixtures of
 # these modules serve every test module
 pytest.register_assert_rewrite("tests.helpers")
-pytest_plugins = ["tests.helpers.etl", "tests.helpers.gpu", "tests.helpers.health", "tests.helpers.landing",
-                  "tests.helpers.video"]
+pytest_plugins = [
+    "tests.helpers.etl",
+    "tests.helpers.gpu",
+    "tests.helpers.health",
+    "tests.helpers.landing",
+    "tests.helpers.video",
+]
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -76,8 +81,7 @@ def prefect_server(dynamodb_endpoint):
 def _fresh_tables(monkeypatch) -> dict[str, str]:
     """Fresh tables (logical -> physical name), exposed to the code through TABLE_* variables."""
     from blocks.base import clear_cache
-    from tasks.core import state_store
-    from tasks.core import registry
+    from tasks.core import registry, state_store
     from tasks.core.tables import ensure_tables
 
     suffix = uuid.uuid4().hex[:8]
@@ -157,7 +161,7 @@ class WebhookServer:
         server = self
 
         class Hook(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
                 server.posts.append({"path": self.path, "status": server.status, "body": body})
                 server.received.append(body)

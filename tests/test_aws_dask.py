@@ -21,9 +21,9 @@ import pytest
 
 from deployments.dynamodb_local import free_port, port_open
 from tasks.core import state_store
+from tasks.core.object_store import ObjectStore
 from tasks.etl import keys as etl_keys
 from tasks.phspectra import keys as phspectra_keys
-from tasks.core.object_store import ObjectStore
 from tests.helpers.crashpoints import REPO_ROOT, child_env
 from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 
@@ -174,7 +174,10 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
     parquet = sorted(store.list(phspectra_keys.decomposition_prefix("dask-s3", run_id)))
     assert parquet == [phspectra_keys.decomposition_key("dask-s3", run_id, s) for s in (0, 3, 6, 9)]
     rows = [row for key in parquet for row in ph.read_parquet(store, key).to_pylist()]
-    got = {(r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"])) for r in rows}
+    got = {
+        (r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"]))
+        for r in rows
+    }
     assert len(rows) == len(got) == 12 and got == direct_rows(cube_url, params)
     # the merge: four parts, every line exactly once, every file completed
     parts = sorted(store.list(etl_keys.merged_output_prefix("2026-03-01")))

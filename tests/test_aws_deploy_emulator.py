@@ -31,9 +31,9 @@ from botocore.exceptions import ClientError
 
 from infra import cloudformation as cfn
 from tasks.core import state_store
-from tasks.etl import keys
-from tasks.core.tables import ensure_tables
 from tasks.core.registry import table_specs
+from tasks.core.tables import ensure_tables
+from tasks.etl import keys
 from tasks.landing import sqs
 from tests.helpers.crashpoints import REPO_ROOT, child_env
 
@@ -101,8 +101,12 @@ def stack(s3_endpoint, monkeypatch):
     }  # fmt: skip
     formation = client("cloudformation", s3_endpoint)
     name = f"pipelines-{env}"
-    formation.create_stack(StackName=name, TemplateBody=cfn.TEMPLATE_PATH.read_text(), Capabilities=["CAPABILITY_IAM"],
-                           Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()])
+    formation.create_stack(
+        StackName=name,
+        TemplateBody=cfn.TEMPLATE_PATH.read_text(),
+        Capabilities=["CAPABILITY_IAM"],
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+    )
     deadline = time.monotonic() + 120
     while (status := formation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]) == "CREATE_IN_PROGRESS":
         assert time.monotonic() < deadline, "the stack did not finish"
@@ -110,14 +114,22 @@ def stack(s3_endpoint, monkeypatch):
     described = formation.describe_stacks(StackName=name)["Stacks"][0]
     assert status == "CREATE_COMPLETE", described.get("StackStatusReason")
     created = formation.list_stack_resources(StackName=name)["StackResourceSummaries"]
-    yield {"name": name, "env": env, "bucket": bucket, "parameters": parameters, "resources": created,
-           "outputs": {o["OutputKey"]: o["OutputValue"] for o in described["Outputs"]}}
+    yield {
+        "name": name,
+        "env": env,
+        "bucket": bucket,
+        "parameters": parameters,
+        "resources": created,
+        "outputs": {o["OutputKey"]: o["OutputValue"] for o in described["Outputs"]},
+    }
     formation.delete_stack(StackName=name)
 
 
 def physical_values(stack: dict, endpoint: str) -> dict[str, str]:
     """Parameters, pseudo parameters, physical ids and the ARNs the template refers to, as CloudFormation resolved them."""
-    defaults = {k: p["Default"] for k, p in json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"].items() if "Default" in p}
+    defaults = {
+        k: p["Default"] for k, p in json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"].items() if "Default" in p
+    }
     values = {**defaults, **stack["parameters"], "AWS::Region": "us-east-1", "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws",
               "AWS::URLSuffix": "amazonaws.com", "AWS::NoValue": None}  # fmt: skip
     sqs_client = client("sqs", endpoint)
@@ -144,13 +156,17 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
 
     # what the stack created, as the services' APIs report it
     ecs = client("ecs", s3_endpoint)
-    services = ecs.describe_services(cluster=stack["outputs"]["EcsCluster"],
-                                     services=[values[n] for n, r in template["Resources"].items() if r["Type"] == "AWS::ECS::Service"])["services"]
+    services = ecs.describe_services(
+        cluster=stack["outputs"]["EcsCluster"],
+        services=[values[n] for n, r in template["Resources"].items() if r["Type"] == "AWS::ECS::Service"],
+    )["services"]
     assert len(services) == 1 + len(sqs.landing_queues()) and {s["desiredCount"] for s in services} == {1}
     groups = client("logs", s3_endpoint).describe_log_groups(logGroupNamePrefix=f"/pipelines/{env}/")["logGroups"]
     assert len(groups) == 2 + len(sqs.landing_queues()) and {g["retentionInDays"] for g in groups} == {3}
     queue_url = stack["outputs"]["EtlQueueUrl"]
-    attributes = client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
+    attributes = client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])[
+        "Attributes"
+    ]
     assert attributes["VisibilityTimeout"] == "360" and json.loads(attributes["RedrivePolicy"])["maxReceiveCount"] == 3
     roles = client("iam", s3_endpoint).list_roles()["Roles"]
     assert {values[n] for n in ("TaskRole", "ExecutionRole", "WorkerRole")} <= {r["RoleName"] for r in roles}
@@ -161,7 +177,9 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
         properties = resolve(template["Resources"][name]["Properties"], values)
         if "Queues" in properties:
             for url in properties["Queues"]:
-                client("sqs", s3_endpoint).set_queue_attributes(QueueUrl=url, Attributes={"Policy": json.dumps(properties["PolicyDocument"])})
+                client("sqs", s3_endpoint).set_queue_attributes(
+                    QueueUrl=url, Attributes={"Policy": json.dumps(properties["PolicyDocument"])}
+                )
         else:
             s3.put_bucket_policy(Bucket=properties["Bucket"], Policy=json.dumps(properties["PolicyDocument"]))
     with pytest.raises(ClientError, match="Forbidden|AccessDenied"):
@@ -173,14 +191,19 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     for logical in table_specs():
         properties = resolve(template["Resources"][cfn.logical_id("table", logical)]["Properties"], values)
         ttl = properties.pop("TimeToLiveSpecification", None)
-        request = {k: v for k, v in properties.items() if k in ("TableName", "KeySchema", "AttributeDefinitions",
-                                                                  "BillingMode", "GlobalSecondaryIndexes")}
+        request = {
+            k: v
+            for k, v in properties.items()
+            if k in ("TableName", "KeySchema", "AttributeDefinitions", "BillingMode", "GlobalSecondaryIndexes")
+        }
         state_store.client().create_table(**request)
         if ttl:
             state_store.client().get_waiter("table_exists").wait(TableName=request["TableName"])
             state_store.client().update_time_to_live(TableName=request["TableName"], TimeToLiveSpecification=ttl)
         names[logical] = request["TableName"]
-    assert set(ensure_tables(table_specs(), names).values()) == {"exists"}  # the code's own check finds the keys it expects
+    assert set(ensure_tables(table_specs(), names).values()) == {
+        "exists"
+    }  # the code's own check finds the keys it expects
 
     # the ETL listener as its service runs it: the task definition's command and environment
     family = next(v for k, v in values.items() if k == "EtlListenerTaskDefinition")
@@ -198,8 +221,13 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     }  # fmt: skip
     base = {k: v for k, v in child_env().items() if not k.startswith(("TABLE_", "OBJECT_STORE", "PIPELINES_"))}
     log = open(tmp_path / "listener.log", "w")
-    listener = subprocess.Popen([sys.executable, *command[1:4], json.dumps(parameters)], cwd=REPO_ROOT,
-                                env={**base, **environment, **scratch, **stand_ins}, stdout=log, stderr=subprocess.STDOUT)
+    listener = subprocess.Popen(
+        [sys.executable, *command[1:4], json.dumps(parameters)],
+        cwd=REPO_ROOT,
+        env={**base, **environment, **scratch, **stand_ins},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         rows = {f"{i}-{k}": {"id": f"{i}-{k}", "n": k} for i in range(2) for k in range(3)}
         for i in range(2):
@@ -212,12 +240,17 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
             parquet = [o["Key"] for o in listed if o["Key"].endswith(".parquet")]
             time.sleep(1)
         assert parquet, (tmp_path / "listener.log").read_text()[-4000:]
-        merged = [row for key in parquet
-                  for row in pq.read_table(pa.BufferReader(s3.get_object(Bucket=bucket, Key=key)["Body"].read())).to_pylist()]
+        merged = [
+            row
+            for key in parquet
+            for row in pq.read_table(pa.BufferReader(s3.get_object(Bucket=bucket, Key=key)["Body"].read())).to_pylist()
+        ]
         assert sorted(r["id"] for r in merged) == sorted(rows)  # each line exactly once
         assert all(r["n"] == str(rows[r["id"]]["n"]) for r in merged), merged  # the seed's Glue job writes strings
-        assert all(r["_source_file"] == f"s3://{bucket}/pipelines/{keys.input_key(DAY, 'part-' + r['id'][0] + '.ndjson')}"
-                   for r in merged), merged
+        assert all(
+            r["_source_file"] == f"s3://{bucket}/pipelines/{keys.input_key(DAY, 'part-' + r['id'][0] + '.ndjson')}"
+            for r in merged
+        ), merged
         deadline = time.monotonic() + 60  # the listener deletes each message once its files are tracked
         while (left := client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=[
                 "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]) and \

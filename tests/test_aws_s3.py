@@ -20,11 +20,11 @@ import pyarrow as pa
 import pytest
 
 from tasks.core import state_store
+from tasks.core.keys import InvalidKey
+from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
 from tasks.etl import keys as etl_keys
 from tasks.phspectra import keys as phspectra_keys
 from tasks.video import keys as video_keys
-from tasks.core.keys import InvalidKey
-from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
 from tests.helpers.crashpoints import killed, run_child
 from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 from tests.helpers.s3 import object_keys
@@ -106,7 +106,10 @@ def test_large_objects_go_up_in_multipart_and_stream_both_ways(s3_base, tmp_path
     assert parts_of(store, "video/copy.bin") == 2 and digest(store.open("video/copy.bin")) == want
     generated = _Generated(BIG)
     store.put_stream("video/generated.bin", generated)
-    assert parts_of(store, "video/generated.bin") == 2 and digest(store.open("video/generated.bin")) == generated.sha.hexdigest()
+    assert (
+        parts_of(store, "video/generated.bin") == 2
+        and digest(store.open("video/generated.bin")) == generated.sha.hexdigest()
+    )
     # small objects stay one PUT; everything lives under the prefix
     store.put_bytes("small.json", b"{}")
     assert parts_of(store, "small.json") == 1 and store.get_bytes("small.json") == b"{}"
@@ -216,7 +219,10 @@ def test_phspectra_survey_on_s3(tables, s3_base, tmp_path):
     parquet = sorted(store.list(phspectra_keys.decomposition_prefix("grs-s3", run_id)))
     assert parquet == [phspectra_keys.decomposition_key("grs-s3", run_id, s) for s in (0, 5, 10)]
     rows = [row for key in parquet for row in ph.read_parquet(store, key).to_pylist()]
-    got = {(r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"])) for r in rows}
+    got = {
+        (r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"]))
+        for r in rows
+    }
     assert len(rows) == len(got) == 12  # each spectrum exactly once
     assert got == direct_rows(cube_url, params)
     assert sorted(store.list(f"chunks/{run_id}/")) == [phspectra_keys.chunk_npz_key(run_id, s) for s in (0, 5, 10)]
@@ -255,10 +261,10 @@ def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_ba
 
 def test_records_dead_letter_archive_and_replay_on_s3(tables, s3_base):
     from flows.records import records_ingest, records_replay_dla
-    from tasks.records.keys import dead_letter_prefix
     from tasks.core.runtime import today_iso
     from tasks.records import dead_letter
     from tasks.records import messages as records_messages
+    from tasks.records.keys import dead_letter_prefix
     from tests.helpers.records import message
 
     store = ObjectStore.from_url(s3_base)
@@ -270,7 +276,9 @@ def test_records_dead_letter_archive_and_replay_on_s3(tables, s3_base):
     assert (summary["messages"], summary["ok"], summary["archived"]) == (3, 1, 2)
     day = today_iso()
     broken, clash = records_messages.message_id(fixed[:-5]), records_messages.message_id(bodies[2])
-    assert sorted(store.list(dead_letter_prefix(day))) == sorted(f"{dead_letter_prefix(day)}{i}.json" for i in (broken, clash))
+    assert sorted(store.list(dead_letter_prefix(day))) == sorted(
+        f"{dead_letter_prefix(day)}{i}.json" for i in (broken, clash)
+    )
 
     # an operator repairs the truncated body in the S3 archive; the collection conflict stays
     key = f"{dead_letter_prefix(day)}{broken}.json"
@@ -322,13 +330,23 @@ def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
         store.put_bytes(etl_keys.input_key(ETL_DAY, "empty.ndjson"), b"")
 
         summary = ndjson_ingest(file_urls=urls + [bad], merge_deployment=deployments["ndjson-merge"])
-        assert (summary["tracked"], summary["quarantined"], len(summary["manifests"]), summary["launched"]) == (6, 1, 1, 1)
+        assert (summary["tracked"], summary["quarantined"], len(summary["manifests"]), summary["launched"]) == (
+            6,
+            1,
+            1,
+            1,
+        )
         flushed = ndjson_flush_orphans(today=ETL_TODAY, merge_deployment=deployments["ndjson-merge"])
         assert flushed["orphaned_dates"] == {ETL_LATE_DAY: 2} and flushed["launched"] == 1
         # one run or two: a run still queued when the flush's manifest is written takes it too (no second event)
         deadline = time.monotonic() + 240
-        while sum(i.get("status") == "completed" and i["file_key"].startswith(etl_keys.MANIFEST_PREFIX)
-                  for i in state_store.scan_all(tables["etl_file_tracking"])) < 2:
+        while (
+            sum(
+                i.get("status") == "completed" and i["file_key"].startswith(etl_keys.MANIFEST_PREFIX)
+                for i in state_store.scan_all(tables["etl_file_tracking"])
+            )
+            < 2
+        ):
             assert time.monotonic() < deadline, f"both manifests not merged in 240 s\n{worker.tail()}"
             time.sleep(1)
         runs = wait_for_runs(deployments["ndjson-merge"], 1, worker=worker)
@@ -346,8 +364,14 @@ def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
     assert all(r["nested"] == json.dumps(lines[r["id"]]["nested"], separators=(",", ":")) for r in merged)
     rejects = [key for key in store.list("pipeline/output/rejects/")]
     assert len(rejects) == 2 and all(store.get_bytes(k).count(b"\n") == 1 for k in rejects)
-    statuses = {(i["date_prefix"], i["file_key"]): i.get("status") for i in state_store.scan_all(tables["etl_file_tracking"])}
-    files = {k: s.split("#")[0] for k, s in statuses.items() if not k[1].startswith((etl_keys.MANIFEST_PREFIX, etl_keys.LOCK_PREFIX))}
+    statuses = {
+        (i["date_prefix"], i["file_key"]): i.get("status") for i in state_store.scan_all(tables["etl_file_tracking"])
+    }
+    files = {
+        k: s.split("#")[0]
+        for k, s in statuses.items()
+        if not k[1].startswith((etl_keys.MANIFEST_PREFIX, etl_keys.LOCK_PREFIX))
+    }
     assert len(files) == 7, statuses
     manifests = {k: s for k, s in statuses.items() if k[1].startswith(etl_keys.MANIFEST_PREFIX)}
     assert sorted(set(files.values())) == ["completed", "quarantined"] and list(files.values()).count("completed") == 6

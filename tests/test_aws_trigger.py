@@ -15,15 +15,17 @@ import uuid
 
 import pytest
 
+from tasks import reconcile
 from tasks.core import state_store
 from tasks.etl import keys as etl_keys
 from tasks.phspectra import keys as phspectra_keys
-from tasks import reconcile
 from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 
 @pytest.mark.sweep  # a server, a worker and its trigger: `make test-sweep`, which CI runs
-def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_records_agree(tables, store_root, tmp_path, monkeypatch):
+def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_records_agree(
+    tables, store_root, tmp_path, monkeypatch
+):
     from prefect.client.orchestration import get_client
 
     from flows.etl import ndjson_ingest
@@ -68,7 +70,8 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
 
         # the server's trigger starts records-prefect-state once per event; the worker runs them
         repairs = [
-            r for r in wait_for_runs(deployments["records-prefect-state"], 3, timeout=180, worker=worker)
+            r
+            for r in wait_for_runs(deployments["records-prefect-state"], 3, timeout=180, worker=worker)
             if crashed_run in json.dumps(r.parameters) or failed_run in json.dumps(r.parameters)
         ]  # only the events of this test's runs (another test's stray run cannot confuse it)
         assert [r.state_name for r in repairs] == ["Completed"] * 3, worker.tail()
@@ -88,6 +91,8 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
     record = state_store.to_plain(state_store.get_item(tables["etl_file_tracking"], key))
     assert record["status"] == "failed" and "Crashed" in record["error_message"]
     assert record["prefect_flow_run_id"] == crashed_run  # the crashed run had taken the manifest before it died
-    run = state_store.to_plain(state_store.get_item(tables["phspectra_runs"], {"PK": survey_run, "SK": phspectra_keys.RUN_SK}))
+    run = state_store.to_plain(
+        state_store.get_item(tables["phspectra_runs"], {"PK": survey_run, "SK": phspectra_keys.RUN_SK})
+    )
     assert run["status"] == "FAILED" and "cube not found" in run["error"]
     assert reconcile.disagreements() == []

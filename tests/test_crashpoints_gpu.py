@@ -65,12 +65,20 @@ class Children:
     """A fork server for crash-point children (same environment as ``tests.helpers.crashpoints.run_child``)."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", FORK_SERVER], env=child_env(env), cwd=REPO_ROOT,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", FORK_SERVER],
+            env=child_env(env),
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def run(self, call: str, kwargs: dict, fault: str, log: Path | None = None) -> int:
         """Run ``call(**kwargs)`` in a forked child with the fault plan; its wait status."""
-        self.process.stdin.write(json.dumps({"call": call, "kwargs": kwargs, "fault": fault, "log": str(log) if log else None}) + "\n")
+        self.process.stdin.write(
+            json.dumps({"call": call, "kwargs": kwargs, "fault": fault, "log": str(log) if log else None}) + "\n"
+        )
         self.process.stdin.flush()
         return json.loads(self.process.stdout.readline())["status"]
 
@@ -218,7 +226,14 @@ def test_gpu_sweep_crash_points(gpu_env, tmp_path, monkeypatch):
     writes = children.count("flows.gpu:gpu_sweep", {}, tmp_path / "sweep.log")
     _recover(gpu_env, "job-sweep-count")
     points = crash_points(writes)
-    outcomes = _each_point(gpu_env, children, points, "job-sweep", lambda job_id: _abandon_in_recovery(gpu_env, job_id),
-                           "flows.gpu:gpu_sweep", lambda job_id: {})
+    outcomes = _each_point(
+        gpu_env,
+        children,
+        points,
+        "job-sweep",
+        lambda job_id: _abandon_in_recovery(gpu_env, job_id),
+        "flows.gpu:gpu_sweep",
+        lambda job_id: {},
+    )
     children.close()
     report(f"gpu-sweep: {_exercised(points, writes, outcomes)}; outcomes {dict(outcomes)}")

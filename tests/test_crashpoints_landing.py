@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from tasks.core import state_store
-from tasks.records import keys as records_keys
-from tasks.video import keys as video_keys
 from tasks.core.object_store import LocalStore
 from tasks.core.runtime import today_iso
 from tasks.landing.sources import Arrival
+from tasks.records import keys as records_keys
+from tasks.video import keys as video_keys
 from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 from tests.helpers.landing import arrive, runs_of
 
@@ -64,7 +64,11 @@ def _one_run_recorded_on_the_job(deployment: str, upload: Arrival, where: str) -
     runs = [r for r in runs_of(deployment) if r.parameters["job_id"] == job_id]
     assert len(runs) == 1, where
     job = jobs.get_job(job_id)
-    assert (job["status"], job[jobs.PROCESS_RUN], job["upload_event_id"]) == (jobs.CREATED, str(runs[0].id), upload.event_id), where
+    assert (job["status"], job[jobs.PROCESS_RUN], job["upload_event_id"]) == (
+        jobs.CREATED,
+        str(runs[0].id),
+        upload.event_id,
+    ), where
     assert landing.upload_arrived(upload, deployment) == ("duplicate", [str(runs[0].id)]), where  # once more: nothing
 
 
@@ -73,14 +77,21 @@ def test_video_listener_survives_a_crash_at_every_write(tables, store_root, depl
 
     deployment = f"video-process/{deployed}"
     counted = _upload(store_root)
-    writes = count_writes("tests.test_crashpoints_landing:video_upload",
-                          {"arrival": dataclasses.asdict(counted), "deployment": deployment}, tmp_path / "w.log")
+    writes = count_writes(
+        "tests.test_crashpoints_landing:video_upload",
+        {"arrival": dataclasses.asdict(counted), "deployment": deployment},
+        tmp_path / "w.log",
+    )
     assert [w.operation for w in writes] == ["update", "update"]  # the claim, then the run id
     _one_run_recorded_on_the_job(deployment, counted, "counted run")
     plans = plans_for(writes)
     for plan in plans:
         upload = _upload(store_root)
-        _crash("tests.test_crashpoints_landing:video_upload", {"arrival": dataclasses.asdict(upload), "deployment": deployment}, plan)
+        _crash(
+            "tests.test_crashpoints_landing:video_upload",
+            {"arrival": dataclasses.asdict(upload), "deployment": deployment},
+            plan,
+        )
         assert landing.handle_uploads([upload], deployment).done == [upload], plan  # the restarted listener
         _one_run_recorded_on_the_job(deployment, upload, plan)
     report(f"video listener: {len(plans)} crash points exercised of {len(writes)} writes")
@@ -101,8 +112,13 @@ def _manifest(store_root: Path, n: int, good: bool, write: bool = True) -> Arriv
     key = f"surveys/incoming/grs-15/night-{n}{'' if good else '-bad'}.json"
     if not write:
         stat = (store_root / key).stat()
-        return Arrival(url=LocalStore(store_root).url_for(key), key=key, size=stat.st_size,
-                       event_time="2026-01-01T00:00:00+00:00", event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}")
+        return Arrival(
+            url=LocalStore(store_root).url_for(key),
+            key=key,
+            size=stat.st_size,
+            event_time="2026-01-01T00:00:00+00:00",
+            event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}",
+        )
     body = {"survey": "grs-15", "cubes": [f"cubes/{n}-a.fits", f"cubes/{n}-b.fits"], **({} if good else {"owner": "x"})}
     return arrive(store_root, key, json.dumps(body).encode())
 
@@ -113,7 +129,9 @@ def _landing_settled(deployment: str, store_root: Path, n: int, good: bool, wher
 
     manifest = _manifest(store_root, n, good, write=False)
     cubes = [(store_root / f"cubes/{n}-{c}.fits").as_uri() for c in "ab"]
-    runs = sorted((r for r in runs_of(deployment) if r.parameters["cube_url"] in cubes), key=lambda r: r.parameters["cube_url"])
+    runs = sorted(
+        (r for r in runs_of(deployment) if r.parameters["cube_url"] in cubes), key=lambda r: r.parameters["cube_url"]
+    )
     item = state_store.get_item(ph.runs_table(), landing.landing_key(manifest))
     if good:
         assert [r.parameters["cube_url"] for r in runs] == cubes, where  # one run per cube
@@ -123,7 +141,9 @@ def _landing_settled(deployment: str, store_root: Path, n: int, good: bool, wher
         assert landing.object_arrived(manifest, deployment)[0] == "duplicate", where
     else:
         assert runs == [], where
-        assert item["status"] == landing.REJECTED and item["error"].startswith("unknown manifest field(s) ['owner']"), where
+        assert item["status"] == landing.REJECTED and item["error"].startswith("unknown manifest field(s) ['owner']"), (
+            where
+        )
         assert landing.object_arrived(manifest, deployment) == ("rejected", []), where
 
 
@@ -143,7 +163,9 @@ def test_phspectra_listener_survives_a_crash_at_every_write(tables, store_root, 
         _crash(call, {"arrival": dataclasses.asdict(manifest), "deployment": deployment}, plan)
         assert landing.handle_landings([manifest], deployment).done == [manifest], plan  # the restarted listener
         _landing_settled(deployment, store_root, n, good, plan)
-    report(f"phspectra listener ({'good' if good else 'bad'} manifest): {len(plans)} crash points exercised of {len(writes)} writes")
+    report(
+        f"phspectra listener ({'good' if good else 'bad'} manifest): {len(plans)} crash points exercised of {len(writes)} writes"
+    )
 
 
 # --------------------------------------------------------------------------- records
@@ -177,7 +199,9 @@ def _records_state(tables, store_root: Path) -> dict:
     records = {}
     for logical, key in (("granules", "granuleId"), ("executions", "arn")):
         for item in state_store.scan_all(tables[logical]):
-            records[item[key]] = {k: v for k, v in state_store.to_plain(item).items() if k not in ("timestamp", "updatedAt", "duration")}
+            records[item[key]] = {
+                k: v for k, v in state_store.to_plain(item).items() if k not in ("timestamp", "updatedAt", "duration")
+            }
     store = LocalStore(store_root)
     archive = {k: json.loads(store.get_bytes(k))["error"]["type"] for k in store.list(records_keys.DEAD_LETTER_PREFIX)}
     files = sorted(store.list("records/"))
@@ -193,8 +217,8 @@ def _clear(tables, store_root: Path) -> None:
 
 def test_records_listener_survives_a_crash_at_every_write(tables, store_root, tmp_path):
     from flows.records import ingest_batch
-    from tasks.landing.listing import listed_arrivals
     from tasks import reconcile
+    from tasks.landing.listing import listed_arrivals
     from tasks.records import landing
 
     call = "tests.test_crashpoints_landing:message_files"
@@ -204,7 +228,9 @@ def test_records_listener_survives_a_crash_at_every_write(tables, store_root, tm
     expected = _records_state(tables, store_root)
     day = today_iso()
     assert expected["files"] == sorted([f"records/processed/{day}/{name}" for name in ("a.ndjson", "b.json", "c.json")])
-    assert len([r for r in expected["records"] if not r.startswith("arn:")]) == 12  # 11 + 1 granules (the bad message names none)
+    assert (
+        len([r for r in expected["records"] if not r.startswith("arn:")]) == 12
+    )  # 11 + 1 granules (the bad message names none)
     assert sorted(expected["archive"].values()) == ["SchemaValidationError", "UnreadableBatch"]
 
     plans = plans_for(writes)
@@ -218,5 +244,7 @@ def test_records_listener_survives_a_crash_at_every_write(tables, store_root, tm
         assert landing.handle_messages(dropped, ingest_batch).done == dropped, plan  # SQS-like redelivery: "gone"
         assert _records_state(tables, store_root) == expected, plan
         assert reconcile.disagreements() == [], plan
-    report(f"records listener: {len(plans)} crash points exercised of {len(writes)} writes "
-           f"({', '.join(sorted({w.kind for w in writes}))})")
+    report(
+        f"records listener: {len(plans)} crash points exercised of {len(writes)} writes "
+        f"({', '.join(sorted({w.kind for w in writes}))})"
+    )

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tasks.core import state_store
-from tasks.video import keys
 from tasks.core.object_store import LocalStore
 from tasks.video import jobs as v
+from tasks.video import keys
 from tasks.video.ffmpeg import make_test_video, probe
 from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
@@ -91,7 +91,10 @@ def test_video_process_survives_a_crash_at_every_write(tables, store_root, tmp_p
         assert not [k for k in store.list("") if job_id in k], where
         hidden = [f"{d}/{name}" for d, _, files in os.walk(store_root) for name in files if job_id in f"{d}/{name}"]
         assert hidden == [], where
-        assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+        assert (
+            v.completions(job_id) == []
+            and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+        )
     report(f"video: {len(points)} crash points exercised of {len(writes)} writes: {points}")
 
 

@@ -19,9 +19,9 @@ import pytest
 
 from tasks.core import state_store
 from tasks.etl import keys as etl_keys
-from tasks.video import keys as video_keys
 from tasks.etl import ops as etl_ops
 from tasks.video import jobs as v
+from tasks.video import keys as video_keys
 from tasks.video.ffmpeg import make_test_video, probe
 from tests.helpers.etl import DAY, TODAY, assert_merged_exactly_once, file_statuses, manifests, write_five_inputs
 from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for, wait_for_runs
@@ -94,13 +94,17 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     job = v.get_job(job_id)
     # the completed run reassembled in its own process (issue 25): no `video-reassemble` run was started
     assert not wait_for_runs(deployments["video-reassemble"], 0)
-    assert state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})["reassembly_owner"] == job["prefect_flow_run_id"]
+    assert (
+        state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})["reassembly_owner"]
+        == job["prefect_flow_run_id"]
+    )
     assert (job["status"], job["total_segments"], job["final_frames"], job["attempts"]) == ("completed", 3, 30, 1)
     assert "chunking failed" in job["previous_failure_reason"] and "failure_reason" not in job
     assert probe(store_root / video_keys.final_key(job_id)).frames == 30
     assert [r["segment_index"] for r in v.completions(job_id)] == [0, 1, 2]
     assert sorted((store_root / f"jobs/{job_id}/segments").iterdir()) == [  # the job's mode, not the block's
-        store_root / video_keys.output_segment_key(job_id, i, 3, "grayscale") for i in range(3)]
+        store_root / video_keys.output_segment_key(job_id, i, 3, "grayscale") for i in range(3)
+    ]
 
 
 @pytest.mark.timeout(600)
@@ -120,7 +124,9 @@ def test_a_failed_merge_is_rerun_through_its_deployment(etl_env, tmp_path, deplo
     (key,) = manifests(table)
     assert (run.state_name, manifests(table)[key]["status"]) == ("Failed", "failed"), stack.worker.tail()
     assert "InjectedFault" in manifests(table)[key]["error_message"]
-    assert file_statuses(table) == {"failed": 5} and not list(root.glob(f"{etl_keys.merged_output_prefix(DAY)}*.parquet"))
+    assert file_statuses(table) == {"failed": 5} and not list(
+        root.glob(f"{etl_keys.merged_output_prefix(DAY)}*.parquet")
+    )
 
     stack.start_worker()  # the cause is fixed (a worker without the fault); the README's re-run of a failed merge
     name = etl_keys.manifest_name_from_record_key(key)
@@ -150,7 +156,9 @@ def _flow_run_process(worker: Worker, flow_run_id: str):
 
 
 @pytest.mark.timeout(600)
-def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, store_root, tmp_path, deployed, endpoints):
+def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(
+    tables, store_root, tmp_path, deployed, endpoints
+):
     """Issue 23, item 2: a `video-process` flow process SIGKILLed while a segment is at the backend. Its worker reports
     the run Crashed, prefect.yaml's trigger starts `records-prefect-state`, which re-drives the job through the
     crashed run's deployment (no wait for `video-sweep-stuck`); the new run finishes it with every frame."""
@@ -165,7 +173,9 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
 
     (backend, url), _ = endpoints
     backend.behaviour = "hold-after-first"
-    stack = deployed({"video-process", "video-reassemble", "records-prefect-state"}, VIDEO_INFERENCE_ENDPOINT_URL=f"{url}/infer")
+    stack = deployed(
+        {"video-process", "video-reassemble", "records-prefect-state"}, VIDEO_INFERENCE_ENDPOINT_URL=f"{url}/infer"
+    )
     clip = make_test_video(tmp_path / "clip.mp4", 3.0, 10, keyframe_seconds=1.0)
     job_id = upload_bytes(clip.read_bytes())
     process = stack.deployments["video-process"]
@@ -178,8 +188,11 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
         killed = time.monotonic()
         backend.behaviour = "ok"  # the backend is well again: a re-drive can finish the job
 
-        redriven = wait_for(lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
-                         120, "the job to be re-driven")
+        redriven = wait_for(
+            lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
+            120,
+            "the job to be re-driven",
+        )
         redrive_s = time.monotonic() - killed
         runs = wait_for_runs(process, 2, worker=stack.worker)  # the re-driven run reassembles in its own process
         done_s = time.monotonic() - killed

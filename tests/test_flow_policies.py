@@ -125,8 +125,13 @@ def flow_settings(module: Any) -> dict[str, tuple]:
     """The module's own flows (not those it imports): name -> class, timeout and hook names."""
     flows = [obj for obj in vars(module).values() if isinstance(obj, Flow) and obj.fn.__module__ == module.__name__]
     return {
-        f.name: (type(f).__name__, f.timeout_seconds, _names(f.on_failure_hooks), _names(f.on_crashed_hooks),
-                 _names(f.on_cancellation_hooks))
+        f.name: (
+            type(f).__name__,
+            f.timeout_seconds,
+            _names(f.on_failure_hooks),
+            _names(f.on_crashed_hooks),
+            _names(f.on_cancellation_hooks),
+        )
         for f in flows
     }
 
@@ -145,8 +150,13 @@ def _module_tasks(module: Any) -> list[Task]:
 def task_settings(module: Any) -> dict[str, tuple]:
     """The module's tasks: name -> retries, delays, cache policy class, timeout and retry condition's name."""
     return {
-        t.name: (t.retries, t.retry_delay_seconds, type(t.cache_policy).__name__, t.timeout_seconds,
-                 getattr(t.retry_condition_fn, "__name__", None))
+        t.name: (
+            t.retries,
+            t.retry_delay_seconds,
+            type(t.cache_policy).__name__,
+            t.timeout_seconds,
+            getattr(t.retry_condition_fn, "__name__", None),
+        )
         for t in _module_tasks(module)
     }
 

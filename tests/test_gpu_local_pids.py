@@ -17,7 +17,7 @@ PY = sys.executable
 def test_a_task_whose_pid_now_belongs_to_another_process_is_gone(tmp_path):
     backend = LocalBackend(GpuCompute(local_state_dir=str(tmp_path)))
     ready = tmp_path / "ready"
-    command = f"{PY} -c 'import time; open(\"{ready}\", \"w\"); time.sleep(60)'"
+    command = f'{PY} -c \'import time; open("{ready}", "w"); time.sleep(60)\''
     task_id = backend.start_task(TaskSpec("job-pid", 0, {"node_name": "local-0"}, 0, 1, command)).task_id
     wait_for(ready.exists, 30, "the command to start")  # the launcher runs the command: it records how a stop ends it
     record_file = tmp_path / "pids" / task_id

@@ -7,8 +7,8 @@ import time
 import uuid
 
 from blocks.health import HealthThresholds
-from tasks.etl import keys
 from tasks.core.object_store import LocalStore
+from tasks.etl import keys
 from tasks.health import listeners
 from tasks.landing.watch import write_watermark
 
@@ -39,7 +39,8 @@ def test_files_past_the_watermark_for_too_long_are_a_backlog_and_acked_ones_neve
     later = time.time() + listeners.LISTENER_BACKLOG_S + 1
     assert listeners.local_backlog(store, place, listeners.LISTENER_BACKLOG_S) == []  # just landed: not late yet
     assert listeners.local_backlog(store, place, listeners.LISTENER_BACKLOG_S, now=later) == [
-        f"{keys.INPUT_PREFIX}2026-01-01/old.ndjson"]  # nothing took it in 5 minutes
+        f"{keys.INPUT_PREFIX}2026-01-01/old.ndjson"
+    ]  # nothing took it in 5 minutes
     time.sleep(0.05)
     write_watermark(tmp_path / keys.INPUT_PREFIX, time.time())  # the listener acked everything up to now
     assert listeners.local_backlog(store, place, listeners.LISTENER_BACKLOG_S, now=later) == []

@@ -1,6 +1,7 @@
 """The house: each module imports only from its own floor or below, with no circle, and a pipeline is one package.
 
-    deployments ─▶ flows ─▶ tasks/<pipeline> ─▶ tasks/{reconcile,health,retention} ─▶ tasks/landing ─▶ tasks/core ─▶ blocks
+    deployments ─▶ flows ─▶ tasks/<pipeline> ─▶ tasks/{reconcile,health,retention} ─▶ tasks/landing ─▶ tasks/core ─▶
+    blocks
 
 Imports inside functions count too: a circle hidden in a function is still a circle.
 """
@@ -16,8 +17,15 @@ PIPELINES = ("phspectra", "etl", "gpu", "video", "records")
 SHARED = ("reconcile", "health", "retention")
 # floor of each room: a module may import its own room, or rooms on a lower floor (the shared upkeep packages may
 # import one another: health reads retention's rules type)
-FLOORS = {"blocks": 0, "tasks.core": 1, "tasks.landing": 2, **{f"tasks.{s}": 3 for s in SHARED},
-          **{f"tasks.{p}": 4 for p in PIPELINES}, "flows": 5, "deployments": 6}
+FLOORS = {
+    "blocks": 0,
+    "tasks.core": 1,
+    "tasks.landing": 2,
+    **{f"tasks.{s}": 3 for s in SHARED},
+    **{f"tasks.{p}": 4 for p in PIPELINES},
+    "flows": 5,
+    "deployments": 6,
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -103,8 +111,11 @@ def test_no_import_circle():
 
 
 def test_only_the_records_flow_imports_the_records_pipeline():
-    importers = {module for module, targets in _imports().items() if module.startswith("flows.")
-                 and any(t == "tasks.records" or t.startswith("tasks.records.") for t in targets)}
+    importers = {
+        module
+        for module, targets in _imports().items()
+        if module.startswith("flows.") and any(t == "tasks.records" or t.startswith("tasks.records.") for t in targets)
+    }
     assert importers == {"flows.records"}
 
 

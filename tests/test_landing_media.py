@@ -12,12 +12,12 @@ import uuid
 
 import pytest
 
+from tasks.core.object_store import LocalStore
 from tasks.etl import keys as etl_keys
+from tasks.landing.sources import Arrival
 from tasks.phspectra import keys as phspectra_keys
 from tasks.records import keys as records_keys
 from tasks.video import keys as video_keys
-from tasks.core.object_store import LocalStore
-from tasks.landing.sources import Arrival
 from tests.helpers.landing import arrive, record_messages, runs_of
 
 
@@ -53,7 +53,11 @@ def started_by(event, url: str) -> list[list[str]]:
     """The runs each landing of the object at ``url`` in ``event`` started (its payload), each a related resource too."""
     started = {r.id for r in event.related if r.role == "flow-run" and r.get("pipelines.relation") == "started"}
     assert url in {r.id for r in event.related if r.role == "object"}
-    landings = [sorted(f"prefect.flow-run.{run}" for run in o["flow_run_ids"]) for o in event.payload["objects"] if o["url"] == url]
+    landings = [
+        sorted(f"prefect.flow-run.{run}" for run in o["flow_run_ids"])
+        for o in event.payload["objects"]
+        if o["url"] == url
+    ]
     assert all(set(runs) <= started for runs in landings)
     return landings
 
@@ -61,7 +65,9 @@ def started_by(event, url: str) -> list[list[str]]:
 # --------------------------------------------------------------------------- video
 
 
-def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_none(tables, store_root, deployed, caplog):
+def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_none(
+    tables, store_root, deployed, caplog
+):
     from tasks.video import jobs, landing
 
     deployment = f"video-process/{deployed}"
@@ -169,7 +175,10 @@ def test_a_manifest_starts_one_survey_run_per_cube_once_and_a_cube_its_own(table
     assert {r.parameters["run_id"] for r in runs if r.parameters["survey"] == "grs-15"} == set(item["run_ids"])
     # one event for the batch's started objects, naming the two runs this one started
     assert landed_events(listed.url, 1) == [
-        ("pipelines.phspectra.object.started", sorted(f"prefect.flow-run.{flow_run_id}" for flow_run_id in item["flow_run_ids"]))
+        (
+            "pipelines.phspectra.object.started",
+            sorted(f"prefect.flow-run.{flow_run_id}" for flow_run_id in item["flow_run_ids"]),
+        )
     ]
 
     assert landing.object_arrived(listed, deployment)[0] == "duplicate"  # the same landing again
@@ -189,7 +198,9 @@ def test_a_manifest_starts_one_survey_run_per_cube_once_and_a_cube_its_own(table
     (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "fit_params": {"gamma": 1}}).encode(), None, "unknown fit_params key(s) ['gamma']"),
     (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "owner": "x"}).encode(), None, "unknown manifest field(s) ['owner']"),
 ])  # fmt: skip
-def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(tables, store_root, deployed, caplog, body, folder, reason):
+def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(
+    tables, store_root, deployed, caplog, body, folder, reason
+):
     from tasks.phspectra import landing
     from tasks.phspectra import survey as ph
 
@@ -241,7 +252,9 @@ def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(table
         ("pipelines.records.object.written", sorted(f"prefect.flow-run.{r}" for r in run_ids[:2]))
     ]
     written = state_store.get_many(tables["granules"], [{"granuleId": f"LAND.G{i:03d}"} for i in range(22)])
-    assert sorted((g["granuleId"], g["status"]) for g in written) == [(f"LAND.G{i:03d}", "completed") for i in range(22)]
+    assert sorted((g["granuleId"], g["status"]) for g in written) == [
+        (f"LAND.G{i:03d}", "completed") for i in range(22)
+    ]
     archive = dead_letter.archived(today_iso())
     assert sorted(archive) == sorted([message_id(json.dumps(invalid)), message_id("42")])
     assert dead_letter.read(archive[message_id("42")])["error"]["type"] == "UnreadableBatch"
@@ -258,8 +271,10 @@ def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(table
 def test_message_files_whose_batch_failed_stay_and_are_offered_again(tables, store_root):
     from tasks.records import landing
 
-    arrivals = [arrive(store_root, f"records/incoming/{n}.json", json.dumps(record_messages(100 + 5 * n, 5)).encode())
-                for n in range(3)]
+    arrivals = [
+        arrive(store_root, f"records/incoming/{n}.json", json.dumps(record_messages(100 + 5 * n, 5)).encode())
+        for n in range(3)
+    ]
     calls = []
 
     def down_once(bodies):
@@ -286,7 +301,9 @@ def test_the_demo_drops_its_samples_where_the_listeners_start_them(tables, store
     from tasks.video import landing as video_landing
 
     store = LocalStore(store_root)
-    dropped = {sample.__name__.rsplit(".", 1)[1]: sample.drop(tmp_path, store) for sample in (etl, phspectra, records, video)}
+    dropped = {
+        sample.__name__.rsplit(".", 1)[1]: sample.drop(tmp_path, store) for sample in (etl, phspectra, records, video)
+    }
     landed = lambda prefix: [arrive(store_root, k, (store_root / k).read_bytes()) for k in sorted(store.list(prefix))]  # noqa: E731
 
     (manifest,) = landed(phspectra_keys.SURVEY_INCOMING_PREFIX)
@@ -327,7 +344,9 @@ def test_each_upload_reaches_processing_through_its_own_run_timed(tables, store_
         latencies, steps = [], []
         for _ in range(5):
             job_id = jobs.create_job()["job_id"]
-            upload = arrive(store_root, video_keys.source_key(job_id), b"not a video: the run fails right after it starts")
+            upload = arrive(
+                store_root, video_keys.source_key(job_id), b"not a video: the run fails right after it starts"
+            )
             uploaded = datetime.fromtimestamp((store_root / upload.key).stat().st_mtime_ns / 1e9).astimezone()
             assert landing.handle_uploads([upload], deployment).done == [upload]
             deadline = time.monotonic() + 120
@@ -347,7 +366,9 @@ def test_each_upload_reaches_processing_through_its_own_run_timed(tables, store_
         print(f"upload -> run created, worker took it (Pending), flow process running (s): {steps}")
     # speed is measured, not asserted (a loaded machine starts flow processes several times slower): every upload
     # reached processing through its own run; the figures are printed for the issue note
-    assert len(latencies) == len(steps) == 5 and all(created <= took <= running for created, took, running in steps), steps
+    assert len(latencies) == len(steps) == 5 and all(created <= took <= running for created, took, running in steps), (
+        steps
+    )
 
 
 def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(tables, store_root):
@@ -360,7 +381,9 @@ def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(table
         for n, message in enumerate(record_messages(200, 12))
     ]  # fmt: skip
     sizes = []
-    outcome = landing.handle_messages(arrivals, lambda bodies: (sizes.append(len(bodies)), landing.ingest_in_process(bodies))[1])
+    outcome = landing.handle_messages(
+        arrivals, lambda bodies: (sizes.append(len(bodies)), landing.ingest_in_process(bodies))[1]
+    )
     assert outcome.done == arrivals and sizes == [10, 2]
     written = state_store.get_many(tables["granules"], [{"granuleId": f"LAND.G{i:03d}"} for i in range(200, 212)])
     assert len(written) == 12 and not list(LocalStore(store_root).list(""))
@@ -369,8 +392,7 @@ def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(table
 def test_a_listener_stops_after_its_max_runtime_and_closes_its_source():
     import time
 
-    from tasks.landing.listener import Outcome
-    from tasks.landing.listener import listen
+    from tasks.landing.listener import Outcome, listen
     from tests.helpers.landing import ListSource
 
     class Closing(ListSource):
@@ -385,7 +407,13 @@ def test_a_listener_stops_after_its_max_runtime_and_closes_its_source():
 
     source = Closing([Arrival(url="file:///x", key="x", size=1, event_time="t", event_id="1")])
     started = time.monotonic()
-    stats = listen(source, lambda batch: Outcome(done=batch),
-                   batch_size=10, batch_seconds=0.1, max_runtime_seconds=0.5, wait_seconds=20)
+    stats = listen(
+        source,
+        lambda batch: Outcome(done=batch),
+        batch_size=10,
+        batch_seconds=0.1,
+        max_runtime_seconds=0.5,
+        wait_seconds=20,
+    )
     assert 0.5 <= time.monotonic() - started < 5 and source.closed
     assert (stats.received, stats.acked, source.acked) == (1, 1, ["x"])

@@ -19,10 +19,10 @@ import pytest
 
 from deployments.samples.phspectra import synthetic_cube
 from tasks.core import keys, state_store
-from tasks.phspectra import keys as phspectra_keys
-from tasks.phspectra import survey as ph
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.core.state_store import to_plain
+from tasks.phspectra import keys as phspectra_keys
+from tasks.phspectra import survey as ph
 from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,8 +111,13 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
     run = to_plain(ph.get_run(run_id))
     assert (run["jobs_total"], run["jobs_completed"], run["jobs_failed"], run["status"]) == (3, 2, 1, "FAILED")
     chunks = chunk_items(run_id)
-    assert chunks[phspectra_keys.chunk_sk(0)]["attempts"] == 2 and chunks[phspectra_keys.chunk_sk(0)]["status"] == "COMPLETED"
-    assert chunks[phspectra_keys.chunk_sk(5)]["attempts"] == 3 and chunks[phspectra_keys.chunk_sk(5)]["status"] == "FAILED"
+    assert (
+        chunks[phspectra_keys.chunk_sk(0)]["attempts"] == 2
+        and chunks[phspectra_keys.chunk_sk(0)]["status"] == "COMPLETED"
+    )
+    assert (
+        chunks[phspectra_keys.chunk_sk(5)]["attempts"] == 3 and chunks[phspectra_keys.chunk_sk(5)]["status"] == "FAILED"
+    )
     failed = to_plain(ph.failures(run_id))
     assert [c["SK"] for c in failed] == [phspectra_keys.chunk_sk(5)]
     assert failed[0]["error"].startswith("RuntimeError: injected failure #3") and len(failed[0]["error"]) == 1024
@@ -122,7 +127,9 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
     run = to_plain(ph.get_run(run_id))
     assert (run["jobs_total"], run["jobs_completed"], run["jobs_failed"], run["status"]) == (3, 3, 0, "COMPLETED")
     assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {
-        phspectra_keys.chunk_sk(0): 2, phspectra_keys.chunk_sk(5): 4, phspectra_keys.chunk_sk(10): 1
+        phspectra_keys.chunk_sk(0): 2,
+        phspectra_keys.chunk_sk(5): 4,
+        phspectra_keys.chunk_sk(10): 1,
     }
     assert ph.failures(run_id) == [] and "error" not in chunk_items(run_id)[phspectra_keys.chunk_sk(5)]
     assert output_rows(store_root, "grs-retry", run_id) == direct_rows(cube_url, {})
@@ -212,7 +219,9 @@ def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(
     result: dict = {}
     fitter = threading.Thread(target=lambda: result.update(ph.fit_chunk(run_id, 0, lease_seconds=lease)))
     fitter.start()
-    while (claimed := to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key(run_id, 0))))["status"] == "PENDING":
+    while (claimed := to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key(run_id, 0))))[
+        "status"
+    ] == "PENDING":
         time.sleep(0.02)
     past_lease = now_iso(datetime.fromisoformat(claimed["started_at"]) + timedelta(seconds=1.5 * lease))
     sweeps_past_lease = 0
@@ -288,7 +297,9 @@ def test_a_resume_by_run_id_alone_fits_into_the_runs_stored_output_url(tables, s
     assert (summary["status"], summary["spectra_fitted"], summary["jobs_completed"]) == ("COMPLETED", 12, 3)
     assert output_rows(elsewhere, survey, run_id) == direct_rows(cube_url, {})  # each spectrum once, where it belongs
     assert not (store_root / phspectra_keys.decomposition_prefix(survey)).exists()
-    assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {phspectra_keys.chunk_sk(s): 1 for s in (0, 4, 8)}
+    assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {
+        phspectra_keys.chunk_sk(s): 1 for s in (0, 4, 8)
+    }
 
 
 def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
@@ -300,7 +311,9 @@ def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
     from tests.helpers.prefect_runs import deploy_from_prefect_yaml
 
     name = f"sweep-{uuid.uuid4().hex[:6]}"
-    deployment_name = deploy_from_prefect_yaml(tmp_path, {"phspectra-sweep-stuck"}, f"pool-{name}", name)["phspectra-sweep-stuck"]
+    deployment_name = deploy_from_prefect_yaml(tmp_path, {"phspectra-sweep-stuck"}, f"pool-{name}", name)[
+        "phspectra-sweep-stuck"
+    ]
     with get_client(sync_client=True) as client:  # prefect.yaml's deployment, as `prefect deploy` made it
         deployment = client.read_deployment_by_name(deployment_name)
         first, second = (client.create_flow_run_from_deployment(deployment.id) for _ in range(2))
@@ -308,7 +321,10 @@ def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
         client.set_flow_run_state(second.id, Pending())  # a second sweep while the first still runs
         states = [client.read_flow_run(run.id).state for run in (first, second)]
         client.delete_deployment(deployment.id)
-    assert [(s.type.value, s.message) for s in states] == [("PENDING", None), ("CANCELLED", "Deployment concurrency limit reached.")]
+    assert [(s.type.value, s.message) for s in states] == [
+        ("PENDING", None),
+        ("CANCELLED", "Deployment concurrency limit reached."),
+    ]
 
 
 def test_two_sweepers_cannot_both_take_a_chunk_whose_lease_expired(tables, store_root, tmp_path):
@@ -321,7 +337,9 @@ def test_two_sweepers_cannot_both_take_a_chunk_whose_lease_expired(tables, store
 
     def race(take_expired, lease_seconds=1.0):
         results: list = []
-        threads = [threading.Thread(target=lambda: results.append(claim(take_expired, lease_seconds))) for _ in range(8)]
+        threads = [
+            threading.Thread(target=lambda: results.append(claim(take_expired, lease_seconds))) for _ in range(8)
+        ]
         [t.start() for t in threads], [t.join() for t in threads]
         return [r for r in results if r is not None]
 
@@ -350,7 +368,9 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
         tables["phspectra_runs"], ph.chunk_key("new-run", 1), "IN_PROGRESS", None, set={"started_at": iso_ago(3600)}
     )
     ph.claim_chunk("new-run", 2)
-    state_store.transition(tables["phspectra_runs"], ph.chunk_key("new-run", 2), "IN_PROGRESS", "FAILED", set={"error": "boom"})
+    state_store.transition(
+        tables["phspectra_runs"], ph.chunk_key("new-run", 2), "IN_PROGRESS", "FAILED", set={"error": "boom"}
+    )
 
     import boto3
     from boto3.dynamodb.types import TypeDeserializer
@@ -374,7 +394,9 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     }  # fmt: skip
     assert ph.get_run("new-run") == seed["get-run"]
     assert ph.list_chunks("new-run") == seed["list-chunks"] and len(seed["list-chunks"]) == 3
-    assert ph.stuck_chunks("new-run") == seed["stuck"] and [c["SK"] for c in seed["stuck"]] == [phspectra_keys.chunk_sk(1)]
+    assert ph.stuck_chunks("new-run") == seed["stuck"] and [c["SK"] for c in seed["stuck"]] == [
+        phspectra_keys.chunk_sk(1)
+    ]
     assert ph.latest_run("grs-ap") == seed["latest"][0] and seed["latest"][0]["PK"] == "new-run"
     assert ph.latest_run("grs-ap", not_before="2999-01-01") is None
     assert ph.latest_run("grs-none") is None
@@ -387,7 +409,9 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     assert cli("get-run", "--run-id", "new-run") == to_plain(seed["get-run"])
     assert len(cli("list-chunks", "--run-id", "new-run")) == 3
     assert cli("latest-run", "--survey", "grs-ap")["PK"] == "new-run"
-    assert [c["SK"] for c in cli("stuck-chunks", "--run-id", "new-run", "--minutes", "15")] == [phspectra_keys.chunk_sk(1)]
+    assert [c["SK"] for c in cli("stuck-chunks", "--run-id", "new-run", "--minutes", "15")] == [
+        phspectra_keys.chunk_sk(1)
+    ]
     assert cli("failures", "--run-id", "new-run")[0]["error"] == "boom"
     assert main(["phspectra", "get-run", "--run-id", "nope"]) == 2
     assert "no run nope" in capsys.readouterr().err
@@ -505,7 +529,10 @@ def test_a_second_start_with_one_run_id_cannot_overwrite_or_fail_the_first(table
 def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root):
     starts = [0, 5_000_000, 10_000_000, 15_000_000]
     assert [phspectra_keys.chunk_start_from_sk(phspectra_keys.chunk_sk(s)) for s in starts] == starts
-    assert phspectra_keys.chunk_sk(0) == "CHUNK#chunk-0000000" and phspectra_keys.chunk_sk(10_000_000) == "CHUNK#chunk-10000000"
+    assert (
+        phspectra_keys.chunk_sk(0) == "CHUNK#chunk-0000000"
+        and phspectra_keys.chunk_sk(10_000_000) == "CHUNK#chunk-10000000"
+    )
     for bad in ("CHUNK#chunk-000000", "CHUNK#chunk-00000000", "CHUNK#chunk-1e7"):
         with pytest.raises(keys.InvalidKey):
             phspectra_keys.chunk_start_from_sk(bad)
@@ -564,7 +591,9 @@ def test_the_sweeper_finishes_runs_whose_driver_ended(tables, store_root, tmp_pa
     assert run["status"] == "FAILED" and "was cancelled (chunks 1 COMPLETED, 1 FAILED, 1 PENDING of 3)" in run["error"]
 
 
-def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(tables, store_root, tmp_path, monkeypatch):
+def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(
+    tables, store_root, tmp_path, monkeypatch
+):
     import flows.phspectra_survey as flow_module
 
     real_slow_lane = flow_module.slow_lane_task
@@ -580,7 +609,9 @@ def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(
             cube_url=cube_url, survey="grs-lane", run_id="lane", chunk_size=2, time_limit_s=1e-5, workers=2
         )
     assert to_plain(ph.get_run("lane"))["status"] == "RUNNING"
-    assert flow_module.phspectra_sweep_stuck(survey="grs-lane", max_sweeps=1) == {"lane": {"redriven": [], "status": "RUNNING"}}
+    assert flow_module.phspectra_sweep_stuck(survey="grs-lane", max_sweeps=1) == {
+        "lane": {"redriven": [], "status": "RUNNING"}
+    }
     swept = flow_module.phspectra_sweep_stuck(survey="grs-lane", max_sweeps=1)  # bounded: gives up with the reason
     assert swept == {"lane": {"redriven": [], "status": "FAILED"}}
     run = to_plain(ph.get_run("lane"))

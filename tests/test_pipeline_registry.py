@@ -7,7 +7,7 @@ The toy pipeline's hooks live in this module (``tests.test_pipeline_registry:…
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -26,7 +26,9 @@ TOY = Pipeline(
     name="toy",
     seed=50,
     tables={"toy_items": Table(TableSpec("item_id", ttl_attribute="ttl"), "toy-items-{env}")},
-    landing=Landing("toy-listen", "toy/incoming/", QueueSpec("toy-{env}", "toy-dlq-{env}", 60, OBJECTS, "toy/incoming/")),
+    landing=Landing(
+        "toy-listen", "toy/incoming/", QueueSpec("toy-{env}", "toy-dlq-{env}", 60, OBJECTS, "toy/incoming/")
+    ),
     flows=("toy-run",),
     maintenance_flows=("toy-sweep",),
     health_checks=f"{HERE}:CHECKS",
@@ -49,8 +51,9 @@ def toy_items_stuck(limits_: HealthThresholds) -> Alarm:
 
 def figures(window: Window) -> Figures:
     """Toy items DONE or FAILED (all of them: the toy keeps no times)."""
-    return Figures(Outcomes.of("toy", "items", _items(), "status", "DONE", "FAILED", lambda item: True),
-                   summary="**toy:** counted")
+    return Figures(
+        Outcomes.of("toy", "items", _items(), "status", "DONE", "FAILED", lambda item: True), summary="**toy:** counted"
+    )
 
 
 CHECKS = {toy_items_stuck: ("toy-items-stuck",)}
@@ -76,7 +79,9 @@ def test_a_declared_pipeline_gets_its_table_limits_and_landing_queue(toy, tables
     assert ttl["AttributeName"] == "ttl" and ttl["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
     assert config.table_name("toy_items") == tables["toy_items"]
     assert registry.default_table_names("prod")["toy_items"] == "toy-items-prod"
-    assert "toy-sweep" in limits.maintenance_flows() and limits.flow_timeout("toy-sweep") == limits.MAINTENANCE_TIMEOUT_S
+    assert (
+        "toy-sweep" in limits.maintenance_flows() and limits.flow_timeout("toy-sweep") == limits.MAINTENANCE_TIMEOUT_S
+    )
     from tasks.landing import sqs
 
     assert sqs.queue_spec("toy").names("prod") == ("toy-prod", "toy-dlq-prod")
@@ -88,7 +93,7 @@ def test_a_declared_pipeline_gets_its_table_limits_and_landing_queue(toy, tables
 def test_retention_stamps_a_declared_pipelines_finished_records_and_leaves_live_ones(toy, tables):
     from tasks.retention.sweep import apply_retention
 
-    ended = datetime.now(timezone.utc) - timedelta(days=2)
+    ended = datetime.now(UTC) - timedelta(days=2)
     _put("done", status="DONE", ended_at=ended.isoformat())
     _put("live", status="RUNNING", ended_at=ended.isoformat())
     report = apply_retention(record_days=1)

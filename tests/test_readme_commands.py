@@ -41,7 +41,8 @@ def page_commands(page: Path) -> list[str]:
     or with one of its commands (a command written without its group, which the test then rejects)."""
     text = page.read_text()
     snippets = re.findall(r"`([^`\n]+)`", text) + [
-        line for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S) for line in block.splitlines()]
+        line for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S) for line in block.splitlines()
+    ]
     groups = _subcommands(cli.build_parser())
     commands = {name for group in groups.values() for name in group} - set(groups)
     found = []
@@ -125,14 +126,21 @@ def test_every_link_between_the_pages_names_a_page_and_a_heading_that_exist():
 
 def test_a_key_is_taken_positional_or_as_its_flag_and_a_missing_or_contradicting_one_is_refused(capsys):
     parser = cli.build_parser()
-    for argv, key, value in ((["phspectra", "get-run", "R1"], "run_id", "R1"), (["phspectra", "get-run", "--run-id", "R1"], "run_id", "R1"),
-                             (["phspectra", "get-run", "R1", "--run-id", "R1"], "run_id", "R1"),
-                             (["records", "granule", "G1"], "granule_id", "G1"), (["gpu", "tasks", "--job", "J1"], "job_id", "J1"),
-                             (["gpu", "tasks", "J1"], "job_id", "J1"), (["records", "dla-show", "msg-1"], "id", "msg-1")):
+    for argv, key, value in (
+        (["phspectra", "get-run", "R1"], "run_id", "R1"),
+        (["phspectra", "get-run", "--run-id", "R1"], "run_id", "R1"),
+        (["phspectra", "get-run", "R1", "--run-id", "R1"], "run_id", "R1"),
+        (["records", "granule", "G1"], "granule_id", "G1"),
+        (["gpu", "tasks", "--job", "J1"], "job_id", "J1"),
+        (["gpu", "tasks", "J1"], "job_id", "J1"),
+        (["records", "dla-show", "msg-1"], "id", "msg-1"),
+    ):
         args = vars(parser.parse_args(argv))
         assert args[key] == value and f"{key}_positional" not in args
-    for argv, error in ((["phspectra", "get-run"], "give RUN_ID or --run-id RUN_ID"),
-                        (["records", "granule", "G1", "--granule-id", "G2"], "GRANULE_ID 'G1' and --granule-id 'G2' differ: give one")):
+    for argv, error in (
+        (["phspectra", "get-run"], "give RUN_ID or --run-id RUN_ID"),
+        (["records", "granule", "G1", "--granule-id", "G2"], "GRANULE_ID 'G1' and --granule-id 'G2' differ: give one"),
+    ):
         with pytest.raises(SystemExit) as raised:
             parser.parse_args(argv)
         assert raised.value.code == 2 and capsys.readouterr().err.strip().endswith(error)
@@ -146,16 +154,31 @@ def test_the_readme_commands_get_run_and_granule_run_in_both_forms(tables, store
     from tasks.records import messages as records_messages
     from tests.helpers.records import message
 
-    state_store.create_if_absent(tables["phspectra_runs"], {**survey.run_key("run-7"), "status": survey.RUN_RUNNING,
-                                                            "survey": "grs", "jobs_total": 2, "created_at": now_iso()}, ["PK", "SK"])
+    state_store.create_if_absent(
+        tables["phspectra_runs"],
+        {
+            **survey.run_key("run-7"),
+            "status": survey.RUN_RUNNING,
+            "survey": "grs",
+            "jobs_total": 2,
+            "created_at": now_iso(),
+        },
+        ["PK", "SK"],
+    )
     records_messages.ingest([json.dumps(message("completed", "exec-1", 1000, granule="G7"))])
     outputs = {}
-    for argv in (["phspectra", "get-run", "run-7"], ["phspectra", "get-run", "--run-id", "run-7"],
-                 ["records", "granule", "G7"], ["records", "granule", "--granule-id", "G7"]):
+    for argv in (
+        ["phspectra", "get-run", "run-7"],
+        ["phspectra", "get-run", "--run-id", "run-7"],
+        ["records", "granule", "G7"],
+        ["records", "granule", "--granule-id", "G7"],
+    ):
         assert cli.main(argv) == 0, capsys.readouterr().err
         outputs[tuple(argv)] = json.loads(capsys.readouterr().out)
     run, granule = outputs[("phspectra", "get-run", "run-7")], outputs[("records", "granule", "G7")]
-    assert (run["status"], run["jobs_total"]) == ("RUNNING", 2) and outputs[("phspectra", "get-run", "--run-id", "run-7")] == run
+    assert (run["status"], run["jobs_total"]) == ("RUNNING", 2) and outputs[
+        ("phspectra", "get-run", "--run-id", "run-7")
+    ] == run
     assert (granule["granuleId"], granule["status"]) == ("G7", "completed")
     assert outputs[("records", "granule", "--granule-id", "G7")] == granule
     assert cli.main(["records", "granule", "G-none"]) == 2 and "no granules record" in capsys.readouterr().err

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tasks.records import rules as records
-from tasks.records import messages as records_messages
 from tasks.core import state_store
+from tasks.records import messages as records_messages
+from tasks.records import rules as records
 from tasks.records.rules import COMPLETED, EXECUTION, FAILED, GRANULE, QUEUED, RUNNING, RecordKind, Verdict
 from tests.helpers.records import STATE_MACHINE, message
 
@@ -72,7 +72,9 @@ def test_derived_fields_follow_the_seed_table():
     del msg["payload"]["granules"][0]["createdAt"]
     records_messages.validate(msg)
     (problem,) = records_messages.derive(msg, NOW)[2]
-    assert problem.problems == ["payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)"]
+    assert problem.problems == [
+        "payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)"
+    ]
 
 
 def test_terminal_write_then_stale_running_and_older_completed_are_dropped(tables):
@@ -83,9 +85,14 @@ def test_terminal_write_then_stale_running_and_older_completed_are_dropped(table
         "execution": {"written": 1, "stale": 0, "rejected": 0},
         "pdr": {"written": 1, "stale": 0, "rejected": 0},
     }
-    late = records_messages.ingest([message("running", "exec-b", 2000), message("completed", "exec-a", 1000)], now_ms=NOW + 5)
+    late = records_messages.ingest(
+        [message("running", "exec-b", 2000), message("completed", "exec-a", 1000)], now_ms=NOW + 5
+    )
     reasons = [r.reason for o in late.outcomes for r in o.results if r.kind == "granule"]
-    assert [r.verdict for o in late.outcomes for r in o.results if r.kind == "granule"] == [Verdict.STALE, Verdict.STALE]
+    assert [r.verdict for o in late.outcomes for r in o.results if r.kind == "granule"] == [
+        Verdict.STALE,
+        Verdict.STALE,
+    ]
     assert reasons == [
         f"execution {STATE_MACHINE.replace('stateMachine', 'execution')}:exec-b is already completed (running write dropped)",
         "older createdAt (1000 < 2000)",
@@ -226,7 +233,13 @@ CHUNK_KEY = {"PK": "run-1", "SK": "CHUNK#chunk-0000000"}
 
 
 def chunk(status: str, created: str, **extra) -> dict:
-    return {**CHUNK_KEY, "status": status, "created_at": created, "chunk_key": "chunks/run-1/chunk-0000000.npz", **extra}
+    return {
+        **CHUNK_KEY,
+        "status": status,
+        "created_at": created,
+        "chunk_key": "chunks/run-1/chunk-0000000.npz",
+        **extra,
+    }
 
 
 def test_generic_writer_on_phspectra_chunk_records(tables):

@@ -11,7 +11,17 @@ import pytest
 
 from tasks.records.rules import Verdict
 from tests.helpers.records_cumulus import (
-    COLLECTION_ID, NOW, START, arn, files, granule, ingest, message, new_id, ported, put_execution,
+    COLLECTION_ID,
+    NOW,
+    START,
+    arn,
+    files,
+    granule,
+    ingest,
+    message,
+    new_id,
+    ported,
+    put_execution,
 )  # fmt: skip
 
 W = "packages/api/tests/lib/writeRecords/test-write-granules.js"
@@ -52,15 +62,40 @@ def test_saves_granule_record():
     record = granule(g)
     assert {k: record[k] for k in given if k != "status"} == {k: v for k, v in given.items() if k != "status"}
     assert (record["status"], record["collectionId"], record["execution"], record["pdrName"], record["provider"]) == (
-        "completed", COLLECTION_ID, arn(ex), pdr_name, "prov")
+        "completed",
+        COLLECTION_ID,
+        arn(ex),
+        pdr_name,
+        "prov",
+    )
     assert (record["createdAt"], record["timestamp"], record["updatedAt"], record["error"]) == (START, NOW, NOW, {})
-    assert (record["productVolume"], record["duration"], record["timeToArchive"], record["timeToPreprocess"]) == ("15", 900, 0, 0)
+    assert (record["productVolume"], record["duration"], record["timeToArchive"], record["timeToPreprocess"]) == (
+        "15",
+        900,
+        0,
+        0,
+    )
 
 
 NULLABLE = [
-    "beginningDateTime", "cmrLink", "createdAt", "duration", "endingDateTime", "lastUpdateDateTime", "pdrName",
-    "processingEndDateTime", "processingStartDateTime", "productionDateTime", "productVolume", "provider", "published",
-    "queryFields", "timestamp", "timeToArchive", "timeToPreprocess", "updatedAt",
+    "beginningDateTime",
+    "cmrLink",
+    "createdAt",
+    "duration",
+    "endingDateTime",
+    "lastUpdateDateTime",
+    "pdrName",
+    "processingEndDateTime",
+    "processingStartDateTime",
+    "productionDateTime",
+    "productVolume",
+    "provider",
+    "published",
+    "queryFields",
+    "timestamp",
+    "timeToArchive",
+    "timeToPreprocess",
+    "updatedAt",
 ]
 
 
@@ -85,10 +120,27 @@ def test_rewrite_with_nulls_removes_what_the_message_nulls():
     nulled = {**first, **dict.fromkeys(NULLABLE)}
     ingest(message("completed", ex, START + 1000, nulled, pdr=pdr_name), now=NOW + 1000)
     record = granule(g)
-    for gone in ("cmrLink", "beginningDateTime", "endingDateTime", "lastUpdateDateTime", "productionDateTime", "queryFields"):
+    for gone in (
+        "cmrLink",
+        "beginningDateTime",
+        "endingDateTime",
+        "lastUpdateDateTime",
+        "productionDateTime",
+        "queryFields",
+    ):
         assert gone not in record, gone
-    assert (record["published"], record["createdAt"], record["pdrName"], record["provider"]) == (False, START + 1000, pdr_name, "prov")
-    assert (record["productVolume"], record["timeToArchive"], record["timeToPreprocess"], record["error"]) == ("15", 0, 0, {})
+    assert (record["published"], record["createdAt"], record["pdrName"], record["provider"]) == (
+        False,
+        START + 1000,
+        pdr_name,
+        "prov",
+    )
+    assert (record["productVolume"], record["timeToArchive"], record["timeToPreprocess"], record["error"]) == (
+        "15",
+        0,
+        0,
+        {},
+    )
     assert record["files"] == first["files"] and record["status"] == "completed"
 
 
@@ -186,7 +238,14 @@ def test_partial_granule_overwrites_only_provided_fields():
     g, ex = new_id("G"), new_id("E")
     ingest(message("completed", ex, START, full_granule(g)))
     before = granule(g)
-    ingest(message("completed", ex, START, {"granuleId": g, "cmrLink": "updatedGranuled.com", "status": "completed", "published": True}))
+    ingest(
+        message(
+            "completed",
+            ex,
+            START,
+            {"granuleId": g, "cmrLink": "updatedGranuled.com", "status": "completed", "published": True},
+        )
+    )
     after = granule(g)
     assert {k for k in after if after[k] != before.get(k)} == {"cmrLink"}
 
@@ -261,9 +320,14 @@ def test_schema_violation_marks_the_granule_failed_and_archives_the_message():
         {"path": "MYD13Q1.006", "size": 170459659, "name": "MYD13Q1.A2017281.hdf", "type": "data", "checksumType": "CKSUM", "checksum": 3129208208},
         {"path": "MYD13Q1.006", "size": 46399, "name": "MYD13Q1.A2017281.hdf.met", "type": "metadata"},
     ])  # fmt: skip
-    report = ingest(message("completed", ex, START, bad, exception={"Error": "Original Error", "Cause": {"Error": "Cause"}}))
+    report = ingest(
+        message("completed", ex, START, bad, exception={"Error": "Original Error", "Cause": {"Error": "Cause"}})
+    )
     error = report.outcomes[0].error
-    assert error == {"type": "SchemaValidationError", "message": "payload/granules/0/files/0/checksum: 3129208208 is not of type 'string'"}
+    assert error == {
+        "type": "SchemaValidationError",
+        "message": "payload/granules/0/files/0/checksum: 3129208208 is not of type 'string'",
+    }
     assert (granule(g)["status"], granule(g)["error"]) == ("failed", error) and report.outcomes[0].archived_key
 
 
@@ -272,9 +336,17 @@ def test_same_granule_id_in_another_collection_is_not_written():
     with a different collection ID already exists"."""
     g = new_id("G")
     ingest(message("completed", new_id("E"), START, completed_granule(g)))
-    other = message("completed", new_id("E"), START + 1, completed_granule(g), meta={"collection": {"name": "OTHER", "version": "1"}})
+    other = message(
+        "completed",
+        new_id("E"),
+        START + 1,
+        completed_granule(g),
+        meta={"collection": {"name": "OTHER", "version": "1"}},
+    )
     report = ingest(other)
-    assert report.outcomes[0].error["type"] == "GranuleCollectionConflict" and granule(g)["collectionId"] == COLLECTION_ID
+    assert (
+        report.outcomes[0].error["type"] == "GranuleCollectionConflict" and granule(g)["collectionId"] == COLLECTION_ID
+    )
 
 
 @pytest.mark.parametrize("status", ["running", "queued"])
@@ -346,10 +418,16 @@ def test_running_update_by_a_new_execution_updates_only_limited_values():
     created_at are updated"."""
     before, after, _ = _complete_then("running", True, START + 1000)
     assert {k for k in after if after[k] != before.get(k)} == {"status", "createdAt", "timestamp", "updatedAt"}
-    assert (after["status"], after["createdAt"], after["files"], after["cmrLink"]) == ("running", START + 1000, before["files"], "example.com")
+    assert (after["status"], after["createdAt"], after["files"], after["cmrLink"]) == (
+        "running",
+        START + 1000,
+        before["files"],
+        "example.com",
+    )
 
 
-# --------------------------------------------------------------------------- GranulePgModel.upsert() with writeConstraints
+# --------------------------------------------------------------------------- GranulePgModel.upsert() with
+# writeConstraints
 
 T = START
 # (Cumulus test title, first write (status, execution), the second write's execution state beforehand (None: no
@@ -436,5 +514,6 @@ def test_granule_upsert_without_created_at_changes_nothing(status):
     report = ingest(message(status, new_id("E"), None, {"granuleId": g}))
     assert report.outcomes[0].error == {
         "type": "SchemaValidationError",
-        "message": "payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)"}
+        "message": "payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)",
+    }
     assert granule(g) == before

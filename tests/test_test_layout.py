@@ -34,16 +34,23 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_no_module_under_tests_imports_a_test_module():
-    offending = [f"{path.relative_to(TESTS)}:{line}: {module}" for path in MODULES
-                 for line, module in imported_modules(ast.parse(path.read_text(), str(path))) if _is_test_module(module)]
+    offending = [
+        f"{path.relative_to(TESTS)}:{line}: {module}"
+        for path in MODULES
+        for line, module in imported_modules(ast.parse(path.read_text(), str(path)))
+        if _is_test_module(module)
+    ]
     assert not offending, f"{offending}: move what is shared into tests/helpers/ (fixtures: registered in conftest.py)"
 
 
 def test_a_child_process_runs_a_function_of_the_module_that_starts_it():
     elsewhere = {}
     for path in MODULES:
-        strings = [node.value for node in ast.walk(ast.parse(path.read_text(), str(path)))
-                   if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+        strings = [
+            node.value
+            for node in ast.walk(ast.parse(path.read_text(), str(path)))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        ]
         calls = {m.group(1) for s in strings if (m := CHILD_CALL.match(s))} - {path.stem}
         if calls:
             elsewhere[path.name] = sorted(calls)
@@ -51,9 +58,19 @@ def test_a_child_process_runs_a_function_of_the_module_that_starts_it():
 
 
 def test_the_checks_see_every_form_of_import():
-    source = ("import tests.test_a\nfrom tests.test_b import x\nfrom test_c import y\nfrom tests import test_d\n"
-              "import conftest\nfrom tests.conftest import z\nfrom tests.helpers.etl import DAY\nimport test_helpers_like\n"
-              "def f():\n    from tests.test_e import w\n")
+    source = (
+        "import tests.test_a\nfrom tests.test_b import x\nfrom test_c import y\nfrom tests import test_d\n"
+        "import conftest\nfrom tests.conftest import z\nfrom tests.helpers.etl import DAY\nimport test_helpers_like\n"
+        "def f():\n    from tests.test_e import w\n"
+    )
     flagged = [module for _, module in imported_modules(ast.parse(source)) if _is_test_module(module)]
-    assert flagged == ["tests.test_a", "tests.test_b", "test_c", "tests.test_d", "conftest", "tests.conftest",
-                       "test_helpers_like", "tests.test_e"]
+    assert flagged == [
+        "tests.test_a",
+        "tests.test_b",
+        "test_c",
+        "tests.test_d",
+        "conftest",
+        "tests.conftest",
+        "test_helpers_like",
+        "tests.test_e",
+    ]

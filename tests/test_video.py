@@ -16,9 +16,9 @@ import pytest
 
 from flows.video import video_delete_cleanup, video_process
 from tasks.core import keys, state_store
-from tasks.video import keys as video_keys
-from tasks.video import jobs as v
 from tasks.core.object_store import LocalStore
+from tasks.video import jobs as v
+from tasks.video import keys as video_keys
 from tasks.video.ffmpeg import make_test_video, probe
 
 SECONDS, FPS, SEGMENT = 5.0, 10, 1.0  # 5 segments of 10 frames
@@ -61,7 +61,9 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
     records = v.completions(job_id)
     assert [r["segment_index"] for r in records] == list(range(5))
     assert [r["segment_key"] for r in records] == [video_keys.segment_key(job_id, i, 5, "grayscale") for i in range(5)]
-    assert [r["output_key"] for r in records] == [video_keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
+    assert [r["output_key"] for r in records] == [
+        video_keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)
+    ]
     assert all(r["prefect_flow_run_id"] == job["prefect_flow_run_id"] and r["prefect_task_run_id"] for r in records)
     assert len({r["prefect_task_run_id"] for r in records}) == 5
     lock = state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})
@@ -70,7 +72,8 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
     # every object is under the job's prefixes; the outputs really are gray
     assert set(_objects(store_root)) == (
         {video_keys.source_key(job_id), video_keys.final_key(job_id)}
-        | {r["segment_key"] for r in records} | {r["output_key"] for r in records}
+        | {r["segment_key"] for r in records}
+        | {r["output_key"] for r in records}
     )
     import av
 
@@ -85,7 +88,9 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
     assert v.reassemble(job_id)["reassembled"] is False
 
 
-def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with(tables, store_root, source_video, monkeypatch):
+def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with(
+    tables, store_root, source_video, monkeypatch
+):
     """`video create-job --mode grayscale --segment-seconds 1` then `video-process` with only the job id: the job's
     own settings, not the block's defaults (here 2.5 s segments, identity)."""
     monkeypatch.setenv("VIDEO_INFERENCE_SEGMENT_SECONDS", "2.5")
@@ -97,7 +102,10 @@ def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with
     assert outputs == [video_keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
     # a run's own parameters still come first
     other = _upload(store_root, source_video.read_bytes(), mode="grayscale")
-    assert video_process(job_id=other, segment_seconds=2.5, mode="identity", segment_retry_delays=[0, 0])["total_segments"] == 2
+    assert (
+        video_process(job_id=other, segment_seconds=2.5, mode="identity", segment_retry_delays=[0, 0])["total_segments"]
+        == 2
+    )
 
 
 def test_http_backend_stores_the_endpoints_responses(tables, store_root, source_video, http_backend):
@@ -128,8 +136,14 @@ def test_backend_errors_are_retried_then_fail_the_job(
     assert job["status"] == "failed"
     assert job["failure_reason"].startswith("5 of 5 segments failed after retries; first: 00000_00005_identity.mp4")
     assert reason in job["failure_reason"]
-    assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
-    assert all(k.startswith((video_keys.input_prefix(job_id), video_keys.segments_prefix(job_id))) for k in _objects(store_root))
+    assert (
+        v.completions(job_id) == []
+        and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+    )
+    assert all(
+        k.startswith((video_keys.input_prefix(job_id), video_keys.segments_prefix(job_id)))
+        for k in _objects(store_root)
+    )
 
 
 @pytest.mark.parametrize(
@@ -137,7 +151,11 @@ def test_backend_errors_are_retried_then_fail_the_job(
     [
         ("not a video", lambda src: b"this is a text file, not a video\n" * 20, "not a readable video"),
         ("zero-length", lambda src: b"", "the upload is empty (0 bytes)"),
-        ("truncated", lambda src: src[: len(src) // 2], "source.mp4 is cut off: an mp4/mov without its index (moov atom)"),
+        (
+            "truncated",
+            lambda src: src[: len(src) // 2],
+            "source.mp4 is cut off: an mp4/mov without its index (moov atom)",
+        ),
         ("audio only", None, "the file has no video stream"),
     ],
 )
@@ -184,7 +202,11 @@ def _job_ready_for_trigger(tables, job_id: str, total: int) -> None:
     state_store.create_if_absent(tables["video_jobs"], {"job_id": job_id, "status": "created"}, ["job_id"])
     assert state_store.transition(tables["video_jobs"], {"job_id": job_id}, "created", "chunking_in_progress")
     assert state_store.transition(
-        tables["video_jobs"], {"job_id": job_id}, "chunking_in_progress", "chunking_complete", set={"total_segments": total}
+        tables["video_jobs"],
+        {"job_id": job_id},
+        "chunking_in_progress",
+        "chunking_complete",
+        set={"total_segments": total},
     )
     state_store.create_many_if_absent(
         tables["video_segment_completions"],
@@ -263,8 +285,10 @@ def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, stor
 
     # a real reassembly worker claims the lock and is SIGKILLed before it writes anything
     worker = subprocess.Popen(
-        [sys.executable, "-c", _CLAIM_AND_HANG, job_id], cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", _CLAIM_AND_HANG, job_id],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert worker.stdout.readline().strip() == "claimed"
@@ -276,7 +300,10 @@ def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, stor
 
     # another worker finds the fresh claim and leaves it alone; once the claim is stale, reassembly takes over
     assert v.reassemble(job_id) == {
-        "job_id": job_id, "status": "chunking_complete", "reassembled": False, "skipped": "another worker holds the lock"
+        "job_id": job_id,
+        "status": "chunking_complete",
+        "reassembled": False,
+        "skipped": "another worker holds the lock",
     }
     assert not (store_root / video_keys.final_key(job_id)).exists()
     job = _run(job_id=job_id, reassembly_stale_after_s=0)  # a re-run of the flow finds the pending reassembly
@@ -307,7 +334,10 @@ def test_delete_cleans_up_and_the_job_reads_as_not_found(tables, store_root, tmp
     assert removed == {job_id: {"objects": 1 + 6 + 6 + 1, "completion_records": 6, "locks": 1}}
     assert video_delete_cleanup() == {} and v.deleted_jobs_awaiting_cleanup() == []
     assert _objects(store_root) == [video_keys.source_key(other)]
-    assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+    assert (
+        v.completions(job_id) == []
+        and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+    )
     row = state_store.get_item(tables["video_jobs"], {"job_id": job_id})
     assert row["status"] == "deleted" and "deleted_at" in row and "cleaned_up_at" in row
     assert main(["video", "get-job", job_id]) == 2
@@ -333,7 +363,9 @@ def test_cli_create_get_list(tables, store_root, capsys):
     assert main(["video", "create-job", "--job-id", "cli-job", "--mode", "scale", "--segment-seconds", "2"]) == 0
     created = json.loads(capsys.readouterr().out)
     assert created == {
-        "job_id": "cli-job", "status": "created", "source_key": "input/cli-job/source.mp4",
+        "job_id": "cli-job",
+        "status": "created",
+        "source_key": "input/cli-job/source.mp4",
         "upload_target": str(store_root / "input/cli-job/source.mp4"),
     }
     assert main(["video", "create-job", "--job-id", "cli-job"]) == 2
@@ -362,6 +394,7 @@ def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, st
     lock = state_store.to_plain(state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}))
     assert lock["reassembly_owner"] == lock["prefect_flow_run_id"] == job["prefect_flow_run_id"]
     assert "reassembly_flow_run_id" not in lock
+
     def task_run():  # the server records task runs from their events, a moment after they ran
         from prefect.exceptions import ObjectNotFound
 
@@ -375,7 +408,10 @@ def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, st
     final = store_root / video_keys.final_key(job_id)
     written = (final.stat().st_ino, final.stat().st_mtime_ns)
     assert video_reassemble(job_id) == {
-        "job_id": job_id, "status": "completed", "final_key": video_keys.final_key(job_id), "reassembled": False,
+        "job_id": job_id,
+        "status": "completed",
+        "final_key": video_keys.final_key(job_id),
+        "reassembled": False,
     }
     assert (final.stat().st_ino, final.stat().st_mtime_ns) == written  # no second final.mp4
     assert v.get_job(job_id) == job  # no second transition: completed_at, final_* as the process run wrote them

@@ -9,9 +9,8 @@ import pytest
 
 from flows.video import video_process, video_sweep_stuck
 from tasks.core import state_store
-from tasks.video import keys
 from tasks.core.object_store import LocalStore
-from tasks.video import inference
+from tasks.video import inference, keys
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
 from tests.helpers.prefect_runs import crash_event
@@ -85,7 +84,9 @@ def test_the_sweep_reassembles_or_fails_jobs_stuck_in_chunking_complete(tables, 
     assert video_sweep_stuck(stuck_minutes=60) == {}  # not stuck long enough yet
     swept = video_sweep_stuck(stuck_minutes=0)
     assert swept[complete] == {"job_id": complete, "status": "completed", "action": "reassembled"}
-    assert swept[partial]["status"] == "failed" and "with 1 of 3 segments done" in _job(tables, partial)["failure_reason"]
+    assert (
+        swept[partial]["status"] == "failed" and "with 1 of 3 segments done" in _job(tables, partial)["failure_reason"]
+    )
     assert probe(store_root / keys.final_key(complete)).frames == 30
     assert video_sweep_stuck(stuck_minutes=0) == {}
 
@@ -105,7 +106,9 @@ def test_the_sweep_leaves_a_job_alone_while_a_run_that_holds_it_is_alive(tables,
     v.infer_segment(v.segment_keys_of(v.get_job(job_id))[0], backend="ffmpeg")  # one of three segments done so far
     with get_client(sync_client=True) as client:
         run = client.create_flow_run(holder, state=Running())
-        state_store.transition(tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run.id)})
+        state_store.transition(
+            tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run.id)}
+        )
         assert video_sweep_stuck(stuck_minutes=0) == {}  # its run is still working on it
         assert _job(tables, job_id)["status"] == "chunking_complete"
         client.set_flow_run_state(run.id, Crashed(message="worker killed (test)"), force=True)
@@ -113,19 +116,24 @@ def test_the_sweep_leaves_a_job_alone_while_a_run_that_holds_it_is_alive(tables,
     assert swept[job_id]["status"] == "failed" and "with 1 of 3 segments done" in _job(tables, job_id)["failure_reason"]
 
 
-# --------------------------------------------------------------------------- issue 23 item 2: a crashed run is recovered at once
+# --------------------------------------------------------------------------- issue 23 item 2: a crashed run is
+# recovered at once
 
 
-def _video_deployment(client) -> "uuid.UUID":
+def _video_deployment(client) -> uuid.UUID:
     """A deployment of video-process with no work pool (the test runs its flow runs itself)."""
     import uuid
 
     flow_id = client.create_flow(video_process)
-    return client.create_deployment(flow_id, f"redrive-{uuid.uuid4().hex[:6]}", entrypoint="flows/video.py:video_process")
+    return client.create_deployment(
+        flow_id, f"redrive-{uuid.uuid4().hex[:6]}", entrypoint="flows/video.py:video_process"
+    )
 
 
 def _hold(tables, job_id: str, run_id, **lock) -> None:
-    state_store.transition(tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run_id)})
+    state_store.transition(
+        tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run_id)}
+    )
     if lock:
         state_store.put(tables["video_reassembly_locks"], {"job_id": job_id, **lock})
 
@@ -151,7 +159,9 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
     with get_client(sync_client=True) as client:
         deployment = _video_deployment(client)
         params = {"segment_seconds": SEGMENT, "segment_retries": 0, "source_url": "file:///was/imported.mp4"}
-        crashed = client.create_flow_run_from_deployment(deployment, parameters={**params, "job_id": partial}, state=Running())
+        crashed = client.create_flow_run_from_deployment(
+            deployment, parameters={**params, "job_id": partial}, state=Running()
+        )
         spent_run = client.create_flow_run_from_deployment(deployment, parameters={"job_id": spent}, state=Running())
         reassembly = client.create_flow_run(video_sweep_stuck, state=Running())  # stands in for video-reassemble
         _hold(tables, partial, crashed.id)
@@ -166,19 +176,29 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
         job = _job(tables, partial)
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment])))
         redriven = next(r for r in runs if r.id not in (crashed.id, spent_run.id))
-        assert (job["status"], job["prefect_flow_run_id"], job["redrives"]) == ("chunking_complete", str(redriven.id), 1)
+        assert (job["status"], job["prefect_flow_run_id"], job["redrives"]) == (
+            "chunking_complete",
+            str(redriven.id),
+            1,
+        )
         assert redriven.parameters == {"segment_seconds": SEGMENT, "segment_retries": 0, "job_id": partial}
         assert redriven.state.type.value == "SCHEDULED"
         # a second report of the same crash changes nothing and starts nothing
         assert records_prefect_state(crash_event(crashed.id)) == []
-        assert len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment])))) == 3
+        assert (
+            len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))))
+            == 3
+        )
 
         # the re-driven run (what a worker does with it) finishes the job with every frame
         from prefect.flow_engine import run_flow
 
         finished = run_flow(video_process, flow_run=redriven, parameters=redriven.parameters, return_type="state")
         assert finished.is_completed(), finished
-        assert (_job(tables, partial)["status"], probe(store_root / keys.final_key(partial)).frames) == ("completed", 30)
+        assert (_job(tables, partial)["status"], probe(store_root / keys.final_key(partial)).frames) == (
+            "completed",
+            30,
+        )
 
         # the reassembly run dies too: every segment is done, so the job is reassembled right away
         client.set_flow_run_state(reassembly.id, Crashed(message="flow process killed (test)"), force=True)
@@ -189,8 +209,10 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
         assert [f["record"] for f in records_prefect_state(crash_event(spent_run.id))] == [spent]
     failed = _job(tables, spent)
     assert (failed["status"], failed["failure_reason"]) == (
-        "failed", f"stuck in chunking_complete with 0 of 3 segments done after 2 re-drives (reconciled: record "
-        f"chunking_complete while Prefect flow run {spent_run.id} Crashed); re-run video-process for the job")
+        "failed",
+        f"stuck in chunking_complete with 0 of 3 segments done after 2 re-drives (reconciled: record "
+        f"chunking_complete while Prefect flow run {spent_run.id} Crashed); re-run video-process for the job",
+    )
     assert reconcile.disagreements(["video"]) == []
     assert v.reopen_failed_job(spent) and "redrives" not in _job(tables, spent)  # a person's re-run starts afresh
 
@@ -231,7 +253,9 @@ def test_the_bearer_token_never_goes_to_another_host(tmp_path, clip, endpoints, 
     first.behaviour, first.target = f"redirect-{code}", other_url
     target = tmp_path / "out.mp4"
     if code == 302:  # the POST would become a GET without the segment: refused
-        with pytest.raises(inference.InferenceError, match=r"redirected \(302\) to http://127.0.0.1:\d+/infer\?mode=\*\*\*"):
+        with pytest.raises(
+            inference.InferenceError, match=r"redirected \(302\) to http://127.0.0.1:\d+/infer\?mode=\*\*\*"
+        ):
             inference.infer_http(clip, target, "identity", f"{first_url}/infer", 30, api_key="s3cret-token")
     else:
         inference.infer_http(clip, target, "identity", f"{first_url}/infer", 30, api_key="s3cret-token")
@@ -258,7 +282,9 @@ def test_a_same_host_redirect_keeps_the_token(tmp_path, clip, endpoints):
     assert [r["authorization"] for r in first.seen] == ["Bearer tok-123"] * 2
 
 
-def test_secrets_never_reach_the_record_the_logs_or_the_run_state(tables, store_root, clip, endpoints, monkeypatch, caplog):
+def test_secrets_never_reach_the_record_the_logs_or_the_run_state(
+    tables, store_root, clip, endpoints, monkeypatch, caplog
+):
     import logging
 
     from prefect import get_client
@@ -298,7 +324,7 @@ def test_failure_reasons_name_object_keys_not_local_paths(tables, store_root):
     reason = _job(tables, job_id)["failure_reason"]
     assert f"input/{job_id}/source.mp4" in reason
     assert str(store_root) not in reason and "/tmp" not in reason and "file://" not in reason
-    assert v.public_reason(f"ffmpeg failed: /tmp/.video-chunk-x1/part-00001.mp4: Invalid data; see http://h:1/a/b") == (
+    assert v.public_reason("ffmpeg failed: /tmp/.video-chunk-x1/part-00001.mp4: Invalid data; see http://h:1/a/b") == (
         "ffmpeg failed: part-00001.mp4: Invalid data; see http://h:1/a/b"
     )
 

@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from flows.video import video_process
-from tasks.video import keys
 from tasks.video import inference as video_inference
 from tasks.video import jobs as v
-from tasks.video import model
+from tasks.video import keys, model
 from tasks.video.ffmpeg import probe, run
 
 SIZE, FPS, SECONDS = (320, 192), 10, 2.0  # 20 frames; two 1 s segments in the flow tests
@@ -33,8 +32,21 @@ def _clip(path: Path, text: str | None) -> Path:
         source += f",drawtext=text='{text}':fontsize=28:fontcolor=black:x={TEXT_AT[0]}:y={TEXT_AT[1]}"
     video = ffmpeg.input(source, f="lavfi")
     audio = ffmpeg.input(f"sine=frequency=440:sample_rate=44100:duration={SECONDS}", f="lavfi")
-    run(ffmpeg.output(video, audio, str(path), vcodec="libx264", acodec="aac", pix_fmt="yuv420p", g=FPS,
-                      keyint_min=FPS, sc_threshold=0, preset="veryfast", shortest=None))
+    run(
+        ffmpeg.output(
+            video,
+            audio,
+            str(path),
+            vcodec="libx264",
+            acodec="aac",
+            pix_fmt="yuv420p",
+            g=FPS,
+            keyint_min=FPS,
+            sc_threshold=0,
+            preset="veryfast",
+            shortest=None,
+        )
+    )
     return path
 
 
@@ -160,18 +172,25 @@ def test_video_process_through_the_async_endpoint(tables, store_root, text_clip,
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
-        (lambda e: setattr(e, "fail_with", "CUDA error: out of memory"),
-         "sagemaker backend: endpoint text-redact at {url} failed: RuntimeError: CUDA error: out of memory"),
-        (lambda e: setattr(e, "endpoints", ()),
-         "sagemaker backend: endpoint text-redact at {url} refused the invocation: An error occurred (ValidationError) "
-         "when calling the InvokeEndpointAsync operation: Endpoint text-redact of account 000000000000 not found."),
-        (lambda e: setattr(e, "silent", True),
-         "sagemaker backend: endpoint text-redact at {url} wrote no output within 2 s"),
+        (
+            lambda e: setattr(e, "fail_with", "CUDA error: out of memory"),
+            "sagemaker backend: endpoint text-redact at {url} failed: RuntimeError: CUDA error: out of memory",
+        ),
+        (
+            lambda e: setattr(e, "endpoints", ()),
+            "sagemaker backend: endpoint text-redact at {url} refused the invocation: An error occurred (ValidationError) "
+            "when calling the InvokeEndpointAsync operation: Endpoint text-redact of account 000000000000 not found.",
+        ),
+        (
+            lambda e: setattr(e, "silent", True),
+            "sagemaker backend: endpoint text-redact at {url} wrote no output within 2 s",
+        ),
     ],
     ids=["failure-location", "unknown-endpoint", "no-answer"],
 )
-def test_an_endpoint_failure_fails_the_segment_with_its_reason(tables, store_root, text_clip, endpoint, monkeypatch,
-                                                               setup, reason):
+def test_an_endpoint_failure_fails_the_segment_with_its_reason(
+    tables, store_root, text_clip, endpoint, monkeypatch, setup, reason
+):
     monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "2")
     setup(endpoint)
     job_id = _upload(store_root, text_clip, "identity")
@@ -179,7 +198,9 @@ def test_an_endpoint_failure_fails_the_segment_with_its_reason(tables, store_roo
         _run(job_id, "sagemaker", "identity")
 
     job = v.get_job(job_id)
-    assert job["status"] == "failed" and job["failure_reason"].startswith("2 of 2 segments failed after retries; first: ")
+    assert job["status"] == "failed" and job["failure_reason"].startswith(
+        "2 of 2 segments failed after retries; first: "
+    )
     assert reason.format(url=endpoint.url) in job["failure_reason"]
     assert not list((store_root / "jobs").rglob("*.mp4"))  # nothing recorded as output
 

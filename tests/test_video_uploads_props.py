@@ -36,9 +36,16 @@ def _check(draw: dict, store_root, folder) -> None:
     if audio_start is not None and audio_start >= seconds:
         audio_start = seconds / 2
     source = clip(
-        folder / f"{uuid.uuid4().hex}.mp4", size=f"{draw['width']}x{draw['height']}", fps=draw["fps"], seconds=seconds,
-        pix_fmt="yuv444p", rotation=draw["rotation"], keyframe_s=0.5, audio=None if audio_start is None else "stereo",
-        audio_start=audio_start or 0.0, vfr=(draw["fps"], draw["second_fps"]) if draw["second_fps"] else None,
+        folder / f"{uuid.uuid4().hex}.mp4",
+        size=f"{draw['width']}x{draw['height']}",
+        fps=draw["fps"],
+        seconds=seconds,
+        pix_fmt="yuv444p",
+        rotation=draw["rotation"],
+        keyframe_s=0.5,
+        audio=None if audio_start is None else "stereo",
+        audio_start=audio_start or 0.0,
+        vfr=(draw["fps"], draw["second_fps"]) if draw["second_fps"] else None,
     )
     job = process(upload(store_root, source, mode=draw["mode"], segment_seconds=draw["segment_seconds"]))
     assert_like_source(source, job, store_root)

@@ -75,8 +75,14 @@ def run_child(
         extra["PIPELINES_FAULT"] = fault
     if log:
         extra["PIPELINES_FAULT_LOG"] = str(log)
-    return subprocess.run(child_command(call, kwargs), env=child_env(extra), cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        child_command(call, kwargs),
+        env=child_env(extra),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def child_command(call: str, kwargs: dict[str, Any]) -> list[str]:
@@ -87,7 +93,9 @@ def child_command(call: str, kwargs: dict[str, Any]) -> list[str]:
 def start_child(call: str, kwargs: dict[str, Any], log: Path) -> subprocess.Popen:
     """Start ``module:function(**kwargs)`` in a child process (a listener, to be killed for real), output to ``log``."""
     with open(log, "ab") as out:
-        return subprocess.Popen(child_command(call, kwargs), env=child_env(), cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            child_command(call, kwargs), env=child_env(), cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def killed(result: subprocess.CompletedProcess) -> bool:

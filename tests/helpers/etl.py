@@ -12,7 +12,6 @@ import pytest
 from tasks.core import state_store
 from tasks.etl import keys
 
-
 DAY = "2026-01-05"
 TODAY = "2026-01-10"
 MISSING_DEPLOYMENT = "ndjson-merge/not-deployed"
@@ -22,8 +21,12 @@ MISSING_DEPLOYMENT = "ndjson-merge/not-deployed"
 def etl_env(tables, store_root, monkeypatch):
     """Fresh tables and store; small files are the norm here (1 KiB ± 99%), 5 files per manifest, 4 shards."""
     for name, value in {
-        "EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "5",
-        "MIN_FILES_FOR_PARTIAL_BATCH": "1", "NUM_STATUS_SHARDS": "4", "TTL_DAYS": "30",
+        "EXPECTED_FILE_SIZE_MB": "0.001",
+        "SIZE_TOLERANCE_PERCENT": "99",
+        "MAX_FILES_PER_MANIFEST": "5",
+        "MIN_FILES_FOR_PARTIAL_BATCH": "1",
+        "NUM_STATUS_SHARDS": "4",
+        "TTL_DAYS": "30",
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("NOTIFY_BLOCK", raising=False)
@@ -45,8 +48,19 @@ def records(table: str) -> dict[tuple[str, str], dict]:
 
 def good_lines(n: int, i: int) -> list[dict]:
     """``n`` valid rows of every JSON type, ids ``i * 100 + k``."""
-    return [{"id": i * 100 + k, "name": f"row-{k}", "score": k / 2, "ok": k % 2 == 0, "tags": ["a", k],
-             "meta": {"x": k}, "when": "2026-01-05T10:00:00Z", "none": None} for k in range(n)]
+    return [
+        {
+            "id": i * 100 + k,
+            "name": f"row-{k}",
+            "score": k / 2,
+            "ok": k % 2 == 0,
+            "tags": ["a", k],
+            "meta": {"x": k},
+            "when": "2026-01-05T10:00:00Z",
+            "none": None,
+        }
+        for k in range(n)
+    ]
 
 
 def merged_rows(root, date: str = DAY) -> list[dict]:
@@ -62,8 +76,9 @@ def manifests(table: str, date: str = DAY) -> dict[str, dict]:
 
 def file_statuses(table: str, date: str = DAY) -> Counter:
     """How many input files of ``date`` are in each status (shard suffix dropped)."""
-    return Counter(v["status"].split("#")[0] for k, v in records(table).items()
-                   if k[0] == date and k[1].endswith(".ndjson"))
+    return Counter(
+        v["status"].split("#")[0] for k, v in records(table).items() if k[0] == date and k[1].endswith(".ndjson")
+    )
 
 
 def lone_surrogate(text: str) -> bool:
@@ -77,9 +92,12 @@ def lone_surrogate(text: str) -> bool:
 
 def write_five_inputs(root, prefix: str, lines_per_file: int = 3) -> list[str]:
     """Five input files of ``DAY``, ``lines_per_file`` rows each with ids unique to ``prefix``."""
-    return [write_input(root, DAY, f"{prefix}-{i}.ndjson",
-                        [{"id": f"{prefix}{i}-{k}", "v": k} for k in range(lines_per_file)])
-            for i in range(5)]
+    return [
+        write_input(
+            root, DAY, f"{prefix}-{i}.ndjson", [{"id": f"{prefix}{i}-{k}", "v": k} for k in range(lines_per_file)]
+        )
+        for i in range(5)
+    ]
 
 
 def assert_merged_exactly_once(root, urls: list[str], lines_per_file: int = 3) -> None:

@@ -14,11 +14,14 @@ PY = sys.executable
 EXIT0 = f"{PY} -c 'import sys; sys.exit(0)'"
 HANG = f"{PY} -c 'import time; time.sleep(600)'"
 # node 0 of the first attempt exits 1; every other task exits 0
-FAIL_FIRST = (f"{PY} -c \"import os, sys; "
-              "sys.exit(1 if os.environ['GPU_JOB_RETRY'] == '0' and os.environ['NODE_INDEX'] == '0' else 0)\"")
+FAIL_FIRST = (
+    f'{PY} -c "import os, sys; '
+    "sys.exit(1 if os.environ['GPU_JOB_RETRY'] == '0' and os.environ['NODE_INDEX'] == '0' else 0)\""
+)
 # node 0 exits 1 at once; the others hang until stopped
-FAIL_ONE_HANG_OTHERS = (f"{PY} -c \"import os, sys, time; "
-                        "os.environ['NODE_INDEX'] == '0' and sys.exit(1); time.sleep(600)\"")
+FAIL_ONE_HANG_OTHERS = (
+    f"{PY} -c \"import os, sys, time; os.environ['NODE_INDEX'] == '0' and sys.exit(1); time.sleep(600)\""
+)
 
 
 @pytest.fixture
@@ -36,7 +39,9 @@ def gpu_env(tables, tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
     runner = gpu.make_runner()
     assert gpu.register_nodes(runner.backend, runner.config.cluster_name) == {
-        "local-0": "registered", "local-1": "registered", "local-2": "registered"
+        "local-0": "registered",
+        "local-1": "registered",
+        "local-2": "registered",
     }
     return runner
 

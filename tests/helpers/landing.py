@@ -52,8 +52,10 @@ def record_messages(first: int, count: int) -> list[dict]:
     """``count`` completed workflow messages, granules ``LAND.G{first:03d}`` on."""
     from deployments.samples.records import _message
 
-    return [_message("completed", f"land-exec-{i}", 1_700_000_000_000 + i, [f"LAND.G{i:03d}"])
-            for i in range(first, first + count)]
+    return [
+        _message("completed", f"land-exec-{i}", 1_700_000_000_000 + i, [f"LAND.G{i:03d}"])
+        for i in range(first, first + count)
+    ]
 
 
 class ListSource:

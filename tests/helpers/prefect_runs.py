@@ -34,7 +34,10 @@ def prefect_server_process(tmp_path: Path, env: dict[str, str] | None = None):
     with open(log_path, "wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=server_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=server_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -63,8 +66,14 @@ def prefect_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 
     from prefect.settings import PREFECT_API_URL
 
     env = env or {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
-    result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -72,8 +81,9 @@ def prefect_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 
 def _to_copies(value, name: str):
     """``value`` (parameters, triggers) with every reference to a 'local' deployment pointed at the copy ``name``."""
     if isinstance(value, dict):
-        return {k: name if k == "prefect.resource.name" and v == "local" else _to_copies(v, name)
-                for k, v in value.items()}
+        return {
+            k: name if k == "prefect.resource.name" and v == "local" else _to_copies(v, name) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_to_copies(v, name) for v in value]
     return value.replace("/local", f"/{name}") if isinstance(value, str) and value.endswith("/local") else value
@@ -108,8 +118,9 @@ def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: s
 
     with get_client(sync_client=True) as client:
         try:  # as `make up` makes its pool: flow runs started by the engine command
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process",
-                                                   base_job_template=process_base_job_template()))
+            client.create_work_pool(
+                WorkPoolCreate(name=pool, type="process", base_job_template=process_base_job_template())
+            )
         except ObjectAlreadyExists:
             pass
     prefect_cli("deploy", "--all", "--prefect-file", str(path))
@@ -149,13 +160,15 @@ def wait_for_runs(deployment: str, count: int, timeout: float = 240, worker: Wor
         deployment_id = client.read_deployment_by_name(deployment).id
         while True:
             runs = client.read_flow_runs(
-                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+            )
             if len(runs) >= count and all(r.state and r.state.is_final() for r in runs):
                 return runs
             if time.monotonic() > deadline:
                 states = [(r.name, r.state_name) for r in runs]
                 raise AssertionError(
-                    f"{deployment}: runs {states} not final in {timeout} s\n{worker.tail() if worker else ''}")
+                    f"{deployment}: runs {states} not final in {timeout} s\n{worker.tail() if worker else ''}"
+                )
             time.sleep(1)
 
 

@@ -6,12 +6,10 @@ import os
 from datetime import datetime, timedelta
 
 from tasks.core import state_store
-from tasks.phspectra import keys
 from tasks.gpu import jobs as gpu
 from tasks.health import incidents
-from tasks.phspectra import survey
+from tasks.phspectra import keys, survey
 from tasks.video import jobs as video
-
 
 ENDED = "2026-01-01T00:00:00.000000+00:00"  # when every finished record of make_records ended
 

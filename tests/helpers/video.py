@@ -25,7 +25,7 @@ class _Backend(http.server.BaseHTTPRequestHandler):
     behaviour = "ok"
     requests: list[str] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).requests.append(self.path)
         if self.behaviour == "error":
@@ -63,10 +63,11 @@ class _Endpoint(http.server.BaseHTTPRequestHandler):
     behaviour, target = "ok", ""
     seen: list[dict] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        type(self).seen.append({"path": self.path, "authorization": self.headers.get("Authorization"),
-                                "size": len(body)})
+        type(self).seen.append(
+            {"path": self.path, "authorization": self.headers.get("Authorization"), "size": len(body)}
+        )
         while self.behaviour == "hold-after-first" and len(self.seen) > 1:  # one answer, then hang until told
             time.sleep(0.1)
         if self.behaviour.startswith("redirect-"):
@@ -121,20 +122,40 @@ def lavfi(spec: str):
     return ffmpeg.input(spec, f="lavfi")
 
 
-def clip(path: Path, *, size: str = "64x48", fps: float = 10, seconds: float = 3.0, vcodec: str = "libx264",
-         pix_fmt: str = "yuv420p", audio: str | None = "stereo", audio_start: float = 0.0,
-         audio_seconds: float | None = None, acodec: str = "aac", rotation: int = 0, keyframe_s: float = 0.5,
-         vfr: tuple[float, float] | None = None, extra: dict | None = None) -> Path:
+def clip(
+    path: Path,
+    *,
+    size: str = "64x48",
+    fps: float = 10,
+    seconds: float = 3.0,
+    vcodec: str = "libx264",
+    pix_fmt: str = "yuv420p",
+    audio: str | None = "stereo",
+    audio_start: float = 0.0,
+    audio_seconds: float | None = None,
+    acodec: str = "aac",
+    rotation: int = 0,
+    keyframe_s: float = 0.5,
+    vfr: tuple[float, float] | None = None,
+    extra: dict | None = None,
+) -> Path:
     """A ``testsrc`` clip as a device would write it (codec, container from the suffix, rotation, audio layout)."""
     if vfr:  # the first half at vfr[0] fps, the second at vfr[1]: one stream, frame durations changing
-        halves = [lavfi(f"testsrc=size={size}:rate={rate}:duration={seconds / 2}:decimals={i}").filter("settb", "1/720")
-                  for i, rate in enumerate(vfr)]  # two different sources: ffmpeg-python merges equal nodes
+        halves = [
+            lavfi(f"testsrc=size={size}:rate={rate}:duration={seconds / 2}:decimals={i}").filter("settb", "1/720")
+            for i, rate in enumerate(vfr)
+        ]  # two different sources: ffmpeg-python merges equal nodes
         video = ffmpeg.concat(*halves, v=1, a=0)
     else:
         video = lavfi(f"testsrc=size={size}:rate={fps}:duration={seconds}")
     streams = [video]
-    options = {"vcodec": vcodec, "pix_fmt": pix_fmt, "fps_mode": "passthrough",
-               "force_key_frames": f"expr:gte(t,n_forced*{keyframe_s})", **(extra or {})}
+    options = {
+        "vcodec": vcodec,
+        "pix_fmt": pix_fmt,
+        "fps_mode": "passthrough",
+        "force_key_frames": f"expr:gte(t,n_forced*{keyframe_s})",
+        **(extra or {}),
+    }
     if vcodec == "libx264":
         options.update(preset="veryfast")
     if vcodec.startswith("libvpx"):
