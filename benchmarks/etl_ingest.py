@@ -119,8 +119,8 @@ def run_baseline(urls: list[str]) -> dict:
                     TableName=table, Key={"date_prefix": {"S": date}, "file_key": {"S": name}},
                     ConditionExpression="#s = :pending", UpdateExpression="SET #s = :manifested, manifest_path = :m",
                     ExpressionAttributeNames={"#s": "status"},
-                    ExpressionAttributeValues={":pending": {"S": f"pending#{shard}"}, ":manifested": {"S": f"manifested#{shard}"},
-                                               ":m": {"S": "baseline"}},
+                    ExpressionAttributeValues={":pending": {"S": f"pending#{shard}"},
+                                               ":manifested": {"S": f"manifested#{shard}"}, ":m": {"S": "baseline"}},
                 )  # fmt: skip
                 won += 1
             except client.exceptions.ConditionalCheckFailedException:
@@ -184,7 +184,8 @@ def main() -> int:
     try:
         urls = make_files(work / "in", count)
         print(
-            f"{count} files on {len(DATES)} dates, {WORKERS} concurrent ingesters, {REDELIVERED:.0%} of events delivered twice, "
+            f"{count} files on {len(DATES)} dates, {WORKERS} concurrent ingesters, {REDELIVERED:.0%} of events "
+            "delivered twice, "
             f"{args.max_files_per_manifest} files per manifest, DynamoDB Local on :{port}"
         )
         rates = {}

@@ -241,7 +241,8 @@ def flow_share(urls: list[str], work: Path, runs: int = 3) -> None:
     alone, flows, _ = flow_against_merge(batches, work)
     merge_s, flow_s = statistics.median(alone[1:]), statistics.median(flows[1:])
     print(
-        f"ndjson-merge flow on a {sum(Path(u[7:]).stat().st_size for u in urls) / 2**20:.0f} MB manifest: {flow_s:.2f} s; "
+        f"ndjson-merge flow on a {sum(Path(u[7:]).stat().st_size for u in urls) / 2**20:.0f} MB manifest: "
+        f"{flow_s:.2f} s; "
         f"the merge alone {merge_s:.2f} s (flow runs {', '.join(f'{t:.2f}' for t in flows)}; merges alone "
         f"{', '.join(f'{t:.2f}' for t in alone)}; the first of each left out)"
     )
@@ -284,7 +285,8 @@ def main() -> int:
         urls = make_files(work / "in", files, args.mb_each, args.nested)
         mb = sum(Path(u[7:]).stat().st_size for u in urls) / 1024 / 1024
         print(
-            f"{files} NDJSON files, {mb:.1f} MB{' (nested values)' if args.nested else ''}; {repeats} repeats, interleaved"
+            f"{files} NDJSON files, {mb:.1f} MB{' (nested values)' if args.nested else ''}; {repeats} repeats, "
+            "interleaved"
         )
         spark = None if args.no_spark else start_spark()
         names = ["baseline", "ours"] + (["spark"] if spark else [])

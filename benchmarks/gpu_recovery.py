@@ -40,7 +40,8 @@ import os, sys, time
 log = os.environ["BENCH_LOG"]
 def note(what):
     with open(log, "a") as f:
-        f.write(f"{what} {os.environ['GPU_JOB_ID']} {os.environ['GPU_JOB_RETRY']} {os.environ['NODE_INDEX']} {time.time()}\n")
+        f.write(f"{what} {os.environ['GPU_JOB_ID']} {os.environ['GPU_JOB_RETRY']} "
+                f"{os.environ['NODE_INDEX']} {time.time()}\n")
 note("start")
 time.sleep(0.3)
 if os.environ["GPU_JOB_RETRY"] == "0" and os.environ["NODE_INDEX"] == "0" and os.environ.get("BENCH_FAIL") == "1":
@@ -207,7 +208,8 @@ def main() -> int:
         print(
             f"[orphan] task end -> COMPLETE: watched by its flow median {median(watched):.3f} s; "
             f"watcher gone, gpu-sweep every {args.sweep_s:g} s: median {median(orphaned):.3f} s "
-            f"(ratio {median(orphaned) / max(median(watched), 1e-3):.1f}x); with the 60 s schedule: at most ~60 s + one sweep"
+            f"(ratio {median(orphaned) / max(median(watched), 1e-3):.1f}x); with the 60 s schedule: at most ~60 s + "
+            "one sweep"
         )
     return 0
 

@@ -5,12 +5,11 @@ object store writes); a listener process (``listen`` over ``LocalWatchSource`` a
 left to the flush) tracks and batches them, and is SIGKILLed ``--kills`` times at random moments and started
 again. Checks: every file tracked exactly once (0 lost), no file in two manifests (0 double claims).
 Figures: p50/p95 from a file's arrival (its rename) to its tracking record, and to its manifest record; the
-listener's rate against calling ``track_and_batch`` directly on the same files (the baseline, same run); the issue
-25 goal verdict (sustained >= 50 files/s arrival → tracking, p95 < 5 s, nothing lost or duplicated).
+listener's rate against calling ``track_and_batch`` directly on the same files (the baseline, same run); the
+goal verdict (sustained >= 50 files/s arrival → tracking, p95 < 5 s, nothing lost or duplicated).
 Prefect events are not sent here (no server): the listener's ``emit_event`` calls return at once.
 
-    .venv/bin/python benchmarks/landing.py                 # 50 files/s for 60 s sustained (goal: >= 50 files/s, p95 < 5
-    s)
+    .venv/bin/python benchmarks/landing.py                 # 50 files/s for 60 s (goal: >= 50 files/s, p95 < 5 s)
     .venv/bin/python benchmarks/landing.py --kills 2       # the same with 2 SIGKILLs (the catch-up after each)
     .venv/bin/python benchmarks/landing.py --quick         # 50 files/s for 10 s, 1 kill
     .venv/bin/python benchmarks/landing.py --files-per-second 100 --seconds 30 --kills 0   # any rate and length
@@ -242,7 +241,8 @@ def main() -> int:
         with dynamodb_local() as endpoint:
             use_tables(uuid.uuid4().hex[:8])
             print(
-                f"{args.files_per_second:.0f} files/s for {args.seconds:.0f} s, listener batches of {args.batch_size} or "
+                f"{args.files_per_second:.0f} files/s for {args.seconds:.0f} s, listener batches of "
+                f"{args.batch_size} or "
                 f"{args.batch_seconds} s, {args.kills} SIGKILL(s) of the listener, DynamoDB at {endpoint}"
             )
             result = sustained(work, args)
@@ -253,12 +253,14 @@ def main() -> int:
             statuses = {i["file_key"]: etl.base_status(i) for i in result["found"]}
             wrong = sum(1 for n, s in statuses.items() if (s == "manifested") != (n in set(listed)))
             print(
-                f"  written in {result['written_s']:.1f} s; {len(names)} of {result['count']} tracked, {result['kills']} kill(s); "
+                f"  written in {result['written_s']:.1f} s; {len(names)} of {result['count']} tracked, "
+                f"{result['kills']} kill(s); "
                 f"lost {lost}, double claims {doubles}, manifest/record disagreements {wrong}"
             )
             print(f"  arrival -> tracking record: {percentiles(result['tracked'])} (listener up)")
             print(
-                f"  arrival -> manifest record: {percentiles(result['manifested'])} ({len(result['manifested'])} files batched)"
+                f"  arrival -> manifest record: {percentiles(result['manifested'])} ({len(result['manifested'])} "
+                "files batched)"
             )
             if result["down"]:
                 print(
@@ -270,8 +272,10 @@ def main() -> int:
             baseline = direct(work, [f"land-{i:06d}.ndjson" for i in range(result["count"])], args.batch_size)
             print(f"  baseline: track_and_batch called directly on the same files: {baseline:.0f} files/s")
             print(
-                f"RATIO listener/direct = {result['rate'] / baseline:.2f}; listener {result['rate']:.0f} files/s sustained "
-                f"(offered {args.files_per_second:.0f}/s: it cannot go faster than files land), direct {baseline:.0f} files/s"
+                f"RATIO listener/direct = {result['rate'] / baseline:.2f}; listener {result['rate']:.0f} files/s "
+                "sustained "
+                f"(offered {args.files_per_second:.0f}/s: it cannot go faster than files land), direct "
+                f"{baseline:.0f} files/s"
             )
             p95 = (
                 sorted(result["tracked"])[int(0.95 * (len(result["tracked"]) - 1))]
@@ -280,8 +284,10 @@ def main() -> int:
             )
             met = result["tracking_rate"] >= GOAL_FILES_PER_S and p95 < GOAL_P95_S and not (lost or doubles)
             print(
-                f"GOAL sustained >= {GOAL_FILES_PER_S} files/s arrival -> tracking, p95 < {GOAL_P95_S} s, nothing lost or "
-                f"duplicated: {'met' if met else 'NOT met'} ({result['tracking_rate']:.1f} files/s tracked from the first "
+                f"GOAL sustained >= {GOAL_FILES_PER_S} files/s arrival -> tracking, p95 < {GOAL_P95_S} s, nothing "
+                "lost or "
+                f"duplicated: {'met' if met else 'NOT met'} ({result['tracking_rate']:.1f} files/s tracked from the "
+                "first "
                 f"record to the last, {result['rate']:.1f} from the first arrival; p95 {p95:.2f} s, lost {lost}, "
                 f"duplicated {doubles})"
             )

@@ -59,7 +59,7 @@ def main() -> None:
         os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
         source = Path(tmp) / "object.bin"
         with open(source, "wb") as handle:
-            for n in range(size // MiB):
+            for _ in range(size // MiB):
                 handle.write(os.urandom(64) * (MiB // 64))
         store = ObjectStore.from_url(f"s3://{new_bucket(endpoint)}/bench")
         client, bucket = store._client, store.bucket

@@ -77,7 +77,8 @@ def flow_phases(run_id: str, start_iso: str, flow_s: float) -> dict[str, float]:
     print(
         f"before the first fit: flow start -> RUN item (cube read) {seconds(start_iso, run['created_at']):.2f} s, "
         f"-> chunk items (chunk files) {seconds(run['created_at'], chunks[0]['created_at']):.2f} s, "
-        f"-> first claim (subflow, task submission) {seconds(chunks[0]['created_at'], min(c['started_at'] for c in chunks)):.2f} s"
+        "-> first claim (subflow, task submission) "
+        f"{seconds(chunks[0]['created_at'], min(c['started_at'] for c in chunks)):.2f} s"
     )
     first = min(c["started_at"] for c in chunks)
     fitting = seconds(first, max(c["completed_at"] for c in chunks))

@@ -68,9 +68,9 @@ def start_server(home: Path) -> tuple[subprocess.Popen, str]:
         try:
             with urllib.request.urlopen(f"{api}/health", timeout=2):
                 return server, api
-        except OSError:
+        except OSError as error:
             if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the Prefect server did not start: see " + str(home / "server.log"))
+                raise SystemExit("the Prefect server did not start: see " + str(home / "server.log")) from error
             time.sleep(0.5)
 
 
@@ -107,7 +107,8 @@ def one_run(code: Path, files: int, per_second: float, workdir: Path) -> dict[st
         env.pop("PREFECT_API_KEY", None)
         setup = (
             "from prefect.client.orchestration import get_client\n"
-            "with get_client(sync_client=True) as c: c.create_deployment(c.create_flow_from_name('ndjson-merge'), 'bench')"
+            "with get_client(sync_client=True) as c: c.create_deployment(c.create_flow_from_name('ndjson-merge'), "
+            "'bench')"
         )
         subprocess.run([sys.executable, "-c", setup], env=env, check=True, cwd=code)
         time.sleep(5)  # the server's own start-up writes settle
@@ -160,13 +161,15 @@ def main() -> int:
             f"{table} {per_file[table]:.2f} ({per_file.get('bytes:' + table, 0):,.0f} B)" for table in TABLES
         )
         print(
-            f"{label:6}: {per_file['bytes']:,.0f} bytes per landed file ({per_file['bytes'] * per_day / 1e6:,.0f} MB a day at "
+            f"{label:6}: {per_file['bytes']:,.0f} bytes per landed file ({per_file['bytes'] * per_day / 1e6:,.0f} "
+            "MB a day at "
             f"{args.files_per_second} files/s); rows (bytes with indexes) per file: {rows}"
         )
     if "before" in results:
         before, now = results["before"], results["now"]
         print(
-            f"ratio now/before: bytes {now['bytes'] / before['bytes']:.2f}, events {now['events'] / max(before['events'], 1e-9):.2f}"
+            f"ratio now/before: bytes {now['bytes'] / before['bytes']:.2f}, events "
+            f"{now['events'] / max(before['events'], 1e-9):.2f}"
         )
     if args.json:
         print(json.dumps({"files": args.files, "files_per_second": args.files_per_second, **results}))

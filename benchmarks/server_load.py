@@ -1,4 +1,5 @@
-"""The Prefect server under load, on SQLite (``PREFECT_SERVER_DB=sqlite``) and on PostgreSQL (make up's default where installed).
+"""The Prefect server under load, on SQLite (``PREFECT_SERVER_DB=sqlite``) and on PostgreSQL (make up's default
+where installed).
 
     .venv/bin/python benchmarks/server_load.py [--per-pipeline 2] [--databases sqlite,postgres] [--timeout 900]
     [--quick]
@@ -92,7 +93,8 @@ def submit(per_pipeline: int, workdir: Path) -> tuple[list[str], collections.Cou
 
 
 def wait_for_runs(since: datetime, timeout_s: float) -> list:
-    """Every flow run due since ``since``, once none of the non-scheduled ones is pending or running (or at the timeout)."""
+    """Every flow run due since ``since``, once none of the non-scheduled ones is pending or running (or at the
+    timeout)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterExpectedStartTime
 
@@ -204,19 +206,22 @@ def main() -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(
-        f"\n{'database':10} {'refused':>7} {'runs':>5} {'completed':>9} {'not completed':>13} {'db locked':>9} {'ERROR lines':>11} {'load s':>7}"
+        f"\n{'database':10} {'refused':>7} {'runs':>5} {'completed':>9} {'not completed':>13} {'db locked':>9} "
+        f"{'ERROR lines':>11} {'load s':>7}"
     )
     for r in results:
         done = sum(n for k, n in r["outcomes"].items() if k.endswith(": Completed"))
         print(
-            f"{r['database']:10} {sum(r['refused_submissions'].values()):7} {r['runs']:5} {done:9} {r['runs'] - done:13} {r['errors']['database is locked']:9} "
+            f"{r['database']:10} {sum(r['refused_submissions'].values()):7} {r['runs']:5} {done:9} "
+            f"{r['runs'] - done:13} {r['errors']['database is locked']:9} "
             f"{r['errors']['ERROR lines']:11} {r['load_s']:7}"
         )
     if len(results) == 2:
         a, b = results
         print(
             f"RATIO server ERROR lines {b['database']} / {a['database']} = "
-            f"{b['errors']['ERROR lines']}/{a['errors']['ERROR lines']}; load time {b['load_s'] / max(a['load_s'], 0.1):.2f}"
+            f"{b['errors']['ERROR lines']}/{a['errors']['ERROR lines']}; load time "
+            f"{b['load_s'] / max(a['load_s'], 0.1):.2f}"
         )
     wrong = {r["database"]: {s: n for s, n in r["submitted_outcomes"].items() if s != "Completed"} for r in results}
     wrong = {database: states for database, states in wrong.items() if states}

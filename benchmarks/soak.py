@@ -139,7 +139,8 @@ def quarter_figures(ledger: Ledger) -> str:
     quarter = max(1, n // 4)
     first, last = ledger.latencies(slice(0, quarter)), ledger.latencies(slice(n - quarter, n))
     return (
-        f"start p50 {percentile(first, 0.5):6.1f} s p95 {percentile(first, 0.95):6.1f} s ({len(first)}/{quarter} done) | "
+        f"start p50 {percentile(first, 0.5):6.1f} s p95 {percentile(first, 0.95):6.1f} s "
+        f"({len(first)}/{quarter} done) | "
         f"end p50 {percentile(last, 0.5):6.1f} s p95 {percentile(last, 0.95):6.1f} s ({len(last)}/{quarter} done)"
     )
 
@@ -460,8 +461,9 @@ def main() -> int:
         env.pop(name, None)
     database = os.environ.get("PREFECT_SERVER_DB") or "make up's default (PostgreSQL where installed)"
     print(f"soak: {args.minutes:g} min; ETL {args.etl_rate:g} files/s of {args.etl_lines} lines, a video every "
-          f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every {args.cube_every:g} s; "
-          f"Prefect server on {database}; machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start",
+          f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every "
+          f"{args.cube_every:g} s; Prefect server on {database}; machine: {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f} at start",
           flush=True)  # fmt: skip
     t0 = time.monotonic()
     failed_exit = 0
@@ -534,7 +536,9 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
                 feeders.check()
             except Exception as error:  # noqa: BLE001 - a busy stack answering late is a figure, not a crash
                 print(f"(check failed: {type(error).__name__}: {error})", flush=True)
-            counts = {p: (len(l.arrived), len(l.done), len(l.failed)) for p, l in feeders.ledgers.items()}
+            counts = {
+                p: (len(ledger.arrived), len(ledger.done), len(ledger.failed)) for p, ledger in feeders.ledgers.items()
+            }
             backlog.append((now, {p: a - d - f for p, (a, d, f) in counts.items()}))
             print(f"{now:6.0f} " + " ".join(f"{f'{a - d - f} ({d}/{a})':>17}" for p, (a, d, f) in counts.items())
                   + f" {os.getloadavg()[0]:5.1f} {database_mb(data):7.1f}", flush=True)  # fmt: skip
@@ -557,11 +561,13 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         lost = left if left and end - last > STALLED_S else 0
         lost_total += lost
         print(
-            f"{name:10} {len(ledger.arrived):7} {len(ledger.done):6} {len(ledger.failed):6} {left:5} {lost:5}  {quarter_figures(ledger)}"
+            f"{name:10} {len(ledger.arrived):7} {len(ledger.done):6} {len(ledger.failed):6} {left:5} {lost:5}  "
+            f"{quarter_figures(ledger)}"
         )
         if left and not lost:
             print(
-                f"    {left} still in the backlog at the end, finishing ({end - last:.0f} s since the last one done): slow, not lost"
+                f"    {left} still in the backlog at the end, finishing ({end - last:.0f} s since the last one "
+                "done): slow, not lost"
             )
         for item, reason in list(ledger.failed.items())[:3]:
             print(f"    failed {item}: {reason[:160]}")
@@ -574,12 +580,12 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
     etl = feeders.ledgers["etl"]
     if etl.done:
         span = max(etl.done.values()) - min(etl.arrived.values())
-        print(f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = {len(etl.done) / span:.2f} "
-              f"files/s (offered {args.etl_rate:g}/s)")  # fmt: skip
+        print(f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = "
+              f"{len(etl.done) / span:.2f} files/s (offered {args.etl_rate:g}/s)")  # fmt: skip
     print(f"\nmemory (RSS MB)   {'start':>8} {'end':>8}")
     for name in sorted(set(memory_start) | set(memory_end)):
         print(f"  {name:28} {memory_start.get(name, float('nan')):8.0f} {memory_end.get(name, float('nan')):8.0f}")
-    landed = sum(len(l.arrived) for l in feeders.ledgers.values())
+    landed = sum(len(ledger.arrived) for ledger in feeders.ledgers.values())
     print(
         f"Prefect database: {db_start:.1f} -> {db_end:.1f} MB (+{db_end - db_start:.1f} MB for {landed} items landed, "
         f"{(db_end - db_start) * 1024 / max(landed, 1):.1f} KB each)"

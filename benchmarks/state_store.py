@@ -63,13 +63,13 @@ def main() -> None:
                             name, {**item, "file_key": item["file_key"] + "c"}, ["date_prefix", "file_key"]
                         )
 
-                def claims(chunk):
+                def claims(chunk, tag=tag):
                     for item in chunk:  # one guarded claim per request (the contended race is in the tests)
                         store.transition(
                             name, {"date_prefix": tag, "file_key": item["file_key"]}, "pending#0", "manifested#0"
                         )
 
-                def bulk_claims(chunk):
+                def bulk_claims(chunk, tag=tag):
                     store.transition_many(
                         name,
                         [

@@ -193,7 +193,12 @@ def backend_throughput(
     for mode in modes:
         start = time.perf_counter()
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda ip: infer("ffmpeg", ip[1], work / f"tp-{mode}-{ip[0]}.mp4", mode), enumerate(parts)))
+            list(
+                pool.map(
+                    lambda ip, mode=mode: infer("ffmpeg", ip[1], work / f"tp-{mode}-{ip[0]}.mp4", mode),
+                    enumerate(parts),
+                )
+            )
         rates[mode] = frames / (time.perf_counter() - start)
     return {"frames": frames, "frames_per_s": rates}
 
@@ -214,7 +219,9 @@ def model_vs_grayscale(source: Path, work: Path, segment_seconds: float, workers
         with ThreadPoolExecutor(workers) as pool:
             list(
                 pool.map(
-                    lambda ip: infer(backend, ip[1], work / f"m-{backend}-{ip[0]}.mp4", mode, batch_size=batch_size),
+                    lambda ip, backend=backend, mode=mode: infer(
+                        backend, ip[1], work / f"m-{backend}-{ip[0]}.mp4", mode, batch_size=batch_size
+                    ),
                     enumerate(parts),
                 )
             )
@@ -271,7 +278,8 @@ def local_stack_pieces(work: Path):
     saved = dict(os.environ)
     os.environ.update({
         "PIPELINES_DATA_DIR": str(work / "stack"), "PREFECT_SERVER_PORT": str(free_port()),
-        "PREFECT_POSTGRES_PORT": str(free_port()), "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
+        "PREFECT_POSTGRES_PORT": str(free_port()),
+        "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
     })  # fmt: skip
     from deployments import local_stack as stack  # reads the folder and ports above
 
@@ -288,7 +296,8 @@ def local_stack_pieces(work: Path):
             stack.start_worker()
             stack.ensure_listeners(worker_restarted=True)
             print(
-                f"(server, pools, deployments, worker and video listener up in {time.perf_counter() - t0:.1f} s, not counted)"
+                f"(server, pools, deployments, worker and video listener up in {time.perf_counter() - t0:.1f} s, "
+                "not counted)"
             )
             yield stack
     finally:
@@ -408,15 +417,18 @@ def user_path_vs_bare(source: Path, work: Path, segment_seconds: float, repeat: 
     )
     names = sorted({name for u in users for name in u["tasks"]})
     print("  task runs in the flow (median of runs: count x, seconds summed over its runs): " + ", ".join(
-        f"{name} {median(u['tasks'].get(name, (0, 0))[0] for u in users):g}x {median(u['tasks'].get(name, (0, 0))[1] for u in users):.2f}"
+        f"{name} {median(u['tasks'].get(name, (0, 0))[0] for u in users):g}x "
+        f"{median(u['tasks'].get(name, (0, 0))[1] for u in users):.2f}"
         for name in names))  # fmt: skip
     best = min(u["elapsed"] for u in users) / min(bare)
     ratio = median(u["elapsed"] for u in users) / median(bare)
     print(
-        f"RATIO user/bare = {ratio:.2f} (medians; best of {repeat} each: {best:.2f}) (goal <= 1.3; bare = plain ffmpeg CLI script)"
+        f"RATIO user/bare = {ratio:.2f} (medians; best of {repeat} each: {best:.2f}) (goal <= 1.3; bare = plain "
+        "ffmpeg CLI script)"
     )
     print(
-        f"orchestration share of the user's wait: {(1 - median(ours) / median(u['elapsed'] for u in users)) * 100:.1f}% "
+        "orchestration share of the user's wait: "
+        f"{(1 - median(ours) / median(u['elapsed'] for u in users)) * 100:.1f}% "
         f"(past the project's own ffmpeg calls); ffmpeg layer share: {(1 - median(bare) / median(ours)) * 100:.1f}%"
     )
 
@@ -441,7 +453,7 @@ def main() -> None:
     parser.add_argument(
         "--gray-only",
         action="store_true",
-        help="only the whole-flow grayscale measurement against the bare script (issue 16, goal 2)",
+        help="only the whole-flow grayscale measurement against the bare ffmpeg script (no user path, no task bodies)",
     )
     parser.add_argument(
         "--model",
@@ -452,7 +464,7 @@ def main() -> None:
     parser.add_argument(
         "--user-path",
         action="store_true",
-        help="only the user's path: `deployment run` on a local stack's worker until final.mp4 (issue 25)",
+        help="only the user's path (`deployment run` on a local stack's worker to final.mp4) against the bare script",
     )
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.quick else 60.0)

@@ -103,7 +103,8 @@ def main() -> int:
                 video_inference.infer(backend, part, work / f"speed-{backend}-{index}.mp4", "grayscale")
             elapsed = time.perf_counter() - start
             print(
-                f"{backend:6s} backend grayscale 1280x720: {frames / elapsed:7.1f} frames/s ({frames} frames, {elapsed:.2f} s)"
+                f"{backend:6s} backend grayscale 1280x720: {frames / elapsed:7.1f} frames/s ({frames} frames, "
+                f"{elapsed:.2f} s)"
             )
     print("ALL CHECKS PASSED" if not failures else f"{len(failures)} CHECK(S) FAILED: {failures}")
     return 0 if not failures else 1

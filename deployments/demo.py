@@ -158,11 +158,12 @@ def main() -> int:
     for pipeline in PIPELINES:
         try:
             text = importlib.import_module(f"deployments.samples.{pipeline}").report(**results[pipeline])
-        except Exception as error:  # a report must not hide the others
+        except Exception as error:  # noqa: BLE001 - a report must not hide the others, whatever it raises
             text = f"{pipeline}: could not read the report: {error}"
         print(f"\n[{pipeline}]\n{text}")
     print(
-        f"\nDemo finished in {time.monotonic() - started:.0f} s. Prefect UI: {local_env()['PREFECT_API_URL'].removesuffix('/api')}"
+        f"\nDemo finished in {time.monotonic() - started:.0f} s. Prefect UI: "
+        f"{local_env()['PREFECT_API_URL'].removesuffix('/api')}"
     )
     return 0
 

@@ -82,7 +82,8 @@ def start(
     """
     if port_open(host, port):
         raise StackError(
-            f"port {port} on {host} is already taken: stop what uses it (`ss -ltnp 'sport = :{port}'`) or pick another port."
+            f"port {port} on {host} is already taken: stop what uses it (`ss -ltnp 'sport = :{port}'`) or pick "
+            "another port."
         )
     jar = jar_path()
     args = [

@@ -190,7 +190,7 @@ def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
         else:
             print(exit_.code, file=sys.stderr)
             code = 1
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the run's child reports any failure and exits 1, never unwinds
         traceback.print_exc()
         code = 1
     # what the interpreter does at exit (wait for threads, atexit: Prefect flushes its logs to the API), without
@@ -202,7 +202,7 @@ def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:
+            except Exception:  # noqa: BLE001 - a closed or broken stream must not keep the child from exiting
                 pass
         os._exit(code)
 
@@ -359,7 +359,7 @@ class ForkServer:
                 other.close()
             try:
                 _become_run(request, fds, server_pid)  # ends in os._exit
-            except BaseException:  # a bad request (say, a folder gone): never unwind into the server's loop
+            except BaseException:  # noqa: BLE001 - a bad request (say, a folder gone): never unwind into the server's loop
                 import traceback
 
                 traceback.print_exc()

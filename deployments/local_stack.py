@@ -112,7 +112,8 @@ def _check_port_free(name: str, port: int) -> None:
     if port_open(HOST, port):
         raise StackError(
             f"port {port} is already taken by another program, so {name} cannot start: "
-            f"stop it (`ss -ltnp 'sport = :{port}'` shows who) or set {'DYNAMODB_LOCAL_PORT' if name == 'dynamodb' else 'PREFECT_SERVER_PORT'}."
+            f"stop it (`ss -ltnp 'sport = :{port}'` shows who) or set "
+            f"{'DYNAMODB_LOCAL_PORT' if name == 'dynamodb' else 'PREFECT_SERVER_PORT'}."
         )
 
 
@@ -665,7 +666,8 @@ def up() -> None:
     dynamodb_local.java()
     dynamodb_local.jar_path()
     print(
-        f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; {dynamodb_reach()})"
+        f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; "
+        f"{dynamodb_reach()})"
     )
     print(
         f"postgres         {start_postgres():8} "
@@ -676,7 +678,8 @@ def up() -> None:
         )
     )
     print(
-        f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}  (database: {'PostgreSQL' if server_database_env() else 'SQLite'})"
+        f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}  (database: "
+        f"{'PostgreSQL' if server_database_env() else 'SQLite'})"
     )
     for pool, state in ensure_work_pools().items():
         print(f"work pool        {state:8} {pool}")
@@ -692,7 +695,8 @@ def up() -> None:
         print(f"listener         {state:8} {listener}")
     write_env_file()
     print(
-        f"\nUse it from a shell with:  source {os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}"
+        "\nUse it from a shell with:  source "
+        f"{os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}"
     )
     print(f"Prefect UI: http://{HOST}:{PREFECT_PORT}")
 
@@ -748,7 +752,8 @@ def status() -> None:
         pid = _pid(name)
         state = "running" if pid and (port is None or port_open(HOST, port)) else "stopped"
         print(
-            f"{name:16} {state}{f' (pid {pid})' if pid else ''}{f' ({dynamodb_reach()})' if pid and name == 'dynamodb' else ''}"
+            f"{name:16} {state}{f' (pid {pid})' if pid else ''}"
+            f"{f' ({dynamodb_reach()})' if pid and name == 'dynamodb' else ''}"
         )
 
 

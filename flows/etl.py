@@ -139,7 +139,7 @@ def _with_restarts(made: list[ManifestRef], restart_after_seconds: float) -> lis
 
 
 def _fail_timed_out_merge(flow, flow_run, state) -> None:
-    """A merge that ran past its timeout (Prefect: Failed/TimedOut): its MANIFESTs and files failed with the same words."""
+    """A merge past its timeout (Prefect: Failed/TimedOut): its MANIFESTs and files are failed with the same words."""
     if state.name != "TimedOut":
         return  # any other failure was recorded by the flow itself
     params = flow_run.parameters
@@ -567,14 +567,17 @@ def ndjson_listen(
     through the ingest in micro-batches and start their merges; runs until ``max_runtime_seconds`` or
     ``idle_exit_seconds`` without an arrival (0: forever; a catch-up run sets the idle exit)."""
     config = etl.settings()
-    events = lambda: open_source(
-        source,
-        "etl",
-        config.input_store_url,
-        INPUT_PREFIX,
-        settle_seconds=settle_seconds,
-        rescan_seconds=rescan_seconds,
-    )
+
+    def events():
+        return open_source(
+            source,
+            "etl",
+            config.input_store_url,
+            INPUT_PREFIX,
+            settle_seconds=settle_seconds,
+            rescan_seconds=rescan_seconds,
+        )
+
     launch = lambda made: _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)  # noqa: E731
     print(
         f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s"

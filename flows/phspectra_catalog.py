@@ -40,13 +40,16 @@ def publish_survey(status: dict[str, Any], built: dict[str, Any] | None = None) 
     finished = status["tiles_completed"] + status["tiles_failed"]
     markdown = (
         f"# PHSpectra survey `{survey}`: {finished} / {status['tiles_total']} tiles finished\n\n"
-        "| tiles completed | failed | running | pending | spectra fitted / total | components |\n|---|---|---|---|---|---|\n"
-        f"| {status['tiles_completed']} | {status['tiles_failed']} | {status['tiles_running']} | {status['tiles_pending']} | "
+        "| tiles completed | failed | running | pending | spectra fitted / total | components "
+        "|\n|---|---|---|---|---|---|\n"
+        f"| {status['tiles_completed']} | {status['tiles_failed']} | {status['tiles_running']} | "
+        f"{status['tiles_pending']} | "
         f"{status['spectra_fitted']} / {status['n_spectra']} | {status['n_components']} |\n"
     )
     if built:
         markdown += (
-            f"\nCatalog `{built['catalog_url']}`: {len(built['written'])} tile(s) written, {len(built['unchanged'])} unchanged"
+            f"\nCatalog `{built['catalog_url']}`: {len(built['written'])} tile(s) written, "
+            f"{len(built['unchanged'])} unchanged"
             + (f", no completed run for {', '.join(built['missing'])}" if built["missing"] else "")
             + "\n"
         )

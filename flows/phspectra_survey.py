@@ -66,7 +66,7 @@ give_up_task = task(ph.give_up, name="give-up-run", cache_policy=NO_CACHE)
 
 
 def fitting_slots(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0) -> int:
-    """Fitting processes at once per process running fit-chunk: ``workers`` (default: its cores), one per Dask worker."""
+    """Fitting processes at once per process running fit-chunk: ``workers`` (default: its cores), 1 per Dask worker."""
     return 1 if dask_address or dask_workers else workers or os.cpu_count() or 1
 
 
@@ -139,7 +139,8 @@ def publish_summary(summary: dict[str, Any]) -> None:
             f"# PHSpectra run `{run_id}` ({summary['survey']})\n\n"
             f"| status | chunks completed / failed / total | spectra fitted / total | components | "
             f"timed out → slow lane | fit time (sum) |\n|---|---|---|---|---|---|\n"
-            f"| {summary['status']} | {summary['jobs_completed']} / {summary['jobs_failed']} / {summary['jobs_total']} | "
+            f"| {summary['status']} | {summary['jobs_completed']} / {summary['jobs_failed']} / "
+            f"{summary['jobs_total']} | "
             f"{summary['spectra_fitted']} / {summary['n_spectra']} | {summary['n_components']} | "
             f"{summary['n_slow_refit']} | {summary['fit_seconds']:.1f} s |\n"
         ),
@@ -248,7 +249,10 @@ def phspectra_sweep_stuck(
             if (
                 driver is not None and driver.type == "CANCELLED"
             ):  # a person stopped it: finish it as FAILED, not re-drive
-                reason = f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); resume with run_id"
+                reason = (
+                    f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); "
+                    "resume with run_id"
+                )
             elif attempts >= max_sweeps:
                 reason = f"gave up after {attempts} sweeps: {ph.unfinished(ph.summarize(run_id))}"
             if reason:
@@ -315,5 +319,6 @@ def phspectra_listen(
     events = lambda: open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)  # noqa: E731
     return listen_report(
         "phspectra-listen", events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+        batch_size=batch_size, batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip

@@ -137,12 +137,16 @@ def records_listen(
     for message files (one message, a JSON list, or one per line), moved to ``records/processed/{date}/`` once
     written. Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(
-        source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES
-    )
+
+    def events():
+        return open_source(
+            source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES
+        )
+
     return listen_report(
         "records-listen", events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
-        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+        batch_size=batch_size, batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip
 
 

@@ -44,7 +44,7 @@ FINAL_ERRORS = (
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:
-    """Bad input (not a video, empty, truncated, bad id) and ffmpeg's refusals are final; anything else is worth a retry."""
+    """Bad input (not a video, empty, truncated, bad id) and ffmpeg's refusals are final; all else is worth a retry."""
     error = state.result(raise_on_failure=False)
     return not isinstance(error, FINAL_ERRORS)
 
@@ -91,7 +91,7 @@ def _reassemble(job_id: str, stale_after_s: float) -> dict[str, Any]:
         result = reassemble_task(job_id, stale_after_s=stale_after_s)
     except v.JobFailed:
         raise
-    except Exception as error:  # after retries: the job must not stay chunking_complete
+    except Exception as error:  # noqa: BLE001 - after retries, any failure: the job must not stay chunking_complete
         _fail(job_id, f"reassembly failed: {error}")
     print(f"reassembly of {job_id}: {result}")
     return result
@@ -156,7 +156,7 @@ def video_process(
         job_id = create_job_task(job_id, mode, segment_seconds)["job_id"]
         try:
             import_source_task(job_id, source_url)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - any failure of the import fails the job it created
             _fail(job_id, f"import of the source failed: {error}")
     if job_id is None:
         raise ValueError("give a job_id (source uploaded to input/{job_id}/source.mp4) or a source_url")
@@ -172,7 +172,7 @@ def video_process(
     mode = mode or job.get("mode") or config.mode
     try:
         segment_keys = chunk_source_task(job_id, segment_seconds, mode)
-    except Exception as error:  # bad input or ffmpeg failure after retries
+    except Exception as error:  # noqa: BLE001 - bad input, ffmpeg or storage failure after retries: the job fails
         _fail(job_id, f"chunking failed: {error}")
     print(f"video job {job_id}: {len(segment_keys)} segments of {segment_seconds:g} s, mode {mode}, backend {backend}")
 
@@ -184,7 +184,7 @@ def video_process(
     for segment_key, future in zip(segment_keys, futures):
         try:
             results.append(future.result())
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - a segment's task may raise anything; every failure is reported
             errors.append(f"{segment_key.rsplit('/', 1)[1]}: {error}")
     if errors:
         _fail(job_id, f"{len(errors)} of {len(segment_keys)} segments failed after retries; first: {errors[0]}")
@@ -252,5 +252,6 @@ def video_listen(
     events = lambda: open_source(source, video_landing.PIPELINE, None, video_keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
     return listen_report(
         "video-listen", events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+        batch_size=batch_size, batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip

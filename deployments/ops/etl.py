@@ -1,5 +1,5 @@
-"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files, release quarantined files;
-the merged table's partitions, rows and re-registration."""
+"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files, release
+quarantined files; the merged table's partitions, rows and re-registration."""
 
 from __future__ import annotations
 

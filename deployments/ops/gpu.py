@@ -84,7 +84,10 @@ def register(subparsers) -> None:
 
     p = commands.add_parser(
         "stop",
-        help="user stop: tasks TERMINATED and stopped, job USER_STOPPED, nodes AVAILABLE (now, with or without a watcher)",
+        help=(
+            "user stop: tasks TERMINATED and stopped, job USER_STOPPED, nodes AVAILABLE "
+            "(now, with or without a watcher)"
+        ),
     )
     key_argument(p, "job_id", "--job-id")
     p.set_defaults(handler=_stop)

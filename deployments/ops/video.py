@@ -23,7 +23,7 @@ def _delete(args: argparse.Namespace) -> dict:
         try:
             run = run_deployment(args.deployment, parameters={"job_id": args.job_id}, timeout=0)
             result["cleanup_flow_run_id"] = str(run.id)
-        except Exception as error:  # the job is deleted either way; say that cleanup was not queued
+        except Exception as error:  # noqa: BLE001 - the job is deleted either way; say that cleanup was not queued
             result["cleanup_error"] = (
                 f"cleanup not queued ({type(error).__name__}: {error}); run: "
                 f"prefect deployment run '{args.deployment}' --param job_id={args.job_id}"
