@@ -73,7 +73,8 @@ def apply_bucket_configuration(s3, bucket: str, properties: dict) -> None:
     does with them and moto's does not)."""
     s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={"QueueConfigurations": [
         {"QueueArn": c["Queue"], "Events": [c["Event"]],
-         "Filter": {"Key": {"FilterRules": [{"Name": r["Name"], "Value": r["Value"]} for r in c["Filter"]["S3Key"]["Rules"]]}}}
+         "Filter": {"Key": {"FilterRules": [{"Name": r["Name"], "Value": r["Value"]}
+                                            for r in c["Filter"]["S3Key"]["Rules"]]}}}
         for c in properties["NotificationConfiguration"]["QueueConfigurations"]]})  # fmt: skip
     rules = []
     for rule in properties["LifecycleConfiguration"]["Rules"]:
@@ -126,12 +127,12 @@ def stack(s3_endpoint, monkeypatch):
 
 
 def physical_values(stack: dict, endpoint: str) -> dict[str, str]:
-    """Parameters, pseudo parameters, physical ids and the ARNs the template refers to, as CloudFormation resolved them."""
+    """Parameters, pseudo parameters, physical ids and the template's ARNs, as CloudFormation resolved them."""
     defaults = {
         k: p["Default"] for k, p in json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"].items() if "Default" in p
     }
-    values = {**defaults, **stack["parameters"], "AWS::Region": "us-east-1", "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws",
-              "AWS::URLSuffix": "amazonaws.com", "AWS::NoValue": None}  # fmt: skip
+    values = {**defaults, **stack["parameters"], "AWS::Region": "us-east-1", "AWS::AccountId": ACCOUNT,
+              "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com", "AWS::NoValue": None}  # fmt: skip
     sqs_client = client("sqs", endpoint)
     for resource in stack["resources"]:
         logical, physical = resource["LogicalResourceId"], resource["PhysicalResourceId"]

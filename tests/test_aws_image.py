@@ -51,7 +51,9 @@ def pip_install(words: list[str]) -> tuple[str, str] | None:
 
 def make_install() -> tuple[str, str]:
     """(constraints file, what is installed) of the Makefile's project install (the venv `make test` uses)."""
-    line = next(l for l in (REPO_ROOT / "Makefile").read_text().splitlines() if "pip install" in l and "-e" in l)
+    line = next(
+        row for row in (REPO_ROOT / "Makefile").read_text().splitlines() if "pip install" in row and "-e" in row
+    )
     constraints, target = pip_install(shlex.split(line.replace("$(PY)", "python")))
     return constraints, target
 

@@ -185,7 +185,10 @@ def test_the_new_writes_are_crash_points(s3_base, tmp_path, when):
     s3, local = ObjectStore.from_url(s3_base), ObjectStore.from_url(tmp_path.as_uri())
     landed = when == "after"
     for store in (s3, local):
-        for write in (lambda: store.put_stream("s", _Generated(BIG)), lambda: store.put_bytes("b", b"7" * (8 * MiB))):
+        for write in (
+            lambda store=store: store.put_stream("s", _Generated(BIG)),
+            lambda store=store: store.put_bytes("b", b"7" * (8 * MiB)),
+        ):
             with faults.inject(at=1, mode="raise", when=when), pytest.raises(faults.InjectedFault):
                 write()
         assert (store.exists("s"), store.exists("b")) == (landed, landed)

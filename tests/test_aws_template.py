@@ -146,7 +146,8 @@ def test_checkov_fails_no_check():
     result = subprocess.run(
         [str(TOOLS / "checkov"), "-f", str(cfn.TEMPLATE_PATH), "--framework", "cloudformation", "--compact", "--quiet",
          "--skip-download", "--output", "json"],
-        capture_output=True, text=True, timeout=600, env={"PATH": str(TOOLS), "BC_SKIP_MAPPING": "TRUE", "HOME": "/tmp"},
+        capture_output=True, text=True, timeout=600,
+        env={"PATH": str(TOOLS), "BC_SKIP_MAPPING": "TRUE", "HOME": "/tmp"},
     )  # fmt: skip
     report = json.loads(result.stdout)
     summary = report["summary"]

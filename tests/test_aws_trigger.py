@@ -49,7 +49,7 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
     for i in range(2):
         path = store_root / etl_keys.input_key(day, f"f{i}.ndjson")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join('{"id": "%d-%d", "pad": "%s"}\n' % (i, k, "x" * 40) for k in range(10)))
+        path.write_text("".join(f'{{"id": "{i}-{k}", "pad": "{"x" * 40}"}}\n' for k in range(10)))
         urls.append(path.as_uri())
     worker = Worker(f"pool-{name}", tmp_path / "worker.log")
     merge_worker = Worker(f"pool-{name}-merge", tmp_path / "merge-worker.log", {"PIPELINES_FAULT": "1:kill:after"})
@@ -75,7 +75,8 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
             if crashed_run in json.dumps(r.parameters) or failed_run in json.dumps(r.parameters)
         ]  # only the events of this test's runs (another test's stray run cannot confuse it)
         assert [r.state_name for r in repairs] == ["Completed"] * 3, worker.tail()
-        events = {(r.parameters["event"]["event"], r.parameters["event"]["resource"]["prefect.resource.id"].split(".")[1])
+        events = {(r.parameters["event"]["event"],
+                   r.parameters["event"]["resource"]["prefect.resource.id"].split(".")[1])
                   for r in repairs}  # fmt: skip
         assert events == {("prefect.flow-run.Crashed", "flow-run"), ("prefect.flow-run.Failed", "flow-run"),
                           ("prefect.task-run.Failed", "task-run")}  # fmt: skip

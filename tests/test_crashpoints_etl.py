@@ -17,9 +17,9 @@ from deployments.cli import main as cli
 from flows.records import records_reconcile
 from tasks import reconcile
 from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.etl import merged_rows, records, write_input
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
-from tests.helpers.etl import merged_rows, records, write_input
 
 TODAY = "2026-12-31"  # after every crash run's date: the flush takes only pending files of earlier dates
 FILES = 3

@@ -24,10 +24,10 @@ import pytest
 from tasks.core import state_store
 from tasks.gpu import jobs as gpu
 from tests.helpers.crashpoints import REPO_ROOT, Write, child_env, crash_points, report, report_crashed_runs
-
-pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 from tests.helpers.gpu import FAIL_FIRST
 from tests.helpers.prefect_runs import wait_for
+
+pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
 CALL = "flows.gpu:gpu_job"
 NODES = ["local-0", "local-1", "local-2"]

@@ -164,7 +164,8 @@ def test_phspectra_listener_survives_a_crash_at_every_write(tables, store_root, 
         assert landing.handle_landings([manifest], deployment).done == [manifest], plan  # the restarted listener
         _landing_settled(deployment, store_root, n, good, plan)
     report(
-        f"phspectra listener ({'good' if good else 'bad'} manifest): {len(plans)} crash points exercised of {len(writes)} writes"
+        f"phspectra listener ({'good' if good else 'bad'} manifest): "
+        f"{len(plans)} crash points exercised of {len(writes)} writes"
     )
 
 

@@ -17,9 +17,9 @@ from tasks import reconcile
 from tasks.core.state_store import to_plain
 from tasks.phspectra import survey as ph
 from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
-from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 SURVEY = "grs-crash"
 CALL = "flows.phspectra_survey:phspectra_survey"
@@ -62,7 +62,8 @@ def test_phspectra_survives_a_crash_at_every_write(tables, store_root, tmp_path)
         assert killed(result), f"point {number} ({writes[number - 1]}) did not kill the child:\n{result.stderr[-2000:]}"
         path = _recover(run_id, cube_url, by_resume=index % 2 == 1)
         print(
-            f"point {number} {when}: child {child_s:.1f}s, recovery by {path} {time.perf_counter() - began - child_s:.1f}s"
+            f"point {number} {when}: child {child_s:.1f}s, "
+            f"recovery by {path} {time.perf_counter() - began - child_s:.1f}s"
         )
         paths[path] = paths.get(path, 0) + 1
 

@@ -370,7 +370,8 @@ def test_the_server_refuses_a_caller_of_another_uid(tmp_path):
                     "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
                     "r, w = os.pipe()\n"
                     "try:\n"
-                    "    socket.send_fds(s, [struct.pack('!Q', 2)], [r, r, r]); s.sendall(b'{}'); print(s.recv(100) or 'closed')\n"
+                    "    socket.send_fds(s, [struct.pack('!Q', 2)], [r, r, r]); s.sendall(b'{}'); "
+                    "print(s.recv(100) or 'closed')\n"
                     "except (BrokenPipeError, ConnectionResetError):\n"
                     "    print('closed')"
                 ),

@@ -179,9 +179,9 @@ def test_ingest_merge_flush_end_to_end(etl_env, monkeypatch):
     )
     # rejects keep file name and line number
     rejects = [
-        json.loads(l)
+        json.loads(line)
         for p in (root / "pipeline/output/rejects" / DAY).glob("*.ndjson")
-        for l in p.read_text().splitlines()
+        for line in p.read_text().splitlines()
     ]
     assert sorted((Path(r["source_file"]).name, r["line_number"]) for r in rejects) == [
         ("f-06.ndjson", 2),

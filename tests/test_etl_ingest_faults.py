@@ -76,7 +76,8 @@ def test_create_manifests_raising_at_any_write_leaves_no_claim_without_its_manif
         claimed = _consistent(table, root, date)
         assert sorted(k for keys_ in claimed.values() for k in keys_) == [f"f-{i:03d}.ndjson" for i in range(n)]
     print(
-        f"create_manifests: {total} writes x before/after, {raised} raised faults; flush: {flushed['released_claims']} released"
+        f"create_manifests: {total} writes x before/after, {raised} raised faults; "
+        f"flush: {flushed['released_claims']} released"
     )
 
 

@@ -32,7 +32,7 @@ SWEEP = settings(max_examples=1000, deadline=None, suppress_health_check=[Health
 
 
 class Number:
-    """A number's text exactly as written (``json.loads``'s ``parse_int``/``parse_float`` hooks); never equal to a string."""
+    """A number's text as written (``json.loads``'s ``parse_int``/``parse_float`` hooks); never equal to a string."""
 
     __hash__ = None
 

@@ -168,7 +168,7 @@ def test_two_jobs_racing_for_the_last_node_one_gets_it(gpu_env):
         barrier = threading.Barrier(2)
         won: dict[str, object] = {}
 
-        def race(job_id):
+        def race(job_id, barrier=barrier, won=won):
             barrier.wait()
             try:
                 won[job_id] = gpu.assign_nodes(job_id, 1, "local")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.landing.watch import LocalWatchSource
+from tests.helpers.etl import DAY, TODAY
 from tests.helpers.landing import receive_all
 
 INPUT = "pipeline/input/"
@@ -104,8 +105,6 @@ def test_a_released_arrival_comes_back_after_a_delay_with_its_count(watched):
 
 
 # --------------------------------------------------------------------------- the ETL listener
-
-from tests.helpers.etl import DAY, TODAY
 
 
 def land(root: Path, date: str, name: str, rows: list[int]) -> str:
@@ -372,9 +371,12 @@ def test_make_up_starts_each_listener_once_and_replaces_one_whose_process_died()
             entrypoint="flows/etl.py:ndjson_listen",
             concurrency_limit=1,
         )
-        runs = lambda: client.read_flow_runs(
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
-        )
+
+        def runs():
+            return client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+            )
+
         try:
             assert start_listeners(client, worker_restarted=False)["ndjson-listen/local"] == "started"
             assert start_listeners(client, worker_restarted=False)["ndjson-listen/local"] == "running"

@@ -50,7 +50,7 @@ def landed_events(url: str, count: int, timeout: float = 60) -> list[tuple[str, 
 
 
 def started_by(event, url: str) -> list[list[str]]:
-    """The runs each landing of the object at ``url`` in ``event`` started (its payload), each a related resource too."""
+    """The runs each landing of ``url`` in ``event`` started (its payload), each a related resource too."""
     started = {r.id for r in event.related if r.role == "flow-run" and r.get("pipelines.relation") == "started"}
     assert url in {r.id for r in event.related if r.role == "object"}
     landings = [
@@ -134,7 +134,8 @@ def test_an_upload_for_an_unknown_deleted_or_busy_job_starts_nothing(tables, sto
         f"upload {arrivals[0].url} is for no video job (no-such-job): nothing started",
         f"upload {arrivals[1].url} is for deleted video job {deleted}: nothing started",
         f"upload {arrivals[2].url}: video job {busy} is chunking_in_progress: nothing started",
-        f"ignored {arrivals[3].url}: not a video upload key (input/{{job_id}}/source.mp4): 'input/no-such-job/other.mp4'",
+        f"ignored {arrivals[3].url}: not a video upload key (input/{{job_id}}/source.mp4): "
+        "'input/no-such-job/other.mp4'",
     ]
 
 
@@ -190,13 +191,17 @@ def test_a_manifest_starts_one_survey_run_per_cube_once_and_a_cube_its_own(table
 
 @pytest.mark.parametrize("body, folder, reason", [
     (b"{not json", "grs-15", "the manifest is not JSON"),
-    (json.dumps({"survey": "grs-15", "cubes": []}).encode(), "grs-15", "cubes must be a list of 1 to 1000 cubes, got []"),
+    (json.dumps({"survey": "grs-15", "cubes": []}).encode(), "grs-15",
+     "cubes must be a list of 1 to 1000 cubes, got []"),
     (json.dumps({"survey": "orion", "cubes": ["a.fits"]}).encode(), "grs-15",
      "the manifest names survey 'orion' but landed in the folder of 'grs-15'"),
     (json.dumps({"survey": "../up", "cubes": ["a.fits"]}).encode(), None, "invalid survey '../up'"),
-    (json.dumps({"survey": "grs-15", "cubes": ["../../etc/passwd"]}).encode(), None, "cube '../../etc/passwd': invalid object key"),
-    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "fit_params": {"gamma": 1}}).encode(), None, "unknown fit_params key(s) ['gamma']"),
-    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "owner": "x"}).encode(), None, "unknown manifest field(s) ['owner']"),
+    (json.dumps({"survey": "grs-15", "cubes": ["../../etc/passwd"]}).encode(), None,
+     "cube '../../etc/passwd': invalid object key"),
+    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "fit_params": {"gamma": 1}}).encode(), None,
+     "unknown fit_params key(s) ['gamma']"),
+    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "owner": "x"}).encode(), None,
+     "unknown manifest field(s) ['owner']"),
 ])  # fmt: skip
 def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(
     tables, store_root, deployed, caplog, body, folder, reason
@@ -377,7 +382,8 @@ def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(table
 
     queue = "https://sqs.us-east-1.amazonaws.com/123456789012/workflow-messages"
     arrivals = [
-        Arrival(url=queue, key="", size=None, event_time="2026-01-01T00:00:00+00:00", event_id=f"m-{n}", body=json.dumps(message))
+        Arrival(url=queue, key="", size=None, event_time="2026-01-01T00:00:00+00:00", event_id=f"m-{n}",
+                body=json.dumps(message))
         for n, message in enumerate(record_messages(200, 12))
     ]  # fmt: skip
     sizes = []

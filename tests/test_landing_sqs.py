@@ -105,7 +105,8 @@ def test_setup_creates_queue_dead_letter_queue_and_notification_and_twice_change
     env = os.environ["TABLE_ENV"]
     assert first["changed"] == [
         f"created queue ndjson-parquet-dlq-{env}", f"created queue ndjson-parquet-file-events-{env}",
-        f"queue policy: {bucket} may send", f"s3://{bucket}/pipelines/pipeline/input/: objects created notify the queue",
+        f"queue policy: {bucket} may send",
+        f"s3://{bucket}/pipelines/pipeline/input/: objects created notify the queue",
     ]  # fmt: skip
     assert (first["bucket"], first["prefix"], first["visibility_timeout_s"]) == (
         bucket,

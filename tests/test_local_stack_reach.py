@@ -46,7 +46,7 @@ def address():
 
 
 def test_dynamodb_local_answers_on_loopback_only(address, tmp_path, capsys):
-    """``start_private``, as `make up`, the tests and the benchmarks start it; ``stop`` ends relay, namespace and jar."""
+    """``start_private``, as `make up`, the tests and the benchmarks start it; ``stop`` ends relay, namespace, jar."""
     port = dynamodb_local.free_port()
     process = dynamodb_local.start_private(port, db_path=None, log_path=tmp_path / "dynamodb.log")
     try:

@@ -287,7 +287,8 @@ def test_a_resume_by_run_id_alone_fits_into_the_runs_stored_output_url(tables, s
         phspectra_survey(run_id=run_id, output_url=other, chunk_size=5)
     assert str(refused.value) == (
         f"run {run_id} resumes with the parameters it was started with, and these differ: chunk_size=5 (the run's: 4); "
-        f"output_url={other!r} (the run's: {elsewhere.as_uri()!r}). Leave them out (run_id is enough) or start a new run"
+        f"output_url={other!r} (the run's: {elsewhere.as_uri()!r}). "
+        "Leave them out (run_id is enough) or start a new run"
     )
     with pytest.raises(ValueError, match="no run absent to resume; a new run needs cube_url and survey"):
         phspectra_survey(run_id="absent")
@@ -382,12 +383,15 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     ]
     chunks_cli = {":pk": {"S": "new-run"}, ":prefix": {"S": "CHUNK#"}}
     seed = {  # the seed's `aws dynamodb ...` commands, as the same requests
-        "get-run": plain([client.get_item(TableName=name, Key={"PK": {"S": "new-run"}, "SK": {"S": "RUN"}})["Item"]])[0],
-        "list-chunks": plain(client.query(TableName=name, KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
+        "get-run": plain([client.get_item(TableName=name,
+                                          Key={"PK": {"S": "new-run"}, "SK": {"S": "RUN"}})["Item"]])[0],
+        "list-chunks": plain(client.query(TableName=name,
+                                          KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
                                           ExpressionAttributeValues=chunks_cli)["Items"]),
         "stuck": plain(client.query(TableName=name, KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
                                     FilterExpression="#s = :status", ExpressionAttributeNames={"#s": "status"},
-                                    ExpressionAttributeValues={**chunks_cli, ":status": {"S": "IN_PROGRESS"}})["Items"]),
+                                    ExpressionAttributeValues={**chunks_cli,
+                                                               ":status": {"S": "IN_PROGRESS"}})["Items"]),
         "latest": plain(client.query(TableName=name, IndexName="GSI1", KeyConditionExpression="GSI1_PK = :survey",
                                      ExpressionAttributeValues={":survey": {"S": "grs-ap"}},
                                      ScanIndexForward=False, Limit=1)["Items"]),
@@ -552,7 +556,7 @@ def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root)
 
 
 def _driven_then_abandoned(run_id: str, cube_url: str, survey: str) -> None:
-    """A flow run that splits, completes chunk 0, loses chunk 4 (FAILED, as the reconciler marks it), leaves 8 PENDING."""
+    """A flow run: splits, completes chunk 0, loses chunk 4 (FAILED, as the reconciler marks it), leaves 8 PENDING."""
     from prefect import flow
 
     @flow(name="phspectra-abandoned")

@@ -33,7 +33,7 @@ def tile_cubes(store_root: Path, tmp_path: Path, tiles=TILES) -> list[str]:
 
 
 def run_components(store, run_id: str) -> list[tuple]:
-    """Every component of one run, read from its own per-chunk Parquet: (run_id, x, y, index, amplitude, mean, stddev)."""
+    """Every component of one run, from its per-chunk Parquet: (run_id, x, y, index, amplitude, mean, stddev)."""
     rows = [row for chunk in ph.list_chunks(run_id) for row in ph.read_parquet(store, chunk["output_key"]).to_pylist()]
     return sorted(
         (run_id, r["x"], r["y"], i, a, m, s)
@@ -116,7 +116,8 @@ def test_a_manifest_of_three_tiles_ends_as_one_survey_in_the_ui_the_cli_and_one_
     assert {k: status[k] for k in ("tiles_total", "tiles_completed", "tiles_failed", "tiles_running", "tiles_pending",
                                    "spectra_fitted", "n_spectra", "n_components", "finished")} == {
         "tiles_total": 3, "tiles_completed": 3, "tiles_failed": 0, "tiles_running": 0, "tiles_pending": 0,
-        "spectra_fitted": 18, "n_spectra": 18, "n_components": sum(s["n_components"] for s in summaries), "finished": True,
+        "spectra_fitted": 18, "n_spectra": 18, "n_components": sum(s["n_components"] for s in summaries),
+        "finished": True,
     }  # fmt: skip
     assert [(t["tile"], t["run_id"]) for t in status["tiles"]] == [(t, s["run_id"]) for t, s in zip(TILES, summaries)]
     assert Artifact.get(f"phspectra-survey-progress-{survey}").data == 100.0

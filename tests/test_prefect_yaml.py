@@ -136,7 +136,7 @@ def assert_ecs_image_built_and_pushed(docker) -> None:
 @pytest.mark.sweep  # deploys every set through the CLI (~35 s)
 @pytest.mark.timeout(900)
 def test_prefect_deploy_of_each_set_against_the_test_server():
-    """`make up` deploys the local set only; the AWS set deploys too; a later `make up` retires it with its Late runs."""
+    """`make up` deploys the local set only; the AWS set deploys too; a later `make up` retires it, Late runs too."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 

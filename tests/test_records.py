@@ -94,7 +94,8 @@ def test_terminal_write_then_stale_running_and_older_completed_are_dropped(table
         Verdict.STALE,
     ]
     assert reasons == [
-        f"execution {STATE_MACHINE.replace('stateMachine', 'execution')}:exec-b is already completed (running write dropped)",
+        f"execution {STATE_MACHINE.replace('stateMachine', 'execution')}:exec-b is already completed "
+        "(running write dropped)",
         "older createdAt (1000 < 2000)",
     ]
     assert granule(tables) == expected_granule(done)

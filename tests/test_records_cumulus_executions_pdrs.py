@@ -87,8 +87,10 @@ def test_write_execution_saves_the_execution():
 
 
 @ported(
-    "writeExecutionRecordFromMessage() properly sets originalPayload on initial write and finalPayload on subsequent write",
-    "writeExecutionRecordFromMessage() correctly sets both original_payload and final_payload in postgres when execution records are run in sequence",
+    "writeExecutionRecordFromMessage() properly sets originalPayload on initial write "
+    "and finalPayload on subsequent write",
+    "writeExecutionRecordFromMessage() correctly sets both original_payload and final_payload in postgres "
+    "when execution records are run in sequence",
 )  # fmt: skip
 def test_original_then_final_payload(title):
     """WE: the test named in ``title``."""
@@ -203,7 +205,8 @@ def test_execution_duration_is_stop_minus_start_and_zero_without_stop():
 def pdr_message(status: str, name: str, pdr_name: str, start: int = START, running=(), completed=(), failed=()) -> dict:
     """The PDR tests' cumulusMessage: the PDR and its executions by state in the payload."""
     return message(status, name, start, pdr=pdr_name,
-                   payload={"running": list(running), "completed": list(completed), "failed": list(failed)})  # fmt: skip
+                   payload={"running": list(running), "completed": list(completed),
+                            "failed": list(failed)})  # fmt: skip
 
 
 def test_generate_pdr_record():
@@ -282,9 +285,11 @@ PDR_UPSERTS = [
      ("completed", "A", 4), ("running", "B", 1, 10_000), True),
     ("does not update a \"completed\" record to \"running\" if execution is different and created_at is older",
      ("completed", "A", 4), ("running", "B", 1, -10_000), False),
-    ("does not update a final (failed) record to a final state (completed) if execution is different but created_at is older",
+    ("does not update a final (failed) record to a final state (completed) "
+     "if execution is different but created_at is older",
      ("failed", "A", 4), ("completed", "B", 4, -10_000), False),
-    ("does update a final (failed) record to a final state (completed) if execution is different but created_at is newer",
+    ("does update a final (failed) record to a final state (completed) "
+     "if execution is different but created_at is newer",
      ("failed", "A", 4), ("completed", "B", 4, 100_000), True),
 ]  # fmt: skip
 

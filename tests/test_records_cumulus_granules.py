@@ -193,8 +193,10 @@ def test_published_defaults_to_false(published):
 
 
 @ported(
-    "writeGranulesFromMessage() uses a default value for granule.createdAt from workflowStartTime if granule.createdAt is undefined",
-    "writeGranulesFromMessage() falls back to workflow_start_time if granule.createdAt is not provided in cumulus_message for a granule",
+    "writeGranulesFromMessage() uses a default value for granule.createdAt from workflowStartTime "
+    "if granule.createdAt is undefined",
+    "writeGranulesFromMessage() falls back to workflow_start_time "
+    "if granule.createdAt is not provided in cumulus_message for a granule",
 )  # fmt: skip
 def test_created_at_defaults_to_workflow_start_time(title):
     """W: the two tests named in ``title``."""
@@ -204,7 +206,8 @@ def test_created_at_defaults_to_workflow_start_time(title):
 
 
 @ported(
-    "writeGranulesFromMessage() allows overwrite of createdAt and uses granule.createdAt value for written granule if defined",
+    "writeGranulesFromMessage() allows overwrite of createdAt and uses granule.createdAt value for written granule "
+    "if defined",
     "writeGranulesFromMessage() honors granule.createdAt time if provided in cumulus_message",
 )  # fmt: skip
 def test_workflow_start_time_wins_over_granule_created_at(title):
@@ -317,7 +320,8 @@ def test_schema_violation_marks_the_granule_failed_and_archives_the_message():
     g, ex = new_id("G"), new_id("E")
     ingest(message("queued", ex, START, completed_granule(g)))
     bad = completed_granule(g, files=[
-        {"path": "MYD13Q1.006", "size": 170459659, "name": "MYD13Q1.A2017281.hdf", "type": "data", "checksumType": "CKSUM", "checksum": 3129208208},
+        {"path": "MYD13Q1.006", "size": 170459659, "name": "MYD13Q1.A2017281.hdf", "type": "data",
+         "checksumType": "CKSUM", "checksum": 3129208208},
         {"path": "MYD13Q1.006", "size": 46399, "name": "MYD13Q1.A2017281.hdf.met", "type": "metadata"},
     ])  # fmt: skip
     report = ingest(
@@ -395,7 +399,8 @@ def _complete_then(status: str, new_execution: bool, start: int) -> tuple[dict, 
 
 @pytest.mark.parametrize("status, new_execution, start", [
     ("running", False, START), ("queued", False, START), ("queued", True, START + 1000),
-    ("running", True, START - 86_400_000), ("queued", True, START - 86_400_000), ("completed", False, START - 86_400_000),
+    ("running", True, START - 86_400_000), ("queued", True, START - 86_400_000),
+    ("completed", False, START - 86_400_000),
 ], ids=[
     'update changing granule status to "running", with different files and the same execution, does not update',
     'update changing granule status to "queued", with different files and the same execution, does not update',
@@ -439,31 +444,42 @@ TRANSITIONS = [
      ("running", "A"), "running", ("running", "B", T + 1000), "running", T + 1000),
     ("will allow a completed status to replace a running status for same execution if writeConstraints is set to true",
      ("running", "A"), "running", ("completed", "A", T), "completed", T),
-    ("will not allow a running status to replace a completed status for same execution if writeConstraints is set to true",
+    ("will not allow a running status to replace a completed status for same execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "completed", ("running", "A", T), "completed", T),
-    ("will allow a running status to replace a non-running status for different execution if writeConstraints is set to true",
+    ("will allow a running status to replace a non-running status for different execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "running", ("running", "B", T), "running", T),
-    ("will allow a newer running status to replace an older non-running status for different execution if writeConstraints is set to true",
+    ("will allow a newer running status to replace an older non-running status for different execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "running", ("running", "B", T + 5), "running", T + 5),
-    ("will not allow an older running status to replace a newer non-running status for different execution if writeConstraints is set to true",
+    ("will not allow an older running status to replace a newer non-running status for different execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "running", ("running", "B", 1), "completed", T),
-    ("will not allow a queued status to replace a completed status for same execution if writeConstraints is set to true",
+    ("will not allow a queued status to replace a completed status for same execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "completed", ("queued", "A", T), "completed", T),
     ("will not allow a queued status to replace a running status for same execution if writeConstraints is set to true",
      ("running", "A"), "running", ("queued", "A", T), "running", T),
-    ("will allow a queued status to replace a non-queued status for a different execution if writeConstraints is set to true",
+    ("will allow a queued status to replace a non-queued status for a different execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), None, ("queued", "B", T), "queued", T),
-    ("will allow a completed status to replace a queued status for the same execution if writeConstraints is set to true",
+    ("will allow a completed status to replace a queued status for the same execution "
+     "if writeConstraints is set to true",
      ("queued", "A"), None, ("completed", "A", T), "completed", T),
-    ("will allow a running granule status to replace a queued status for the same execution if writeConstraints is set to true",
+    ("will allow a running granule status to replace a queued status for the same execution "
+     "if writeConstraints is set to true",
      ("queued", "A"), None, ("running", "A", T), "running", T),
-    ("will not allow a final granule status from an older completed execution to overwrite the completed granule status from a newer execution if writeConstraints is set to true",
+    ("will not allow a final granule status from an older completed execution to overwrite the completed granule "
+     "status from a newer execution if writeConstraints is set to true",
      ("completed", "A"), "completed", ("failed", "B", T - 100000), "completed", T),
-    ("will not allow a running granule linked to a completed execution to overwrite and writeConstraints is set to true",
+    ("will not allow a running granule linked to a completed execution to overwrite "
+     "and writeConstraints is set to true",
      ("completed", "A"), "failed", ("running", "B", T + 1), "completed", T),
     ("will not allow a running granule linked to a completed execution with default writeConstraints set",
      ("completed", "A"), "failed", ("running", "B", T + 1), "completed", T),
-    ("will not allow a running state granule referencing completed state execution to overwrite an existing completed state granule referencing a different completed state execution when writeConstraints is set to true",
+    ("will not allow a running state granule referencing completed state execution to overwrite an existing "
+     "completed state granule referencing a different completed state execution when writeConstraints is set to true",
      ("completed", "A"), "completed", ("running", "B", T), "completed", T),
 ]  # fmt: skip
 

@@ -79,15 +79,17 @@ class Reference:
         if status != "queued":
             self._execution(ex_arn, status, start, msg["payload"])
             self._pdr(ex_arn, status, start, msg["payload"])
-        for given in msg["payload"]["granules"]:
-            self._granule(ex_arn, status, start, given)
+        for given_granule in msg["payload"]["granules"]:
+            self._granule(ex_arn, status, start, given_granule)
 
     def _execution(self, ex_arn: str, status: str, start: int, payload: dict) -> None:
         """ExecutionPgModel.upsert: insert; else running updates created_at and the original payload only."""
         current = self.executions.get(ex_arn)
         if current is None:
-            self.executions[ex_arn] = {"status": status, "createdAt": start,
-                                       ("originalPayload" if status == "running" else "finalPayload"): payload}  # fmt: skip
+            self.executions[ex_arn] = {
+                "status": status, "createdAt": start,
+                ("originalPayload" if status == "running" else "finalPayload"): payload,
+            }  # fmt: skip
         elif status == "running":
             current.update(createdAt=start, originalPayload=payload)
         else:

@@ -34,7 +34,8 @@ def test_a_start_time_past_year_9999_is_archived_and_the_others_are_written(tabl
     assert [o.ok for o in report.outcomes] == [True, False, True]
     error = {
         "type": "SchemaValidationError",
-        "message": "cumulus_meta/workflow_start_time: 100000000000000000000 is greater than the maximum of 253402300799999",
+        "message": "cumulus_meta/workflow_start_time: 100000000000000000000 "
+        "is greater than the maximum of 253402300799999",
     }
     assert report.outcomes[1].error == error
     assert dead_letter.read(report.outcomes[1].archived_key)["message"] == far

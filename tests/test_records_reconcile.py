@@ -60,10 +60,10 @@ if __name__ == "__main__":  # the worker subprocess
 
 # --------------------------------------------------------------------------- tests
 
-import pytest  # noqa: E402
+import pytest  # noqa: E402 - run as a script, the worker above needs none of the tests' imports
 
 from flows.records import records_prefect_state, records_reconcile  # noqa: E402
-from tasks import reconcile
+from tasks import reconcile  # noqa: E402
 from tests.helpers.prefect_runs import crash_event, task_run_state, wait_for  # noqa: E402
 
 
@@ -207,7 +207,7 @@ def test_task_failed_events_move_their_records(tables):
     chunks = [_item(table, run_id, chunk_sk(i)) for i in (0, 1)]
     assert [c["status"] for c in chunks] == ["IN_PROGRESS", "COMPLETED"]
     for c in chunks:
-        wait_for(lambda: task_run_state(c["prefect_task_run_id"]) == "FAILED", 30, "the task run's Failed state")
+        wait_for(lambda c=c: task_run_state(c["prefect_task_run_id"]) == "FAILED", 30, "the task run's Failed state")
 
     from prefect.events import Event
 
@@ -516,7 +516,8 @@ def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_
     time.sleep(3)  # the dead fitter's lease (2 s) lapses: the reconciler never takes a chunk whose lease is live
     findings = records_prefect_state(crash_event(survey.id))
     assert [(f["record"], f["problem"], f["outcome"]) for f in findings] == [
-        (f"crash-event/{chunk_sk(s)}", f"IN_PROGRESS while Prefect Crashed (with its parent flow run {survey.id})", "applied")
+        (f"crash-event/{chunk_sk(s)}", f"IN_PROGRESS while Prefect Crashed (with its parent flow run {survey.id})",
+         "applied")
         for s in held
     ]  # fmt: skip
     assert {s: _item(table, "crash-event", chunk_sk(s))["status"] for s in (0, 6)} == {

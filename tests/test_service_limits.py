@@ -239,7 +239,7 @@ def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(
             """Never run: its runs' states are set by the test."""
 
         def run_that(end_days_ago: float | None):
-            """A run that ended that many days ago (None: still running); the clock injected into the server's database."""
+            """A run that ended that many days ago (None: running); the clock injected into the server's database."""
             run = client.create_flow_run(retention, name=f"ended-{end_days_ago}")
             client.set_flow_run_state(run.id, Running(), force=True)
             if end_days_ago is not None:
@@ -372,8 +372,9 @@ def test_a_slot_folder_another_user_owns_is_refused(tmp_path, monkeypatch):
 
 
 def test_make_up_deploys_again_only_when_what_deployments_are_made_from_changed(tmp_path, monkeypatch):
-    """`prefect deploy` (here its effect: a deployment on the pool, the CLI taking a minute or two) runs on the first
-    `up`, not on the next while nothing changed, and again after prefect.yaml or a flow changed or the server lost one."""
+    """`prefect deploy` (here its effect: a deployment on the pool, the CLI taking a minute or two) runs on the
+    first `up`, not on the next while nothing changed, and again after prefect.yaml or a flow changed or the server
+    lost one."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 

@@ -198,7 +198,7 @@ def test_job_ids_that_could_escape_are_refused(tables, store_root):
 
 
 def _job_ready_for_trigger(tables, job_id: str, total: int) -> None:
-    """A job record at chunking_complete with every completion but the last (no video: the trigger only reads records)."""
+    """A job record at chunking_complete, every completion but the last (no video: the trigger only reads records)."""
     state_store.create_if_absent(tables["video_jobs"], {"job_id": job_id, "status": "created"}, ["job_id"])
     assert state_store.transition(tables["video_jobs"], {"job_id": job_id}, "created", "chunking_in_progress")
     assert state_store.transition(

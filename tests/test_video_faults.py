@@ -3,6 +3,7 @@ jobs, credentials on redirects, secrets and local paths in messages, the source 
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -122,8 +123,6 @@ def test_the_sweep_leaves_a_job_alone_while_a_run_that_holds_it_is_alive(tables,
 
 def _video_deployment(client) -> uuid.UUID:
     """A deployment of video-process with no work pool (the test runs its flow runs itself)."""
-    import uuid
-
     flow_id = client.create_flow(video_process)
     return client.create_deployment(
         flow_id, f"redrive-{uuid.uuid4().hex[:6]}", entrypoint="flows/video.py:video_process"

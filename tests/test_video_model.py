@@ -126,7 +126,8 @@ def test_text_redact_refuses_a_bad_batch_size_and_a_file_that_is_no_video(text_c
     with pytest.raises(video_inference.InferenceError) as error:
         video_inference.infer("text-redact", junk, tmp_path / "o.mp4", "identity")
     assert str(error.value) == (
-        "text-redact backend: InvalidDataError: [Errno 1094995529] Invalid data found when processing input: 'junk.mp4'; "
+        "text-redact backend: InvalidDataError: [Errno 1094995529] "
+        "Invalid data found when processing input: 'junk.mp4'; "
         "last error log: [mov,mp4,m4a,3gp,3g2,mj2] moov atom not found"  # libav's own line
     )
 
@@ -178,7 +179,8 @@ def test_video_process_through_the_async_endpoint(tables, store_root, text_clip,
         ),
         (
             lambda e: setattr(e, "endpoints", ()),
-            "sagemaker backend: endpoint text-redact at {url} refused the invocation: An error occurred (ValidationError) "
+            "sagemaker backend: endpoint text-redact at {url} refused the invocation: "
+            "An error occurred (ValidationError) "
             "when calling the InvokeEndpointAsync operation: Endpoint text-redact of account 000000000000 not found.",
         ),
         (

@@ -37,7 +37,7 @@ def write_input(root: Path, date: str, name: str, lines: list) -> str:
     """An input file under pipeline/input/{date}/ (dicts become JSON lines, str lines are written as they are)."""
     path = root / "pipeline" / "input" / date / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((json.dumps(l) if not isinstance(l, str) else l) + "\n" for l in lines))
+    path.write_text("".join((json.dumps(line) if not isinstance(line, str) else line) + "\n" for line in lines))
     return path.as_uri()
 
 

@@ -190,7 +190,7 @@ def task_run_state(task_run_id: str) -> str | None:
     with get_client(sync_client=True) as client:
         try:
             run = client.read_task_run(task_run_id)
-        except Exception:  # not recorded yet (task run states arrive as events)
+        except Exception:  # noqa: BLE001 - not recorded yet (task run states arrive as events)
             return None
     return run.state.type.value if run.state else None
 

@@ -91,7 +91,7 @@ class AsyncEndpoint:
                 video_inference.infer("text-redact", source, target, attributes.get("mode", "identity"))
                 store, key = open_url(call["output"])
                 store.put_file(key, target)
-            except Exception as error:  # SageMaker writes the model container's error to the failure location
+            except Exception as error:  # noqa: BLE001 - SageMaker writes the model container's error to the failure location
                 store, key = open_url(failure)
                 store.put_bytes(key, f"{type(error).__name__}: {error}".encode())
 
