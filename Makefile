@@ -7,7 +7,7 @@ export AWS_ACCESS_KEY_ID ?= local
 export AWS_SECRET_ACCESS_KEY ?= local
 export AWS_DEFAULT_REGION ?= us-east-1
 
-.PHONY: install lint-tools up down status demo test test-sweep bench clean-data
+.PHONY: install lint-tools lint format up down status demo test test-sweep bench clean-data
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is missing: install it (pyenv install 3.11, or apt-get install python3.11)"; exit 1; }
@@ -44,7 +44,16 @@ status:
 demo: up
 	$(PY) -m deployments.demo
 
-test: install lint-tools
+# ruff's lint and format check (pyproject.toml's [tool.ruff]); `make format` rewrites what the check refuses
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: install
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+test: install lint-tools lint
 	$(PY) -m deployments.test_packages postgresql || true
 	$(PY) -m pytest tests -m "not sweep and not crashpoints" --durations=25
 

@@ -1,13 +1,15 @@
 """Files tracked + claimed per second against DynamoDB Local: the ETL's bulk conditional writes vs per-file requests.
 
 Both sides do the seed's per-file conditional semantics with 4 concurrent ingesters over the same files
-(10% of the events delivered twice, to another ingester, as SQS may): track (``attribute_not_exists(file_key)``) and claim
+(10% of the events delivered twice, to another ingester, as SQS may): track (``attribute_not_exists(file_key)``) and
+claim
 (``pending#N → manifested#N``).
-- baseline: plain boto3, one conditional PutItem / UpdateItem per file keyed by its bare name (the seed Lambda's calls), no manifests;
+- baseline: plain boto3, one conditional PutItem / UpdateItem per file keyed by its bare name (the seed Lambda's calls),
+no manifests;
 - ours: the ingest task bodies (validation; ``track_and_batch``: each full batch of new files created
   ``manifested#N`` in the transaction that creates its MANIFEST record, the rest ``pending#N``; claim-first
   batches, each claimed in one transaction with its record), then an orphan flush for the remainders.
-Checks: zero double claims (every file in exactly one manifest). Goal: ≥ 250 files/s (issue 16; seed: 3.9/s).
+Checks: zero double claims (every file in exactly one manifest). Goal: ≥ 250 files/s (seed: 3.9/s).
 
     .venv/bin/python benchmarks/etl_ingest.py           # 2,000 files (about 1-3 minutes)
     .venv/bin/python benchmarks/etl_ingest.py --quick   # 600 files (about 20 s)
@@ -34,14 +36,14 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PIPELINES_USE_BLOCKS"] = "0"  # settings from defaults + env, no Prefect API needed
 os.environ.update(EXPECTED_FILE_SIZE_MB="0.001", SIZE_TOLERANCE_PERCENT="99")
 
-from deployments import dynamodb_local  # noqa: E402
+from deployments import dynamodb_local
 
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03"]
 WORKERS = 4
 
 
 def make_files(root: Path, count: int) -> list[str]:
-    from tasks.core import keys
+    from tasks.etl import keys
 
     urls = []
     for i in range(count):
@@ -55,18 +57,22 @@ def make_files(root: Path, count: int) -> list[str]:
 def use_tables(suffix: str) -> dict[str, str]:
     from blocks.base import clear_cache
     from tasks.core import state_store
-    from tasks.core.tables import default_names, ensure_tables
+    from tasks.core.registry import default_table_names
 
-    names = {logical: f"{physical}-{suffix}" for logical, physical in default_names("bench").items()
-             if logical.startswith("etl_")}
+    names = {
+        logical: f"{physical}-{suffix}"
+        for logical, physical in default_table_names("bench").items()
+        if logical.startswith("etl_")
+    }
     for logical, physical in names.items():
         os.environ[f"TABLE_{logical.upper()}"] = physical
     clear_cache()
     state_store.reset_clients()
-    from tasks.core.tables import TABLE_SPECS, ensure_table
+    from tasks.core.registry import table_specs
+    from tasks.core.tables import ensure_table
 
     for logical, physical in names.items():
-        ensure_table(physical, TABLE_SPECS[logical])
+        ensure_table(physical, table_specs()[logical])
     return names
 
 
@@ -83,9 +89,10 @@ def deliveries(urls: list[str]) -> list[list[str]]:
 def run_baseline(urls: list[str]) -> dict:
     """Per-file single conditional requests with plain boto3, as the seed's Lambda makes them: a stat of the file,
     ``put_item`` if absent, then a guarded ``update_item`` claim, keyed by the bare file name (the seed's key)."""
+    from urllib.parse import urlsplit
+
     import boto3
     from botocore.config import Config
-    from urllib.parse import urlsplit
 
     client = boto3.client("dynamodb", config=Config(max_pool_connections=WORKERS * 2))
     table = os.environ["TABLE_ETL_FILE_TRACKING"]
@@ -112,8 +119,8 @@ def run_baseline(urls: list[str]) -> dict:
                     TableName=table, Key={"date_prefix": {"S": date}, "file_key": {"S": name}},
                     ConditionExpression="#s = :pending", UpdateExpression="SET #s = :manifested, manifest_path = :m",
                     ExpressionAttributeNames={"#s": "status"},
-                    ExpressionAttributeValues={":pending": {"S": f"pending#{shard}"}, ":manifested": {"S": f"manifested#{shard}"},
-                                               ":m": {"S": "baseline"}},
+                    ExpressionAttributeValues={":pending": {"S": f"pending#{shard}"},
+                                               ":manifested": {"S": f"manifested#{shard}"}, ":m": {"S": "baseline"}},
                 )  # fmt: skip
                 won += 1
             except client.exceptions.ConditionalCheckFailedException:
@@ -176,8 +183,11 @@ def main() -> int:
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://127.0.0.1:{port}"
     try:
         urls = make_files(work / "in", count)
-        print(f"{count} files on {len(DATES)} dates, {WORKERS} concurrent ingesters, {REDELIVERED:.0%} of events delivered twice, "
-              f"{args.max_files_per_manifest} files per manifest, DynamoDB Local on :{port}")
+        print(
+            f"{count} files on {len(DATES)} dates, {WORKERS} concurrent ingesters, {REDELIVERED:.0%} of events "
+            "delivered twice, "
+            f"{args.max_files_per_manifest} files per manifest, DynamoDB Local on :{port}"
+        )
         rates = {}
         for name in ("baseline", "ours"):
             use_tables(uuid.uuid4().hex[:8])
@@ -192,8 +202,10 @@ def main() -> int:
         doubles = check_exactly_once(work, urls)
         print(f"double claims: {doubles} (every one of {count} files in exactly one manifest)")
         ratio = rates["ours"] / rates["baseline"]
-        print(f"RATIO ours/baseline = {ratio:.2f}; ours {rates['ours']:.0f} files/s, goal >= 250: "
-              f"{'met' if rates['ours'] >= 250 else 'NOT met'} (seed target 3.9/s)")
+        print(
+            f"RATIO ours/baseline = {ratio:.2f}; ours {rates['ours']:.0f} files/s, goal >= 250: "
+            f"{'met' if rates['ours'] >= 250 else 'NOT met'} (seed target 3.9/s)"
+        )
         return 1 if doubles else 0
     finally:
         dynamodb_local.stop(process)

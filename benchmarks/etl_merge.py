@@ -31,14 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pyarrow.json as pajson  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
 
+from tasks.etl import keys
 from tasks.etl import merge as etl_merge
-from tasks.core import keys
 
 DATE = "2026-01-01"
-SHARE_MB = 128  # the manifest size the orchestration share goal is stated for (issue 25)
+SHARE_MB = 128  # the manifest size the orchestration share goal is stated for
 
 
 def make_files(root: Path, files: int, mb_each: float, nested: bool) -> list[str]:
@@ -51,9 +51,13 @@ def make_files(root: Path, files: int, mb_each: float, nested: bool) -> list[str
         lines, size, i = [], 0, 0
         while size < mb_each * 1024 * 1024:
             record = {
-                "event_id": f * 10_000_000 + i, "user": f"user-{rng.randrange(100000)}", "amount": round(rng.random() * 1000, 2),
-                "flag": rng.random() < 0.5, "country": rng.choice(["FR", "DE", "US", "JP", "BR"]),
-                "event_time": f"2026-01-01T{rng.randrange(24):02d}:{rng.randrange(60):02d}:00Z", "note": None,
+                "event_id": f * 10_000_000 + i,
+                "user": f"user-{rng.randrange(100000)}",
+                "amount": round(rng.random() * 1000, 2),
+                "flag": rng.random() < 0.5,
+                "country": rng.choice(["FR", "DE", "US", "JP", "BR"]),
+                "event_time": f"2026-01-01T{rng.randrange(24):02d}:{rng.randrange(60):02d}:00Z",
+                "note": None,
             }
             if nested:
                 record["device"] = {"os": rng.choice(["ios", "android"]), "version": rng.randrange(20)}
@@ -71,7 +75,7 @@ def baseline(urls: list[str], out: Path) -> int:
     """pyarrow's JSON reader and Parquet writer per file; the rows written."""
     rows = 0
     for n, url in enumerate(urls):
-        table = pajson.read_json(url[len("file://"):])
+        table = pajson.read_json(url[len("file://") :])
         pq.write_table(table, out / f"raw-{n:04d}.parquet")
         rows += table.num_rows
     return rows
@@ -83,23 +87,35 @@ class Spark:
     def __init__(self):
         from pyspark.sql import SparkSession
 
-        self.session = (SparkSession.builder.master("local[2]").appName("etl-merge-bench")
-                        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "2")
-                        .config("spark.driver.memory", "2g").getOrCreate())
+        self.session = (
+            SparkSession.builder.master("local[2]")
+            .appName("etl-merge-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.memory", "2g")
+            .getOrCreate()
+        )
         self.session.sparkContext.setLogLevel("ERROR")
 
     def run(self, urls: list[str], out: Path) -> None:
         from pyspark.sql import functions as F
         from pyspark.sql.types import ArrayType, MapType, StringType, StructType
 
-        frame = self.session.read.json([u[len("file://"):] for u in urls], mode="PERMISSIVE")
+        frame = self.session.read.json([u[len("file://") :] for u in urls], mode="PERMISSIVE")
         columns = [
-            (F.to_json(F.col(f"`{f.name}`")) if isinstance(f.dataType, (StructType, ArrayType, MapType))
-             else F.col(f"`{f.name}`").cast(StringType())).alias(f.name)
+            (
+                F.to_json(F.col(f"`{f.name}`"))
+                if isinstance(f.dataType, (StructType, ArrayType, MapType))
+                else F.col(f"`{f.name}`").cast(StringType())
+            ).alias(f.name)
             for f in frame.schema.fields
         ]
-        frame = frame.select(*columns).withColumn("_processing_timestamp", F.lit(time.strftime("%Y-%m-%dT%H:%M:%SZ"))) \
+        frame = (
+            frame.select(*columns)
+            .withColumn("_processing_timestamp", F.lit(time.strftime("%Y-%m-%dT%H:%M:%SZ")))
             .withColumn("_source_file", F.input_file_name())
+        )
         frame.write.mode("overwrite").option("compression", "snappy").parquet(str(out / "spark"))
 
     def stop(self) -> None:
@@ -125,20 +141,26 @@ def merge_stack(files_root: Path):
     import os
     import uuid
 
+    from _common import dynamodb_local, ensure_table
     from prefect.testing.utilities import prefect_test_harness
 
-    from _common import dynamodb_local, ensure_table
-    from tasks.core.tables import TABLE_SPECS, default_names
+    from tasks.core.registry import default_table_names, table_specs
 
     with dynamodb_local():
         suffix = uuid.uuid4().hex[:6]
-        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_names("bench").items()}
-        for logical in TABLE_SPECS:
+        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_table_names("bench").items()}
+        for logical in table_specs():
             os.environ[f"TABLE_{logical.upper()}"] = names[logical]
         for logical in ("etl_file_tracking", "etl_metrics"):
-            ensure_table(names[logical], TABLE_SPECS[logical])
-        os.environ.update({"OBJECT_STORE_BASE_URL": files_root.as_uri(), "PIPELINES_USE_BLOCKS": "0",
-                           "SIZE_TOLERANCE_PERCENT": "99", "MIN_FILES_FOR_PARTIAL_BATCH": "1"})
+            ensure_table(names[logical], table_specs()[logical])
+        os.environ.update(
+            {
+                "OBJECT_STORE_BASE_URL": files_root.as_uri(),
+                "PIPELINES_USE_BLOCKS": "0",
+                "SIZE_TOLERANCE_PERCENT": "99",
+                "MIN_FILES_FOR_PARTIAL_BATCH": "1",
+            }
+        )
         os.environ.pop("NOTIFY_BLOCK", None)
         with prefect_test_harness(server_startup_timeout=180):
             yield
@@ -157,9 +179,13 @@ def flow_against_merge(batches: list[list[str]], work: Path) -> tuple[list[float
     def empty_flow() -> None:
         """Nothing: a flow run's creation and its two state changes."""
 
-    sizes = [Path(url[len("file://"):]).stat().st_size for url in batches[0]]
-    os.environ.update({"MAX_FILES_PER_MANIFEST": str(len(batches[0])),  # a batch is one full manifest
-                       "EXPECTED_FILE_SIZE_MB": str(statistics.mean(sizes) / 2**20)})
+    sizes = [Path(url[len("file://") :]).stat().st_size for url in batches[0]]
+    os.environ.update(
+        {
+            "MAX_FILES_PER_MANIFEST": str(len(batches[0])),  # a batch is one full manifest
+            "EXPECTED_FILE_SIZE_MB": str(statistics.mean(sizes) / 2**20),
+        }
+    )
     manifests = []
     for batch in batches:  # one manifest each, tracked and left pending
         manifests += ndjson_ingest(file_urls=batch, merge_deployment="ndjson-merge/not-deployed")["manifests"]
@@ -199,10 +225,12 @@ def fixed_cost(root: Path, work: Path, runs: int) -> dict[str, float]:
     # a loaded machine only adds time (the ephemeral server's SQLite answers "database is locked" and the client
     # waits ~2 s), so the best run is shown too: what the work itself costs
     best, best_floor = min(costs), min(empty[1:])
-    print(f"ndjson-merge fixed cost a manifest (flow − its merge, {runs - 1} manifests of 5 tiny files): median "
-          f"{fixed:.3f} s, best {best:.3f} s (goal <= 0.1 s: {'met' if fixed <= 0.1 else 'NOT met'}); a Prefect flow "
-          f"run itself (an empty flow): median {floor:.3f} s, best {best_floor:.3f} s; so the merge flow's own: median "
-          f"{fixed - floor:.3f} s, best {best - best_floor:.3f} s (per run: {', '.join(f'{c:.2f}' for c in costs)})")
+    print(
+        f"ndjson-merge fixed cost a manifest (flow − its merge, {runs - 1} manifests of 5 tiny files): median "
+        f"{fixed:.3f} s, best {best:.3f} s (goal <= 0.1 s: {'met' if fixed <= 0.1 else 'NOT met'}); a Prefect flow "
+        f"run itself (an empty flow): median {floor:.3f} s, best {best_floor:.3f} s; so the merge flow's own: median "
+        f"{fixed - floor:.3f} s, best {best - best_floor:.3f} s (per run: {', '.join(f'{c:.2f}' for c in costs)})"
+    )
     return {"fixed": fixed, "floor": floor}
 
 
@@ -212,15 +240,18 @@ def flow_share(urls: list[str], work: Path, runs: int = 3) -> None:
     batches = [urls] + [[_copy_as(url, f"-copy{r}") for url in urls] for r in range(1, runs)]
     alone, flows, _ = flow_against_merge(batches, work)
     merge_s, flow_s = statistics.median(alone[1:]), statistics.median(flows[1:])
-    print(f"ndjson-merge flow on a {sum(Path(u[7:]).stat().st_size for u in urls) / 2**20:.0f} MB manifest: {flow_s:.2f} s; "
-          f"the merge alone {merge_s:.2f} s (flow runs {', '.join(f'{t:.2f}' for t in flows)}; merges alone "
-          f"{', '.join(f'{t:.2f}' for t in alone)}; the first of each left out)")
+    print(
+        f"ndjson-merge flow on a {sum(Path(u[7:]).stat().st_size for u in urls) / 2**20:.0f} MB manifest: "
+        f"{flow_s:.2f} s; "
+        f"the merge alone {merge_s:.2f} s (flow runs {', '.join(f'{t:.2f}' for t in flows)}; merges alone "
+        f"{', '.join(f'{t:.2f}' for t in alone)}; the first of each left out)"
+    )
     print(f"  measured orchestration share: {(1 - merge_s / flow_s) * 100:.1f}% (goal <= 5%)")
 
 
 def _copy_as(url: str, suffix: str) -> str:
     """A copy of a local input file next to it, its name ending in ``suffix``."""
-    source = Path(url[len("file://"):])
+    source = Path(url[len("file://") :])
     target = source.with_name(source.stem + suffix + source.suffix)
     shutil.copyfile(source, target)
     return target.as_uri()
@@ -233,11 +264,19 @@ def main() -> int:
     parser.add_argument("--files", type=int)
     parser.add_argument("--mb-each", type=float, default=10)
     parser.add_argument("--repeats", type=int)
-    parser.add_argument("--no-spark", action="store_true", help="skip the Spark baseline even when pyspark is installed")
+    parser.add_argument(
+        "--no-spark", action="store_true", help="skip the Spark baseline even when pyspark is installed"
+    )
     parser.add_argument("--manifests", type=int, help="small manifests for the fixed cost (the first is left out)")
-    parser.add_argument("--no-flow", action="store_true", help="skip the ndjson-merge flow's fixed cost (no Prefect server)")
-    parser.add_argument("--flow", action="store_true", help="also run the flow on a 128 MB manifest of these files "
-                        "(3 runs) and measure its orchestration share directly")
+    parser.add_argument(
+        "--no-flow", action="store_true", help="skip the ndjson-merge flow's fixed cost (no Prefect server)"
+    )
+    parser.add_argument(
+        "--flow",
+        action="store_true",
+        help="also run the flow on a 128 MB manifest of these files "
+        "(3 runs) and measure its orchestration share directly",
+    )
     args = parser.parse_args()
     files = args.files or (3 if args.quick else 20)
     repeats = args.repeats or (2 if args.quick else 3)
@@ -245,7 +284,10 @@ def main() -> int:
     try:
         urls = make_files(work / "in", files, args.mb_each, args.nested)
         mb = sum(Path(u[7:]).stat().st_size for u in urls) / 1024 / 1024
-        print(f"{files} NDJSON files, {mb:.1f} MB{' (nested values)' if args.nested else ''}; {repeats} repeats, interleaved")
+        print(
+            f"{files} NDJSON files, {mb:.1f} MB{' (nested values)' if args.nested else ''}; {repeats} repeats, "
+            "interleaved"
+        )
         spark = None if args.no_spark else start_spark()
         names = ["baseline", "ours"] + (["spark"] if spark else [])
         if spark:  # warm the JVM (class loading, JIT) on one file
@@ -278,9 +320,13 @@ def main() -> int:
         ratios = [o / b for o, b in zip(rates["ours"], rates["baseline"])]
         print(f"rows merged per run: {rows} (pyarrow read {baseline_rows})")
         if rows != baseline_rows:
-            raise SystemExit(f"FAILED: the merge wrote {rows} rows where pyarrow read {baseline_rows} from the same files")
-        print(f"RATIO ours/baseline = {ratio:.2f} (per-repeat {min(ratios):.2f}-{max(ratios):.2f}); goal >= 0.7: "
-              f"{'met' if ratio >= 0.7 else 'NOT met'}")
+            raise SystemExit(
+                f"FAILED: the merge wrote {rows} rows where pyarrow read {baseline_rows} from the same files"
+            )
+        print(
+            f"RATIO ours/baseline = {ratio:.2f} (per-repeat {min(ratios):.2f}-{max(ratios):.2f}); goal >= 0.7: "
+            f"{'met' if ratio >= 0.7 else 'NOT met'}"
+        )
         if "spark" in rates:
             spark_ratio = statistics.median(rates["ours"]) / statistics.median(rates["spark"])
             print(f"RATIO ours/spark = {spark_ratio:.2f}; goal >= 2: {'met' if spark_ratio >= 2 else 'NOT met'}")
@@ -289,12 +335,18 @@ def main() -> int:
                 cost = fixed_cost(work / "in", work, runs=args.manifests or (4 if args.quick else 8))
                 merge_s = SHARE_MB / statistics.median(rates["ours"])  # this run's merge speed
                 share = cost["fixed"] / (cost["fixed"] + merge_s)
-                print(f"orchestration share of a {SHARE_MB} MB manifest (flow wall − merge, over flow wall; the merge at "
-                      f"this run's {statistics.median(rates['ours']):.1f} MB/s: {merge_s:.2f} s): {share * 100:.1f}% "
-                      f"(goal <= 5%: {'met' if share <= 0.05 else 'NOT met'}); without Prefect's own flow run "
-                      f"{(cost['fixed'] - cost['floor']) / (cost['fixed'] + merge_s) * 100:.1f}%")
+                print(
+                    f"orchestration share of a {SHARE_MB} MB manifest (flow wall − merge, over flow wall; the merge at "
+                    f"this run's {statistics.median(rates['ours']):.1f} MB/s: {merge_s:.2f} s): {share * 100:.1f}% "
+                    f"(goal <= 5%: {'met' if share <= 0.05 else 'NOT met'}); without Prefect's own flow run "
+                    f"{(cost['fixed'] - cost['floor']) / (cost['fixed'] + merge_s) * 100:.1f}%"
+                )
                 if args.flow:
-                    sized = [u for n, u in enumerate(urls) if sum(Path(v[7:]).stat().st_size for v in urls[:n]) < SHARE_MB * 2**20]
+                    sized = [
+                        u
+                        for n, u in enumerate(urls)
+                        if sum(Path(v[7:]).stat().st_size for v in urls[:n]) < SHARE_MB * 2**20
+                    ]
                     flow_share(sized, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -30,9 +30,9 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import dynamodb_local, median  # noqa: E402
+from _common import dynamodb_local, median
 
-from flows.gpu import PLAIN, sweep, watch  # noqa: E402
+from flows.gpu import PLAIN, sweep, watch
 
 # a task: note its start; on the first attempt node 0 fails after a moment; the others finish after a moment
 TASK = r"""
@@ -40,7 +40,8 @@ import os, sys, time
 log = os.environ["BENCH_LOG"]
 def note(what):
     with open(log, "a") as f:
-        f.write(f"{what} {os.environ['GPU_JOB_ID']} {os.environ['GPU_JOB_RETRY']} {os.environ['NODE_INDEX']} {time.time()}\n")
+        f.write(f"{what} {os.environ['GPU_JOB_ID']} {os.environ['GPU_JOB_RETRY']} "
+                f"{os.environ['NODE_INDEX']} {time.time()}\n")
 note("start")
 time.sleep(0.3)
 if os.environ["GPU_JOB_RETRY"] == "0" and os.environ["NODE_INDEX"] == "0" and os.environ.get("BENCH_FAIL") == "1":
@@ -62,18 +63,27 @@ def events(log: Path, job_id: str) -> dict[tuple[str, str, str], float]:
 def setup(workdir: Path, poll: float, reboot_s: float, nodes: int):
     suffix = uuid.uuid4().hex[:8]
     from _common import ensure_table  # dropped again at the end
-    from tasks.core.tables import TABLE_SPECS, default_names
 
-    names = {logical: f"{physical}-bench-{suffix}" for logical, physical in default_names("bench").items()}
-    for logical, spec in TABLE_SPECS.items():
+    from tasks.core.registry import default_table_names, table_specs
+
+    names = {logical: f"{physical}-bench-{suffix}" for logical, physical in default_table_names("bench").items()}
+    for logical, spec in table_specs().items():
         os.environ[f"TABLE_{logical.upper()}"] = names[logical]
         ensure_table(names[logical], spec)
-    os.environ.update({
-        "PIPELINES_USE_BLOCKS": "0", "GPU_LOCAL_STATE_DIR": str(workdir / "slots"), "GPU_LOCAL_NODES": str(nodes),
-        "GPU_POLL_INTERVAL_S": str(poll), "GPU_LOCAL_REBOOT_S": str(reboot_s), "GPU_HEALTH_CHECK": "command",
-        "GPU_HEALTH_COMMAND": "true", "GPU_NODE_WAIT_TIMEOUT_S": "60", "GPU_MAX_RETRIES": "1",
-        "BENCH_LOG": str(workdir / "events.log"),
-    })
+    os.environ.update(
+        {
+            "PIPELINES_USE_BLOCKS": "0",
+            "GPU_LOCAL_STATE_DIR": str(workdir / "slots"),
+            "GPU_LOCAL_NODES": str(nodes),
+            "GPU_POLL_INTERVAL_S": str(poll),
+            "GPU_LOCAL_REBOOT_S": str(reboot_s),
+            "GPU_HEALTH_CHECK": "command",
+            "GPU_HEALTH_COMMAND": "true",
+            "GPU_NODE_WAIT_TIMEOUT_S": "60",
+            "GPU_MAX_RETRIES": "1",
+            "BENCH_LOG": str(workdir / "events.log"),
+        }
+    )
     from tasks.gpu import jobs as gpu
 
     runner = gpu.make_runner()
@@ -148,12 +158,18 @@ def scenario(name: str, runner, log: Path, rounds: int, baseline: float) -> list
     results = [recovery_round(runner, log, f"bench-{name}-{i}-{uuid.uuid4().hex[:6]}") for i in range(rounds)]
     rec = [r["recovery_s"] for r in results]
     hc = [r["health_check_s"] for r in results]
-    print(f"[{name}] recovery (health check excluded): median {median(rec):.3f} s, range {min(rec):.3f}-{max(rec):.3f} s "
-          f"over {rounds} rounds; replacement on {sorted({r['replacement_node'] for r in results})}")
-    print(f"[{name}] health check: median {median(hc):.3f} s; failure->replacement incl. check "
-          f"{median([r['failure_to_replacement_s'] for r in results]):.3f} s")
-    print(f"[{name}] ratio recovery / plain job start = {median(rec) / baseline:.2f}x; goal <= 10 s: "
-          f"{'met' if max(rec) <= 10 else 'NOT met'}")
+    print(
+        f"[{name}] recovery (health check excluded): median {median(rec):.3f} s, range {min(rec):.3f}-{max(rec):.3f} s "
+        f"over {rounds} rounds; replacement on {sorted({r['replacement_node'] for r in results})}"
+    )
+    print(
+        f"[{name}] health check: median {median(hc):.3f} s; failure->replacement incl. check "
+        f"{median([r['failure_to_replacement_s'] for r in results]):.3f} s"
+    )
+    print(
+        f"[{name}] ratio recovery / plain job start = {median(rec) / baseline:.2f}x; goal <= 10 s: "
+        f"{'met' if max(rec) <= 10 else 'NOT met'}"
+    )
     return results
 
 
@@ -175,8 +191,10 @@ def main() -> int:
 
         starts = [plain_start(runner, log, f"bench-plain-{i}-{uuid.uuid4().hex[:6]}") for i in range(rounds + 1)]
         baseline = median(starts)
-        print(f"plain 1-node job start (assign + rows + process): median {baseline:.3f} s, "
-              f"range {min(starts):.3f}-{max(starts):.3f} s; poll interval {args.poll} s")
+        print(
+            f"plain 1-node job start (assign + rows + process): median {baseline:.3f} s, "
+            f"range {min(starts):.3f}-{max(starts):.3f} s; poll interval {args.poll} s"
+        )
         scenario("spare", runner, log, rounds, baseline)
         # no spare: hold local-2 so the job must wait for local-0's reboot
         gpu.assign_nodes("bench-holder", 1, runner.config.cluster_name, nodes=["local-2"])
@@ -184,10 +202,15 @@ def main() -> int:
         print(f"(the reboot scenario includes the simulated reboot of {args.reboot_s} s)")
         gpu.release_nodes("bench-holder", ["local-2"])
         watched = [orphan_round(runner, log, f"bench-watched-{i}-{uuid.uuid4().hex[:6]}", None) for i in range(rounds)]
-        orphaned = [orphan_round(runner, log, f"bench-orphan-{i}-{uuid.uuid4().hex[:6]}", args.sweep_s) for i in range(rounds)]
-        print(f"[orphan] task end -> COMPLETE: watched by its flow median {median(watched):.3f} s; "
-              f"watcher gone, gpu-sweep every {args.sweep_s:g} s: median {median(orphaned):.3f} s "
-              f"(ratio {median(orphaned) / max(median(watched), 1e-3):.1f}x); with the 60 s schedule: at most ~60 s + one sweep")
+        orphaned = [
+            orphan_round(runner, log, f"bench-orphan-{i}-{uuid.uuid4().hex[:6]}", args.sweep_s) for i in range(rounds)
+        ]
+        print(
+            f"[orphan] task end -> COMPLETE: watched by its flow median {median(watched):.3f} s; "
+            f"watcher gone, gpu-sweep every {args.sweep_s:g} s: median {median(orphaned):.3f} s "
+            f"(ratio {median(orphaned) / max(median(watched), 1e-3):.1f}x); with the 60 s schedule: at most ~60 s + "
+            "one sweep"
+        )
     return 0
 
 

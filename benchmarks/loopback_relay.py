@@ -28,7 +28,9 @@ def puts(endpoint: str, table: str, items: int, threads: int) -> float:
 
     def put(numbers: range) -> None:
         for n in numbers:
-            client.put_item(TableName=table, Item={"k": {"S": f"{tag}-{n}"}}, ConditionExpression="attribute_not_exists(k)")
+            client.put_item(
+                TableName=table, Item={"k": {"S": f"{tag}-{n}"}}, ConditionExpression="attribute_not_exists(k)"
+            )
 
     def run() -> None:
         with ThreadPoolExecutor(threads) as pool:
@@ -45,7 +47,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median is shown)")
     args = parser.parse_args()
     items, rounds = (150, 1) if args.quick else (args.items, args.rounds)
-    for name, value in (("AWS_ACCESS_KEY_ID", "local"), ("AWS_SECRET_ACCESS_KEY", "local"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "local"),
+        ("AWS_SECRET_ACCESS_KEY", "local"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(name, value)
     logs = Path(tempfile.mkdtemp(prefix="relay-bench-"))
     direct_port, relay_port = ddb.free_port(), ddb.free_port()
@@ -62,8 +68,11 @@ def main() -> None:
         endpoints = {"direct": f"http://127.0.0.1:{direct_port}", "relay": f"http://127.0.0.1:{relay_port}"}
         for endpoint in endpoints.values():
             boto3.client("dynamodb", endpoint_url=endpoint).create_table(
-                TableName="relay", KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
-                AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST")
+                TableName="relay",
+                KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+                AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+                BillingMode="PAY_PER_REQUEST",
+            )
         results: dict[tuple[str, int], list[float]] = {}
         for endpoint in endpoints.values():  # warm-up: JIT, connections
             puts(endpoint, "relay", 50, 1)
@@ -73,8 +82,10 @@ def main() -> None:
                     results.setdefault((label, threads), []).append(puts(endpoint, "relay", items, threads))
         for threads in (1, 8):
             direct, relay = median(results[("direct", threads)]), median(results[("relay", threads)])
-            print(f"{threads} thread(s): direct {direct:7.1f} puts/s, through the loopback relay {relay:7.1f} puts/s  "
-                  f"RATIO relay / direct = {relay / direct:.3f}")
+            print(
+                f"{threads} thread(s): direct {direct:7.1f} puts/s, through the loopback relay {relay:7.1f} puts/s  "
+                f"RATIO relay / direct = {relay / direct:.3f}"
+            )
     finally:
         for process in processes:
             ddb.stop(process)

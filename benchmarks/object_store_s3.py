@@ -20,7 +20,7 @@ import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import rate  # noqa: E402
+from _common import rate
 
 MiB = 1024 * 1024
 
@@ -45,17 +45,21 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=0, help="object size in MiB (default 128, --quick 32)")
     args = parser.parse_args()
     size = (args.mib or (32 if args.quick else 128)) * MiB
-    for name, value in (("AWS_ACCESS_KEY_ID", "local"), ("AWS_SECRET_ACCESS_KEY", "local"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "local"),
+        ("AWS_SECRET_ACCESS_KEY", "local"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(name, value)
 
     from tasks.core.object_store import ObjectStore, multipart_bytes
-    from tests.s3 import moto_server, new_bucket
+    from tests.helpers.s3 import moto_server, new_bucket
 
     with tempfile.TemporaryDirectory() as tmp, moto_server(Path(tmp) / "moto.log") as endpoint:
         os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
         source = Path(tmp) / "object.bin"
         with open(source, "wb") as handle:
-            for n in range(size // MiB):
+            for _ in range(size // MiB):
                 handle.write(os.urandom(64) * (MiB // 64))
         store = ObjectStore.from_url(f"s3://{new_bucket(endpoint)}/bench")
         client, bucket = store._client, store.bucket
@@ -67,7 +71,9 @@ def main() -> None:
             ),
             "download, ranged parts to disk (download)": measure(lambda: store.download("a.bin", Path(tmp) / "a.out")),
             "download, whole bytes (get_object.read)": measure(
-                lambda: (Path(tmp) / "b.out").write_bytes(client.get_object(Bucket=bucket, Key="bench/b.bin")["Body"].read())
+                lambda: (Path(tmp) / "b.out").write_bytes(
+                    client.get_object(Bucket=bucket, Key="bench/b.bin")["Body"].read()
+                )
             ),
         }
         for copy in ("a.out", "b.out"):  # a transfer that is fast but wrong fails the benchmark

@@ -26,11 +26,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
 # this file is named like the phspectra package: its folder goes last on the import path (after site-packages)
 _HERE = [p for p in sys.path if Path(p or ".").resolve() == Path(__file__).resolve().parent]
 sys.path[:] = [p for p in sys.path if p not in _HERE] + _HERE[:1]
 
 from _common import dynamodb_local, rate  # noqa: E402
+
 from tasks.core.runtime import now_iso  # noqa: E402
 
 PARAMS: dict = {}
@@ -72,14 +74,21 @@ def flow_phases(run_id: str, start_iso: str, flow_s: float) -> dict[str, float]:
     chunks, run = to_plain(ph.list_chunks(run_id)), to_plain(ph.get_run(run_id))
     seconds = lambda a, b: (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()  # noqa: E731
     before = seconds(start_iso, min(c["started_at"] for c in chunks))
-    print(f"before the first fit: flow start -> RUN item (cube read) {seconds(start_iso, run['created_at']):.2f} s, "
-          f"-> chunk items (chunk files) {seconds(run['created_at'], chunks[0]['created_at']):.2f} s, "
-          f"-> first claim (subflow, task submission) {seconds(chunks[0]['created_at'], min(c['started_at'] for c in chunks)):.2f} s")
+    print(
+        f"before the first fit: flow start -> RUN item (cube read) {seconds(start_iso, run['created_at']):.2f} s, "
+        f"-> chunk items (chunk files) {seconds(run['created_at'], chunks[0]['created_at']):.2f} s, "
+        "-> first claim (subflow, task submission) "
+        f"{seconds(chunks[0]['created_at'], min(c['started_at'] for c in chunks)):.2f} s"
+    )
     first = min(c["started_at"] for c in chunks)
     fitting = seconds(first, max(c["completed_at"] for c in chunks))
-    print("chunks (s from the first claim: claimed -> completed, fit in its child):",
-          ", ".join(f"{seconds(first, c['started_at']):.1f}->{seconds(first, c['completed_at']):.1f}"
-                    for c in sorted(chunks, key=lambda c: c["started_at"])))
+    print(
+        "chunks (s from the first claim: claimed -> completed, fit in its child):",
+        ", ".join(
+            f"{seconds(first, c['started_at']):.1f}->{seconds(first, c['completed_at']):.1f}"
+            for c in sorted(chunks, key=lambda c: c["started_at"])
+        ),
+    )
     return {"before": before, "fitting": fitting, "after": flow_s - before - fitting}
 
 
@@ -95,8 +104,11 @@ def orchestration_cpu() -> dict[str, float]:
             line = " ".join(child.cmdline())
             if "tasks.phspectra.worker" in line:
                 continue  # the fork server and the fits
-            name = "DynamoDB Local" if "DynamoDBLocal" in line or "java" in line else (
-                "Prefect server" if "prefect" in line or "uvicorn" in line else child.name())
+            name = (
+                "DynamoDB Local"
+                if "DynamoDBLocal" in line or "java" in line
+                else ("Prefect server" if "prefect" in line or "uvicorn" in line else child.name())
+            )
             found[name] = found.get(name, 0.0) + sum(child.cpu_times()[:2])
         except psutil.Error:
             continue
@@ -121,8 +133,11 @@ def main() -> None:
     parser.add_argument("--dask", action="store_true", help="run the flow on a Dask LocalCluster of --workers")
     parser.add_argument("--linear", action="store_true", help="also compare with --workers x one process's rate")
     parser.add_argument("--spectra", type=int, default=0, help="fit this many spectra (default: sized by --seconds)")
-    parser.add_argument("--bare-after", action="store_true",
-                        help="time the bare pool again after the flow and take the mean (a machine whose load drifts)")
+    parser.add_argument(
+        "--bare-after",
+        action="store_true",
+        help="time the bare pool again after the flow and take the mean (a machine whose load drifts)",
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -134,7 +149,9 @@ def main() -> None:
 
     calibration = ph.prepare_spectra(synthetic_cube(4, 10, args.channels, seed=1, nan_channels=0))[0]
     per_spectrum = single_process(calibration) / len(calibration)
-    n_target = args.spectra or max(args.workers * args.chunks_per_worker, int(args.seconds * args.workers / per_spectrum))
+    n_target = args.spectra or max(
+        args.workers * args.chunks_per_worker, int(args.seconds * args.workers / per_spectrum)
+    )
     nx = 50
     ny = math.ceil(n_target / nx)
     cube = synthetic_cube(ny, nx, args.channels, seed=2, nan_channels=0)
@@ -166,16 +183,16 @@ def main() -> None:
         os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://{host}:{port}"
         print("(no Java: DynamoDB records on moto's server instead of DynamoDB Local)")
     with dynamodb_local():
+        from _common import ensure_table  # dropped again at the end
         from prefect.testing.utilities import prefect_test_harness
 
-        from _common import ensure_table  # dropped again at the end
-        from tasks.core.tables import TABLE_SPECS
+        from tasks.core.registry import table_specs
 
         table = f"phspectra-bench-{uuid.uuid4().hex[:6]}"
         os.environ.update(
             TABLE_PHSPECTRA_RUNS=table, OBJECT_STORE_BASE_URL=(workdir / "objects").as_uri(), PIPELINES_USE_BLOCKS="0"
         )
-        ensure_table(table, TABLE_SPECS["phspectra_runs"])
+        ensure_table(table, table_specs()["phspectra_runs"])
         with prefect_test_harness(server_startup_timeout=180):
             from flows.phspectra_survey import phspectra_survey
 
@@ -199,7 +216,9 @@ def main() -> None:
             fit_s = sum(c["fit_ms"] for c in chunks) / 1000
             flow_components = sum(c.get("n_components", 0) for c in chunks)
             if flow_components != BARE_COMPONENTS[0]:  # same spectra, same fit: a different count is a wrong result
-                raise SystemExit(f"FAILED: the flow found {flow_components} components, the bare pool {BARE_COMPONENTS[0]}")
+                raise SystemExit(
+                    f"FAILED: the flow found {flow_components} components, the bare pool {BARE_COMPONENTS[0]}"
+                )
             print(f"components found: flow {flow_components}, bare pool {BARE_COMPONENTS[0]} (equal)")
     if args.bare_after:
         again = bare_pool(spectra, args.workers)
@@ -213,23 +232,34 @@ def main() -> None:
     print(f"\n{'':40} {'spectra/s':>10} {'flow / this':>12}")
     for name, value in results.items():
         print(f"{name:40} {value:10.1f} {results[label] / value:12.3f}")
-    print(f"\nRATIO flow/bare = {results[label] / results['bare ProcessPoolExecutor']:.3f} "
-          f"(x{args.workers} workers, {n} spectra; goal >= 0.95)")
+    print(
+        f"\nRATIO flow/bare = {results[label] / results['bare ProcessPoolExecutor']:.3f} "
+        f"(x{args.workers} workers, {n} spectra; goal >= 0.95)"
+    )
     if args.linear:
-        print(f"RATIO flow/linear = {results[label] / results['linear (1 process x workers)']:.3f} "
-              f"(x{args.workers} workers; goal >= 0.90 on 16 cores)")
-    print(f"\nflow wall {flow_s:.2f} s = before the first fit {phases['before']:.2f} s + fitting span "
-          f"{phases['fitting']:.2f} s + after the last chunk {phases['after']:.2f} s; bare pool {bare_s:.2f} s")
+        print(
+            f"RATIO flow/linear = {results[label] / results['linear (1 process x workers)']:.3f} "
+            f"(x{args.workers} workers; goal >= 0.90 on 16 cores)"
+        )
+    print(
+        f"\nflow wall {flow_s:.2f} s = before the first fit {phases['before']:.2f} s + fitting span "
+        f"{phases['fitting']:.2f} s + after the last chunk {phases['after']:.2f} s; bare pool {bare_s:.2f} s"
+    )
     # the fit work is what the flow's fitting processes report spending in fit_spectra, spread over the workers;
     # the rest of the wall time is orchestration: Prefect, DynamoDB, chunk files, Parquet, artifacts, idle cores
     used = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
-    print("CPU seconds besides the fits during the flow: " + ", ".join(f"{k} {v:.2f}" for k, v in used.items())
-          + f"; total {sum(used.values()):.2f} s = {sum(used.values()) / (flow_s * args.workers):.1%} of the "
-          f"{args.workers} cores over the flow's wall time (fits: {fit_s:.2f} s of fitting-process wall time)")
+    print(
+        "CPU seconds besides the fits during the flow: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in used.items())
+        + f"; total {sum(used.values()):.2f} s = {sum(used.values()) / (flow_s * args.workers):.1%} of the "
+        f"{args.workers} cores over the flow's wall time (fits: {fit_s:.2f} s of fitting-process wall time)"
+    )
     work_s = fit_s / args.workers
-    print(f"ORCHESTRATION SHARE = {max(0.0, flow_s - work_s) / flow_s:.1%} (flow wall {flow_s:.2f} s - fit work "
-          f"{fit_s:.2f} s / {args.workers} workers, over flow wall; goal <= 5%); "
-          f"wall time past the bare pool's: {max(0.0, flow_s - bare_s) / flow_s:.1%}")
+    print(
+        f"ORCHESTRATION SHARE = {max(0.0, flow_s - work_s) / flow_s:.1%} (flow wall {flow_s:.2f} s - fit work "
+        f"{fit_s:.2f} s / {args.workers} workers, over flow wall; goal <= 5%); "
+        f"wall time past the bare pool's: {max(0.0, flow_s - bare_s) / flow_s:.1%}"
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import dynamodb_local, rate  # noqa: E402
+from _common import dynamodb_local, rate
 
 
 def granule(i: int, tag: str, status: str = "completed", created: int = 2000) -> dict:
@@ -63,13 +63,14 @@ def main() -> None:
         suffix = uuid.uuid4().hex[:6]
         os.environ["TABLE_GRANULES"] = f"bench-granules-{suffix}"
         os.environ["TABLE_EXECUTIONS"] = f"bench-executions-{suffix}"
+        from _common import ensure_table  # dropped again at the end
+
+        from tasks.core.registry import table_specs
         from tasks.records import rules as records
         from tasks.records.rules import GRANULE
-        from _common import ensure_table  # dropped again at the end
-        from tasks.core.tables import TABLE_SPECS
 
-        ensure_table(os.environ["TABLE_GRANULES"], TABLE_SPECS["granules"])
-        ensure_table(os.environ["TABLE_EXECUTIONS"], TABLE_SPECS["executions"])
+        ensure_table(os.environ["TABLE_GRANULES"], table_specs()["granules"])
+        ensure_table(os.environ["TABLE_EXECUTIONS"], table_specs()["executions"])
         table = os.environ["TABLE_GRANULES"]
         import boto3
 
@@ -92,20 +93,28 @@ def main() -> None:
             tag = f"r{round_}"
             g = [granule(i, f"{tag}g") for i in range(bulk)]
             u = [granule(i, f"{tag}u") for i in range(bulk)]
-            add("bulk guarded (write_many)", measure(lambda: records.write_many(GRANULE, g, table), bulk))
-            add("bulk unguarded (batch_put)", measure(lambda: batch_put(u), bulk))
+            add("bulk guarded (write_many)", measure(lambda g=g: records.write_many(GRANULE, g, table), bulk))
+            add("bulk unguarded (batch_put)", measure(lambda u=u: batch_put(u), bulk))
             r = [granule(i, f"{tag}r", status="running") for i in range(bulk)]
-            add("bulk guarded running, new (insert)", measure(lambda: records.write_many(GRANULE, r, table), bulk))
+            add("bulk guarded running, new (insert)", measure(lambda r=r: records.write_many(GRANULE, r, table), bulk))
             again = [dict(x, createdAt=3000) for x in r]
-            add("bulk guarded running, existing (+ check)", measure(lambda: records.write_many(GRANULE, again, table), bulk))
+            add(
+                "bulk guarded running, existing (+ check)",
+                measure(lambda again=again: records.write_many(GRANULE, again, table), bulk),
+            )
             old = [dict(x, createdAt=1000) for x in g]
             verdicts = []
-            add("bulk guarded, all stale", measure(lambda: verdicts.extend(records.write_many(GRANULE, old, table)), bulk))
+            add(
+                "bulk guarded, all stale",
+                measure(
+                    lambda verdicts=verdicts, old=old: verdicts.extend(records.write_many(GRANULE, old, table)), bulk
+                ),
+            )
             assert {v.verdict.value for v in verdicts} == {"stale"}, "stale writes must all be dropped"
             sg = [granule(i, f"{tag}sg") for i in range(single)]
             su = [granule(i, f"{tag}su") for i in range(single)]
-            add("single guarded (write)", measure(lambda: [records.write(GRANULE, x, table) for x in sg], single))
-            add("single unguarded (put)", measure(lambda: [plain.put_item(Item=x) for x in su], single))
+            add("single guarded (write)", measure(lambda sg=sg: [records.write(GRANULE, x, table) for x in sg], single))
+            add("single unguarded (put)", measure(lambda su=su: [plain.put_item(Item=x) for x in su], single))
 
         def span(name: str) -> str:
             values = results[name]
@@ -119,10 +128,21 @@ def main() -> None:
             values = [x / y for x, y in zip(results[a], results[b])]
             return f"{min(values):.2f}" if len(values) == 1 else f"{min(values):.2f} - {max(values):.2f}"
 
-        print(f"ratio bulk guarded / unguarded:          {ratio('bulk guarded (write_many)', 'bulk unguarded (batch_put)')}")
-        print(f"ratio bulk running new / unguarded:      {ratio('bulk guarded running, new (insert)', 'bulk unguarded (batch_put)')}")
-        print(f"ratio bulk running existing / unguarded: {ratio('bulk guarded running, existing (+ check)', 'bulk unguarded (batch_put)')}")
-        print(f"ratio bulk all-stale / unguarded:        {ratio('bulk guarded, all stale', 'bulk unguarded (batch_put)')}")
+        print(
+            "ratio bulk guarded / unguarded:          "
+            f"{ratio('bulk guarded (write_many)', 'bulk unguarded (batch_put)')}"
+        )
+        print(
+            "ratio bulk running new / unguarded:      "
+            f"{ratio('bulk guarded running, new (insert)', 'bulk unguarded (batch_put)')}"
+        )
+        print(
+            "ratio bulk running existing / unguarded: "
+            f"{ratio('bulk guarded running, existing (+ check)', 'bulk unguarded (batch_put)')}"
+        )
+        print(
+            f"ratio bulk all-stale / unguarded:        {ratio('bulk guarded, all stale', 'bulk unguarded (batch_put)')}"
+        )
         print(f"ratio single guarded / unguarded:        {ratio('single guarded (write)', 'single unguarded (put)')}")
 
 

@@ -9,7 +9,8 @@ day at that rate, which retention (3 days of ended runs and events) multiplies b
 The baseline is the same run of the code in ``--before`` (a checkout of an older commit), same machine, same run.
 
     .venv/bin/python benchmarks/server_growth.py [--files 300] [--files-per-second 3.9] [--before DIR] [--json]
-    .venv/bin/python benchmarks/server_growth.py --quick     # 40 files (make test-sweep); exit 1 if nothing was measured
+    .venv/bin/python benchmarks/server_growth.py --quick     # 40 files (make test-sweep); exit 1 if nothing was
+    measured
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import landing as landing_bench  # noqa: E402 - sets the ETL's small-file settings, no blocks
-from benchmarks._common import dynamodb_local  # noqa: E402
-from deployments.dynamodb_local import free_port  # noqa: E402
-from deployments.local_stack import server_retention_env  # noqa: E402
+from benchmarks import landing as landing_bench
+from benchmarks._common import dynamodb_local
+from deployments.dynamodb_local import free_port
+from deployments.local_stack import server_retention_env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("events", "event_resources", "log", "task_run", "task_run_state", "flow_run", "flow_run_state")
@@ -45,21 +46,31 @@ ndjson_listen(merge_deployment="ndjson-merge/bench", idle_exit_seconds=float(sys
 def start_server(home: Path) -> tuple[subprocess.Popen, str]:
     """``prefect server start`` on a free port with its database in ``home``; (process, API URL) once healthy."""
     port = free_port()
-    env = {**os.environ, **server_retention_env(), "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {
+        **os.environ,
+        **server_retention_env(),
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
     for name in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
         env.pop(name, None)
     log = open(home / "server.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     api = f"http://127.0.0.1:{port}/api"
     deadline = time.monotonic() + 180
     while True:
         try:
             with urllib.request.urlopen(f"{api}/health", timeout=2):
                 return server, api
-        except OSError:
+        except OSError as error:
             if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the Prefect server did not start: see " + str(home / "server.log"))
+                raise SystemExit("the Prefect server did not start: see " + str(home / "server.log")) from error
             time.sleep(0.5)
 
 
@@ -68,11 +79,14 @@ def database_usage(db: Path) -> dict[str, int]:
     uses (its pages less the free ones, WAL checkpointed)."""
     with sqlite3.connect(db, timeout=60) as connection:
         connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        usage = {table: connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in TABLES}  # noqa: S608
-        sizes = connection.execute("SELECT m.tbl_name, SUM(d.pgsize) FROM dbstat d JOIN sqlite_master m ON m.name = d.name "
-                                   "GROUP BY m.tbl_name").fetchall()
+        usage = {table: connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in TABLES}
+        sizes = connection.execute(
+            "SELECT m.tbl_name, SUM(d.pgsize) FROM dbstat d JOIN sqlite_master m ON m.name = d.name GROUP BY m.tbl_name"
+        ).fetchall()
         usage.update({f"bytes:{table}": size for table, size in sizes if table in TABLES})
-        page_size, pages, free = (connection.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "page_count", "freelist_count"))
+        page_size, pages, free = (
+            connection.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_size", "page_count", "freelist_count")
+        )
     usage["bytes"] = (pages - free) * page_size
     return usage
 
@@ -84,16 +98,29 @@ def one_run(code: Path, files: int, per_second: float, workdir: Path) -> dict[st
     root.mkdir()
     server, api = start_server(home)
     try:
-        env = {**os.environ, "PREFECT_API_URL": api, "OBJECT_STORE_BASE_URL": root.as_uri(), "MAX_FILES_PER_MANIFEST": "10"}
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": api,
+            "OBJECT_STORE_BASE_URL": root.as_uri(),
+            "MAX_FILES_PER_MANIFEST": "10",
+        }
         env.pop("PREFECT_API_KEY", None)
-        setup = ("from prefect.client.orchestration import get_client\n"
-                 "with get_client(sync_client=True) as c: c.create_deployment(c.create_flow_from_name('ndjson-merge'), 'bench')")
+        setup = (
+            "from prefect.client.orchestration import get_client\n"
+            "with get_client(sync_client=True) as c: c.create_deployment(c.create_flow_from_name('ndjson-merge'), "
+            "'bench')"
+        )
         subprocess.run([sys.executable, "-c", setup], env=env, check=True, cwd=code)
         time.sleep(5)  # the server's own start-up writes settle
         before = database_usage(home / "prefect.db")
         idle = 15.0
-        listener = subprocess.Popen([sys.executable, "-c", LISTENER, str(code), str(idle)], env=env, cwd=code,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        listener = subprocess.Popen(
+            [sys.executable, "-c", LISTENER, str(code), str(idle)],
+            env=env,
+            cwd=code,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(10)  # its start: the flow run, the catch-up listing of an empty folder
         started = time.monotonic()
         for i in range(files):
@@ -130,15 +157,23 @@ def main() -> int:
                 shutil.rmtree(workdir, ignore_errors=True)
     per_day = 86400 * args.files_per_second
     for label, per_file in results.items():
-        rows = ", ".join(f"{table} {per_file[table]:.2f} ({per_file.get('bytes:' + table, 0):,.0f} B)" for table in TABLES)
-        print(f"{label:6}: {per_file['bytes']:,.0f} bytes per landed file ({per_file['bytes'] * per_day / 1e6:,.0f} MB a day at "
-              f"{args.files_per_second} files/s); rows (bytes with indexes) per file: {rows}")
+        rows = ", ".join(
+            f"{table} {per_file[table]:.2f} ({per_file.get('bytes:' + table, 0):,.0f} B)" for table in TABLES
+        )
+        print(
+            f"{label:6}: {per_file['bytes']:,.0f} bytes per landed file ({per_file['bytes'] * per_day / 1e6:,.0f} "
+            "MB a day at "
+            f"{args.files_per_second} files/s); rows (bytes with indexes) per file: {rows}"
+        )
     if "before" in results:
         before, now = results["before"], results["now"]
-        print(f"ratio now/before: bytes {now['bytes'] / before['bytes']:.2f}, events {now['events'] / max(before['events'], 1e-9):.2f}")
+        print(
+            f"ratio now/before: bytes {now['bytes'] / before['bytes']:.2f}, events "
+            f"{now['events'] / max(before['events'], 1e-9):.2f}"
+        )
     if args.json:
         print(json.dumps({"files": args.files, "files_per_second": args.files_per_second, **results}))
-    # the listener's run and its landed-file events must show up: none means the benchmark no longer measures the path
+    # the listener's run and its landed-file events must show up: none means the benchmark misses the path
     broken = [label for label, per_file in results.items() if per_file["events"] <= 0 or per_file["flow_run"] <= 0]
     if broken:
         print(f"WRONG: no listener run or no events recorded for {broken}")

@@ -1,6 +1,8 @@
-"""The Prefect server under load, on SQLite (``PREFECT_SERVER_DB=sqlite``) and on PostgreSQL (make up's default where installed).
+"""The Prefect server under load, on SQLite (``PREFECT_SERVER_DB=sqlite``) and on PostgreSQL (make up's default
+where installed).
 
-    .venv/bin/python benchmarks/server_load.py [--per-pipeline 2] [--databases sqlite,postgres] [--timeout 900] [--quick]
+    .venv/bin/python benchmarks/server_load.py [--per-pipeline 2] [--databases sqlite,postgres] [--timeout 900]
+    [--quick]
 
 For each database: a whole local stack of its own (``deployments.local_stack up`` in a temporary data folder, on
 free loopback ports: DynamoDB Local, the Prefect server, the process worker, every deployment and its schedules),
@@ -21,14 +23,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # (sample module, deployment) of each pipeline: the load starts the pipelines' own deployments directly
-PIPELINES = [("phspectra", "phspectra-survey/local"), ("etl", "ndjson-ingest/local"), ("video", "video-process/local"),
-             ("gpu", "gpu-job/local"), ("records", "records-ingest/local")]
+PIPELINES = [
+    ("phspectra", "phspectra-survey/local"),
+    ("etl", "ndjson-ingest/local"),
+    ("video", "video-process/local"),
+    ("gpu", "gpu-job/local"),
+    ("records", "records-ingest/local"),
+]
 from deployments.dynamodb_local import free_port  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +49,14 @@ SERVER_ERRORS = {
 
 def stack(command: str, env: dict[str, str]) -> str:
     """``python -m deployments.local_stack COMMAND`` for the stack in ``env``; its output (raises on failure)."""
-    result = subprocess.run([sys.executable, "-m", "deployments.local_stack", command], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "-m", "deployments.local_stack", command],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"local_stack {command} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result.stdout
@@ -55,7 +68,9 @@ def parameters(pipeline: str, workdir: Path, copy: int) -> dict:
 
     params = importlib.import_module(f"deployments.samples.{pipeline}").make(workdir / f"{pipeline}-{copy}")
     if pipeline == "gpu":
-        params.update(job_id=f"load-gpu-{copy}-{int(time.time())}", command=params["command"].replace(" --fail-first-attempt", ""))
+        params.update(
+            job_id=f"load-gpu-{copy}-{int(time.time())}", command=params["command"].replace(" --fail-first-attempt", "")
+        )
     if pipeline == "video":
         params["job_id"] = f"load-video-{copy}-{int(time.time())}"
     return params
@@ -69,28 +84,33 @@ def submit(per_pipeline: int, workdir: Path) -> tuple[list[str], collections.Cou
     for copy in range(per_pipeline):
         for pipeline, deployment in PIPELINES:
             try:
-                ids.append(str(run_deployment(deployment, parameters=parameters(pipeline, workdir, copy), timeout=0).id))
+                ids.append(
+                    str(run_deployment(deployment, parameters=parameters(pipeline, workdir, copy), timeout=0).id)
+                )
             except Exception as error:  # noqa: BLE001 - the server refused (e.g. 503 under load): an outcome to report
                 refused[f"{deployment}: {type(error).__name__}: {str(error)[:80]}"] += 1
     return ids, refused
 
 
 def wait_for_runs(since: datetime, timeout_s: float) -> list:
-    """Every flow run due since ``since``, once none of the non-scheduled ones is pending or running (or at the timeout)."""
+    """Every flow run due since ``since``, once none of the non-scheduled ones is pending or running (or at the
+    timeout)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterExpectedStartTime
 
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while True:
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             window = FlowRunFilter(expected_start_time=FlowRunFilterExpectedStartTime(after_=since, before_=now))
             runs, page = [], None
             while page is None or len(page) == 200:  # the API returns at most 200 per call
                 page = client.read_flow_runs(flow_run_filter=window, limit=200, offset=len(runs))
                 runs += page
             # the submitted runs and what they started; the schedules' runs are reported, not waited for
-            live = [r for r in runs if not r.auto_scheduled and (r.state_type is None or r.state_type.value not in TERMINAL)]
+            live = [
+                r for r in runs if not r.auto_scheduled and (r.state_type is None or r.state_type.value not in TERMINAL)
+            ]
             if not live or time.monotonic() > deadline:
                 flows = {f.id: f.name for f in client.read_flows(limit=200)}
                 return [(flows.get(r.flow_id, "?"), r.state_name or "?", r) for r in runs]
@@ -100,7 +120,9 @@ def wait_for_runs(since: datetime, timeout_s: float) -> list:
 def server_errors(log: Path, offset: int) -> dict[str, int]:
     """Counts of the server log's error kinds after byte ``offset``."""
     text = log.read_bytes()[offset:].decode(errors="replace") if log.exists() else ""
-    return {name: sum(1 for line in text.splitlines() if pattern.search(line)) for name, pattern in SERVER_ERRORS.items()}
+    return {
+        name: sum(1 for line in text.splitlines() if pattern.search(line)) for name, pattern in SERVER_ERRORS.items()
+    }
 
 
 def measure(database: str, per_pipeline: int, timeout_s: float, root: Path) -> dict:
@@ -116,8 +138,11 @@ def measure(database: str, per_pipeline: int, timeout_s: float, root: Path) -> d
 def _measure(database: str, per_pipeline: int, timeout_s: float, root: Path) -> dict:
     data = root / database
     env = {
-        **os.environ, "PIPELINES_DATA_DIR": str(data), "PREFECT_SERVER_DB": database,
-        "DYNAMODB_LOCAL_PORT": str(free_port()), "PREFECT_SERVER_PORT": str(free_port()),
+        **os.environ,
+        "PIPELINES_DATA_DIR": str(data),
+        "PREFECT_SERVER_DB": database,
+        "DYNAMODB_LOCAL_PORT": str(free_port()),
+        "PREFECT_SERVER_PORT": str(free_port()),
         "PREFECT_POSTGRES_PORT": str(free_port()),
     }
     env.pop("AWS_ENDPOINT_URL_DYNAMODB", None)
@@ -134,7 +159,7 @@ def _measure(database: str, per_pipeline: int, timeout_s: float, root: Path) -> 
             os.environ[name] = value
         log = data / "logs" / "prefect-server.log"
         offset = log.stat().st_size if log.exists() else 0
-        since = datetime.now(timezone.utc)
+        since = datetime.now(UTC)
         t0 = time.monotonic()
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):  # this stack's server
             submitted, refused = submit(per_pipeline, root / f"{database}-inputs")
@@ -146,10 +171,18 @@ def _measure(database: str, per_pipeline: int, timeout_s: float, root: Path) -> 
         print(stack("down", env).strip(), flush=True)
     outcomes = collections.Counter((flow, state) for flow, state, _ in runs)
     mine = collections.Counter(state for _, state, run in runs if str(run.id) in set(submitted))
-    return {"database": database, "up_s": round(up_s, 1), "load_s": round(load_s, 1), "submitted": len(submitted),
-            "refused_submissions": dict(refused), "submitted_outcomes": dict(mine),
-            "runs": len(runs), "errors": errors, "worker_error_lines": worker_errors,
-            "outcomes": {f"{flow}: {state}": n for (flow, state), n in sorted(outcomes.items())}}
+    return {
+        "database": database,
+        "up_s": round(up_s, 1),
+        "load_s": round(load_s, 1),
+        "submitted": len(submitted),
+        "refused_submissions": dict(refused),
+        "submitted_outcomes": dict(mine),
+        "runs": len(runs),
+        "errors": errors,
+        "worker_error_lines": worker_errors,
+        "outcomes": {f"{flow}: {state}": n for (flow, state), n in sorted(outcomes.items())},
+    }
 
 
 def main() -> int:
@@ -172,15 +205,24 @@ def main() -> int:
             print(json.dumps(results[-1], indent=2), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"\n{'database':10} {'refused':>7} {'runs':>5} {'completed':>9} {'not completed':>13} {'db locked':>9} {'ERROR lines':>11} {'load s':>7}")
+    print(
+        f"\n{'database':10} {'refused':>7} {'runs':>5} {'completed':>9} {'not completed':>13} {'db locked':>9} "
+        f"{'ERROR lines':>11} {'load s':>7}"
+    )
     for r in results:
         done = sum(n for k, n in r["outcomes"].items() if k.endswith(": Completed"))
-        print(f"{r['database']:10} {sum(r['refused_submissions'].values()):7} {r['runs']:5} {done:9} {r['runs'] - done:13} {r['errors']['database is locked']:9} "
-              f"{r['errors']['ERROR lines']:11} {r['load_s']:7}")
+        print(
+            f"{r['database']:10} {sum(r['refused_submissions'].values()):7} {r['runs']:5} {done:9} "
+            f"{r['runs'] - done:13} {r['errors']['database is locked']:9} "
+            f"{r['errors']['ERROR lines']:11} {r['load_s']:7}"
+        )
     if len(results) == 2:
         a, b = results
-        print(f"RATIO server ERROR lines {b['database']} / {a['database']} = "
-              f"{b['errors']['ERROR lines']}/{a['errors']['ERROR lines']}; load time {b['load_s'] / max(a['load_s'], 0.1):.2f}")
+        print(
+            f"RATIO server ERROR lines {b['database']} / {a['database']} = "
+            f"{b['errors']['ERROR lines']}/{a['errors']['ERROR lines']}; load time "
+            f"{b['load_s'] / max(a['load_s'], 0.1):.2f}"
+        )
     wrong = {r["database"]: {s: n for s, n in r["submitted_outcomes"].items() if s != "Completed"} for r in results}
     wrong = {database: states for database, states in wrong.items() if states}
     if wrong:  # a pipeline's run that did not complete under load is a wrong result, a slow one is not

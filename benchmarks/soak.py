@@ -19,7 +19,8 @@ last quarter of the arrivals, the backlog (arrived, not done) over time, lost (l
 finished nothing for 2 minutes; left while it still finishes is slow, not lost), duplicated (an ETL file
 in two manifests, merged rows beyond the files' lines) and failed counts, each stack process's memory (RSS) at the
 start and the end, the Prefect database's growth, a user's API call (the latest runs, every 2 s) p50/p95 over the
-first and the last quarter of the feed, and the server log's "database is locked" and ERROR lines. Exit code 1 on lost or duplicated data (never on a slow run).
+first and the last quarter of the feed, and the server log's "database is locked" and ERROR lines. Exit code 1 on lost
+or duplicated data (never on a slow run).
 
     .venv/bin/python benchmarks/soak.py --minutes 15 [--etl-rate 3.9] [--kill-listener-at 300] [--kill-worker-at 600]
     .venv/bin/python benchmarks/soak.py --quick     # 1.5 minutes at low rates, no kills (make test-sweep)
@@ -35,19 +36,17 @@ import os
 import random
 import shutil
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.server_load import stack  # noqa: E402
-from deployments.dynamodb_local import free_port  # noqa: E402
+from benchmarks.server_load import stack
+from deployments.dynamodb_local import free_port
 
 PIPELINES = ("etl", "video", "records", "phspectra")
 STALLED_S = 120  # an item left undone while its pipeline finished nothing for this long is counted lost
@@ -112,18 +111,22 @@ class ApiProbe:
         first = [s for t, s in self.samples if t < feed_s / 4]
         last = [s for t, s in self.samples if 3 * feed_s / 4 <= t < feed_s]
         every = [s for _, s in self.samples]
-        return (f"API (latest 25 runs, every {self.every_s:g} s): first quarter p50 {percentile(first, 0.5):.3f} s "
-                f"p95 {percentile(first, 0.95):.3f} s | last quarter p50 {percentile(last, 0.5):.3f} s "
-                f"p95 {percentile(last, 0.95):.3f} s | max {max(every, default=float('nan')):.3f} s, "
-                f"{len(every)} calls, {self.errors} failed")
+        return (
+            f"API (latest 25 runs, every {self.every_s:g} s): first quarter p50 {percentile(first, 0.5):.3f} s "
+            f"p95 {percentile(first, 0.95):.3f} s | last quarter p50 {percentile(last, 0.5):.3f} s "
+            f"p95 {percentile(last, 0.95):.3f} s | max {max(every, default=float('nan')):.3f} s, "
+            f"{len(every)} calls, {self.errors} failed"
+        )
 
 
 def server_errors(data: Path) -> str:
     """'database is locked' and ERROR lines in the stack's Prefect server log."""
     log = data / "logs" / "prefect-server.log"
     text = log.read_text(errors="replace") if log.exists() else ""
-    return (f"server log: {text.count('database is locked')} 'database is locked', "
-            f"{sum(' ERROR ' in line or '| ERROR' in line for line in text.splitlines())} ERROR lines")
+    return (
+        f"server log: {text.count('database is locked')} 'database is locked', "
+        f"{sum(' ERROR ' in line or '| ERROR' in line for line in text.splitlines())} ERROR lines"
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -135,8 +138,11 @@ def quarter_figures(ledger: Ledger) -> str:
     n = len(ledger.arrived)
     quarter = max(1, n // 4)
     first, last = ledger.latencies(slice(0, quarter)), ledger.latencies(slice(n - quarter, n))
-    return (f"start p50 {percentile(first, 0.5):6.1f} s p95 {percentile(first, 0.95):6.1f} s ({len(first)}/{quarter} done) | "
-            f"end p50 {percentile(last, 0.5):6.1f} s p95 {percentile(last, 0.95):6.1f} s ({len(last)}/{quarter} done)")
+    return (
+        f"start p50 {percentile(first, 0.5):6.1f} s p95 {percentile(first, 0.95):6.1f} s "
+        f"({len(first)}/{quarter} done) | "
+        f"end p50 {percentile(last, 0.5):6.1f} s p95 {percentile(last, 0.95):6.1f} s ({len(last)}/{quarter} done)"
+    )
 
 
 # --------------------------------------------------------------------------- feeders
@@ -147,15 +153,14 @@ class Feeders:
 
     def __init__(self, work: Path, args) -> None:
         from deployments.samples import etl as etl_sample
-
         from tasks.core.config import object_store
 
         self.work, self.args = work, args
         self.store = object_store()
         self.ledgers = {name: Ledger() for name in PIPELINES}
         self.stop = threading.Event()
-        self.date = (datetime.now(timezone.utc) - timedelta(days=1)).strftime("%Y-%m-%d")  # the flush closes it
-        self.tag = datetime.now(timezone.utc).strftime("%H%M%S")
+        self.date = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%d")  # the flush closes it
+        self.tag = datetime.now(UTC).strftime("%H%M%S")
         lines = etl_sample._records(random.Random(1), args.etl_lines)
         self.etl_lines = len(lines)
         self.etl_template = work / "etl-template.ndjson"
@@ -173,10 +178,10 @@ class Feeders:
             self.stop.wait(max(0.0, began + n * every_s - time.monotonic()))
 
     def feed_etl(self, n: int) -> None:
-        from tasks.core import keys
+        from tasks.etl import keys as etl_keys
 
         name = f"soak-{self.tag}-{n:07d}.ndjson"
-        self.store.put_file(keys.input_key(self.date, name), self.etl_template)
+        self.store.put_file(etl_keys.input_key(self.date, name), self.etl_template)
         self.ledgers["etl"].arrive(name)
 
     def feed_video(self, n: int) -> None:
@@ -187,34 +192,38 @@ class Feeders:
 
     def feed_records(self, n: int) -> None:
         from deployments.samples.records import _message
-
-        from tasks.core import keys
+        from tasks.records import keys as records_keys
 
         granules = [f"SOAK{self.tag}.A{n:05d}.h{g:02d}v00.006" for g in range(self.args.records)]
         bodies = [json.dumps(_message("completed", f"soak-{self.tag}-{n}-{g}", 1_700_000_000_000 + n, [granule]))
                   for g, granule in enumerate(granules)]  # fmt: skip
-        self.store.put_bytes(f"{keys.RECORDS_INCOMING_PREFIX}soak-{self.tag}-{n:05d}.ndjson", ("\n".join(bodies) + "\n").encode())
+        self.store.put_bytes(
+            f"{records_keys.RECORDS_INCOMING_PREFIX}soak-{self.tag}-{n:05d}.ndjson", ("\n".join(bodies) + "\n").encode()
+        )
         for granule in granules:
             self.ledgers["records"].arrive(granule)
 
     def feed_cube(self, n: int) -> None:
         from deployments.samples.phspectra import synthetic_cube, write_fits
-
-        from tasks.core import keys
+        from tasks.phspectra import keys as phspectra_keys
 
         survey = f"soak-{self.tag}-{n:04d}"
         cube = write_fits(synthetic_cube(seed=n), self.work / f"cube-{n:04d}.fits")
         cube_key = f"surveys/cubes/{survey}-cube.fits"
         self.store.put_file(cube_key, cube)
         manifest = {"survey": survey, "cubes": [cube_key], "chunk_size": 12, "fit_params": {"beta": 3.5}}
-        self.store.put_bytes(f"{keys.SURVEY_INCOMING_PREFIX}{survey}/{survey}.json", json.dumps(manifest).encode())
+        self.store.put_bytes(
+            f"{phspectra_keys.SURVEY_INCOMING_PREFIX}{survey}/{survey}.json", json.dumps(manifest).encode()
+        )
         self.ledgers["phspectra"].arrive(survey)
 
     def start(self) -> list[threading.Thread]:
         a = self.args
         plan = [(1 / a.etl_rate, self.feed_etl), (a.video_every, self.feed_video), (a.records_every, self.feed_records),
                 (a.cube_every, self.feed_cube)]  # fmt: skip
-        threads = [threading.Thread(target=self.paced, args=p, daemon=True) for p in plan if p[0] > 0 and p[0] != float("inf")]
+        threads = [
+            threading.Thread(target=self.paced, args=p, daemon=True) for p in plan if p[0] > 0 and p[0] != float("inf")
+        ]
         for thread in threads:
             thread.start()
         return threads
@@ -232,7 +241,9 @@ class Feeders:
         etl_ledger = self.ledgers["etl"]
         waiting = etl_ledger.waiting()
         if waiting:
-            found = state_store.get_many(config.table_name(etl.TRACKING), [{"date_prefix": self.date, "file_key": f} for f in waiting])
+            found = state_store.get_many(
+                config.table_name(etl.TRACKING), [{"date_prefix": self.date, "file_key": f} for f in waiting]
+            )
             for item in found:
                 status = etl.base_status(item)
                 if status == etl.COMPLETED:
@@ -260,17 +271,17 @@ class Feeders:
         """(files listed in two manifests, merged rows, rows the merged files hold) for this soak's files."""
         import pyarrow.parquet as pq
 
-        from tasks.core import keys
+        from tasks.etl import keys as etl_keys
 
         mine = set(self.ledgers["etl"].arrived)
         listed = collections.Counter()
-        for path in self.store.path(keys.manifest_key(self.date, "x")).parent.glob("*.json"):
+        for path in self.store.path(etl_keys.manifest_key(self.date, "x")).parent.glob("*.json"):
             for url in json.loads(path.read_text())["fileLocations"][0]["URIPrefixes"]:
                 name = url.rsplit("/", 1)[-1]
                 if name in mine:
                     listed[name] += 1
         rows = 0
-        for part in self.store.path(keys.merged_output_prefix(self.date) + "x").parent.glob("*.parquet"):
+        for part in self.store.path(etl_keys.merged_output_prefix(self.date) + "x").parent.glob("*.parquet"):
             rows += pq.read_metadata(part).num_rows
         return sum(n - 1 for n in listed.values() if n > 1), rows, len(self.ledgers["etl"].done) * self.etl_lines
 
@@ -359,7 +370,9 @@ def memory(data: Path) -> dict[str, float]:
     for name, pid in stack_processes(data).items():
         try:
             process = psutil.Process(pid)
-            family = [process] + (process.children(recursive=True) if name in ("prefect-server", "dynamodb", "postgres") else [])
+            family = [process] + (
+                process.children(recursive=True) if name in ("prefect-server", "dynamodb", "postgres") else []
+            )
             mb = sum(p.memory_info().rss for p in family) / 2**20
         except psutil.Error:
             mb = float("nan")
@@ -420,10 +433,16 @@ def main() -> int:
     parser.add_argument("--records-every", type=float, default=30)
     parser.add_argument("--records", type=int, default=20, help="granules per records message file")
     parser.add_argument("--cube-every", type=float, default=180)
-    parser.add_argument("--kill-listener-at", type=float, default=0, help="SIGKILL the ndjson listener S s into the feed")
+    parser.add_argument(
+        "--kill-listener-at", type=float, default=0, help="SIGKILL the ndjson listener S s into the feed"
+    )
     parser.add_argument("--kill-worker-at", type=float, default=0, help="SIGKILL the worker S s into the feed")
-    parser.add_argument("--recover-after", type=float, default=60,
-                        help="seconds after a kill to run `local_stack up` (0: the stack's own supervision)")
+    parser.add_argument(
+        "--recover-after",
+        type=float,
+        default=60,
+        help="seconds after a kill to run `local_stack up` (0: the stack's own supervision)",
+    )
     parser.add_argument("--drain", type=float, default=600, help="seconds to wait after the feed for the backlog")
     parser.add_argument("--tick", type=float, default=15, help="seconds between backlog samples")
     parser.add_argument("--quick", action="store_true", help="1.5 minutes, ETL 1 file/s, a video, records, a cube")
@@ -442,20 +461,29 @@ def main() -> int:
         env.pop(name, None)
     database = os.environ.get("PREFECT_SERVER_DB") or "make up's default (PostgreSQL where installed)"
     print(f"soak: {args.minutes:g} min; ETL {args.etl_rate:g} files/s of {args.etl_lines} lines, a video every "
-          f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every {args.cube_every:g} s; "
-          f"Prefect server on {database}; machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start",
+          f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every "
+          f"{args.cube_every:g} s; Prefect server on {database}; machine: {os.cpu_count()} cores, "
+          f"load average {os.getloadavg()[0]:.1f} at start",
           flush=True)  # fmt: skip
     t0 = time.monotonic()
     failed_exit = 0
     try:
         stack("up", env)
         chosen = data / "run" / "prefect-server.database"  # what `up` started the server on
-        print(f"(stack up in {time.monotonic() - t0:.0f} s in {data}, not counted; Prefect server on "
-              f"{chosen.read_text().strip() if chosen.exists() else 'unknown'})", flush=True)
+        print(
+            f"(stack up in {time.monotonic() - t0:.0f} s in {data}, not counted; Prefect server on "
+            f"{chosen.read_text().strip() if chosen.exists() else 'unknown'})",
+            flush=True,
+        )
         for line in (data / "local.env").read_text().splitlines():
             name, _, value = line.removeprefix("export ").partition("=")
             os.environ[name] = value
-        os.environ.update({k: env[k] for k in ("PIPELINES_DATA_DIR", "DYNAMODB_LOCAL_PORT", "PREFECT_SERVER_PORT", "PREFECT_POSTGRES_PORT")})
+        os.environ.update(
+            {
+                k: env[k]
+                for k in ("PIPELINES_DATA_DIR", "DYNAMODB_LOCAL_PORT", "PREFECT_SERVER_PORT", "PREFECT_POSTGRES_PORT")
+            }
+        )
         failed_exit = run_soak(args, root, data, env)
     finally:
         print(stack("down", env).strip(), flush=True)
@@ -468,7 +496,9 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
 
     with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
         feeders = Feeders(root, args)
-        deadline = time.monotonic() + 180  # the listeners' runs start after `up` returns: the start figures wait for them
+        deadline = (
+            time.monotonic() + 180
+        )  # the listeners' runs start after `up` returns: the start figures wait for them
         while sum(name.endswith("-listen/local") for name in stack_processes(data)) < 4 and time.monotonic() < deadline:
             time.sleep(3)
         memory_start, db_start = memory(data), database_mb(data)
@@ -480,7 +510,10 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         threads = feeders.start()
         probe = ApiProbe()
         threading.Thread(target=probe.run, daemon=True).start()
-        print(f"\n{'t (s)':>6} " + " ".join(f"{p + ' backlog':>17}" for p in PIPELINES) + f" {'load':>5} {'db MB':>7}", flush=True)
+        print(
+            f"\n{'t (s)':>6} " + " ".join(f"{p + ' backlog':>17}" for p in PIPELINES) + f" {'load':>5} {'db MB':>7}",
+            flush=True,
+        )
         backlog = []
         next_tick, flushed, stopped = began, False, False
         while True:
@@ -503,7 +536,9 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
                 feeders.check()
             except Exception as error:  # noqa: BLE001 - a busy stack answering late is a figure, not a crash
                 print(f"(check failed: {type(error).__name__}: {error})", flush=True)
-            counts = {p: (len(l.arrived), len(l.done), len(l.failed)) for p, l in feeders.ledgers.items()}
+            counts = {
+                p: (len(ledger.arrived), len(ledger.done), len(ledger.failed)) for p, ledger in feeders.ledgers.items()
+            }
             backlog.append((now, {p: a - d - f for p, (a, d, f) in counts.items()}))
             print(f"{now:6.0f} " + " ".join(f"{f'{a - d - f} ({d}/{a})':>17}" for p, (a, d, f) in counts.items())
                   + f" {os.getloadavg()[0]:5.1f} {database_mb(data):7.1f}", flush=True)  # fmt: skip
@@ -525,26 +560,36 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         last = max(list(ledger.done.values()) + [max(ledger.arrived.values(), default=end)], default=end)
         lost = left if left and end - last > STALLED_S else 0
         lost_total += lost
-        print(f"{name:10} {len(ledger.arrived):7} {len(ledger.done):6} {len(ledger.failed):6} {left:5} {lost:5}  {quarter_figures(ledger)}")
+        print(
+            f"{name:10} {len(ledger.arrived):7} {len(ledger.done):6} {len(ledger.failed):6} {left:5} {lost:5}  "
+            f"{quarter_figures(ledger)}"
+        )
         if left and not lost:
-            print(f"    {left} still in the backlog at the end, finishing ({end - last:.0f} s since the last one done): slow, not lost")
+            print(
+                f"    {left} still in the backlog at the end, finishing ({end - last:.0f} s since the last one "
+                "done): slow, not lost"
+            )
         for item, reason in list(ledger.failed.items())[:3]:
             print(f"    failed {item}: {reason[:160]}")
     etl_backlog = backlog[-1][1]["etl"] if backlog else 0
     extra_rows = max(0, rows - expected_rows) if not etl_backlog else 0  # a manifest mid-merge is not a duplicate
-    print(f"ETL duplicates: {doubles} files in two manifests; merged rows {rows} for {expected_rows} lines in the files "
-          f"merged ({extra_rows if not etl_backlog else 'not checked: a backlog is left'} beyond)")
+    print(
+        f"ETL duplicates: {doubles} files in two manifests; merged rows {rows} for {expected_rows} lines in the files "
+        f"merged ({extra_rows if not etl_backlog else 'not checked: a backlog is left'} beyond)"
+    )
     etl = feeders.ledgers["etl"]
     if etl.done:
         span = max(etl.done.values()) - min(etl.arrived.values())
-        print(f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = {len(etl.done) / span:.2f} "
-              f"files/s (offered {args.etl_rate:g}/s)")  # fmt: skip
+        print(f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = "
+              f"{len(etl.done) / span:.2f} files/s (offered {args.etl_rate:g}/s)")  # fmt: skip
     print(f"\nmemory (RSS MB)   {'start':>8} {'end':>8}")
     for name in sorted(set(memory_start) | set(memory_end)):
         print(f"  {name:28} {memory_start.get(name, float('nan')):8.0f} {memory_end.get(name, float('nan')):8.0f}")
-    landed = sum(len(l.arrived) for l in feeders.ledgers.values())
-    print(f"Prefect database: {db_start:.1f} -> {db_end:.1f} MB (+{db_end - db_start:.1f} MB for {landed} items landed, "
-          f"{(db_end - db_start) * 1024 / max(landed, 1):.1f} KB each)")
+    landed = sum(len(ledger.arrived) for ledger in feeders.ledgers.values())
+    print(
+        f"Prefect database: {db_start:.1f} -> {db_end:.1f} MB (+{db_end - db_start:.1f} MB for {landed} items landed, "
+        f"{(db_end - db_start) * 1024 / max(landed, 1):.1f} KB each)"
+    )
     print(probe.figures(feed_s))
     print(server_errors(data))
     print(f"load average at the end: {os.getloadavg()} on {os.cpu_count()} cores (shared machine: other work counts)")

@@ -25,12 +25,13 @@ def main() -> None:
         args.items, args.rounds = 200, 1
 
     with dynamodb_local():
-        from tasks.core import state_store as store
         from _common import ensure_table  # dropped again at the end
-        from tasks.core.tables import TABLE_SPECS
+
+        from tasks.core import state_store as store
+        from tasks.core.registry import table_specs
 
         name = f"bench-{uuid.uuid4().hex[:6]}"
-        ensure_table(name, TABLE_SPECS["etl_file_tracking"])
+        ensure_table(name, table_specs()["etl_file_tracking"])
         results: dict[str, list[float]] = {}
         import boto3
 
@@ -58,19 +59,31 @@ def main() -> None:
 
                 def conditional_puts(chunk):
                     for item in chunk:
-                        store.create_if_absent(name, {**item, "file_key": item["file_key"] + "c"}, ["date_prefix", "file_key"])
+                        store.create_if_absent(
+                            name, {**item, "file_key": item["file_key"] + "c"}, ["date_prefix", "file_key"]
+                        )
 
-                def claims(chunk):
+                def claims(chunk, tag=tag):
                     for item in chunk:  # one guarded claim per request (the contended race is in the tests)
-                        store.transition(name, {"date_prefix": tag, "file_key": item["file_key"]}, "pending#0", "manifested#0")
+                        store.transition(
+                            name, {"date_prefix": tag, "file_key": item["file_key"]}, "pending#0", "manifested#0"
+                        )
 
-                def bulk_claims(chunk):
-                    store.transition_many(name, [({"date_prefix": tag, "file_key": i["file_key"] + "c"}, "pending#0", "manifested#0", None) for i in chunk])
+                def bulk_claims(chunk, tag=tag):
+                    store.transition_many(
+                        name,
+                        [
+                            ({"date_prefix": tag, "file_key": i["file_key"] + "c"}, "pending#0", "manifested#0", None)
+                            for i in chunk
+                        ],
+                    )
 
                 record(f"put_item x{threads}", timed(run_threads, threads, plain_puts, plain), args.items)
                 record(f"create_if_absent x{threads}", timed(run_threads, threads, conditional_puts, plain), args.items)
                 record(f"transition (claim) x{threads}", timed(run_threads, threads, claims, plain), args.items)
-                record(f"transition_many (claim) x{threads}", timed(run_threads, threads, bulk_claims, plain), args.items)
+                record(
+                    f"transition_many (claim) x{threads}", timed(run_threads, threads, bulk_claims, plain), args.items
+                )
 
         print(f"{'operation':34} {'ops/s (median)':>15} {'ratio to put_item':>18}")
         for label, rates in results.items():

@@ -1,17 +1,17 @@
 """Video pipeline benchmark (seed 003): the whole flow against a bare ffmpeg script, and the task bodies.
 
     .venv/bin/python benchmarks/video.py [--quick [--flow]] [--repeat N] [--seconds S] [--size WxH] [--no-flow]
-    .venv/bin/python benchmarks/video.py --gray-only     # issue 16 goal 2 only: RATIO flow/bare
+    .venv/bin/python benchmarks/video.py --gray-only     # the whole-flow goal only: RATIO flow/bare
     .venv/bin/python benchmarks/video.py --model [--quick]  # text-redact backend frames/s against grayscale
-    .venv/bin/python benchmarks/video.py --user-path [--quick]  # issue 25 goal 1 only: RATIO user/bare
+    .venv/bin/python benchmarks/video.py --user-path [--quick]  # the user's-path goal only: RATIO user/bare
 
-User's path (issue 25, goal 1): a job created with the grayscale mode and 4 s segments, its upload in place, then
+User's path: a job created with the grayscale mode and 4 s segments, its upload in place, then
 what `prefect deployment run 'video-process/local' -p job_id=…` does (the same API call), on the server and process
 worker that `make up` starts (here in a folder of their own, with `make up`'s settings), until final.mp4 exists;
 against the same bare script, interleaved; prints ``RATIO user/bare = X`` (goal <= 1.3), the orchestration share
 and where the seconds went: the worker's pickup, the flow-run process's start, the flow body.
 
-Whole flow (issue 16, goal 2): `video-process` on a 60 s 720p clip with the grayscale mode, through a Prefect
+Whole flow: `video-process` on a 60 s 720p clip with the grayscale mode, through a Prefect
 server, reassembly included, against a bare script doing the same ffmpeg work (segment, grayscale each part
 with as many processes at once as the flow's ``max_parallel_segments``, concat), interleaved in the same run;
 prints ``RATIO flow/bare = X`` (goal <= 1.3) and the orchestration share, 1 - bare/flow (goal <= 5%).
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
-from benchmarks._common import dynamodb_local  # noqa: E402
+from benchmarks._common import dynamodb_local
 
 
 def make_source(path: Path, seconds: float, size: str, fps: int, keyframe_seconds: float) -> Path:
@@ -52,8 +52,21 @@ def make_source(path: Path, seconds: float, size: str, fps: int, keyframe_second
     gop = int(fps * keyframe_seconds)
     video = ffmpeg.input(f"testsrc2=size={size}:rate={fps}:duration={seconds}", f="lavfi")
     audio = ffmpeg.input(f"sine=frequency=440:duration={seconds}", f="lavfi")
-    run(ffmpeg.output(video, audio, str(path), vcodec="libx264", preset="ultrafast", g=gop, keyint_min=gop,
-                      sc_threshold=0, **{"b:v": "12M"}, pix_fmt="yuv420p", acodec="aac"))
+    run(
+        ffmpeg.output(
+            video,
+            audio,
+            str(path),
+            vcodec="libx264",
+            preset="ultrafast",
+            g=gop,
+            keyint_min=gop,
+            sc_threshold=0,
+            **{"b:v": "12M"},
+            pix_fmt="yuv420p",
+            acodec="aac",
+        )
+    )
     return path
 
 
@@ -72,9 +85,9 @@ def raw_baseline(source: Path, work: Path, segment_seconds: float) -> float:
 
 
 def _new_job(source: Path, segment_seconds: float) -> str:
-    from tasks.core import keys
-    from tasks.video import jobs as v
     from tasks.core.config import object_store
+    from tasks.video import jobs as v
+    from tasks.video import keys
 
     job_id = v.create_job(f"bench-{uuid.uuid4().hex[:10]}", "identity", segment_seconds)["job_id"]
     object_store().put_file(keys.source_key(job_id), source)  # the user's upload: not timed
@@ -147,16 +160,21 @@ def bare_grayscale(source: Path, work: Path, segment_seconds: float, workers: in
 
 def grayscale_flow(source: Path, segment_seconds: float, workers: int) -> tuple[float, dict]:
     """The whole `video-process` flow (grayscale, reassembly included) through the Prefect server; upload not timed."""
-    from tasks.core import keys
+    from flows.video import video_process
     from tasks.core.config import object_store
     from tasks.video import jobs as v
-    from flows.video import video_process
+    from tasks.video import keys
 
     job_id = v.create_job(f"bench-gray-{uuid.uuid4().hex[:10]}", "grayscale", segment_seconds)["job_id"]
     object_store().put_file(keys.source_key(job_id), source)
     start = time.perf_counter()
-    job = video_process(job_id=job_id, segment_seconds=segment_seconds, mode="grayscale", backend="ffmpeg",
-                        max_parallel_segments=workers)
+    job = video_process(
+        job_id=job_id,
+        segment_seconds=segment_seconds,
+        mode="grayscale",
+        backend="ffmpeg",
+        max_parallel_segments=workers,
+    )
     elapsed = time.perf_counter() - start
     assert job["status"] == "completed" and job["final_frames"] == job["source_frames"], job
     return elapsed, job
@@ -175,7 +193,12 @@ def backend_throughput(
     for mode in modes:
         start = time.perf_counter()
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda ip: infer("ffmpeg", ip[1], work / f"tp-{mode}-{ip[0]}.mp4", mode), enumerate(parts)))
+            list(
+                pool.map(
+                    lambda ip, mode=mode: infer("ffmpeg", ip[1], work / f"tp-{mode}-{ip[0]}.mp4", mode),
+                    enumerate(parts),
+                )
+            )
         rates[mode] = frames / (time.perf_counter() - start)
     return {"frames": frames, "frames_per_s": rates}
 
@@ -194,13 +217,23 @@ def model_vs_grayscale(source: Path, work: Path, segment_seconds: float, workers
     for backend, mode in (("ffmpeg", "grayscale"), ("text-redact", "grayscale")):
         start = time.perf_counter()
         with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda ip: infer(backend, ip[1], work / f"m-{backend}-{ip[0]}.mp4", mode, batch_size=batch_size),
-                          enumerate(parts)))
+            list(
+                pool.map(
+                    lambda ip, backend=backend, mode=mode: infer(
+                        backend, ip[1], work / f"m-{backend}-{ip[0]}.mp4", mode, batch_size=batch_size
+                    ),
+                    enumerate(parts),
+                )
+            )
         rates[backend] = frames / (time.perf_counter() - start)
-        print(f"{backend:<12} backend, grayscale: {rates[backend]:7.1f} frames/s "
-              f"({frames} frames, {workers} segments at once)")
-    print(f"text-redact on {model.provider()}, batches of {batch_size}; "
-          f"RATIO model/grayscale = {rates['text-redact'] / rates['ffmpeg']:.3f} (frames/s)")
+        print(
+            f"{backend:<12} backend, grayscale: {rates[backend]:7.1f} frames/s "
+            f"({frames} frames, {workers} segments at once)"
+        )
+    print(
+        f"text-redact on {model.provider()}, batches of {batch_size}; "
+        f"RATIO model/grayscale = {rates['text-redact'] / rates['ffmpeg']:.3f} (frames/s)"
+    )
 
 
 def spread(values: list[float]) -> str:
@@ -208,7 +241,7 @@ def spread(values: list[float]) -> str:
 
 
 def whole_flow_vs_bare(source: Path, work: Path, segment_seconds: float, repeat: int, workers: int) -> None:
-    """Issue 16 goal 2: `video-process` (grayscale, through a Prefect server) against the bare script, interleaved."""
+    """`video-process` (grayscale, through a Prefect server) against the bare script, interleaved."""
     from prefect.testing.utilities import prefect_test_harness
 
     t0 = time.perf_counter()
@@ -227,7 +260,7 @@ def whole_flow_vs_bare(source: Path, work: Path, segment_seconds: float, repeat:
     print(f"orchestration + bookkeeping share of the flow's wall time: {(1 - 1 / ratio) * 100:.1f}% (goal <= 5%)")
 
 
-# --------------------------------------------------------------------------- issue 25: the user's path
+# --------------------------------------------------------------------------- the user's path
 
 
 @contextlib.contextmanager
@@ -245,13 +278,15 @@ def local_stack_pieces(work: Path):
     saved = dict(os.environ)
     os.environ.update({
         "PIPELINES_DATA_DIR": str(work / "stack"), "PREFECT_SERVER_PORT": str(free_port()),
-        "PREFECT_POSTGRES_PORT": str(free_port()), "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
+        "PREFECT_POSTGRES_PORT": str(free_port()),
+        "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
     })  # fmt: skip
     from deployments import local_stack as stack  # reads the folder and ports above
 
     try:
         t0 = time.perf_counter()
-        stack.start_postgres()  # the server's database as `make up` chooses it (SQLite, with a warning, where it cannot)
+        # the server's database as `make up` chooses it (SQLite, with a warning, where it cannot)
+        stack.start_postgres()
         stack.start_prefect_server()
         os.environ.update(stack.local_env())
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
@@ -260,7 +295,10 @@ def local_stack_pieces(work: Path):
                            "--name", "video-listen/local", quiet=True)  # fmt: skip
             stack.start_worker()
             stack.ensure_listeners(worker_restarted=True)
-            print(f"(server, pools, deployments, worker and video listener up in {time.perf_counter() - t0:.1f} s, not counted)")
+            print(
+                f"(server, pools, deployments, worker and video listener up in {time.perf_counter() - t0:.1f} s, "
+                "not counted)"
+            )
             yield stack
     finally:
         with contextlib.suppress(Exception):
@@ -288,9 +326,9 @@ def user_path(source: Path, segment_seconds: float, timeout_s: float = 900) -> d
 
     from prefect.client.orchestration import get_client
 
-    from tasks.core import keys
     from tasks.core.config import object_store
     from tasks.video import jobs as v
+    from tasks.video import keys
 
     job_id = v.create_job(f"bench-user-{uuid.uuid4().hex[:10]}", "grayscale", segment_seconds)["job_id"]
     store = object_store()
@@ -308,7 +346,9 @@ def user_path(source: Path, segment_seconds: float, timeout_s: float = 900) -> d
                 run = run or _run_of_job(client, job_id)
                 state = run and client.read_flow_run(run.id).state
                 if state and state.is_final() and not final.exists():
-                    raise RuntimeError(f"run {run.id} for job {job_id} ended {state.name} without final.mp4: {state.message}")
+                    raise RuntimeError(
+                        f"run {run.id} for job {job_id} ended {state.name} without final.mp4: {state.message}"
+                    )
             time.sleep(0.02)
         elapsed = time.perf_counter() - start
         seen = datetime.now().astimezone()
@@ -321,7 +361,10 @@ def user_path(source: Path, segment_seconds: float, timeout_s: float = 900) -> d
 
         task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])), limit=200)
     job = v.get_job(job_id)
-    assert state.is_completed() and job["status"] == "completed" and job["final_frames"] == job["source_frames"], (state, job)
+    assert state.is_completed() and job["status"] == "completed" and job["final_frames"] == job["source_frames"], (
+        state,
+        job,
+    )
     tasks: dict[str, list[float]] = {}
     for task_run in task_runs:  # per task name: its runs' own seconds (the task body, as Prefect timed it)
         tasks.setdefault(task_run.name.rsplit("-", 1)[0], []).append(task_run.total_run_time.total_seconds())
@@ -363,20 +406,31 @@ def user_path_vs_bare(source: Path, work: Path, segment_seconds: float, repeat: 
             users.append(user_path(source, segment_seconds))
     median = statistics.median
     print(f"plain ffmpeg script, segment+grayscale+concat ({workers} at once): {spread(bare)}")
-    print(f"the project's ffmpeg calls alone (segment/transform/concat):   {spread(ours)}  "
-          f"ratio {median(ours) / median(bare):.2f}")
+    print(
+        f"the project's ffmpeg calls alone (segment/transform/concat):   {spread(ours)}  "
+        f"ratio {median(ours) / median(bare):.2f}"
+    )
     print(f"user path, upload until final.mp4:                              {spread([u['elapsed'] for u in users])}")
-    print("  where (median s): " + ", ".join(
-        f"{part} {median(u[part] for u in users):.2f}" for part in ("listener", "poll", "start", "body")))
+    print(
+        "  where (median s): "
+        + ", ".join(f"{part} {median(u[part] for u in users):.2f}" for part in ("listener", "poll", "start", "body"))
+    )
     names = sorted({name for u in users for name in u["tasks"]})
     print("  task runs in the flow (median of runs: count x, seconds summed over its runs): " + ", ".join(
-        f"{name} {median(u['tasks'].get(name, (0, 0))[0] for u in users):g}x {median(u['tasks'].get(name, (0, 0))[1] for u in users):.2f}"
+        f"{name} {median(u['tasks'].get(name, (0, 0))[0] for u in users):g}x "
+        f"{median(u['tasks'].get(name, (0, 0))[1] for u in users):.2f}"
         for name in names))  # fmt: skip
     best = min(u["elapsed"] for u in users) / min(bare)
     ratio = median(u["elapsed"] for u in users) / median(bare)
-    print(f"RATIO user/bare = {ratio:.2f} (medians; best of {repeat} each: {best:.2f}) (goal <= 1.3; bare = plain ffmpeg CLI script)")
-    print(f"orchestration share of the user's wait: {(1 - median(ours) / median(u['elapsed'] for u in users)) * 100:.1f}% "
-          f"(past the project's own ffmpeg calls); ffmpeg layer share: {(1 - median(bare) / median(ours)) * 100:.1f}%")
+    print(
+        f"RATIO user/bare = {ratio:.2f} (medians; best of {repeat} each: {best:.2f}) (goal <= 1.3; bare = plain "
+        "ffmpeg CLI script)"
+    )
+    print(
+        "orchestration share of the user's wait: "
+        f"{(1 - median(ours) / median(u['elapsed'] for u in users)) * 100:.1f}% "
+        f"(past the project's own ffmpeg calls); ffmpeg layer share: {(1 - median(bare) / median(ours)) * 100:.1f}%"
+    )
 
 
 def main() -> None:
@@ -386,17 +440,32 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="source length (default 60, quick 12)")
     parser.add_argument("--size", default=None, help="source size (default 1280x720, quick 320x240)")
     parser.add_argument("--segment-seconds", type=float, default=4.0)
-    parser.add_argument("--workers", type=int, default=min(32, (os.cpu_count() or 2) + 4),
-                        help="segments processed at once by the task bodies (Prefect's thread pool default)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=min(32, (os.cpu_count() or 2) + 4),
+        help="segments processed at once by the task bodies (Prefect's thread pool default)",
+    )
     parser.add_argument("--no-flow", action="store_true", help="skip the Prefect flow measurement")
-    parser.add_argument("--flow", action="store_true", help="with --quick: measure the Prefect flow too (+~45 s server start)")
-    parser.add_argument("--gray-only", action="store_true",
-                        help="only the whole-flow grayscale measurement against the bare script (issue 16, goal 2)")
-    parser.add_argument("--model", action="store_true",
-                        help="only the text-redact backend's frames/s against the grayscale ffmpeg backend")
+    parser.add_argument(
+        "--flow", action="store_true", help="with --quick: measure the Prefect flow too (+~45 s server start)"
+    )
+    parser.add_argument(
+        "--gray-only",
+        action="store_true",
+        help="only the whole-flow grayscale measurement against the bare ffmpeg script (no user path, no task bodies)",
+    )
+    parser.add_argument(
+        "--model",
+        action="store_true",
+        help="only the text-redact backend's frames/s against the grayscale ffmpeg backend",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="with --model: frames per run of the detector")
-    parser.add_argument("--user-path", action="store_true",
-                        help="only the user's path: `deployment run` on a local stack's worker until final.mp4 (issue 25)")
+    parser.add_argument(
+        "--user-path",
+        action="store_true",
+        help="only the user's path (`deployment run` on a local stack's worker to final.mp4) against the bare script",
+    )
     args = parser.parse_args()
     seconds = args.seconds or (12.0 if args.quick else 60.0)
     size = args.size or ("320x240" if args.quick else "1280x720")
@@ -414,25 +483,29 @@ def main() -> None:
         os.environ["OBJECT_STORE_BASE_URL"] = (work / "objects").as_uri()
         os.environ["PIPELINES_USE_BLOCKS"] = "0"
         from benchmarks._common import ensure_table  # dropped again at the end
-        from tasks.core.tables import TABLE_SPECS, default_names
+        from tasks.core.registry import default_table_names, table_specs
 
         suffix = uuid.uuid4().hex[:6]
-        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_names("bench").items()}
-        for logical in TABLE_SPECS:
+        names = {logical: f"{name}-bench-{suffix}" for logical, name in default_table_names("bench").items()}
+        for logical in table_specs():
             os.environ[f"TABLE_{logical.upper()}"] = names[logical]
         for logical in ("video_jobs", "video_segment_completions", "video_reassembly_locks"):
-            ensure_table(names[logical], TABLE_SPECS[logical])
+            ensure_table(names[logical], table_specs()[logical])
 
         t0 = time.perf_counter()
         source = make_source(work / "source.mp4", seconds, size, 30, args.segment_seconds / 2)
         from tasks.video.ffmpeg import probe
 
         info = probe(source)
-        print(f"source: {seconds:g} s {size} 30 fps, {info.frames} frames, {source.stat().st_size / 1e6:.1f} MB "
-              f"(generated in {time.perf_counter() - t0:.1f} s); segments of {args.segment_seconds:g} s")
+        print(
+            f"source: {seconds:g} s {size} 30 fps, {info.frames} frames, {source.stat().st_size / 1e6:.1f} MB "
+            f"(generated in {time.perf_counter() - t0:.1f} s); segments of {args.segment_seconds:g} s"
+        )
 
         if args.user_path or not (args.no_flow or args.gray_only):
-            user_path_vs_bare(source, work, args.segment_seconds, 2 if args.repeat is None else repeat, os.cpu_count() or 2)
+            user_path_vs_bare(
+                source, work, args.segment_seconds, 2 if args.repeat is None else repeat, os.cpu_count() or 2
+            )
         if args.user_path:
             return
         if not args.no_flow:
@@ -448,10 +521,14 @@ def main() -> None:
             phases.append(done["phases"])
             assert done["frames"] == info.frames, (done["frames"], info.frames)
         print(f"raw ffmpeg segment+concat:        {spread(raw)}")
-        print(f"pipeline task bodies:             {spread(tasks_only)}  "
-              f"ratio {statistics.median(tasks_only) / statistics.median(raw):.2f}x (goal <= 1.3x)")
-        print("  phases (median s): " + ", ".join(
-            f"{name} {statistics.median(p[name] for p in phases):.2f}" for name in phases[0]))
+        print(
+            f"pipeline task bodies:             {spread(tasks_only)}  "
+            f"ratio {statistics.median(tasks_only) / statistics.median(raw):.2f}x (goal <= 1.3x)"
+        )
+        print(
+            "  phases (median s): "
+            + ", ".join(f"{name} {statistics.median(p[name] for p in phases):.2f}" for name in phases[0])
+        )
 
         if not args.no_flow and (args.flow or not args.quick):
             from prefect.testing.utilities import prefect_test_harness
@@ -464,8 +541,10 @@ def main() -> None:
                     raw_flow = raw_baseline(source, work / "raw", args.segment_seconds)
                     flow_times.append(pipeline_flow(source, args.segment_seconds)[0])
                     raw.append(raw_flow)
-            print(f"pipeline video-process flow:      {spread(flow_times)}  "
-                  f"ratio {statistics.median(flow_times) / statistics.median(raw):.2f}x (goal <= 1.3x)")
+            print(
+                f"pipeline video-process flow:      {spread(flow_times)}  "
+                f"ratio {statistics.median(flow_times) / statistics.median(raw):.2f}x (goal <= 1.3x)"
+            )
 
         cpus = os.cpu_count() or 2
         tp = backend_throughput(source, work, args.segment_seconds, modes, cpus)

@@ -55,7 +55,9 @@ def main() -> int:
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="video-gpu-") as tmp:
         work = Path(tmp)
-        source = video_ffmpeg.make_test_video(work / "source.mp4", seconds=6.0, fps=30, size="1280x720", keyframe_seconds=1.0)
+        source = video_ffmpeg.make_test_video(
+            work / "source.mp4", seconds=6.0, fps=30, size="1280x720", keyframe_seconds=1.0
+        )
         parts = video_ffmpeg.segment(source, work / "parts", 1.0)
         source_info = video_ffmpeg.probe(source)
         check(len(parts) == 6, f"6 segments (got {len(parts)})", failures)
@@ -67,18 +69,32 @@ def main() -> int:
                 outputs.append(out)
             infos = [video_ffmpeg.probe(o) for o in outputs]
             check(all(codec_of(o) == "h264" for o in outputs), f"{mode}: outputs are H.264 from h264_nvenc", failures)
-            check([i.frames for i in infos] == [video_ffmpeg.probe(p).frames for p in parts],
-                  f"{mode}: every segment keeps its frame count", failures)
+            check(
+                [i.frames for i in infos] == [video_ffmpeg.probe(p).frames for p in parts],
+                f"{mode}: every segment keeps its frame count",
+                failures,
+            )
             check(all(i.has_audio for i in infos), f"{mode}: audio kept", failures)
             final = work / f"{mode}-final.mp4"
             video_ffmpeg.concat(outputs, final)
             info = video_ffmpeg.probe(final)
-            check(abs(info.frames - source_info.frames) <= len(parts) - 1,
-                  f"{mode}: final has {info.frames} frames (source {source_info.frames})", failures)
+            check(
+                abs(info.frames - source_info.frames) <= len(parts) - 1,
+                f"{mode}: final has {info.frames} frames (source {source_info.frames})",
+                failures,
+            )
             if mode == "grayscale":
-                check(mean_chroma_gap(final) < 3, f"grayscale: R and B means agree ({mean_chroma_gap(final):.2f})", failures)
+                check(
+                    mean_chroma_gap(final) < 3,
+                    f"grayscale: R and B means agree ({mean_chroma_gap(final):.2f})",
+                    failures,
+                )
             if mode == "scale":
-                check((info.width, info.height) == (640, 360), f"scale: 640x360 (got {info.width}x{info.height})", failures)
+                check(
+                    (info.width, info.height) == (640, 360),
+                    f"scale: 640x360 (got {info.width}x{info.height})",
+                    failures,
+                )
 
         frames = sum(video_ffmpeg.probe(p).frames for p in parts)
         for backend in ("gpu", "ffmpeg"):
@@ -86,7 +102,10 @@ def main() -> int:
             for index, part in enumerate(parts):
                 video_inference.infer(backend, part, work / f"speed-{backend}-{index}.mp4", "grayscale")
             elapsed = time.perf_counter() - start
-            print(f"{backend:6s} backend grayscale 1280x720: {frames / elapsed:7.1f} frames/s ({frames} frames, {elapsed:.2f} s)")
+            print(
+                f"{backend:6s} backend grayscale 1280x720: {frames / elapsed:7.1f} frames/s ({frames} frames, "
+                f"{elapsed:.2f} s)"
+            )
     print("ALL CHECKS PASSED" if not failures else f"{len(failures)} CHECK(S) FAILED: {failures}")
     return 0 if not failures else 1
 

@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.video import ffmpeg as video_ffmpeg  # noqa: E402
-from tasks.video import model  # noqa: E402
+from tasks.video import ffmpeg as video_ffmpeg
+from tasks.video import model
 
 TEXT_AT = (40, 60)
 
@@ -36,21 +36,49 @@ def text_frames(path: Path, size: str, count: int) -> tuple[list[np.ndarray], tu
     """``count`` BGR frames with the same black text on a white band over a moving pattern, and the text's area."""
     import av
 
-    drawn = (f"testsrc2=size={size}:rate=25,drawbox=x=0:y={TEXT_AT[1] - 10}:w=iw:h=50:color=white:t=fill,"
-             f"drawtext=text='HELLO WORLD 42':fontsize=28:fontcolor=black:x={TEXT_AT[0]}:y={TEXT_AT[1]}")
-    subprocess.run([video_ffmpeg.ffmpeg_exe(), "-v", "error", "-y", "-f", "lavfi", "-i", drawn, "-frames:v",
-                    str(count), "-c:v", "libx264", "-preset", "veryfast", "-crf", "18", "-pix_fmt", "yuv420p",
-                    str(path)], check=True)
+    drawn = (
+        f"testsrc2=size={size}:rate=25,drawbox=x=0:y={TEXT_AT[1] - 10}:w=iw:h=50:color=white:t=fill,"
+        f"drawtext=text='HELLO WORLD 42':fontsize=28:fontcolor=black:x={TEXT_AT[0]}:y={TEXT_AT[1]}"
+    )
+    subprocess.run(
+        [
+            video_ffmpeg.ffmpeg_exe(),
+            "-v",
+            "error",
+            "-y",
+            "-f",
+            "lavfi",
+            "-i",
+            drawn,
+            "-frames:v",
+            str(count),
+            "-c:v",
+            "libx264",
+            "-preset",
+            "veryfast",
+            "-crf",
+            "18",
+            "-pix_fmt",
+            "yuv420p",
+            str(path),
+        ],
+        check=True,
+    )
     with av.open(str(path)) as container:
         frames = [frame.to_ndarray(format="bgr24") for frame in container.decode(video=0)]
-    band = frames[0][TEXT_AT[1] - 8:TEXT_AT[1] + 38]
+    band = frames[0][TEXT_AT[1] - 8 : TEXT_AT[1] + 38]
     rows, cols = np.nonzero(band.max(axis=2) < 100)
     area = (int(cols.min()), int(rows.min()) + TEXT_AT[1] - 8, int(cols.max()) + 1, int(rows.max()) + TEXT_AT[1] - 7)
     return frames, area
 
 
-def session(threads: int | None = None, spinning: bool = True, mem_pattern: bool = True, parallel: bool = False,
-            tuned: bool = False):
+def session(
+    threads: int | None = None,
+    spinning: bool = True,
+    mem_pattern: bool = True,
+    parallel: bool = False,
+    tuned: bool = False,
+):
     """A CPU session: onnxruntime's defaults, or the module's tuned options, or defaults with one knob changed."""
     import onnxruntime
 
@@ -77,7 +105,7 @@ def run_variant(net, frames: list[np.ndarray], batch: int, scale: float) -> tupl
         model.detect(frames[:batch], net)  # first run: allocations, not per-frame work
         start = time.perf_counter()
         for i in range(0, len(frames), batch):
-            boxes += model.detect(frames[i:i + batch], net)
+            boxes += model.detect(frames[i : i + batch], net)
         return len(frames) / (time.perf_counter() - start), boxes
     finally:
         model.MAX_SIDE = max_side
@@ -100,8 +128,12 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=None, help="frames per variant (default 64, quick 16)")
     parser.add_argument("--repeat", type=int, default=None, help="interleaved repeats (default 3, quick 1)")
     parser.add_argument("--size", default="320x240")
-    parser.add_argument("--load", type=int, default=0,
-                        help="busy processes running beside the measurement (the other pipelines on a shared machine)")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="busy processes running beside the measurement (the other pipelines on a shared machine)",
+    )
     args = parser.parse_args()
     count = args.frames or (16 if args.quick else 64)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -140,8 +172,10 @@ def main() -> int:
     for process in busy:
         process.terminate()
     base = best["frame-by-frame-default"]
-    print(f"{count} frames of {args.size}, best of {repeat}, {cores} cores, load average {load[0]:.2f} "
-          f"{load[1]:.2f} {load[2]:.2f}, {args.load} busy processes beside it; provider CPUExecutionProvider")
+    print(
+        f"{count} frames of {args.size}, best of {repeat}, {cores} cores, load average {load[0]:.2f} "
+        f"{load[1]:.2f} {load[2]:.2f}, {args.load} busy processes beside it; provider CPUExecutionProvider"
+    )
     for name, rate in best.items():
         print(f"  {name:32s} {rate:7.1f} frames/s  {rate / base:5.2f}x")
     print(f"RATIO tuned/frame-by-frame-default = {best['tuned'] / base:.2f} (frames/s)")

@@ -36,7 +36,7 @@ class ConfigBlock(Block):
         return values
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _saved_block(cls: type[ConfigBlock], name: str) -> ConfigBlock | None:
     """The saved block, or None when there is no API to ask or no such block (cached per process)."""
     if os.environ.get("PIPELINES_USE_BLOCKS", "1") == "0":
@@ -49,10 +49,12 @@ def _saved_block(cls: type[ConfigBlock], name: str) -> ConfigBlock | None:
         return cls.load(name, validate=False)
     except (ValueError, KeyError):  # not registered or not saved
         return None
-    except Exception as error:  # API unreachable: the defaults still work, but say so
+    except Exception as error:  # noqa: BLE001 - API unreachable (any client error): the defaults still work, but say so
         import logging
 
-        logging.getLogger(__name__).warning("could not load block %s/%s (%s); using defaults", cls.__name__, name, error)
+        logging.getLogger(__name__).warning(
+            "could not load block %s/%s (%s); using defaults", cls.__name__, name, error
+        )
         return None
 
 

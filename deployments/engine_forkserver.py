@@ -1,11 +1,11 @@
 """A fork server for the local worker's flow runs: Prefect imported once, each run a fork of it.
 
 Starting a flow run is a new Python process that imports Prefect, prefect-aws and the pipelines' libraries before
-the flow's first line: about 1.5 s of the ~2 s a `deployment run` waits on 2 cores (issue 25). The server imports
+the flow's first line: about 1.5 s of the ~2 s a `deployment run` waits on 2 cores. The server imports
 those libraries once, then forks a child per run; the child takes the caller's standard streams, environment,
 working folder and ``sys.path``, refreshes Prefect's settings and logging from that environment, and runs
 ``python -m prefect.engine`` as the caller would have. The pipelines' own code (``flows``, ``tasks``, ``blocks``) is
-not preloaded: each run imports it fresh, so an edit is picked up by the next run as before.
+not preloaded: each run imports it fresh, so the next run picks up an edit, as without the fork server.
 
     python deployments/engine_forkserver.py serve SOCKET -- WORKER COMMAND...   # `make up`: the worker beside it
     python deployments/engine_forkserver.py run SOCKET                          # the pool's command for a run
@@ -32,9 +32,9 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import stat
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -65,7 +65,9 @@ def _private_folder_module():
     """``tasks/core/private_folder.py`` loaded by its path (``run`` starts with ``deployments/`` as its path)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasks", "core", "private_folder.py")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tasks", "core", "private_folder.py"
+    )
     spec = importlib.util.spec_from_file_location("_pipelines_private_folder", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -120,7 +122,9 @@ def run(socket_path: str) -> None:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     cwd = os.getcwd()
-    request = json.dumps({"env": dict(os.environ), "cwd": cwd, "path": [cwd, *sys.path[1:]], "argv": sys.argv[3:]}).encode()
+    request = json.dumps(
+        {"env": dict(os.environ), "cwd": cwd, "path": [cwd, *sys.path[1:]], "argv": sys.argv[3:]}
+    ).encode()
     socket.send_fds(server, [HEADER.pack(len(request))], [0, 1, 2])
     server.sendall(request)
     replies = server.makefile("r", encoding="ascii")
@@ -186,7 +190,7 @@ def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
         else:
             print(exit_.code, file=sys.stderr)
             code = 1
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - the run's child reports any failure and exits 1, never unwinds
         traceback.print_exc()
         code = 1
     # what the interpreter does at exit (wait for threads, atexit: Prefect flushes its logs to the API), without
@@ -198,7 +202,7 @@ def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
-            except Exception:
+            except Exception:  # noqa: BLE001 - a closed or broken stream must not keep the child from exiting
                 pass
         os._exit(code)
 
@@ -255,7 +259,10 @@ class ForkServer:
             except Exception as error:  # noqa: BLE001 - a library a run may not need
                 print(f"engine fork server: {name} not preloaded: {error}", file=sys.stderr, flush=True)
         self.listen()
-        print(f"engine fork server: listening on {self.socket_path} ({time.perf_counter() - started:.1f} s to preload)", flush=True)
+        print(
+            f"engine fork server: listening on {self.socket_path} ({time.perf_counter() - started:.1f} s to preload)",
+            flush=True,
+        )
         try:
             return self._loop()
         finally:
@@ -280,8 +287,11 @@ class ForkServer:
             pause = WORKER_RESTART_PAUSES_S[min(self.worker_restarts, len(WORKER_RESTART_PAUSES_S) - 1)]
             self.worker_restarts += 1
             self.worker_restart_at = now + pause
-            print(f"engine fork server: the worker exited ({self.worker.returncode}); starting it again in {pause:g} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"engine fork server: the worker exited ({self.worker.returncode}); starting it again in {pause:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
         if now >= self.worker_restart_at:
             self.worker_restart_at = None
             self._start_worker()
@@ -349,7 +359,7 @@ class ForkServer:
                 other.close()
             try:
                 _become_run(request, fds, server_pid)  # ends in os._exit
-            except BaseException:  # a bad request (say, a folder gone): never unwind into the server's loop
+            except BaseException:  # noqa: BLE001 - a bad request (say, a folder gone): never unwind into the server's loop
                 import traceback
 
                 traceback.print_exc()

@@ -63,7 +63,9 @@ def server_retention_env() -> dict[str, str]:
     """
     from tasks.core import limits
 
-    seconds = str(int(float(os.environ.get("PIPELINES_PREFECT_RETENTION_DAYS") or limits.PREFECT_RETENTION_DAYS) * 86400))
+    seconds = str(
+        int(float(os.environ.get("PIPELINES_PREFECT_RETENTION_DAYS") or limits.PREFECT_RETENTION_DAYS) * 86400)
+    )
     return {
         "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "events,flow_runs,orphans",
         "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": seconds,
@@ -110,7 +112,8 @@ def _check_port_free(name: str, port: int) -> None:
     if port_open(HOST, port):
         raise StackError(
             f"port {port} is already taken by another program, so {name} cannot start: "
-            f"stop it (`ss -ltnp 'sport = :{port}'` shows who) or set {'DYNAMODB_LOCAL_PORT' if name == 'dynamodb' else 'PREFECT_SERVER_PORT'}."
+            f"stop it (`ss -ltnp 'sport = :{port}'` shows who) or set "
+            f"{'DYNAMODB_LOCAL_PORT' if name == 'dynamodb' else 'PREFECT_SERVER_PORT'}."
         )
 
 
@@ -178,21 +181,27 @@ def start_postgres() -> str:
     global SERVER_DB
     if not server_database_env():
         if not SERVER_DB and (reason := postgres_local.missing()):
-            print(f"WARNING: the Prefect server runs on SQLite, which reports \"database is locked\" under the pipelines' "
-                  f"load: {reason}")
+            print(
+                f'WARNING: the Prefect server runs on SQLite, which reports "database is locked" under the pipelines\' '
+                f"load: {reason}"
+            )
         return "not used"
     if _pid("postgres") and port_open(HOST, POSTGRES_PORT):
         return "running"
     if not SERVER_DB and not (DATA / "postgres").exists() and (DATA / "prefect" / "prefect.db").exists():
-        print("note: the Prefect server moves to PostgreSQL (the default where installed); its history so far stays in "
-              ".data/prefect/prefect.db (PREFECT_SERVER_DB=sqlite make up to keep using it)")
+        print(
+            "note: the Prefect server moves to PostgreSQL (the default where installed); its history so far stays in "
+            ".data/prefect/prefect.db (PREFECT_SERVER_DB=sqlite make up to keep using it)"
+        )
     try:
         process = postgres_local.start(POSTGRES_PORT, DATA / "postgres", LOGS / "postgres.log")
     except StackError as error:
         if SERVER_DB:  # asked for by name: no quiet fallback
             raise
-        print(f"WARNING: PostgreSQL could not start ({error}); the Prefect server runs on SQLite, which reports "
-              "\"database is locked\" under the pipelines' load")
+        print(
+            f"WARNING: PostgreSQL could not start ({error}); the Prefect server runs on SQLite, which reports "
+            '"database is locked" under the pipelines\' load'
+        )
         SERVER_DB = "sqlite"
         return "failed"
     RUN.mkdir(parents=True, exist_ok=True)
@@ -257,7 +266,7 @@ def engine_command() -> str:
 
     With no command, Prefect 3.8's process worker starts a workspace supervisor that runs the pull steps and then
     execs a second interpreter for the engine: two Python starts and two imports of Prefect before the flow runs
-    (seconds a user waits for every `deployment run`, issue 25). The engine runs the pull steps itself.
+    (seconds a user waits for every `deployment run`). The engine runs the pull steps itself.
     """
     return shlex.join([sys.executable, str(FORKSERVER), "run", engine_socket()])
 
@@ -309,8 +318,8 @@ def ensure_work_pools() -> dict[str, str]:
 
 
 def drop_stale_tag_limits() -> list[str]:
-    """Delete the task concurrency limits earlier releases created (CPU-heavy work now holds the machine's CPU
-    slots, ``limits.cpu_slot``); the tags deleted."""
+    """Delete the task concurrency limits a server may hold for tags the flows do not use (CPU-heavy work holds
+    the machine's CPU slots, ``limits.cpu_slot``); the tags deleted."""
     os.environ.update(local_env())
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
@@ -339,7 +348,11 @@ def start_worker() -> str:
     worker = [sys.executable, "-m", "deployments.local_stack", "worker"]
     # the engine fork server starts the worker beside it, in one process group (`make down` stops both and the
     # runs), and starts it again whenever it exits
-    _spawn("worker", [sys.executable, str(FORKSERVER), "serve", engine_socket(), "--", *worker], {**local_env(), **WORKER_ENV})
+    _spawn(
+        "worker",
+        [sys.executable, str(FORKSERVER), "serve", engine_socket(), "--", *worker],
+        {**local_env(), **WORKER_ENV},
+    )
     return "started"
 
 
@@ -349,15 +362,23 @@ def crash_runs_of_gone_processes(client) -> list[str]:
     them once their worker is dead, and a Running listener holds its deployment's one slot, so without this no
     trigger would replace it. The names of the runs marked."""
     from prefect.client.schemas.filters import (
-        FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, WorkPoolFilter, WorkPoolFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
+        WorkPoolFilterName,
     )
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
     from tasks.gpu.backends import pid_alive
 
-    live = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING])))
-    runs = client.read_flow_runs(flow_run_filter=live, work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL])))
+    live = FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
+    )
+    runs = client.read_flow_runs(
+        flow_run_filter=live, work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL]))
+    )
     marked = []
     for run in runs:
         if run.deployment_id is None:
@@ -366,7 +387,9 @@ def crash_runs_of_gone_processes(client) -> list[str]:
         gone = not pid_alive(pid) if pid is not None else run.state_type == StateType.PENDING
         if not gone:
             continue
-        crashed = Crashed(message="its process is gone with the worker that ran it (found when the worker started again)")
+        crashed = Crashed(
+            message="its process is gone with the worker that ran it (found when the worker started again)"
+        )
         if client.set_flow_run_state(run.id, crashed).status.value != "ACCEPT":
             client.set_flow_run_state(run.id, crashed, force=True)
         marked.append(run.name)
@@ -402,7 +425,11 @@ def _run_pid(infrastructure_pid: str | None) -> int | None:
 def _listener_runs(client, state_types: list) -> dict[str, tuple]:
     """Each deployed listener -> (its deployment, its runs in ``state_types``); names not deployed are left out."""
     from prefect.client.schemas.filters import (
-        DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
     )
     from prefect.exceptions import ObjectNotFound
 
@@ -412,10 +439,13 @@ def _listener_runs(client, state_types: list) -> dict[str, tuple]:
             deployment = client.read_deployment_by_name(name)
         except ObjectNotFound:
             continue
-        found[name] = (deployment, client.read_flow_runs(
-            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
-            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=state_types))),
-        ))
+        found[name] = (
+            deployment,
+            client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
+                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=state_types))),
+            ),
+        )
     return found
 
 
@@ -432,8 +462,12 @@ def start_listeners(client, worker_restarted: bool) -> dict[str, str]:
     states = {name: "not deployed" for name in LISTENERS}
     for name, (deployment, runs) in found.items():
         pids = {r.id: _run_pid(r.infrastructure_pid) for r in runs}
-        dead = [r for r in runs if r.state_type != StateType.SCHEDULED
-                and (not pid_alive(pids[r.id]) if pids[r.id] is not None else worker_restarted)]
+        dead = [
+            r
+            for r in runs
+            if r.state_type != StateType.SCHEDULED
+            and (not pid_alive(pids[r.id]) if pids[r.id] is not None else worker_restarted)
+        ]
         for run in dead:
             crashed = Crashed(message="the listener's process is gone (found by `make up`); a new run replaces it")
             if client.set_flow_run_state(run.id, crashed).status.value != "ACCEPT":
@@ -484,8 +518,9 @@ def register_block_types() -> list[str]:
     schemas of ``blocks``; their names."""
     import inspect
 
-    import blocks
     from prefect.blocks.core import Block, InvalidBlockRegistration
+
+    import blocks
 
     registered = []
     for _, cls in inspect.getmembers(blocks):
@@ -502,11 +537,12 @@ def ensure_tables_and_blocks() -> dict[str, str]:
     """Create or check every table, register the blocks and save their defaults; table -> 'created'/'exists'."""
     os.environ.update(local_env())
     from blocks import DynamoTables, ObjectStorage, load_config
-    from tasks.core import state_store
+    from tasks.core import registry, state_store
+    from tasks.core.config import table_names
     from tasks.core.tables import ensure_tables
 
     state_store.reset_clients()
-    result = ensure_tables(load_config(DynamoTables).names())
+    result = ensure_tables(registry.table_specs(), table_names())
     register_block_types()
     # save the defaults so the UI shows (and a person can edit) the configuration the flows use
     load_config(DynamoTables).save("default", overwrite=True)
@@ -529,13 +565,20 @@ def retire_unserved_deployments(client) -> tuple[int, int]:
     already started or ended stay (their history is the UI's). Returns (deployments, runs) deleted.
     """
     from prefect.client.schemas.filters import (
-        DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType, WorkPoolFilter,
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        WorkPoolFilter,
         WorkPoolFilterName,
     )
     from prefect.client.schemas.objects import StateType
 
     unserved = client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[ECS_WORK_POOL])))
-    waiting = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING])))
+    waiting = FlowRunFilter(
+        state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))
+    )
     runs = 0
     for deployment in unserved:
         only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
@@ -572,7 +615,9 @@ def deployed_unchanged(client, fingerprint: str) -> bool:
     ids = recorded.get("deployment_ids") or []
     if recorded.get("fingerprint") != fingerprint or not ids:
         return False
-    found = client.read_deployments(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=ids)), limit=len(ids) + 1)
+    found = client.read_deployments(
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=ids)), limit=len(ids) + 1
+    )
     return len(found) == len(ids)
 
 
@@ -582,7 +627,9 @@ def record_deployed(client, fingerprint: str) -> None:
 
     deployments = client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[WORK_POOL])))
     RUN.mkdir(parents=True, exist_ok=True)
-    DEPLOYED.write_text(json.dumps({"fingerprint": fingerprint, "deployment_ids": sorted(str(d.id) for d in deployments)}))
+    DEPLOYED.write_text(
+        json.dumps({"fingerprint": fingerprint, "deployment_ids": sorted(str(d.id) for d in deployments)})
+    )
 
 
 def deploy_all() -> str:
@@ -596,7 +643,9 @@ def deploy_all() -> str:
     fingerprint = deployment_fingerprint()
     with get_client(sync_client=True) as client:
         if deployed_unchanged(client, fingerprint):
-            return f"unchanged (prefect.yaml and the code as deployed; delete {DEPLOYED.name} in {RUN} to deploy anyway)"
+            return (
+                f"unchanged (prefect.yaml and the code as deployed; delete {DEPLOYED.name} in {RUN} to deploy anyway)"
+            )
     DEPLOYED.unlink(missing_ok=True)  # a deploy cut short is done again next time
     _prefect("--no-prompt", "deploy", "--name", LOCAL_DEPLOYMENTS, quiet=True)
     with get_client(sync_client=True) as client:
@@ -616,9 +665,22 @@ def up() -> None:
     """Start the whole local stack (idempotent) and print each part's state."""
     dynamodb_local.java()
     dynamodb_local.jar_path()
-    print(f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; {dynamodb_reach()})")
-    print(f"postgres         {start_postgres():8} " + (f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)" if server_database_env() else "(the server runs on SQLite)"))
-    print(f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}  (database: {'PostgreSQL' if server_database_env() else 'SQLite'})")
+    print(
+        f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; "
+        f"{dynamodb_reach()})"
+    )
+    print(
+        f"postgres         {start_postgres():8} "
+        + (
+            f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)"
+            if server_database_env()
+            else "(the server runs on SQLite)"
+        )
+    )
+    print(
+        f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}  (database: "
+        f"{'PostgreSQL' if server_database_env() else 'SQLite'})"
+    )
     for pool, state in ensure_work_pools().items():
         print(f"work pool        {state:8} {pool}")
     for table, state in ensure_tables_and_blocks().items():
@@ -632,7 +694,10 @@ def up() -> None:
     for listener, state in ensure_listeners(worker_restarted=worker == "started").items():
         print(f"listener         {state:8} {listener}")
     write_env_file()
-    print(f"\nUse it from a shell with:  source {os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}")
+    print(
+        "\nUse it from a shell with:  source "
+        f"{os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}"
+    )
     print(f"Prefect UI: http://{HOST}:{PREFECT_PORT}")
 
 
@@ -678,10 +743,18 @@ def down() -> None:
 
 def status() -> None:
     """Print whether each local process runs, with its pid."""
-    for name, port in (("dynamodb", DYNAMODB_PORT), ("postgres", POSTGRES_PORT), ("prefect-server", PREFECT_PORT), ("worker", None)):
+    for name, port in (
+        ("dynamodb", DYNAMODB_PORT),
+        ("postgres", POSTGRES_PORT),
+        ("prefect-server", PREFECT_PORT),
+        ("worker", None),
+    ):
         pid = _pid(name)
         state = "running" if pid and (port is None or port_open(HOST, port)) else "stopped"
-        print(f"{name:16} {state}{f' (pid {pid})' if pid else ''}{f' ({dynamodb_reach()})' if pid and name == 'dynamodb' else ''}")
+        print(
+            f"{name:16} {state}{f' (pid {pid})' if pid else ''}"
+            f"{f' ({dynamodb_reach()})' if pid and name == 'dynamodb' else ''}"
+        )
 
 
 def main() -> int:

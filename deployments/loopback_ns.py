@@ -85,7 +85,7 @@ def _answers(port: int) -> bool:
 
 def main(argv: list[str]) -> int:
     """Bind loopback, isolate, start the command, relay until it exits."""
-    port, command = int(argv[0]), argv[argv.index("--") + 1:]
+    port, command = int(argv[0]), argv[argv.index("--") + 1 :]
     outer = socket.socket()
     outer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     outer.bind(("127.0.0.1", port))  # in the machine's namespace, before leaving it

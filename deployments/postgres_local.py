@@ -25,7 +25,9 @@ def bindir() -> Path:
     on_path = shutil.which("postgres")
     if on_path:
         return Path(on_path).parent
-    raise StackError("PostgreSQL is missing: install it (Debian: apt-get install postgresql), or set PREFECT_SERVER_DB=sqlite.")
+    raise StackError(
+        "PostgreSQL is missing: install it (Debian: apt-get install postgresql), or set PREFECT_SERVER_DB=sqlite."
+    )
 
 
 def missing() -> str | None:
@@ -71,8 +73,21 @@ def _init(data_dir: Path, log) -> None:
             raise StackError(f"the `postgres` user cannot reach {data_dir}: a folder above it is private (mode 700?)")
     # trust on loopback only (the server listens on 127.0.0.1 and its socket folder is the data folder)
     result = subprocess.run(
-        _as_owner([str(bindir() / "initdb"), "-D", str(data_dir), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-instructions"]),
-        stdout=log, stderr=subprocess.STDOUT,
+        _as_owner(
+            [
+                str(bindir() / "initdb"),
+                "-D",
+                str(data_dir),
+                "-U",
+                USER,
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+            ]
+        ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     if result.returncode != 0:
         raise StackError(f"initdb failed (code {result.returncode}); see the PostgreSQL log")
@@ -86,9 +101,24 @@ def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
     with open(log_path, "ab") as log:
         _init(data_dir, log)
     process = subprocess.Popen(
-        _as_owner([str(bindir() / "postgres"), "-D", str(data_dir), "-h", "127.0.0.1", "-p", str(port), "-k", str(data_dir),
-                   "-c", "max_connections=200"]),
-        stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        _as_owner(
+            [
+                str(bindir() / "postgres"),
+                "-D",
+                str(data_dir),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-k",
+                str(data_dir),
+                "-c",
+                "max_connections=200",
+            ]
+        ),
+        stdout=open(log_path, "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 60
     while not port_open("127.0.0.1", port):
@@ -97,7 +127,9 @@ def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
             raise StackError(f"PostgreSQL did not start on 127.0.0.1:{port}; see {log_path}")
         time.sleep(0.3)
     created = subprocess.run(
-        [str(bindir() / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE], capture_output=True, text=True
+        [str(bindir() / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE],
+        capture_output=True,
+        text=True,
     )
     if created.returncode != 0 and "already exists" not in created.stderr:
         raise StackError(f"createdb {DATABASE} failed: {created.stderr.strip()}")

@@ -1,7 +1,8 @@
 """Install the Debian packages some tests need, when possible (root, apt reachable); never fails the build.
 
 Chromium for the browser test (`make test-sweep`), PostgreSQL for the Prefect server's PostgreSQL path
-(`make test`): ``python -m deployments.test_packages [PACKAGE ...]``, every package when none is named. A test whose package is still
+(`make test`): ``python -m deployments.test_packages [PACKAGE ...]``, every package when none is named. A test whose
+package is still
 missing skips and says why.
 """
 

@@ -1,32 +1,39 @@
 """NDJSON→Parquet ETL (seed 001) as Prefect flows.
 
-    files ──> ndjson-ingest: validate ─┬─> quarantine (copy + reason, tracked quarantined#N)
-                                       └─> manifest JSON ─> track + claim + MANIFEST# (pending) in one transaction
-                                            (rest: pending#N, claimed in batches: pending#N → manifested#N + MANIFEST#)
-                                            ─> manifest.ready (one per batch; none while a merge run is queued)
-    ndjson-merge: its manifest, then further pending ones (oldest first, each taken by its own conditional write):
-                  MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
-                  ─> publish (rename parts, publish record; a published manifest is skipped) ─> date's partition
-                     in the catalog (Glue too on S3)
-                  ─> MANIFEST completed | failed + files manifested#N → completed#N | failed#N + metric row, in
-                     one transaction (per 100 items) ─> (notify) ─> report (logs/glue/…; ingest's in logs/lambda/…)
-    ndjson-listen (long-running): files landing under pipeline/input/{date}/ (watch or SQS) ─> micro-batches
-                  (count, age) ─> the ingest's validate → quarantine | track + claim-first batching ─> merges;
-                  one Prefect event per file
-    ndjson-flush-orphans (scheduled): dead claims released ─> pending#N of earlier dates ─> partial manifests
-                  ─> pending manifests restarted
+files ──> ndjson-ingest: validate ─┬─> quarantine (copy + reason, tracked quarantined#N)
+                                   └─> manifest JSON ─> track + claim + MANIFEST# (pending) in one transaction
+                                        (rest: pending#N, claimed in batches: pending#N → manifested#N + MANIFEST#)
+                                        ─> manifest.ready (one per batch; none while a merge run is queued)
+ndjson-merge: its manifest, then further pending ones (oldest first, each taken by its own conditional write):
+              MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
+              ─> publish (rename parts, publish record; a published manifest is skipped) ─> date's partition
+                 in the catalog (Glue too on S3)
+              ─> MANIFEST completed | failed + files manifested#N → completed#N | failed#N + metric row, in
+                 one transaction (per 100 items) ─> (notify) ─> report (logs/glue/…; ingest's in logs/lambda/…)
+ndjson-listen (long-running): files landing under pipeline/input/{date}/ (watch or SQS) ─> micro-batches
+              (count, age) ─> the ingest's validate → quarantine | track + claim-first batching ─> merges;
+              one Prefect event per file
+ndjson-flush-orphans (scheduled): dead claims released ─> pending#N of earlier dates ─> partial manifests
+              ─> pending manifests restarted
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
+from flows.policies import TRANSIENT_RETRIES, pipeline_flow, retry_policy
+from tasks.core import limits
+from tasks.core.notify import notify_on_failure
+from tasks.core.object_store import ObjectNotFound
+from tasks.core.redact import redact_logs
+from tasks.core.runtime import quick_heartbeat_exit, today_iso, utc_now
 from tasks.etl import breaker as etl_breaker
 from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
@@ -34,14 +41,8 @@ from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.etl import reports as etl_reports
 from tasks.etl.ingest import ManifestRef
-from tasks.core import limits
-from tasks.core.runtime import quick_heartbeat_exit, today_iso, utc_now
-from tasks.core.redact import redact_logs
-from tasks.core.keys import INPUT_PREFIX
-from tasks.core.object_store import ObjectNotFound
-from tasks.core.notify import notify_on_failure
-from tasks.landing.listener import listen
-from tasks.landing.sources import open_source
+from tasks.etl.keys import INPUT_PREFIX
+from tasks.landing.listener import listen, open_source
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -63,28 +64,53 @@ def _capacity_error(task_, task_run, state) -> bool:
 
 
 _side_effects = dict(cache_policy=NO_CACHE)
-_dynamo = dict(retries=2, retry_delay_seconds=[2, 10], **_side_effects)
+_dynamo = dict(**TRANSIENT_RETRIES, **_side_effects)  # DynamoDB and object-store calls: throttles clear in seconds
 
 list_landing_task = task(etl.landing_objects, name="list-landing", **_dynamo)
 validate_task = task(etl.validate_files, name="validate-files", **_side_effects)
 quarantine_task = task(etl.quarantine_files, name="quarantine-files", **_dynamo)
-track_task = task(etl.track_and_batch, name="track-and-batch-files", timeout_seconds=limits.TASK_TIMEOUT_S["track-and-batch-files"], **_dynamo)
-create_manifests_task = task(etl.create_manifests, name="claim-and-create-manifests", timeout_seconds=limits.TASK_TIMEOUT_S["claim-and-create-manifests"], **_dynamo)
+track_task = task(
+    etl.track_and_batch,
+    name="track-and-batch-files",
+    timeout_seconds=limits.task_timeouts()["track-and-batch-files"],
+    **_dynamo,
+)
+create_manifests_task = task(
+    etl.create_manifests,
+    name="claim-and-create-manifests",
+    timeout_seconds=limits.task_timeouts()["claim-and-create-manifests"],
+    **_dynamo,
+)
 orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
 release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 report_task = task(etl_reports.write_run_report, name="write-run-report", **_side_effects)
-start_processing_task = task(etl_merge.start_processing, name="manifest-processing", task_run_name="manifest-processing {manifest_name}", **_dynamo)
+start_processing_task = task(
+    etl_merge.start_processing,
+    name="manifest-processing",
+    task_run_name="manifest-processing {manifest_name}",
+    **_dynamo,
+)
 # seed 001's Step Functions retries: the Glue job 3 times, 60 s then ×2; the batch status updater twice, 5 s then ×2
 MERGE_RETRY_DELAYS_S = [60, 120, 240]
 STATUS_UPDATE_RETRY_DELAYS_S = [5, 10]
 merge_task = task(  # reads the manifest and the files still in it first: one task run, not three
-    etl_merge.merge_listed, name="dask-merge", task_run_name="dask-merge {manifest_name}", retries=len(MERGE_RETRY_DELAYS_S), retry_delay_seconds=MERGE_RETRY_DELAYS_S,
-    retry_condition_fn=_capacity_error, **_side_effects,
+    etl_merge.merge_listed,
+    name="dask-merge",
+    task_run_name="dask-merge {manifest_name}",
+    **retry_policy(*MERGE_RETRY_DELAYS_S),
+    retry_condition_fn=_capacity_error,
+    **_side_effects,
 )
-finish_task = task(etl_merge.finish_manifest, name="batch-status-update", task_run_name="batch-status-update {manifest_name}", timeout_seconds=limits.TASK_TIMEOUT_S["batch-status-update"],
-                   retries=len(STATUS_UPDATE_RETRY_DELAYS_S), retry_delay_seconds=STATUS_UPDATE_RETRY_DELAYS_S, **_side_effects)
+finish_task = task(
+    etl_merge.finish_manifest,
+    name="batch-status-update",
+    task_run_name="batch-status-update {manifest_name}",
+    timeout_seconds=limits.task_timeouts()["batch-status-update"],
+    **retry_policy(*STATUS_UPDATE_RETRY_DELAYS_S),
+    **_side_effects,
+)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
 
@@ -112,9 +138,8 @@ def _with_restarts(made: list[ManifestRef], restart_after_seconds: float) -> lis
     return made + [ref for ref in stale if ref.manifest_name not in names]
 
 
-
 def _fail_timed_out_merge(flow, flow_run, state) -> None:
-    """A merge that ran past its timeout (Prefect: Failed/TimedOut): its MANIFESTs and files failed with the same words."""
+    """A merge past its timeout (Prefect: Failed/TimedOut): its MANIFESTs and files are failed with the same words."""
     if state.name != "TimedOut":
         return  # any other failure was recorded by the flow itself
     params = flow_run.parameters
@@ -124,26 +149,40 @@ def _fail_timed_out_merge(flow, flow_run, state) -> None:
     notify_on_failure(flow, flow_run, state)
 
 
-def _finish_best_effort(date_prefix: str, manifest_name: str, summary: dict[str, Any], manifest_path: str,
-                        metric: dict[str, Any], notify_block: str | None) -> dict[str, Any]:
+def _finish_best_effort(
+    date_prefix: str,
+    manifest_name: str,
+    summary: dict[str, Any],
+    manifest_path: str,
+    metric: dict[str, Any],
+    notify_block: str | None,
+) -> dict[str, Any]:
     """The status update after a published merge, best-effort as in the seed: its failure (after its retries) is
     logged and notified but does not fail the merge; the MANIFEST stays ``processing`` under this ended run, and
     ``records-reconcile`` completes it and its files from the published output."""
     try:
-        return finish_task(date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=summary["listed"],
-                           metric=metric)
+        return finish_task(
+            date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=summary["listed"], metric=metric
+        )
     except Exception as error:  # noqa: BLE001 - the output is published; the reconciler writes the statuses
-        message = (f"{manifest_name} ({date_prefix}): merged and published, but the status update failed "
-                   f"({type(error).__name__}: {error}); records-reconcile completes the manifest and its files")
+        message = (
+            f"{manifest_name} ({date_prefix}): merged and published, but the status update failed "
+            f"({type(error).__name__}: {error}); records-reconcile completes the manifest and its files"
+        )
         get_run_logger().error(message)
         notify_task(message, notify_block, subject="STATUS UPDATE FAILED (ndjson-merge)")
-        return {"manifest_status": etl_merge.PROCESSING, "files_completed": 0, "files_failed": 0, "status_update_error": message}
+        return {
+            "manifest_status": etl_merge.PROCESSING,
+            "files_completed": 0,
+            "files_failed": 0,
+            "status_update_error": message,
+        }
 
 
 # --------------------------------------------------------------------------- flows
 
 
-@flow(name="ndjson-ingest", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("ndjson-ingest")
 def ndjson_ingest(
     file_urls: list[str] | None = None,
     landing_url: str | None = None,
@@ -183,13 +222,24 @@ def ndjson_ingest(
         "launch_failures": sum(1 for launch in launches if not launch["launched"] and not launch.get("held")),
         "held": sum(1 for launch in launches if launch.get("held")),
     }
-    metric_task("ingest", {k: v for k, v in summary.items() if k != "manifests"} | {"manifests_created": len(made)}, config)
-    report_task("lambda", started, {
-        "status": "succeeded", **summary, "manifests": [ref.manifest_path for ref in made],
-        "quarantined_files": [{"url": c.url, "reason": c.reason} for c in refused],
-    }, config)
-    print(f"ingest: {summary['files']} files, {summary['tracked']} tracked, {summary['quarantined']} quarantined, "
-          f"{len(made)} manifests, {summary['launched']} merges started")
+    metric_task(
+        "ingest", {k: v for k, v in summary.items() if k != "manifests"} | {"manifests_created": len(made)}, config
+    )
+    report_task(
+        "lambda",
+        started,
+        {
+            "status": "succeeded",
+            **summary,
+            "manifests": [ref.manifest_path for ref in made],
+            "quarantined_files": [{"url": c.url, "reason": c.reason} for c in refused],
+        },
+        config,
+    )
+    print(
+        f"ingest: {summary['files']} files, {summary['tracked']} tracked, {summary['quarantined']} quarantined, "
+        f"{len(made)} manifests, {summary['launched']} merges started"
+    )
     return summary
 
 
@@ -225,12 +275,19 @@ class _MergedHere:
         return self._merge()
 
 
-def _submit_merge(taken: _Taken, config: Any, target_file_mb: float | None, dask_scheduler: str,
-                  here: bool) -> PrefectFuture | _MergedHere:
+def _submit_merge(
+    taken: _Taken, config: Any, target_file_mb: float | None, dask_scheduler: str, here: bool
+) -> PrefectFuture | _MergedHere:
     """The manifest's merge (its own retries; task runs are named after their manifest): in this thread when
     ``here``, else a task future."""
-    args = (taken.date_prefix, taken.manifest_name, taken.manifest_path, config.output_store_url,
-            target_file_mb or config.target_file_mb, dask_scheduler)
+    args = (
+        taken.date_prefix,
+        taken.manifest_name,
+        taken.manifest_path,
+        config.output_store_url,
+        target_file_mb or config.target_file_mb,
+        dask_scheduler,
+    )
     return _MergedHere(lambda: merge_task(*args)) if here else merge_task.submit(*args)
 
 
@@ -244,28 +301,70 @@ def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: A
         message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
         finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path)
         notify_task(message, config.notify_block)
-        etl_reports.write_run_report("glue", taken.started, {"status": "failed", "manifest": manifest_name, "manifest_path": manifest_path,
-                                                             "date_prefix": date_prefix, "error": message}, config, taken.report_part)
-        return {"manifest": manifest_name, "date_prefix": date_prefix, "manifest_status": etl_merge.FAILED, "error": message}
-    metric = {"manifest": manifest_name, "date_prefix": date_prefix, "rows": summary["rows"],
-              "rejected_lines": summary["rejected_lines"], "files_failed": summary["files_failed"],
-              "files": len(summary["files"]), "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
-              "seconds": round(time.monotonic() - taken.merge_started, 3), "skipped": summary["already_published"]}
+        etl_reports.write_run_report(
+            "glue",
+            taken.started,
+            {
+                "status": "failed",
+                "manifest": manifest_name,
+                "manifest_path": manifest_path,
+                "date_prefix": date_prefix,
+                "error": message,
+            },
+            config,
+            taken.report_part,
+        )
+        return {
+            "manifest": manifest_name,
+            "date_prefix": date_prefix,
+            "manifest_status": etl_merge.FAILED,
+            "error": message,
+        }
+    metric = {
+        "manifest": manifest_name,
+        "date_prefix": date_prefix,
+        "rows": summary["rows"],
+        "rejected_lines": summary["rejected_lines"],
+        "files_failed": summary["files_failed"],
+        "files": len(summary["files"]),
+        "input_mb": round(summary.get("input_bytes", 0) / 2**20, 3),
+        "seconds": round(time.monotonic() - taken.merge_started, 3),
+        "skipped": summary["already_published"],
+    }
     statuses = _finish_best_effort(date_prefix, manifest_name, summary, manifest_path, metric, config.notify_block)
     if summary["files_failed"]:
-        get_run_logger().warning("%s: %d file(s) failed: %s", manifest_name, summary["files_failed"],
-                                 [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]])
-    etl_reports.write_run_report("glue", taken.started, {
-        "status": statuses["manifest_status"], "manifest": manifest_name, "manifest_path": manifest_path,
-        "date_prefix": date_prefix, "rows": summary["rows"], "rejected_lines": summary["rejected_lines"],
-        "files": len(summary["files"]), "files_failed": summary["files_failed"], "parts": summary["parts"],
-        "rejects_path": summary["rejects_path"], "already_published": summary["already_published"],
-        "partition": summary.get("partition"),
-        "file_errors": [{"url": f["url"], "error": f["error"]} for f in summary["files"] if f["error"]],
-    }, config, taken.report_part)
-    print(f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s)"
-          f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
-          f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed")
+        get_run_logger().warning(
+            "%s: %d file(s) failed: %s",
+            manifest_name,
+            summary["files_failed"],
+            [f"{f['url']}: {f['error']}" for f in summary["files"] if f["error"]],
+        )
+    etl_reports.write_run_report(
+        "glue",
+        taken.started,
+        {
+            "status": statuses["manifest_status"],
+            "manifest": manifest_name,
+            "manifest_path": manifest_path,
+            "date_prefix": date_prefix,
+            "rows": summary["rows"],
+            "rejected_lines": summary["rejected_lines"],
+            "files": len(summary["files"]),
+            "files_failed": summary["files_failed"],
+            "parts": summary["parts"],
+            "rejects_path": summary["rejects_path"],
+            "already_published": summary["already_published"],
+            "partition": summary.get("partition"),
+            "file_errors": [{"url": f["url"], "error": f["error"]} for f in summary["files"] if f["error"]],
+        },
+        config,
+        taken.report_part,
+    )
+    print(
+        f"{manifest_name}: {summary['rows']} rows in {len(summary['parts'])} part(s)"
+        f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
+        f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed"
+    )
     return {"manifest": manifest_name, "date_prefix": date_prefix, **summary, **statuses}
 
 
@@ -279,8 +378,11 @@ class _PendingQueue:
     def next(self) -> ManifestRef | None:
         """The next pending manifest not tried by this run (a fresh scan when the last one is used up), or None."""
         if not self.queue:
-            self.queue = [ref for ref in pending_manifests_task(older_than_seconds=0)
-                          if (ref.date_prefix, ref.manifest_name) not in self.tried]
+            self.queue = [
+                ref
+                for ref in pending_manifests_task(older_than_seconds=0)
+                if (ref.date_prefix, ref.manifest_name) not in self.tried
+            ]
         if not self.queue:
             return None
         ref = self.queue.pop(0)
@@ -293,15 +395,23 @@ def _merge_summary_artifact(outcomes: list[dict[str, Any]]) -> None:
     from prefect.artifacts import create_table_artifact
 
     create_table_artifact(
-        table=[{"manifest": o["manifest"], "date": o["date_prefix"], "status": o["manifest_status"], "rows": o.get("rows", ""),
-                "files": len(o.get("files", [])), "error": o.get("error", "")} for o in outcomes],
+        table=[
+            {
+                "manifest": o["manifest"],
+                "date": o["date_prefix"],
+                "status": o["manifest_status"],
+                "rows": o.get("rows", ""),
+                "files": len(o.get("files", [])),
+                "error": o.get("error", ""),
+            }
+            for o in outcomes
+        ],
         description=f"ndjson-merge: {len(outcomes)} manifest(s) merged by this run",
     )
 
 
-# on_crashed only: a failed run has already sent its own, more detailed alert
-@flow(name="ndjson-merge", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-merge"], on_failure=[_fail_timed_out_merge],
-      on_crashed=[notify_on_failure])
+# a failed run has already sent its own, more detailed alert; a timed-out one is finished by its hook
+@pipeline_flow("ndjson-merge", alert="crashed", on_failure=[_fail_timed_out_merge])
 def ndjson_merge(
     date_prefix: str,
     manifest_name: str,
@@ -343,7 +453,9 @@ def ndjson_merge(
             if ref is None:
                 stop = "none pending" if not in_flight else ""
                 break
-            if deployment is not None and not etl_breaker.admits(etl_breaker.load(deployment), ref.date_prefix, ref.manifest_name):
+            if deployment is not None and not etl_breaker.admits(
+                etl_breaker.load(deployment), ref.date_prefix, ref.manifest_name
+            ):
                 stop = "breaker"  # the held manifests stay pending; closing the breaker starts them
                 break
             more = _take(ref.date_prefix, ref.manifest_name, own=False)
@@ -356,20 +468,33 @@ def ndjson_merge(
         outcomes.append(_finish_merged(in_flight.pop(done), done, config))
         if outcomes[-1]["manifest_status"] == etl_merge.FAILED:
             stop = "failed"  # the run fails after what is in flight: the breaker counts it, a next run goes on
-    if stop in ("bound", "failed") and deployment is not None and (left := pending_manifests_task(older_than_seconds=0)):
+    if (
+        stop in ("bound", "failed")
+        and deployment is not None
+        and (left := pending_manifests_task(older_than_seconds=0))
+    ):
         etl.launch_merges(left[:1], etl.deployment_launcher(deployment))  # the chain goes on in a new run
     if len(outcomes) > 1:
         _merge_summary_artifact(outcomes)
     failed = [o for o in outcomes if o["manifest_status"] == etl_merge.FAILED]
     if failed:
-        raise RuntimeError(f"{len(failed)} of {len(outcomes)} manifest(s) failed: " + "; ".join(o["error"] for o in failed))
-    first = next((o for o in outcomes if own is not None and o["manifest"] == own.manifest_name),
-                 {"manifest": manifest_name, "skipped": True})
-    return {**first, "merged": [{"manifest": o["manifest"], "date_prefix": o["date_prefix"], "status": o["manifest_status"]}
-                                for o in outcomes]}
+        raise RuntimeError(
+            f"{len(failed)} of {len(outcomes)} manifest(s) failed: " + "; ".join(o["error"] for o in failed)
+        )
+    first = next(
+        (o for o in outcomes if own is not None and o["manifest"] == own.manifest_name),
+        {"manifest": manifest_name, "skipped": True},
+    )
+    return {
+        **first,
+        "merged": [
+            {"manifest": o["manifest"], "date_prefix": o["date_prefix"], "status": o["manifest_status"]}
+            for o in outcomes
+        ],
+    }
 
 
-@flow(name="ndjson-flush-orphans", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["ndjson-flush-orphans"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("ndjson-flush-orphans")
 def ndjson_flush_orphans(
     today: str | None = None,
     merge_deployment: str | None = "ndjson-merge/local",
@@ -394,13 +519,16 @@ def ndjson_flush_orphans(
         "launch_failures": sum(1 for launch in launches if not launch["launched"] and not launch.get("held")),
         "held": sum(1 for launch in launches if launch.get("held")),
     }
-    metric_task("flush", {"orphaned_files": sum(dates.values()), "manifests_created": len(made),
-                          "launched": summary["launched"]}, config)
+    metric_task(
+        "flush",
+        {"orphaned_files": sum(dates.values()), "manifests_created": len(made), "launched": summary["launched"]},
+        config,
+    )
     print(f"flush: {sum(dates.values())} orphaned files on {len(dates)} date(s) → {len(made)} partial manifests")
     return summary
 
 
-@flow(name="ndjson-merge-breaker", log_prints=True, timeout_seconds=limits.MAINTENANCE_TIMEOUT_S, on_crashed=[notify_on_failure])
+@pipeline_flow("ndjson-merge-breaker", alert="crashed", timeout_seconds=limits.MAINTENANCE_TIMEOUT_S)
 def ndjson_merge_breaker(
     merge_deployment: str = "ndjson-merge/local",
     action: Literal["trip", "check"] = "check",
@@ -416,14 +544,14 @@ def ndjson_merge_breaker(
     create_markdown_artifact(
         key=etl_breaker.variable_name(merge_deployment),
         markdown=f"**{merge_deployment}** circuit breaker: **{result['state']}** (was {result['before']})\n\n"
-                 + "\n".join(f"- {k}: {v}" for k, v in result.items() if k not in ("state", "before")),
+        + "\n".join(f"- {k}: {v}" for k, v in result.items() if k not in ("state", "before")),
         description="ETL merge circuit breaker",
     )
     print(f"circuit breaker of {merge_deployment}: {result['before']} -> {result['state']}")
     return result
 
 
-@flow(name="ndjson-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("ndjson-listen")
 def ndjson_listen(
     source: Literal["local", "sqs"] = "local",
     batch_size: int = 100,
@@ -439,13 +567,31 @@ def ndjson_listen(
     through the ingest in micro-batches and start their merges; runs until ``max_runtime_seconds`` or
     ``idle_exit_seconds`` without an arrival (0: forever; a catch-up run sets the idle exit)."""
     config = etl.settings()
-    events = lambda: open_source(source, "etl", config.input_store_url, INPUT_PREFIX,  # noqa: E731 - reopened on errors
-                                 settle_seconds=settle_seconds, rescan_seconds=rescan_seconds)
+
+    def events():
+        return open_source(
+            source,
+            "etl",
+            config.input_store_url,
+            INPUT_PREFIX,
+            settle_seconds=settle_seconds,
+            rescan_seconds=rescan_seconds,
+        )
+
     launch = lambda made: _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)  # noqa: E731
-    print(f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s")
-    stats = listen(events, lambda batch: handle_landed_task(batch, config, launch),
-                   batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds,
-                   idle_exit_seconds=idle_exit_seconds)
-    print(f"listener stopped: {stats.received} received, {stats.acked} done, {stats.released} offered again "
-          f"in {stats.batches} batches")
+    print(
+        f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s"
+    )
+    stats = listen(
+        events,
+        lambda batch: handle_landed_task(batch, config, launch),
+        batch_size=batch_size,
+        batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds,
+        idle_exit_seconds=idle_exit_seconds,
+    )
+    print(
+        f"listener stopped: {stats.received} received, {stats.acked} done, {stats.released} offered again "
+        f"in {stats.batches} batches"
+    )
     return vars(stats)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prefect import flow, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
@@ -31,14 +31,14 @@ from prefect.states import Cancelled
 
 from blocks import load_config
 from blocks.gpu import GpuCompute
-from tasks.core import keys, limits
-from tasks.core.notify import notify_on_failure
-from tasks.core.runtime import artifact_key, quick_heartbeat_exit
+from flows.policies import pipeline_flow
+from tasks import reconcile
 from tasks.core.redact import redact_logs
+from tasks.core.runtime import artifact_key, quick_heartbeat_exit
 from tasks.gpu import jobs as gpu
+from tasks.gpu import keys
 from tasks.gpu.backends import make_backend
 from tasks.gpu.health import HealthResult
-from tasks.records import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -62,8 +62,14 @@ class Steps:
 
 
 # plain functions: tests and benchmarks drive a job without Prefect runs
-PLAIN = Steps(gpu.detect_failure, gpu.isolate_failure, gpu.health_check_nodes, gpu.reboot_unhealthy, gpu.restart_job,
-              gpu.resume_start)
+PLAIN = Steps(
+    gpu.detect_failure,
+    gpu.isolate_failure,
+    gpu.health_check_nodes,
+    gpu.reboot_unhealthy,
+    gpu.restart_job,
+    gpu.resume_start,
+)
 # in the flows: every step that changes the job is a Prefect task run (polling for stops stays plain: it runs
 # every poll interval); the health check of each node is the gpu-healthcheck subflow (see _flow_runner)
 TASKS = Steps(
@@ -132,7 +138,6 @@ def run_ended(flow_run_id: str) -> bool:
     return state is not None and state.type in reconcile.TERMINAL
 
 
-
 def _config(**overrides: Any) -> GpuCompute:
     """The GpuCompute block (or defaults and env) with the flow's non-None parameters on top."""
     config = load_config(GpuCompute)
@@ -143,18 +148,21 @@ def _health_artifact(node_name: str, result: HealthResult) -> None:
     rows = [f"| {k} | {v} |" for k, v in sorted(result.readings.items()) if k != "devices"]
     devices = result.readings.get("devices") or []
     for device in devices:
-        rows.append(f"| GPU {device.get('index')} | {', '.join(f'{k}={v}' for k, v in device.items() if k != 'index')} |")
+        rows.append(
+            f"| GPU {device.get('index')} | {', '.join(f'{k}={v}' for k, v in device.items() if k != 'index')} |"
+        )
     create_markdown_artifact(
         key=artifact_key("gpu-health", node_name),
         markdown=(
             f"## Health check of {node_name}: **{result.status}** ({result.method})\n\n{result.reason}\n\n"
-            f"checked at {result.checked_at}, {result.duration_s} s\n\n| reading | value |\n|---|---|\n" + "\n".join(rows)
+            f"checked at {result.checked_at}, {result.duration_s} s\n\n| reading | value |\n|---|---|\n"
+            + "\n".join(rows)
         ),
         description=f"{node_name}: {result.status}",
     )
 
 
-@flow(name="gpu-healthcheck", log_prints=True)
+@pipeline_flow("gpu-healthcheck", alert=None)  # a subflow: the flow that calls it alerts
 def gpu_healthcheck(
     node_name: str,
     health_check: Literal["nvml", "dcgmi", "command"] | None = None,
@@ -194,15 +202,26 @@ def _job_artifact(job: dict[str, Any]) -> None:
     create_table_artifact(
         key=artifact_key("gpu-job", job["job_id"]),
         table=[
-            {k: t.get(k) for k in ("ecs_task_id", "node_name", "node_index_in_job", "retry", "task_status", "exit_code", "stop_reason")}
+            {
+                k: t.get(k)
+                for k in (
+                    "ecs_task_id",
+                    "node_name",
+                    "node_index_in_job",
+                    "retry",
+                    "task_status",
+                    "exit_code",
+                    "stop_reason",
+                )
+            }
             for t in tasks
         ],
         description=f"job {job['job_id']}: {job['job_status']} (retry {job['retry']}) {job.get('failure_reason', '')}",
     )
 
 
-# on_crashed only: a failed run has already sent its own, more detailed alert
-@flow(name="gpu-job", log_prints=True, on_cancellation=[_stop_on_cancel], on_crashed=[notify_on_failure])
+# a failed run has already sent its own, more detailed alert
+@pipeline_flow("gpu-job", alert="crashed", on_cancellation=[_stop_on_cancel])
 def gpu_job(
     command: str = DEFAULT_COMMAND,
     num_nodes: int = 2,
@@ -220,13 +239,26 @@ def gpu_job(
     """Run ``command`` on ``num_nodes`` nodes (one task each, with ``env`` and the node's variables) and see
     it through failures and restarts."""
     config = _config(
-        max_retries=max_retries, node_wait=node_wait, node_wait_timeout_s=node_wait_timeout_s,
-        poll_interval_s=poll_interval_s, health_check=health_check, health_command=health_command,
+        max_retries=max_retries,
+        node_wait=node_wait,
+        node_wait_timeout_s=node_wait_timeout_s,
+        poll_interval_s=poll_interval_s,
+        health_check=health_check,
+        health_command=health_command,
     )
     runner = _flow_runner(config)
     job_id = keys.gpu_job_id(job_id) if job_id else _job_id()
-    gpu.launch_job(runner, job_id, num_nodes, command, nodes, config.node_wait == "wait", config.node_wait_timeout_s,
-                   start_task=start_gpu_task, env=env)  # run
+    gpu.launch_job(
+        runner,
+        job_id,
+        num_nodes,
+        command,
+        nodes,
+        config.node_wait == "wait",
+        config.node_wait_timeout_s,
+        start_task=start_gpu_task,
+        env=env,
+    )  # run
     job = watch(runner, job_id, TASKS, timeout_s)  # detect failure → health check → reboot → restart, until it ends
     _job_artifact(job)
     summary = {k: job.get(k) for k in ("job_id", "job_status", "retry", "assigned_nodes", "failure_reason")}
@@ -237,7 +269,7 @@ def gpu_job(
     return summary
 
 
-@flow(name="gpu-sweep", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["gpu-sweep"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("gpu-sweep")
 def gpu_sweep() -> dict[str, Any]:
     """Scheduled every minute: ask the backend about every in-flight job's tasks and move each job on (also one
     whose flow run is gone); resume steps whose owner is gone; put back nodes nobody will move any more."""
@@ -254,7 +286,7 @@ def gpu_sweep() -> dict[str, Any]:
     return result
 
 
-@flow(name="gpu-node-healthcheck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["gpu-node-healthcheck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("gpu-node-healthcheck")
 def gpu_node_healthcheck(
     health_check: Literal["nvml", "dcgmi", "command"] | None = None,
     health_command: str | None = None,

@@ -1,46 +1,51 @@
 """pipeline-health: seed 001's CloudWatch alarms, asked of all five pipelines on a schedule.
 
-    dead-letter archive ─┐
-    ETL pending / failed ├─▶ alarms (thresholds block) ─▶ incidents (guarded writes) ─▶ one notification each
-    phspectra chunks     │                                                          └─▶ table artifact
-    video / GPU jobs     │
-    GPU nodes ───────────┘
-    metrics table + records ─▶ dashboard (markdown artifact: last 24 h, files/hour chart, merge MB/s, failure rates)
+each pipeline's checks ─┐
+(its pipeline.py)       ├─▶ alarms (thresholds block) ─▶ incidents (guarded writes) ─▶ one notification each
+flow runs, listeners ───┘                                                       └─▶ table artifact
+each pipeline's figures ─▶ dashboard (markdown artifact: last 24 h, charts, failure rates)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from tasks.core import limits
-from tasks.core.notify import notify_on_failure
+from flows.policies import HEAVY_RETRIES, pipeline_flow
+from tasks.core.redact import redact_logs
+from tasks.core.runtime import quick_heartbeat_exit
 from tasks.health.dashboard import dashboard
 from tasks.health.run import check_health
-from tasks.core.runtime import quick_heartbeat_exit
-from tasks.core.redact import redact_logs
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
-check_task = task(check_health, name="check-health", retries=2, retry_delay_seconds=[5, 30])
-dashboard_task = task(dashboard, name="dashboard", retries=2, retry_delay_seconds=[5, 30])
+check_task = task(check_health, name="check-health", **HEAVY_RETRIES)
+dashboard_task = task(dashboard, name="dashboard", **HEAVY_RETRIES)
 
 
-@flow(name="pipeline-health", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["pipeline-health"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("pipeline-health")
 def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     """Read every pipeline's records, raise or clear each alarm, notify new incidents once."""
     rows = check_task(notify_block)
     firing = [r for r in rows if r["state"] != "OK"]
     create_table_artifact(
-        key="pipeline-health", table=rows,
-        description=f"{len(firing)} of {len(rows)} alarm(s) firing" + (f": {', '.join(r['name'] for r in firing)}" if firing else ""),
+        key="pipeline-health",
+        table=rows,
+        description=f"{len(firing)} of {len(rows)} alarm(s) firing"
+        + (f": {', '.join(r['name'] for r in firing)}" if firing else ""),
     )
-    backlog = next((r["value"] or 0 for r in rows if r["name"] == "etl-files-pending"), 0)
-    markdown, _ = dashboard_task(backlog)
+    markdown, _ = dashboard_task({r["name"]: r["value"] for r in rows})
     create_markdown_artifact(key="pipeline-dashboard", markdown=markdown, description="All pipelines, last 24 hours")
     for row in firing:
-        get_run_logger().warning("%s %s: %s (incident %s, notified %s)", row["state"], row["name"], row["detail"], row["incident"], row["notified"])
+        get_run_logger().warning(
+            "%s %s: %s (incident %s, notified %s)",
+            row["state"],
+            row["name"],
+            row["detail"],
+            row["incident"],
+            row["notified"],
+        )
     return rows

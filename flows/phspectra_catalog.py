@@ -1,6 +1,7 @@
 """PHSpectra survey level (seed 000's 22-tile run as one survey): progress over its tiles, and its combined catalog.
 
-    every tile's run aggregates ─> survey status (phspectra-runs) ─> progress / table / markdown artifacts keyed by survey
+    every tile's run aggregates ─> survey status (phspectra-runs) ─> progress / table / markdown artifacts keyed by
+    survey
                                    └ every tile finished ─> catalog: catalogs/survey=…/tile=…/part-0.parquet
 
 `phspectra-survey-catalog` does the same on demand: the status artifacts, then the catalog rebuilt (only tiles whose
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.core.notify import notify_on_failure
+from flows.policies import pipeline_flow
 from tasks.core.redact import redact_logs
 from tasks.core.runtime import artifact_key, quick_heartbeat_exit, run_logger
 from tasks.phspectra import catalog, survey_status
@@ -39,14 +40,18 @@ def publish_survey(status: dict[str, Any], built: dict[str, Any] | None = None) 
     finished = status["tiles_completed"] + status["tiles_failed"]
     markdown = (
         f"# PHSpectra survey `{survey}`: {finished} / {status['tiles_total']} tiles finished\n\n"
-        "| tiles completed | failed | running | pending | spectra fitted / total | components |\n|---|---|---|---|---|---|\n"
-        f"| {status['tiles_completed']} | {status['tiles_failed']} | {status['tiles_running']} | {status['tiles_pending']} | "
+        "| tiles completed | failed | running | pending | spectra fitted / total | components "
+        "|\n|---|---|---|---|---|---|\n"
+        f"| {status['tiles_completed']} | {status['tiles_failed']} | {status['tiles_running']} | "
+        f"{status['tiles_pending']} | "
         f"{status['spectra_fitted']} / {status['n_spectra']} | {status['n_components']} |\n"
     )
     if built:
         markdown += (
-            f"\nCatalog `{built['catalog_url']}`: {len(built['written'])} tile(s) written, {len(built['unchanged'])} unchanged"
-            + (f", no completed run for {', '.join(built['missing'])}" if built["missing"] else "") + "\n"
+            f"\nCatalog `{built['catalog_url']}`: {len(built['written'])} tile(s) written, "
+            f"{len(built['unchanged'])} unchanged"
+            + (f", no completed run for {', '.join(built['missing'])}" if built["missing"] else "")
+            + "\n"
         )
     create_markdown_artifact(key=artifact_key("phspectra-survey", survey), markdown=markdown,
                              description=f"Survey {survey}: tiles and catalog")  # fmt: skip
@@ -70,7 +75,7 @@ def survey_progress(survey: str, catalog_url: str | None = None) -> dict[str, An
         return None
 
 
-@flow(name="phspectra-survey-catalog", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("phspectra-survey-catalog")
 def phspectra_survey_catalog(survey: str, catalog_url: str | None = None, force: bool = False) -> dict[str, Any]:
     """A survey's progress artifacts, then its catalog (re)built from each tile's newest completed run.
 

@@ -26,7 +26,7 @@ import os
 import uuid
 from typing import Any
 
-from prefect import flow, get_run_logger, task, unmapped
+from prefect import get_run_logger, task, unmapped
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -38,16 +38,16 @@ from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.phspectra_catalog import survey_progress
-from tasks.core import keys, limits
-from tasks.landing.listener import listen_report
-from tasks.landing.sources import open_source
+from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow
+from tasks import reconcile
+from tasks.core import limits
+from tasks.core.redact import redact_logs
+from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
+from tasks.landing.listener import listen_report, open_source
+from tasks.phspectra import keys
 from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
-from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
-from tasks.core.redact import redact_logs
-from tasks.core.notify import notify_on_failure
-from tasks.records import reconcile
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -55,8 +55,10 @@ redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 # no cpu-heavy tag: a chunk's fit runs on its process's fitting slots (``fitting_slots``), not on a core of its own,
 # and the tag's limit would cost two API round trips a chunk (about 2 s before the first fit)
-fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", retries=2, retry_delay_seconds=[2, 10], cache_policy=NO_CACHE)
-slow_lane_task = task(limits.holding_cpu_slot(ph.refit_timed_out), name="slow-lane-refit", retries=2, retry_delay_seconds=[5, 30], cache_policy=NO_CACHE)
+fit_chunk_task = task(ph.fit_chunk, name="fit-chunk", **TRANSIENT_RETRIES, cache_policy=NO_CACHE)
+slow_lane_task = task(
+    limits.holding_cpu_slot(ph.refit_timed_out), name="slow-lane-refit", **HEAVY_RETRIES, cache_policy=NO_CACHE
+)
 aggregate_task = task(ph.finalize_run, name="aggregate-run", cache_policy=NO_CACHE)
 find_expired_task = task(ph.expired_leases, name="find-expired-leases", cache_policy=NO_CACHE)
 complete_split_task = task(ph.complete_split, name="complete-split", cache_policy=NO_CACHE)
@@ -64,7 +66,7 @@ give_up_task = task(ph.give_up, name="give-up-run", cache_policy=NO_CACHE)
 
 
 def fitting_slots(workers: int = 0, dask_address: str | None = None, dask_workers: int = 0) -> int:
-    """Fitting processes at once per process running fit-chunk: ``workers`` (default: its cores), one per Dask worker."""
+    """Fitting processes at once per process running fit-chunk: ``workers`` (default: its cores), 1 per Dask worker."""
     return 1 if dask_address or dask_workers else workers or os.cpu_count() or 1
 
 
@@ -83,7 +85,7 @@ def task_runner(workers: int = 0, dask_address: str | None = None, dask_workers:
     return ThreadPoolTaskRunner(max_workers=fitting_slots(workers) + 1)
 
 
-@flow(name="phspectra-fit-chunks", log_prints=True)
+@pipeline_flow("phspectra-fit-chunks", alert=None)  # a subflow: the run that maps it alerts
 def fit_chunks(
     run_id: str,
     starts: list[int],
@@ -116,7 +118,9 @@ def fit_chunks(
     slow = sorted(set(slow_starts or []) | {r["start"] for r in results if r.get("n_timed_out")})
     if slow:
         logger.info("slow lane: %d chunk(s) with spectra past the %ss limit", len(slow), time_limit_s)
-        for future in slow_lane_task.map(unmapped(run_id), slow, output_url=unmapped(output_url), fit_slots=unmapped(fit_slots)):
+        for future in slow_lane_task.map(
+            unmapped(run_id), slow, output_url=unmapped(output_url), fit_slots=unmapped(fit_slots)
+        ):
             outcome = future.result(raise_on_failure=False)
             if isinstance(outcome, BaseException):
                 logger.error("slow lane failed (the chunk keeps n_timed_out; a resume retries it): %s", outcome)
@@ -135,7 +139,8 @@ def publish_summary(summary: dict[str, Any]) -> None:
             f"# PHSpectra run `{run_id}` ({summary['survey']})\n\n"
             f"| status | chunks completed / failed / total | spectra fitted / total | components | "
             f"timed out → slow lane | fit time (sum) |\n|---|---|---|---|---|---|\n"
-            f"| {summary['status']} | {summary['jobs_completed']} / {summary['jobs_failed']} / {summary['jobs_total']} | "
+            f"| {summary['status']} | {summary['jobs_completed']} / {summary['jobs_failed']} / "
+            f"{summary['jobs_total']} | "
             f"{summary['spectra_fitted']} / {summary['n_spectra']} | {summary['n_components']} | "
             f"{summary['n_slow_refit']} | {summary['fit_seconds']:.1f} s |\n"
         ),
@@ -145,7 +150,7 @@ def publish_summary(summary: dict[str, Any]) -> None:
         survey_progress(summary["survey"])
 
 
-@flow(name="phspectra-survey", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("phspectra-survey")
 def phspectra_survey(
     cube_url: str | None = None,
     survey: str | None = None,
@@ -189,7 +194,14 @@ def phspectra_survey(
     )
     if starts or slow_starts:
         fit_chunks.with_options(task_runner=task_runner(workers, dask_address, dask_workers))(
-            run_id, starts, slow_starts, output_url, time_limit_s, take_expired, lease_seconds, str(progress_id),
+            run_id,
+            starts,
+            slow_starts,
+            output_url,
+            time_limit_s,
+            take_expired,
+            lease_seconds,
+            str(progress_id),
             fitting_slots(workers, dask_address, dask_workers),
         )
     else:
@@ -206,7 +218,7 @@ def phspectra_survey(
     return {k: v for k, v in summary.items() if k != "chunks"}
 
 
-@flow(name="phspectra-sweep-stuck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["phspectra-sweep-stuck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("phspectra-sweep-stuck")
 def phspectra_sweep_stuck(
     survey: str | None = None,
     time_limit_s: float = 60.0,
@@ -234,8 +246,13 @@ def phspectra_sweep_stuck(
         if ph.orphaned(run, driver is not None and driver.type in reconcile.TERMINAL, iso_ago(quiet_minutes * 60)):
             attempts = int(run.get("sweep_attempts", 0))
             reason = None
-            if driver is not None and driver.type == "CANCELLED":  # a person stopped it: finish it as FAILED, not re-drive
-                reason = f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); resume with run_id"
+            if (
+                driver is not None and driver.type == "CANCELLED"
+            ):  # a person stopped it: finish it as FAILED, not re-drive
+                reason = (
+                    f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); "
+                    "resume with run_id"
+                )
             elif attempts >= max_sweeps:
                 reason = f"gave up after {attempts} sweeps: {ph.unfinished(ph.summarize(run_id))}"
             if reason:
@@ -255,7 +272,9 @@ def phspectra_sweep_stuck(
                 continue
             stuck, slow = ph.chunks_to_fit(run_id)  # the dead driver's IN_PROGRESS chunks too: their leases expired
             why = f"driver {driver.name}" if driver is not None and driver.type in reconcile.TERMINAL else "quiet"
-            logger.warning("run %s orphaned (%s): re-driving %d chunk(s), slow lane %d", run_id, why, len(stuck), len(slow))
+            logger.warning(
+                "run %s orphaned (%s): re-driving %d chunk(s), slow lane %d", run_id, why, len(stuck), len(slow)
+            )
         else:
             stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_expired_task(run_id)]
             slow = []
@@ -265,7 +284,13 @@ def phspectra_sweep_stuck(
         results = []
         if stuck or slow:
             results = fit_chunks.with_options(task_runner=task_runner(workers))(
-                run_id, stuck, slow, run.get("output_url"), time_limit_s, take_expired=True, lease_seconds=lease_seconds,
+                run_id,
+                stuck,
+                slow,
+                run.get("output_url"),
+                time_limit_s,
+                take_expired=True,
+                lease_seconds=lease_seconds,
                 fit_slots=fitting_slots(workers),
             )
         summary = aggregate_task(run_id)
@@ -276,7 +301,7 @@ def phspectra_sweep_stuck(
     return swept
 
 
-@flow(name="phspectra-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("phspectra-listen")
 def phspectra_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
@@ -294,5 +319,6 @@ def phspectra_listen(
     events = lambda: open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)  # noqa: E731
     return listen_report(
         "phspectra-listen", events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+        batch_size=batch_size, batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip

@@ -1,33 +1,31 @@
 """Records that agree (seed 004): workflow messages -> guarded records, dead-letter replay, reconciliation.
 
-    messages ──parse/validate──▶ invalid ──▶ granule failed + dead-letter-archive/{date}/
-        │
-        └─▶ derive (+ CMR file dates, Prefect run times) ──▶ execution ──▶ PDR ──▶ granules (guarded writes)
-                                                                                          └─▶ rejected ──▶ archive
-    dead-letter-archive/{date}/ ──replay──▶ written: deleted │ failed again: dead-letter-archive/failed/{date}/
-    Prefect run states ──▶ records in flight / COMPLETED / run counters ──▶ guarded repairs + table artifact
+messages ──parse/validate──▶ invalid ──▶ granule failed + dead-letter-archive/{date}/
+    │
+    └─▶ derive (+ CMR file dates, Prefect run times) ──▶ execution ──▶ PDR ──▶ granules (guarded writes)
+                                                                                      └─▶ rejected ──▶ archive
+dead-letter-archive/{date}/ ──replay──▶ written: deleted │ failed again: dead-letter-archive/failed/{date}/
+Prefect run states ──▶ records in flight / COMPLETED / run counters ──▶ guarded repairs + table artifact
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from prefect import Flow, flow, get_run_logger, task
+from prefect import Flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from tasks.core import keys, limits
-from tasks.core.runtime import quick_heartbeat_exit, utc_now
+from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow, retry_policy
+from tasks import reconcile
 from tasks.core.redact import redact_logs
-from tasks.landing.listener import listen_report
-from tasks.landing.sources import open_source
-from tasks.records import reconcile
+from tasks.core.runtime import quick_heartbeat_exit, utc_now
+from tasks.landing.listener import listen_report, open_source
+from tasks.records import keys
 from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
-from tasks.core.notify import notify_on_failure
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
@@ -82,32 +80,37 @@ class CheckedFlow(Flow):
         return serialized
 
 
-def checked_flow(**options: Any) -> Callable[[Callable[..., Any]], CheckedFlow]:
-    """``@flow(**options)`` making a ``CheckedFlow``."""
-    return lambda fn: CheckedFlow(fn, **options)
-
-
-ingest_task = task(records_messages.ingest_messages, name="ingest-messages", retries=2, retry_delay_seconds=[2, 10])
-replay_task = task(records_messages.replay_archive, name="replay-dead-letters", retries=1, retry_delay_seconds=[5])
-reconcile_task = task(reconcile.reconcile_rows, name="reconcile-records", retries=2, retry_delay_seconds=[5, 30])
+ingest_task = task(records_messages.ingest_messages, name="ingest-messages", **TRANSIENT_RETRIES)
+replay_task = task(records_messages.replay_archive, name="replay-dead-letters", **retry_policy(5))
+reconcile_task = task(reconcile.reconcile_rows, name="reconcile-records", **HEAVY_RETRIES)
 
 
 def _summary_artifact(key: str, findings: list[dict], dry_run: bool) -> None:
     rows = findings or [{"pipeline": "-", "record": "-", "problem": "none: Prefect and DynamoDB agree", "outcome": "-"}]
-    create_table_artifact(key=key, table=rows, description=f"records reconciliation ({'dry run' if dry_run else 'repairs applied'})")
+    create_table_artifact(
+        key=key, table=rows, description=f"records reconciliation ({'dry run' if dry_run else 'repairs applied'})"
+    )
 
 
-@checked_flow(name="records-ingest", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-ingest", flow_class=CheckedFlow)
 def records_ingest(messages: list[str] | None = None, messages_url: str | None = None) -> dict[str, Any]:
     """Cumulus workflow messages as text bodies (as SQS delivers them), or the batch file at ``messages_url``
     (a JSON list or one body per line, file:// or s3://) -> execution and granule records."""
     if (messages is None) == (messages_url is None):
-        raise ValueError("records-ingest: give messages (a list of text bodies) or messages_url (an object-store URL), not both")
+        raise ValueError(
+            "records-ingest: give messages (a list of text bodies) or messages_url (an object-store URL), not both"
+        )
     logger = get_run_logger()
     summary = ingest_task(messages, messages_url)
     stale = sum(kind["stale"] for kind in summary["records"].values())
-    logger.info("%d messages: %d ok, %d archived; %d stale writes dropped; records %s",
-                summary["messages"], summary["ok"], summary["archived"], stale, summary["records"])
+    logger.info(
+        "%d messages: %d ok, %d archived; %d stale writes dropped; records %s",
+        summary["messages"],
+        summary["ok"],
+        summary["archived"],
+        stale,
+        summary["records"],
+    )
     for message_id, error in summary["errors"].items():
         text = error["message"] if len(error["message"]) <= 1000 else error["message"][:1000] + " …"
         logger.warning("message %s archived: %s: %s", message_id, error["type"], text)
@@ -120,7 +123,7 @@ def ingest_batch(bodies: list[str]) -> tuple[dict[str, Any], str]:
     return state.result(), str(state.state_details.flow_run_id)
 
 
-@flow(name="records-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-listen")
 def records_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
@@ -134,25 +137,35 @@ def records_listen(
     for message files (one message, a JSON list, or one per line), moved to ``records/processed/{date}/`` once
     written. Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES)  # noqa: E731
+
+    def events():
+        return open_source(
+            source, records_landing.PIPELINE, None, keys.RECORDS_INCOMING_PREFIX, records_landing.SUFFIXES
+        )
+
     return listen_report(
         "records-listen", events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
-        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+        batch_size=batch_size, batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip
 
 
-@checked_flow(name="records-replay-dla", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["records-replay-dla"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-replay-dla", flow_class=CheckedFlow)
 def records_replay_dla(day: str | None = None, message_ids: list[str] | None = None) -> dict[str, Any]:
     """Reprocess dead-letter-archive/{day}/ (or only ``message_ids``)."""
     if day is None:  # the scheduled run replays yesterday's archive (UTC)
         day = (utc_now() - timedelta(days=1)).date().isoformat()
     result = replay_task(day, message_ids)
-    get_run_logger().info("replayed %s: %d written (deleted), %d failed again (moved to failed/)",
-                          day, len(result["written"]), len(result["failed"]))
+    get_run_logger().info(
+        "replayed %s: %d written (deleted), %d failed again (moved to failed/)",
+        day,
+        len(result["written"]),
+        len(result["failed"]),
+    )
     return result
 
 
-@checked_flow(name="records-reconcile", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["records-reconcile"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-reconcile", flow_class=CheckedFlow)
 def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False) -> list[dict]:
     """Prefect <-> DynamoDB reconciliation for every registered pipeline (or ``pipelines``)."""
     findings = reconcile_task(pipelines, dry_run)
@@ -161,7 +174,7 @@ def records_reconcile(pipelines: list[str] | None = None, dry_run: bool = False)
     return findings
 
 
-@checked_flow(name="records-prefect-state", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("records-prefect-state", flow_class=CheckedFlow)
 def records_prefect_state(event: dict[str, Any]) -> list[dict]:
     """A Prefect flow-run/task-run Crashed/Failed event -> repair the records of that run."""
     name, run_ids = reconcile.run_ids_from_event(event)

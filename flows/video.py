@@ -12,38 +12,45 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
+from flows.policies import TRANSIENT_RETRIES, pipeline_flow
 from tasks.core import keys, limits
-from tasks.landing.listener import listen_report
-from tasks.landing.sources import open_source
-from tasks.video import jobs as v
-from tasks.video import landing as video_landing
-from tasks.video import inference as video_inference
-from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
-from tasks.core.notify import notify_on_failure
-from tasks.core.runtime import quick_heartbeat_exit
 from tasks.core.redact import redact_logs
+from tasks.core.runtime import quick_heartbeat_exit
+from tasks.landing.listener import listen_report, open_source
+from tasks.video import inference as video_inference
+from tasks.video import jobs as v
+from tasks.video import keys as video_keys
+from tasks.video import landing as video_landing
+from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
 
 quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 
-FINAL_ERRORS = (InvalidMedia, FfmpegRefused, video_inference.InferenceRefused, keys.InvalidKey, LookupError, ValueError,
-                v.JobFailed)
+FINAL_ERRORS = (
+    InvalidMedia,
+    FfmpegRefused,
+    video_inference.InferenceRefused,
+    keys.InvalidKey,
+    LookupError,
+    ValueError,
+    v.JobFailed,
+)
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:
-    """Bad input (not a video, empty, truncated, bad id) and ffmpeg's refusals are final; anything else is worth a retry."""
+    """Bad input (not a video, empty, truncated, bad id) and ffmpeg's refusals are final; all else is worth a retry."""
     error = state.result(raise_on_failure=False)
     return not isinstance(error, FINAL_ERRORS)
 
 
 # bookkeeping steps run once (their writes are guarded); work steps retry transient faults, not bad input
-RETRIED = {"retries": 2, "retry_delay_seconds": [2, 10], "cache_policy": NO_CACHE}
+RETRIED = {**TRANSIENT_RETRIES, "cache_policy": NO_CACHE}
 WORK_RETRIED = {**RETRIED, "retry_condition_fn": _retry_unless_bad_input}
 # ffmpeg work: bounded per worker machine (its CPU slots) and per call (the seed's 15-minute Lambda ceiling)
 CPU_HEAVY = {"timeout_seconds": limits.SEGMENT_TIMEOUT_S}
@@ -53,7 +60,11 @@ import_source_task = task(v.import_source, name="import-source", **RETRIED)
 start_chunking_task = task(v.start_chunking, name="start-chunking", cache_policy=NO_CACHE)
 reopen_task = task(v.reopen_failed_job, name="reopen-failed-job", **RETRIED)
 chunk_source_task = task(limits.holding_cpu_slot(v.chunk_source), name="chunk-source", **CPU_HEAVY, **WORK_RETRIED)
-def infer_segment_here_or_remote(segment_key: str, backend: str | None = None, mode: str | None = None) -> dict[str, Any]:
+
+
+def infer_segment_here_or_remote(
+    segment_key: str, backend: str | None = None, mode: str | None = None
+) -> dict[str, Any]:
     """``infer_segment`` holding one of this machine's CPU slots, except for a remote backend (it only waits)."""
     backend = backend or load_config(VideoInference).backend
     if backend in video_inference.REMOTE_BACKENDS:
@@ -68,7 +79,7 @@ recover_stuck_task = task(v.recover_stuck_job, name="recover-stuck-job", **WORK_
 cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", **RETRIED)
 
 
-@flow(name="video-reassemble", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-reassemble")
 def video_reassemble(job_id: str, stale_after_s: float = 900.0) -> dict[str, Any]:
     """Reassembly worker: claim the lock, concat from the completion store, final.mp4, job completed."""
     return _reassemble(keys.safe_id(job_id, "job_id"), stale_after_s)
@@ -80,7 +91,7 @@ def _reassemble(job_id: str, stale_after_s: float) -> dict[str, Any]:
         result = reassemble_task(job_id, stale_after_s=stale_after_s)
     except v.JobFailed:
         raise
-    except Exception as error:  # after retries: the job must not stay chunking_complete
+    except Exception as error:  # noqa: BLE001 - after retries, any failure: the job must not stay chunking_complete
         _fail(job_id, f"reassembly failed: {error}")
     print(f"reassembly of {job_id}: {result}")
     return result
@@ -117,7 +128,7 @@ def _fail(job_id: str, reason: str) -> None:
     raise v.JobFailed(f"video job {job_id} failed: {reason}")
 
 
-@flow(name="video-process", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-process")
 def video_process(
     job_id: str | None = None,
     source_url: str | None = None,
@@ -145,7 +156,7 @@ def video_process(
         job_id = create_job_task(job_id, mode, segment_seconds)["job_id"]
         try:
             import_source_task(job_id, source_url)
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - any failure of the import fails the job it created
             _fail(job_id, f"import of the source failed: {error}")
     if job_id is None:
         raise ValueError("give a job_id (source uploaded to input/{job_id}/source.mp4) or a source_url")
@@ -161,17 +172,19 @@ def video_process(
     mode = mode or job.get("mode") or config.mode
     try:
         segment_keys = chunk_source_task(job_id, segment_seconds, mode)
-    except Exception as error:  # bad input or ffmpeg failure after retries
+    except Exception as error:  # noqa: BLE001 - bad input, ffmpeg or storage failure after retries: the job fails
         _fail(job_id, f"chunking failed: {error}")
     print(f"video job {job_id}: {len(segment_keys)} segments of {segment_seconds:g} s, mode {mode}, backend {backend}")
 
     infer = infer_segment_task.with_options(retries=segment_retries, retry_delay_seconds=segment_retry_delays)
-    futures = _bounded_submit(infer, segment_keys, max_parallel_segments or os.cpu_count() or 1, backend=backend, mode=mode)
+    futures = _bounded_submit(
+        infer, segment_keys, max_parallel_segments or os.cpu_count() or 1, backend=backend, mode=mode
+    )
     results, errors = [], []
     for segment_key, future in zip(segment_keys, futures):
         try:
             results.append(future.result())
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - a segment's task may raise anything; every failure is reported
             errors.append(f"{segment_key.rsplit('/', 1)[1]}: {error}")
     if errors:
         _fail(job_id, f"{len(errors)} of {len(segment_keys)} segments failed after retries; first: {errors[0]}")
@@ -183,7 +196,7 @@ def video_process(
     return v.get_job(job_id)
 
 
-@flow(name="video-sweep-stuck", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["video-sweep-stuck"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-sweep-stuck")
 def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     """Jobs `chunking_complete` for longer than ``stuck_minutes`` whose Prefect runs all ended: reassemble,
     re-drive (a new run of the dead run's deployment, at most ``MAX_REDRIVES`` times) or fail with the reason.
@@ -191,7 +204,7 @@ def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     A job whose process or reassembly run is still scheduled, pending or running is left alone. The same
     recovery runs at once when a run that held a job crashes (`records-prefect-state`); this sweep is the backstop.
     """
-    from tasks.records.reconcile import TERMINAL, prefect_states
+    from tasks.reconcile import TERMINAL, prefect_states
 
     candidates = v.stuck_candidates(stuck_minutes * 60)
     states = prefect_states([r for c in candidates for r in c["flow_run_ids"]], [])
@@ -206,7 +219,7 @@ def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     return swept
 
 
-@flow(name="video-delete-cleanup", log_prints=True, timeout_seconds=limits.FLOW_TIMEOUT_S["video-delete-cleanup"], on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-delete-cleanup")
 def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]:
     """Asynchronous cleanup after a soft delete: objects, completion records and the lock; the job row stays.
 
@@ -220,7 +233,7 @@ def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]
     return removed
 
 
-@flow(name="video-listen", log_prints=True, on_failure=[notify_on_failure], on_crashed=[notify_on_failure])
+@pipeline_flow("video-listen")
 def video_listen(
     source: str = "local",
     max_runtime_seconds: float = 0,
@@ -236,8 +249,9 @@ def video_listen(
     over at once (the user waits for their video, not for a batch to fill).
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(source, video_landing.PIPELINE, None, keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
+    events = lambda: open_source(source, video_landing.PIPELINE, None, video_keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
     return listen_report(
         "video-listen", events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds, max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
+        batch_size=batch_size, batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
     )  # fmt: skip

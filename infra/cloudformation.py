@@ -4,7 +4,7 @@
     python -m infra.cloudformation --check    # exit 1 when the committed template differs from the generated one
 
 Tables come from ``tasks.core.tables`` (keys, GSIs, TTL attribute), queues and dead-letter queues from
-``tasks.landing.sqs.SEED_QUEUES`` (the spec ``aws-events setup`` applies), the listeners and the worker's pool from
+``tasks.landing.sqs.landing_queues()`` (the spec ``aws-events setup`` applies), the listeners and the worker's pool from
 ``prefect.yaml``'s ecs set; the worker and each listener run as an ECS service of desired count 1, so ECS starts
 a new task when one dies.
 """
@@ -21,8 +21,10 @@ from typing import Any
 import yaml
 
 from blocks.etl import EtlSettings
-from tasks.core import keys, limits
-from tasks.core.tables import TABLE_SPECS, _create_request, default_names
+from tasks.core import limits
+from tasks.core.registry import default_table_names, table_specs
+from tasks.core.tables import _create_request
+from tasks.etl import keys
 from tasks.landing import sqs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -37,8 +39,10 @@ NONCURRENT_VERSION_DAYS = 7  # an overwritten or deleted object can be restored 
 APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
 SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
 # a listener's service runs its flow in the container's own process, with the ecs deployment's parameters
-RUN_FLOW = ("import json, sys; from prefect.flows import load_flow_from_entrypoint; "
-            "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))")
+RUN_FLOW = (
+    "import json, sys; from prefect.flows import load_flow_from_entrypoint; "
+    "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))"
+)
 
 
 def sub(text: str) -> dict[str, str]:
@@ -81,8 +85,16 @@ def listener_deployments() -> dict[str, dict[str, Any]]:
         function = deployment["entrypoint"].split(":")[1]
         if deployment["name"] == "ecs" and function in functions:
             found[function] = deployment
-    by_pipeline = {"etl": "ndjson_listen", "video": "video_listen", "phspectra": "phspectra_listen", "records": "records_listen"}
-    assert set(by_pipeline) == set(sqs.SEED_QUEUES) and set(by_pipeline.values()) == set(found), (by_pipeline, found)
+    by_pipeline = {
+        "etl": "ndjson_listen",
+        "video": "video_listen",
+        "phspectra": "phspectra_listen",
+        "records": "records_listen",
+    }
+    assert set(by_pipeline) == set(sqs.landing_queues()) and set(by_pipeline.values()) == set(found), (
+        by_pipeline,
+        found,
+    )
     return {pipeline: found[function] for pipeline, function in by_pipeline.items()}
 
 
@@ -92,22 +104,49 @@ def listener_deployments() -> dict[str, dict[str, Any]]:
 def parameters() -> dict[str, Any]:
     """The stack's inputs: environment, image, network, the Prefect API."""
     return {
-        "Env": {"Type": "String", "Default": "prod", "AllowedPattern": "[a-z0-9-]+",
-                "Description": "The tables' env (TABLE_ENV): it names the queues and the env-suffixed tables"},
-        "BucketName": {"Type": "String", "AllowedPattern": "[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]",
-                       "Description": "The pipelines' bucket (created here)"},
-        "StorePrefix": {"Type": "String", "Default": "pipelines", "AllowedPattern": "[A-Za-z0-9_-]+",
-                        "Description": "OBJECT_STORE_BASE_URL is s3://BucketName/StorePrefix"},
-        "ImageRepository": {"Type": "String", "Default": "pipelines",
-                            "Description": "ECR repository in this account and region that holds the Dockerfile's image"},
-        "ImageTag": {"Type": "String", "Description": "The image's tag (PIPELINES_IMAGE_TAG of `prefect deploy --name ecs`)"},
+        "Env": {
+            "Type": "String",
+            "Default": "prod",
+            "AllowedPattern": "[a-z0-9-]+",
+            "Description": "The tables' env (TABLE_ENV): it names the queues and the env-suffixed tables",
+        },
+        "BucketName": {
+            "Type": "String",
+            "AllowedPattern": "[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]",
+            "Description": "The pipelines' bucket (created here)",
+        },
+        "StorePrefix": {
+            "Type": "String",
+            "Default": "pipelines",
+            "AllowedPattern": "[A-Za-z0-9_-]+",
+            "Description": "OBJECT_STORE_BASE_URL is s3://BucketName/StorePrefix",
+        },
+        "ImageRepository": {
+            "Type": "String",
+            "Default": "pipelines",
+            "Description": "ECR repository in this account and region that holds the Dockerfile's image",
+        },
+        "ImageTag": {
+            "Type": "String",
+            "Description": "The image's tag (PIPELINES_IMAGE_TAG of `prefect deploy --name ecs`)",
+        },
         "PrefectApiUrl": {"Type": "String", "Description": "PREFECT_API_URL of the Prefect server or workspace"},
-        "PrefectApiKeySecretArn": {"Type": "String", "Default": "",
-                                   "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)"},
+        "PrefectApiKeySecretArn": {
+            "Type": "String",
+            "Default": "",
+            "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)",
+        },
         "Subnets": {"Type": "List<AWS::EC2::Subnet::Id>", "Description": "Subnets of the worker and listener tasks"},
-        "SecurityGroups": {"Type": "List<AWS::EC2::SecurityGroup::Id>", "Description": "Security groups of those tasks"},
-        "AssignPublicIp": {"Type": "String", "Default": "DISABLED", "AllowedValues": ["ENABLED", "DISABLED"],
-                           "Description": "ENABLED only in public subnets without a NAT gateway (to reach ECR and Prefect)"},
+        "SecurityGroups": {
+            "Type": "List<AWS::EC2::SecurityGroup::Id>",
+            "Description": "Security groups of those tasks",
+        },
+        "AssignPublicIp": {
+            "Type": "String",
+            "Default": "DISABLED",
+            "AllowedValues": ["ENABLED", "DISABLED"],
+            "Description": "ENABLED only in public subnets without a NAT gateway (to reach ECR and Prefect)",
+        },
     }
 
 
@@ -115,12 +154,14 @@ def parameters() -> dict[str, Any]:
 
 
 def table_resources() -> dict[str, Any]:
-    """One AWS::DynamoDB::Table per TABLE_SPECS entry, keyed and indexed as ``ensure_tables`` creates it."""
-    names = default_names(ENV)
+    """One AWS::DynamoDB::Table per table_specs() entry, keyed and indexed as ``ensure_tables`` creates it."""
+    names = default_table_names(ENV)
     resources = {}
-    for logical, spec in TABLE_SPECS.items():
+    for logical, spec in table_specs().items():
         properties = _create_request(names[logical], spec)
-        properties["TableName"] = sub(properties["TableName"]) if ENV in properties["TableName"] else properties["TableName"]
+        properties["TableName"] = (
+            sub(properties["TableName"]) if ENV in properties["TableName"] else properties["TableName"]
+        )
         properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
         properties["SSESpecification"] = {"SSEEnabled": True}
         if spec.ttl_attribute:
@@ -135,16 +176,27 @@ def table_resources() -> dict[str, Any]:
 
 
 def queue_resources() -> dict[str, Any]:
-    """Each seed queue with its dead-letter queue, attributes from ``sqs.queue_attributes`` (as ``aws-events setup``)."""
+    """Each seed queue with its dead-letter queue, attributes from ``sqs.queue_attributes`` as ``aws-events setup``."""
     resources = {}
-    encrypted = skip(("CKV_AWS_27", "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): S3 cannot send "
-                                    "its notifications to a queue under the AWS managed KMS key"))
-    for pipeline, spec in sqs.SEED_QUEUES.items():
+    encrypted = skip(
+        (
+            "CKV_AWS_27",
+            "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): S3 cannot send "
+            "its notifications to a queue under the AWS managed KMS key",
+        )
+    )
+    for pipeline, spec in sqs.landing_queues().items():
         queue, dead_letter = spec.names(ENV)
         dlq_id, queue_id = logical_id(pipeline, "dead letter queue"), logical_id(pipeline, "queue")
-        resources[dlq_id] = {"Type": "AWS::SQS::Queue", "Properties": {
-            "QueueName": sub(dead_letter), **{k: int(v) for k, v in sqs.dead_letter_attributes().items()},
-            "SqsManagedSseEnabled": True}, "Metadata": encrypted}
+        resources[dlq_id] = {
+            "Type": "AWS::SQS::Queue",
+            "Properties": {
+                "QueueName": sub(dead_letter),
+                **{k: int(v) for k, v in sqs.dead_letter_attributes().items()},
+                "SqsManagedSseEnabled": True,
+            },
+            "Metadata": encrypted,
+        }
         attributes = sqs.queue_attributes(spec, "DEAD_LETTER_ARN")
         redrive = json.loads(attributes.pop("RedrivePolicy"))
         redrive["deadLetterTargetArn"] = arn(dlq_id)
@@ -164,12 +216,12 @@ def queue_resources() -> dict[str, Any]:
 
 def notified_prefix(pipeline: str) -> dict[str, str]:
     """The key prefix whose created objects notify ``pipeline``'s queue: the store prefix + its input prefix."""
-    return sub(f"${{StorePrefix}}/{sqs.SEED_QUEUES[pipeline].input_prefix}")
+    return sub(f"${{StorePrefix}}/{sqs.landing_queues()[pipeline].input_prefix}")
 
 
 def bucket_resources() -> dict[str, Any]:
     """The pipelines' bucket: private, encrypted, versioned, its arrivals notifying the queues, with lifecycle rules."""
-    object_pipelines = [p for p, spec in sqs.SEED_QUEUES.items() if spec.mode == sqs.OBJECTS]
+    object_pipelines = [p for p, spec in sqs.landing_queues().items() if spec.mode == sqs.OBJECTS]
     expiring = {  # what the pipelines write to explain a record, kept as long as the record (TTL_DAYS)
         "quarantine": "quarantine/",  # refused input files and their .reason.json (keys.quarantine_key)
         "manifests": "manifests/",  # keys.manifest_key
@@ -177,11 +229,24 @@ def bucket_resources() -> dict[str, Any]:
     }
     assert keys.quarantine_key("2026-01-01", "a.ndjson").startswith(expiring["quarantine"])
     assert keys.run_report_key("glue", datetime(2026, 1, 1), "r").startswith(expiring["reports"])
-    rules = [{"Id": "abort-incomplete-multipart-uploads", "Status": "Enabled", "Prefix": "",
-              "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": INCOMPLETE_UPLOAD_DAYS},
-              "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_VERSION_DAYS}}]
-    rules += [{"Id": f"expire-{name}", "Status": "Enabled", "Prefix": sub(f"${{StorePrefix}}/{prefix}"),
-               "ExpirationInDays": OBJECT_RETENTION_DAYS} for name, prefix in expiring.items()]
+    rules = [
+        {
+            "Id": "abort-incomplete-multipart-uploads",
+            "Status": "Enabled",
+            "Prefix": "",
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": INCOMPLETE_UPLOAD_DAYS},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_VERSION_DAYS},
+        }
+    ]
+    rules += [
+        {
+            "Id": f"expire-{name}",
+            "Status": "Enabled",
+            "Prefix": sub(f"${{StorePrefix}}/{prefix}"),
+            "ExpirationInDays": OBJECT_RETENTION_DAYS,
+        }
+        for name, prefix in expiring.items()
+    ]
     bucket = {
         "Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
         "DependsOn": [logical_id(p, "queue policy") for p in object_pipelines],  # S3 checks it may send when configured
@@ -233,10 +298,10 @@ def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
 def iam_resources(log_groups: list[str]) -> dict[str, Any]:
     """The execution role (pull the image, write logs, read the API key), the pipelines' task role (their tables,
     bucket and queues, nothing else) and the worker's task role (run flow-run tasks on the cluster)."""
-    tables = [arn(logical_id("table", t)) for t in TABLE_SPECS]
-    table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in TABLE_SPECS.items() if s.gsis]
-    queues = [arn(logical_id(p, "queue")) for p in sqs.SEED_QUEUES]
-    dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.SEED_QUEUES]
+    tables = [arn(logical_id("table", t)) for t in table_specs()]
+    table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in table_specs().items() if s.gsis]
+    queues = [arn(logical_id(p, "queue")) for p in sqs.landing_queues()]
+    dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.landing_queues()]
     execution = [
         {"Sid": "PullImage", "Effect": "Allow", "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
                                                            "ecr:BatchCheckLayerAvailability"],
@@ -256,7 +321,8 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
         {"Sid": "ListBucket", "Effect": "Allow", "Resource": arn("Bucket"),
          "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetBucketLocation"]},
         {"Sid": "Objects", "Effect": "Allow", "Resource": sub("${Bucket.Arn}/${StorePrefix}/*"), "Action": [
-            "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]},
+            "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+            "s3:ListMultipartUploadParts"]},
         {"Sid": "Arrivals", "Effect": "Allow", "Resource": queues + dead_letters, "Action": [
             "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes",
             "sqs:GetQueueUrl"]},
@@ -268,7 +334,8 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
             "ecs:RegisterTaskDefinition", "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition",
             "ecs:ListTaskDefinitions"]},
         {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": ["ecs:RunTask", "ecs:TagResource"],
-         "Resource": [sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"), cluster_tasks],
+         "Resource": [
+             sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"), cluster_tasks],
          "Condition": on_cluster},
         {"Sid": "WatchFlowRuns", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
          "Resource": cluster_tasks, "Condition": on_cluster},
@@ -281,10 +348,16 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
          "Resource": sub("${FlowRunLogGroup.Arn}")},
     ]  # fmt: skip
     wildcard_reasons = (
-        ("CKV_AWS_111", "ecs:RegisterTaskDefinition and ecs:DeregisterTaskDefinition take no resource ARN (AWS's "
-                        "service authorization reference): the worker registers one per deployment version"),
-        ("CKV_AWS_356", "ecr:GetAuthorizationToken, the ECS task-definition calls and ec2:Describe* take no "
-                        "resource ARN; every other statement names its resources"),
+        (
+            "CKV_AWS_111",
+            "ecs:RegisterTaskDefinition and ecs:DeregisterTaskDefinition take no resource ARN (AWS's "
+            "service authorization reference): the worker registers one per deployment version",
+        ),
+        (
+            "CKV_AWS_356",
+            "ecr:GetAuthorizationToken, the ECS task-definition calls and ec2:Describe* take no "
+            "resource ARN; every other statement names its resources",
+        ),
     )
     return {
         "ExecutionRole": {"Type": "AWS::IAM::Role", "Properties": {
@@ -323,17 +396,21 @@ def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
         "NUMBA_CACHE_DIR": f"{SCRATCH}/numba",
     }
     if pipeline_queues:
-        variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.SEED_QUEUES}
+        variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.landing_queues()}
     return [{"Name": name, "Value": value} for name, value in variables.items()]
 
 
-def task_definition(family: str, command: list[str], role: str, log_group_id: str, pipeline_queues: bool) -> dict[str, Any]:
+def task_definition(
+    family: str, command: list[str], role: str, log_group_id: str, pipeline_queues: bool
+) -> dict[str, Any]:
     """A Fargate task definition of the image running ``command`` as the image's non-root user."""
     container = {
-        "Name": family, "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
+        "Name": family,
+        "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
         "Essential": True, "Command": command, "WorkingDirectory": APP_DIR, "Environment": environment(pipeline_queues),
-        "Secrets": {"Fn::If": ["HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
-                               ref("AWS::NoValue")]},
+        "Secrets": {"Fn::If": [
+            "HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
+            ref("AWS::NoValue")]},
         "ReadonlyRootFilesystem": True, "MountPoints": [{"SourceVolume": "scratch", "ContainerPath": SCRATCH}],
         "LogConfiguration": {"LogDriver": "awslogs", "Options": {
             "awslogs-group": ref(log_group_id), "awslogs-region": ref("AWS::Region"), "awslogs-stream-prefix": family}},
@@ -347,13 +424,30 @@ def task_definition(family: str, command: list[str], role: str, log_group_id: st
 def service(name: str, definition: str) -> dict[str, Any]:
     """An ECS service keeping one task of ``definition`` running: ECS starts another when it dies, and never
     two at once (a deployment stops the old task before it starts the new one)."""
-    return {"Type": "AWS::ECS::Service", "Properties": {
-        "ServiceName": name, "Cluster": ref("Cluster"), "TaskDefinition": ref(definition), "DesiredCount": 1,
-        "LaunchType": "FARGATE", "PropagateTags": "SERVICE", "EnableECSManagedTags": True,
-        "DeploymentConfiguration": {"MinimumHealthyPercent": 0, "MaximumPercent": 100,
-                                    "DeploymentCircuitBreaker": {"Enable": True, "Rollback": True}},
-        "NetworkConfiguration": {"AwsvpcConfiguration": {
-            "Subnets": ref("Subnets"), "SecurityGroups": ref("SecurityGroups"), "AssignPublicIp": ref("AssignPublicIp")}}}}
+    return {
+        "Type": "AWS::ECS::Service",
+        "Properties": {
+            "ServiceName": name,
+            "Cluster": ref("Cluster"),
+            "TaskDefinition": ref(definition),
+            "DesiredCount": 1,
+            "LaunchType": "FARGATE",
+            "PropagateTags": "SERVICE",
+            "EnableECSManagedTags": True,
+            "DeploymentConfiguration": {
+                "MinimumHealthyPercent": 0,
+                "MaximumPercent": 100,
+                "DeploymentCircuitBreaker": {"Enable": True, "Rollback": True},
+            },
+            "NetworkConfiguration": {
+                "AwsvpcConfiguration": {
+                    "Subnets": ref("Subnets"),
+                    "SecurityGroups": ref("SecurityGroups"),
+                    "AssignPublicIp": ref("AssignPublicIp"),
+                }
+            },
+        },
+    }
 
 
 def ecs_resources() -> dict[str, Any]:
@@ -361,20 +455,31 @@ def ecs_resources() -> dict[str, Any]:
     pool = prefect_config()["definitions"]["work_pools"]["ecs"]["name"]
     resources: dict[str, Any] = {
         "Cluster": {"Type": "AWS::ECS::Cluster", "Properties": {
-            "ClusterName": sub("pipelines-${Env}"), "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]}},
+            "ClusterName": sub("pipelines-${Env}"),
+            "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]}},
         "FlowRunLogGroup": log_group("flow-runs"),
         "WorkerLogGroup": log_group("worker"),
         "WorkerTaskDefinition": task_definition(
-            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs"], "WorkerRole", "WorkerLogGroup", False),
+            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs"], "WorkerRole", "WorkerLogGroup",
+            False),
         "WorkerService": service("prefect-worker", "WorkerTaskDefinition"),
     }  # fmt: skip
     for pipeline, deployment in listener_deployments().items():
         family = deployment["entrypoint"].split(":")[1].replace("_", "-")
-        command = ["python", "-c", RUN_FLOW, deployment["entrypoint"], json.dumps(deployment["parameters"], sort_keys=True)]
+        command = [
+            "python",
+            "-c",
+            RUN_FLOW,
+            deployment["entrypoint"],
+            json.dumps(deployment["parameters"], sort_keys=True),
+        ]
         resources[logical_id(pipeline, "listener log group")] = log_group(family)
         resources[logical_id(pipeline, "listener task definition")] = task_definition(
-            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True)
-        resources[logical_id(pipeline, "listener service")] = service(family, logical_id(pipeline, "listener task definition"))
+            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True
+        )
+        resources[logical_id(pipeline, "listener service")] = service(
+            family, logical_id(pipeline, "listener task definition")
+        )
     return resources
 
 
@@ -383,19 +488,21 @@ def template() -> dict[str, Any]:
     ecs = ecs_resources()
     log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
     resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs}
-    outputs = {  # what `prefect deploy --name ecs` and the blocks need (README "Pointing it at AWS")
+    outputs = {  # what `prefect deploy --name ecs` and the blocks need (docs/aws.md, "Image, template, deployments")
         "EcsCluster": {"Value": ref("Cluster"), "Description": "ECS_CLUSTER"},
         "EcsTaskRoleArn": {"Value": arn("TaskRole"), "Description": "ECS_TASK_ROLE_ARN"},
         "EcsExecutionRoleArn": {"Value": arn("ExecutionRole"), "Description": "ECS_EXECUTION_ROLE_ARN"},
         "BucketUrl": {"Value": sub("s3://${Bucket}/${StorePrefix}"), "Description": "PIPELINES_BUCKET_URL"},
         "FlowRunLogGroup": {"Value": ref("FlowRunLogGroup"), "Description": "log group for the flow-run tasks"},
     }
-    outputs |= {logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}
-                for p in sqs.SEED_QUEUES}
+    outputs |= {
+        logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}
+        for p in sqs.landing_queues()
+    }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
-                       "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)",
+        "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)",
         "Parameters": parameters(),
         "Conditions": {"HasPrefectApiKey": {"Fn::Not": [{"Fn::Equals": [ref("PrefectApiKeySecretArn"), ""]}]}},
         "Resources": resources,

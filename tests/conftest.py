@@ -6,12 +6,7 @@ other's records.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +24,21 @@ os.environ["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_OUTPUT = REPO_ROOT / "test-output"
 
+# the shared helpers (tests/helpers/) get pytest's assertion messages, as the test modules do; the fixtures of
+# these modules serve every test module
+pytest.register_assert_rewrite("tests.helpers")
+pytest_plugins = [
+    "tests.helpers.etl",
+    "tests.helpers.gpu",
+    "tests.helpers.health",
+    "tests.helpers.landing",
+    "tests.helpers.video",
+]
+
 
 def pytest_terminal_summary(terminalreporter):
     """How many crash points each pipeline's sweep exercised (issue: print them per pipeline)."""
-    from tests.crashpoints import SUMMARY
+    from tests.helpers.crashpoints import SUMMARY
 
     if SUMMARY:
         terminalreporter.section("crash points")
@@ -75,16 +81,16 @@ def prefect_server(dynamodb_endpoint):
 def _fresh_tables(monkeypatch) -> dict[str, str]:
     """Fresh tables (logical -> physical name), exposed to the code through TABLE_* variables."""
     from blocks.base import clear_cache
-    from tasks.core import state_store
-    from tasks.core.tables import TABLE_SPECS, default_names, ensure_tables
+    from tasks.core import registry, state_store
+    from tasks.core.tables import ensure_tables
 
     suffix = uuid.uuid4().hex[:8]
-    names = {logical: f"{physical}-{suffix}" for logical, physical in default_names("test").items()}
-    for logical in TABLE_SPECS:
+    names = {logical: f"{physical}-{suffix}" for logical, physical in registry.default_table_names("test").items()}
+    for logical in names:
         monkeypatch.setenv(f"TABLE_{logical.upper()}", names[logical])
     clear_cache()
     state_store.reset_clients()
-    ensure_tables(names)
+    ensure_tables(registry.table_specs(), names)
     return names
 
 
@@ -105,10 +111,11 @@ def module_tables() -> Iterator[dict[str, str]]:
 def record_alarms_only(monkeypatch):
     """pipeline-health with the record alarms only: the service alarms read every run on the shared test server
     (tests/test_health_service_alarms.py has them)."""
-    from tasks.health import listeners, service_alarms
+    from tasks.health import listeners, run, service_alarms
 
     monkeypatch.setattr(service_alarms, "CHECKS", {})
     monkeypatch.setattr(listeners, "CHECKS", {})  # the listeners' too (tests/test_health_listeners.py has them)
+    monkeypatch.setattr(run, "DECLARED_CHECKS", ("health_checks",))  # and the pipelines' service checks
 
 
 @pytest.fixture
@@ -122,8 +129,8 @@ def store_root(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    """moto's S3 server on loopback (tests/s3.py), started once for the tests that need an S3 API."""
-    from tests.s3 import moto_server
+    """moto's S3 server on loopback (tests/helpers/s3.py), started once for the tests that need an S3 API."""
+    from tests.helpers.s3 import moto_server
 
     with moto_server(TEST_OUTPUT / "moto-s3.log") as endpoint:
         yield endpoint
@@ -132,7 +139,7 @@ def s3_endpoint():
 @pytest.fixture
 def s3_base(s3_endpoint, monkeypatch) -> str:
     """This test's own bucket as the object store: OBJECT_STORE_BASE_URL=s3://bucket/pipelines, AWS_ENDPOINT_URL_S3."""
-    from tests.s3 import new_bucket
+    from tests.helpers.s3 import new_bucket
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
     base = f"s3://{new_bucket(s3_endpoint)}/pipelines"
@@ -154,7 +161,7 @@ class WebhookServer:
         server = self
 
         class Hook(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
                 server.posts.append({"path": self.path, "status": server.status, "body": body})
                 server.received.append(body)
@@ -188,38 +195,3 @@ def webhook_server():
 def webhook(webhook_server):
     """A webhook receiver on loopback for notification blocks: ``(url, received JSON bodies)``."""
     yield f"{webhook_server.url}/hook", webhook_server.received
-
-
-@contextlib.contextmanager
-def prefect_server_process(tmp_path: Path, env: dict[str, str] | None = None):
-    """A real ``prefect server start`` (with its UI and services) on a free port and its own database; its URL."""
-    port = dynamodb_local.free_port()
-    server_env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else the UI asks the default port 4200
-        **(env or {}),
-    }
-    server_env.pop("PREFECT_API_URL", None)
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=server_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("prefect server did not start: " + log_path.read_text()[-2000:])
-                time.sleep(0.5)
-        yield base
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)

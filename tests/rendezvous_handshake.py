@@ -37,6 +37,15 @@ with conn:
     conn.sendall(f"{rank}\n".encode())
     other = conn.makefile().readline().strip()
 expected_address = peers[1] if rank == 0 else peers[0]
-print(json.dumps({"rank": rank, "saw_rank": other, "peer_address": address, "retry": retry,
-                  **{k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "PIPELINES_PEERS")}}))
+print(
+    json.dumps(
+        {
+            "rank": rank,
+            "saw_rank": other,
+            "peer_address": address,
+            "retry": retry,
+            **{k: os.environ[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "PIPELINES_PEERS")},
+        }
+    )
+)
 sys.exit(0 if other == str(1 - rank) and address == expected_address else 1)

@@ -20,10 +20,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from deployments.dynamodb_local import free_port, port_open
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.object_store import ObjectStore
-from tests.crashpoints import child_env
-from tests.test_aws_s3 import REPO_ROOT, Worker, deploy_from_prefect_yaml, wait_for_runs
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 DASK = str(Path(sys.executable).with_name("dask"))
 KILL_ON_TASK = "DASK_TEST_KILL_ON_TASK"
@@ -117,7 +119,7 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
     from deployments.samples.phspectra import synthetic_cube, write_fits
     from flows.etl import ndjson_ingest
     from tasks.phspectra import survey as ph
-    from tests.test_phspectra import direct_rows
+    from tests.helpers.phspectra_survey import direct_rows
 
     for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "4",
                         "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
@@ -146,7 +148,7 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
         urls, ids = [], []
         for i in range(4):
             rows = [{"id": f"r{i}-{k}", "k": k} for k in range(5)]
-            key = keys.input_key("2026-03-01", f"f{i}.ndjson")
+            key = etl_keys.input_key("2026-03-01", f"f{i}.ndjson")
             store.put_bytes(key, b"".join(json.dumps(r).encode() + b"\n" for r in rows))
             urls.append(store.url_for(key))
             ids += [r["id"] for r in rows]
@@ -169,14 +171,17 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
     assert (run["status"], run["jobs_total"], run["jobs_completed"], run["jobs_failed"]) == ("COMPLETED", 4, 4, 0)
     chunks = state_store.to_plain(ph.list_chunks(run_id))
     assert {c["status"] for c in chunks} == {"COMPLETED"} and sorted(c["attempts"] for c in chunks) == [1, 1, 1, 2]
-    parquet = sorted(store.list(keys.decomposition_prefix("dask-s3", run_id)))
-    assert parquet == [keys.decomposition_key("dask-s3", run_id, s) for s in (0, 3, 6, 9)]
+    parquet = sorted(store.list(phspectra_keys.decomposition_prefix("dask-s3", run_id)))
+    assert parquet == [phspectra_keys.decomposition_key("dask-s3", run_id, s) for s in (0, 3, 6, 9)]
     rows = [row for key in parquet for row in ph.read_parquet(store, key).to_pylist()]
-    got = {(r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"])) for r in rows}
+    got = {
+        (r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"]))
+        for r in rows
+    }
     assert len(rows) == len(got) == 12 and got == direct_rows(cube_url, params)
     # the merge: four parts, every line exactly once, every file completed
-    parts = sorted(store.list(keys.merged_output_prefix("2026-03-01")))
-    assert parts == [keys.merged_part_key("2026-03-01", manifest, p) for p in range(4)]
+    parts = sorted(store.list(etl_keys.merged_output_prefix("2026-03-01")))
+    assert parts == [etl_keys.merged_part_key("2026-03-01", manifest, p) for p in range(4)]
     merged = []
     for key in parts:
         with store.open(key) as body:

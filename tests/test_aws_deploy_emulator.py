@@ -1,5 +1,5 @@
-"""infra/pipelines.template.json deployed to moto's CloudFormation (the moto server of tests/s3.py), then the ETL
-run on what it created: a file put in the bucket → S3 notification → the ETL queue → the ETL listener, started
+"""infra/pipelines.template.json deployed to moto's CloudFormation (the moto server of tests/helpers/s3.py), then
+the ETL run on what it created: a file put in the bucket → S3 notification → the ETL queue → the ETL listener, started
 with the command and environment of its ECS service's task definition → Parquet in the bucket.
 
 What moto cannot do is bridged here, each step named:
@@ -30,10 +30,12 @@ import pytest
 from botocore.exceptions import ClientError
 
 from infra import cloudformation as cfn
-from tasks.core import keys, state_store
-from tasks.core.tables import TABLE_SPECS, ensure_tables
+from tasks.core import state_store
+from tasks.core.registry import table_specs
+from tasks.core.tables import ensure_tables
+from tasks.etl import keys
 from tasks.landing import sqs
-from tests.crashpoints import REPO_ROOT, child_env
+from tests.helpers.crashpoints import REPO_ROOT, child_env
 
 DAY = "2026-02-01"
 ACCOUNT = "123456789012"  # moto's account
@@ -71,7 +73,8 @@ def apply_bucket_configuration(s3, bucket: str, properties: dict) -> None:
     does with them and moto's does not)."""
     s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={"QueueConfigurations": [
         {"QueueArn": c["Queue"], "Events": [c["Event"]],
-         "Filter": {"Key": {"FilterRules": [{"Name": r["Name"], "Value": r["Value"]} for r in c["Filter"]["S3Key"]["Rules"]]}}}
+         "Filter": {"Key": {"FilterRules": [{"Name": r["Name"], "Value": r["Value"]}
+                                            for r in c["Filter"]["S3Key"]["Rules"]]}}}
         for c in properties["NotificationConfiguration"]["QueueConfigurations"]]})  # fmt: skip
     rules = []
     for rule in properties["LifecycleConfiguration"]["Rules"]:
@@ -99,8 +102,12 @@ def stack(s3_endpoint, monkeypatch):
     }  # fmt: skip
     formation = client("cloudformation", s3_endpoint)
     name = f"pipelines-{env}"
-    formation.create_stack(StackName=name, TemplateBody=cfn.TEMPLATE_PATH.read_text(), Capabilities=["CAPABILITY_IAM"],
-                           Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()])
+    formation.create_stack(
+        StackName=name,
+        TemplateBody=cfn.TEMPLATE_PATH.read_text(),
+        Capabilities=["CAPABILITY_IAM"],
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in parameters.items()],
+    )
     deadline = time.monotonic() + 120
     while (status := formation.describe_stacks(StackName=name)["Stacks"][0]["StackStatus"]) == "CREATE_IN_PROGRESS":
         assert time.monotonic() < deadline, "the stack did not finish"
@@ -108,16 +115,24 @@ def stack(s3_endpoint, monkeypatch):
     described = formation.describe_stacks(StackName=name)["Stacks"][0]
     assert status == "CREATE_COMPLETE", described.get("StackStatusReason")
     created = formation.list_stack_resources(StackName=name)["StackResourceSummaries"]
-    yield {"name": name, "env": env, "bucket": bucket, "parameters": parameters, "resources": created,
-           "outputs": {o["OutputKey"]: o["OutputValue"] for o in described["Outputs"]}}
+    yield {
+        "name": name,
+        "env": env,
+        "bucket": bucket,
+        "parameters": parameters,
+        "resources": created,
+        "outputs": {o["OutputKey"]: o["OutputValue"] for o in described["Outputs"]},
+    }
     formation.delete_stack(StackName=name)
 
 
 def physical_values(stack: dict, endpoint: str) -> dict[str, str]:
-    """Parameters, pseudo parameters, physical ids and the ARNs the template refers to, as CloudFormation resolved them."""
-    defaults = {k: p["Default"] for k, p in json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"].items() if "Default" in p}
-    values = {**defaults, **stack["parameters"], "AWS::Region": "us-east-1", "AWS::AccountId": ACCOUNT, "AWS::Partition": "aws",
-              "AWS::URLSuffix": "amazonaws.com", "AWS::NoValue": None}  # fmt: skip
+    """Parameters, pseudo parameters, physical ids and the template's ARNs, as CloudFormation resolved them."""
+    defaults = {
+        k: p["Default"] for k, p in json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"].items() if "Default" in p
+    }
+    values = {**defaults, **stack["parameters"], "AWS::Region": "us-east-1", "AWS::AccountId": ACCOUNT,
+              "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com", "AWS::NoValue": None}  # fmt: skip
     sqs_client = client("sqs", endpoint)
     for resource in stack["resources"]:
         logical, physical = resource["LogicalResourceId"], resource["PhysicalResourceId"]
@@ -142,13 +157,17 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
 
     # what the stack created, as the services' APIs report it
     ecs = client("ecs", s3_endpoint)
-    services = ecs.describe_services(cluster=stack["outputs"]["EcsCluster"],
-                                     services=[values[n] for n, r in template["Resources"].items() if r["Type"] == "AWS::ECS::Service"])["services"]
-    assert len(services) == 1 + len(sqs.SEED_QUEUES) and {s["desiredCount"] for s in services} == {1}
+    services = ecs.describe_services(
+        cluster=stack["outputs"]["EcsCluster"],
+        services=[values[n] for n, r in template["Resources"].items() if r["Type"] == "AWS::ECS::Service"],
+    )["services"]
+    assert len(services) == 1 + len(sqs.landing_queues()) and {s["desiredCount"] for s in services} == {1}
     groups = client("logs", s3_endpoint).describe_log_groups(logGroupNamePrefix=f"/pipelines/{env}/")["logGroups"]
-    assert len(groups) == 2 + len(sqs.SEED_QUEUES) and {g["retentionInDays"] for g in groups} == {3}
+    assert len(groups) == 2 + len(sqs.landing_queues()) and {g["retentionInDays"] for g in groups} == {3}
     queue_url = stack["outputs"]["EtlQueueUrl"]
-    attributes = client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
+    attributes = client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])[
+        "Attributes"
+    ]
     assert attributes["VisibilityTimeout"] == "360" and json.loads(attributes["RedrivePolicy"])["maxReceiveCount"] == 3
     roles = client("iam", s3_endpoint).list_roles()["Roles"]
     assert {values[n] for n in ("TaskRole", "ExecutionRole", "WorkerRole")} <= {r["RoleName"] for r in roles}
@@ -159,7 +178,9 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
         properties = resolve(template["Resources"][name]["Properties"], values)
         if "Queues" in properties:
             for url in properties["Queues"]:
-                client("sqs", s3_endpoint).set_queue_attributes(QueueUrl=url, Attributes={"Policy": json.dumps(properties["PolicyDocument"])})
+                client("sqs", s3_endpoint).set_queue_attributes(
+                    QueueUrl=url, Attributes={"Policy": json.dumps(properties["PolicyDocument"])}
+                )
         else:
             s3.put_bucket_policy(Bucket=properties["Bucket"], Policy=json.dumps(properties["PolicyDocument"]))
     with pytest.raises(ClientError, match="Forbidden|AccessDenied"):
@@ -168,17 +189,22 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     apply_bucket_configuration(s3, bucket, resolve(template["Resources"]["Bucket"]["Properties"], values))
     assert len(s3.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]) == 4
     names = {}
-    for logical in TABLE_SPECS:
+    for logical in table_specs():
         properties = resolve(template["Resources"][cfn.logical_id("table", logical)]["Properties"], values)
         ttl = properties.pop("TimeToLiveSpecification", None)
-        request = {k: v for k, v in properties.items() if k in ("TableName", "KeySchema", "AttributeDefinitions",
-                                                                  "BillingMode", "GlobalSecondaryIndexes")}
+        request = {
+            k: v
+            for k, v in properties.items()
+            if k in ("TableName", "KeySchema", "AttributeDefinitions", "BillingMode", "GlobalSecondaryIndexes")
+        }
         state_store.client().create_table(**request)
         if ttl:
             state_store.client().get_waiter("table_exists").wait(TableName=request["TableName"])
             state_store.client().update_time_to_live(TableName=request["TableName"], TimeToLiveSpecification=ttl)
         names[logical] = request["TableName"]
-    assert set(ensure_tables(names).values()) == {"exists"}  # the code's own check finds the keys it expects
+    assert set(ensure_tables(table_specs(), names).values()) == {
+        "exists"
+    }  # the code's own check finds the keys it expects
 
     # the ETL listener as its service runs it: the task definition's command and environment
     family = next(v for k, v in values.items() if k == "EtlListenerTaskDefinition")
@@ -196,8 +222,13 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     }  # fmt: skip
     base = {k: v for k, v in child_env().items() if not k.startswith(("TABLE_", "OBJECT_STORE", "PIPELINES_"))}
     log = open(tmp_path / "listener.log", "w")
-    listener = subprocess.Popen([sys.executable, *command[1:4], json.dumps(parameters)], cwd=REPO_ROOT,
-                                env={**base, **environment, **scratch, **stand_ins}, stdout=log, stderr=subprocess.STDOUT)
+    listener = subprocess.Popen(
+        [sys.executable, *command[1:4], json.dumps(parameters)],
+        cwd=REPO_ROOT,
+        env={**base, **environment, **scratch, **stand_ins},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         rows = {f"{i}-{k}": {"id": f"{i}-{k}", "n": k} for i in range(2) for k in range(3)}
         for i in range(2):
@@ -210,12 +241,17 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
             parquet = [o["Key"] for o in listed if o["Key"].endswith(".parquet")]
             time.sleep(1)
         assert parquet, (tmp_path / "listener.log").read_text()[-4000:]
-        merged = [row for key in parquet
-                  for row in pq.read_table(pa.BufferReader(s3.get_object(Bucket=bucket, Key=key)["Body"].read())).to_pylist()]
+        merged = [
+            row
+            for key in parquet
+            for row in pq.read_table(pa.BufferReader(s3.get_object(Bucket=bucket, Key=key)["Body"].read())).to_pylist()
+        ]
         assert sorted(r["id"] for r in merged) == sorted(rows)  # each line exactly once
         assert all(r["n"] == str(rows[r["id"]]["n"]) for r in merged), merged  # the seed's Glue job writes strings
-        assert all(r["_source_file"] == f"s3://{bucket}/pipelines/{keys.input_key(DAY, 'part-' + r['id'][0] + '.ndjson')}"
-                   for r in merged), merged
+        assert all(
+            r["_source_file"] == f"s3://{bucket}/pipelines/{keys.input_key(DAY, 'part-' + r['id'][0] + '.ndjson')}"
+            for r in merged
+        ), merged
         deadline = time.monotonic() + 60  # the listener deletes each message once its files are tracked
         while (left := client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=[
                 "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]) and \

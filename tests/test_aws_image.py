@@ -43,7 +43,7 @@ def pip_install(words: list[str]) -> tuple[str, str] | None:
     """(constraints file, what is installed) of a `pip install` command; None for any other command."""
     if "pip" not in words or "install" not in words:
         return None
-    args = words[words.index("install") + 1:]
+    args = words[words.index("install") + 1 :]
     constraints = args[args.index("-c") + 1]
     targets = [a for i, a in enumerate(args) if not a.startswith("-") and args[i - 1] not in ("-c", "-r")]
     return constraints, " ".join(targets)
@@ -51,7 +51,9 @@ def pip_install(words: list[str]) -> tuple[str, str] | None:
 
 def make_install() -> tuple[str, str]:
     """(constraints file, what is installed) of the Makefile's project install (the venv `make test` uses)."""
-    line = next(l for l in (REPO_ROOT / "Makefile").read_text().splitlines() if "pip install" in l and "-e" in l)
+    line = next(
+        row for row in (REPO_ROOT / "Makefile").read_text().splitlines() if "pip install" in row and "-e" in row
+    )
     constraints, target = pip_install(shlex.split(line.replace("$(PY)", "python")))
     return constraints, target
 
@@ -65,7 +67,9 @@ def test_the_build_stage_installs_what_make_test_installs_without_the_dev_extra(
     assert not [words for words in runs(runtime) if pip_install(words)], "the runtime stage installs nothing itself"
 
     copied = {source for i in build if i["instruction"] == "COPY" for source in i["value"].split()[:-1]}
-    packages = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
+        "include"
+    ]
     assert {"pyproject.toml", "constraints.txt"} <= copied
     assert {f"{p.rstrip('*')}/" for p in packages} <= copied  # every package the install finds is in the stage
 
@@ -114,4 +118,6 @@ def test_hadolint_reports_a_bad_dockerfile(tmp_path):
 def test_the_build_context_leaves_out_local_state(path):
     ignored = (REPO_ROOT / ".dockerignore").read_text().splitlines()
     assert "**" in ignored  # everything is left out unless named
-    assert not [line for line in ignored if line.startswith("!") and (path.startswith(line[1:]) or line[1:].startswith(path))]
+    assert not [
+        line for line in ignored if line.startswith("!") and (path.startswith(line[1:]) or line[1:].startswith(path))
+    ]

@@ -1,4 +1,4 @@
-"""The S3 path end to end: moto's S3 server on loopback (tests/s3.py) as the object store of every pipeline.
+"""The S3 path end to end: moto's S3 server on loopback (tests/helpers/s3.py) as the object store of every pipeline.
 
 OBJECT_STORE_BASE_URL is s3://bucket/pipelines and AWS_ENDPOINT_URL_S3 points at the server, so the code
 under test is the code that runs against AWS. Large objects go up in multipart and stream both ways; a
@@ -19,11 +19,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.keys import InvalidKey
 from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
-from tests.crashpoints import killed, run_child
-from tests.s3 import object_keys
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks.video import keys as video_keys
+from tests.helpers.crashpoints import killed, run_child
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
+from tests.helpers.s3 import object_keys
 
 MiB = 1024 * 1024
 BIG = 13 * MiB  # two parts of the default 8 MiB
@@ -102,7 +106,10 @@ def test_large_objects_go_up_in_multipart_and_stream_both_ways(s3_base, tmp_path
     assert parts_of(store, "video/copy.bin") == 2 and digest(store.open("video/copy.bin")) == want
     generated = _Generated(BIG)
     store.put_stream("video/generated.bin", generated)
-    assert parts_of(store, "video/generated.bin") == 2 and digest(store.open("video/generated.bin")) == generated.sha.hexdigest()
+    assert (
+        parts_of(store, "video/generated.bin") == 2
+        and digest(store.open("video/generated.bin")) == generated.sha.hexdigest()
+    )
     # small objects stay one PUT; everything lives under the prefix
     store.put_bytes("small.json", b"{}")
     assert parts_of(store, "small.json") == 1 and store.get_bytes("small.json") == b"{}"
@@ -178,7 +185,10 @@ def test_the_new_writes_are_crash_points(s3_base, tmp_path, when):
     s3, local = ObjectStore.from_url(s3_base), ObjectStore.from_url(tmp_path.as_uri())
     landed = when == "after"
     for store in (s3, local):
-        for write in (lambda: store.put_stream("s", _Generated(BIG)), lambda: store.put_bytes("b", b"7" * (8 * MiB))):
+        for write in (
+            lambda store=store: store.put_stream("s", _Generated(BIG)),
+            lambda store=store: store.put_bytes("b", b"7" * (8 * MiB)),
+        ):
             with faults.inject(at=1, mode="raise", when=when), pytest.raises(faults.InjectedFault):
                 write()
         assert (store.exists("s"), store.exists("b")) == (landed, landed)
@@ -191,123 +201,6 @@ def test_the_new_writes_are_crash_points(s3_base, tmp_path, when):
     assert len(s3.incomplete_uploads()) == (0 if landed else 1)
 
 
-# --------------------------------------------------------------------------- deployments and a worker (shared)
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def flow_name(entrypoint: str) -> str:
-    """The Prefect flow name of a prefect.yaml entrypoint (``flows/etl.py:ndjson_merge`` -> ``ndjson-merge``)."""
-    return entrypoint.split(":")[1].replace("_", "-")
-
-
-def prefect_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    """``prefect --no-prompt ARGS`` against the test server (or with ``env``), as a user types it; must succeed."""
-    import subprocess
-    import sys
-
-    from prefect.settings import PREFECT_API_URL
-
-    env = env or {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
-    result = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", *args], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
-def _to_copies(value, name: str):
-    """``value`` (parameters, triggers) with every reference to a 'local' deployment pointed at the copy ``name``."""
-    if isinstance(value, dict):
-        return {k: name if k == "prefect.resource.name" and v == "local" else _to_copies(v, name) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_copies(v, name) for v in value]
-    return value.replace("/local", f"/{name}") if isinstance(value, str) and value.endswith("/local") else value
-
-
-def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: str) -> dict[str, str]:
-    """`prefect deploy` the 'local' deployments of ``flows`` from prefect.yaml as ``{flow}/{name}`` on ``pool``.
-
-    Everything else (entrypoint, parameters, triggers, pull step) is prefect.yaml's own; references from one
-    deployment to another (``merge_deployment``, ``reassembly_deployment``, the triggers' deployment names) are
-    pointed at the copies.
-    """
-    import yaml
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-    from prefect.exceptions import ObjectAlreadyExists
-
-    config = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
-    chosen = []
-    for deployment in config["deployments"]:
-        if deployment["name"] != "local" or flow_name(deployment["entrypoint"]) not in flows:
-            continue
-        parameters = _to_copies(deployment.get("parameters") or {}, name)
-        chosen.append({**deployment, "name": name, "work_pool": {"name": pool, "work_queue_name": "default"},
-                       "parameters": parameters, "schedules": [],
-                       "triggers": _to_copies(deployment.get("triggers") or [], name)})  # fmt: skip
-    assert {flow_name(d["entrypoint"]) for d in chosen} == flows
-    document = {key: config[key] for key in ("name", "prefect-version", "build", "push", "pull")}
-    path = tmp_path / "prefect-test.yaml"
-    path.write_text(yaml.safe_dump({**document, "deployments": chosen}, sort_keys=False))
-    from deployments.local_stack import process_base_job_template
-
-    with get_client(sync_client=True) as client:
-        try:  # as `make up` makes its pool: flow runs started by the engine command
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=process_base_job_template()))
-        except ObjectAlreadyExists:
-            pass
-    prefect_cli("deploy", "--all", "--prefect-file", str(path))
-    return {flow: f"{flow}/{name}" for flow in flows}
-
-
-class Worker:
-    """A `prefect worker start` process on ``pool`` with this test's environment (tables, endpoints, store)."""
-
-    def __init__(self, pool: str, log: Path, extra: dict[str, str] | None = None):
-        import subprocess
-        import sys
-
-        from tests.crashpoints import child_env
-
-        env = child_env({"PREFECT_WORKER_QUERY_SECONDS": "1", "PIPELINES_ROOT": str(REPO_ROOT), **(extra or {})})
-        self.log = log
-        with open(log, "ab") as handle:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
-                cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-
-    def stop(self) -> None:
-        """Stop the worker and whatever flow runs it still has (its process group)."""
-        with __import__("contextlib").suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-
-    def tail(self) -> str:
-        """The end of the worker's log (for assertion messages)."""
-        return self.log.read_text(errors="replace")[-4000:]
-
-
-def wait_for_runs(deployment: str, count: int, timeout: float = 240, worker: Worker | None = None) -> list:
-    """Wait until ``count`` runs of ``deployment`` exist and all are final; returns them."""
-    import time
-
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-    deadline = time.monotonic() + timeout
-    with get_client(sync_client=True) as client:
-        deployment_id = client.read_deployment_by_name(deployment).id
-        while True:
-            runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
-            if len(runs) >= count and all(r.state and r.state.is_final() for r in runs):
-                return runs
-            if time.monotonic() > deadline:
-                states = [(r.name, r.state_name) for r in runs]
-                raise AssertionError(f"{deployment}: runs {states} not final in {timeout} s\n{worker.tail() if worker else ''}")
-            time.sleep(1)
-
-
 # --------------------------------------------------------------------------- every pipeline through S3
 
 
@@ -315,7 +208,7 @@ def test_phspectra_survey_on_s3(tables, s3_base, tmp_path):
     from deployments.samples.phspectra import synthetic_cube, write_fits
     from flows.phspectra_survey import phspectra_survey
     from tasks.phspectra import survey as ph
-    from tests.test_phspectra import direct_rows
+    from tests.helpers.phspectra_survey import direct_rows
 
     store = ObjectStore.from_url(s3_base)
     store.put_file("cubes/grs.fits", write_fits(synthetic_cube(ny=3, nx=4, n_channels=64), tmp_path / "cube.fits"))
@@ -326,13 +219,16 @@ def test_phspectra_survey_on_s3(tables, s3_base, tmp_path):
     run_id = summary["run_id"]
     run = state_store.to_plain(ph.get_run(run_id))
     assert (run["status"], run["jobs_total"], run["jobs_completed"], run["jobs_failed"]) == ("COMPLETED", 3, 3, 0)
-    parquet = sorted(store.list(keys.decomposition_prefix("grs-s3", run_id)))
-    assert parquet == [keys.decomposition_key("grs-s3", run_id, s) for s in (0, 5, 10)]
+    parquet = sorted(store.list(phspectra_keys.decomposition_prefix("grs-s3", run_id)))
+    assert parquet == [phspectra_keys.decomposition_key("grs-s3", run_id, s) for s in (0, 5, 10)]
     rows = [row for key in parquet for row in ph.read_parquet(store, key).to_pylist()]
-    got = {(r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"])) for r in rows}
+    got = {
+        (r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"]))
+        for r in rows
+    }
     assert len(rows) == len(got) == 12  # each spectrum exactly once
     assert got == direct_rows(cube_url, params)
-    assert sorted(store.list(f"chunks/{run_id}/")) == [keys.chunk_npz_key(run_id, s) for s in (0, 5, 10)]
+    assert sorted(store.list(f"chunks/{run_id}/")) == [phspectra_keys.chunk_npz_key(run_id, s) for s in (0, 5, 10)]
 
 
 def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_base, tmp_path):
@@ -350,13 +246,13 @@ def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_ba
     urllib.request.urlopen(request, timeout=30).close()
 
     done = video_process(job_id=job_id, segment_seconds=1.0, mode="grayscale", segment_retry_delays=[0, 0])
-    assert (done["status"], done["total_segments"], done["final_key"]) == ("completed", 3, keys.final_key(job_id))
+    assert (done["status"], done["total_segments"], done["final_key"]) == ("completed", 3, video_keys.final_key(job_id))
     store.download(done["final_key"], tmp_path / "final.mp4")
     final = probe(tmp_path / "final.mp4")
     assert final.frames == done["final_frames"] and abs(final.frames - 30) <= 2
     records = v.completions(job_id)
     assert set(store.list("")) == (
-        {keys.source_key(job_id), keys.final_key(job_id)}
+        {video_keys.source_key(job_id), video_keys.final_key(job_id)}
         | {r["segment_key"] for r in records} | {r["output_key"] for r in records}
     )  # fmt: skip
 
@@ -368,11 +264,11 @@ def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_ba
 
 def test_records_dead_letter_archive_and_replay_on_s3(tables, s3_base):
     from flows.records import records_ingest, records_replay_dla
-    from tasks.core.keys import dead_letter_prefix
     from tasks.core.runtime import today_iso
     from tasks.records import dead_letter
     from tasks.records import messages as records_messages
-    from tests.test_records import message
+    from tasks.records.keys import dead_letter_prefix
+    from tests.helpers.records import message
 
     store = ObjectStore.from_url(s3_base)
     good = message("completed", "exec-1", 1000, granule="G1")
@@ -383,7 +279,9 @@ def test_records_dead_letter_archive_and_replay_on_s3(tables, s3_base):
     assert (summary["messages"], summary["ok"], summary["archived"]) == (3, 1, 2)
     day = today_iso()
     broken, clash = records_messages.message_id(fixed[:-5]), records_messages.message_id(bodies[2])
-    assert sorted(store.list(dead_letter_prefix(day))) == sorted(f"{dead_letter_prefix(day)}{i}.json" for i in (broken, clash))
+    assert sorted(store.list(dead_letter_prefix(day))) == sorted(
+        f"{dead_letter_prefix(day)}{i}.json" for i in (broken, clash)
+    )
 
     # an operator repairs the truncated body in the S3 archive; the collection conflict stays
     key = f"{dead_letter_prefix(day)}{broken}.json"
@@ -427,21 +325,31 @@ def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
         for day, n in ((ETL_DAY, 4), (ETL_LATE_DAY, 2)):  # one full batch; two files the flush must pick up
             for i in range(n):
                 rows = [{"id": f"{day}-{i}-{k}", "n": k, "nested": {"k": [k]}} for k in range(3)]
-                key = keys.input_key(day, f"part-{i}.ndjson")
+                key = etl_keys.input_key(day, f"part-{i}.ndjson")
                 store.put_bytes(key, b"".join(json.dumps(r).encode() + b"\n" for r in rows) + b"{broken\n" * (i == 1))
                 urls.append(store.url_for(key))
                 lines.update({r["id"]: r for r in rows})
-        bad = store.url_for(keys.input_key(ETL_DAY, "empty.ndjson"))
-        store.put_bytes(keys.input_key(ETL_DAY, "empty.ndjson"), b"")
+        bad = store.url_for(etl_keys.input_key(ETL_DAY, "empty.ndjson"))
+        store.put_bytes(etl_keys.input_key(ETL_DAY, "empty.ndjson"), b"")
 
         summary = ndjson_ingest(file_urls=urls + [bad], merge_deployment=deployments["ndjson-merge"])
-        assert (summary["tracked"], summary["quarantined"], len(summary["manifests"]), summary["launched"]) == (6, 1, 1, 1)
+        assert (summary["tracked"], summary["quarantined"], len(summary["manifests"]), summary["launched"]) == (
+            6,
+            1,
+            1,
+            1,
+        )
         flushed = ndjson_flush_orphans(today=ETL_TODAY, merge_deployment=deployments["ndjson-merge"])
         assert flushed["orphaned_dates"] == {ETL_LATE_DAY: 2} and flushed["launched"] == 1
         # one run or two: a run still queued when the flush's manifest is written takes it too (no second event)
         deadline = time.monotonic() + 240
-        while sum(i.get("status") == "completed" and i["file_key"].startswith(keys.MANIFEST_PREFIX)
-                  for i in state_store.scan_all(tables["etl_file_tracking"])) < 2:
+        while (
+            sum(
+                i.get("status") == "completed" and i["file_key"].startswith(etl_keys.MANIFEST_PREFIX)
+                for i in state_store.scan_all(tables["etl_file_tracking"])
+            )
+            < 2
+        ):
             assert time.monotonic() < deadline, f"both manifests not merged in 240 s\n{worker.tail()}"
             time.sleep(1)
         runs = wait_for_runs(deployments["ndjson-merge"], 1, worker=worker)
@@ -452,17 +360,23 @@ def test_etl_ingest_merge_on_a_worker_and_flush_on_s3(etl_s3, tables, tmp_path):
     # every good line exactly once in the merged Parquet on S3; the bad lines in the rejects; every file completed
     merged = []
     for day in (ETL_DAY, ETL_LATE_DAY):
-        for key in store.list(keys.merged_output_prefix(day)):
+        for key in store.list(etl_keys.merged_output_prefix(day)):
             with store.open(key) as body:
                 merged += pq.read_table(pa.BufferReader(body.read())).to_pylist()
     assert sorted(r["id"] for r in merged) == sorted(lines) and len(merged) == 18
     assert all(r["nested"] == json.dumps(lines[r["id"]]["nested"], separators=(",", ":")) for r in merged)
     rejects = [key for key in store.list("pipeline/output/rejects/")]
     assert len(rejects) == 2 and all(store.get_bytes(k).count(b"\n") == 1 for k in rejects)
-    statuses = {(i["date_prefix"], i["file_key"]): i.get("status") for i in state_store.scan_all(tables["etl_file_tracking"])}
-    files = {k: s.split("#")[0] for k, s in statuses.items() if not k[1].startswith((keys.MANIFEST_PREFIX, keys.LOCK_PREFIX))}
+    statuses = {
+        (i["date_prefix"], i["file_key"]): i.get("status") for i in state_store.scan_all(tables["etl_file_tracking"])
+    }
+    files = {
+        k: s.split("#")[0]
+        for k, s in statuses.items()
+        if not k[1].startswith((etl_keys.MANIFEST_PREFIX, etl_keys.LOCK_PREFIX))
+    }
     assert len(files) == 7, statuses
-    manifests = {k: s for k, s in statuses.items() if k[1].startswith(keys.MANIFEST_PREFIX)}
+    manifests = {k: s for k, s in statuses.items() if k[1].startswith(etl_keys.MANIFEST_PREFIX)}
     assert sorted(set(files.values())) == ["completed", "quarantined"] and list(files.values()).count("completed") == 6
     assert sorted(manifests.values()) == ["completed", "completed"]
-    assert keys.quarantine_key(ETL_DAY, "empty.ndjson") in set(store.list(""))
+    assert etl_keys.quarantine_key(ETL_DAY, "empty.ndjson") in set(store.list(""))

@@ -7,7 +7,8 @@ import json
 import subprocess
 
 from infra import cloudformation as cfn
-from tasks.core.tables import TABLE_SPECS, Index, TableSpec, default_names, schema_differences
+from tasks.core.registry import default_table_names, table_specs
+from tasks.core.tables import Index, TableSpec, schema_differences
 from tasks.landing import sqs
 
 TOOLS = cfn.REPO_ROOT / ".venv-tools" / "bin"  # `make lint-tools` (make test depends on it)
@@ -31,45 +32,56 @@ def test_the_committed_template_is_the_one_the_specs_generate():
 
 
 def test_a_spec_change_shows_as_drift(monkeypatch):
-    changed = dict(TABLE_SPECS, ecs_node=TableSpec("node_name", gsis=(Index("cluster-index", "cluster_name"),)))
-    monkeypatch.setattr(cfn, "TABLE_SPECS", changed)
+    changed = dict(table_specs(), ecs_node=TableSpec("node_name", gsis=(Index("cluster-index", "cluster_name"),)))
+    monkeypatch.setattr(cfn, "table_specs", lambda: changed)
     assert cfn.render() != cfn.TEMPLATE_PATH.read_text() and cfn.main(["--check"]) == 1
 
 
 def test_every_table_has_the_specs_keys_indexes_and_ttl():
     tables = of_type("AWS::DynamoDB::Table")
-    assert len(tables) == len(TABLE_SPECS)
-    names = default_names("${Env}")
-    for logical, spec in TABLE_SPECS.items():
+    assert len(tables) == len(table_specs())
+    names = default_table_names("${Env}")
+    for logical, spec in table_specs().items():
         properties = tables[cfn.logical_id("table", logical)]["Properties"]
         assert subbed(properties["TableName"]) == names[logical]
         assert schema_differences(names[logical], spec, properties) == []  # as ensure_tables checks a live table
         assert properties.get("TimeToLiveSpecification") == (
-            {"AttributeName": spec.ttl_attribute, "Enabled": True} if spec.ttl_attribute else None)
+            {"AttributeName": spec.ttl_attribute, "Enabled": True} if spec.ttl_attribute else None
+        )
         assert properties["BillingMode"] == "PAY_PER_REQUEST"
 
 
 def test_every_seed_queue_has_its_dead_letter_queue_and_the_attributes_aws_events_setup_sets():
     queues = of_type("AWS::SQS::Queue")
-    assert len(queues) == 2 * len(sqs.SEED_QUEUES)
-    for pipeline, spec in sqs.SEED_QUEUES.items():
+    assert len(queues) == 2 * len(sqs.landing_queues())
+    for pipeline, spec in sqs.landing_queues().items():
         queue = queues[cfn.logical_id(pipeline, "queue")]["Properties"]
         dead_letter = queues[cfn.logical_id(pipeline, "dead letter queue")]["Properties"]
         assert (subbed(queue["QueueName"]), subbed(dead_letter["QueueName"])) == spec.names("${Env}")
         wanted = sqs.queue_attributes(spec, "arn")
-        assert {k: str(queue[k]) for k in ("VisibilityTimeout", "ReceiveMessageWaitTimeSeconds")} == \
-            {k: wanted[k] for k in ("VisibilityTimeout", "ReceiveMessageWaitTimeSeconds")}
-        assert queue["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [cfn.logical_id(pipeline, "dead letter queue"), "Arn"]},
-                                          "maxReceiveCount": sqs.MAX_RECEIVE_COUNT}
-        assert {k: str(v) for k, v in dead_letter.items() if k in sqs.dead_letter_attributes()} == sqs.dead_letter_attributes()
+        assert {k: str(queue[k]) for k in ("VisibilityTimeout", "ReceiveMessageWaitTimeSeconds")} == {
+            k: wanted[k] for k in ("VisibilityTimeout", "ReceiveMessageWaitTimeSeconds")
+        }
+        assert queue["RedrivePolicy"] == {
+            "deadLetterTargetArn": {"Fn::GetAtt": [cfn.logical_id(pipeline, "dead letter queue"), "Arn"]},
+            "maxReceiveCount": sqs.MAX_RECEIVE_COUNT,
+        }
+        assert {
+            k: str(v) for k, v in dead_letter.items() if k in sqs.dead_letter_attributes()
+        } == sqs.dead_letter_attributes()
 
 
 def test_the_bucket_notifies_each_object_queue_and_expires_what_the_seeds_let_expire():
     bucket = RESOURCES["Bucket"]["Properties"]
-    notified = {c["Queue"]["Fn::GetAtt"][0]: subbed(c["Filter"]["S3Key"]["Rules"][0]["Value"])
-                for c in bucket["NotificationConfiguration"]["QueueConfigurations"]}
-    assert notified == {cfn.logical_id(p, "queue"): f"${{StorePrefix}}/{s.input_prefix}"
-                        for p, s in sqs.SEED_QUEUES.items() if s.mode == sqs.OBJECTS}
+    notified = {
+        c["Queue"]["Fn::GetAtt"][0]: subbed(c["Filter"]["S3Key"]["Rules"][0]["Value"])
+        for c in bucket["NotificationConfiguration"]["QueueConfigurations"]
+    }
+    assert notified == {
+        cfn.logical_id(p, "queue"): f"${{StorePrefix}}/{s.input_prefix}"
+        for p, s in sqs.landing_queues().items()
+        if s.mode == sqs.OBJECTS
+    }
     rules = {r["Id"]: r for r in bucket["LifecycleConfiguration"]["Rules"]}
     assert rules["abort-incomplete-multipart-uploads"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
     assert rules["abort-incomplete-multipart-uploads"]["Prefix"] == ""  # every key
@@ -86,7 +98,7 @@ def test_logs_are_kept_the_seeds_three_days():
 def test_the_worker_and_each_listener_are_services_of_one_task_never_two():
     services = of_type("AWS::ECS::Service")
     listeners = cfn.listener_deployments()
-    assert len(services) == 1 + len(listeners) == 1 + len(sqs.SEED_QUEUES)
+    assert len(services) == 1 + len(listeners) == 1 + len(sqs.landing_queues())
     for service in services.values():
         properties = service["Properties"]
         assert properties["DesiredCount"] == 1 and properties["DeploymentConfiguration"]["MaximumPercent"] == 100
@@ -117,12 +129,16 @@ def test_roles_name_their_resources():
 
 
 def test_cfn_lint_reports_nothing():
-    result = subprocess.run([str(TOOLS / "cfn-lint"), str(cfn.TEMPLATE_PATH)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(TOOLS / "cfn-lint"), str(cfn.TEMPLATE_PATH)], capture_output=True, text=True, timeout=300
+    )
     assert (result.returncode, result.stdout) == (0, ""), result.stdout[-3000:]
 
 
 def test_every_checkov_suppression_gives_its_reason():
-    skipped = [(name, s) for name, r in RESOURCES.items() for s in r.get("Metadata", {}).get("checkov", {}).get("skip", [])]
+    skipped = [
+        (name, s) for name, r in RESOURCES.items() for s in r.get("Metadata", {}).get("checkov", {}).get("skip", [])
+    ]
     assert skipped and all(len(s["comment"]) > 40 for _, s in skipped), skipped
 
 
@@ -130,7 +146,8 @@ def test_checkov_fails_no_check():
     result = subprocess.run(
         [str(TOOLS / "checkov"), "-f", str(cfn.TEMPLATE_PATH), "--framework", "cloudformation", "--compact", "--quiet",
          "--skip-download", "--output", "json"],
-        capture_output=True, text=True, timeout=600, env={"PATH": str(TOOLS), "BC_SKIP_MAPPING": "TRUE", "HOME": "/tmp"},
+        capture_output=True, text=True, timeout=600,
+        env={"PATH": str(TOOLS), "BC_SKIP_MAPPING": "TRUE", "HOME": "/tmp"},
     )  # fmt: skip
     report = json.loads(result.stdout)
     summary = report["summary"]

@@ -15,13 +15,17 @@ import uuid
 
 import pytest
 
-from tasks.core import keys, state_store
-from tasks.records import reconcile
-from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, wait_for_runs
+from tasks import reconcile
+from tasks.core import state_store
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 
 
 @pytest.mark.sweep  # a server, a worker and its trigger: `make test-sweep`, which CI runs
-def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_records_agree(tables, store_root, tmp_path, monkeypatch):
+def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_records_agree(
+    tables, store_root, tmp_path, monkeypatch
+):
     from prefect.client.orchestration import get_client
 
     from flows.etl import ndjson_ingest
@@ -43,9 +47,9 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
     day = "2026-04-01"
     urls = []
     for i in range(2):
-        path = store_root / keys.input_key(day, f"f{i}.ndjson")
+        path = store_root / etl_keys.input_key(day, f"f{i}.ndjson")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join('{"id": "%d-%d", "pad": "%s"}\n' % (i, k, "x" * 40) for k in range(10)))
+        path.write_text("".join(f'{{"id": "{i}-{k}", "pad": "{"x" * 40}"}}\n' for k in range(10)))
         urls.append(path.as_uri())
     worker = Worker(f"pool-{name}", tmp_path / "worker.log")
     merge_worker = Worker(f"pool-{name}-merge", tmp_path / "merge-worker.log", {"PIPELINES_FAULT": "1:kill:after"})
@@ -53,7 +57,7 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
         [manifest] = ndjson_ingest(file_urls=urls, merge_deployment=merges["ndjson-merge"])["manifests"]
         [merge_run] = wait_for_runs(merges["ndjson-merge"], 1, timeout=120, worker=merge_worker)
         assert merge_run.state_name == "Crashed", merge_worker.tail()  # reported by the worker itself
-        key = {"date_prefix": day, "file_key": keys.manifest_record_key(manifest)}
+        key = {"date_prefix": day, "file_key": etl_keys.manifest_record_key(manifest)}
         crashed_run = str(merge_run.id)
 
         # a pipeline run that fails: a survey of a cube that is not there (its split task fails, then the flow)
@@ -66,11 +70,13 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
 
         # the server's trigger starts records-prefect-state once per event; the worker runs them
         repairs = [
-            r for r in wait_for_runs(deployments["records-prefect-state"], 3, timeout=180, worker=worker)
+            r
+            for r in wait_for_runs(deployments["records-prefect-state"], 3, timeout=180, worker=worker)
             if crashed_run in json.dumps(r.parameters) or failed_run in json.dumps(r.parameters)
         ]  # only the events of this test's runs (another test's stray run cannot confuse it)
         assert [r.state_name for r in repairs] == ["Completed"] * 3, worker.tail()
-        events = {(r.parameters["event"]["event"], r.parameters["event"]["resource"]["prefect.resource.id"].split(".")[1])
+        events = {(r.parameters["event"]["event"],
+                   r.parameters["event"]["resource"]["prefect.resource.id"].split(".")[1])
                   for r in repairs}  # fmt: skip
         assert events == {("prefect.flow-run.Crashed", "flow-run"), ("prefect.flow-run.Failed", "flow-run"),
                           ("prefect.task-run.Failed", "task-run")}  # fmt: skip
@@ -86,6 +92,8 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
     record = state_store.to_plain(state_store.get_item(tables["etl_file_tracking"], key))
     assert record["status"] == "failed" and "Crashed" in record["error_message"]
     assert record["prefect_flow_run_id"] == crashed_run  # the crashed run had taken the manifest before it died
-    run = state_store.to_plain(state_store.get_item(tables["phspectra_runs"], {"PK": survey_run, "SK": keys.RUN_SK}))
+    run = state_store.to_plain(
+        state_store.get_item(tables["phspectra_runs"], {"PK": survey_run, "SK": phspectra_keys.RUN_SK})
+    )
     assert run["status"] == "FAILED" and "cube not found" in run["error"]
     assert reconcile.disagreements() == []

@@ -7,7 +7,6 @@ and `records-reconcile` finds nothing."""
 from __future__ import annotations
 
 import datetime as dt
-import time
 import json
 from collections import Counter
 from pathlib import Path
@@ -16,13 +15,11 @@ import pytest
 
 from deployments.cli import main as cli
 from flows.records import records_reconcile
-from tasks.core import keys
-from tasks.records import reconcile
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tasks import reconcile
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.etl import merged_rows, records, write_input
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
-from tests.test_etl import etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
-from tests.test_etl_merge import merged_rows
 
 TODAY = "2026-12-31"  # after every crash run's date: the flush takes only pending files of earlier dates
 FILES = 3
@@ -41,8 +38,12 @@ def ingest_merge_flush(urls: list[str], today: str) -> dict:
 def _inputs(root: Path, date: str) -> list[str]:
     """Three tiny files; each has a malformed line among its good ones."""
     return [
-        write_input(root, date, f"c-{i}.ndjson",
-                    [{"id": f"{date}-{i}-{k}", "v": k / 2, "n": {"k": [k]}} for k in range(GOOD_LINES)] + ["{bad"])
+        write_input(
+            root,
+            date,
+            f"c-{i}.ndjson",
+            [{"id": f"{date}-{i}-{k}", "v": k / 2, "n": {"k": [k]}} for k in range(GOOD_LINES)] + ["{bad"],
+        )
         for i in range(FILES)
     ]
 
@@ -80,11 +81,15 @@ def test_etl_crash_points(etl_env, monkeypatch, tmp_path):
     count_writes("tests.test_crashpoints_etl:ingest_merge_flush", {"urls": first, "today": TODAY}, tmp_path / "w0.log")
     count_date = start.isoformat()
     urls = _inputs(root, count_date)
-    writes = count_writes("tests.test_crashpoints_etl:ingest_merge_flush", {"urls": urls, "today": TODAY}, tmp_path / "w.log")
+    writes = count_writes(
+        "tests.test_crashpoints_etl:ingest_merge_flush", {"urls": urls, "today": TODAY}, tmp_path / "w.log"
+    )
     _check(root, table, count_date, urls)
     kinds = Counter(w.kind for w in writes)
     assert kinds["objects:rename:pipeline"] >= 2  # the publish of each manifest is a crash point
-    assert writes[-1].kind.startswith("dynamodb:put:ndjson-parquet-sqs-metrics")  # the flush's metrics row: a crash point too
+    assert writes[-1].kind.startswith(
+        "dynamodb:put:ndjson-parquet-sqs-metrics"
+    )  # the flush's metrics row: a crash point too
     points = crash_points(writes)
     for n, point in enumerate(points, start=1):
         date = (start + dt.timedelta(days=n)).isoformat()
@@ -92,9 +97,13 @@ def test_etl_crash_points(etl_env, monkeypatch, tmp_path):
         assert date < TODAY
         urls = _inputs(root, date)
         when = "after" if n % 2 else "before"
-        result = run_child("tests.test_crashpoints_etl:ingest_merge_flush", {"urls": urls, "today": TODAY}, f"{point}:kill:{when}")
+        result = run_child(
+            "tests.test_crashpoints_etl:ingest_merge_flush", {"urls": urls, "today": TODAY}, f"{point}:kill:{when}"
+        )
         assert killed(result), f"write {point} ({writes[point - 1]}): {result.stderr[-2000:]}"
         _recover(date, urls)
         _check(root, table, date, urls)
         print(f"point {point} ({writes[point - 1].kind}, {when}): recovered")
-    report(f"etl: {len(points)} crash points exercised of {len(writes)} writes ({json.dumps(dict(sorted(kinds.items())))})")
+    report(
+        f"etl: {len(points)} crash points exercised of {len(writes)} writes ({json.dumps(dict(sorted(kinds.items())))})"
+    )

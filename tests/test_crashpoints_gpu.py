@@ -4,7 +4,7 @@ The child runs the ``gpu-job`` flow on a job whose node-0 task fails on the firs
 so every step writes: run, detect failure, health check, reboot, restart, completion. After the child is
 SIGKILLed at write N (before or after it lands), only what the product runs is run: what a process worker does
 (``report_crashed_runs``), ``records-reconcile``, ``gpu-node-healthcheck`` and ``gpu-sweep`` (scheduled). Then
-DESIGN.md's GPU invariants must hold: the job COMPLETE / FAILED / USER_STOPPED (or never created), every node
+docs/design.md's GPU invariants must hold: the job COMPLETE / FAILED / USER_STOPPED (or never created), every node
 AVAILABLE, no task left IN_PROGRESS, no live task marked TERMINATED, and ``records-reconcile`` finds nothing.
 """
 
@@ -23,11 +23,11 @@ import pytest
 
 from tasks.core import state_store
 from tasks.gpu import jobs as gpu
-from tests.crashpoints import REPO_ROOT, Write, child_env, crash_points, report, report_crashed_runs
+from tests.helpers.crashpoints import REPO_ROOT, Write, child_env, crash_points, report, report_crashed_runs
+from tests.helpers.gpu import FAIL_FIRST
+from tests.helpers.prefect_runs import wait_for
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
-from tests.test_gpu import FAIL_FIRST, gpu_env  # noqa: F401 (fixture)
-from tests.test_records_reconcile import _wait
 
 CALL = "flows.gpu:gpu_job"
 NODES = ["local-0", "local-1", "local-2"]
@@ -62,20 +62,28 @@ for line in sys.stdin:
 
 
 class Children:
-    """A fork server for crash-point children (same environment as ``tests.crashpoints.run_child``)."""
+    """A fork server for crash-point children (same environment as ``tests.helpers.crashpoints.run_child``)."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.process = subprocess.Popen([sys.executable, "-c", FORK_SERVER], env=child_env(env), cwd=REPO_ROOT,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", FORK_SERVER],
+            env=child_env(env),
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def run(self, call: str, kwargs: dict, fault: str, log: Path | None = None) -> int:
         """Run ``call(**kwargs)`` in a forked child with the fault plan; its wait status."""
-        self.process.stdin.write(json.dumps({"call": call, "kwargs": kwargs, "fault": fault, "log": str(log) if log else None}) + "\n")
+        self.process.stdin.write(
+            json.dumps({"call": call, "kwargs": kwargs, "fault": fault, "log": str(log) if log else None}) + "\n"
+        )
         self.process.stdin.flush()
         return json.loads(self.process.stdout.readline())["status"]
 
     def count(self, call: str, kwargs: dict, log: Path) -> list[Write]:
-        """``tests.crashpoints.count_writes`` through the fork server."""
+        """``tests.helpers.crashpoints.count_writes`` through the fork server."""
         log.unlink(missing_ok=True)
         assert self.run(call, kwargs, "count", log) == 0, "counting run failed"
         rows = [line.split("\t") for line in log.read_text().splitlines()]
@@ -109,7 +117,7 @@ def _recover(runner, job_id: str) -> None:
     """Only what the product runs after a crash, in the order its schedules would: what a process worker does,
     then the bodies of records-reconcile, gpu-node-healthcheck and gpu-sweep (the flows run once at the end)."""
     from flows.gpu import PLAIN, sweep
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     report_crashed_runs()
     reconcile.reconcile(["gpu"], dry_run=False)
@@ -123,7 +131,7 @@ def _recover(runner, job_id: str) -> None:
 
 
 def _check_invariants(runner, job_id: str) -> str:
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     job = gpu.get_job(job_id)
     outcome = "never created" if job is None else job["job_status"]
@@ -198,7 +206,7 @@ def _abandon_in_recovery(runner, job_id: str) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
     gpu.launch_job(runner, job_id, 2, FAIL_FIRST, nodes=["local-0", "local-1"])
-    _wait(lambda: runner.backend.poll(f"{job_id}-r0-n0"), 10, "task 0 to fail")
+    wait_for(lambda: runner.backend.poll(f"{job_id}-r0-n0"), 10, "task 0 to fail")
     ghost = gpu.Runner(runner.backend, runner.config)  # another owner, whose process is gone
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gpu.os, "getpid", lambda: dead.pid)
@@ -218,7 +226,14 @@ def test_gpu_sweep_crash_points(gpu_env, tmp_path, monkeypatch):
     writes = children.count("flows.gpu:gpu_sweep", {}, tmp_path / "sweep.log")
     _recover(gpu_env, "job-sweep-count")
     points = crash_points(writes)
-    outcomes = _each_point(gpu_env, children, points, "job-sweep", lambda job_id: _abandon_in_recovery(gpu_env, job_id),
-                           "flows.gpu:gpu_sweep", lambda job_id: {})
+    outcomes = _each_point(
+        gpu_env,
+        children,
+        points,
+        "job-sweep",
+        lambda job_id: _abandon_in_recovery(gpu_env, job_id),
+        "flows.gpu:gpu_sweep",
+        lambda job_id: {},
+    )
     children.close()
     report(f"gpu-sweep: {_exercised(points, writes, outcomes)}; outcomes {dict(outcomes)}")

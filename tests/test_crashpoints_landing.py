@@ -1,7 +1,7 @@
 """Crash-point sweeps of the media listeners' writes: a listener's handler dies at each chosen write of one batch,
 then only what the product does afterwards: the worker reports the dead run, and the restarted listener is offered
 the arrivals again (the local watch's catch-up listing offers every file still where it landed; an SQS message
-not deleted comes back after its visibility timeout). Invariants (../shared/DESIGN.md, "Fault model"):
+not deleted comes back after its visibility timeout). Invariants (docs/design.md, "Fault model"):
 - video: the upload started exactly one `video-process` run, recorded on its job (claim, then run id);
 - phspectra: a manifest started exactly one `phspectra-survey` run per cube, its landing item STARTED with their
   ids; a bad manifest started none and its landing item is REJECTED with its reason;
@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.object_store import LocalStore
 from tasks.core.runtime import today_iso
 from tasks.landing.sources import Arrival
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
-from tests.test_landing_media import arrive, deployed, runs_of  # noqa: F401 - deployed is a fixture
+from tasks.records import keys as records_keys
+from tasks.video import keys as video_keys
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.landing import arrive, runs_of
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
@@ -52,17 +54,21 @@ def _upload(store_root: Path) -> Arrival:
     from tasks.video import jobs
 
     job_id = jobs.create_job()["job_id"]
-    return arrive(store_root, keys.source_key(job_id), b"an upload the listener does not decode")
+    return arrive(store_root, video_keys.source_key(job_id), b"an upload the listener does not decode")
 
 
 def _one_run_recorded_on_the_job(deployment: str, upload: Arrival, where: str) -> None:
     from tasks.video import jobs, landing
 
-    job_id = keys.parse_source_key(upload.key)
+    job_id = video_keys.parse_source_key(upload.key)
     runs = [r for r in runs_of(deployment) if r.parameters["job_id"] == job_id]
     assert len(runs) == 1, where
     job = jobs.get_job(job_id)
-    assert (job["status"], job[jobs.PROCESS_RUN], job["upload_event_id"]) == (jobs.CREATED, str(runs[0].id), upload.event_id), where
+    assert (job["status"], job[jobs.PROCESS_RUN], job["upload_event_id"]) == (
+        jobs.CREATED,
+        str(runs[0].id),
+        upload.event_id,
+    ), where
     assert landing.upload_arrived(upload, deployment) == ("duplicate", [str(runs[0].id)]), where  # once more: nothing
 
 
@@ -71,14 +77,21 @@ def test_video_listener_survives_a_crash_at_every_write(tables, store_root, depl
 
     deployment = f"video-process/{deployed}"
     counted = _upload(store_root)
-    writes = count_writes("tests.test_crashpoints_landing:video_upload",
-                          {"arrival": dataclasses.asdict(counted), "deployment": deployment}, tmp_path / "w.log")
+    writes = count_writes(
+        "tests.test_crashpoints_landing:video_upload",
+        {"arrival": dataclasses.asdict(counted), "deployment": deployment},
+        tmp_path / "w.log",
+    )
     assert [w.operation for w in writes] == ["update", "update"]  # the claim, then the run id
     _one_run_recorded_on_the_job(deployment, counted, "counted run")
     plans = plans_for(writes)
     for plan in plans:
         upload = _upload(store_root)
-        _crash("tests.test_crashpoints_landing:video_upload", {"arrival": dataclasses.asdict(upload), "deployment": deployment}, plan)
+        _crash(
+            "tests.test_crashpoints_landing:video_upload",
+            {"arrival": dataclasses.asdict(upload), "deployment": deployment},
+            plan,
+        )
         assert landing.handle_uploads([upload], deployment).done == [upload], plan  # the restarted listener
         _one_run_recorded_on_the_job(deployment, upload, plan)
     report(f"video listener: {len(plans)} crash points exercised of {len(writes)} writes")
@@ -99,8 +112,13 @@ def _manifest(store_root: Path, n: int, good: bool, write: bool = True) -> Arriv
     key = f"surveys/incoming/grs-15/night-{n}{'' if good else '-bad'}.json"
     if not write:
         stat = (store_root / key).stat()
-        return Arrival(url=LocalStore(store_root).url_for(key), key=key, size=stat.st_size,
-                       event_time="2026-01-01T00:00:00+00:00", event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}")
+        return Arrival(
+            url=LocalStore(store_root).url_for(key),
+            key=key,
+            size=stat.st_size,
+            event_time="2026-01-01T00:00:00+00:00",
+            event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}",
+        )
     body = {"survey": "grs-15", "cubes": [f"cubes/{n}-a.fits", f"cubes/{n}-b.fits"], **({} if good else {"owner": "x"})}
     return arrive(store_root, key, json.dumps(body).encode())
 
@@ -111,7 +129,9 @@ def _landing_settled(deployment: str, store_root: Path, n: int, good: bool, wher
 
     manifest = _manifest(store_root, n, good, write=False)
     cubes = [(store_root / f"cubes/{n}-{c}.fits").as_uri() for c in "ab"]
-    runs = sorted((r for r in runs_of(deployment) if r.parameters["cube_url"] in cubes), key=lambda r: r.parameters["cube_url"])
+    runs = sorted(
+        (r for r in runs_of(deployment) if r.parameters["cube_url"] in cubes), key=lambda r: r.parameters["cube_url"]
+    )
     item = state_store.get_item(ph.runs_table(), landing.landing_key(manifest))
     if good:
         assert [r.parameters["cube_url"] for r in runs] == cubes, where  # one run per cube
@@ -121,7 +141,9 @@ def _landing_settled(deployment: str, store_root: Path, n: int, good: bool, wher
         assert landing.object_arrived(manifest, deployment)[0] == "duplicate", where
     else:
         assert runs == [], where
-        assert item["status"] == landing.REJECTED and item["error"].startswith("unknown manifest field(s) ['owner']"), where
+        assert item["status"] == landing.REJECTED and item["error"].startswith("unknown manifest field(s) ['owner']"), (
+            where
+        )
         assert landing.object_arrived(manifest, deployment) == ("rejected", []), where
 
 
@@ -141,7 +163,10 @@ def test_phspectra_listener_survives_a_crash_at_every_write(tables, store_root, 
         _crash(call, {"arrival": dataclasses.asdict(manifest), "deployment": deployment}, plan)
         assert landing.handle_landings([manifest], deployment).done == [manifest], plan  # the restarted listener
         _landing_settled(deployment, store_root, n, good, plan)
-    report(f"phspectra listener ({'good' if good else 'bad'} manifest): {len(plans)} crash points exercised of {len(writes)} writes")
+    report(
+        f"phspectra listener ({'good' if good else 'bad'} manifest): "
+        f"{len(plans)} crash points exercised of {len(writes)} writes"
+    )
 
 
 # --------------------------------------------------------------------------- records
@@ -159,13 +184,13 @@ def message_files(arrivals: list[dict]) -> list[str]:
 
 
 def _drop(store_root: Path) -> list[Arrival]:
-    from tests.test_landing_media import _messages
+    from tests.helpers.landing import record_messages
 
     invalid = {"meta": {"collection": {"name": "MOD09GQ", "version": "006"}}}  # no cumulus_meta: archived
-    lines = [json.dumps(m) for m in _messages(0, FILES["a.ndjson"] - 1)] + [json.dumps(invalid)]
+    lines = [json.dumps(m) for m in record_messages(0, FILES["a.ndjson"] - 1)] + [json.dumps(invalid)]
     return [
         arrive(store_root, "records/incoming/a.ndjson", "\n".join(lines).encode()),
-        arrive(store_root, "records/incoming/b.json", json.dumps(_messages(20, 1)[0]).encode()),
+        arrive(store_root, "records/incoming/b.json", json.dumps(record_messages(20, 1)[0]).encode()),
         arrive(store_root, "records/incoming/c.json", b"42"),  # JSON but no batch: archived whole
     ]
 
@@ -175,9 +200,11 @@ def _records_state(tables, store_root: Path) -> dict:
     records = {}
     for logical, key in (("granules", "granuleId"), ("executions", "arn")):
         for item in state_store.scan_all(tables[logical]):
-            records[item[key]] = {k: v for k, v in state_store.to_plain(item).items() if k not in ("timestamp", "updatedAt", "duration")}
+            records[item[key]] = {
+                k: v for k, v in state_store.to_plain(item).items() if k not in ("timestamp", "updatedAt", "duration")
+            }
     store = LocalStore(store_root)
-    archive = {k: json.loads(store.get_bytes(k))["error"]["type"] for k in store.list(keys.DEAD_LETTER_PREFIX)}
+    archive = {k: json.loads(store.get_bytes(k))["error"]["type"] for k in store.list(records_keys.DEAD_LETTER_PREFIX)}
     files = sorted(store.list("records/"))
     return {"records": records, "archive": archive, "files": files}
 
@@ -191,8 +218,9 @@ def _clear(tables, store_root: Path) -> None:
 
 def test_records_listener_survives_a_crash_at_every_write(tables, store_root, tmp_path):
     from flows.records import ingest_batch
+    from tasks import reconcile
     from tasks.landing.listing import listed_arrivals
-    from tasks.records import landing, reconcile
+    from tasks.records import landing
 
     call = "tests.test_crashpoints_landing:message_files"
     dropped = _drop(store_root)
@@ -201,7 +229,9 @@ def test_records_listener_survives_a_crash_at_every_write(tables, store_root, tm
     expected = _records_state(tables, store_root)
     day = today_iso()
     assert expected["files"] == sorted([f"records/processed/{day}/{name}" for name in ("a.ndjson", "b.json", "c.json")])
-    assert len([r for r in expected["records"] if not r.startswith("arn:")]) == 12  # 11 + 1 granules (the bad message names none)
+    assert (
+        len([r for r in expected["records"] if not r.startswith("arn:")]) == 12
+    )  # 11 + 1 granules (the bad message names none)
     assert sorted(expected["archive"].values()) == ["SchemaValidationError", "UnreadableBatch"]
 
     plans = plans_for(writes)
@@ -210,10 +240,12 @@ def test_records_listener_survives_a_crash_at_every_write(tables, store_root, tm
         dropped = _drop(store_root)
         _crash(call, {"arrivals": [dataclasses.asdict(a) for a in dropped]}, plan)
         # the restarted listener's catch-up listing: every file still in records/incoming/, offered again
-        again = listed_arrivals(None, keys.RECORDS_INCOMING_PREFIX)
+        again = listed_arrivals(None, records_keys.RECORDS_INCOMING_PREFIX)
         assert landing.handle_messages(again, ingest_batch).done == again, plan
         assert landing.handle_messages(dropped, ingest_batch).done == dropped, plan  # SQS-like redelivery: "gone"
         assert _records_state(tables, store_root) == expected, plan
         assert reconcile.disagreements() == [], plan
-    report(f"records listener: {len(plans)} crash points exercised of {len(writes)} writes "
-           f"({', '.join(sorted({w.kind for w in writes}))})")
+    report(
+        f"records listener: {len(plans)} crash points exercised of {len(writes)} writes "
+        f"({', '.join(sorted({w.kind for w in writes}))})"
+    )

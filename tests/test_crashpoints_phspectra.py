@@ -1,5 +1,5 @@
 """Crash-point sweep of phspectra-survey: the flow dies (SIGKILL) at a write, the product recovers, nothing is
-lost, duplicated or left RUNNING (../shared/DESIGN.md, "Fault model").
+lost, duplicated or left RUNNING (docs/design.md, "Fault model").
 
 Recovery is only what the product itself runs: a process worker reports the dead flow run Crashed
 (``report_crashed_runs``), and once the dead fitters' leases expired (every claim holds one, renewed while it
@@ -13,13 +13,13 @@ import time
 
 import pytest
 
+from tasks import reconcile
 from tasks.core.state_store import to_plain
 from tasks.phspectra import survey as ph
-from tasks.records import reconcile
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
-from tests.test_phspectra import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 SURVEY = "grs-crash"
 CALL = "flows.phspectra_survey:phspectra_survey"
@@ -61,7 +61,10 @@ def test_phspectra_survives_a_crash_at_every_write(tables, store_root, tmp_path)
         child_s = time.perf_counter() - began
         assert killed(result), f"point {number} ({writes[number - 1]}) did not kill the child:\n{result.stderr[-2000:]}"
         path = _recover(run_id, cube_url, by_resume=index % 2 == 1)
-        print(f"point {number} {when}: child {child_s:.1f}s, recovery by {path} {time.perf_counter() - began - child_s:.1f}s")
+        print(
+            f"point {number} {when}: child {child_s:.1f}s, "
+            f"recovery by {path} {time.perf_counter() - began - child_s:.1f}s"
+        )
         paths[path] = paths.get(path, 0) + 1
 
         where = f"crash at write {number} {when} ({writes[number - 1]}), recovered by {path}"
@@ -69,7 +72,9 @@ def test_phspectra_survives_a_crash_at_every_write(tables, store_root, tmp_path)
         chunks = to_plain(ph.list_chunks(run_id))
         statuses = [c["status"] for c in chunks]
         assert run["status"] in ("COMPLETED", "FAILED"), f"{where}: run left {run['status']}"
-        assert (run["jobs_completed"], run["jobs_failed"]) == (statuses.count("COMPLETED"), statuses.count("FAILED")), where
+        assert (run["jobs_completed"], run["jobs_failed"]) == (statuses.count("COMPLETED"), statuses.count("FAILED")), (
+            where
+        )
         assert len(chunks) == run["jobs_total"] == 3, where
         rows = output_rows(store_root, SURVEY, run_id)  # asserts no spectrum twice
         if run["status"] == "COMPLETED":

@@ -2,7 +2,7 @@
 product runs recovers: the worker marks the run Crashed, SQS delivers the same batch again, `records-replay-dla`
 replays the archive, `records-reconcile` compares Prefect with DynamoDB.
 
-Invariants (../shared/DESIGN.md, fault model): every message is reflected in the records (written, or superseded
+Invariants (docs/design.md, "Fault model"): every message is reflected in the records (written, or superseded
 by a newer one) or kept in the dead-letter archive; the records equal those of a run that never crashed;
 reconciliation finds 0 disagreements.
 """
@@ -16,13 +16,13 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
 from flows.records import records_ingest
+from tasks import reconcile
 from tasks.core import state_store
-from tasks.core.keys import dead_letter_prefix
 from tasks.core.runtime import today_iso
-from tasks.records import reconcile
 from tasks.records import messages as records_messages
-from test_records import message
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tasks.records.keys import dead_letter_prefix
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.records import message
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
@@ -33,15 +33,18 @@ VOLATILE = {"timestamp", "updatedAt", "duration"}  # set from the clock of the r
 def _batch() -> list[str]:
     invalid = message("completed", "exec-x", 3000, granule="G3")
     del invalid["cumulus_meta"]["state_machine"]
-    return [json.dumps(m) if isinstance(m, dict) else m for m in (
-        message("running", "exec-a", 1000, granule="G1"),
-        message("completed", "exec-a", 1000, granule="G1"),
-        message("running", "exec-old", 500, granule="G1"),  # an older attempt: stale
-        message("failed", "exec-b", 2000, granule="G2"),
-        invalid,  # archived; its granule marked failed
-        message("completed", "exec-c", 4000, granule="G2", collection=("OTHER", "001")),  # archived: conflict
-        '{"cumulus_meta": ',  # archived: unparsable
-    )]
+    return [
+        json.dumps(m) if isinstance(m, dict) else m
+        for m in (
+            message("running", "exec-a", 1000, granule="G1"),
+            message("completed", "exec-a", 1000, granule="G1"),
+            message("running", "exec-old", 500, granule="G1"),  # an older attempt: stale
+            message("failed", "exec-b", 2000, granule="G2"),
+            invalid,  # archived; its granule marked failed
+            message("completed", "exec-c", 4000, granule="G2", collection=("OTHER", "001")),  # archived: conflict
+            '{"cumulus_meta": ',  # archived: unparsable
+        )
+    ]
 
 
 def _state(tables, store_root) -> dict:
@@ -116,5 +119,7 @@ def test_records_ingest_crash_points(tables, store_root, tmp_path):
         assert state == expected, plan
         # Prefect agrees: the killed run Crashed, the redelivery Completed
         assert _ingest_run_states() == sorted(before + ["COMPLETED", "CRASHED"]), plan
-    report(f"records: {len(plans)} crash points exercised of {len(writes)} writes "
-          f"({', '.join(sorted({w.kind for w in writes}))})")
+    report(
+        f"records: {len(plans)} crash points exercised of {len(writes)} writes "
+        f"({', '.join(sorted({w.kind for w in writes}))})"
+    )

@@ -5,21 +5,24 @@ exactly the ttl of a pass that never crashed, live ones none, and only the objec
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.object_store import LocalStore
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
+from tasks.records import keys as records_keys
 from tasks.retention.sweep import ITEMS_PENDING, apply_retention
-from tests.crashpoints import count_writes, crash_points, killed, report, run_child
-from tests.test_etl import etl_env  # noqa: F401 - a fixture
-from tests.test_retention import _aged, make_records
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, run_child
+from tests.helpers.retention import aged, make_records
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
-TABLES = {"phspectra_runs": ("PK", "SK"), "video_jobs": ("job_id",), "video_segment_completions": ("job_id", "segment_index"),
-          "video_reassembly_locks": ("job_id",), "ecs_job": ("job_id",), "ecs_task": ("ecs_task_id",),
+TABLES = {"phspectra_runs": ("PK", "SK"), "video_jobs": ("job_id",),
+          "video_segment_completions": ("job_id", "segment_index"), "video_reassembly_locks": ("job_id",),
+          "ecs_job": ("job_id",), "ecs_task": ("ecs_task_id",),
           "health_incidents": ("alarm",)}  # fmt: skip
 
 
@@ -29,19 +32,20 @@ def retention_pass(now: str) -> dict:
 
 
 def _land(tables: dict, root, now: datetime) -> None:
-    """The records of tests/test_retention.py (a put replaces an item whole: any ttl goes) and aged objects."""
+    """The records of tests/helpers/retention.py (a put replaces an item whole: any ttl goes) and aged objects."""
     make_records(tables)
     for key, days in _objects().items():
-        _aged(root, key, days, now)
+        aged(root, key, days, now)
 
 
 def _objects() -> dict[str, float]:
     return {
-        keys.merged_staging_prefix("2026-01-01", "batch-0001.json", "dead") + "part-00000.parquet": 3,
-        keys.merged_staging_prefix("2026-01-02", "batch-0002.json", "live") + "part-00000.parquet": 1,  # in use: kept
-        keys.dead_letter_key("2026-01-01", "m-waiting"): 300,  # waiting for a replay: kept
-        keys.dead_letter_failed_key("2026-01-01", "m-old"): 30,
-        keys.dead_letter_failed_key("2026-11-01", "m-new"): 1,
+        etl_keys.merged_staging_prefix("2026-01-01", "batch-0001.json", "dead") + "part-00000.parquet": 3,
+        etl_keys.merged_staging_prefix("2026-01-02", "batch-0002.json", "live")
+        + "part-00000.parquet": 1,  # in use: kept
+        records_keys.dead_letter_key("2026-01-01", "m-waiting"): 300,  # waiting for a replay: kept
+        records_keys.dead_letter_failed_key("2026-01-01", "m-old"): 30,
+        records_keys.dead_letter_failed_key("2026-11-01", "m-new"): 1,
     }
 
 
@@ -58,14 +62,15 @@ def _state(tables: dict, root) -> dict:
 @pytest.mark.timeout(900)  # a child process a point: a loaded machine needs the room
 def test_retention_survives_a_crash_at_every_write(etl_env, tmp_path):
     tables, root = etl_env["tables"], etl_env["root"]
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     _land(tables, root, now)
     call, kwargs = "tests.test_crashpoints_retention:retention_pass", {"now": now.isoformat()}
     writes = count_writes(call, kwargs, tmp_path / "w.log")
     expected = _state(tables, root)
-    ttl = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() + timedelta(days=30).total_seconds())
+    ttl = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() + timedelta(days=30).total_seconds())
     assert {k: v for k, v in expected["items"].items() if v[0] is not None} == {
-        ("phspectra_runs", "run-done", keys.RUN_SK): (ttl, False), ("phspectra_runs", "run-done", keys.chunk_sk(0)): (ttl, False),
+        ("phspectra_runs", "run-done", phspectra_keys.RUN_SK): (ttl, False),
+        ("phspectra_runs", "run-done", phspectra_keys.chunk_sk(0)): (ttl, False),
         ("video_jobs", "v-done"): (ttl, False), ("video_segment_completions", "v-done", "0"): (ttl, False),
         ("video_reassembly_locks", "v-done"): (ttl, False), ("ecs_job", "g-done"): (ttl, False),
         ("ecs_task", "t-1"): (ttl, False), ("health_incidents", "cleared"): (ttl, False),

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.object_store import LocalStore
 from tasks.video import jobs as v
+from tasks.video import keys
 from tasks.video.ffmpeg import make_test_video, probe
-from tests.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
+from tests.helpers.crashpoints import count_writes, crash_points, killed, report, report_crashed_runs, run_child
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
@@ -36,7 +37,7 @@ def _new_job(clip: Path) -> str:
 def _recover(job_id: str) -> dict:
     """What the product runs after a crash: the worker's report, the scheduled sweeps, the documented re-run."""
     from flows.video import video_process, video_sweep_stuck
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     report_crashed_runs()
     reconcile.reconcile(["video"], dry_run=False)  # the body of the scheduled `records-reconcile`
@@ -52,7 +53,7 @@ def _recover(job_id: str) -> dict:
 
 @pytest.mark.timeout(1200)  # ~7 s a point on a quiet machine; a loaded one is several times slower
 def test_video_process_survives_a_crash_at_every_write(tables, store_root, tmp_path):
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     clip = make_test_video(tmp_path / "clip.mp4", SECONDS, FPS, keyframe_seconds=SEGMENT)
     writes = count_writes("tests.test_crashpoints_video:process_job", {"job_id": _new_job(clip)}, tmp_path / "w.log")
@@ -90,7 +91,10 @@ def test_video_process_survives_a_crash_at_every_write(tables, store_root, tmp_p
         assert not [k for k in store.list("") if job_id in k], where
         hidden = [f"{d}/{name}" for d, _, files in os.walk(store_root) for name in files if job_id in f"{d}/{name}"]
         assert hidden == [], where
-        assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+        assert (
+            v.completions(job_id) == []
+            and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+        )
     report(f"video: {len(points)} crash points exercised of {len(writes)} writes: {points}")
 
 

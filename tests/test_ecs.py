@@ -19,7 +19,9 @@ import yaml
 moto = pytest.importorskip("moto")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ECS_DEPLOYMENTS = [d for d in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"] if d["name"] == "ecs"]
+ECS_DEPLOYMENTS = [
+    d for d in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"] if d["name"] == "ecs"
+]
 ACCOUNT = "123456789012"
 AWS_ENV = {  # what README's "Pointing it at AWS" sets before `prefect deploy --name ecs`
     "PIPELINES_IMAGE_REPOSITORY": f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/pipelines",
@@ -47,8 +49,12 @@ def ecs_pool():
 @pytest.fixture
 def aws(monkeypatch):
     """moto's AWS in this process, with the cluster the deployments name and the README's variables."""
-    for name, value in {**AWS_ENV, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in {
+        **AWS_ENV,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(name, value)
     for name in ("AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_ECS", "AWS_ENDPOINT_URL_EC2"):
         monkeypatch.delenv(name, raising=False)
@@ -66,7 +72,9 @@ def aws(monkeypatch):
                 container.setdefault("memoryReservation", 0)
         return sizes(task_definition)
 
-    monkeypatch.setattr(EC2ContainerServiceBackend, "_calculate_task_resource_requirements", staticmethod(task_level_memory))
+    monkeypatch.setattr(
+        EC2ContainerServiceBackend, "_calculate_task_resource_requirements", staticmethod(task_level_memory)
+    )
     with moto.mock_aws():
         session = boto3.Session(region_name="us-east-1")
         session.client("ecs").create_cluster(clusterName=AWS_ENV["ECS_CLUSTER"])
@@ -75,11 +83,14 @@ def aws(monkeypatch):
 
 def job_variables(deployment: dict) -> dict:
     """The deployment's job variables with `{{ $VAR }}` and step outputs filled, as `prefect deploy` does."""
-    from prefect.utilities.templating import apply_values
     import os
 
+    from prefect.utilities.templating import apply_values
+
     built = {"build-image": {"image": os.environ["PIPELINES_IMAGE"]}}  # the output of prefect.yaml's build step
-    return apply_values(deployment["work_pool"].get("job_variables") or {}, {**os.environ, **built}, remove_notset=False)
+    return apply_values(
+        deployment["work_pool"].get("job_variables") or {}, {**os.environ, **built}, remove_notset=False
+    )
 
 
 def submit(pool, deployment: dict, session) -> dict:
@@ -105,7 +116,9 @@ def test_the_ecs_pool_has_the_ecs_workers_template(ecs_pool):
 
     assert ecs_pool.type == "ecs"
     assert ecs_pool.base_job_template == ECSWorker.get_default_base_job_template()
-    assert {"image", "cluster", "task_role_arn", "cpu", "memory", "env"} <= set(ecs_pool.base_job_template["variables"]["properties"])
+    assert {"image", "cluster", "task_role_arn", "cpu", "memory", "env"} <= set(
+        ecs_pool.base_job_template["variables"]["properties"]
+    )
 
 
 def _old_pool_gets_the_template(kind: str, setting: str, prefix: str) -> dict:
@@ -197,15 +210,35 @@ def test_the_gpu_backend_starts_describes_stops_and_health_checks_on_the_same_cl
     cluster = AWS_ENV["ECS_CLUSTER"]
     ecs, ec2 = aws.client("ecs"), aws.client("ec2")
     for family, command in (("gpu-train", ["python", "train.py"]), ("gpu-dcgm", ["dcgmi", "diag", "-r", "1"])):
-        ecs.register_task_definition(family=family, requiresCompatibilities=["EC2"], containerDefinitions=[
-            {"name": "main", "image": AWS_ENV["PIPELINES_IMAGE"], "memory": 1024, "cpu": 512, "command": command,
-             "resourceRequirements": [{"type": "GPU", "value": "1"}]}])
+        ecs.register_task_definition(
+            family=family,
+            requiresCompatibilities=["EC2"],
+            containerDefinitions=[
+                {
+                    "name": "main",
+                    "image": AWS_ENV["PIPELINES_IMAGE"],
+                    "memory": 1024,
+                    "cpu": 512,
+                    "command": command,
+                    "resourceRequirements": [{"type": "GPU", "value": "1"}],
+                }
+            ],
+        )
     image = ec2.describe_images()["Images"][0]["ImageId"]
     instance = aws.resource("ec2").create_instances(ImageId=image, MinCount=1, MaxCount=1)[0]
     ecs.register_container_instance(
-        cluster=cluster, instanceIdentityDocument=json.dumps(ec2_utils.generate_instance_identity_document(instance)))
-    config = GpuCompute(backend="ecs", cluster_name=cluster, task_definition="gpu-train", health_task_definition="gpu-dcgm",
-                        container_name="main", health_timeout_s=5, poll_interval_s=0.1, region_name="us-east-1")
+        cluster=cluster, instanceIdentityDocument=json.dumps(ec2_utils.generate_instance_identity_document(instance))
+    )
+    config = GpuCompute(
+        backend="ecs",
+        cluster_name=cluster,
+        task_definition="gpu-train",
+        health_task_definition="gpu-dcgm",
+        container_name="main",
+        health_timeout_s=5,
+        poll_interval_s=0.1,
+        region_name="us-east-1",
+    )
     backend = EcsBackend(config, session=aws)
     (node,) = backend.discover_nodes()
     started = backend.start_task(TaskSpec("job-1", 0, node, 0, 1, "python train.py --epochs 1"))

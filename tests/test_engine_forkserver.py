@@ -18,7 +18,7 @@ import pytest
 from deployments import local_stack
 
 FORKSERVER = str(local_stack.FORKSERVER)
-PROBE_FLOW = '''
+PROBE_FLOW = """
 import json, os, sys, time
 from pathlib import Path
 from prefect import flow
@@ -34,7 +34,7 @@ def probe(out: str, sleep_s: float = 0.0) -> int:
     print("probe says hello")
     time.sleep(sleep_s)
     return 1
-'''
+"""
 
 
 def api_url() -> str:
@@ -56,11 +56,17 @@ def probe_deployment(tmp_path):
     pool = f"fork-{uuid.uuid4().hex[:8]}"
     with get_client(sync_client=True) as client:
         client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-    deployment_id = flow.from_source(str(source), "probe.py:probe").deploy(name="fork", work_pool_name=pool, print_next_steps=False)
+    deployment_id = flow.from_source(str(source), "probe.py:probe").deploy(
+        name="fork", work_pool_name=pool, print_next_steps=False
+    )
 
     def new_run(out: Path, sleep_s: float = 0.0) -> str:
         with get_client(sync_client=True) as client:
-            return str(client.create_flow_run_from_deployment(deployment_id, parameters={"out": str(out), "sleep_s": sleep_s}).id)
+            return str(
+                client.create_flow_run_from_deployment(
+                    deployment_id, parameters={"out": str(out), "sleep_s": sleep_s}
+                ).id
+            )
 
     return new_run
 
@@ -70,10 +76,19 @@ def fork_server(tmp_path):
     """A fork server with no worker beside it, started with the environment a worker has; its socket path."""
     sock = str(tmp_path / "engine.sock")
     env = {**os.environ, "PREFECT_API_URL": api_url(), "PREFECT_LOGGING_LEVEL": "WARNING"}
-    server = subprocess.Popen([sys.executable, FORKSERVER, "serve", sock], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, FORKSERVER, "serve", sock],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not os.path.exists(sock):
-        assert server.poll() is None and time.monotonic() < deadline, server.stdout.read() if server.poll() is not None else "no socket"
+        assert server.poll() is None and time.monotonic() < deadline, (
+            server.stdout.read() if server.poll() is not None else "no socket"
+        )
         time.sleep(0.05)
     yield sock
     os.killpg(server.pid, signal.SIGKILL)
@@ -83,7 +98,14 @@ def fork_server(tmp_path):
 def start_run(sock: str, flow_run_id: str, cwd: Path, **env: str) -> subprocess.Popen:
     """What the process worker does: the pool's command, with the run's id and environment, in its folder."""
     run_env = {**os.environ, "PREFECT_API_URL": api_url(), "PREFECT__FLOW_RUN_ID": flow_run_id, **env}
-    return subprocess.Popen([sys.executable, FORKSERVER, "run", sock], env=run_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, FORKSERVER, "run", sock],
+        env=run_env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def run_state(flow_run_id: str):
@@ -120,7 +142,9 @@ def gone(pid: int, seconds: float = 10) -> bool:
     return True
 
 
-def test_a_run_through_the_fork_server_has_its_own_environment_settings_folder_and_logs(fork_server, probe_deployment, tmp_path):
+def test_a_run_through_the_fork_server_has_its_own_environment_settings_folder_and_logs(
+    fork_server, probe_deployment, tmp_path
+):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -156,7 +180,9 @@ def test_killing_the_run_command_kills_its_run_at_once(fork_server, probe_deploy
     mark_crashed(run_id)  # what the worker does when its process is killed (else later tests find it Running)
 
 
-def test_sigterm_to_the_run_command_reaches_the_run_and_the_command_ends_as_it_did(fork_server, probe_deployment, tmp_path):
+def test_sigterm_to_the_run_command_reaches_the_run_and_the_command_ends_as_it_did(
+    fork_server, probe_deployment, tmp_path
+):
     run_id = probe_deployment(tmp_path / "probe.json", sleep_s=300)
     command = start_run(fork_server, run_id, tmp_path)
     child = wait_for(tmp_path / "probe.json")["pid"]
@@ -181,10 +207,18 @@ def test_a_worker_that_exits_or_is_killed_is_started_again_and_sigterm_ends_both
     sock = str(tmp_path / "engine.sock")
     starts = tmp_path / "starts"
     # each start appends its pid; the first two exit at once (crashed), the third stays
-    worker = [sys.executable, "-c", f"import os, time, sys; f = open({str(starts)!r}, 'a'); f.write(f'{{os.getpid()}}\\n'); "
-              f"f.close(); n = len(open({str(starts)!r}).read().split()); sys.exit(3) if n < 3 else time.sleep(600)"]
-    server = subprocess.Popen([sys.executable, FORKSERVER, "serve", sock, "--", *worker], start_new_session=True,
-                              stderr=subprocess.PIPE, text=True)
+    worker = [
+        sys.executable,
+        "-c",
+        f"import os, time, sys; f = open({str(starts)!r}, 'a'); f.write(f'{{os.getpid()}}\\n'); "
+        f"f.close(); n = len(open({str(starts)!r}).read().split()); sys.exit(3) if n < 3 else time.sleep(600)",
+    ]
+    server = subprocess.Popen(
+        [sys.executable, FORKSERVER, "serve", sock, "--", *worker],
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not (starts.exists() and len(starts.read_text().split()) == 3):
@@ -207,7 +241,11 @@ def test_a_worker_that_exits_or_is_killed_is_started_again_and_sigterm_ends_both
     assert gone(fourth) and not os.path.exists(sock)
 
     pid_file = tmp_path / "worker.pid"
-    worker_waits = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"]
+    worker_waits = [
+        sys.executable,
+        "-c",
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)",
+    ]
     server = subprocess.Popen([sys.executable, FORKSERVER, "serve", sock, "--", *worker_waits], start_new_session=True)
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()):
@@ -224,7 +262,9 @@ def test_a_run_that_cannot_start_fails_alone_and_the_server_keeps_serving(fork_s
     from deployments.engine_forkserver import HEADER
 
     # a request as the run command sends it, for a folder that is gone by the time the fork takes it
-    request = json.dumps({"env": dict(os.environ), "cwd": str(tmp_path / "gone"), "path": sys.path, "argv": []}).encode()
+    request = json.dumps(
+        {"env": dict(os.environ), "cwd": str(tmp_path / "gone"), "path": sys.path, "argv": []}
+    ).encode()
     err_read, err_write = os.pipe()
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.connect(fork_server)
@@ -271,7 +311,9 @@ def test_the_server_refuses_a_folder_others_may_reach(tmp_path):
     loose = tmp_path / "loose"
     loose.mkdir()
     loose.chmod(0o777)
-    server = subprocess.run([sys.executable, FORKSERVER, "serve", str(loose / "engine.sock")], capture_output=True, text=True, timeout=120)
+    server = subprocess.run(
+        [sys.executable, FORKSERVER, "serve", str(loose / "engine.sock")], capture_output=True, text=True, timeout=120
+    )
     assert server.returncode != 0 and "others may reach it" in server.stderr
     assert not (loose / "engine.sock").exists()
 
@@ -286,8 +328,13 @@ def test_run_never_hands_its_environment_to_a_socket_in_a_folder_others_may_reac
     listener.bind(str(loose / "engine.sock"))  # someone listening first at the path
     listener.listen(1)
     listener.settimeout(0.5)
-    command = subprocess.run([sys.executable, FORKSERVER, "run", str(loose / "engine.sock")], env={**os.environ, "SECRET": "s3cr3t"},
-                             capture_output=True, text=True, timeout=120)
+    command = subprocess.run(
+        [sys.executable, FORKSERVER, "run", str(loose / "engine.sock")],
+        env={**os.environ, "SECRET": "s3cr3t"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "engine fork server not used" in command.stderr and "others may reach it" in command.stderr
     with pytest.raises(TimeoutError):
         listener.accept()  # never connected: nothing handed over (the engine ran itself, and failed without a run id)
@@ -300,8 +347,13 @@ def test_the_server_refuses_a_caller_of_another_uid(tmp_path):
     folder = Path("/tmp") / f"forkserver-test-{uuid.uuid4().hex[:8]}"
     folder.mkdir(mode=0o700)
     sock = folder / "engine.sock"
-    server = subprocess.Popen([sys.executable, FORKSERVER, "serve", str(sock)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True)
+    server = subprocess.Popen(
+        [sys.executable, FORKSERVER, "serve", str(sock)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not sock.exists():
@@ -309,15 +361,29 @@ def test_the_server_refuses_a_caller_of_another_uid(tmp_path):
             time.sleep(0.05)
         folder.chmod(0o711)  # let the other user reach the socket (as a careless setup might): the peer check remains
         sock.chmod(0o777)
-        caller = subprocess.run([sys.executable, "-c", (
-            "import os, socket, struct, sys; os.setgid(65534); os.setuid(65534)\n"
-            "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
-            "r, w = os.pipe()\n"
-            "try:\n"
-            "    socket.send_fds(s, [struct.pack('!Q', 2)], [r, r, r]); s.sendall(b'{}'); print(s.recv(100) or 'closed')\n"
-            "except (BrokenPipeError, ConnectionResetError):\n"
-            "    print('closed')"), str(sock)], capture_output=True, text=True, timeout=60)
-        assert caller.stdout.strip() == "closed", caller.stdout + caller.stderr  # closed at once: no child forked for it
+        caller = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import os, socket, struct, sys; os.setgid(65534); os.setuid(65534)\n"
+                    "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                    "r, w = os.pipe()\n"
+                    "try:\n"
+                    "    socket.send_fds(s, [struct.pack('!Q', 2)], [r, r, r]); s.sendall(b'{}'); "
+                    "print(s.recv(100) or 'closed')\n"
+                    "except (BrokenPipeError, ConnectionResetError):\n"
+                    "    print('closed')"
+                ),
+                str(sock),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert caller.stdout.strip() == "closed", (
+            caller.stdout + caller.stderr
+        )  # closed at once: no child forked for it
     finally:
         os.killpg(server.pid, signal.SIGKILL)
         output = server.communicate()[0]

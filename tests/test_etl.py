@@ -15,51 +15,25 @@ import pytest
 from blocks import load_config
 from blocks.etl import EtlSettings
 from flows.etl import ndjson_flush_orphans, ndjson_ingest, ndjson_merge
-from tasks.etl import ingest as etl
-from tasks.etl import merge as etl_merge
-from tasks.etl import ops as etl_ops
 from tasks.core import keys, state_store
-
-DAY = "2026-01-05"
-TODAY = "2026-01-10"
-MISSING_DEPLOYMENT = "ndjson-merge/not-deployed"
-
-
-@pytest.fixture
-def etl_env(tables, store_root, monkeypatch):
-    """Fresh tables and store; small files are the norm here (1 KiB ± 99%), 5 files per manifest, 4 shards."""
-    for name, value in {
-        "EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "5",
-        "MIN_FILES_FOR_PARTIAL_BATCH": "1", "NUM_STATUS_SHARDS": "4", "TTL_DAYS": "30",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NOTIFY_BLOCK", raising=False)
-    return {"tables": tables, "root": store_root, "table": tables["etl_file_tracking"]}
-
-
-def write_input(root: Path, date: str, name: str, lines: list) -> str:
-    """An input file under pipeline/input/{date}/ (dicts become JSON lines, str lines are written as they are)."""
-    path = root / "pipeline" / "input" / date / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join((json.dumps(l) if not isinstance(l, str) else l) + "\n" for l in lines))
-    return path.as_uri()
-
-
-def records(table: str) -> dict[tuple[str, str], dict]:
-    return {(i["date_prefix"], i["file_key"]): state_store.to_plain(i) for i in state_store.scan_all(table)}
-
-
-def good_lines(n: int, i: int) -> list[dict]:
-    return [{"id": i * 100 + k, "name": f"row-{k}", "score": k / 2, "ok": k % 2 == 0, "tags": ["a", k],
-             "meta": {"x": k}, "when": "2026-01-05T10:00:00Z", "none": None} for k in range(n)]
+from tasks.etl import ingest as etl
+from tasks.etl import keys as etl_keys
+from tasks.etl import ops as etl_ops
+from tests.helpers.etl import DAY, MISSING_DEPLOYMENT, TODAY, good_lines, records, write_input
 
 
 def test_settings_use_the_seed_names_and_env_overrides(monkeypatch):
     for name in ("MAX_FILES_PER_MANIFEST", "NUM_STATUS_SHARDS", "EXPECTED_FILE_SIZE_MB"):
         monkeypatch.delenv(name, raising=False)
     config = load_config(EtlSettings)
-    assert (config.max_files_per_manifest, config.expected_file_size_mb, config.size_tolerance_percent,
-            config.min_files_for_partial_batch, config.ttl_days, config.num_status_shards) == (10, 10, 99, 1, 30, 10)
+    assert (
+        config.max_files_per_manifest,
+        config.expected_file_size_mb,
+        config.size_tolerance_percent,
+        config.min_files_for_partial_batch,
+        config.ttl_days,
+        config.num_status_shards,
+    ) == (10, 10, 99, 1, 30, 10)
     monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "25")
     monkeypatch.setenv("NUM_STATUS_SHARDS", "3")
     config = load_config(EtlSettings)
@@ -75,31 +49,38 @@ def test_bad_input_gets_a_recorded_reason_and_good_files_still_flow(etl_env):
     undated = write_input(root, "not-a-date", "x.ndjson", good_lines(3, 7))
     gone = (root / "pipeline" / "input" / DAY / "gone.ndjson").as_uri()
 
-    summary = ndjson_ingest(file_urls=good + [wrong_ext, too_big, empty, undated, gone, good[0]], merge_deployment=MISSING_DEPLOYMENT)
+    summary = ndjson_ingest(
+        file_urls=good + [wrong_ext, too_big, empty, undated, gone, good[0]], merge_deployment=MISSING_DEPLOYMENT
+    )
 
     assert (summary["tracked"], summary["already_tracked"], summary["quarantined"]) == (3, 1, 5)
     items = records(table)
     reasons = {k[1]: v["error_message"] for k, v in items.items() if v["status"].startswith("quarantined")}
-    undated_key = keys.undated_file_key(undated)
+    undated_key = etl_keys.undated_file_key(undated)
     assert set(reasons) == {"data.json", "big.ndjson", "empty.ndjson", "gone.ndjson", undated_key}
     assert reasons["data.json"] == "wrong extension: expected .ndjson"
     assert reasons["empty.ndjson"] == "empty file (0 bytes)"
     assert reasons["big.ndjson"].startswith("size ") and "outside 0.001 MB ± 99.0%" in reasons["big.ndjson"]
     assert reasons["gone.ndjson"].startswith("file not found")
-    assert reasons[undated_key].startswith("unparseable input path") and items[(keys.UNDATED_PREFIX, undated_key)]
+    assert reasons[undated_key].startswith("unparseable input path") and items[(etl_keys.UNDATED_PREFIX, undated_key)]
     # copies and reason files in quarantine; nothing removed from the input
-    assert (root / keys.quarantine_key(DAY, "big.ndjson")).read_bytes() == Path(too_big[7:]).read_bytes()
-    assert json.loads((root / keys.quarantine_reason_key(keys.quarantine_key(DAY, "data.json"))).read_text())["reason"] == reasons["data.json"]
-    assert (root / keys.quarantine_reason_key(keys.undated_quarantine_key(undated))).exists()
+    assert (root / etl_keys.quarantine_key(DAY, "big.ndjson")).read_bytes() == Path(too_big[7:]).read_bytes()
+    assert (
+        json.loads((root / keys.quarantine_reason_key(etl_keys.quarantine_key(DAY, "data.json"))).read_text())["reason"]
+        == reasons["data.json"]
+    )
+    assert (root / keys.quarantine_reason_key(etl_keys.undated_quarantine_key(undated))).exists()
     assert all(Path(u[7:]).exists() for u in good + [wrong_ext, too_big, empty, undated])
     # valid files: pending#N with the seed's MD5 shard, TTL ~30 days ahead
     for i in range(3):
         item = items[(DAY, f"good-{i}.ndjson")]
-        shard = keys.status_shard(f"good-{i}.ndjson", 4)
+        shard = etl_keys.status_shard(f"good-{i}.ndjson", 4)
         assert (item["status"], item["shard_id"]) == (f"pending#{shard}", shard)
         assert abs(item["ttl"] - (time.time() + 30 * 86400)) < 120
     metrics = list(state_store.scan_all(etl_env["tables"]["etl_metrics"]))
-    assert [m["metric_type"] for m in metrics] == ["ingest"] and metrics[0]["quarantined"] == 5 and metrics[0]["ttl"] > 0
+    assert (
+        [m["metric_type"] for m in metrics] == ["ingest"] and metrics[0]["quarantined"] == 5 and metrics[0]["ttl"] > 0
+    )
 
 
 def _install_query_spy(monkeypatch) -> list[dict]:
@@ -138,7 +119,14 @@ def test_ingest_merge_flush_end_to_end(etl_env, monkeypatch):
     queries = _install_query_spy(monkeypatch)
     urls = [write_input(root, DAY, f"f-{i:02d}.ndjson", good_lines(4, i)) for i in range(6)]
     # malformed lines among good ones, and a file that is not JSON at all
-    urls.append(write_input(root, DAY, "f-06.ndjson", [{"id": 1, "name": "ok"}, "{broken json", "[1, 2]", {"id": 2, "extra": {"deep": [1]}}]))
+    urls.append(
+        write_input(
+            root,
+            DAY,
+            "f-06.ndjson",
+            [{"id": 1, "name": "ok"}, "{broken json", "[1, 2]", {"id": 2, "extra": {"deep": [1]}}],
+        )
+    )
     urls.append(write_input(root, DAY, "f-07.ndjson", ["id,name", "1,abc", "2,def"]))
 
     first = ndjson_ingest(file_urls=urls, merge_deployment=None)
@@ -153,37 +141,63 @@ def test_ingest_merge_flush_end_to_end(etl_env, monkeypatch):
     assert sorted(m["file_count"] for m in manifests.values()) == [3, 5]
     files = {k[1]: v for k, v in items.items() if k[1].endswith(".ndjson")}
     for name, item in files.items():  # the shard suffix survived pending → manifested → completed/failed
-        assert item["status"].split("#")[1] == str(keys.status_shard(name, 4)) == str(item["shard_id"])
+        assert item["status"].split("#")[1] == str(etl_keys.status_shard(name, 4)) == str(item["shard_id"])
     assert files["f-07.ndjson"]["status"].startswith("failed#")
     assert files["f-07.ndjson"]["error_message"] == "not JSON: all 3 non-empty lines are malformed"
-    assert {n for n, i in files.items() if i["status"].startswith("completed#")} == {f"f-{i:02d}.ndjson" for i in range(7)}
+    assert {n for n, i in files.items() if i["status"].startswith("completed#")} == {
+        f"f-{i:02d}.ndjson" for i in range(7)
+    }
     assert (files["f-06.ndjson"]["rows"], files["f-06.ndjson"]["rejected_lines"]) == (2, 2)
-    assert sum(m["rejected_lines"] for m in manifests.values()) == 5 and sum(m["rows"] for m in manifests.values()) == 26
+    assert (
+        sum(m["rejected_lines"] for m in manifests.values()) == 5 and sum(m["rows"] for m in manifests.values()) == 26
+    )
 
     # the Parquet output: every good line once, every column a string, metadata columns present
-    out = root / keys.merged_output_prefix(DAY)
+    out = root / etl_keys.merged_output_prefix(DAY)
     table_read = pq.read_table(out)
     assert table_read.num_rows == 6 * 4 + 2
     assert all(pa.types.is_string(f.type) for f in table_read.schema)
     assert {"_processing_timestamp", "_source_file"} <= set(table_read.column_names)
     assert pq.ParquetFile(next(out.glob("*.parquet"))).metadata.row_group(0).column(0).compression == "SNAPPY"
     rows = {r["id"]: {k: v for k, v in r.items() if k != "extra"} for r in table_read.to_pylist()}  # extra: see duckdb
-    assert rows["0"] == {"id": "0", "name": "row-0", "score": "0.0", "ok": "true", "tags": '["a",0]', "meta": '{"x":0}',
-                         "when": "2026-01-05T10:00:00Z", "none": None, "_processing_timestamp": rows["0"]["_processing_timestamp"],
-                         "_source_file": urls[0]}
+    assert rows["0"] == {
+        "id": "0",
+        "name": "row-0",
+        "score": "0.0",
+        "ok": "true",
+        "tags": '["a",0]',
+        "meta": '{"x":0}',
+        "when": "2026-01-05T10:00:00Z",
+        "none": None,
+        "_processing_timestamp": rows["0"]["_processing_timestamp"],
+        "_source_file": urls[0],
+    }
     extra = duckdb.sql(f"select extra from read_parquet('{out}/*.parquet', union_by_name=true) where extra is not null")
     assert extra.fetchall() == [('{"deep":[1]}',)]
-    assert duckdb.sql(f"select count(*) from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall()[0][0] == 26
+    assert (
+        duckdb.sql(f"select count(*) from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall()[0][0] == 26
+    )
     # rejects keep file name and line number
-    rejects = [json.loads(l) for p in (root / "pipeline/output/rejects" / DAY).glob("*.ndjson") for l in p.read_text().splitlines()]
+    rejects = [
+        json.loads(line)
+        for p in (root / "pipeline/output/rejects" / DAY).glob("*.ndjson")
+        for line in p.read_text().splitlines()
+    ]
     assert sorted((Path(r["source_file"]).name, r["line_number"]) for r in rejects) == [
-        ("f-06.ndjson", 2), ("f-06.ndjson", 3), ("f-07.ndjson", 1), ("f-07.ndjson", 2), ("f-07.ndjson", 3)]
+        ("f-06.ndjson", 2),
+        ("f-06.ndjson", 3),
+        ("f-07.ndjson", 1),
+        ("f-07.ndjson", 2),
+        ("f-07.ndjson", 3),
+    ]
 
     # re-running a manifest overwrites its parts: same row count
-    name = keys.manifest_name_from_record_key(sorted(manifests)[0])
+    name = etl_keys.manifest_name_from_record_key(sorted(manifests)[0])
     again = ndjson_merge(date_prefix=DAY, manifest_name=name, rerun=True)
     assert again["manifest_status"] == "completed"
-    assert duckdb.sql(f"select count(*) from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall()[0][0] == 26
+    assert (
+        duckdb.sql(f"select count(*) from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall()[0][0] == 26
+    )
     # a duplicate launch of a finished manifest does nothing
     assert ndjson_merge(date_prefix=DAY, manifest_name=name)["skipped"] is True
 
@@ -215,9 +229,15 @@ def test_a_failed_merge_marks_everything_failed_and_alerts(etl_env, caplog):
     urls = [write_input(root, TODAY, f"h-{i}.ndjson", good_lines(2, i)) for i in range(5)]
     ndjson_ingest(file_urls=urls, merge_deployment=MISSING_DEPLOYMENT)
     (record,) = [v for k, v in records(table).items() if k[1].startswith("MANIFEST#")]
-    (root / keys.manifest_key(TODAY, keys.manifest_name_from_record_key(record["file_key"]))).unlink()  # manifest lost
+    (
+        root / etl_keys.manifest_key(TODAY, etl_keys.manifest_name_from_record_key(record["file_key"]))
+    ).unlink()  # manifest lost
     with caplog.at_level(logging.ERROR):
-        state = ndjson_merge(date_prefix=TODAY, manifest_name=keys.manifest_name_from_record_key(record["file_key"]), return_state=True)
+        state = ndjson_merge(
+            date_prefix=TODAY,
+            manifest_name=etl_keys.manifest_name_from_record_key(record["file_key"]),
+            return_state=True,
+        )
     assert state.is_failed()
     items = records(table)
     assert items[(TODAY, record["file_key"])]["status"] == "failed"
@@ -239,9 +259,11 @@ def test_ops_remediate_follows_the_manifest_or_releases_dead_claims(etl_env):
     etl.track_files(etl.validate_files(urls, config), config)
     (ref,) = etl.create_manifests(DAY, 5, config)
     # the merge ended but the batch status update never ran: files stuck in manifested
-    state_store.transition(table, {"date_prefix": DAY, "file_key": keys.manifest_record_key(ref.manifest_name)}, "pending", "completed")
+    state_store.transition(
+        table, {"date_prefix": DAY, "file_key": etl_keys.manifest_record_key(ref.manifest_name)}, "pending", "completed"
+    )
     # a claimer that died before writing its manifest
-    dead = etl._claim(etl.pending_files(DAY), keys.claim_placeholder("dead"))
+    dead = etl._claim(etl.pending_files(DAY), etl_keys.claim_placeholder("dead"))
     assert len(dead) == 2
     assert etl_ops.remediate_manifested(DAY, placeholder_older_than_minutes=60)["moved"] == 5  # young claims left alone
     out = etl_ops.remediate_manifested(DAY, placeholder_older_than_minutes=0)
@@ -286,8 +308,8 @@ def test_four_ingest_runs_at_once_put_every_file_in_exactly_one_manifest(etl_env
     file_items = {k: v for k, v in items.items() if k[1].startswith("c-")}
     assert not [v for v in file_items.values() if not v["status"].startswith("manifested#")]  # none pending
     meta = {k: v for k, v in items.items() if k[1].startswith("MANIFEST#")}
-    assert {(d, keys.manifest_name_from_record_key(f)) for d, f in meta} == set(manifests)
+    assert {(d, etl_keys.manifest_name_from_record_key(f)) for d, f in meta} == set(manifests)
     for (date, name), files in manifests.items():  # every file points at the one manifest that lists it
-        path = meta[(date, keys.manifest_record_key(name))]["manifest_path"]
+        path = meta[(date, etl_keys.manifest_record_key(name))]["manifest_path"]
         assert {file_items[(date, Path(u).name)]["manifest_path"] for u in files} == {path}
-        assert meta[(date, keys.manifest_record_key(name))]["file_count"] == len(files)
+        assert meta[(date, etl_keys.manifest_record_key(name))]["file_count"] == len(files)

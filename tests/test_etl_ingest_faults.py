@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from flows.etl import ndjson_flush_orphans, ndjson_ingest
-from tasks.core import faults, keys, state_store
+from tasks.core import faults
 from tasks.etl import ingest as etl
+from tasks.etl import keys
 from tasks.etl import ops as etl_ops
-from tests.crashpoints import count_writes, crash_points, killed, run_child
-from tests.test_etl import MISSING_DEPLOYMENT, etl_env, good_lines, records, write_input  # noqa: F401 - fixture
+from tests.helpers.crashpoints import count_writes, crash_points, killed, run_child
+from tests.helpers.etl import MISSING_DEPLOYMENT, good_lines, records, write_input
 
 TODAY = "2026-03-01"
 
@@ -74,7 +75,10 @@ def test_create_manifests_raising_at_any_write_leaves_no_claim_without_its_manif
     for date in dates:  # the scheduled flush batches the rest: every file in exactly one manifest
         claimed = _consistent(table, root, date)
         assert sorted(k for keys_ in claimed.values() for k in keys_) == [f"f-{i:03d}.ndjson" for i in range(n)]
-    print(f"create_manifests: {total} writes x before/after, {raised} raised faults; flush: {flushed['released_claims']} released")
+    print(
+        f"create_manifests: {total} writes x before/after, {raised} raised faults; "
+        f"flush: {flushed['released_claims']} released"
+    )
 
 
 def test_the_flush_releases_claims_a_killed_claimer_left(etl_env):
@@ -117,10 +121,15 @@ def test_ingest_killed_at_each_write_then_redelivered_and_flushed_loses_and_dupl
         date = f"2025-03-{i + 2:02d}"
         dates.append(date)
         result = run_child(call, {"root": str(root), "date": date}, f"{point}:kill:{'after' if i % 2 else 'before'}")
-        assert killed(result) or (result.returncode == 0 and i % 2), result.stderr[-2000:]  # see above: no "after" a refused write
+        assert killed(result) or (result.returncode == 0 and i % 2), result.stderr[
+            -2000:
+        ]  # see above: no "after" a refused write
         ingest_body(str(root), date)  # SQS delivers the events again
     flushed = ndjson_flush_orphans(
-        today=TODAY, merge_deployment=MISSING_DEPLOYMENT, release_claims_after_seconds=0, restart_pending_after_seconds=0
+        today=TODAY,
+        merge_deployment=MISSING_DEPLOYMENT,
+        release_claims_after_seconds=0,
+        restart_pending_after_seconds=0,
     )
     for date in dates:
         claimed = _consistent(table, root, date)
@@ -128,7 +137,9 @@ def test_ingest_killed_at_each_write_then_redelivered_and_flushed_loses_and_dupl
         big = records(table)[(date, "big.ndjson")]
         assert big["status"].startswith("quarantined#")
         assert Path(big["quarantine_path"][7:]).read_bytes() == (root / keys.input_key(date, "big.ndjson")).read_bytes()
-    pending_records = sum(1 for k, v in records(table).items() if k[1].startswith("MANIFEST#") and v["status"] == "pending")
+    pending_records = sum(
+        1 for k, v in records(table).items() if k[1].startswith("MANIFEST#") and v["status"] == "pending"
+    )
     assert flushed["launch_failures"] == pending_records  # every manifest is (re)started: none orphaned
     print(f"ingest: {len(writes)} writes, {len(points)} crash points exercised (kill before/after)")
 
@@ -163,7 +174,9 @@ def test_a_quarantined_file_uploaded_again_with_the_same_size_is_validated_again
     assert ndjson_ingest(file_urls=[url], merge_deployment=MISSING_DEPLOYMENT)["quarantined"] == 1
     monkeypatch.setenv("EXPECTED_FILE_SIZE_MB", str(size / (1024 * 1024)))  # the settings are fixed
     unchanged = ndjson_ingest(file_urls=[url], merge_deployment=MISSING_DEPLOYMENT)  # the same version again
-    assert unchanged["revalidated"] == 0 and records(table)[(TODAY, "same-size.ndjson")]["status"].startswith("quarantined#")
+    assert unchanged["revalidated"] == 0 and records(table)[(TODAY, "same-size.ndjson")]["status"].startswith(
+        "quarantined#"
+    )
 
     path = root / "pipeline" / "input" / TODAY / "same-size.ndjson"
     data = path.read_bytes()
@@ -186,13 +199,18 @@ def test_release_quarantine_after_the_settings_are_fixed(etl_env, monkeypatch, c
     assert "not quarantined" in capsys.readouterr().err
     assert main(["etl", "release-quarantine", "--date", TODAY]) == 0  # settings unchanged: still refused
     assert set(json.loads(capsys.readouterr().out)["refused"]) == {"q-0.ndjson", "q-1.ndjson"}
-    assert {k[1]: v["status"].split("#")[0] for k, v in records(table).items()} == {"q-0.ndjson": "quarantined", "q-1.ndjson": "quarantined"}
+    assert {k[1]: v["status"].split("#")[0] for k, v in records(table).items()} == {
+        "q-0.ndjson": "quarantined",
+        "q-1.ndjson": "quarantined",
+    }
 
     monkeypatch.setenv("EXPECTED_FILE_SIZE_MB", "0.01")  # the settings are fixed
     assert main(["etl", "release-quarantine", "--date", TODAY, "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out)["would_release"] == ["q-0.ndjson", "q-1.ndjson"]
     out = etl_ops.release_quarantine(TODAY, ["q-0.ndjson"], dry_run=True)
-    assert out["would_release"] == ["q-0.ndjson"] and records(table)[(TODAY, "q-0.ndjson")]["status"].startswith("quarantined#")
+    assert out["would_release"] == ["q-0.ndjson"] and records(table)[(TODAY, "q-0.ndjson")]["status"].startswith(
+        "quarantined#"
+    )
     assert etl_ops.release_quarantine(TODAY, ["q-0.ndjson"])["released"] == ["q-0.ndjson"]
     assert main(["etl", "release-quarantine", "--date", TODAY]) == 0
     assert etl_ops.release_quarantine(TODAY)["released"] == []  # nothing quarantined is left: a no-op

@@ -6,38 +6,37 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
 
 from flows.etl import ndjson_flush_orphans, ndjson_ingest, ndjson_merge
-from tasks.core import faults, keys
+from tasks.core import faults
+from tasks.etl import keys
 from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tasks.etl.ndjson_text import parse_ndjson
-from tests.test_etl import DAY, TODAY, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
+from tests.helpers.etl import (
+    DAY,
+    TODAY,
+    assert_merged_exactly_once,
+    file_statuses,
+    lone_surrogate,
+    manifests,
+    merged_rows,
+    records,
+    write_five_inputs,
+    write_input,
+)
 
 MISSING = "ndjson-merge/not-deployed"
 
 
-def merged_rows(root, date: str = DAY) -> list[dict]:
-    """Every row of the date's merged Parquet (each part read on its own: columns differ between parts)."""
-    out = root / keys.merged_output_prefix(date)
-    return [row for part in sorted(out.glob("*.parquet")) for row in pq.read_table(part).to_pylist()]
-
-
-def manifests(table: str, date: str = DAY) -> dict[str, dict]:
-    return {k[1]: v for k, v in records(table).items() if k[0] == date and k[1].startswith("MANIFEST#")}
-
-
-def file_statuses(table: str, date: str = DAY) -> Counter:
-    return Counter(v["status"].split("#")[0] for k, v in records(table).items() if k[0] == date and k[1].endswith(".ndjson"))
-
-
 def test_fields_named_like_the_metadata_columns_merge_under_a_documented_name(etl_env):
     root, table = etl_env["root"], etl_env["table"]
-    lines = [{"id": 1, "_source_file": "upstream.csv", "_processing_timestamp": "yesterday", "_source_file__input": "x"}]
+    lines = [
+        {"id": 1, "_source_file": "upstream.csv", "_processing_timestamp": "yesterday", "_source_file__input": "x"}
+    ]
     urls = [write_input(root, DAY, f"m-{i}.ndjson", lines) for i in range(5)]
     summary = ndjson_ingest(file_urls=urls, merge_deployment=None)
     assert summary["launched"] == 1
@@ -46,16 +45,36 @@ def test_fields_named_like_the_metadata_columns_merge_under_a_documented_name(et
     assert len(rows) == 5
     row = next(r for r in rows if r["_source_file"] == urls[0])
     assert (row["_source_file__input"], row["_processing_timestamp__input"], row["_source_file__input__input"]) == (
-        "upstream.csv", "yesterday", "x")
+        "upstream.csv",
+        "yesterday",
+        "x",
+    )
     assert row["_processing_timestamp"] != "yesterday"  # the merge's own column
 
 
-KEYS = ["métadonnées", "名前", "имя", "الاسم", "όνομα", "नाम", "🔑", 'say "hi"', "tab\there", "nul\u0001", "back\\slash", "a.b", ""]
+KEYS = [
+    "métadonnées",
+    "名前",
+    "имя",
+    "الاسم",
+    "όνομα",
+    "नाम",
+    "🔑",
+    'say "hi"',
+    "tab\there",
+    "nul\u0001",
+    "back\\slash",
+    "a.b",
+    "",
+]
 
 
 def test_nested_values_under_keys_in_any_script_or_with_quotes_arrive_as_json_text(etl_env):
     root = etl_env["root"]
-    text = "".join(json.dumps({key: {"v": i, "w": [i, "é"]}, "id": i}, ensure_ascii=i % 2 == 0) + "\n" for i, key in enumerate(KEYS))
+    text = "".join(
+        json.dumps({key: {"v": i, "w": [i, "é"]}, "id": i}, ensure_ascii=i % 2 == 0) + "\n"
+        for i, key in enumerate(KEYS)
+    )
     (root / "pipeline" / "input" / DAY).mkdir(parents=True)
     path = root / "pipeline" / "input" / DAY / "keys.ndjson"
     path.write_text(text, encoding="utf-8")
@@ -68,21 +87,34 @@ def test_nested_values_under_keys_in_any_script_or_with_quotes_arrive_as_json_te
 
 
 def test_numbers_and_strings_are_kept_exactly_as_written():
-    line = (b'{"n": 9007199254740993, "f": 1.50, "e": 1e3, "z": -0, "big": 123456789012345678901234567890, '
-            b'"s": "caf\\u00e9 \\"q\\" \\\\ \\n", "u": "\xe6\x97\xa5\xe6\x9c\xac", "b": false, "nil": null, '
-            b'"deep": {"x": [1.50, 2e-7, 9007199254740993], "t": "\\u00e9"}}\n'
-            b'{"n": 1.0, "f": 2}\n')
+    line = (
+        b'{"n": 9007199254740993, "f": 1.50, "e": 1e3, "z": -0, "big": 123456789012345678901234567890, '
+        b'"s": "caf\\u00e9 \\"q\\" \\\\ \\n", "u": "\xe6\x97\xa5\xe6\x9c\xac", "b": false, "nil": null, '
+        b'"deep": {"x": [1.50, 2e-7, 9007199254740993], "t": "\\u00e9"}}\n'
+        b'{"n": 1.0, "f": 2}\n'
+    )
     parsed = parse_ndjson("file:///x.ndjson", line)
     first, second = parsed.table.to_pylist()
-    assert first == {"n": "9007199254740993", "f": "1.50", "e": "1e3", "z": "-0", "big": "123456789012345678901234567890",
-                     "s": 'café "q" \\ \n', "u": "日本", "b": "false", "nil": None,
-                     "deep": '{"x":[1.50,2e-7,9007199254740993],"t":"\\u00e9"}'}
+    assert first == {
+        "n": "9007199254740993",
+        "f": "1.50",
+        "e": "1e3",
+        "z": "-0",
+        "big": "123456789012345678901234567890",
+        "s": 'café "q" \\ \n',
+        "u": "日本",
+        "b": "false",
+        "nil": None,
+        "deep": '{"x":[1.50,2e-7,9007199254740993],"t":"\\u00e9"}',
+    }
     assert (second["n"], second["f"]) == ("1.0", "2")
 
 
 def test_bad_lines_are_rejects_with_their_line_numbers_and_the_rest_merges():
-    data = (b'{"a": 1}\n\n{broken\n[1]\n{"a": NaN}\n{"a": "\xff"}\n{"a": 1}{"b": 2}\n{"a": "\\ud800"}\n'
-            b'{"a": "I N", "b": [1, {"c": "N"}]}\n')
+    data = (
+        b'{"a": 1}\n\n{broken\n[1]\n{"a": NaN}\n{"a": "\xff"}\n{"a": 1}{"b": 2}\n{"a": "\\ud800"}\n'
+        b'{"a": "I N", "b": [1, {"c": "N"}]}\n'
+    )
     parsed = parse_ndjson("file:///x.ndjson", data)
     assert [r["line_number"] for r in parsed.rejects] == [3, 4, 5, 6, 7, 8]
     assert [r["a"] for r in parsed.table.to_pylist()] == ["1", "I N"]
@@ -110,7 +142,7 @@ def _as_written(line: str) -> dict[str, str | None] | None:
         key, at = json.decoder.scanstring(line, at + 1)
         at = space.match(line, space.match(line, at).end() + 1).end()  # past the colon
         value, end = decoder.raw_decode(line, at)
-        if isinstance(value, str) and _lone_surrogate(value):  # even a value a repeated key replaces: not Unicode
+        if isinstance(value, str) and lone_surrogate(value):  # even a value a repeated key replaces: not Unicode
             return None
         text = line[at:end]
         if text[0] in "{[":  # whitespace between tokens removed, strings untouched
@@ -119,39 +151,83 @@ def _as_written(line: str) -> dict[str, str | None] | None:
         at = end
 
 
-def _lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return False
-    except UnicodeEncodeError:
-        return True
-
-
 def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
     """Seeded random files of odd but valid lines (and some bad ones) against a slow reference, value by value."""
     rng = random.Random(14)
-    atoms = ["1.", ".5", "-", "1e", "+1", '"\\x"', '"\\u12"', '"a\tb"', "01", "-01", "1.5e+", "tru", "nul", "[1,]",
-             '{"a":1,}', '{"a" 1}', "[1 2]", "{1:2}", "[}", "{]",  # not JSON: the line is a reject
-             "1.50", "-0", "1e3", "2E-7", "9007199254740993", "123456789012345678901234567890", "true", "false",
-             "null", '"x"', '"caf\\u00e9"', '"a\\"b"', '"\\\\"', '"日本"', '""', '" : , { } [ ]"', '"\\n\\t\\/"',
-             "NaN", "-Infinity", '"\\ud800"']
+    atoms = [
+        "1.",
+        ".5",
+        "-",
+        "1e",
+        "+1",
+        '"\\x"',
+        '"\\u12"',
+        '"a\tb"',
+        "01",
+        "-01",
+        "1.5e+",
+        "tru",
+        "nul",
+        "[1,]",
+        '{"a":1,}',
+        '{"a" 1}',
+        "[1 2]",
+        "{1:2}",
+        "[}",
+        "{]",  # not JSON: the line is a reject
+        "1.50",
+        "-0",
+        "1e3",
+        "2E-7",
+        "9007199254740993",
+        "123456789012345678901234567890",
+        "true",
+        "false",
+        "null",
+        '"x"',
+        '"caf\\u00e9"',
+        '"a\\"b"',
+        '"\\\\"',
+        '"日本"',
+        '""',
+        '" : , { } [ ]"',
+        '"\\n\\t\\/"',
+        "NaN",
+        "-Infinity",
+        '"\\ud800"',
+    ]
     names = ['"a"', '"b"', '"\\u00e9"', '"é"', '"k:1"', '"_source_file"', '""', '"{"', '"a\\"q"']
     gap = ["", "", "", " ", "  ", "\t", " \r"]
 
     def value(depth: int = 0) -> str:
         pick = rng.random()
         if depth < 3 and pick < 0.15:
-            return "{" + rng.choice(gap) + ",".join(f"{rng.choice(names)}{rng.choice(gap)}:{value(depth + 1)}{rng.choice(gap)}"
-                                                 for _ in range(rng.randrange(3))) + "}"
+            return (
+                "{"
+                + rng.choice(gap)
+                + ",".join(
+                    f"{rng.choice(names)}{rng.choice(gap)}:{value(depth + 1)}{rng.choice(gap)}"
+                    for _ in range(rng.randrange(3))
+                )
+                + "}"
+            )
         if depth < 3 and pick < 0.3:
-            return "[" + ("," + rng.choice(gap)).join(value(depth + 1) for _ in range(rng.randrange(4))) + rng.choice(gap) + "]"
+            return (
+                "["
+                + ("," + rng.choice(gap)).join(value(depth + 1) for _ in range(rng.randrange(4)))
+                + rng.choice(gap)
+                + "]"
+            )
         return rng.choice(atoms)
 
     def line() -> str:
         if rng.random() < 0.05:
-            return rng.choice(["[1,2]", "{bad", '"s"', "{}{}", '{"a":1} {"b":2}', "", "   ", '{"a":01}', "{'a':1}", '{"a":tru}'])
-        members = ("," + rng.choice(gap)).join(f"{rng.choice(names)}{rng.choice(gap)}:{rng.choice(gap)}{value()}"
-                                               for _ in range(rng.randrange(6)))
+            return rng.choice(
+                ["[1,2]", "{bad", '"s"', "{}{}", '{"a":1} {"b":2}', "", "   ", '{"a":01}', "{'a':1}", '{"a":tru}']
+            )
+        members = ("," + rng.choice(gap)).join(
+            f"{rng.choice(names)}{rng.choice(gap)}:{rng.choice(gap)}{value()}" for _ in range(rng.randrange(6))
+        )
         return rng.choice(gap) + "{" + rng.choice(gap) + members + rng.choice(gap) + "}" + rng.choice(gap)
 
     seen_rejects = seen_nested = 0
@@ -163,7 +239,9 @@ def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
         columns = list(dict.fromkeys(key for row in good for key in row))
         assert [r["line_number"] for r in parsed.rejects] == [n for n, row in expected.items() if row is None], lines
         assert (parsed.table.column_names if parsed.table else []) == columns, lines
-        assert (parsed.table.to_pylist() if parsed.table else []) == [{c: row.get(c) for c in columns} for row in good], lines
+        assert (parsed.table.to_pylist() if parsed.table else []) == [
+            {c: row.get(c) for c in columns} for row in good
+        ], lines
         seen_rejects += len(parsed.rejects)
         seen_nested += sum(1 for row in good for v in row.values() if v and v[0] in "{[")
     assert seen_rejects > 100 and seen_nested > 20  # the sample really holds both
@@ -171,11 +249,16 @@ def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
 
 def test_a_byte_order_mark_deep_nesting_and_refused_lines_get_clear_outcomes():
     deep = lambda levels: '{"a":' + "[" * levels + "]" * levels + "}"  # noqa: E731
-    data = ("\ufeff" + '{"a": 1}\n' + deep(600) + "\n" + deep(400) + '\n{"x": NaN}\n{"y":1}{"z":2}\n[1]\n{"a":01}\n').encode()
+    data = (
+        "\ufeff" + '{"a": 1}\n' + deep(600) + "\n" + deep(400) + '\n{"x": NaN}\n{"y":1}{"z":2}\n[1]\n{"a":01}\n'
+    ).encode()
     parsed = parse_ndjson("file:///x.ndjson", data)
     assert [(r["line_number"], r["error"]) for r in parsed.rejects] == [
-        (2, "values nested deeper than 512 levels"), (4, "NaN is not JSON"), (5, "more than one JSON value on the line"),
-        (6, "a JSON list, not an object"), (7, "Expecting ',' delimiter: line 1 column 7 (char 6)"),
+        (2, "values nested deeper than 512 levels"),
+        (4, "NaN is not JSON"),
+        (5, "more than one JSON value on the line"),
+        (6, "a JSON list, not an object"),
+        (7, "Expecting ',' delimiter: line 1 column 7 (char 6)"),
     ]
     assert [row["a"] for row in parsed.table.to_pylist()] == ["1", "[" * 400 + "]" * 400]
 
@@ -191,21 +274,11 @@ def _fail_second_part(monkeypatch):
     monkeypatch.setattr(etl_merge, "write_parquet", write)
 
 
-def _ingest_five(root, prefix: str, lines_per_file: int = 3) -> list[str]:
-    return [write_input(root, DAY, f"{prefix}-{i}.ndjson", [{"id": f"{prefix}{i}-{k}", "v": k} for k in range(lines_per_file)])
-            for i in range(5)]
-
-
-def _exactly_once(root, urls: list[str], lines_per_file: int = 3) -> None:
-    ids = Counter(r["id"] for r in merged_rows(root))
-    assert sum(ids.values()) == len(urls) * lines_per_file and set(ids.values()) == {1}, ids
-
-
 @pytest.mark.parametrize("where", ["writing a part", "publishing"])
 def test_a_merge_failing_midway_then_reprocess_writes_every_line_exactly_once(etl_env, monkeypatch, where):
     root, table = etl_env["root"], etl_env["table"]
     monkeypatch.setenv("TARGET_FILE_MB", "0")  # one part per file
-    urls = _ingest_five(root, "p")
+    urls = write_five_inputs(root, "p")
     with monkeypatch.context() as patch:
         if where == "writing a part":
             _fail_second_part(patch)
@@ -220,12 +293,12 @@ def test_a_merge_failing_midway_then_reprocess_writes_every_line_exactly_once(et
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)
     assert file_statuses(table) == {"completed": 5}
     assert sorted(m["status"] for m in manifests(table).values()) == ["completed", "failed"]
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     # a re-run finds the published output and skips the merge
     (name,) = [keys.manifest_name_from_record_key(k) for k, m in manifests(table).items() if m["status"] == "completed"]
     again = ndjson_merge(date_prefix=DAY, manifest_name=name, rerun=True)
     assert again["already_published"] is True and again["manifest_status"] == "completed"
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
 
 
 def faults_at_third_rename(real, *args):
@@ -236,7 +309,7 @@ def faults_at_third_rename(real, *args):
 def test_rerunning_a_failed_manifest_completes_its_files_and_a_later_reprocess_duplicates_nothing(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
     monkeypatch.setenv("TARGET_FILE_MB", "0")
-    urls = _ingest_five(root, "r")
+    urls = write_five_inputs(root, "r")
     with monkeypatch.context() as patch:
         _fail_second_part(patch)
         ndjson_ingest(file_urls=urls, merge_deployment=None)
@@ -247,23 +320,23 @@ def test_rerunning_a_failed_manifest_completes_its_files_and_a_later_reprocess_d
     assert file_statuses(table) == {"completed": 5}
     assert etl_ops.reprocess_failed(DAY)["moved"] == 0
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
 
 
 @pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_rerunning_a_failed_manifest_after_its_files_were_reprocessed_merges_nothing_twice(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
-    urls = _ingest_five(root, "s")
+    urls = write_five_inputs(root, "s")
     with monkeypatch.context() as patch:
         patch.setattr(etl_merge, "write_parquet", lambda *a: (_ for _ in ()).throw(RuntimeError("bad part (test)")))
         ndjson_ingest(file_urls=urls, merge_deployment=None)
     (old,) = manifests(table)
     etl_ops.reprocess_failed(DAY)
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)  # the files go to a new manifest
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     late = ndjson_merge(date_prefix=DAY, manifest_name=keys.manifest_name_from_record_key(old), rerun=True)
     assert late["rows"] == 0 and late["files"] == []
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     assert file_statuses(table) == {"completed": 5}
 
 
@@ -271,7 +344,7 @@ def test_a_manifest_listing_a_path_that_is_no_input_file_still_merges_and_finish
     from tasks.core.object_store import open_url
 
     root, table = etl_env["root"], etl_env["table"]
-    urls = _ingest_five(root, "odd")
+    urls = write_five_inputs(root, "odd")
     ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
     (key,) = manifests(table)
     name = keys.manifest_name_from_record_key(key)
@@ -285,14 +358,14 @@ def test_a_manifest_listing_a_path_that_is_no_input_file_still_merges_and_finish
     assert (summary["manifest_status"], summary["files_completed"], summary["rows"]) == ("completed", 5, 15)
     assert stray not in [f["url"] for f in summary["files"]] and f"manifest lists {stray}" in caplog.text
     assert file_statuses(table) == {"completed": 5}
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
 
 
 def test_the_merge_metric_lands_with_its_manifest_once_and_a_retried_status_update_writes_nothing_again(etl_env):
     from tasks.core import state_store
 
     root, table = etl_env["root"], etl_env["table"]
-    urls = _ingest_five(root, "metric")
+    urls = write_five_inputs(root, "metric")
     ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
     (key,) = manifests(table)
     name = keys.manifest_name_from_record_key(key)
@@ -305,18 +378,28 @@ def test_the_merge_metric_lands_with_its_manifest_once_and_a_retried_status_upda
 
     (row,) = merge_rows()
     assert (row["manifest"], row["date_prefix"], row["rows"], row["files"], row["files_failed"], row["skipped"]) == (
-        name, DAY, 15, 5, 0, False)
+        name,
+        DAY,
+        15,
+        5,
+        0,
+        False,
+    )
     assert state_store.WRITE_TOKEN not in row  # an append-only row carries no write token
     # the status update again (a task retry after its response was lost): nothing moves, no second metric row
     path = manifests(table)[key]["manifest_path"]
-    again = etl_merge.finish_manifest(DAY, name, summary, manifest_path=path, listed=summary["listed"], metric={"manifest": name})
+    again = etl_merge.finish_manifest(
+        DAY, name, summary, manifest_path=path, listed=summary["listed"], metric={"manifest": name}
+    )
     assert again == {"manifest_status": "completed", "files_completed": 0, "files_failed": 0}
     assert len(merge_rows()) == 1
     assert file_statuses(table) == {"completed": 5}
 
 
 @pytest.mark.parametrize("new_column_in", [None, 1, 2])
-def test_a_part_is_written_while_its_files_are_read_and_a_late_new_column_rewrites_it_whole(tmp_path, monkeypatch, new_column_in):
+def test_a_part_is_written_while_its_files_are_read_and_a_late_new_column_rewrites_it_whole(
+    tmp_path, monkeypatch, new_column_in
+):
     """Rows stream into the part file as each file is parsed (row groups of ROW_GROUP_ROWS); a file that brings a
     column the first lacks makes the part be written again whole: same rows, columns in first-seen order."""
     monkeypatch.setattr(etl_merge, "ROW_GROUP_ROWS", 2)
@@ -336,7 +419,8 @@ def test_a_part_is_written_while_its_files_are_read_and_a_late_new_column_rewrit
         assert part.num_row_groups > 1
     rows = part.read().to_pylist()
     assert [(r["id"], r["v"], r.get("late"), r["_source_file"]) for r in rows] == [
-        (f"{f}-{k}", str(k), f"x{k}" if f == new_column_in else None, files[f]) for f in range(3) for k in range(3)]
+        (f"{f}-{k}", str(k), f"x{k}" if f == new_column_in else None, files[f]) for f in range(3) for k in range(3)
+    ]
 
 
 ISSUE_23_LINES = ['{"a"}', '{"a" "b"}', '{"foo":"bar","a"}', '{"\\ud800x":2}', '{"id":2,"name"']  # the last: a cut file
@@ -351,17 +435,31 @@ def test_lines_the_reader_once_raised_on_are_rejects_and_every_file_of_the_manif
         bad = ISSUE_23_LINES[i % len(ISSUE_23_LINES)]
         path = root / "pipeline" / "input" / DAY / f"b-{i}.ndjson"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f'{{"id":"b{i}-0"}}\n{bad}\n{{"id":"b{i}-1"}}\n' if i % 5 != 4 else f'{{"id":"b{i}-0"}}\n{{"id":"b{i}-1"}}\n{bad}')
+        path.write_text(
+            f'{{"id":"b{i}-0"}}\n{bad}\n{{"id":"b{i}-1"}}\n'
+            if i % 5 != 4
+            else f'{{"id":"b{i}-0"}}\n{{"id":"b{i}-1"}}\n{bad}'
+        )
         urls.append(path.as_uri())
     ndjson_ingest(file_urls=urls, merge_deployment=None)
     assert file_statuses(table) == {"completed": 10}
     ((_, manifest),) = manifests(table).items()
-    assert (manifest["status"], manifest["rows"], manifest["rejected_lines"], manifest["files_failed"]) == ("completed", 20, 10, 0)
-    _exactly_once(root, urls, lines_per_file=2)
-    rejects = [json.loads(line) for line in (root / keys.rejects_key(DAY, keys.manifest_name_from_record_key(
-        next(iter(manifests(table)))))).read_text().splitlines()]
+    assert (manifest["status"], manifest["rows"], manifest["rejected_lines"], manifest["files_failed"]) == (
+        "completed",
+        20,
+        10,
+        0,
+    )
+    assert_merged_exactly_once(root, urls, lines_per_file=2)
+    rejects = [
+        json.loads(line)
+        for line in (root / keys.rejects_key(DAY, keys.manifest_name_from_record_key(next(iter(manifests(table))))))
+        .read_text()
+        .splitlines()
+    ]
     assert sorted((r["source_file"], r["line_number"]) for r in rejects) == sorted(
-        (url, 3 if i % 5 == 4 else 2) for i, url in enumerate(urls))
+        (url, 3 if i % 5 == 4 else 2) for i, url in enumerate(urls)
+    )
 
 
 def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exactly_once(etl_env, monkeypatch):
@@ -375,7 +473,12 @@ def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exac
     unreadable.mkdir()  # still listed and tracked, but reading it raises (IsADirectoryError)
 
     summary = ndjson_merge(date_prefix=DAY, manifest_name=keys.manifest_name_from_record_key(key))
-    assert (summary["manifest_status"], summary["files_completed"], summary["files_failed"], summary["rows"]) == ("completed", 9, 1, 27)
+    assert (summary["manifest_status"], summary["files_completed"], summary["files_failed"], summary["rows"]) == (
+        "completed",
+        9,
+        1,
+        27,
+    )
     files = {k[1]: v for k, v in records(table).items() if k[0] == DAY and k[1].endswith(".ndjson")}
     failed = files.pop("t-4.ndjson")
     assert failed["status"].startswith("failed#")
@@ -383,7 +486,7 @@ def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exac
     assert {v["status"].split("#")[0] for v in files.values()} == {"completed"} and len(files) == 9
     assert manifests(table)[key]["status"] == "completed"
     nine = [u for u in urls if not u.endswith("/t-4.ndjson")]
-    _exactly_once(root, nine)
+    assert_merged_exactly_once(root, nine)
     assert {r["_source_file"] for r in merged_rows(root)} == set(nine)  # none of the failed file's lines
     # fixed, then reprocessed: its lines arrive once, and nothing of the nine twice
     unreadable.rmdir()
@@ -391,7 +494,7 @@ def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exac
     assert etl_ops.reprocess_failed(DAY)["moved"] == 1
     ndjson_flush_orphans(today=TODAY, merge_deployment=None)
     assert file_statuses(table) == {"completed": 10}
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
 
 
 def test_a_file_whose_every_line_brings_a_new_key_merges_to_parquet_with_each_value_in_its_row(tmp_path):
@@ -399,27 +502,39 @@ def test_a_file_whose_every_line_brings_a_new_key_merges_to_parquet_with_each_va
     root = tmp_path / "objects"
     lines = [{"id": i, f"key_{i}": f"v{i}"} | ({"every_third": i} if i % 3 == 0 else {}) for i in range(300)]
     url = write_input(root, DAY, "wide.ndjson", lines)
-    assert any(parse_ndjson(url, (root / "pipeline" / "input" / DAY / "wide.ndjson").read_bytes()).table[f"key_{i}"].num_chunks > 1
-               for i in range(300))  # the sparse layout is the one written here
+    assert any(
+        parse_ndjson(url, (root / "pipeline" / "input" / DAY / "wide.ndjson").read_bytes()).table[f"key_{i}"].num_chunks
+        > 1
+        for i in range(300)
+    )  # the sparse layout is the one written here
     out = etl_merge.merge_part(0, [url], "pipeline/output/_staging/w/", root.as_uri(), "2026-02-01T00:00:00Z")
     rows = pq.read_table(root / out["staged"]).to_pylist()
     assert out["rows"] == 300 and len(rows[0]) == 1 + 300 + 1 + 2
-    assert rows == [{"id": str(i), "every_third": str(i) if i % 3 == 0 else None,
-                     **{f"key_{k}": f"v{k}" if k == i else None for k in range(300)},
-                     "_processing_timestamp": "2026-02-01T00:00:00Z", "_source_file": url} for i in range(300)]
+    assert rows == [
+        {
+            "id": str(i),
+            "every_third": str(i) if i % 3 == 0 else None,
+            **{f"key_{k}": f"v{k}" if k == i else None for k in range(300)},
+            "_processing_timestamp": "2026-02-01T00:00:00Z",
+            "_source_file": url,
+        }
+        for i in range(300)
+    ]
 
 
-def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_completes_the_records(etl_env, monkeypatch, caplog):
+def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_completes_the_records(
+    etl_env, monkeypatch, caplog
+):
     """Seed 001's batch status updater is best-effort: a published merge whose status update fails (after its
     retries) completes, alarms, and `records-reconcile` then writes the statuses from the published output."""
     import logging
 
     from flows import etl as etl_flows
     from flows.records import records_reconcile
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     root, table = etl_env["root"], etl_env["table"]
-    urls = _ingest_five(root, "best")
+    urls = write_five_inputs(root, "best")
     ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked, manifest left pending
     (key,) = manifests(table)
     calls = []
@@ -434,13 +549,16 @@ def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_compl
         state = ndjson_merge(date_prefix=DAY, manifest_name=keys.manifest_name_from_record_key(key), return_state=True)
     assert state.is_completed(), state.message
     assert len(calls) == 1 + len(etl_flows.STATUS_UPDATE_RETRY_DELAYS_S)  # the seed's two retries, then given up
-    assert state.result()["manifest_status"] == "processing" and "status update failed" in state.result()["status_update_error"]
+    assert (
+        state.result()["manifest_status"] == "processing"
+        and "status update failed" in state.result()["status_update_error"]
+    )
     assert "STATUS UPDATE FAILED" in caplog.text  # the alarm (notification; the log when no block is set)
     assert manifests(table)[key]["status"] == "processing" and file_statuses(table) == {"manifested": 5}
-    _exactly_once(root, urls)  # the output is published
+    assert_merged_exactly_once(root, urls)  # the output is published
 
     records_reconcile()  # DynamoDB is back
     assert manifests(table)[key]["status"] == "completed" and manifests(table)[key]["rows"] == 15
     assert file_statuses(table) == {"completed": 5}
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     assert reconcile.disagreements() == []

@@ -13,20 +13,22 @@ from collections import Counter
 import pytest
 
 from flows.etl import ndjson_ingest, ndjson_merge
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.etl import ingest as etl
+from tasks.etl import keys
 from tasks.etl import merge as etl_merge
 from tasks.etl.ingest import ManifestRef
-from tests.test_etl import DAY, MISSING_DEPLOYMENT, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
-from tests.test_etl_merge import file_statuses, manifests, merged_rows
+from tests.helpers.etl import DAY, MISSING_DEPLOYMENT, file_statuses, manifests, merged_rows, write_input
 
 LINES = 2
 
 
 def _pending(root, count: int, prefix: str) -> tuple[list[str], list[str]]:
     """``count`` manifests of 5 files each, left ``pending`` (their launch fails): (file URLs, manifest names)."""
-    urls = [write_input(root, DAY, f"{prefix}-{i:02d}.ndjson", [{"id": f"{prefix}{i}-{k}", "v": k} for k in range(LINES)])
-            for i in range(5 * count)]
+    urls = [
+        write_input(root, DAY, f"{prefix}-{i:02d}.ndjson", [{"id": f"{prefix}{i}-{k}", "v": k} for k in range(LINES)])
+        for i in range(5 * count)
+    ]
     summary = ndjson_ingest(file_urls=urls, merge_deployment=MISSING_DEPLOYMENT)
     assert (len(summary["manifests"]), summary["launched"]) == (count, 0)
     return urls, sorted(summary["manifests"])
@@ -52,7 +54,9 @@ def test_one_run_merges_every_pending_manifest_each_with_its_own_record_output_m
     result = ndjson_merge(date_prefix=DAY, manifest_name=names[2], more_manifests=10, parallel_manifests=2)
 
     assert (result["manifest"], result["manifest_status"], result["rows"]) == (names[2], "completed", 5 * LINES)
-    assert sorted(m["manifest"] for m in result["merged"]) == names and {m["status"] for m in result["merged"]} == {"completed"}
+    assert sorted(m["manifest"] for m in result["merged"]) == names and {m["status"] for m in result["merged"]} == {
+        "completed"
+    }
     assert _statuses(table) == dict.fromkeys(names, "completed")
     records_ = {keys.manifest_name_from_record_key(k): m for k, m in manifests(table).items()}
     assert {m["rows"] for m in records_.values()} == {5 * LINES}
@@ -60,7 +64,9 @@ def test_one_run_merges_every_pending_manifest_each_with_its_own_record_output_m
     assert file_statuses(table) == {"completed": 20}
     _each_line_once(root, urls)
     for name in names:  # each its own published output, holding its own five files
-        assert sorted(f["url"] for f in etl_merge.published(DAY, name)["files"]) == sorted(etl_merge.manifest_files(records_[name]["manifest_path"]))
+        assert sorted(f["url"] for f in etl_merge.published(DAY, name)["files"]) == sorted(
+            etl_merge.manifest_files(records_[name]["manifest_path"])
+        )
     metrics = _merge_metrics(etl_env["tables"])
     assert sorted(m["manifest"] for m in metrics) == names and {m["rows"] for m in metrics} == {5 * LINES}
     reports = [json.loads(p.read_text()) for p in (root / "logs/glue").iterdir()]
@@ -113,7 +119,9 @@ def test_a_failing_manifest_is_failed_with_its_reason_while_its_neighbours_compl
     urls, names = _pending(root, 3, "e")
     (root / keys.manifest_key(DAY, names[1])).unlink()  # its manifest JSON is gone: the merge cannot read it
 
-    state = ndjson_merge(date_prefix=DAY, manifest_name=names[0], more_manifests=10, parallel_manifests=2, return_state=True)
+    state = ndjson_merge(
+        date_prefix=DAY, manifest_name=names[0], more_manifests=10, parallel_manifests=2, return_state=True
+    )
 
     assert state.is_failed() and names[1] in state.message
     records_ = {keys.manifest_name_from_record_key(k): m for k, m in manifests(table).items()}
@@ -140,8 +148,10 @@ def _announced(refs: list[ManifestRef]) -> set[str]:
     marker = f"test.marker.{uuid.uuid4().hex}"
     emit_event(event="test.marker", resource={"prefect.resource.id": marker})
     EventsWorker.drain_all()
-    wanted = EventFilter(event=EventNameFilter(name=[etl.MANIFEST_READY]),
-                         resource=EventResourceFilter(id=[f"etl.manifest.{r.date_prefix}.{r.manifest_name}" for r in refs]))
+    wanted = EventFilter(
+        event=EventNameFilter(name=[etl.MANIFEST_READY]),
+        resource=EventResourceFilter(id=[f"etl.manifest.{r.date_prefix}.{r.manifest_name}" for r in refs]),
+    )
     with get_client(sync_client=True) as client:
         deadline = time.monotonic() + 30
         while not client.read_events(filter=EventFilter(resource=EventResourceFilter(id=[marker])), limit=1).events:
@@ -193,16 +203,21 @@ def test_only_a_recently_queued_draining_run_holds_back_an_announcement():
     from tasks.etl.ingest import QUEUED_RUN_TRUSTED_S, queued_merge_run
 
     def run(name, age_s, more=500, tags=()):
-        return SimpleNamespace(id=name, parameters={"more_manifests": more}, tags=list(tags),
-                               created=utc_now() - timedelta(seconds=age_s))
+        return SimpleNamespace(
+            id=name, parameters={"more_manifests": more}, tags=list(tags), created=utc_now() - timedelta(seconds=age_s)
+        )
 
     def client(*runs):
         return SimpleNamespace(read_flow_runs=lambda **kwargs: list(runs))
 
-    DEPLOYMENT = uuid.uuid4()  # noqa: N806
+    DEPLOYMENT = uuid.uuid4()
 
     assert queued_merge_run(client(run("fresh", 5)), DEPLOYMENT) == "fresh"
-    assert queued_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60)), DEPLOYMENT) is None  # no worker took it: announce
+    assert (
+        queued_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60)), DEPLOYMENT) is None
+    )  # no worker took it: announce
     assert queued_merge_run(client(run("single", 5, more=0)), DEPLOYMENT) is None  # takes only its own manifest
-    assert queued_merge_run(client(run("trial", 5, tags=[TRIAL_TAG])), DEPLOYMENT) is None  # the breaker's trial: its own only
+    assert (
+        queued_merge_run(client(run("trial", 5, tags=[TRIAL_TAG])), DEPLOYMENT) is None
+    )  # the breaker's trial: its own only
     assert queued_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60), run("fresh", 5)), DEPLOYMENT) == "fresh"

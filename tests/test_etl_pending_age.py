@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from blocks.health import HealthThresholds
-from tasks.core import keys, runtime, state_store
+from tasks.core import runtime, state_store
 from tasks.etl import ingest as etl
-from tasks.etl import ops
-from tasks.health.checks import etl_pending
+from tasks.etl import keys, ops
+from tasks.etl.alarms import etl_pending
 
 DATE = "2026-11-20"
-T0 = datetime(2026, 11, 20, 8, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 20, 8, 0, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -35,13 +35,17 @@ def late_files(limits: HealthThresholds) -> tuple[int, str]:
 def test_a_reprocessed_file_is_late_only_an_hour_after_it_became_pending_again(tables, store_root, clock, monkeypatch):
     monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
     limits = HealthThresholds(pending_file_minutes=60)
-    checks = [etl.FileCheck(f"file:///in/pipeline/input/{DATE}/{n}.ndjson", DATE, f"{n}.ndjson", 10) for n in ("a", "b")]
+    checks = [
+        etl.FileCheck(f"file:///in/pipeline/input/{DATE}/{n}.ndjson", DATE, f"{n}.ndjson", 10) for n in ("a", "b")
+    ]
     etl.track_files(checks, etl.settings())  # both pending since T0
     # a's merge failed two hours later; it is reprocessed then, while b is still waiting since T0
     clock.now = T0 + timedelta(hours=2)
     a = state_store.get_item(tables["etl_file_tracking"], etl.tracking_key(DATE, "a.ndjson"))
     failed = keys.sharded_status(etl.FAILED, int(a["shard_id"]))
-    assert state_store.transition(tables["etl_file_tracking"], etl.tracking_key(DATE, "a.ndjson"), a["status"], failed).applied
+    assert state_store.transition(
+        tables["etl_file_tracking"], etl.tracking_key(DATE, "a.ndjson"), a["status"], failed
+    ).applied
     assert ops.reprocess_failed(DATE, ["a.ndjson"])["moved"] == 1
 
     clock.now = T0 + timedelta(hours=2, minutes=59)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tasks.etl import ndjson_text
 from tasks.etl.ndjson_text import MAX_DEPTH, parse_ndjson
-from tests.test_etl_merge import _lone_surrogate
+from tests.helpers.etl import lone_surrogate
 
 QUICK = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SWEEP = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -32,7 +32,7 @@ SWEEP = settings(max_examples=1000, deadline=None, suppress_health_check=[Health
 
 
 class Number:
-    """A number's text exactly as written (``json.loads``'s ``parse_int``/``parse_float`` hooks); never equal to a string."""
+    """A number's text as written (``json.loads``'s ``parse_int``/``parse_float`` hooks); never equal to a string."""
 
     __hash__ = None
 
@@ -81,7 +81,7 @@ def expected_line(line: bytes):
     if not isinstance(value, Pairs):
         return REJECT
     for key, member in value.pairs:  # the policy: UTF-8 column names and top-level strings, bounded nesting
-        if _lone_surrogate(key) or (isinstance(member, str) and _lone_surrogate(member)):
+        if lone_surrogate(key) or (isinstance(member, str) and lone_surrogate(member)):
             return REJECT
         if _depth(member) > MAX_DEPTH:
             return REJECT
@@ -142,8 +142,11 @@ TEXT = st.sampled_from([st.text(max_size=6)] * 3 + [LONE_SURROGATE]).flatmap(lam
 KEY = st.sampled_from(ODD_KEYS) | st.sampled_from(ODD_KEYS) | TEXT
 GAP = st.sampled_from(["", "", "", " ", "\t", " \r ", "  "])
 LEAF = st.none() | st.booleans() | NUMBER.map(Number) | TEXT | st.sampled_from(ODD_KEYS)
-VALUE = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=3) | st.lists(st.tuples(KEY, inner), max_size=3).map(tuple),
-                     max_leaves=10)
+VALUE = st.recursive(
+    LEAF,
+    lambda inner: st.lists(inner, max_size=3) | st.lists(st.tuples(KEY, inner), max_size=3).map(tuple),
+    max_leaves=10,
+)
 _SHORT = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "/": "\\/"}
 
 
@@ -157,7 +160,9 @@ def json_string(draw, text: str) -> str:
         if style == "short" and ch in _SHORT:
             out.append(_SHORT[ch])
         elif style in ("u", "U") or ch in '"\\' or code < 32:
-            units = [code] if code <= 0xFFFF else [0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)]
+            units = (
+                [code] if code <= 0xFFFF else [0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)]
+            )
             out.extend(f"\\u{u:04X}" if style == "U" else f"\\u{u:04x}" for u in units)
         else:
             out.append(ch)
@@ -193,11 +198,40 @@ def encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")  # a raw lone surrogate: bytes that are not UTF-8
 
 
-FILE = st.builds(lambda lines, end: encode("\n".join(lines) + end), st.lists(ndjson_line(), min_size=1, max_size=8),
-                 st.sampled_from(["", "\n"]))
+FILE = st.builds(
+    lambda lines, end: encode("\n".join(lines) + end),
+    st.lists(ndjson_line(), min_size=1, max_size=8),
+    st.sampled_from(["", "\n"]),
+)
 MUTATION_BYTES = st.binary(max_size=3) | st.sampled_from(
-    [b"{", b"}", b"[", b"]", b":", b",", b'"', b"\\", b" ", b"\n", b"\\u", b"\\ud800", b'"a"', b'"a":', b"tru", b"-",
-     b"1e", b".", b"\xff", b"\xc3", b"\xed\xa0\x80", codecs.BOM_UTF8, b"NaN", b"[" * 3, b"}}"])
+    [
+        b"{",
+        b"}",
+        b"[",
+        b"]",
+        b":",
+        b",",
+        b'"',
+        b"\\",
+        b" ",
+        b"\n",
+        b"\\u",
+        b"\\ud800",
+        b'"a"',
+        b'"a":',
+        b"tru",
+        b"-",
+        b"1e",
+        b".",
+        b"\xff",
+        b"\xc3",
+        b"\xed\xa0\x80",
+        codecs.BOM_UTF8,
+        b"NaN",
+        b"[" * 3,
+        b"}}",
+    ]
+)
 
 
 @st.composite
@@ -207,11 +241,11 @@ def mutated(draw, data: bytes) -> bytes:
         at = draw(st.integers(0, len(data)))
         edit = draw(st.sampled_from(["delete", "insert", "replace", "truncate"]))
         if edit == "delete":
-            data = data[:at] + data[at + draw(st.integers(1, 4)):]
+            data = data[:at] + data[at + draw(st.integers(1, 4)) :]
         elif edit == "insert":
             data = data[:at] + draw(MUTATION_BYTES) + data[at:]
         elif edit == "replace":
-            data = data[:at] + draw(MUTATION_BYTES) + data[at + 1:]
+            data = data[:at] + draw(MUTATION_BYTES) + data[at + 1 :]
         else:
             data = data[:at]
     return data
@@ -273,7 +307,9 @@ def test_a_key_without_its_colon_is_a_rejected_line_and_the_rest_merges(bad):
 
 def test_a_file_cut_right_after_a_key_rejects_its_last_line():
     parsed = parse_ndjson("file:///cut.ndjson", b'{"id":1,"name":"x"}\n{"id":2,"name"')
-    assert [(r["line_number"], r["error"]) for r in parsed.rejects] == [(2, "Expecting ':' delimiter: line 1 column 15 (char 14)")]
+    assert [(r["line_number"], r["error"]) for r in parsed.rejects] == [
+        (2, "Expecting ':' delimiter: line 1 column 15 (char 14)")
+    ]
     assert parsed.table.to_pylist() == [{"id": "1", "name": "x"}]
 
 
@@ -281,9 +317,14 @@ def test_a_key_with_a_lone_surrogate_is_a_rejected_line_its_twin_spelled_validly
     data = b'{"\\ud800x":2}\n{"a":1,"\\ud83d\\udd11":"k"}\n{"b":{"\\ud800":"\\udc00"}}\n{"a":2,"\\udc00":null}\n'
     parsed = parse_ndjson("file:///s.ndjson", data)
     assert [(r["line_number"], r["error"]) for r in parsed.rejects] == [
-        (1, "a key holds a lone surrogate: not valid Unicode"), (4, "a key holds a lone surrogate: not valid Unicode")]
+        (1, "a key holds a lone surrogate: not valid Unicode"),
+        (4, "a key holds a lone surrogate: not valid Unicode"),
+    ]
     # nested keys and strings are JSON text kept as written, escapes and all: valid UTF-8 as they stand
-    assert parsed.table.to_pylist() == [{"a": "1", "🔑": "k", "b": None}, {"a": None, "🔑": None, "b": '{"\\ud800":"\\udc00"}'}]
+    assert parsed.table.to_pylist() == [
+        {"a": "1", "🔑": "k", "b": None},
+        {"a": None, "🔑": None, "b": '{"\\ud800":"\\udc00"}'},
+    ]
     json.loads(data.splitlines()[0])  # json.loads takes it: refusing it is the policy, in the module doc
 
 
@@ -308,5 +349,8 @@ def test_a_file_whose_every_line_brings_a_new_key_costs_memory_per_value_not_row
     assert pa.total_allocated_bytes() - arrow_before < bound
     assert parsed.table.get_total_buffer_size() < bound  # the table too: sparse columns are slices of one null column
     assert parsed.table.num_columns == lines + 1 and parsed.rows == lines
-    assert parsed.table.slice(lines - 2).to_pylist()[-1] == {"id": str(lines - 1), **{f"key_{i}": None for i in range(lines - 1)},
-                                                            f"key_{lines - 1}": f"v{lines - 1}"}
+    assert parsed.table.slice(lines - 2).to_pylist()[-1] == {
+        "id": str(lines - 1),
+        **{f"key_{i}": None for i in range(lines - 1)},
+        f"key_{lines - 1}": f"v{lines - 1}",
+    }

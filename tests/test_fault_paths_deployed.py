@@ -17,15 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
+from tasks.etl import keys as etl_keys
 from tasks.etl import ops as etl_ops
 from tasks.video import jobs as v
+from tasks.video import keys as video_keys
 from tasks.video.ffmpeg import make_test_video, probe
-from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
-from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - etl_env is a fixture
-from tests.test_etl_merge import _exactly_once, _ingest_five, file_statuses, manifests
-from tests.test_records_reconcile import _wait
-from tests.test_video_faults import endpoints  # noqa: F401 - a fixture
+from tests.helpers.etl import DAY, TODAY, assert_merged_exactly_once, file_statuses, manifests, write_five_inputs
+from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for, wait_for_runs
 
 pytestmark = pytest.mark.sweep  # a worker and flow-run processes: `make test-sweep`, which CI runs
 
@@ -85,7 +84,7 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     (run,) = wait_for_runs(process, 1)
     failed = v.get_job(job_id)
     assert (run.state_name, failed["status"]) == ("Failed", "failed"), failed
-    assert "chunking failed" in failed["failure_reason"] and keys.source_key(job_id) in failed["failure_reason"]
+    assert "chunking failed" in failed["failure_reason"] and video_keys.source_key(job_id) in failed["failure_reason"]
     assert str(store_root) not in failed["failure_reason"]  # object keys, not this machine's paths
 
     upload.write_bytes(data)  # uploaded again to the same target, then the documented re-run
@@ -95,13 +94,17 @@ def test_a_failed_video_job_is_rerun_through_its_deployment(tables, store_root, 
     job = v.get_job(job_id)
     # the completed run reassembled in its own process (issue 25): no `video-reassemble` run was started
     assert not wait_for_runs(deployments["video-reassemble"], 0)
-    assert state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})["reassembly_owner"] == job["prefect_flow_run_id"]
+    assert (
+        state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})["reassembly_owner"]
+        == job["prefect_flow_run_id"]
+    )
     assert (job["status"], job["total_segments"], job["final_frames"], job["attempts"]) == ("completed", 3, 30, 1)
     assert "chunking failed" in job["previous_failure_reason"] and "failure_reason" not in job
-    assert probe(store_root / keys.final_key(job_id)).frames == 30
+    assert probe(store_root / video_keys.final_key(job_id)).frames == 30
     assert [r["segment_index"] for r in v.completions(job_id)] == [0, 1, 2]
     assert sorted((store_root / f"jobs/{job_id}/segments").iterdir()) == [  # the job's mode, not the block's
-        store_root / keys.output_segment_key(job_id, i, 3, "grayscale") for i in range(3)]
+        store_root / video_keys.output_segment_key(job_id, i, 3, "grayscale") for i in range(3)
+    ]
 
 
 @pytest.mark.timeout(600)
@@ -113,7 +116,7 @@ def test_a_failed_merge_is_rerun_through_its_deployment(etl_env, tmp_path, deplo
     # injector (tasks/core/faults.py) in raise mode, a fault the merge does not retry
     stack = deployed({"ndjson-merge"}, PIPELINES_FAULT="2:raise:before")
     merge = stack.deployments["ndjson-merge"]
-    urls = _ingest_five(root, "d")
+    urls = write_five_inputs(root, "d")
 
     summary = ndjson_ingest(file_urls=urls, merge_deployment=merge)
     assert (summary["tracked"], summary["launched"]) == (5, 1)
@@ -121,19 +124,21 @@ def test_a_failed_merge_is_rerun_through_its_deployment(etl_env, tmp_path, deplo
     (key,) = manifests(table)
     assert (run.state_name, manifests(table)[key]["status"]) == ("Failed", "failed"), stack.worker.tail()
     assert "InjectedFault" in manifests(table)[key]["error_message"]
-    assert file_statuses(table) == {"failed": 5} and not list(root.glob(f"{keys.merged_output_prefix(DAY)}*.parquet"))
+    assert file_statuses(table) == {"failed": 5} and not list(
+        root.glob(f"{etl_keys.merged_output_prefix(DAY)}*.parquet")
+    )
 
     stack.start_worker()  # the cause is fixed (a worker without the fault); the README's re-run of a failed merge
-    name = keys.manifest_name_from_record_key(key)
+    name = etl_keys.manifest_name_from_record_key(key)
     _deployment_run(merge, f"date_prefix={DAY}", f"manifest_name={name}", "rerun=true")
     runs = wait_for_runs(merge, 2, worker=stack.worker)
     assert sorted(r.state_name for r in runs) == ["Completed", "Failed"]
     assert manifests(table)[key]["status"] == "completed" and file_statuses(table) == {"completed": 5}
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     # nothing is left to reprocess, and the flush finds nothing to batch again
     assert etl_ops.reprocess_failed(DAY)["moved"] == 0
     assert ndjson_flush_orphans(today=TODAY, merge_deployment=merge)["launched"] == 0
-    _exactly_once(root, urls)
+    assert_merged_exactly_once(root, urls)
     assert not list(state_store.scan_all(table, keep=lambda i: str(i.get("status", "")).startswith("pending")))
 
 
@@ -151,7 +156,9 @@ def _flow_run_process(worker: Worker, flow_run_id: str):
 
 
 @pytest.mark.timeout(600)
-def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, store_root, tmp_path, deployed, endpoints):
+def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(
+    tables, store_root, tmp_path, deployed, endpoints
+):
     """Issue 23, item 2: a `video-process` flow process SIGKILLed while a segment is at the backend. Its worker reports
     the run Crashed, prefect.yaml's trigger starts `records-prefect-state`, which re-drives the job through the
     crashed run's deployment (no wait for `video-sweep-stuck`); the new run finishes it with every frame."""
@@ -161,26 +168,31 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    from tasks.records import reconcile
-    from tests.test_video_faults import _upload
+    from tasks import reconcile
+    from tests.helpers.video import upload_bytes
 
     (backend, url), _ = endpoints
     backend.behaviour = "hold-after-first"
-    stack = deployed({"video-process", "video-reassemble", "records-prefect-state"}, VIDEO_INFERENCE_ENDPOINT_URL=f"{url}/infer")
+    stack = deployed(
+        {"video-process", "video-reassemble", "records-prefect-state"}, VIDEO_INFERENCE_ENDPOINT_URL=f"{url}/infer"
+    )
     clip = make_test_video(tmp_path / "clip.mp4", 3.0, 10, keyframe_seconds=1.0)
-    job_id = _upload(clip.read_bytes())
+    job_id = upload_bytes(clip.read_bytes())
     process = stack.deployments["video-process"]
     try:
         params = {"job_id": job_id, "backend": "http", "max_parallel_segments": 1, "segment_retries": 0}
         crashed = str(run_deployment(process, parameters=params, timeout=0, as_subflow=False).id)
-        _wait(lambda: len(backend.seen) >= 2, 240, "segment 0 done and segment 1 at the backend")
+        wait_for(lambda: len(backend.seen) >= 2, 240, "segment 0 done and segment 1 at the backend")
         assert [c["segment_index"] for c in v.completions(job_id)] == [0]
         _flow_run_process(stack.worker, crashed).send_signal(signal.SIGKILL)  # mid-inference: no hook, no final state
         killed = time.monotonic()
         backend.behaviour = "ok"  # the backend is well again: a re-drive can finish the job
 
-        redriven = _wait(lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
-                         120, "the job to be re-driven")
+        redriven = wait_for(
+            lambda: v.get_job(job_id).get("redrives") == 1 and v.get_job(job_id)["prefect_flow_run_id"],
+            120,
+            "the job to be re-driven",
+        )
         redrive_s = time.monotonic() - killed
         runs = wait_for_runs(process, 2, worker=stack.worker)  # the re-driven run reassembles in its own process
         done_s = time.monotonic() - killed
@@ -195,6 +207,6 @@ def test_a_video_run_killed_mid_inference_is_redriven_within_a_minute(tables, st
     assert [r.state_name for r in crash_repair] == ["Completed"]
     job = v.get_job(job_id)
     assert (job["status"], job["final_frames"], job["redrives"]) == ("completed", 30, 1)
-    assert probe(store_root / keys.final_key(job_id)).frames == 30
+    assert probe(store_root / video_keys.final_key(job_id)).frames == 30
     assert [r["segment_index"] for r in v.completions(job_id)] == [0, 1, 2]
     assert reconcile.disagreements(["video"]) == []  # DynamoDB and Prefect agree

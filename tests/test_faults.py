@@ -7,7 +7,7 @@ import pytest
 
 from tasks.core import faults, state_store
 from tasks.core.object_store import LocalStore
-from tests.crashpoints import Write, count_writes, crash_points, killed, report_crashed_runs, run_child
+from tests.helpers.crashpoints import Write, count_writes, crash_points, killed, report_crashed_runs, run_child
 
 
 def _create(table: str, n: int) -> state_store.WriteResult:
@@ -88,7 +88,9 @@ def test_a_killed_flow_run_is_reported_crashed_as_a_worker_would(tables):
     assert killed(result), result.stderr
     crashed = report_crashed_runs()  # an earlier test's run left Running is reported too: only ours is counted
     with get_client(sync_client=True) as client:
-        ours = [run for run in map(client.read_flow_run, crashed) if client.read_flow(run.flow_id).name == "faults-test"]
+        ours = [
+            run for run in map(client.read_flow_run, crashed) if client.read_flow(run.flow_id).name == "faults-test"
+        ]
         assert len(ours) == 1
         assert client.read_flow_run(ours[0].id).state.type.value == "CRASHED"
     assert _items(tables["video_jobs"]) == {"job-1"}

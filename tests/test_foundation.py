@@ -11,8 +11,10 @@ from prefect import flow, task
 
 from blocks import DynamoTables, ObjectStorage, load_config
 from tasks.core import keys, state_store
+from tasks.core.config import table_names
 from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore
-from tasks.core.tables import TABLE_SPECS, SchemaMismatch, TableSpec, ensure_table
+from tasks.core.registry import table_specs
+from tasks.core.tables import SchemaMismatch, TableSpec, ensure_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,9 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_ensure_tables_is_idempotent_and_matches_the_seeds(tables):
     from tasks.core.tables import ensure_tables
 
-    assert set(ensure_tables(tables).values()) == {"exists"}
+    assert set(ensure_tables(table_specs(), tables).values()) == {"exists"}
     description = state_store.client().describe_table(TableName=tables["etl_file_tracking"])["Table"]
-    assert {k["AttributeName"]: k["KeyType"] for k in description["KeySchema"]} == {"date_prefix": "HASH", "file_key": "RANGE"}
+    assert {k["AttributeName"]: k["KeyType"] for k in description["KeySchema"]} == {
+        "date_prefix": "HASH",
+        "file_key": "RANGE",
+    }
     gsi = description["GlobalSecondaryIndexes"][0]
     assert gsi["IndexName"] == "status-index" and gsi["Projection"]["ProjectionType"] == "ALL"
     assert [k["AttributeName"] for k in gsi["KeySchema"]] == ["status", "date_prefix"]
@@ -44,9 +49,13 @@ def test_a_table_with_the_wrong_keys_is_refused_and_left_alone(tables):
 def test_blocks_default_to_seed_names_and_env_overrides(monkeypatch):
     monkeypatch.delenv("TABLE_ETL_FILE_TRACKING", raising=False)
     monkeypatch.setenv("TABLE_ENV", "prod")
-    config = load_config(DynamoTables)
-    assert config.names()["etl_file_tracking"] == "ndjson-parquet-sqs-file-tracking-prod"
-    assert set(config.names()) == set(TABLE_SPECS)
+    names = table_names()
+    assert names["etl_file_tracking"] == "ndjson-parquet-sqs-file-tracking-prod"
+    assert set(names) == set(table_specs())
+    monkeypatch.setenv("TABLE_ETL_FILE_TRACKING", "my-tracking")
+    assert table_names()["etl_file_tracking"] == "my-tracking"
+    saved_by_field = DynamoTables(env="prod", etl_metrics="old-style-metrics")  # a block saved with one field per table
+    assert saved_by_field.name_of("etl_metrics", "seed-name") == "old-style-metrics"
     monkeypatch.setenv("OBJECT_STORE_BASE_URL", "s3://bucket/prefix")
     assert load_config(ObjectStorage).base_url == "s3://bucket/prefix"
 
@@ -103,13 +112,18 @@ def test_a_killed_local_writer_leaves_no_object_and_its_temp_file_is_cleaned_up(
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from tests.crashpoints import killed, run_child
+    from tests.helpers.crashpoints import killed, run_child
 
     store = LocalStore(tmp_path / "store")
     store.put_bytes("jobs/a/keep.bin", b"kept")
     keys_written = ("jobs/a/segments/1.mp4", "jobs/a/segments/2.mp4", "jobs/b/segments/1.mp4")
     with ThreadPoolExecutor(3) as pool:  # three writers at once, each killed mid-stream
-        results = list(pool.map(lambda key: run_child("tests.test_foundation:write_and_die", {"root": str(store.root), "key": key}), keys_written))
+        results = list(
+            pool.map(
+                lambda key: run_child("tests.test_foundation:write_and_die", {"root": str(store.root), "key": key}),
+                keys_written,
+            )
+        )
     assert all(killed(result) for result in results), [result.stderr[-500:] for result in results]
     left = sorted(p.name for p in store.root.rglob("*.part"))
     assert len(left) == 3 and all(name.startswith((".1.mp4.", ".2.mp4.")) for name in left), left
@@ -183,20 +197,26 @@ def test_flow_runs_still_send_heartbeats_once_their_exit_stops_waiting_for_the_h
     import flows.etl  # noqa: F401 - loading a flow module installs the quick exit
 
     assert getattr(flow_engine._send_heartbeats, "quick_exit", False)
-    by_path = ("from prefect.utilities.importtools import load_script_as_module as load; load('flows/video.py'); "
-               "from prefect import flow_engine; print(getattr(flow_engine._send_heartbeats, 'quick_exit', False))")
+    by_path = (
+        "from prefect.utilities.importtools import load_script_as_module as load; load('flows/video.py'); "
+        "from prefect import flow_engine; print(getattr(flow_engine._send_heartbeats, 'quick_exit', False))"
+    )
     loaded = subprocess.run([sys.executable, "-c", by_path], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert loaded.stdout.strip().splitlines()[-1:] == ["True"], loaded.stderr[-2000:]  # as a worker loads a flow
     run_id = tiny_flow()
     EventsWorker.drain_all()
-    wanted = EventFilter(event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
-                         resource=EventResourceFilter(id=[f"prefect.flow-run.{run_id}"]))
+    wanted = EventFilter(
+        event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+        resource=EventResourceFilter(id=[f"prefect.flow-run.{run_id}"]),
+    )
     with get_client(sync_client=True) as client:
         for _ in range(50):  # the server files incoming events in the background
             if client.read_events(filter=wanted, limit=50).events:
                 break
             time.sleep(0.2)
-        assert [e.resource.id for e in client.read_events(filter=wanted, limit=50).events] == [f"prefect.flow-run.{run_id}"]
+        assert [e.resource.id for e in client.read_events(filter=wanted, limit=50).events] == [
+            f"prefect.flow-run.{run_id}"
+        ]
         assert client.read_flow_run(run_id).state.is_completed()
 
 
@@ -210,8 +230,14 @@ def test_a_benchmark_against_the_stacks_dynamodb_leaves_no_table_behind(benchmar
         return {name for page in pages for name in page["TableNames"]}
 
     before = all_tables()
-    result = subprocess.run([sys.executable, f"benchmarks/{benchmark}", "--quick"], cwd=Path(__file__).resolve().parents[1],
-                            env={**os.environ, "PIPELINES_USE_BLOCKS": "0"}, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, f"benchmarks/{benchmark}", "--quick"],
+        cwd=Path(__file__).resolve().parents[1],
+        env={**os.environ, "PIPELINES_USE_BLOCKS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "RATIO" in result.stdout or "ratio" in result.stdout.lower(), result.stdout[-2000:]
     assert all_tables() == before

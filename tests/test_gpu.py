@@ -3,75 +3,40 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
 import threading
 import time
 
 import pytest
 
 from flows.gpu import PLAIN, advance, watch
-from tasks.gpu import jobs as gpu
 from tasks.core import keys
+from tasks.gpu import jobs as gpu
 from tasks.gpu.backends import BackendError
-
-PY = sys.executable
-EXIT0 = f"{PY} -c 'import sys; sys.exit(0)'"
-HANG = f"{PY} -c 'import time; time.sleep(600)'"
-# node 0 of the first attempt exits 1; every other task exits 0
-FAIL_FIRST = f"{PY} -c \"import os, sys; sys.exit(1 if os.environ['GPU_JOB_RETRY'] == '0' and os.environ['NODE_INDEX'] == '0' else 0)\""
-# node 0 exits 1 at once; the others hang until stopped
-FAIL_ONE_HANG_OTHERS = f"{PY} -c \"import os, sys, time; os.environ['NODE_INDEX'] == '0' and sys.exit(1); time.sleep(600)\""
-
-
-@pytest.fixture
-def gpu_env(tables, tmp_path, monkeypatch):
-    """Three local node slots registered, fast polling, a health command that passes by default."""
-    for name, value in {
-        "GPU_LOCAL_STATE_DIR": str(tmp_path / "slots"),
-        "GPU_LOCAL_NODES": "3",
-        "GPU_POLL_INTERVAL_S": "0.1",
-        "GPU_LOCAL_REBOOT_S": "0.5",
-        "GPU_HEALTH_CHECK": "command",
-        "GPU_HEALTH_COMMAND": "true",
-        "GPU_NODE_WAIT_TIMEOUT_S": "10",
-    }.items():
-        monkeypatch.setenv(name, value)
-    runner = gpu.make_runner()
-    assert gpu.register_nodes(runner.backend, runner.config.cluster_name) == {
-        "local-0": "registered", "local-1": "registered", "local-2": "registered"
-    }
-    return runner
-
-
-def statuses(kind: str, ids) -> dict[str, str]:
-    getter, attr = {"node": (gpu.get_node, "node_status"), "task": (gpu.get_task, "task_status")}[kind]
-    return {i: getter(i)[attr] for i in ids}
-
-
-def alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    return True
+from tests.helpers.gpu import EXIT0, FAIL_FIRST, FAIL_ONE_HANG_OTHERS, HANG, alive, statuses
 
 
 def test_all_tasks_exit_0_job_complete(gpu_env):
     from flows.gpu import gpu_job
 
     summary = gpu_job(command=EXIT0, num_nodes=2, job_id="job-ok")
-    assert summary == {"job_id": "job-ok", "job_status": "COMPLETE", "retry": "0",
-                       "assigned_nodes": ["local-0", "local-1"], "failure_reason": None}
+    assert summary == {
+        "job_id": "job-ok",
+        "job_status": "COMPLETE",
+        "retry": "0",
+        "assigned_nodes": ["local-0", "local-1"],
+        "failure_reason": None,
+    }
     job = gpu.get_job("job-ok")
     assert job["num_nodes"] == "2" and job["submitted_ecs_task_ids"] == ["job-ok-r0-n0", "job-ok-r0-n1"]
     assert job["submitted_container_inst_ids"] == ["local-0", "local-1"] and job["prefect_flow_run_id"]
     tasks = gpu.job_tasks(job)
-    assert [(t["task_status"], t["exit_code"], t["node_index_in_job"], t["job_num_nodes"], t["retry"]) for t in tasks] == [
-        ("COMPLETE", "0", "0", "2", "0"), ("COMPLETE", "0", "1", "2", "0")
-    ]
+    assert [
+        (t["task_status"], t["exit_code"], t["node_index_in_job"], t["job_num_nodes"], t["retry"]) for t in tasks
+    ] == [("COMPLETE", "0", "0", "2", "0"), ("COMPLETE", "0", "1", "2", "0")]
     assert all(t["prefect_task_run_id"] and t["prefect_flow_run_id"] == job["prefect_flow_run_id"] for t in tasks)
-    assert statuses("node", ["local-0", "local-1", "local-2"]) == dict.fromkeys(["local-0", "local-1", "local-2"], "AVAILABLE")
+    assert statuses("node", ["local-0", "local-1", "local-2"]) == dict.fromkeys(
+        ["local-0", "local-1", "local-2"], "AVAILABLE"
+    )
     assert "job_id" not in gpu.get_node("local-0")
 
 
@@ -82,8 +47,13 @@ def test_failure_on_a_healthy_node_is_an_application_failure(gpu_env):
     assert state.is_failed() and "application failure" in state.message
     job = gpu.get_job("job-app")
     assert job["job_status"] == "FAILED" and job["retry"] == "0"
-    assert job["failure_reason"].startswith("application failure: task job-app-r0-n0 exited with code 1; node(s) healthy")
-    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-app-r0-n0": "TERMINATED", "job-app-r0-n1": "TERMINATED"}
+    assert job["failure_reason"].startswith(
+        "application failure: task job-app-r0-n0 exited with code 1; node(s) healthy"
+    )
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {
+        "job-app-r0-n0": "TERMINATED",
+        "job-app-r0-n1": "TERMINATED",
+    }
     other = gpu.get_task("job-app-r0-n1")
     assert other["stop_reason"] == "stopped: task job-app-r0-n0 of the job failed" and not alive(other["pid"])
     assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "AVAILABLE"}
@@ -99,8 +69,14 @@ def test_unhealthy_node_restarts_on_a_spare_node(gpu_env):
     assert summary["job_status"] == "COMPLETE" and summary["retry"] == "1"
     assert summary["assigned_nodes"] == ["local-2", "local-1"]  # the spare took node 0's place
     job = gpu.get_job("job-spare")
-    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-spare-r1-n0": "COMPLETE", "job-spare-r1-n1": "COMPLETE"}
-    assert gpu.get_task("job-spare-r0-n0")["task_status"] == "TERMINATED" and gpu.get_task("job-spare-r0-n0")["exit_code"] == "1"
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {
+        "job-spare-r1-n0": "COMPLETE",
+        "job-spare-r1-n1": "COMPLETE",
+    }
+    assert (
+        gpu.get_task("job-spare-r0-n0")["task_status"] == "TERMINATED"
+        and gpu.get_task("job-spare-r0-n0")["exit_code"] == "1"
+    )
     # node 1's first task exits 0 at once: seen in the same poll it is COMPLETE, else stopped with the job
     assert gpu.get_task("job-spare-r0-n1")["task_status"] in ("COMPLETE", "TERMINATED")
     bad = gpu.get_node("local-0")
@@ -121,7 +97,9 @@ def latest_artifact(key: str):
     async def read():
         async with get_client() as client:
             found = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                sort=ArtifactSort.CREATED_DESC,
+                limit=1,
             )
             return found[0]
 
@@ -147,7 +125,9 @@ def test_retries_exhausted_fail_the_job_and_notify(gpu_env):
     gpu.launch_job(gpu_env, "job-spent", 2, FAIL_FIRST)
     job = watch(gpu_env, "job-spent", PLAIN, timeout_s=30)
     assert job["job_status"] == "FAILED" and job["retry"] == "0"
-    assert job["failure_reason"].startswith("retries exhausted (retry 0 of max 0); unhealthy node(s) {'local-0': 'unhealthy")
+    assert job["failure_reason"].startswith(
+        "retries exhausted (retry 0 of max 0); unhealthy node(s) {'local-0': 'unhealthy"
+    )
     assert messages == [f"GPU job job-spent FAILED: {job['failure_reason']}"]
     assert statuses("node", ["local-0", "local-1"]) == {"local-0": "REBOOTING", "local-1": "AVAILABLE"}
 
@@ -188,7 +168,7 @@ def test_two_jobs_racing_for_the_last_node_one_gets_it(gpu_env):
         barrier = threading.Barrier(2)
         won: dict[str, object] = {}
 
-        def race(job_id):
+        def race(job_id, barrier=barrier, won=won):
             barrier.wait()
             try:
                 won[job_id] = gpu.assign_nodes(job_id, 1, "local")
@@ -216,7 +196,11 @@ def test_not_enough_nodes_fail_or_wait(gpu_env):
     gpu.assign_nodes("holder", 2, "local")
     with pytest.raises(gpu.NotEnoughNodes, match="after waiting 0.5 s"):
         gpu.launch_job(gpu_env, "job-wait-timeout", 2, EXIT0, wait=True, timeout_s=0.5)
-    assert statuses("node", ["local-0", "local-1", "local-2"]) == {"local-0": "ASSIGNED", "local-1": "ASSIGNED", "local-2": "AVAILABLE"}
+    assert statuses("node", ["local-0", "local-1", "local-2"]) == {
+        "local-0": "ASSIGNED",
+        "local-1": "ASSIGNED",
+        "local-2": "AVAILABLE",
+    }
     threading.Timer(0.5, gpu.release_nodes, args=("holder", ["local-1"])).start()
     job = gpu.launch_job(gpu_env, "job-waited", 2, EXIT0, wait=True, timeout_s=10)
     assert job["job_status"] == "IN_PROGRESS" and sorted(job["assigned_nodes"]) == ["local-1", "local-2"]
@@ -244,7 +228,9 @@ def test_user_stop_from_the_cli_ends_a_hanging_job(gpu_env):
 
     result = {}
     flow_thread = threading.Thread(
-        target=lambda: result.setdefault("state", gpu_job(command=HANG, num_nodes=2, job_id="job-stop", return_state=True))
+        target=lambda: result.setdefault(
+            "state", gpu_job(command=HANG, num_nodes=2, job_id="job-stop", return_state=True)
+        )
     )
     flow_thread.start()
     deadline = time.monotonic() + 60
@@ -258,7 +244,10 @@ def test_user_stop_from_the_cli_ends_a_hanging_job(gpu_env):
     assert result["state"].is_cancelled()
     job = gpu.get_job("job-stop")
     assert job["job_status"] == "USER_STOPPED" and job["stop_requested"] == "true"
-    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-stop-r0-n0": "TERMINATED", "job-stop-r0-n1": "TERMINATED"}
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {
+        "job-stop-r0-n0": "TERMINATED",
+        "job-stop-r0-n1": "TERMINATED",
+    }
     assert not any(alive(p) for p in pids)
     assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "AVAILABLE"}
     assert main(["gpu", "stop", "job-stop"]) == 2  # nothing to stop any more
@@ -290,8 +279,11 @@ def test_scheduled_node_check_takes_bad_nodes_out_and_back(gpu_env):
 
     gpu_env.backend.inject_health_command("local-1", "false")
     outcome = gpu_node_healthcheck(health_check="command", health_command="true")
-    assert outcome == {"local-0": "healthy: health command exited 0", "local-1": "unhealthy: health command exited 1",
-                       "local-2": "healthy: health command exited 0"}
+    assert outcome == {
+        "local-0": "healthy: health command exited 0",
+        "local-1": "unhealthy: health command exited 1",
+        "local-2": "healthy: health command exited 0",
+    }
     assert statuses("node", ["local-0", "local-1"]) == {"local-0": "AVAILABLE", "local-1": "REBOOTING"}
     time.sleep(0.6)
     assert gpu_node_healthcheck()["local-1"] == "back: AVAILABLE"
@@ -312,7 +304,11 @@ def test_cli_and_sample_read_back_the_rows(gpu_env, tmp_path, capsys):
     assert [t["task_status"] for t in json.loads(capsys.readouterr().out)] == ["COMPLETE", "COMPLETE"]
     assert main(["gpu", "register-nodes", "--nodes", "4"]) == 0
     assert json.loads(capsys.readouterr().out) == {
-        "local-0": "exists (AVAILABLE)", "local-1": "exists (AVAILABLE)", "local-2": "exists (AVAILABLE)", "local-3": "registered"}
+        "local-0": "exists (AVAILABLE)",
+        "local-1": "exists (AVAILABLE)",
+        "local-2": "exists (AVAILABLE)",
+        "local-3": "registered",
+    }
     assert main(["gpu", "nodes", "--status", "AVAILABLE"]) == 0
     assert [n["node_name"] for n in json.loads(capsys.readouterr().out)] == ["local-0", "local-1", "local-2", "local-3"]
     assert main(["gpu", "job", "nope"]) == 2 and "no job nope" in capsys.readouterr().err

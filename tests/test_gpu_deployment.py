@@ -20,11 +20,9 @@ import time
 import pytest
 
 from tasks.gpu import jobs as gpu
-from tests.crashpoints import REPO_ROOT, report
-from tests.test_aws_s3 import prefect_cli
-from tests.test_gpu import gpu_env, statuses  # noqa: F401 (fixture)
-from tests.test_gpu_recovery import running_job
-from tests.test_records_reconcile import _wait
+from tests.helpers.crashpoints import REPO_ROOT, report
+from tests.helpers.gpu import running_job, statuses
+from tests.helpers.prefect_runs import prefect_cli, wait_for
 
 pytestmark = pytest.mark.sweep  # slow (a worker and flow-run processes): `make test-sweep`, which CI runs
 NODES = ["local-0", "local-1", "local-2"]
@@ -49,20 +47,45 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
             client.create_work_pool(WorkPoolCreate(name="local-process", type="process"))
         except ObjectAlreadyExists:
             pass
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT),
-           "PIPELINES_USE_BLOCKS": "0", "PYTHONPATH": str(REPO_ROOT), "PREFECT_WORKER_QUERY_SECONDS": "1",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "1",
-           "GPU_HEALTH_CHECK": "nvml"}  # the default check: "unknown" here (no GPU), "healthy" on a GPU machine
-    prefect_cli("deploy", "--name", "gpu-job/local", "--name", "gpu-sweep/local", "--name", "records-reconcile/local", env=env)
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
-                              cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PIPELINES_ROOT": str(REPO_ROOT),
+        "PIPELINES_USE_BLOCKS": "0",
+        "PYTHONPATH": str(REPO_ROOT),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+        "GPU_HEALTH_CHECK": "nvml",
+    }  # the default check: "unknown" here (no GPU), "healthy" on a GPU machine
+    prefect_cli(
+        "deploy", "--name", "gpu-job/local", "--name", "gpu-sweep/local", "--name", "records-reconcile/local", env=env
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         # the command records its environment, then runs long enough for a reconcile to see it live
         command = f"sh -c 'env > {tmp_path}/$NODE_NAME.env; sleep 30'"
-        prefect_cli("deployment", "run", "gpu-job/local", "--param", "job_id=job-deployed", "--param", "num_nodes=2",
-                 "--param", f"command={command}", "--param", 'env={"EPOCHS": "3"}', env=env)
-        job = _wait(lambda: running_job("job-deployed"), 120, "the deployed job's tasks to run")
+        prefect_cli(
+            "deployment",
+            "run",
+            "gpu-job/local",
+            "--param",
+            "job_id=job-deployed",
+            "--param",
+            "num_nodes=2",
+            "--param",
+            f"command={command}",
+            "--param",
+            'env={"EPOCHS": "3"}',
+            env=env,
+        )
+        job = wait_for(lambda: running_job("job-deployed"), 120, "the deployed job's tasks to run")
         started_at = time.monotonic()
         tasks = job["submitted_ecs_task_ids"]
         prefect_cli("deployment", "run", "records-reconcile/local", "--param", 'pipelines=["gpu"]', "--watch", env=env)
@@ -70,29 +93,47 @@ def test_gpu_job_deployment_survives_its_killed_flow_process(gpu_env, monkeypatc
         assert gpu.get_job("job-deployed")["job_status"] == "IN_PROGRESS"
         os.kill(int(job["owner_pid"]), signal.SIGKILL)  # the flow-run process the worker started
         killed_at = time.monotonic()
-        _wait(lambda: _flow_run_state(job["prefect_flow_run_id"]) == "CRASHED", 60, "the worker to report Crashed")
+        wait_for(lambda: _flow_run_state(job["prefect_flow_run_id"]) == "CRASHED", 60, "the worker to report Crashed")
         assert gpu.get_job("job-deployed")["job_status"] == "IN_PROGRESS"
         while gpu.get_job("job-deployed")["job_status"] != "COMPLETE":  # as the every-minute schedule would
             assert time.monotonic() - killed_at < 180
             prefect_cli("deployment", "run", "gpu-sweep/local", "--watch", env=env)
         still_running = max(0.0, 30 - (killed_at - started_at))  # the tasks' own time left at the kill
-        report(f"gpu-job/local deployment: killed gpu-job flow process -> job COMPLETE through gpu-sweep/local in "
-               f"{time.monotonic() - killed_at:.1f} s, of which ~{still_running:.0f} s the tasks still ran (sweeps "
-               f"back to back; on the every-minute schedule add up to 60 s)")
+        report(
+            f"gpu-job/local deployment: killed gpu-job flow process -> job COMPLETE through gpu-sweep/local in "
+            f"{time.monotonic() - killed_at:.1f} s, of which ~{still_running:.0f} s the tasks still ran (sweeps "
+            f"back to back; on the every-minute schedule add up to 60 s)"
+        )
         # an application failure (no train.py) on nodes without a GPU: the job fails, the nodes stay in service
-        prefect_cli("deployment", "run", "gpu-job/local", "--param", "job_id=job-appfail", "--param", "num_nodes=2",
-                 "--param", f"command={sys.executable} train.py", env=env)
-        failed = _wait(lambda: (gpu.get_job("job-appfail") or {}).get("job_status") == "FAILED" and gpu.get_job("job-appfail"),
-                       120, "the failing job to end")
+        prefect_cli(
+            "deployment",
+            "run",
+            "gpu-job/local",
+            "--param",
+            "job_id=job-appfail",
+            "--param",
+            "num_nodes=2",
+            "--param",
+            f"command={sys.executable} train.py",
+            env=env,
+        )
+        failed = wait_for(
+            lambda: (gpu.get_job("job-appfail") or {}).get("job_status") == "FAILED" and gpu.get_job("job-appfail"),
+            120,
+            "the failing job to end",
+        )
         assert failed["retry"] == "0" and failed["failure_reason"].startswith("application failure"), failed
         assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")
     finally:
-        # SIGKILL, as tests/test_aws_s3.py's Worker.stop: a SIGTERMed worker waits for its runs (seen > 30 s loaded)
+        # SIGKILL, as prefect_runs.Worker.stop does: a SIGTERMed worker waits for its runs (seen > 30 s loaded)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
     job = gpu.get_job("job-deployed")
-    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-deployed-r0-n0": "COMPLETE", "job-deployed-r0-n1": "COMPLETE"}
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {
+        "job-deployed-r0-n0": "COMPLETE",
+        "job-deployed-r0-n1": "COMPLETE",
+    }
     assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")
     for node in job["assigned_nodes"]:
         seen = dict(line.split("=", 1) for line in (tmp_path / f"{node}.env").read_text().splitlines() if "=" in line)

@@ -9,7 +9,7 @@ import time
 
 from blocks.gpu import GpuCompute
 from tasks.gpu.backends import LocalBackend, TaskExit, TaskSpec, process_identity
-from tests.test_records_reconcile import _wait
+from tests.helpers.prefect_runs import wait_for
 
 PY = sys.executable
 
@@ -17,9 +17,9 @@ PY = sys.executable
 def test_a_task_whose_pid_now_belongs_to_another_process_is_gone(tmp_path):
     backend = LocalBackend(GpuCompute(local_state_dir=str(tmp_path)))
     ready = tmp_path / "ready"
-    command = f"{PY} -c 'import time; open(\"{ready}\", \"w\"); time.sleep(60)'"
+    command = f'{PY} -c \'import time; open("{ready}", "w"); time.sleep(60)\''
     task_id = backend.start_task(TaskSpec("job-pid", 0, {"node_name": "local-0"}, 0, 1, command)).task_id
-    _wait(ready.exists, 30, "the command to start")  # the launcher runs the command: it records how a stop ends it
+    wait_for(ready.exists, 30, "the command to start")  # the launcher runs the command: it records how a stop ends it
     record_file = tmp_path / "pids" / task_id
     record = json.loads(record_file.read_text())
     assert record["process"] == process_identity(record["pid"])

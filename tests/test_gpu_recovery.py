@@ -16,19 +16,13 @@ import pytest
 
 from flows.gpu import PLAIN, advance, watch
 from tasks.gpu import jobs as gpu
-from tests.crashpoints import REPO_ROOT, child_env
-from tests.test_records_reconcile import _task_state, _wait
-from tests.test_gpu import EXIT0, FAIL_FIRST, FAIL_ONE_HANG_OTHERS, HANG, alive, gpu_env, statuses  # noqa: F401 (fixture)
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+from tests.helpers.gpu import EXIT0, FAIL_FIRST, FAIL_ONE_HANG_OTHERS, HANG, alive, running_job, statuses
+from tests.helpers.prefect_runs import task_run_state, wait_for
 
 PY = sys.executable
 SLEEP = f"{PY} -c 'import time; time.sleep(3)'"
 NODES = ["local-0", "local-1", "local-2"]
-
-
-def running_job(job_id: str):
-    """The job row once its tasks are all started and recorded, else None."""
-    job = gpu.get_job(job_id)
-    return job if job and job["job_status"] == "IN_PROGRESS" and job["submitted_ecs_task_ids"] else None
 
 
 @pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
@@ -36,12 +30,19 @@ def test_killed_flow_process_job_completes_through_the_sweep(gpu_env):
     from flows.gpu import gpu_sweep
 
     child = subprocess.Popen(
-        [PY, str(REPO_ROOT / "tests" / "crashpoints.py"), "flows.gpu:gpu_job",
-         json.dumps({"command": SLEEP, "num_nodes": 2, "job_id": "job-orphan"})],
-        env=child_env({"PIPELINES_USE_BLOCKS": "0"}), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            PY,
+            str(REPO_ROOT / "tests" / "crashpoints.py"),
+            "flows.gpu:gpu_job",
+            json.dumps({"command": SLEEP, "num_nodes": 2, "job_id": "job-orphan"}),
+        ],
+        env=child_env({"PIPELINES_USE_BLOCKS": "0"}),
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
-        job = _wait(lambda: running_job("job-orphan"), 90, "the job's tasks to run")
+        job = wait_for(lambda: running_job("job-orphan"), 90, "the job's tasks to run")
     finally:
         child.send_signal(signal.SIGKILL)  # the watcher dies with its flow process; no hook runs
         child.wait(timeout=10)
@@ -55,10 +56,15 @@ def test_killed_flow_process_job_completes_through_the_sweep(gpu_env):
         gpu_sweep()
         sweeps += 1
         time.sleep(0.5)
-    print(f"\nkilled watcher -> job COMPLETE through gpu-sweep in {time.monotonic() - killed_at:.1f} s "
-          f"({sweeps} sweeps; tasks ran 3 s; scheduled every 60 s, so at most task time + 60 s)")
+    print(
+        f"\nkilled watcher -> job COMPLETE through gpu-sweep in {time.monotonic() - killed_at:.1f} s "
+        f"({sweeps} sweeps; tasks ran 3 s; scheduled every 60 s, so at most task time + 60 s)"
+    )
     job = gpu.get_job("job-orphan")
-    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-orphan-r0-n0": "COMPLETE", "job-orphan-r0-n1": "COMPLETE"}
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {
+        "job-orphan-r0-n0": "COMPLETE",
+        "job-orphan-r0-n1": "COMPLETE",
+    }
     assert [gpu.get_task(t)["exit_code"] for t in job["submitted_ecs_task_ids"]] == ["0", "0"]
     assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")
 
@@ -66,23 +72,33 @@ def test_killed_flow_process_job_completes_through_the_sweep(gpu_env):
 def test_reconcile_during_a_running_job_leaves_its_tasks_alone(gpu_env):
     from flows.gpu import gpu_job
     from flows.records import records_reconcile
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     result = {}
-    thread = threading.Thread(target=lambda: result.setdefault(
-        "summary", gpu_job(command=f"{PY} -c 'import time; time.sleep(5)'", num_nodes=2, job_id="job-live", timeout_s=60)))
+    thread = threading.Thread(
+        target=lambda: result.setdefault(
+            "summary",
+            gpu_job(command=f"{PY} -c 'import time; time.sleep(5)'", num_nodes=2, job_id="job-live", timeout_s=60),
+        )
+    )
     thread.start()
-    job = _wait(lambda: running_job("job-live"), 60, "the job's tasks to run")
+    job = wait_for(lambda: running_job("job-live"), 60, "the job's tasks to run")
     tasks = gpu.job_tasks(job)
     # the short Prefect task that started each process has Completed: what made the reconciler terminate them
-    _wait(lambda: all(_task_state(t["prefect_task_run_id"]) == "COMPLETED" for t in tasks), 30, "start task runs")
+    wait_for(lambda: all(task_run_state(t["prefect_task_run_id"]) == "COMPLETED" for t in tasks), 30, "start task runs")
     assert reconcile.disagreements(["gpu"]) == []
     assert [f for f in records_reconcile(dry_run=False) if f["pipeline"] == "gpu"] == []
-    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-live-r0-n0": "IN_PROGRESS", "job-live-r0-n1": "IN_PROGRESS"}
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {
+        "job-live-r0-n0": "IN_PROGRESS",
+        "job-live-r0-n1": "IN_PROGRESS",
+    }
     assert all(alive(t["pid"]) for t in tasks)
     thread.join(timeout=60)
     assert result["summary"]["job_status"] == "COMPLETE"
-    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-live-r0-n0": "COMPLETE", "job-live-r0-n1": "COMPLETE"}
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {
+        "job-live-r0-n0": "COMPLETE",
+        "job-live-r0-n1": "COMPLETE",
+    }
 
 
 def test_a_rebooted_node_is_available_within_reboot_time_plus_one_poll(gpu_env):
@@ -111,7 +127,9 @@ def test_an_application_failure_without_a_gpu_leaves_the_nodes_in_service(gpu_en
     gpu.launch_job(runner, "job-nogpu", 2, FAIL_ONE_HANG_OTHERS)
     job = watch(runner, "job-nogpu", PLAIN, timeout_s=30)
     assert job["job_status"] == "FAILED" and job["retry"] == "0"
-    assert job["failure_reason"].startswith("application failure: task job-nogpu-r0-n0 exited with code 1; node(s) healthy")
+    assert job["failure_reason"].startswith(
+        "application failure: task job-nogpu-r0-n0 exited with code 1; node(s) healthy"
+    )
     assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")
     assert gpu.get_node("local-0")["health_status"] in ("unknown", "healthy")  # healthy where a GPU is present
     # the conservative rule stays where nodes have GPUs
@@ -126,7 +144,7 @@ def test_an_application_failure_without_a_gpu_leaves_the_nodes_in_service(gpu_en
 def test_watcher_and_sweep_on_one_failure_restart_once(gpu_env):
     gpu_env.backend.inject_health_command("local-0", "false")
     gpu.launch_job(gpu_env, "job-race", 2, FAIL_FIRST)
-    _wait(lambda: gpu_env.backend.poll("job-race-r0-n0"), 10, "task 0 to fail")
+    wait_for(lambda: gpu_env.backend.poll("job-race-r0-n0"), 10, "task 0 to fail")
     sweep = gpu.make_runner()  # another runner, as the gpu-sweep flow run is
     barrier = threading.Barrier(2)
     outcome: dict[str, object] = {}
@@ -165,7 +183,12 @@ def test_job_commands_see_their_own_variables_not_the_workers_secrets(gpu_env, m
     assert "AWS_SECRET_ACCESS_KEY" not in seen and "PREFECT_API_KEY" not in seen and "AWS_ACCESS_KEY_ID" not in seen
     assert seen["PATH"] == os.environ["PATH"] and seen["EPOCHS"] == "3" and seen["DATA_URL"] == "s3://bucket/data"
     assert {k: seen[k] for k in ("NODE_NAME", "NODE_INDEX", "GPU_JOB_ID", "GPU_JOB_RETRY", "GPU_JOB_NUM_NODES")} == {
-        "NODE_NAME": "local-0", "NODE_INDEX": "0", "GPU_JOB_ID": "job-env", "GPU_JOB_RETRY": "0", "GPU_JOB_NUM_NODES": "1"}
+        "NODE_NAME": "local-0",
+        "NODE_INDEX": "0",
+        "GPU_JOB_ID": "job-env",
+        "GPU_JOB_RETRY": "0",
+        "GPU_JOB_NUM_NODES": "1",
+    }
     # odd input: a bad variable name is a FAILED job with the reason, no node taken
     with pytest.raises(ValueError, match=r"invalid environment variable name\(s\) \['1BAD', 'A B'\]"):
         gpu.launch_job(gpu_env, "job-bad-env", 1, EXIT0, env={"1BAD": "x", "A B": "y", "OK": "z"})
@@ -182,6 +205,9 @@ def test_gpu_stop_ends_a_job_whose_watcher_is_gone(gpu_env, capsys):
     pids = [t["pid"] for t in gpu.job_tasks(job)]
     assert main(["gpu", "stop", "job-nowatch"]) == 0
     assert json.loads(capsys.readouterr().out)["job_status"] == "USER_STOPPED"
-    assert statuses("task", job["submitted_ecs_task_ids"]) == {"job-nowatch-r0-n0": "TERMINATED", "job-nowatch-r0-n1": "TERMINATED"}
-    _wait(lambda: not any(alive(p) for p in pids), 10, "the stopped tasks to end")
+    assert statuses("task", job["submitted_ecs_task_ids"]) == {
+        "job-nowatch-r0-n0": "TERMINATED",
+        "job-nowatch-r0-n1": "TERMINATED",
+    }
+    wait_for(lambda: not any(alive(p) for p in pids), 10, "the stopped tasks to end")
     assert statuses("node", NODES) == dict.fromkeys(NODES, "AVAILABLE")

@@ -5,74 +5,100 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.etl import ingest as etl
+from tasks.etl import keys as etl_keys
 from tasks.gpu import jobs as gpu
 from tasks.health import incidents, service_alarms
 from tasks.health.run import check_health
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey
-from tasks.records import dead_letter
 from tasks.video import jobs as video
-from tests.crashpoints import count_writes, crash_points, killed, run_child
+from tests.helpers.crashpoints import count_writes, crash_points, killed, run_child
+from tests.helpers.health import make_dead_letter
 
 ALARMS = {
-    "records-dead-letter-archive", "etl-files-pending-too-long", "etl-files-pending", "etl-failed-manifests",
-    "phspectra-stuck-chunks", "video-stuck-jobs", "gpu-stuck-jobs", "gpu-nodes-out-of-service", "etl-iterator-age",
+    "records-dead-letter-archive",
+    "etl-files-pending-too-long",
+    "etl-files-pending",
+    "etl-failed-manifests",
+    "phspectra-stuck-chunks",
+    "video-stuck-jobs",
+    "gpu-stuck-jobs",
+    "gpu-nodes-out-of-service",
+    "etl-iterator-age",
 }
 TWO_HOURS = 2 * 3600
-
-
-@pytest.fixture
-def health(tables, store_root, monkeypatch, record_alarms_only):
-    """Fresh tables and store; thresholds from the environment; notifications captured in a list."""
-    monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
-    monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "2")  # two pending files of a date are a full batch (iterator age)
-    sent: list[tuple[str, str]] = []
-    monkeypatch.setattr(incidents, "deliver", lambda subject, body, block=None: sent.append((subject, body)) or "test")
-    return sent
 
 
 def _backdate(table: str, key: dict, **stamps: str) -> None:
     state_store.transition(table, key, None, None, set=stamps)
 
 
-def make_dead_letter(message_id: str = "m-1") -> str:
-    """A message rejected by records-ingest, archived as the pipeline does."""
-    return dead_letter.archive(message_id, {"type": "ValidationError", "message": "no granules"}, body="{not json")
-
-
 def make_etl_records(tables: dict) -> None:
     """Two files tracked by the ingest (one two hours old) and a manifest whose merge failed."""
     config = etl.settings()
-    checks = [etl.FileCheck(f"file:///in/pipeline/input/2026-11-20/f{i}.ndjson", "2026-11-20", f"f{i}.ndjson", 10) for i in (1, 2)]
+    checks = [
+        etl.FileCheck(f"file:///in/pipeline/input/2026-11-20/f{i}.ndjson", "2026-11-20", f"f{i}.ndjson", 10)
+        for i in (1, 2)
+    ]
     etl.track_files(checks, config)
-    _backdate(tables["etl_file_tracking"], etl.tracking_key("2026-11-20", "f1.ndjson"), created_at=iso_ago(TWO_HOURS),
-              updated_at=iso_ago(TWO_HOURS))
+    _backdate(
+        tables["etl_file_tracking"],
+        etl.tracking_key("2026-11-20", "f1.ndjson"),
+        created_at=iso_ago(TWO_HOURS),
+        updated_at=iso_ago(TWO_HOURS),
+    )
     stamp = now_iso()
-    state_store.create_if_absent(tables["etl_file_tracking"], {
-        **etl.tracking_key("2026-11-20", keys.manifest_record_key("manifest-0001")), "status": etl.FAILED,
-        "manifest_path": "manifests/2026-11-20/manifest-0001.json", "file_count": 2, "created_at": stamp,
-        "updated_at": stamp, "error_message": "merge failed: disk full",
-    }, etl.TRACKING_KEYS)
+    state_store.create_if_absent(
+        tables["etl_file_tracking"],
+        {
+            **etl.tracking_key("2026-11-20", etl_keys.manifest_record_key("manifest-0001")),
+            "status": etl.FAILED,
+            "manifest_path": "manifests/2026-11-20/manifest-0001.json",
+            "file_count": 2,
+            "created_at": stamp,
+            "updated_at": stamp,
+            "error_message": "merge failed: disk full",
+        },
+        etl.TRACKING_KEYS,
+    )
 
 
 def make_phspectra_stuck(tables: dict) -> None:
     """A running survey: a chunk whose lease expired two hours ago, one PENDING, and one fitted for two hours
     whose lease is renewed (not stuck)."""
     table, now = tables["phspectra_runs"], now_iso()
-    state_store.create_if_absent(table, {**survey.run_key("run-1"), "GSI1_PK": "grs", "GSI1_SK": now, "survey": "grs",
-                                         "status": survey.RUN_RUNNING, "jobs_total": 3, "created_at": now}, ["PK", "SK"])
-    leases = ((0, survey.IN_PROGRESS, iso_ago(TWO_HOURS - 60)), (10, survey.PENDING, None),
-              (20, survey.IN_PROGRESS, survey.lease_until(60)))
+    state_store.create_if_absent(
+        table,
+        {
+            **survey.run_key("run-1"),
+            "GSI1_PK": "grs",
+            "GSI1_SK": now,
+            "survey": "grs",
+            "status": survey.RUN_RUNNING,
+            "jobs_total": 3,
+            "created_at": now,
+        },
+        ["PK", "SK"],
+    )
+    leases = (
+        (0, survey.IN_PROGRESS, iso_ago(TWO_HOURS - 60)),
+        (10, survey.PENDING, None),
+        (20, survey.IN_PROGRESS, survey.lease_until(60)),
+    )
     for start, status, lease in leases:
-        item = {**survey.chunk_key("run-1", start), "status": status, "created_at": now, "started_at": iso_ago(TWO_HOURS),
-                **({"lease_expires_at": lease} if lease else {})}
+        item = {
+            **survey.chunk_key("run-1", start),
+            "status": status,
+            "created_at": now,
+            "started_at": iso_ago(TWO_HOURS),
+            **({"lease_expires_at": lease} if lease else {}),
+        }
         state_store.create_if_absent(table, item, ["PK", "SK"])
 
 
@@ -86,11 +112,23 @@ def make_video_stuck(tables: dict) -> None:
 def make_gpu_records(tables: dict) -> None:
     """A job PENDING_RESTART for two hours, a node FAILED for two hours, and a healthy node."""
     then = iso_ago(TWO_HOURS)
-    state_store.create_if_absent(tables["ecs_job"], {"job_id": "gpu-job-1", "job_status": gpu.JOB_PENDING_RESTART,
-                                                      "created_at": then, "updated_at": then, "retry": "0"}, ["job_id"])
+    state_store.create_if_absent(
+        tables["ecs_job"],
+        {
+            "job_id": "gpu-job-1",
+            "job_status": gpu.JOB_PENDING_RESTART,
+            "created_at": then,
+            "updated_at": then,
+            "retry": "0",
+        },
+        ["job_id"],
+    )
     for name, status in (("node-a", gpu.NODE_FAILED), ("node-b", gpu.NODE_AVAILABLE)):
-        state_store.create_if_absent(tables["ecs_node"], {"node_name": name, "node_status": status, "cluster_name": "c",
-                                                           "created_at": then, "updated_at": then}, ["node_name"])
+        state_store.create_if_absent(
+            tables["ecs_node"],
+            {"node_name": name, "node_status": status, "cluster_name": "c", "created_at": then, "updated_at": then},
+            ["node_name"],
+        )
 
 
 def make_all(tables: dict) -> None:
@@ -118,10 +156,16 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
     make_all(tables)
     rows = _by_name(check_health())
     assert {n for n, r in rows.items() if r["state"] == "ALARM"} == ALARMS
-    assert rows["etl-files-pending-too-long"]["value"] == 1 and "2026-11-20/f1.ndjson" in rows["etl-files-pending-too-long"]["detail"]
+    assert (
+        rows["etl-files-pending-too-long"]["value"] == 1
+        and "2026-11-20/f1.ndjson" in rows["etl-files-pending-too-long"]["detail"]
+    )
     assert rows["etl-files-pending"]["value"] == 2
     assert rows["etl-failed-manifests"]["detail"] == "1 failed manifest(s): 2026-11-20/manifest-0001"
-    assert rows["phspectra-stuck-chunks"]["detail"] == f"1 chunk(s) IN_PROGRESS with a lease expired > 30 min: run-1/{keys.chunk_sk(0)}"
+    assert (
+        rows["phspectra-stuck-chunks"]["detail"]
+        == f"1 chunk(s) IN_PROGRESS with a lease expired > 30 min: run-1/{phspectra_keys.chunk_sk(0)}"
+    )
     assert rows["video-stuck-jobs"]["detail"].endswith(": job-old (created)")
     assert rows["gpu-stuck-jobs"]["detail"].endswith(": gpu-job-1 (PENDING_RESTART)")
     assert rows["gpu-nodes-out-of-service"]["detail"].endswith(": node-a (FAILED)")
@@ -129,10 +173,22 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
     assert all(r["incident"] == "opened" and r["notified"] == "sent now" for r in rows.values())
     subjects = sorted(s for s, _ in health)
     assert subjects == sorted(f"{rows[n]['severity']} ALARM {n} ({rows[n]['pipeline']}): incident 1" for n in ALARMS)
-    assert {n: rows[n]["severity"] for n in ("records-dead-letter-archive", "etl-failed-manifests", "etl-iterator-age",
-                                             "etl-files-pending", "gpu-stuck-jobs")} == {
-        "records-dead-letter-archive": "CRITICAL", "etl-failed-manifests": "CRITICAL", "etl-iterator-age": "WARNING",
-        "etl-files-pending": "WARNING", "gpu-stuck-jobs": "WARNING"}  # seed 001: DLQ and failures CRITICAL, backlog WARNING
+    assert {
+        n: rows[n]["severity"]
+        for n in (
+            "records-dead-letter-archive",
+            "etl-failed-manifests",
+            "etl-iterator-age",
+            "etl-files-pending",
+            "gpu-stuck-jobs",
+        )
+    } == {
+        "records-dead-letter-archive": "CRITICAL",
+        "etl-failed-manifests": "CRITICAL",
+        "etl-iterator-age": "WARNING",
+        "etl-files-pending": "WARNING",
+        "gpu-stuck-jobs": "WARNING",
+    }  # seed 001: DLQ and failures CRITICAL, backlog WARNING
     assert rows["etl-iterator-age"]["value"] >= TWO_HOURS - 60 and rows["etl-iterator-age"]["threshold"] == 60
     assert rows["etl-iterator-age"]["detail"].endswith(": 2026-11-20/f1.ndjson")
     # a second run while every incident lasts: nothing is sent again
@@ -149,14 +205,20 @@ def test_an_incident_notifies_again_only_after_it_clears_and_recurs(health, tabl
     assert len(health) == 1
     (store_root / key).unlink()  # replayed: the archive is empty
     rows = _by_name(check_health())
-    assert rows["records-dead-letter-archive"]["state"] == "OK" and rows["records-dead-letter-archive"]["incident"] == "cleared"
+    assert (
+        rows["records-dead-letter-archive"]["state"] == "OK"
+        and rows["records-dead-letter-archive"]["incident"] == "cleared"
+    )
     item = incidents.get("records-dead-letter-archive")
     assert item["status"] == incidents.CLEARED and "cleared_at" in item
     check_health()
     assert len(health) == 1
     make_dead_letter("m-2")
     rows = _by_name(check_health())
-    assert rows["records-dead-letter-archive"]["incident"] == "opened" and rows["records-dead-letter-archive"]["incident_no"] == 2
+    assert (
+        rows["records-dead-letter-archive"]["incident"] == "opened"
+        and rows["records-dead-letter-archive"]["incident_no"] == 2
+    )
     assert [s for s, _ in health][1:] == ["CRITICAL ALARM records-dead-letter-archive (records): incident 2"]
     check_health()
     assert len(health) == 2
@@ -203,13 +265,17 @@ def test_the_flow_shows_every_alarm_in_a_table_artifact(health, tables):
     rows = pipeline_health()
     assert {r["name"] for r in rows if r["state"] == "ALARM"} == {"gpu-stuck-jobs", "gpu-nodes-out-of-service"}
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-health"])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-health"]))
+        )
     latest = max(artifacts, key=lambda a: a.created)
     table = json.loads(latest.data) if isinstance(latest.data, str) else latest.data
     assert {r["name"]: (r["state"], r["severity"]) for r in table}["gpu-nodes-out-of-service"] == ("ALARM", "WARNING")
     assert latest.description.startswith(f"2 of {len(ALARMS)} alarm(s) firing")
     with get_client(sync_client=True) as client:
-        boards = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"])))
+        boards = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"]))
+        )
     board = max(boards, key=lambda a: a.created).data
     assert board.startswith("# Pipelines, last 24 hours") and "| gpu | 0 jobs | 0 | - |" in board
 
@@ -252,14 +318,17 @@ def test_crash_points_of_a_health_run_lose_no_notification(health, tables, tmp_p
             item = incidents.get(alarm)
             assert item["status"] == incidents.OPEN and item.get("notified_at"), (number, when, item)
             sent = sent_file.read_text().splitlines()
-            assert sent == [f"CRITICAL ALARM {alarm} (records): incident 1"] * (2 if (number, when) == (3, "before") else 1)
+            assert sent == [f"CRITICAL ALARM {alarm} (records): incident 1"] * (
+                2 if (number, when) == (3, "before") else 1
+            )
             exercised += 1
     print(f"pipeline-health: {exercised} crash points exercised ({len(writes)} writes per incident)")
     assert health == []
 
 
-def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(tables, store_root, monkeypatch, webhook,
-                                                                           record_alarms_only):
+def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(
+    tables, store_root, monkeypatch, webhook, record_alarms_only
+):
     """As deployed: no HEALTH_* variables, the `HealthThresholds` block saved as `default` on the server, its
     `notify_block` a real notification block (a webhook on loopback)."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
@@ -271,31 +340,42 @@ def test_thresholds_and_the_notification_target_come_from_the_saved_blocks(table
     monkeypatch.delenv("PIPELINES_USE_BLOCKS", raising=False)
     monkeypatch.delenv("PIPELINES_NOTIFY_BLOCK", raising=False)
     url, received = webhook
-    CustomWebhookNotificationBlock(name="health", url=url, json_data={"subject": "{{subject}}", "body": "{{body}}"}).save(
-        "test-health-hook", overwrite=True)
+    CustomWebhookNotificationBlock(
+        name="health", url=url, json_data={"subject": "{{subject}}", "body": "{{body}}"}
+    ).save("test-health-hook", overwrite=True)
     make_dead_letter("m-1")
     make_dead_letter("m-2")
     try:
         # above the block's threshold (1, where the default is 0): the alarm fires and notifies through the block
-        HealthThresholds(dead_letter_max=1, notify_block="custom-webhook/test-health-hook").save("default", overwrite=True)
+        HealthThresholds(dead_letter_max=1, notify_block="custom-webhook/test-health-hook").save(
+            "default", overwrite=True
+        )
         clear_cache()
         rows = _by_name(pipeline_health())
-        assert rows["records-dead-letter-archive"]["state"] == "ALARM" and rows["records-dead-letter-archive"]["value"] == 2
+        assert (
+            rows["records-dead-letter-archive"]["state"] == "ALARM"
+            and rows["records-dead-letter-archive"]["value"] == 2
+        )
         assert [r["subject"] for r in received] == ["CRITICAL ALARM records-dead-letter-archive (records): incident 1"]
         assert {n for n, r in rows.items() if r["state"] != "OK"} == {"records-dead-letter-archive"}
         # the threshold raised in the block (as in the UI): the same records are no alarm, and nothing is sent
-        HealthThresholds(dead_letter_max=5, notify_block="custom-webhook/test-health-hook").save("default", overwrite=True)
+        HealthThresholds(dead_letter_max=5, notify_block="custom-webhook/test-health-hook").save(
+            "default", overwrite=True
+        )
         clear_cache()
         rows = _by_name(pipeline_health())
         assert rows["records-dead-letter-archive"]["state"] == "OK" and len(received) == 1
-        assert state_store.get_item(tables["health_incidents"], {"alarm": "records-dead-letter-archive"})["status"] == "CLEARED"
+        assert (
+            state_store.get_item(tables["health_incidents"], {"alarm": "records-dead-letter-archive"})["status"]
+            == "CLEARED"
+        )
     finally:
         HealthThresholds.delete("default")
         clear_cache()
 
 
 def test_the_iterator_age_counts_only_files_a_full_batch_could_have_taken():
-    from tasks.health.checks import iterator_age
+    from tasks.etl.alarms import iterator_age
 
     def item(date: str, name: str, seconds_ago: int) -> dict:
         return {"date_prefix": date, "file_key": name, "created_at": iso_ago(seconds_ago)}

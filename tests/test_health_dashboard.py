@@ -23,13 +23,19 @@ def test_the_dashboard_reads_24_hours_of_metrics_and_records(tables, store_root)
     put_metric(tables, "ingest", now - 25 * HOUR_US, files=99, quarantined=9, tracked=90)  # outside the window
     put_metric(tables, "merge", now - HOUR_US, files=30, files_failed=1, input_mb=100, seconds=2, skipped=False)
     put_metric(tables, "merge", now - 2 * HOUR_US, files=10, files_failed=0, input_mb=50, seconds=3, skipped=False)
-    put_metric(tables, "merge", now - 2 * HOUR_US + 1, files=10, files_failed=0, input_mb=50, seconds=0.01, skipped=True)
+    put_metric(
+        tables, "merge", now - 2 * HOUR_US + 1, files=10, files_failed=0, input_mb=50, seconds=0.01, skipped=True
+    )
     recent, old = iso_ago(600), iso_ago(30 * 3600)
-    for job_id, status, at in (("j1", gpu.JOB_COMPLETE, recent), ("j2", gpu.JOB_FAILED, recent), ("j3", gpu.JOB_FAILED, old),
-                               ("j4", gpu.JOB_IN_PROGRESS, recent)):
+    for job_id, status, at in (
+        ("j1", gpu.JOB_COMPLETE, recent),
+        ("j2", gpu.JOB_FAILED, recent),
+        ("j3", gpu.JOB_FAILED, old),
+        ("j4", gpu.JOB_IN_PROGRESS, recent),
+    ):
         state_store.put(tables["ecs_job"], {"job_id": job_id, "job_status": status, "created_at": at, "updated_at": at})
 
-    markdown, rows = dashboard.dashboard(backlog=7, now_us=now)
+    markdown, rows = dashboard.dashboard({"etl-files-pending": 7}, now_us=now)
 
     by_pipeline = {r["pipeline"]: r for r in rows}
     assert by_pipeline["etl"] == {"pipeline": "etl", "unit": "files", "ended": 42, "failed": 3, "failure rate": "7.1%"}

@@ -7,8 +7,8 @@ import time
 import uuid
 
 from blocks.health import HealthThresholds
-from tasks.core import keys
 from tasks.core.object_store import LocalStore
+from tasks.etl import keys
 from tasks.health import listeners
 from tasks.landing.watch import write_watermark
 
@@ -33,13 +33,14 @@ def test_a_listener_deployment_without_a_live_run_raises_the_alarm():
 
 def test_files_past_the_watermark_for_too_long_are_a_backlog_and_acked_ones_never(tmp_path):
     store = LocalStore(tmp_path)
-    place = next(p for p in listeners.places() if p.flow == "ndjson-listen")
+    place = listeners.places()["etl"]
     store.put_bytes(f"{keys.INPUT_PREFIX}2026-01-01/old.ndjson", b"{}\n")
     store.put_bytes(f"{keys.INPUT_PREFIX}2026-01-01/.hidden.part", b"{}\n")  # an unfinished write: never counted
     later = time.time() + listeners.LISTENER_BACKLOG_S + 1
     assert listeners.local_backlog(store, place, listeners.LISTENER_BACKLOG_S) == []  # just landed: not late yet
     assert listeners.local_backlog(store, place, listeners.LISTENER_BACKLOG_S, now=later) == [
-        f"{keys.INPUT_PREFIX}2026-01-01/old.ndjson"]  # nothing took it in 5 minutes
+        f"{keys.INPUT_PREFIX}2026-01-01/old.ndjson"
+    ]  # nothing took it in 5 minutes
     time.sleep(0.05)
     write_watermark(tmp_path / keys.INPUT_PREFIX, time.time())  # the listener acked everything up to now
     assert listeners.local_backlog(store, place, listeners.LISTENER_BACKLOG_S, now=later) == []

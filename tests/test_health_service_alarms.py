@@ -7,16 +7,20 @@ import json
 import os
 import time
 import uuid
+from datetime import UTC
 
 import boto3
-import pytest
 
 from blocks.health import HealthThresholds
 from tasks.core import limits, state_store
 from tasks.core.runtime import iso_ago, now_iso
+from tasks.etl import alarms as etl_alarms
+from tasks.etl.pipeline import MANIFEST_BUILDER_TIMEOUT_S
+from tasks.gpu import alarms as gpu_alarms
 from tasks.health import service_alarms
-from tests.test_health import health, make_dead_letter  # noqa: F401 - health is a fixture
-from tests.test_landing_sqs import aws  # noqa: F401 - a fixture
+from tasks.records import alarms as records_alarms
+from tasks.video import alarms as video_alarms
+from tests.helpers.health import make_dead_letter
 
 LIMITS = HealthThresholds()
 
@@ -48,24 +52,26 @@ def test_failed_timed_out_waiting_and_running_runs_raise_their_seed_alarms():
     running = a_run_of("gpu-job", Running())
     not_ours = a_run_of("someone-elses-flow", Running(), Failed())
 
-    alarms = {a.name: a for a in service_alarms.flow_runs_failed(LIMITS.model_copy(update={"failed_runs_5min_max": 0}))}
-    assert alarms["flow-runs-failed"].firing and alarms["etl-merge-runs-failed"].firing
-    merges = service_alarms._flow_runs(states=("FAILED", "CRASHED"), ended_within_s=300, flows=("ndjson-merge",))
+    assert service_alarms.flow_runs_failed(LIMITS.model_copy(update={"failed_runs_5min_max": 0})).firing
+    assert etl_alarms.etl_merge_runs_failed(LIMITS.model_copy(update={"failed_merge_runs_5min_max": 0})).firing
+    merges = service_alarms.flow_runs(states=("FAILED", "CRASHED"), ended_within_s=300, flows=("ndjson-merge",))
     assert {failed, timed_out} <= {r.name for r in merges} and crashed_elsewhere not in {r.name for r in merges}
-    every_failed = service_alarms._flow_runs(states=("FAILED", "CRASHED"), ended_within_s=300)
-    assert {failed, crashed_elsewhere, timed_out} <= {r.name for r in every_failed} and not_ours not in {r.name for r in every_failed}
-    assert timed_out in {r.name for r in service_alarms._flow_runs(names=("TimedOut",), ended_within_s=300)}
+    every_failed = service_alarms.flow_runs(states=("FAILED", "CRASHED"), ended_within_s=300)
+    assert {failed, crashed_elsewhere, timed_out} <= {r.name for r in every_failed} and not_ours not in {
+        r.name for r in every_failed
+    }
+    assert timed_out in {r.name for r in service_alarms.flow_runs(names=("TimedOut",), ended_within_s=300)}
     assert service_alarms.flow_runs_timed_out(LIMITS).firing
-    assert waiting in {r.name for r in service_alarms._flow_runs(names=("AwaitingConcurrencySlot",))}
+    assert waiting in {r.name for r in service_alarms.flow_runs(names=("AwaitingConcurrencySlot",))}
     assert service_alarms.flow_runs_waiting(LIMITS.model_copy(update={"waiting_runs_max": 0})).firing
-    assert running in {r.name for r in service_alarms._flow_runs(states=("RUNNING",))}
+    assert running in {r.name for r in service_alarms.flow_runs(states=("RUNNING",))}
     assert service_alarms.flow_runs_active(LIMITS.model_copy(update={"active_runs_max": 0})).firing
 
 
 def test_a_run_past_80_percent_of_its_timeout_raises_duration_high(monkeypatch):
     from prefect.states import Running
 
-    monkeypatch.setitem(limits.FLOW_TIMEOUT_S, "pipeline-health", 2.0)
+    monkeypatch.setattr(limits, "flow_timeouts", lambda: {"pipeline-health": 2.0})
     run = a_run_of("pipeline-health", Running())
     assert run not in service_alarms.flow_runs_near_timeout(LIMITS).detail  # just started
     time.sleep(2)
@@ -76,9 +82,11 @@ def test_a_run_past_80_percent_of_its_timeout_raises_duration_high(monkeypatch):
 def test_merge_file_failures_count_the_last_five_minutes_of_the_metrics_table(health, tables):
     now = time.time_ns() // 1000
     for at, failed in ((now - 60_000_000, 7), (now - 120_000_000, 5), (now - 600_000_000, 50)):
-        state_store.put(tables["etl_metrics"], {"metric_type": "merge", "timestamp": at, "manifest": f"m{failed}",
-                                                "files_failed": failed, "ttl": 0})
-    alarm = service_alarms.etl_merge_file_failures(LIMITS)
+        state_store.put(
+            tables["etl_metrics"],
+            {"metric_type": "merge", "timestamp": at, "manifest": f"m{failed}", "files_failed": failed, "ttl": 0},
+        )
+    alarm = etl_alarms.etl_merge_file_failures(LIMITS)
     assert (alarm.value, alarm.threshold, alarm.firing) == (12, 10, True)
     assert alarm.detail == "12 file(s) failed by merges in 5 min: m5: 5, m7: 7"  # oldest first
 
@@ -86,15 +94,21 @@ def test_merge_file_failures_count_the_last_five_minutes_of_the_metrics_table(he
 def test_the_other_seeds_failure_rates_per_hour(health, tables):
     recent, old = now_iso(), iso_ago(2 * 3600)
     for task_id, job_id, retry, at in (("t1", "j1", "0", recent), ("t2", "j1", "1", recent), ("t3", "j2", "2", old)):
-        state_store.put(tables["ecs_task"], {"ecs_task_id": task_id, "job_id": job_id, "retry": retry, "created_at": at})
-    assert service_alarms.gpu_restarts(LIMITS.model_copy(update={"gpu_restarts_hour_max": 0})).detail == \
-        "1 GPU job restart(s) in the last hour: j1 (retry 1)"
+        state_store.put(
+            tables["ecs_task"], {"ecs_task_id": task_id, "job_id": job_id, "retry": retry, "created_at": at}
+        )
+    assert (
+        gpu_alarms.gpu_restarts(LIMITS.model_copy(update={"gpu_restarts_hour_max": 0})).detail
+        == "1 GPU job restart(s) in the last hour: j1 (retry 1)"
+    )
     for job_id, at in (("v1", recent), ("v2", old)):
-        state_store.put(tables["video_jobs"], {"job_id": job_id, "status": "failed", "failed_at": at, "failure_reason": "bad"})
-    alarm = service_alarms.video_jobs_failed(LIMITS)
+        state_store.put(
+            tables["video_jobs"], {"job_id": job_id, "status": "failed", "failed_at": at, "failure_reason": "bad"}
+        )
+    alarm = video_alarms.video_jobs_failed(LIMITS)
     assert (alarm.value, alarm.firing, alarm.detail) == (1, True, "1 video job(s) failed in the last hour: v1: bad")
     make_dead_letter("m-1"), make_dead_letter("m-2")
-    alarm = service_alarms.records_archived(LIMITS)
+    alarm = records_alarms.records_archived(LIMITS)
     assert (alarm.value, alarm.firing) == (2, False)  # 2 of 10 an hour
 
 
@@ -122,8 +136,8 @@ def test_duration_high_covers_the_ingest_steps_past_80_percent_of_the_manifest_b
     def stand_in() -> None:
         """Never run: the test sets its run's state."""
 
-    assert limits.TASK_TIMEOUT_S["track-and-batch-files"] == limits.ETL_MANIFEST_BUILDER_TIMEOUT_S == 180  # seed 001
-    monkeypatch.setitem(limits.TASK_TIMEOUT_S, "track-and-batch-files", 2.0)
+    assert limits.task_timeouts()["track-and-batch-files"] == MANIFEST_BUILDER_TIMEOUT_S == 180  # seed 001
+    monkeypatch.setattr(limits, "task_timeouts", lambda: {"track-and-batch-files": 2.0})
     name = f"track-and-batch-files-{uuid.uuid4().hex[:3]}"
     with get_client(sync_client=True) as client:
         client.create_task_run(stand_in, flow_run_id=None, dynamic_key=name, name=name, state=Running())
@@ -158,23 +172,31 @@ def test_throttled_dynamodb_reads_the_client_retried_raise_the_read_throttle_ala
     def throttle(request, **_):
         if len(throttled) < 2:
             throttled.append(request.url)
-            body = json.dumps({"__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
-                               "message": "The level of configured provisioned throughput for the table was exceeded."})
-            return AWSResponse(request.url, 400, {"x-amzn-ErrorType": "ProvisionedThroughputExceededException"}, _Raw(body.encode()))
+            body = json.dumps(
+                {
+                    "__type": "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException",
+                    "message": "The level of configured provisioned throughput for the table was exceeded.",
+                }
+            )
+            return AWSResponse(
+                request.url, 400, {"x-amzn-ErrorType": "ProvisionedThroughputExceededException"}, _Raw(body.encode())
+            )
         return None
 
     state_store.reset_clients()
     events = state_store.client().meta.events
     events.register_first("before-send.dynamodb.GetItem", throttle, unique_id="test-throttle")
     try:
-        assert state_store.get_item(table, {"date_prefix": "2026-01-01", "file_key": "none.ndjson"}) is None  # retried, then read
+        assert (
+            state_store.get_item(table, {"date_prefix": "2026-01-01", "file_key": "none.ndjson"}) is None
+        )  # retried, then read
     finally:
         events.unregister("before-send.dynamodb.GetItem", unique_id="test-throttle")
     assert len(throttled) == 2
     EventsWorker.drain_all()
     strict = LIMITS.model_copy(update={"read_throttles_5min_max": 1})
     for _ in range(50):
-        alarms = {a.name: a for a in service_alarms.dynamodb_throttles(strict)}
+        alarms = {a.name: a for a in etl_alarms.dynamodb_throttles(strict)}
         if alarms["etl-tracking-read-throttles"].value == 2:
             break
         time.sleep(0.2)
@@ -184,7 +206,7 @@ def test_throttled_dynamodb_reads_the_client_retried_raise_the_read_throttle_ala
 
 
 def test_the_dynamodb_throttle_alarms_read_cloudwatch_in_aws(aws, s3_endpoint, tables, monkeypatch):
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from tasks.core.config import table_name
 
@@ -193,12 +215,29 @@ def test_the_dynamodb_throttle_alarms_read_cloudwatch_in_aws(aws, s3_endpoint, t
     table = table_name("etl_file_tracking")
     cloudwatch = boto3.client("cloudwatch")
     for metric, value in (("ReadThrottleEvents", 8), ("WriteThrottleEvents", 2)):
-        cloudwatch.put_metric_data(Namespace="AWS/DynamoDB", MetricData=[{
-            "MetricName": metric, "Dimensions": [{"Name": "TableName", "Value": table}], "Value": value,
-            "Timestamp": datetime.now(timezone.utc), "Unit": "Count"}])
-    cloudwatch.put_metric_data(Namespace="AWS/DynamoDB", MetricData=[{  # another table's throttles do not count
-        "MetricName": "WriteThrottleEvents", "Dimensions": [{"Name": "TableName", "Value": "someone-else"}], "Value": 50}])
-    alarms = {a.name: a for a in service_alarms.dynamodb_throttles(LIMITS)}
+        cloudwatch.put_metric_data(
+            Namespace="AWS/DynamoDB",
+            MetricData=[
+                {
+                    "MetricName": metric,
+                    "Dimensions": [{"Name": "TableName", "Value": table}],
+                    "Value": value,
+                    "Timestamp": datetime.now(UTC),
+                    "Unit": "Count",
+                }
+            ],
+        )
+    cloudwatch.put_metric_data(
+        Namespace="AWS/DynamoDB",
+        MetricData=[
+            {  # another table's throttles do not count
+                "MetricName": "WriteThrottleEvents",
+                "Dimensions": [{"Name": "TableName", "Value": "someone-else"}],
+                "Value": 50,
+            }
+        ],
+    )
+    alarms = {a.name: a for a in etl_alarms.dynamodb_throttles(LIMITS)}
     read, write = alarms["etl-tracking-read-throttles"], alarms["etl-tracking-write-throttles"]
     assert (read.value, read.threshold, read.firing) == (8, 5, True)  # the seed's > 5 in 5 min
     assert (write.value, write.firing) == (2, False)

@@ -11,15 +11,18 @@ import json
 import signal
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.object_store import LocalStore
-from tests.crashpoints import report_crashed_runs, start_child
-from tests.test_landing_media import deployed, runs_of  # noqa: F401 - deployed is a fixture
+from tasks.phspectra import keys as phspectra_keys
+from tasks.records import keys as records_keys
+from tasks.video import keys as video_keys
+from tests.helpers.crashpoints import report_crashed_runs, start_child
+from tests.helpers.landing import runs_of
 
 pytestmark = pytest.mark.sweep  # ~45 s each on a loaded machine: two listener processes, the second runs 20 s
 
@@ -55,10 +58,11 @@ def test_a_killed_video_listener_started_again_starts_each_upload_once(tables, s
     deployment = f"video-process/{deployed}"
     job_ids = [jobs.create_job()["job_id"] for _ in range(INPUTS)]
     for job_id in job_ids:
-        _drop(store_root, keys.source_key(job_id), b"an upload the listener does not decode")
+        _drop(store_root, video_keys.source_key(job_id), b"an upload the listener does not decode")
     with_run = lambda: sum(1 for j in job_ids if jobs.get_job(j).get(jobs.PROCESS_RUN))  # noqa: E731
-    at_kill = kill_mid_batch_and_restart("flows.video:video_listen", {**LISTEN, "process_deployment": deployment},
-                                         with_run, tmp_path / "listener.log")
+    at_kill = kill_mid_batch_and_restart(
+        "flows.video:video_listen", {**LISTEN, "process_deployment": deployment}, with_run, tmp_path / "listener.log"
+    )
     assert 0 < at_kill < INPUTS  # killed mid-batch
     runs = runs_of(deployment)
     assert sorted(r.parameters["job_id"] for r in runs) == sorted(job_ids)  # each upload exactly one run
@@ -71,16 +75,20 @@ def test_a_killed_phspectra_listener_started_again_starts_each_cube_once(tables,
     from tasks.phspectra import survey as ph
 
     deployment = f"phspectra-survey/{deployed}"
-    cubes = [f"{keys.SURVEY_INCOMING_PREFIX}killed/c-{i:02d}.fits" for i in range(INPUTS)]
+    cubes = [f"{phspectra_keys.SURVEY_INCOMING_PREFIX}killed/c-{i:02d}.fits" for i in range(INPUTS)]
     for key in cubes:
         _drop(store_root, key, b"SIMPLE = T")
 
     def landings() -> list[dict]:
-        return [i for i in state_store.scan_all(ph.runs_table()) if i["SK"] == keys.LANDING_SK]
+        return [i for i in state_store.scan_all(ph.runs_table()) if i["SK"] == phspectra_keys.LANDING_SK]
 
     started = lambda: sum(1 for i in landings() if i["status"] == landing.STARTED)  # noqa: E731
-    at_kill = kill_mid_batch_and_restart("flows.phspectra_survey:phspectra_listen", {**LISTEN, "survey_deployment": deployment},
-                                         started, tmp_path / "listener.log")
+    at_kill = kill_mid_batch_and_restart(
+        "flows.phspectra_survey:phspectra_listen",
+        {**LISTEN, "survey_deployment": deployment},
+        started,
+        tmp_path / "listener.log",
+    )
     assert 0 < at_kill < INPUTS
     runs = [r for r in runs_of(deployment) if r.parameters["survey"] == "killed"]
     urls = [LocalStore(store_root).url_for(key) for key in cubes]
@@ -92,19 +100,22 @@ def test_a_killed_phspectra_listener_started_again_starts_each_cube_once(tables,
 
 def test_a_killed_records_listener_started_again_writes_each_file_once(tables, store_root, tmp_path):
     from tasks.core.runtime import today_iso
-    from tests.test_landing_media import _messages
+    from tests.helpers.landing import record_messages
 
     names = [f"m-{i:02d}.json" for i in range(INPUTS)]
     for i, name in enumerate(names):  # 5 messages a file: a batch of 10 arrivals is 50 messages, 5 ingest runs
-        _drop(store_root, f"{keys.RECORDS_INCOMING_PREFIX}{name}", json.dumps(_messages(5 * i, 5)).encode())
+        _drop(
+            store_root, f"{records_keys.RECORDS_INCOMING_PREFIX}{name}", json.dumps(record_messages(5 * i, 5)).encode()
+        )
     granules = [f"LAND.G{i:03d}" for i in range(5 * INPUTS)]
     written = lambda: len(state_store.get_many(tables["granules"], [{"granuleId": g} for g in granules]))  # noqa: E731
-    at_kill = kill_mid_batch_and_restart("flows.records:records_listen", {**LISTEN, "batch_size": 10},
-                                         written, tmp_path / "listener.log")
+    at_kill = kill_mid_batch_and_restart(
+        "flows.records:records_listen", {**LISTEN, "batch_size": 10}, written, tmp_path / "listener.log"
+    )
     assert 0 < at_kill < len(granules)
     store = LocalStore(store_root)
-    assert list(store.list(keys.RECORDS_INCOMING_PREFIX)) == []  # nothing left unprocessed
+    assert list(store.list(records_keys.RECORDS_INCOMING_PREFIX)) == []  # nothing left unprocessed
     assert sorted(store.list("records/processed/")) == [f"records/processed/{today_iso()}/{n}" for n in names]
     found = state_store.get_many(tables["granules"], [{"granuleId": g} for g in granules])
     assert Counter(g["status"] for g in found) == {"completed": len(granules)}
-    assert list(store.list(keys.DEAD_LETTER_PREFIX)) == []
+    assert list(store.list(records_keys.DEAD_LETTER_PREFIX)) == []

@@ -7,32 +7,14 @@ import itertools
 from tasks.landing import listener
 from tasks.landing.listener import Outcome, PumpStats, pump
 from tasks.landing.sources import Arrival
-
-
-class ListSource:
-    """An event source over a list: the smallest real implementation of the interface."""
-
-    def __init__(self, arrivals):
-        self.waiting = list(arrivals)
-        self.acked: list[str] = []
-        self.released: list[tuple[str, str]] = []
-
-    def receive(self, max_items=10, wait_seconds=20.0):
-        taken, self.waiting = self.waiting[:max_items], self.waiting[max_items:]
-        return taken
-
-    def ack(self, arrivals):
-        self.acked += [a.key for a in arrivals]
-
-    def release(self, arrivals, reason):
-        self.released += [(a.key, reason) for a in arrivals]
-
-    def close(self):
-        pass
+from tests.helpers.landing import ListSource
 
 
 def arrivals(n):
-    return [Arrival(url=f"file:///in/{i}", key=f"in/{i}", size=1, event_time="2024-01-01T00:00:00Z", event_id=str(i)) for i in range(n)]
+    return [
+        Arrival(url=f"file:///in/{i}", key=f"in/{i}", size=1, event_time="2024-01-01T00:00:00Z", event_id=str(i))
+        for i in range(n)
+    ]
 
 
 def test_batches_by_count_and_acks_only_what_is_durable():
@@ -64,8 +46,11 @@ def test_a_raising_or_forgetful_handler_loses_nothing():
     ticks = itertools.count()
     pump(source, handler, batch_size=2, batch_seconds=60, wait_seconds=0, should_stop=lambda: next(ticks) >= 2)
     assert source.acked == ["in/2"]
-    assert source.released == [("in/0", "RuntimeError: database down"), ("in/1", "RuntimeError: database down"),
-                                ("in/3", "the handler did not account for it")]
+    assert source.released == [
+        ("in/0", "RuntimeError: database down"),
+        ("in/1", "RuntimeError: database down"),
+        ("in/3", "the handler did not account for it"),
+    ]
 
 
 class FlakySource(ListSource):

@@ -10,16 +10,10 @@ from pathlib import Path
 import pytest
 
 from tasks.landing.watch import LocalWatchSource
+from tests.helpers.etl import DAY, TODAY
+from tests.helpers.landing import receive_all
 
 INPUT = "pipeline/input/"
-
-
-def receive_all(source: LocalWatchSource, seconds: float, until: int | None = None) -> list:
-    """Everything the source offers within ``seconds`` (or until ``until`` arrivals came)."""
-    got, deadline = [], time.monotonic() + seconds
-    while time.monotonic() < deadline and (until is None or len(got) < until):
-        got += source.receive(max_items=10, wait_seconds=min(0.5, max(0.0, deadline - time.monotonic())))
-    return got
 
 
 @pytest.fixture
@@ -50,7 +44,9 @@ def test_a_file_renamed_in_is_taken_once_and_hidden_or_temporary_files_never(wat
     (day / "g.ndjson.tmp").write_text("x\n")
     (day / ".g.ndjson.123.part").write_text("x\n")
     got = receive_all(source, 2)
-    assert [(a.key, a.size, a.url) for a in got] == [("pipeline/input/2026-01-05/f.ndjson", 9, (day / "f.ndjson").as_uri())]
+    assert [(a.key, a.size, a.url) for a in got] == [
+        ("pipeline/input/2026-01-05/f.ndjson", 9, (day / "f.ndjson").as_uri())
+    ]
     stat = (day / "f.ndjson").stat()
     assert got[0].event_id == f"pipeline/input/2026-01-05/f.ndjson:9:{stat.st_mtime_ns}"
     assert receive_all(source, 0.5) == []  # in flight: not offered twice
@@ -110,8 +106,6 @@ def test_a_released_arrival_comes_back_after_a_delay_with_its_count(watched):
 
 # --------------------------------------------------------------------------- the ETL listener
 
-from tests.test_etl import DAY, TODAY, etl_env  # noqa: F401 - the ETL tests' small-file settings
-
 
 def land(root: Path, date: str, name: str, rows: list[int]) -> str:
     """Land an NDJSON file the way uploads do: written beside, renamed in (the store's atomic write)."""
@@ -123,7 +117,8 @@ def land(root: Path, date: str, name: str, rows: list[int]) -> str:
 
 def statuses(table: str) -> dict[str, str]:
     """file key -> status of every file record (meta-records left out)."""
-    from tasks.core import keys, state_store
+    from tasks.core import state_store
+    from tasks.etl import keys
 
     return {i["file_key"]: i["status"] for i in state_store.scan_all(table) if not keys.is_meta_record(i["file_key"])}
 
@@ -139,10 +134,12 @@ def merged_ids(root: Path, date: str) -> list[int]:
     """Every id in the date's merged Parquet, sorted (repeats kept)."""
     import duckdb
 
-    from tasks.core import keys
+    from tasks.etl import keys
 
     out = root / keys.merged_output_prefix(date)
-    return sorted(int(r[0]) for r in duckdb.sql(f"select id from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall())
+    return sorted(
+        int(r[0]) for r in duckdb.sql(f"select id from read_parquet('{out}/*.parquet', union_by_name=true)").fetchall()
+    )
 
 
 def no_launch(made):
@@ -155,7 +152,9 @@ def no_launch(made):
 def arrival_for(url: str, size: int | None = 10):
     from tasks.landing.sources import Arrival
 
-    return Arrival(url=url, key=url.split("/objects/", 1)[-1], size=size, event_time="2026-01-05T00:00:00+00:00", event_id=url)
+    return Arrival(
+        url=url, key=url.split("/objects/", 1)[-1], size=size, event_time="2026-01-05T00:00:00+00:00", event_id=url
+    )
 
 
 def test_repeated_late_gone_and_unknown_arrivals_change_nothing_and_say_so_once(etl_env, caplog):
@@ -172,12 +171,18 @@ def test_repeated_late_gone_and_unknown_arrivals_change_nothing_and_say_so_once(
     with caplog.at_level("INFO", logger="tasks.etl.landing"):
         outcome = handle_landed(first, config, no_launch)
         assert outcome.done == first and outcome.retry == []
-        later = [arrival_for(urls[1]), arrival_for(gone), arrival_for(outside)]  # a late repeat, a deleted file, unknown
+        later = [
+            arrival_for(urls[1]),
+            arrival_for(gone),
+            arrival_for(outside),
+        ]  # a late repeat, a deleted file, unknown
         again = handle_landed(later, config, no_launch)
         assert again.done == later and again.retry == []
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks.etl.landing"]
     assert lines == [
-        f"{urls[0]}: tracked ({DAY})", f"{urls[1]}: tracked ({DAY})", f"{urls[2]}: tracked ({DAY})",
+        f"{urls[0]}: tracked ({DAY})",
+        f"{urls[1]}: tracked ({DAY})",
+        f"{urls[2]}: tracked ({DAY})",
         f"{urls[0]}: already tracked (a repeat in this batch): nothing to do",
         f"{bad}: quarantined: wrong extension: expected .ndjson",
         f"{outside}: outside every known prefix (pipeline/input/YYYY-MM-DD/): ignored",
@@ -235,8 +240,14 @@ def test_files_landing_while_the_listener_runs_end_completed_once_in_the_parquet
     before = [land(root, DAY, f"a-{i}.ndjson", [i]) for i in range(5)]  # landed while nothing watched
     later = threading.Timer(2.0, lambda: [land(root, DAY, f"b-{i}.ndjson", [10 + i]) for i in range(5)])
     later.start()
-    stats = ndjson_listen(merge_deployment=None, batch_size=5, batch_seconds=0.5, settle_seconds=0.2,
-                          idle_exit_seconds=4, max_runtime_seconds=120)
+    stats = ndjson_listen(
+        merge_deployment=None,
+        batch_size=5,
+        batch_seconds=0.5,
+        settle_seconds=0.2,
+        idle_exit_seconds=4,
+        max_runtime_seconds=120,
+    )
     later.join()
     assert stats["received"] == stats["acked"] == 10 and stats["released"] == 0
     found = statuses(table)
@@ -250,12 +261,15 @@ def test_files_landing_while_the_listener_runs_end_completed_once_in_the_parquet
     assert sorted(o["url"] for o in event.payload["objects"]) == sorted(before)
     assert [r.id for r in event.related if r.role == "object"] == [o["url"] for o in event.payload["objects"]]
     assert {o["url"]: o["size"] for o in event.payload["objects"]} == {
-        url: (root / INPUT / DAY / f"a-{i}.ndjson").stat().st_size for i, url in enumerate(before)}
+        url: (root / INPUT / DAY / f"a-{i}.ndjson").stat().st_size for i, url in enumerate(before)
+    }
     runs = [r.id for r in event.related if r.role == "flow-run"]
     from prefect import get_client
 
     with get_client(sync_client=True) as client:  # related to the listener's run and the merge it started
-        flows = sorted(client.read_flow(client.read_flow_run(r.removeprefix("prefect.flow-run.")).flow_id).name for r in runs)
+        flows = sorted(
+            client.read_flow(client.read_flow_run(r.removeprefix("prefect.flow-run.")).flow_id).name for r in runs
+        )
     assert flows == ["ndjson-listen", "ndjson-merge"]
 
 
@@ -281,9 +295,18 @@ def start_listener(root: Path, idle_exit_seconds: float):
 
     from prefect.settings import PREFECT_API_URL
 
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    return subprocess.Popen([sys.executable, "-c", LISTENER, root.as_uri(), str(idle_exit_seconds)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", LISTENER, root.as_uri(), str(idle_exit_seconds)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def manifest_files(table: str) -> list[str]:
@@ -342,10 +365,18 @@ def test_make_up_starts_each_listener_once_and_replaces_one_whose_process_died()
         create_work_pools(client)
         assert client.read_work_pool("local-process").concurrency_limit is None  # a listener never starves other runs
         deployment_id = client.create_deployment(
-            client.create_flow(ndjson_listen), "local", work_pool_name="local-process",
-            entrypoint="flows/etl.py:ndjson_listen", concurrency_limit=1,
+            client.create_flow(ndjson_listen),
+            "local",
+            work_pool_name="local-process",
+            entrypoint="flows/etl.py:ndjson_listen",
+            concurrency_limit=1,
         )
-        runs = lambda: client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))  # noqa: E731
+
+        def runs():
+            return client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+            )
+
         try:
             assert start_listeners(client, worker_restarted=False)["ndjson-listen/local"] == "started"
             assert start_listeners(client, worker_restarted=False)["ndjson-listen/local"] == "running"
@@ -357,7 +388,9 @@ def test_make_up_starts_each_listener_once_and_replaces_one_whose_process_died()
             assert start_listeners(client, worker_restarted=False)["ndjson-listen/local"] == "restarted"
             states = sorted(r.state_name for r in runs())
             assert states == ["Crashed", "Scheduled"]
-            assert start_listeners(client, worker_restarted=True)["ndjson-listen/local"] == "running"  # scheduled: the worker takes it
+            assert (
+                start_listeners(client, worker_restarted=True)["ndjson-listen/local"] == "running"
+            )  # scheduled: the worker takes it
         finally:
             for run in runs():
                 client.set_flow_run_state(run.id, Cancelled(), force=True)  # no worker of this session may take them

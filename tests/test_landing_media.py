@@ -9,47 +9,16 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from pathlib import Path
 
 import pytest
 
-from tasks.core import keys
 from tasks.core.object_store import LocalStore
+from tasks.etl import keys as etl_keys
 from tasks.landing.sources import Arrival
-
-
-def arrive(store_root: Path, key: str, data: bytes) -> Arrival:
-    """Write ``data`` at ``key`` of the store and the arrival a watch would report for it."""
-    path = store_root / key
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    stat = path.stat()
-    return Arrival(
-        url=LocalStore(store_root).url_for(key), key=key, size=stat.st_size,
-        event_time="2026-01-01T00:00:00+00:00", event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}",
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def deployed() -> str:
-    """The pipelines' flows as deployments named for this module (no work pool: their runs stay Scheduled)."""
-    from flows.phspectra_survey import phspectra_survey
-    from flows.video import video_process
-
-    name = f"landing-{uuid.uuid4().hex[:6]}"
-    for flow in (video_process, phspectra_survey):
-        flow.to_deployment(name=name, enforce_parameter_schema=True).apply()
-    return name
-
-
-def runs_of(deployment: str) -> list:
-    """Every flow run of ``deployment`` (``flow/name``)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-
-    with get_client(sync_client=True) as client:
-        deployment_id = client.read_deployment_by_name(deployment).id
-        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+from tasks.phspectra import keys as phspectra_keys
+from tasks.records import keys as records_keys
+from tasks.video import keys as video_keys
+from tests.helpers.landing import arrive, record_messages, runs_of
 
 
 def flow_run_states(flow_run_id) -> list:
@@ -81,10 +50,14 @@ def landed_events(url: str, count: int, timeout: float = 60) -> list[tuple[str, 
 
 
 def started_by(event, url: str) -> list[list[str]]:
-    """The runs each landing of the object at ``url`` in ``event`` started (its payload), each a related resource too."""
+    """The runs each landing of ``url`` in ``event`` started (its payload), each a related resource too."""
     started = {r.id for r in event.related if r.role == "flow-run" and r.get("pipelines.relation") == "started"}
     assert url in {r.id for r in event.related if r.role == "object"}
-    landings = [sorted(f"prefect.flow-run.{run}" for run in o["flow_run_ids"]) for o in event.payload["objects"] if o["url"] == url]
+    landings = [
+        sorted(f"prefect.flow-run.{run}" for run in o["flow_run_ids"])
+        for o in event.payload["objects"]
+        if o["url"] == url
+    ]
     assert all(set(runs) <= started for runs in landings)
     return landings
 
@@ -92,12 +65,14 @@ def started_by(event, url: str) -> list[list[str]]:
 # --------------------------------------------------------------------------- video
 
 
-def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_none(tables, store_root, deployed, caplog):
+def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_none(
+    tables, store_root, deployed, caplog
+):
     from tasks.video import jobs, landing
 
     deployment = f"video-process/{deployed}"
     job_id = jobs.create_job()["job_id"]
-    upload = arrive(store_root, keys.source_key(job_id), b"not decoded by the listener")
+    upload = arrive(store_root, video_keys.source_key(job_id), b"not decoded by the listener")
     outcome = landing.handle_uploads([upload], deployment)
     assert outcome.done == [upload] and outcome.retry == []
 
@@ -106,7 +81,7 @@ def test_an_upload_starts_one_video_process_run_for_its_job_and_a_second_event_n
     job = jobs.get_job(job_id)
     assert (job["status"], job["process_run_id"], job["upload_event_id"]) == ("created", str(run.id), upload.event_id)
 
-    again = arrive(store_root, keys.source_key(job_id), b"not decoded by the listener, written again")
+    again = arrive(store_root, video_keys.source_key(job_id), b"not decoded by the listener, written again")
     with caplog.at_level(logging.INFO, logger="tasks.video.landing"):
         outcome = landing.handle_uploads([upload, again], deployment)
     assert outcome.done == [upload, again]
@@ -123,7 +98,7 @@ def test_a_claim_whose_run_was_never_created_is_started_by_the_next_event(tables
 
     deployment = f"video-process/{deployed}"
     job_id = jobs.create_job()["job_id"]
-    upload = arrive(store_root, keys.source_key(job_id), b"x")
+    upload = arrive(store_root, video_keys.source_key(job_id), b"x")
     assert jobs.claim_upload(job_id, upload.event_id).applied  # the listener died right after its claim
     assert not jobs.claim_upload(job_id, upload.event_id).applied
 
@@ -144,9 +119,9 @@ def test_an_upload_for_an_unknown_deleted_or_busy_job_starts_nothing(tables, sto
     busy = jobs.create_job()["job_id"]
     jobs.start_chunking(busy)  # a person ran video-process for it before the upload's event came
     arrivals = [
-        arrive(store_root, keys.source_key("no-such-job"), b"x"),
-        arrive(store_root, keys.source_key(deleted), b"x"),
-        arrive(store_root, keys.source_key(busy), b"x"),
+        arrive(store_root, video_keys.source_key("no-such-job"), b"x"),
+        arrive(store_root, video_keys.source_key(deleted), b"x"),
+        arrive(store_root, video_keys.source_key(busy), b"x"),
         arrive(store_root, "input/no-such-job/other.mp4", b"x"),
     ]
     before = len(runs_of(deployment))
@@ -159,7 +134,8 @@ def test_an_upload_for_an_unknown_deleted_or_busy_job_starts_nothing(tables, sto
         f"upload {arrivals[0].url} is for no video job (no-such-job): nothing started",
         f"upload {arrivals[1].url} is for deleted video job {deleted}: nothing started",
         f"upload {arrivals[2].url}: video job {busy} is chunking_in_progress: nothing started",
-        f"ignored {arrivals[3].url}: not a video upload key (input/{{job_id}}/source.mp4): 'input/no-such-job/other.mp4'",
+        f"ignored {arrivals[3].url}: not a video upload key (input/{{job_id}}/source.mp4): "
+        "'input/no-such-job/other.mp4'",
     ]
 
 
@@ -167,7 +143,7 @@ def test_an_upload_waits_while_the_prefect_server_cannot_start_its_run(tables, s
     from tasks.video import jobs, landing
 
     job_id = jobs.create_job()["job_id"]
-    upload = arrive(store_root, keys.source_key(job_id), b"x")
+    upload = arrive(store_root, video_keys.source_key(job_id), b"x")
     outcome = landing.handle_uploads([upload], "video-process/no-such-deployment")
     assert outcome.done == [] and [a for a, _ in outcome.retry] == [upload]
     assert "ObjectNotFound" in outcome.retry[0][1]
@@ -200,7 +176,10 @@ def test_a_manifest_starts_one_survey_run_per_cube_once_and_a_cube_its_own(table
     assert {r.parameters["run_id"] for r in runs if r.parameters["survey"] == "grs-15"} == set(item["run_ids"])
     # one event for the batch's started objects, naming the two runs this one started
     assert landed_events(listed.url, 1) == [
-        ("pipelines.phspectra.object.started", sorted(f"prefect.flow-run.{flow_run_id}" for flow_run_id in item["flow_run_ids"]))
+        (
+            "pipelines.phspectra.object.started",
+            sorted(f"prefect.flow-run.{flow_run_id}" for flow_run_id in item["flow_run_ids"]),
+        )
     ]
 
     assert landing.object_arrived(listed, deployment)[0] == "duplicate"  # the same landing again
@@ -212,15 +191,21 @@ def test_a_manifest_starts_one_survey_run_per_cube_once_and_a_cube_its_own(table
 
 @pytest.mark.parametrize("body, folder, reason", [
     (b"{not json", "grs-15", "the manifest is not JSON"),
-    (json.dumps({"survey": "grs-15", "cubes": []}).encode(), "grs-15", "cubes must be a list of 1 to 1000 cubes, got []"),
+    (json.dumps({"survey": "grs-15", "cubes": []}).encode(), "grs-15",
+     "cubes must be a list of 1 to 1000 cubes, got []"),
     (json.dumps({"survey": "orion", "cubes": ["a.fits"]}).encode(), "grs-15",
      "the manifest names survey 'orion' but landed in the folder of 'grs-15'"),
     (json.dumps({"survey": "../up", "cubes": ["a.fits"]}).encode(), None, "invalid survey '../up'"),
-    (json.dumps({"survey": "grs-15", "cubes": ["../../etc/passwd"]}).encode(), None, "cube '../../etc/passwd': invalid object key"),
-    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "fit_params": {"gamma": 1}}).encode(), None, "unknown fit_params key(s) ['gamma']"),
-    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "owner": "x"}).encode(), None, "unknown manifest field(s) ['owner']"),
+    (json.dumps({"survey": "grs-15", "cubes": ["../../etc/passwd"]}).encode(), None,
+     "cube '../../etc/passwd': invalid object key"),
+    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "fit_params": {"gamma": 1}}).encode(), None,
+     "unknown fit_params key(s) ['gamma']"),
+    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "owner": "x"}).encode(), None,
+     "unknown manifest field(s) ['owner']"),
 ])  # fmt: skip
-def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(tables, store_root, deployed, caplog, body, folder, reason):
+def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(
+    tables, store_root, deployed, caplog, body, folder, reason
+):
     from tasks.phspectra import landing
     from tasks.phspectra import survey as ph
 
@@ -241,12 +226,6 @@ def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(tables, s
 # --------------------------------------------------------------------------- records
 
 
-def _messages(first: int, count: int) -> list[dict]:
-    from deployments.samples.records import _message
-
-    return [_message("completed", f"land-exec-{i}", 1_700_000_000_000 + i, [f"LAND.G{i:03d}"]) for i in range(first, first + count)]
-
-
 def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(tables, store_root):
     from flows.records import ingest_batch
     from tasks.core import state_store
@@ -255,11 +234,11 @@ def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(table
     from tasks.records.messages import message_id
 
     invalid = {"meta": {"collection": {"name": "MOD09GQ", "version": "006"}}}  # no cumulus_meta: archived
-    lines = [json.dumps(m) for m in _messages(0, 11)] + [json.dumps(invalid)]
+    lines = [json.dumps(m) for m in record_messages(0, 11)] + [json.dumps(invalid)]
     arrivals = [
         arrive(store_root, "records/incoming/a.ndjson", "\n".join(lines).encode()),  # 12 messages, one per line
-        arrive(store_root, "records/incoming/b.json", json.dumps(_messages(11, 1)[0]).encode()),  # one message
-        arrive(store_root, "records/incoming/c.json", json.dumps(_messages(12, 10)).encode()),  # a JSON list of 10
+        arrive(store_root, "records/incoming/b.json", json.dumps(record_messages(11, 1)[0]).encode()),  # one message
+        arrive(store_root, "records/incoming/c.json", json.dumps(record_messages(12, 10)).encode()),  # a list of 10
         arrive(store_root, "records/incoming/d.json", b"42"),  # JSON, but no batch: archived whole
     ]
     sizes, run_ids = [], []
@@ -278,7 +257,9 @@ def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(table
         ("pipelines.records.object.written", sorted(f"prefect.flow-run.{r}" for r in run_ids[:2]))
     ]
     written = state_store.get_many(tables["granules"], [{"granuleId": f"LAND.G{i:03d}"} for i in range(22)])
-    assert sorted((g["granuleId"], g["status"]) for g in written) == [(f"LAND.G{i:03d}", "completed") for i in range(22)]
+    assert sorted((g["granuleId"], g["status"]) for g in written) == [
+        (f"LAND.G{i:03d}", "completed") for i in range(22)
+    ]
     archive = dead_letter.archived(today_iso())
     assert sorted(archive) == sorted([message_id(json.dumps(invalid)), message_id("42")])
     assert dead_letter.read(archive[message_id("42")])["error"]["type"] == "UnreadableBatch"
@@ -295,7 +276,10 @@ def test_dropped_message_files_are_written_in_batches_of_ten_and_set_aside(table
 def test_message_files_whose_batch_failed_stay_and_are_offered_again(tables, store_root):
     from tasks.records import landing
 
-    arrivals = [arrive(store_root, f"records/incoming/{n}.json", json.dumps(_messages(100 + 5 * n, 5)).encode()) for n in range(3)]
+    arrivals = [
+        arrive(store_root, f"records/incoming/{n}.json", json.dumps(record_messages(100 + 5 * n, 5)).encode())
+        for n in range(3)
+    ]
     calls = []
 
     def down_once(bodies):
@@ -322,23 +306,25 @@ def test_the_demo_drops_its_samples_where_the_listeners_start_them(tables, store
     from tasks.video import landing as video_landing
 
     store = LocalStore(store_root)
-    dropped = {sample.__name__.rsplit(".", 1)[1]: sample.drop(tmp_path, store) for sample in (etl, phspectra, records, video)}
+    dropped = {
+        sample.__name__.rsplit(".", 1)[1]: sample.drop(tmp_path, store) for sample in (etl, phspectra, records, video)
+    }
     landed = lambda prefix: [arrive(store_root, k, (store_root / k).read_bytes()) for k in sorted(store.list(prefix))]  # noqa: E731
 
-    (manifest,) = landed(keys.SURVEY_INCOMING_PREFIX)
+    (manifest,) = landed(phspectra_keys.SURVEY_INCOMING_PREFIX)
     assert manifest.url == dropped["phspectra"]["manifest_url"]
     assert ph_landing.handle_landings([manifest], f"phspectra-survey/{deployed}").done == [manifest]
     (run,) = [r for r in runs_of(f"phspectra-survey/{deployed}") if r.parameters["survey"] == phspectra.SURVEY]
     assert (run.parameters["chunk_size"], run.parameters["fit_params"]) == (12, {"beta": 3.5})
 
-    (upload,) = landed(keys.VIDEO_INPUT_PREFIX)
+    (upload,) = landed(video_keys.VIDEO_INPUT_PREFIX)
     assert video_landing.upload_arrived(upload, f"video-process/{deployed}")[0] == "started"
 
-    (messages,) = landed(keys.RECORDS_INCOMING_PREFIX)
+    (messages,) = landed(records_keys.RECORDS_INCOMING_PREFIX)
     assert records_landing.handle_messages([messages]).done == [messages] and records.landed(**dropped["records"])
     assert "MOD09GQ.A2017025.h21v00.006: completed" in records.report()
 
-    assert len(dropped["etl"]["tracked"]) == len(landed(keys.INPUT_PREFIX)) == 25
+    assert len(dropped["etl"]["tracked"]) == len(landed(etl_keys.INPUT_PREFIX)) == 25
 
 
 # --------------------------------------------------------------------------- issue 21's number for video
@@ -354,7 +340,7 @@ def test_each_upload_reaches_processing_through_its_own_run_timed(tables, store_
     from datetime import datetime
 
     from tasks.video import jobs, landing
-    from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml
+    from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml
 
     name = f"landing-{uuid.uuid4().hex[:6]}"
     deployment = deploy_from_prefect_yaml(tmp_path, {"video-process"}, f"pool-{name}", name)["video-process"]
@@ -363,7 +349,9 @@ def test_each_upload_reaches_processing_through_its_own_run_timed(tables, store_
         latencies, steps = [], []
         for _ in range(5):
             job_id = jobs.create_job()["job_id"]
-            upload = arrive(store_root, keys.source_key(job_id), b"not a video: the run fails right after it starts")
+            upload = arrive(
+                store_root, video_keys.source_key(job_id), b"not a video: the run fails right after it starts"
+            )
             uploaded = datetime.fromtimestamp((store_root / upload.key).stat().st_mtime_ns / 1e9).astimezone()
             assert landing.handle_uploads([upload], deployment).done == [upload]
             deadline = time.monotonic() + 120
@@ -383,7 +371,9 @@ def test_each_upload_reaches_processing_through_its_own_run_timed(tables, store_
         print(f"upload -> run created, worker took it (Pending), flow process running (s): {steps}")
     # speed is measured, not asserted (a loaded machine starts flow processes several times slower): every upload
     # reached processing through its own run; the figures are printed for the issue note
-    assert len(latencies) == len(steps) == 5 and all(created <= took <= running for created, took, running in steps), steps
+    assert len(latencies) == len(steps) == 5 and all(created <= took <= running for created, took, running in steps), (
+        steps
+    )
 
 
 def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(tables, store_root):
@@ -392,11 +382,14 @@ def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(table
 
     queue = "https://sqs.us-east-1.amazonaws.com/123456789012/workflow-messages"
     arrivals = [
-        Arrival(url=queue, key="", size=None, event_time="2026-01-01T00:00:00+00:00", event_id=f"m-{n}", body=json.dumps(message))
-        for n, message in enumerate(_messages(200, 12))
+        Arrival(url=queue, key="", size=None, event_time="2026-01-01T00:00:00+00:00", event_id=f"m-{n}",
+                body=json.dumps(message))
+        for n, message in enumerate(record_messages(200, 12))
     ]  # fmt: skip
     sizes = []
-    outcome = landing.handle_messages(arrivals, lambda bodies: (sizes.append(len(bodies)), landing.ingest_in_process(bodies))[1])
+    outcome = landing.handle_messages(
+        arrivals, lambda bodies: (sizes.append(len(bodies)), landing.ingest_in_process(bodies))[1]
+    )
     assert outcome.done == arrivals and sizes == [10, 2]
     written = state_store.get_many(tables["granules"], [{"granuleId": f"LAND.G{i:03d}"} for i in range(200, 212)])
     assert len(written) == 12 and not list(LocalStore(store_root).list(""))
@@ -405,9 +398,8 @@ def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(table
 def test_a_listener_stops_after_its_max_runtime_and_closes_its_source():
     import time
 
-    from tasks.landing.listener import Outcome
-    from tasks.landing.listener import listen
-    from tests.test_landing_listener import ListSource
+    from tasks.landing.listener import Outcome, listen
+    from tests.helpers.landing import ListSource
 
     class Closing(ListSource):
         closed = False
@@ -421,7 +413,13 @@ def test_a_listener_stops_after_its_max_runtime_and_closes_its_source():
 
     source = Closing([Arrival(url="file:///x", key="x", size=1, event_time="t", event_id="1")])
     started = time.monotonic()
-    stats = listen(source, lambda batch: Outcome(done=batch),
-                   batch_size=10, batch_seconds=0.1, max_runtime_seconds=0.5, wait_seconds=20)
+    stats = listen(
+        source,
+        lambda batch: Outcome(done=batch),
+        batch_size=10,
+        batch_seconds=0.1,
+        max_runtime_seconds=0.5,
+        wait_seconds=20,
+    )
     assert 0.5 <= time.monotonic() - started < 5 and source.closed
     assert (stats.received, stats.acked, source.acked) == (1, 1, ["x"])

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
 
-from tests.crashpoints import REPO_ROOT
+from tests.helpers.crashpoints import REPO_ROOT
 
 LISTENERS = ("ndjson_listen", "video_listen", "phspectra_listen", "records_listen")
 
@@ -31,7 +31,9 @@ def test_every_listener_is_rerun_on_crashed_or_failed_after_a_delay_under_a_minu
         assert ended["match_related"] == trigger["match_related"]
         assert 0 < deployment["parameters"]["max_runtime_seconds"] <= 86400  # ends, so retention can delete it
         assert trigger["expect"] == ["prefect.flow-run.Crashed", "prefect.flow-run.Failed"]
-        assert trigger["match_related"]["prefect.resource.name"] == deployment["entrypoint"].split(":")[1].replace("_", "-")
+        assert trigger["match_related"]["prefect.resource.name"] == deployment["entrypoint"].split(":")[1].replace(
+            "_", "-"
+        )
         assert (trigger["threshold"], trigger.get("within", 0)) == (1, 0)  # every failure, none dropped
         assert 10 <= trigger["schedule_after"] <= 30, deployment["name"]  # no tight loop, back within a minute
 
@@ -45,7 +47,9 @@ def test_each_failure_of_a_listener_schedules_one_rerun_after_the_delay():
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.states import Completed, Failed, Running
 
-    (specs,) = [d["triggers"] for d in listener_deployments() if d["name"] == "local" and "records_listen" in d["entrypoint"]]
+    (specs,) = [
+        d["triggers"] for d in listener_deployments() if d["name"] == "local" and "records_listen" in d["entrypoint"]
+    ]
     delay = timedelta(seconds=specs[0]["schedule_after"])
     assert delay >= timedelta(seconds=10)
     flow_name = f"records-listen-{uuid.uuid4().hex[:8]}"
@@ -59,7 +63,7 @@ def test_each_failure_of_a_listener_schedules_one_rerun_after_the_delay():
         only = DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
         run = client.create_flow_run_from_deployment(deployment_id)
         for failure in range(2):  # it fails at startup, and its rerun fails too
-            failed_at = datetime.now(timezone.utc)
+            failed_at = datetime.now(UTC)
             client.set_flow_run_state(run.id, Failed(message="bad configuration"), force=True)
             deadline = time.monotonic() + 60
             while len(runs := client.read_flow_runs(deployment_filter=only)) < failure + 2:
@@ -69,9 +73,13 @@ def test_each_failure_of_a_listener_schedules_one_rerun_after_the_delay():
             runs = client.read_flow_runs(deployment_filter=only)
             assert len(runs) == failure + 2  # one rerun per failure, never two
             (rerun,) = [r for r in runs if r.state_type.value == "SCHEDULED"]
-            assert failed_at + delay - timedelta(seconds=1) <= rerun.next_scheduled_start_time <= failed_at + delay + timedelta(seconds=30)
+            assert (
+                failed_at + delay - timedelta(seconds=1)
+                <= rerun.next_scheduled_start_time
+                <= failed_at + delay + timedelta(seconds=30)
+            )
             run = rerun
-        ended_at = datetime.now(timezone.utc)  # the rerun listened for its max_runtime_seconds and ended
+        ended_at = datetime.now(UTC)  # the rerun listened for its max_runtime_seconds and ended
         client.set_flow_run_state(run.id, Running(), force=True)
         client.set_flow_run_state(run.id, Completed(), force=True)
         deadline = time.monotonic() + 60

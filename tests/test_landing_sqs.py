@@ -1,6 +1,6 @@
 """The AWS arrival path against moto's server: `aws-events setup` → bucket notification → SQS → SqsSource.
 
-moto serves S3 and SQS on one loopback endpoint (tests/s3.py); S3 sends its notifications to the queue the
+moto serves S3 and SQS on one loopback endpoint (tests/helpers/s3.py); S3 sends its notifications to the queue the
 setup configured, as AWS does. Listing uses ListObjectsV2's sizes, never a HEAD per object.
 """
 
@@ -16,30 +16,22 @@ import sys
 import time
 import uuid
 from collections import Counter
+from datetime import UTC
 
 import boto3
 import pytest
 
 from deployments import cli
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.object_store import ListedObject, LocalStore, ObjectStore, S3Store
 from tasks.etl import ingest as etl
+from tasks.etl import keys
 from tasks.landing.listing import listed_arrivals
 from tasks.landing.sqs import SqsSource
-from tests.crashpoints import REPO_ROOT, child_env
-from tests.s3 import s3_client
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+from tests.helpers.s3 import s3_client
 
 DAY = "2026-02-01"
-
-
-@pytest.fixture
-def aws(s3_base, s3_endpoint, monkeypatch):
-    """This test's bucket (s3_base) and queues of its own (a unique env in their names), SQS on moto's server."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", s3_endpoint)
-    monkeypatch.setenv("TABLE_ENV", f"t{uuid.uuid4().hex[:8]}")
-    for pipeline in ("ETL", "VIDEO", "RECORDS"):
-        monkeypatch.delenv(f"PIPELINES_{pipeline}_QUEUE_URL", raising=False)
-    return s3_base.split("/")[2]
 
 
 def sqs():
@@ -113,11 +105,18 @@ def test_setup_creates_queue_dead_letter_queue_and_notification_and_twice_change
     env = os.environ["TABLE_ENV"]
     assert first["changed"] == [
         f"created queue ndjson-parquet-dlq-{env}", f"created queue ndjson-parquet-file-events-{env}",
-        f"queue policy: {bucket} may send", f"s3://{bucket}/pipelines/pipeline/input/: objects created notify the queue",
+        f"queue policy: {bucket} may send",
+        f"s3://{bucket}/pipelines/pipeline/input/: objects created notify the queue",
     ]  # fmt: skip
-    assert (first["bucket"], first["prefix"], first["visibility_timeout_s"]) == (bucket, "pipelines/pipeline/input/", 360)
+    assert (first["bucket"], first["prefix"], first["visibility_timeout_s"]) == (
+        bucket,
+        "pipelines/pipeline/input/",
+        360,
+    )
     attributes = sqs().get_queue_attributes(QueueUrl=first["queue_url"], AttributeNames=["All"])["Attributes"]
-    dead_letter_arn = sqs().get_queue_attributes(QueueUrl=first["dead_letter_url"], AttributeNames=["All"])["Attributes"]
+    dead_letter_arn = sqs().get_queue_attributes(QueueUrl=first["dead_letter_url"], AttributeNames=["All"])[
+        "Attributes"
+    ]
     assert (attributes["VisibilityTimeout"], attributes["ReceiveMessageWaitTimeSeconds"]) == ("360", "20")
     redrive = json.loads(attributes["RedrivePolicy"])
     assert (redrive["deadLetterTargetArn"], int(redrive["maxReceiveCount"])) == (dead_letter_arn["QueueArn"], 3)
@@ -180,7 +179,10 @@ def test_an_object_put_is_one_arrival_offered_again_until_acked(aws, capsys):
 
     (arrival,) = receive_until(source, 1)
     assert (arrival.url, arrival.key, arrival.size, arrival.receive_count) == (
-        f"s3://{bucket}/{key}", f"pipeline/input/{DAY}/report 1 é+ü.ndjson", 6, 1
+        f"s3://{bucket}/{key}",
+        f"pipeline/input/{DAY}/report 1 é+ü.ndjson",
+        6,
+        1,
     )
     assert source.receive(wait_seconds=0) == []  # in flight
     (again,) = receive_until(source, 1)  # not acked: offered again once the visibility timeout passed
@@ -226,7 +228,11 @@ def test_a_message_with_several_records_is_deleted_once_all_are_acked(aws, capsy
 
 
 def test_etl_on_s3_from_arrivals_tracks_each_file_once_when_events_come_twice(aws, capsys, tables, small_files):
-    made, store, config = setup("etl", capsys), ObjectStore.from_url(os.environ["OBJECT_STORE_BASE_URL"]), etl.settings()
+    made, store, config = (
+        setup("etl", capsys),
+        ObjectStore.from_url(os.environ["OBJECT_STORE_BASE_URL"]),
+        etl.settings(),
+    )
     source = SqsSource.for_pipeline("etl", visibility_timeout_s=2)
     assert source.receive(wait_seconds=1) == []  # the test event
     names = [f"part-{i}.ndjson" for i in range(3)]
@@ -245,7 +251,9 @@ def test_etl_on_s3_from_arrivals_tracks_each_file_once_when_events_come_twice(aw
     assert [(o["tracked"], o["already_tracked"], len(o["manifests"])) for o in outcomes] == [(3, 0, 1), (0, 3, 0)]
     files = [i for i in state_store.scan_all(tables["etl_file_tracking"]) if not keys.is_meta_record(i["file_key"])]
     assert sorted((i["file_key"], etl.base_status(i)) for i in files) == [
-        ("part-0.ndjson", "manifested"), ("part-1.ndjson", "manifested"), ("part-2.ndjson", "pending")
+        ("part-0.ndjson", "manifested"),
+        ("part-1.ndjson", "manifested"),
+        ("part-2.ndjson", "pending"),
     ]
     assert counts(made["queue_url"]) == (0, 0)
 
@@ -299,7 +307,9 @@ def test_list_objects_returns_sizes_with_no_head_request(aws):
     assert all(o.last_modified.endswith("+00:00") for o in listed)
 
     arrivals = listed_arrivals(f"s3://{aws}/pipelines/{keys.INPUT_PREFIX}")
-    assert [(a.url, a.key, a.size) for a in arrivals] == [(o.url, o.key.removeprefix(keys.INPUT_PREFIX), o.size) for o in listed]
+    assert [(a.url, a.key, a.size) for a in arrivals] == [
+        (o.url, o.key.removeprefix(keys.INPUT_PREFIX), o.size) for o in listed
+    ]
 
 
 def test_local_list_objects_skips_unfinished_writes(tmp_path):
@@ -309,14 +319,17 @@ def test_local_list_objects_skips_unfinished_writes(tmp_path):
     (tmp_path / "in" / ".c.ndjson.x1.part").write_bytes(b"half")  # a writer killed mid-write
     listed = store.list_objects("in/")
     assert [(o.key, o.size, o.url) for o in listed] == [
-        ("in/a.ndjson", 3, store.url_for("in/a.ndjson")), ("in/sub/b.ndjson", 6, store.url_for("in/sub/b.ndjson"))
+        ("in/a.ndjson", 3, store.url_for("in/a.ndjson")),
+        ("in/sub/b.ndjson", 6, store.url_for("in/sub/b.ndjson")),
     ]
     assert isinstance(listed[0], ListedObject) and etl.landing_objects(store.url_for("in")) == [
         ListedObject(o.key.removeprefix("in/"), o.size, o.url, o.last_modified) for o in listed
     ]
 
 
-def test_ndjson_ingest_over_an_s3_landing_prefix_validates_with_the_listing_sizes(aws, tables, monkeypatch, small_files):
+def test_ndjson_ingest_over_an_s3_landing_prefix_validates_with_the_listing_sizes(
+    aws, tables, monkeypatch, small_files
+):
     from flows.etl import ndjson_ingest
 
     monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")  # 3 files: no full batch, so no merge to start
@@ -351,7 +364,11 @@ def test_keys_with_hash_question_mark_and_percent_reach_their_object(aws, capsys
     setup("etl", capsys)
     source = SqsSource.for_pipeline("etl", visibility_timeout_s=60)
     assert source.receive(wait_seconds=1) == []  # the test event
-    names = [f"pipeline/input/{DAY}/a#1.ndjson", f"pipeline/input/{DAY}/b?x=1.ndjson", f"pipeline/input/{DAY}/c%41 +.ndjson"]
+    names = [
+        f"pipeline/input/{DAY}/a#1.ndjson",
+        f"pipeline/input/{DAY}/b?x=1.ndjson",
+        f"pipeline/input/{DAY}/c%41 +.ndjson",
+    ]
     client = s3_client(os.environ["AWS_ENDPOINT_URL_S3"])
     for n, name in enumerate(names):
         client.put_object(Bucket=aws, Key=f"pipelines/{name}", Body=b"x" * (n + 1))
@@ -359,12 +376,16 @@ def test_keys_with_hash_question_mark_and_percent_reach_their_object(aws, capsys
     assert [a.key for a in arrivals] == names  # decoded once, as S3 encoded them
     for n, arrival in enumerate(arrivals):
         store, key = open_url(arrival.url)
-        assert (key, store.get_bytes(key), object_version(arrival.url)[0]) == (f"pipelines/{names[n]}", b"x" * (n + 1), n + 1)
+        assert (key, store.get_bytes(key), object_version(arrival.url)[0]) == (
+            f"pipelines/{names[n]}",
+            b"x" * (n + 1),
+            n + 1,
+        )
 
 
 def test_a_queue_whose_oldest_message_waits_too_long_raises_the_listener_behind_alarm(aws, capsys, monkeypatch):
     """The AWS half of `landing-listener-behind`: CloudWatch's ApproximateAgeOfOldestMessage of a landing queue."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from blocks.health import HealthThresholds
     from tasks.health import listeners
@@ -376,9 +397,18 @@ def test_a_queue_whose_oldest_message_waits_too_long_raises_the_listener_behind_
     assert listeners.oldest_message_age("video") is None  # never set up here
 
     def age(seconds: float, minutes_ago: float) -> None:
-        boto3.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[{
-            "MetricName": "ApproximateAgeOfOldestMessage", "Dimensions": [{"Name": "QueueName", "Value": queue_names("etl")[0]}],
-            "Timestamp": datetime.now(timezone.utc) - timedelta(minutes=minutes_ago), "Value": seconds, "Unit": "Seconds"}])
+        boto3.client("cloudwatch").put_metric_data(
+            Namespace="AWS/SQS",
+            MetricData=[
+                {
+                    "MetricName": "ApproximateAgeOfOldestMessage",
+                    "Dimensions": [{"Name": "QueueName", "Value": queue_names("etl")[0]}],
+                    "Timestamp": datetime.now(UTC) - timedelta(minutes=minutes_ago),
+                    "Value": seconds,
+                    "Unit": "Seconds",
+                }
+            ],
+        )
 
     age(60, minutes_ago=3)
     alarm = listeners.listeners_behind(HealthThresholds())

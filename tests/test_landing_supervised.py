@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from deployments import local_stack
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.object_store import LocalStore
-from tests.conftest import prefect_server_process
-from tests.crashpoints import REPO_ROOT, child_env
-from tests.test_aws_s3 import prefect_cli
-from tests.test_landing_media import _messages
+from tasks.records import keys
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+from tests.helpers.landing import record_messages
+from tests.helpers.prefect_runs import prefect_cli, prefect_server_process
 
 pytestmark = pytest.mark.sweep  # a server, a worker and two listener runs: about two minutes on a loaded machine
 
@@ -58,7 +58,7 @@ def _drop(root: Path, first: int, count: int) -> list[str]:
     for i in range(first, first + count):
         name = f"m-{i:02d}.json"
         staged = root / f".{name}.part"
-        staged.write_text(json.dumps(_messages(5 * i, 5)))
+        staged.write_text(json.dumps(record_messages(5 * i, 5)))
         target = root / keys.RECORDS_INCOMING_PREFIX / name
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(staged, target)  # renamed in, as uploads land
@@ -76,15 +76,30 @@ def test_a_sigkilled_listener_is_back_within_a_minute_and_nothing_is_lost(tables
     monkeypatch.setenv("PIPELINES_RUNTIME_DIR", str(tmp_path / "runtime"))
     pool = f"supervised-{uuid.uuid4().hex[:6]}"
     with prefect_server_process(tmp_path) as base, temporary_settings({PREFECT_API_URL: f"{base}/api"}):
-        env = child_env({"PREFECT_API_URL": f"{base}/api", "PIPELINES_ROOT": str(REPO_ROOT), "PIPELINES_USE_BLOCKS": "0",
-                         "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"})
+        env = child_env(
+            {
+                "PREFECT_API_URL": f"{base}/api",
+                "PIPELINES_ROOT": str(REPO_ROOT),
+                "PIPELINES_USE_BLOCKS": "0",
+                "PREFECT_WORKER_QUERY_SECONDS": "1",
+                "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+            }
+        )
         with get_client(sync_client=True) as client:
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=local_stack.process_base_job_template()))
+            client.create_work_pool(
+                WorkPoolCreate(name=pool, type="process", base_job_template=local_stack.process_base_job_template())
+            )
         prefect_cli("deploy", "--name", "records-listen/local", "--pool", pool, env=env)
         worker = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"]
         log = open(tmp_path / "worker.log", "wb")
-        server = subprocess.Popen([sys.executable, str(local_stack.FORKSERVER), "serve", local_stack.engine_socket(), "--", *worker],
-                                  cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            [sys.executable, str(local_stack.FORKSERVER), "serve", local_stack.engine_socket(), "--", *worker],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             with get_client(sync_client=True) as client:
                 deployment = client.read_deployment_by_name("records-listen/local")
@@ -101,9 +116,16 @@ def test_a_sigkilled_listener_is_back_within_a_minute_and_nothing_is_lost(tables
                 os.kill(listener_pid, signal.SIGKILL)  # the flow process itself, mid-stream
                 killed_at = time.monotonic()
                 names += _drop(store_root, FILES // 2, FILES // 4)  # landing while no listener runs
-                _wait(lambda: client.read_flow_run(first.id).state_type.value == "CRASHED", 60, "the worker to report Crashed")
-                second = _wait(lambda: [r for r in runs() if r.id != first.id and r.state_type.value == "RUNNING"], 120,
-                               "the trigger's new listener run")
+                _wait(
+                    lambda: client.read_flow_run(first.id).state_type.value == "CRASHED",
+                    60,
+                    "the worker to report Crashed",
+                )
+                second = _wait(
+                    lambda: [r for r in runs() if r.id != first.id and r.state_type.value == "RUNNING"],
+                    120,
+                    "the trigger's new listener run",
+                )
                 back_after = time.monotonic() - killed_at
                 names += _drop(store_root, FILES // 2 + FILES // 4, FILES - FILES // 2 - FILES // 4)
                 _wait(lambda: written() == len(granules), 300, "every message to be written")

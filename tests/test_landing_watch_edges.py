@@ -13,7 +13,7 @@ import pytest
 
 from tasks.landing import watch
 from tasks.landing.watch import LocalWatchSource, open_for_writing, read_watermark
-from tests.test_landing_local import receive_all
+from tests.helpers.landing import receive_all
 
 INPUT = "pipeline/input/"
 
@@ -65,7 +65,10 @@ def test_a_name_that_is_not_utf8_is_quarantined_with_its_reason_and_its_neighbou
     quarantined = tmp_path / "quarantine/landing/pipeline/input/2026-01-05/bad%FF%FE.ndjson"
     assert quarantined.read_bytes() == b"{}\n"
     reason = json.loads(Path(f"{quarantined}.reason.json").read_text())
-    assert reason["reason"] == "the name is not UTF-8" and reason["name"] == "pipeline/input/2026-01-05/bad\\xff\\xfe.ndjson"
+    assert (
+        reason["reason"] == "the name is not UTF-8"
+        and reason["name"] == "pipeline/input/2026-01-05/bad\\xff\\xfe.ndjson"
+    )
     (day / "later.ndjson").write_text("{}\n")  # the watch still runs: seen long before the next listing
     assert [a.key for a in receive_all(source, 10, until=1)] == ["pipeline/input/2026-01-05/later.ndjson"]
 
@@ -92,7 +95,9 @@ def test_a_restart_offers_only_what_was_not_acked_and_lists_only_what_changed(tm
     old = [f"{INPUT}2026-01-0{d}/f-{i}.ndjson" for d in (1, 2, 3) for i in range(20)]
     for key in old:
         _land(tmp_path, key)
-    time.sleep(watch.WATERMARK_SLACK_S + 0.1)  # (a file changed within the slack before a watermark is offered once more)
+    time.sleep(
+        watch.WATERMARK_SLACK_S + 0.1
+    )  # (a file changed within the slack before a watermark is offered once more)
     first = make_source()
     got = receive_all(first, 10, until=len(old))
     assert sorted(a.key for a in got) == sorted(old)
@@ -110,7 +115,9 @@ def test_a_restart_offers_only_what_was_not_acked_and_lists_only_what_changed(tm
     monkeypatch.setattr(watch.os, "scandir", lambda path: looked_at.append(os.fspath(path)) or real_scandir(path))
     noted: list[str] = []
     real_note = LocalWatchSource._note
-    monkeypatch.setattr(LocalWatchSource, "_note", lambda self, key, *args: noted.append(key) or real_note(self, key, *args))
+    monkeypatch.setattr(
+        LocalWatchSource, "_note", lambda self, key, *args: noted.append(key) or real_note(self, key, *args)
+    )
     second = make_source()
     offered = receive_all(second, 5, until=len(new))
     assert sorted(a.key for a in offered) == sorted(new)

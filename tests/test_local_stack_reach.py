@@ -46,7 +46,7 @@ def address():
 
 
 def test_dynamodb_local_answers_on_loopback_only(address, tmp_path, capsys):
-    """``start_private``, as `make up`, the tests and the benchmarks start it; ``stop`` ends relay, namespace and jar."""
+    """``start_private``, as `make up`, the tests and the benchmarks start it; ``stop`` ends relay, namespace, jar."""
     port = dynamodb_local.free_port()
     process = dynamodb_local.start_private(port, db_path=None, log_path=tmp_path / "dynamodb.log")
     try:
@@ -54,10 +54,19 @@ def test_dynamodb_local_answers_on_loopback_only(address, tmp_path, capsys):
         if "cannot be kept to loopback here" in warning:
             pytest.skip(f"no private network namespace here: {warning.strip()}")
         assert warning == "" and dynamodb_local.isolated(process.pid)
-        client = boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                              aws_access_key_id="local", aws_secret_access_key="local")
-        client.create_table(TableName="reach", KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
-                            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}], BillingMode="PAY_PER_REQUEST")
+        client = boto3.client(
+            "dynamodb",
+            endpoint_url=f"http://127.0.0.1:{port}",
+            region_name="us-east-1",
+            aws_access_key_id="local",
+            aws_secret_access_key="local",
+        )
+        client.create_table(
+            TableName="reach",
+            KeySchema=[{"AttributeName": "k", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "k", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
         assert client.list_tables()["TableNames"] == ["reach"]
         assert not answers(address, port), f"DynamoDB Local answers on {address}:{port}"
     finally:
@@ -73,7 +82,9 @@ def test_the_test_sessions_dynamodb_local_answers_on_loopback_only(address, dyna
     assert answers("127.0.0.1", port)
     if answers(address, port):
         try:  # exposed: acceptable only where this machine cannot isolate it (start_private said so in a WARNING)
-            dynamodb_local.stop(dynamodb_local.start(dynamodb_local.free_port(), None, tmp_path / "probe.log", loopback_only=True))
+            dynamodb_local.stop(
+                dynamodb_local.start(dynamodb_local.free_port(), None, tmp_path / "probe.log", loopback_only=True)
+            )
         except dynamodb_local.CannotIsolate as error:
             pytest.skip(f"no private network namespace here: {error}")
         pytest.fail(f"the test session's DynamoDB Local answers on {address}:{port}")

@@ -23,7 +23,8 @@ def save_webhook_block(url: str, name: str) -> str:
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
     CustomWebhookNotificationBlock(name=name, url=url, json_data={"subject": "{{subject}}", "body": "{{body}}"}).save(
-        name, overwrite=True)
+        name, overwrite=True
+    )
     return f"custom-webhook/{name}"
 
 
@@ -65,7 +66,9 @@ def test_an_apprise_block_that_fails_is_a_delivery_error_too(webhook_server):
 
     webhook_server.status = 503
     port = int(webhook_server.url.rsplit(":", 1)[1])
-    MattermostWebhook(hostname="127.0.0.1", port=port, secure=False, token="mm0secret0token").save("test-mm", overwrite=True)
+    MattermostWebhook(hostname="127.0.0.1", port=port, secure=False, token="mm0secret0token").save(
+        "test-mm", overwrite=True
+    )
     with pytest.raises(DeliveryError) as raised:
         deliver("subject", "body", "mattermost-webhook/test-mm")
     assert "NotificationError" in str(raised.value) and "mm0secret0token" not in str(raised.value)
@@ -76,20 +79,27 @@ def test_an_apprise_block_that_fails_is_a_delivery_error_too(webhook_server):
 
 def test_a_failed_hook_notification_is_logged_and_never_raised_into_the_hook(monkeypatch, webhook_server, caplog):
     webhook_server.status = 500
-    monkeypatch.setenv("PIPELINES_NOTIFY_BLOCK", save_webhook_block(f"{webhook_server.url}{SECRET_PATH}", "test-hook-down"))
+    monkeypatch.setenv(
+        "PIPELINES_NOTIFY_BLOCK", save_webhook_block(f"{webhook_server.url}{SECRET_PATH}", "test-hook-down")
+    )
     with caplog.at_level(logging.INFO), pytest.raises(RuntimeError, match="disk full"):  # the flow's own error
         fails()
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "pipelines.notify"]
     assert [level for level, _ in lines] == ["WARNING", "ERROR"]
-    assert lines[0][1].startswith("notification not delivered: notification block custom-webhook/test-hook-down did not")
+    assert lines[0][1].startswith(
+        "notification not delivered: notification block custom-webhook/test-hook-down did not"
+    )
     assert "disk full" in lines[1][1]  # the message itself is kept in the log
-    ours = [r for r in caplog.records if r.name.startswith(("pipelines", "prefect"))]  # (httpx logs its requests at INFO)
+    ours = [
+        r for r in caplog.records if r.name.startswith(("pipelines", "prefect"))
+    ]  # (httpx logs its requests at INFO)
     assert ours and not any("Zm9vYmFyc2VjcmV0" in r.getMessage() for r in ours)
     assert len(webhook_server.posts) == 1
 
 
-def test_an_incident_whose_webhook_is_down_is_retried_until_delivered_once(tables, store_root, monkeypatch, webhook_server, caplog,
-                                                                           record_alarms_only):
+def test_an_incident_whose_webhook_is_down_is_retried_until_delivered_once(
+    tables, store_root, monkeypatch, webhook_server, caplog, record_alarms_only
+):
     """Outage: the incident row shows the failure and no notified_at; within the retry interval nothing is
     sent; webhook back and the interval passed: the next pipeline-health run delivers it, exactly once."""
     from blocks.base import clear_cache
@@ -110,10 +120,18 @@ def test_an_incident_whose_webhook_is_down_is_retried_until_delivered_once(table
     item = incidents.get(alarm)
     assert item["status"] == "OPEN" and "notified_at" not in item and "notify_claimed_at" not in item
     assert int(item["notify_attempts"]) == 1 and item["notify_failed_at"]
-    assert item["notify_error"].startswith("notification block custom-webhook/test-incident did not deliver: HTTPStatusError")
+    assert item["notify_error"].startswith(
+        "notification block custom-webhook/test-incident did not deliver: HTTPStatusError"
+    )
     assert row["notified"] == f"not delivered (1 attempts): {item['notify_error']}"
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "not delivered (attempt 1" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].startswith(f"notification of {alarm} not delivered (attempt 1; retried after 3600 s)")
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelname == "WARNING" and "not delivered (attempt 1" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        f"notification of {alarm} not delivered (attempt 1; retried after 3600 s)"
+    )
     assert "Zm9vYmFyc2VjcmV0" not in item["notify_error"] + warnings[0]
 
     pipeline_health()  # within the retry interval: no second try
@@ -128,4 +146,6 @@ def test_an_incident_whose_webhook_is_down_is_retried_until_delivered_once(table
     assert "notify_error" not in item and "notify_failed_at" not in item
     pipeline_health()  # delivered: never sent again while the incident lasts
     assert [(p["status"], p["body"]["subject"]) for p in webhook_server.posts] == [
-        (500, f"CRITICAL ALARM {alarm} (records): incident 1"), (200, f"CRITICAL ALARM {alarm} (records): incident 1")]
+        (500, f"CRITICAL ALARM {alarm} (records): incident 1"),
+        (200, f"CRITICAL ALARM {alarm} (records): incident 1"),
+    ]

@@ -14,42 +14,18 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
-import phspectra
 import pyarrow.dataset as ds
 import pytest
 
-from deployments.samples.phspectra import synthetic_cube, write_fits
+from deployments.samples.phspectra import synthetic_cube
 from tasks.core import keys, state_store
-from tasks.phspectra import survey as ph
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.core.state_store import to_plain
+from tasks.phspectra import keys as phspectra_keys
+from tasks.phspectra import survey as ph
+from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def direct_rows(cube_url: str, params: dict) -> dict[tuple[int, int], list[tuple[float, float, float]]]:
-    """(x, y) -> components of ``phspectra.fit_gaussians`` called directly on the same spectrum."""
-    spectra, xs, ys, _ = ph.prepare_spectra(ph.load_cube(cube_url))
-    return {
-        (int(x), int(y)): [(c.amplitude, c.mean, c.stddev) for c in phspectra.fit_gaussians(s, **params)]
-        for s, x, y in zip(spectra, xs, ys)
-    }
-
-
-def output_rows(store_root: Path, survey: str, run_id: str) -> dict[tuple[int, int], list[tuple[float, float, float]]]:
-    table = ds.dataset(store_root / keys.decomposition_prefix(survey, run_id), format="parquet").to_table()
-    assert table.schema.equals(ph.PARQUET_SCHEMA)
-    rows = table.to_pylist()
-    pairs = [(r["x"], r["y"]) for r in rows]
-    assert len(pairs) == len(set(pairs)), "a spectrum appears twice"
-    return {
-        (r["x"], r["y"]): list(zip(r["component_amplitudes"], r["component_means"], r["component_stddevs"]))
-        for r in rows
-    }
-
-
-def fits_cube(tmp_path: Path, **kwargs) -> str:
-    return write_fits(synthetic_cube(**kwargs), tmp_path / "cube.fits").as_uri()
 
 
 def chunk_items(run_id: str) -> dict[str, dict]:
@@ -75,16 +51,16 @@ def test_every_spectrum_equals_a_direct_fit_and_records_agree(tables, store_root
     assert run["n_nan_channels"] == 3 and json.loads(run["params"]) == params
     assert (run["GSI1_PK"], run["GSI1_SK"]) == ("grs-15", run["created_at"])
     chunks = chunk_items(run_id)
-    assert sorted(chunks) == [keys.chunk_sk(s) for s in (0, 7, 14, 21)]
+    assert sorted(chunks) == [phspectra_keys.chunk_sk(s) for s in (0, 7, 14, 21)]
     for sk, chunk in chunks.items():
-        start = keys.chunk_start_from_sk(sk)
+        start = phspectra_keys.chunk_start_from_sk(sk)
         assert chunk["status"] == "COMPLETED" and chunk["n_spectra"] == (3 if start == 21 else 7)
-        assert chunk["output_key"] == keys.decomposition_key("grs-15", run_id, start)
-        assert chunk["chunk_key"] == keys.chunk_npz_key(run_id, start)
+        assert chunk["output_key"] == phspectra_keys.decomposition_key("grs-15", run_id, start)
+        assert chunk["chunk_key"] == phspectra_keys.chunk_npz_key(run_id, start)
         assert chunk["completed_at"] > chunk["started_at"] > chunk["created_at"] and chunk["duration_ms"] > 0
         assert chunk["prefect_flow_run_id"] and chunk["prefect_task_run_id"] and chunk["attempts"] == 1
     # the whole survey as one dataset (hive partitions survey=/run_id=) in pyarrow and duckdb
-    root = store_root / keys.decomposition_prefix("grs-15")
+    root = store_root / phspectra_keys.decomposition_prefix("grs-15")
     table = ds.dataset(root, format="parquet", partitioning="hive").to_table()
     assert table.num_rows == 24 and set(table.column("run_id").to_pylist()) == {run_id}
     count, components = duckdb.sql(
@@ -135,10 +111,15 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
     run = to_plain(ph.get_run(run_id))
     assert (run["jobs_total"], run["jobs_completed"], run["jobs_failed"], run["status"]) == (3, 2, 1, "FAILED")
     chunks = chunk_items(run_id)
-    assert chunks[keys.chunk_sk(0)]["attempts"] == 2 and chunks[keys.chunk_sk(0)]["status"] == "COMPLETED"
-    assert chunks[keys.chunk_sk(5)]["attempts"] == 3 and chunks[keys.chunk_sk(5)]["status"] == "FAILED"
+    assert (
+        chunks[phspectra_keys.chunk_sk(0)]["attempts"] == 2
+        and chunks[phspectra_keys.chunk_sk(0)]["status"] == "COMPLETED"
+    )
+    assert (
+        chunks[phspectra_keys.chunk_sk(5)]["attempts"] == 3 and chunks[phspectra_keys.chunk_sk(5)]["status"] == "FAILED"
+    )
     failed = to_plain(ph.failures(run_id))
-    assert [c["SK"] for c in failed] == [keys.chunk_sk(5)]
+    assert [c["SK"] for c in failed] == [phspectra_keys.chunk_sk(5)]
     assert failed[0]["error"].startswith("RuntimeError: injected failure #3") and len(failed[0]["error"]) == 1024
 
     monkeypatch.setattr(ph, "write_parquet", real_write)  # resume: only the failed chunk is fitted again
@@ -146,19 +127,13 @@ def test_retries_failures_and_resume_keep_counters_exact(tables, store_root, tmp
     run = to_plain(ph.get_run(run_id))
     assert (run["jobs_total"], run["jobs_completed"], run["jobs_failed"], run["status"]) == (3, 3, 0, "COMPLETED")
     assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {
-        keys.chunk_sk(0): 2, keys.chunk_sk(5): 4, keys.chunk_sk(10): 1
+        phspectra_keys.chunk_sk(0): 2,
+        phspectra_keys.chunk_sk(5): 4,
+        phspectra_keys.chunk_sk(10): 1,
     }
-    assert ph.failures(run_id) == [] and "error" not in chunk_items(run_id)[keys.chunk_sk(5)]
+    assert ph.failures(run_id) == [] and "error" not in chunk_items(run_id)[phspectra_keys.chunk_sk(5)]
     assert output_rows(store_root, "grs-retry", run_id) == direct_rows(cube_url, {})
     assert summary["spectra_fitted"] == 15
-
-
-def wait_until_leases_expire(run_id: str, timeout: float = 60) -> None:
-    """Wait until no chunk of the run holds a live lease (as the maintenance flows find it after a fitter died)."""
-    deadline = time.monotonic() + timeout
-    while any(c["status"] == "IN_PROGRESS" and not ph.lease_expired(c) for c in ph.list_chunks(run_id)):
-        assert time.monotonic() < deadline, f"run {run_id}: a lease was still renewed after {timeout} s"
-        time.sleep(0.1)
 
 
 def wait_for_worker(table: str, run_id: str, process: subprocess.Popen, timeout: float = 90) -> dict:
@@ -177,8 +152,8 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     from prefect.settings import get_current_settings
 
     from flows.phspectra_survey import phspectra_sweep_stuck
-    from tasks.records import reconcile
-    from tests.crashpoints import report_crashed_runs
+    from tasks import reconcile
+    from tests.helpers.crashpoints import report_crashed_runs
 
     cube_url = fits_cube(tmp_path, ny=4, nx=5, n_channels=424, nan_channels=0)  # one slow chunk of 20 spectra
     run_id, survey, lease = "killed-run-1", "grs-kill", 6.0
@@ -202,7 +177,7 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
         time.sleep(0.05)
     assert not Path(f"/proc/{pid}").exists(), "the fitting process survived SIGKILL"
-    output_key = keys.decomposition_key(survey, run_id, 0)
+    output_key = phspectra_keys.decomposition_key(survey, run_id, 0)
     assert not (store_root / output_key).exists(), "the chunk finished before the kill"
     report_crashed_runs()  # what its process worker does: the flow run is Crashed
 
@@ -214,13 +189,13 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     assert chunk["status"] == "IN_PROGRESS" and not ph.lease_expired(chunk), "the checks outlasted the lease"
 
     wait_until_leases_expire(run_id)
-    adapter = reconcile.REGISTRY["phspectra"]
+    adapter = reconcile.adapters()["phspectra"]
     [record] = [r for r in adapter.tracked() if r.scope == run_id]
     assert ph.ChunkLease(run_id, 0, chunk["started_at"], 0.5).renew()  # its fitter renews before the repair lands
     assert adapter.repair(record, "reconciled").outcome is state_store.Outcome.STALE
     wait_until_leases_expire(run_id)
     findings = reconcile.reconcile_rows(["phspectra"], dry_run=False)  # the records-reconcile flow's task body
-    assert [(f["record"], f["outcome"]) for f in findings] == [(f"{run_id}/{keys.chunk_sk(0)}", "applied")]
+    assert [(f["record"], f["outcome"]) for f in findings] == [(f"{run_id}/{phspectra_keys.chunk_sk(0)}", "applied")]
 
     swept = phspectra_sweep_stuck(survey=survey)
     assert swept == {run_id: {"redriven": [0], "status": "COMPLETED"}}
@@ -228,7 +203,7 @@ def test_a_killed_fitter_keeps_its_chunk_until_its_lease_expires_then_it_is_refi
     assert (run["jobs_completed"], run["jobs_failed"], run["jobs_total"], run["status"]) == (1, 0, 1, "COMPLETED")
     rows = output_rows(store_root, survey, run_id)
     assert sorted(rows) == sorted((x, y) for y in range(4) for x in range(5))
-    assert chunk_items(run_id)[keys.chunk_sk(0)]["attempts"] == 2
+    assert chunk_items(run_id)[phspectra_keys.chunk_sk(0)]["attempts"] == 2
     assert phspectra_sweep_stuck(survey=survey) == {}  # nothing left to sweep
 
 
@@ -244,7 +219,9 @@ def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(
     result: dict = {}
     fitter = threading.Thread(target=lambda: result.update(ph.fit_chunk(run_id, 0, lease_seconds=lease)))
     fitter.start()
-    while (claimed := to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key(run_id, 0))))["status"] == "PENDING":
+    while (claimed := to_plain(state_store.get_item(tables["phspectra_runs"], ph.chunk_key(run_id, 0))))[
+        "status"
+    ] == "PENDING":
         time.sleep(0.02)
     past_lease = now_iso(datetime.fromisoformat(claimed["started_at"]) + timedelta(seconds=1.5 * lease))
     sweeps_past_lease = 0
@@ -257,7 +234,7 @@ def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(
     fitter.join()
     assert sweeps_past_lease >= 1, "the fit ended before a sweep saw it run past its lease"
     assert result["outcome"] == "completed" and result["n_spectra"] == 96
-    chunk = chunk_items(run_id)[keys.chunk_sk(0)]
+    chunk = chunk_items(run_id)[phspectra_keys.chunk_sk(0)]
     assert (chunk["status"], chunk["started_at"], chunk["attempts"]) == ("COMPLETED", claimed["started_at"], 1)
     assert chunk["lease_expires_at"] > past_lease  # renewed while it fitted
     assert to_plain(ph.get_run(run_id))["jobs_completed"] == 1
@@ -265,12 +242,12 @@ def test_a_fit_that_outlives_its_lease_renews_it_and_keeps_its_chunk_and_result(
 
 
 def test_a_fitter_that_lost_its_claim_stops_and_publishes_nothing(tables, store_root, tmp_path):
-    from tests.crashpoints import child_env
+    from tests.helpers.crashpoints import child_command, child_env
 
     run_id, survey, lease = "superseded", "grs-superseded", 2.0
     ph.split_cube(run_id, survey, fits_cube(tmp_path, ny=6, nx=20, n_channels=424, nan_channels=0), chunk_size=120)
-    call = ["tests/crashpoints.py", "tasks.phspectra.survey:fit_chunk", json.dumps({"run_id": run_id, "start": 0, "lease_seconds": lease})]
-    fitter = subprocess.Popen([sys.executable, *call], env=child_env(), cwd=REPO, start_new_session=True,
+    call = child_command("tasks.phspectra.survey:fit_chunk", {"run_id": run_id, "start": 0, "lease_seconds": lease})
+    fitter = subprocess.Popen(call, env=child_env(), cwd=REPO, start_new_session=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         chunk = wait_for_worker(tables["phspectra_runs"], run_id, fitter)
@@ -290,8 +267,8 @@ def test_a_fitter_that_lost_its_claim_stops_and_publishes_nothing(tables, store_
     assert json.loads(out.strip().splitlines()[-1])["outcome"] == "superseded"
     assert stopped_s < 6, f"the fitter ran on for {stopped_s:.1f} s after its renewal failed (120 spectra take longer)"
     assert not Path(f"/proc/{chunk['worker_pid']}").exists(), "its fitting process still runs"
-    assert not (store_root / keys.decomposition_key(survey, run_id, 0)).exists()
-    now = chunk_items(run_id)[keys.chunk_sk(0)]
+    assert not (store_root / phspectra_keys.decomposition_key(survey, run_id, 0)).exists()
+    now = chunk_items(run_id)[phspectra_keys.chunk_sk(0)]
     assert (now["status"], now["started_at"], now["attempts"]) == ("IN_PROGRESS", taken["started_at"], 2)
     assert to_plain(ph.get_run(run_id))["jobs_completed"] == 0
 
@@ -310,7 +287,8 @@ def test_a_resume_by_run_id_alone_fits_into_the_runs_stored_output_url(tables, s
         phspectra_survey(run_id=run_id, output_url=other, chunk_size=5)
     assert str(refused.value) == (
         f"run {run_id} resumes with the parameters it was started with, and these differ: chunk_size=5 (the run's: 4); "
-        f"output_url={other!r} (the run's: {elsewhere.as_uri()!r}). Leave them out (run_id is enough) or start a new run"
+        f"output_url={other!r} (the run's: {elsewhere.as_uri()!r}). "
+        "Leave them out (run_id is enough) or start a new run"
     )
     with pytest.raises(ValueError, match="no run absent to resume; a new run needs cube_url and survey"):
         phspectra_survey(run_id="absent")
@@ -319,8 +297,10 @@ def test_a_resume_by_run_id_alone_fits_into_the_runs_stored_output_url(tables, s
     summary = phspectra_survey(run_id=run_id, workers=2)
     assert (summary["status"], summary["spectra_fitted"], summary["jobs_completed"]) == ("COMPLETED", 12, 3)
     assert output_rows(elsewhere, survey, run_id) == direct_rows(cube_url, {})  # each spectrum once, where it belongs
-    assert not (store_root / keys.decomposition_prefix(survey)).exists()
-    assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {keys.chunk_sk(s): 1 for s in (0, 4, 8)}
+    assert not (store_root / phspectra_keys.decomposition_prefix(survey)).exists()
+    assert {sk: c["attempts"] for sk, c in chunk_items(run_id).items()} == {
+        phspectra_keys.chunk_sk(s): 1 for s in (0, 4, 8)
+    }
 
 
 def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
@@ -329,10 +309,12 @@ def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.states import Pending
 
-    from tests.test_aws_s3 import deploy_from_prefect_yaml
+    from tests.helpers.prefect_runs import deploy_from_prefect_yaml
 
     name = f"sweep-{uuid.uuid4().hex[:6]}"
-    deployment_name = deploy_from_prefect_yaml(tmp_path, {"phspectra-sweep-stuck"}, f"pool-{name}", name)["phspectra-sweep-stuck"]
+    deployment_name = deploy_from_prefect_yaml(tmp_path, {"phspectra-sweep-stuck"}, f"pool-{name}", name)[
+        "phspectra-sweep-stuck"
+    ]
     with get_client(sync_client=True) as client:  # prefect.yaml's deployment, as `prefect deploy` made it
         deployment = client.read_deployment_by_name(deployment_name)
         first, second = (client.create_flow_run_from_deployment(deployment.id) for _ in range(2))
@@ -340,7 +322,10 @@ def test_sweeps_never_overlap_a_second_one_is_cancelled(tables, tmp_path):
         client.set_flow_run_state(second.id, Pending())  # a second sweep while the first still runs
         states = [client.read_flow_run(run.id).state for run in (first, second)]
         client.delete_deployment(deployment.id)
-    assert [(s.type.value, s.message) for s in states] == [("PENDING", None), ("CANCELLED", "Deployment concurrency limit reached.")]
+    assert [(s.type.value, s.message) for s in states] == [
+        ("PENDING", None),
+        ("CANCELLED", "Deployment concurrency limit reached."),
+    ]
 
 
 def test_two_sweepers_cannot_both_take_a_chunk_whose_lease_expired(tables, store_root, tmp_path):
@@ -353,7 +338,9 @@ def test_two_sweepers_cannot_both_take_a_chunk_whose_lease_expired(tables, store
 
     def race(take_expired, lease_seconds=1.0):
         results: list = []
-        threads = [threading.Thread(target=lambda: results.append(claim(take_expired, lease_seconds))) for _ in range(8)]
+        threads = [
+            threading.Thread(target=lambda: results.append(claim(take_expired, lease_seconds))) for _ in range(8)
+        ]
         [t.start() for t in threads], [t.join() for t in threads]
         return [r for r in results if r is not None]
 
@@ -382,7 +369,9 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
         tables["phspectra_runs"], ph.chunk_key("new-run", 1), "IN_PROGRESS", None, set={"started_at": iso_ago(3600)}
     )
     ph.claim_chunk("new-run", 2)
-    state_store.transition(tables["phspectra_runs"], ph.chunk_key("new-run", 2), "IN_PROGRESS", "FAILED", set={"error": "boom"})
+    state_store.transition(
+        tables["phspectra_runs"], ph.chunk_key("new-run", 2), "IN_PROGRESS", "FAILED", set={"error": "boom"}
+    )
 
     import boto3
     from boto3.dynamodb.types import TypeDeserializer
@@ -394,23 +383,28 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     ]
     chunks_cli = {":pk": {"S": "new-run"}, ":prefix": {"S": "CHUNK#"}}
     seed = {  # the seed's `aws dynamodb ...` commands, as the same requests
-        "get-run": plain([client.get_item(TableName=name, Key={"PK": {"S": "new-run"}, "SK": {"S": "RUN"}})["Item"]])[0],
-        "list-chunks": plain(client.query(TableName=name, KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
+        "get-run": plain([client.get_item(TableName=name,
+                                          Key={"PK": {"S": "new-run"}, "SK": {"S": "RUN"}})["Item"]])[0],
+        "list-chunks": plain(client.query(TableName=name,
+                                          KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
                                           ExpressionAttributeValues=chunks_cli)["Items"]),
         "stuck": plain(client.query(TableName=name, KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
                                     FilterExpression="#s = :status", ExpressionAttributeNames={"#s": "status"},
-                                    ExpressionAttributeValues={**chunks_cli, ":status": {"S": "IN_PROGRESS"}})["Items"]),
+                                    ExpressionAttributeValues={**chunks_cli,
+                                                               ":status": {"S": "IN_PROGRESS"}})["Items"]),
         "latest": plain(client.query(TableName=name, IndexName="GSI1", KeyConditionExpression="GSI1_PK = :survey",
                                      ExpressionAttributeValues={":survey": {"S": "grs-ap"}},
                                      ScanIndexForward=False, Limit=1)["Items"]),
     }  # fmt: skip
     assert ph.get_run("new-run") == seed["get-run"]
     assert ph.list_chunks("new-run") == seed["list-chunks"] and len(seed["list-chunks"]) == 3
-    assert ph.stuck_chunks("new-run") == seed["stuck"] and [c["SK"] for c in seed["stuck"]] == [keys.chunk_sk(1)]
+    assert ph.stuck_chunks("new-run") == seed["stuck"] and [c["SK"] for c in seed["stuck"]] == [
+        phspectra_keys.chunk_sk(1)
+    ]
     assert ph.latest_run("grs-ap") == seed["latest"][0] and seed["latest"][0]["PK"] == "new-run"
     assert ph.latest_run("grs-ap", not_before="2999-01-01") is None
     assert ph.latest_run("grs-none") is None
-    assert [(c["SK"], c["error"]) for c in ph.failures("new-run")] == [(keys.chunk_sk(2), "boom")]
+    assert [(c["SK"], c["error"]) for c in ph.failures("new-run")] == [(phspectra_keys.chunk_sk(2), "boom")]
 
     def cli(*args):
         assert main(["phspectra", *args]) == 0
@@ -419,7 +413,9 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
     assert cli("get-run", "--run-id", "new-run") == to_plain(seed["get-run"])
     assert len(cli("list-chunks", "--run-id", "new-run")) == 3
     assert cli("latest-run", "--survey", "grs-ap")["PK"] == "new-run"
-    assert [c["SK"] for c in cli("stuck-chunks", "--run-id", "new-run", "--minutes", "15")] == [keys.chunk_sk(1)]
+    assert [c["SK"] for c in cli("stuck-chunks", "--run-id", "new-run", "--minutes", "15")] == [
+        phspectra_keys.chunk_sk(1)
+    ]
     assert cli("failures", "--run-id", "new-run")[0]["error"] == "boom"
     assert main(["phspectra", "get-run", "--run-id", "nope"]) == 2
     assert "no run nope" in capsys.readouterr().err
@@ -536,11 +532,14 @@ def test_a_second_start_with_one_run_id_cannot_overwrite_or_fail_the_first(table
 
 def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root):
     starts = [0, 5_000_000, 10_000_000, 15_000_000]
-    assert [keys.chunk_start_from_sk(keys.chunk_sk(s)) for s in starts] == starts
-    assert keys.chunk_sk(0) == "CHUNK#chunk-0000000" and keys.chunk_sk(10_000_000) == "CHUNK#chunk-10000000"
+    assert [phspectra_keys.chunk_start_from_sk(phspectra_keys.chunk_sk(s)) for s in starts] == starts
+    assert (
+        phspectra_keys.chunk_sk(0) == "CHUNK#chunk-0000000"
+        and phspectra_keys.chunk_sk(10_000_000) == "CHUNK#chunk-10000000"
+    )
     for bad in ("CHUNK#chunk-000000", "CHUNK#chunk-00000000", "CHUNK#chunk-1e7"):
         with pytest.raises(keys.InvalidKey):
-            keys.chunk_start_from_sk(bad)
+            phspectra_keys.chunk_start_from_sk(bad)
     table = tables["phspectra_runs"]
     run = {**ph.run_key("wide"), "GSI1_PK": "grs-wide", "GSI1_SK": now_iso(), "survey": "grs-wide", "status": "RUNNING",
            "created_at": now_iso(), "jobs_total": 4, "jobs_completed": 3, "jobs_failed": 0, "n_spectra": 15_000_001,
@@ -550,14 +549,14 @@ def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root)
         status = "PENDING" if start == 15_000_000 else "COMPLETED"
         item = {**ph.chunk_key("wide", start), "status": status, "n_spectra": 1 if status == "PENDING" else 5_000_000}
         state_store.create_if_absent(table, item, ["PK", "SK"])
-    assert [keys.chunk_start_from_sk(c["SK"]) for c in ph.list_chunks("wide")] == starts  # spectrum order
+    assert [phspectra_keys.chunk_start_from_sk(c["SK"]) for c in ph.list_chunks("wide")] == starts  # spectrum order
     assert ph.complete_split("wide") == [] and ph.chunks_to_fit("wide") == ([15_000_000], [])
     assert [c["chunk"] for c in ph.summarize("wide")["chunks"]][-2:] == ["chunk-10000000", "chunk-15000000"]
     assert ph.finalize_run("wide")["status"] == "RUNNING"
 
 
 def _driven_then_abandoned(run_id: str, cube_url: str, survey: str) -> None:
-    """A flow run that splits, completes chunk 0, loses chunk 4 (FAILED, as the reconciler marks it), leaves 8 PENDING."""
+    """A flow run: splits, completes chunk 0, loses chunk 4 (FAILED, as the reconciler marks it), leaves 8 PENDING."""
     from prefect import flow
 
     @flow(name="phspectra-abandoned")
@@ -596,7 +595,9 @@ def test_the_sweeper_finishes_runs_whose_driver_ended(tables, store_root, tmp_pa
     assert run["status"] == "FAILED" and "was cancelled (chunks 1 COMPLETED, 1 FAILED, 1 PENDING of 3)" in run["error"]
 
 
-def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(tables, store_root, tmp_path, monkeypatch):
+def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(
+    tables, store_root, tmp_path, monkeypatch
+):
     import flows.phspectra_survey as flow_module
 
     real_slow_lane = flow_module.slow_lane_task
@@ -612,7 +613,9 @@ def test_a_failed_slow_lane_is_retried_by_the_sweeper_then_failed_with_a_reason(
             cube_url=cube_url, survey="grs-lane", run_id="lane", chunk_size=2, time_limit_s=1e-5, workers=2
         )
     assert to_plain(ph.get_run("lane"))["status"] == "RUNNING"
-    assert flow_module.phspectra_sweep_stuck(survey="grs-lane", max_sweeps=1) == {"lane": {"redriven": [], "status": "RUNNING"}}
+    assert flow_module.phspectra_sweep_stuck(survey="grs-lane", max_sweeps=1) == {
+        "lane": {"redriven": [], "status": "RUNNING"}
+    }
     swept = flow_module.phspectra_sweep_stuck(survey="grs-lane", max_sweeps=1)  # bounded: gives up with the reason
     assert swept == {"lane": {"redriven": [], "status": "FAILED"}}
     run = to_plain(ph.get_run("lane"))

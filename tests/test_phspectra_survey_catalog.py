@@ -11,12 +11,11 @@ import pyarrow.dataset as ds
 import pytest
 
 from deployments.samples.phspectra import synthetic_cube, write_fits
-from tasks.core import keys
 from tasks.core.object_store import LocalStore
-from tasks.phspectra import catalog
+from tasks.phspectra import catalog, keys
 from tasks.phspectra import survey as ph
 from tasks.phspectra.survey_status import survey_status
-from tests.test_landing_media import arrive, runs_of
+from tests.helpers.landing import arrive, runs_of
 
 TILES = ("l15-a", "l16-b", "l17-c")
 
@@ -26,13 +25,15 @@ def tile_cubes(store_root: Path, tmp_path: Path, tiles=TILES) -> list[str]:
     cube_keys = []
     for seed, tile in enumerate(tiles):
         key = f"cubes/{tile}.fits"
-        LocalStore(store_root).put_file(key, write_fits(synthetic_cube(ny=2, nx=3, n_channels=48, seed=seed), tmp_path / f"{tile}.fits"))
+        LocalStore(store_root).put_file(
+            key, write_fits(synthetic_cube(ny=2, nx=3, n_channels=48, seed=seed), tmp_path / f"{tile}.fits")
+        )
         cube_keys.append(key)
     return cube_keys
 
 
 def run_components(store, run_id: str) -> list[tuple]:
-    """Every component of one run, read from its own per-chunk Parquet: (run_id, x, y, index, amplitude, mean, stddev)."""
+    """Every component of one run, from its per-chunk Parquet: (run_id, x, y, index, amplitude, mean, stddev)."""
     rows = [row for chunk in ph.list_chunks(run_id) for row in ph.read_parquet(store, chunk["output_key"]).to_pylist()]
     return sorted(
         (run_id, r["x"], r["y"], i, a, m, s)
@@ -43,10 +44,14 @@ def run_components(store, run_id: str) -> list[tuple]:
 
 def catalog_components(store_root: Path, survey: str) -> dict[str, list[tuple]]:
     """Tile -> its components in the catalog (read as a hive-partitioned dataset), with the run each came from."""
-    table = ds.dataset(store_root / keys.survey_catalog_prefix(survey), format="parquet", partitioning="hive").to_table()
+    table = ds.dataset(
+        store_root / keys.survey_catalog_prefix(survey), format="parquet", partitioning="hive"
+    ).to_table()
     by_tile: dict[str, list[tuple]] = {}
     for r in table.to_pylist():
-        by_tile.setdefault(r["tile"], []).append((r["run_id"], r["x"], r["y"], r["component"], r["amplitude"], r["mean"], r["stddev"]))
+        by_tile.setdefault(r["tile"], []).append(
+            (r["run_id"], r["x"], r["y"], r["component"], r["amplitude"], r["mean"], r["stddev"])
+        )
     return {tile: sorted(rows) for tile, rows in sorted(by_tile.items())}
 
 
@@ -68,23 +73,36 @@ def deployed() -> str:
     return f"phspectra-survey/{name}"
 
 
-def test_a_manifest_of_three_tiles_ends_as_one_survey_in_the_ui_the_cli_and_one_catalog(tables, store_root, tmp_path, deployed, capsys):
+def test_a_manifest_of_three_tiles_ends_as_one_survey_in_the_ui_the_cli_and_one_catalog(
+    tables, store_root, tmp_path, deployed, capsys
+):
     from prefect.artifacts import Artifact
 
     from flows.phspectra_survey import phspectra_survey
     from tasks.phspectra import landing
 
     survey = "grs-tiles"
-    manifest = {"survey": survey, "cubes": tile_cubes(store_root, tmp_path), "chunk_size": 4, "fit_params": {"beta": 3.0}}
+    manifest = {
+        "survey": survey,
+        "cubes": tile_cubes(store_root, tmp_path),
+        "chunk_size": 4,
+        "fit_params": {"beta": 3.0},
+    }
     arrival = arrive(store_root, f"surveys/incoming/{survey}/night-1.json", json.dumps(manifest).encode())
     assert landing.object_arrived(arrival, deployed)[0] == "started"
-    started = sorted((r for r in runs_of(deployed) if r.parameters["survey"] == survey), key=lambda r: r.parameters["run_id"])
+    started = sorted(
+        (r for r in runs_of(deployed) if r.parameters["survey"] == survey), key=lambda r: r.parameters["run_id"]
+    )
     assert [keys.tile_name(r.parameters["cube_url"]) for r in started] == list(TILES)
 
     # the first tile's run is not split yet: the survey still counts it (from its landing), as pending
     first = phspectra_survey(**started[0].parameters, workers=2)
     status = survey_status(survey)
-    assert [(t["tile"], t["status"]) for t in status["tiles"]] == [("l15-a", "COMPLETED"), ("l16-b", "PENDING"), ("l17-c", "PENDING")]
+    assert [(t["tile"], t["status"]) for t in status["tiles"]] == [
+        ("l15-a", "COMPLETED"),
+        ("l16-b", "PENDING"),
+        ("l17-c", "PENDING"),
+    ]
     assert (status["tiles_total"], status["tiles_completed"], status["finished"]) == (3, 1, False)
     assert Artifact.get(f"phspectra-survey-progress-{survey}").data == pytest.approx(100 / 3)
     assert not (store_root / keys.survey_catalog_prefix(survey)).exists()  # not every tile has finished
@@ -98,7 +116,8 @@ def test_a_manifest_of_three_tiles_ends_as_one_survey_in_the_ui_the_cli_and_one_
     assert {k: status[k] for k in ("tiles_total", "tiles_completed", "tiles_failed", "tiles_running", "tiles_pending",
                                    "spectra_fitted", "n_spectra", "n_components", "finished")} == {
         "tiles_total": 3, "tiles_completed": 3, "tiles_failed": 0, "tiles_running": 0, "tiles_pending": 0,
-        "spectra_fitted": 18, "n_spectra": 18, "n_components": sum(s["n_components"] for s in summaries), "finished": True,
+        "spectra_fitted": 18, "n_spectra": 18, "n_components": sum(s["n_components"] for s in summaries),
+        "finished": True,
     }  # fmt: skip
     assert [(t["tile"], t["run_id"]) for t in status["tiles"]] == [(t, s["run_id"]) for t, s in zip(TILES, summaries)]
     assert Artifact.get(f"phspectra-survey-progress-{survey}").data == 100.0
@@ -118,9 +137,9 @@ def test_a_manifest_of_three_tiles_ends_as_one_survey_in_the_ui_the_cli_and_one_
     # the CLI's query: one tile, bright components, a limit
     code, rows = cli(capsys, "catalog", "--survey", survey, "--tile", "l16-b", "--min-amplitude", "1.5")
     assert code == 0
-    assert sorted((r["run_id"], r["x"], r["y"], r["component"], r["amplitude"], r["mean"], r["stddev"]) for r in rows) == [
-        row for row in expected["l16-b"] if row[4] >= 1.5
-    ]
+    assert sorted(
+        (r["run_id"], r["x"], r["y"], r["component"], r["amplitude"], r["mean"], r["stddev"]) for r in rows
+    ) == [row for row in expected["l16-b"] if row[4] >= 1.5]
     assert {r["tile"] for r in rows} == {"l16-b"} and 0 < len(rows) < len(expected["l16-b"])
     code, rows = cli(capsys, "catalog", "--survey", survey, "--limit", "4")
     assert code == 0 and len(rows) == 4
@@ -159,14 +178,19 @@ def test_a_rerun_of_one_tile_replaces_only_its_partition_and_a_rebuild_changes_n
     rerun = catalog.build_catalog(survey)
     assert (list(rerun["written"]), rerun["unchanged"]) == (["t-a"], ["t-b"])
     after = catalog_components(store_root, survey)
-    assert after["t-b"] == before["t-b"] and (files["t-b"].stat().st_ino, files["t-b"].stat().st_mtime_ns) == stamps["t-b"]
+    assert (
+        after["t-b"] == before["t-b"] and (files["t-b"].stat().st_ino, files["t-b"].stat().st_mtime_ns) == stamps["t-b"]
+    )
     assert after["t-a"] == run_components(LocalStore(store_root), "run-a2")
     assert [row[1:] for row in after["t-a"]] == [row[1:] for row in before["t-a"]]  # the same cube fits the same
     assert sorted(p.name for p in files["t-a"].parent.iterdir()) == [keys.CATALOG_PART]  # no temp file left
 
     _tile_run("run-a3", survey, a, fit=False)  # a third run of t-a, still running: the survey is not finished,
     status = survey_status(survey)  # and the catalog keeps t-a's newest completed run
-    assert [(t["tile"], t["run_id"], t["status"]) for t in status["tiles"]] == [("t-a", "run-a3", "RUNNING"), ("t-b", "run-b1", "COMPLETED")]
+    assert [(t["tile"], t["run_id"], t["status"]) for t in status["tiles"]] == [
+        ("t-a", "run-a3", "RUNNING"),
+        ("t-b", "run-b1", "COMPLETED"),
+    ]
     assert (status["finished"], status["spectra_fitted"], status["n_spectra"]) == (False, 6, 12)
     assert catalog.build_catalog(survey)["unchanged"] == ["t-a", "t-b"]
     assert {r["run_id"] for r in catalog.query_catalog(survey, tile="t-a")} == {"run-a2"}
@@ -207,16 +231,20 @@ def test_an_unknown_tile_and_manifests_without_usable_tile_names_are_refused(tab
 
 @pytest.mark.sweep  # a worker and four flow-run processes (about a minute unloaded): `make test-sweep`, which CI runs
 @pytest.mark.timeout(900)
-def test_a_manifest_runs_end_to_end_on_a_worker_and_the_catalog_deployment_rebuilds_it(tables, store_root, tmp_path, capsys):
+def test_a_manifest_runs_end_to_end_on_a_worker_and_the_catalog_deployment_rebuilds_it(
+    tables, store_root, tmp_path, capsys
+):
     """prefect.yaml's deployments on a process worker: the manifest's landing starts the tile runs (as
     phspectra-listen does), then `prefect deployment run 'phspectra-survey-catalog/…'` rebuilds the catalog."""
     from prefect.artifacts import Artifact
 
     from tasks.phspectra import landing
-    from tests.test_aws_s3 import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
+    from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, prefect_cli, wait_for_runs
 
     survey, name = "grs-deployed", f"survey-{uuid.uuid4().hex[:6]}"
-    deployments = deploy_from_prefect_yaml(tmp_path, {"phspectra-survey", "phspectra-survey-catalog"}, f"pool-{name}", name)
+    deployments = deploy_from_prefect_yaml(
+        tmp_path, {"phspectra-survey", "phspectra-survey-catalog"}, f"pool-{name}", name
+    )
     worker = Worker(f"pool-{name}", tmp_path / "worker.log")
     try:
         manifest = {"survey": survey, "cubes": tile_cubes(store_root, tmp_path), "chunk_size": 4}
@@ -250,14 +278,22 @@ def test_the_catalog_is_built_and_queried_on_s3(tables, s3_base, tmp_path):
 
     survey, store = "grs-s3-catalog", ObjectStore.from_url(s3_base)
     for seed, tile in enumerate(("s-a", "s-b")):
-        store.put_file(f"cubes/{tile}.fits", write_fits(synthetic_cube(ny=1, nx=3, n_channels=48, seed=seed), tmp_path / f"{tile}.fits"))
+        store.put_file(
+            f"cubes/{tile}.fits",
+            write_fits(synthetic_cube(ny=1, nx=3, n_channels=48, seed=seed), tmp_path / f"{tile}.fits"),
+        )
         _tile_run(f"run-{tile}", survey, store.url_for(f"cubes/{tile}.fits"))
     built = catalog.build_catalog(survey)
     assert built["catalog_url"] == f"{s3_base}/{keys.survey_catalog_prefix(survey)}"
-    assert sorted(store.list(keys.survey_catalog_prefix(survey))) == [keys.survey_catalog_key(survey, t) for t in ("s-a", "s-b")]
+    assert sorted(store.list(keys.survey_catalog_prefix(survey))) == [
+        keys.survey_catalog_key(survey, t) for t in ("s-a", "s-b")
+    ]
     rows = catalog.query_catalog(survey)
     assert len(rows) == sum(built["written"].values()) > 0 and {r["tile"] for r in rows} == {"s-a", "s-b"}
     expected = sorted(run_components(store, "run-s-a") + run_components(store, "run-s-b"))
-    assert sorted((r["run_id"], r["x"], r["y"], r["component"], r["amplitude"], r["mean"], r["stddev"]) for r in rows) == expected
+    assert (
+        sorted((r["run_id"], r["x"], r["y"], r["component"], r["amplitude"], r["mean"], r["stddev"]) for r in rows)
+        == expected
+    )
     assert catalog.build_catalog(survey)["unchanged"] == ["s-a", "s-b"]  # the recorded source read back from S3
     assert [r["tile"] for r in catalog.query_catalog(survey, tile="s-b", limit=1)] == ["s-b"]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import importlib
 
 import jsonschema
 import pytest
@@ -17,13 +16,13 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 
 from tasks.core import limits
-from tests.docker_standin import docker_standin
+from tests.helpers.docker_standin import docker_standin
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
 DEPLOYMENTS = CONFIG["deployments"]
 SUBFLOWS = {"phspectra-fit-chunks"}  # run only inside their parent flow
-MAINTENANCE_FLOWS = set(limits.MAINTENANCE_FLOWS)
+MAINTENANCE_FLOWS = set(limits.maintenance_flows())
 
 
 def _flow(entrypoint: str):
@@ -84,16 +83,28 @@ def test_maintenance_flows_are_scheduled():
 def _deploy(pattern: str, extra_env: dict[str, str] | None = None) -> None:
     from prefect.settings import PREFECT_API_URL
 
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT), **(extra_env or {})}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PIPELINES_ROOT": str(REPO_ROOT),
+        **(extra_env or {}),
+    }
     result = subprocess.run(
         [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", pattern],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-ECS_IMAGE = {"PIPELINES_IMAGE_REPOSITORY": "123456789012.dkr.ecr.us-east-1.amazonaws.com/pipelines",
-             "PIPELINES_IMAGE_TAG": "test-1", "ECS_EXECUTION_ROLE_ARN": "arn:aws:iam::123456789012:role/execution"}
+ECS_IMAGE = {
+    "PIPELINES_IMAGE_REPOSITORY": "123456789012.dkr.ecr.us-east-1.amazonaws.com/pipelines",
+    "PIPELINES_IMAGE_TAG": "test-1",
+    "ECS_EXECUTION_ROLE_ARN": "arn:aws:iam::123456789012:role/execution",
+}
 
 
 def assert_ecs_image_built_and_pushed(docker) -> None:
@@ -103,37 +114,60 @@ def assert_ecs_image_built_and_pushed(docker) -> None:
     assert len(docker.builds) == 1 and docker.pushes == [image] and docker.tags == [image]
     for build in docker.builds:
         assert (build["query"]["dockerfile"], build["query"]["platform"]) == ("Dockerfile", "linux/amd64")
-        assert {"Dockerfile", "pyproject.toml", "constraints.txt", "prefect.yaml", "flows/etl.py"} <= set(build["files"])
+        assert {"Dockerfile", "pyproject.toml", "constraints.txt", "prefect.yaml", "flows/etl.py"} <= set(
+            build["files"]
+        )
         tops = {name.split("/")[0] for name in build["files"]}
-        assert tops <= {"Dockerfile", ".dockerignore", "pyproject.toml", "constraints.txt", "README.md", "prefect.yaml",
-                        "blocks", "deployments", "flows", "tasks"}, tops  # no venv, data, tests or git in the context
+        assert tops <= {
+            "Dockerfile",
+            ".dockerignore",
+            "pyproject.toml",
+            "constraints.txt",
+            "README.md",
+            "prefect.yaml",
+            "blocks",
+            "deployments",
+            "flows",
+            "tasks",
+        }, tops  # no venv, data, tests or git in the context
         assert not [name for name in build["files"] if "__pycache__" in name]
 
 
 @pytest.mark.sweep  # deploys every set through the CLI (~35 s)
 @pytest.mark.timeout(900)
 def test_prefect_deploy_of_each_set_against_the_test_server():
-    """`make up` deploys the local set only; the AWS set deploys too; a later `make up` retires it with its Late runs."""
+    """`make up` deploys the local set only; the AWS set deploys too; a later `make up` retires it, Late runs too."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     from deployments.local_stack import ECS_WORK_POOL, LOCAL_DEPLOYMENTS, create_work_pools, retire_unserved_deployments
 
     with get_client(sync_client=True) as client:
-        create_work_pools(client)  # as `make up`: the ECS pool with the ECS worker's template, so job variables are checked
+        create_work_pools(
+            client
+        )  # as `make up`: the ECS pool with the ECS worker's template, so job variables are checked
     _deploy(LOCAL_DEPLOYMENTS)
     expected = {(_flow(d["entrypoint"]).name, d["name"], d["work_pool"]["name"]) for d in DEPLOYMENTS}
     with get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}
         # prefect.yaml's sets only (other tests deploy copies of these flows under names of their own)
-        deployed = [d for d in client.read_deployments() if flows[d.flow_id] in {e[0] for e in expected}
-                    and d.name in ("local", "ecs")]
-    assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} == {e for e in expected if e[1] == "local"}, \
-        "make up deployed something its worker does not serve"
+        deployed = [
+            d
+            for d in client.read_deployments()
+            if flows[d.flow_id] in {e[0] for e in expected} and d.name in ("local", "ecs")
+        ]
+    assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} == {
+        e for e in expected if e[1] == "local"
+    }, "make up deployed something its worker does not serve"
     schedules = {flows[d.flow_id]: d.schedules for d in deployed}
     assert schedules["records-replay-dla"][0].active is False and schedules["phspectra-sweep-stuck"][0].active is True
-    limits = {flows[d.flow_id]: (d.global_concurrency_limit and d.global_concurrency_limit.limit,
-                                 d.concurrency_options and d.concurrency_options.collision_strategy.value) for d in deployed}
+    limits = {
+        flows[d.flow_id]: (
+            d.global_concurrency_limit and d.global_concurrency_limit.limit,
+            d.concurrency_options and d.concurrency_options.collision_strategy.value,
+        )
+        for d in deployed
+    }
     assert limits["ndjson-merge"] == (3, "ENQUEUE") and limits["pipeline-health"] == (1, "CANCEL_NEW")
 
     with docker_standin() as docker:  # what an AWS user runs (here: what an older `make up` left on a local server)
@@ -150,7 +184,10 @@ def test_prefect_deploy_of_each_set_against_the_test_server():
         response = client._client.post(f"/deployments/{sweep.id}/schedule", json={"max_runs": 3})
         assert response.status_code < 300, response.text
         only_sweep = DeploymentFilter(id=DeploymentFilterId(any_=[sweep.id]))
-        assert len([r for r in client.read_flow_runs(deployment_filter=only_sweep) if r.state_type.value == "SCHEDULED"]) >= 3
+        assert (
+            len([r for r in client.read_flow_runs(deployment_filter=only_sweep) if r.state_type.value == "SCHEDULED"])
+            >= 3
+        )
         ecs = [d for d in deployed if d.work_pool_name == ECS_WORK_POOL]
         retired, deleted_runs = retire_unserved_deployments(client)
         assert retired == len(ecs) and deleted_runs >= 3

@@ -9,29 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tasks.records import rules as records
-from tasks.records import messages as records_messages
 from tasks.core import state_store
+from tasks.records import messages as records_messages
+from tasks.records import rules as records
 from tasks.records.rules import COMPLETED, EXECUTION, FAILED, GRANULE, QUEUED, RUNNING, RecordKind, Verdict
+from tests.helpers.records import STATE_MACHINE, message
 
-STATE_MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:IngestGranule"
 NOW = 1_700_000_900_000
-
-
-def message(status: str, execution: str, created: int, granule: str = "G1", collection=("MOD09GQ", "006"), **extra) -> dict:
-    granule_status = extra.pop("granule_status", None)
-    granule_item = {"granuleId": granule, "files": [{"fileName": "a.hdf", "size": 100}, {"fileName": "a.xml", "size": 23}]}
-    if granule_status:
-        granule_item["status"] = granule_status
-    msg = {
-        "cumulus_meta": {"state_machine": STATE_MACHINE, "execution_name": execution, "workflow_start_time": created},
-        "meta": {"collection": {"name": collection[0], "version": collection[1]}, "status": status, "provider": {"id": "prov"}},
-        "payload": {"granules": [granule_item], "pdr": {"name": "p.PDR"}},
-    }
-    if status == "failed":
-        msg["error"] = {"Error": "ProcessingError", "Cause": "bad checksum"}
-    msg.update(extra)
-    return msg
 
 
 def granule(tables, granule_id="G1") -> dict | None:
@@ -88,7 +72,9 @@ def test_derived_fields_follow_the_seed_table():
     del msg["payload"]["granules"][0]["createdAt"]
     records_messages.validate(msg)
     (problem,) = records_messages.derive(msg, NOW)[2]
-    assert problem.problems == ["payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)"]
+    assert problem.problems == [
+        "payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)"
+    ]
 
 
 def test_terminal_write_then_stale_running_and_older_completed_are_dropped(tables):
@@ -99,11 +85,17 @@ def test_terminal_write_then_stale_running_and_older_completed_are_dropped(table
         "execution": {"written": 1, "stale": 0, "rejected": 0},
         "pdr": {"written": 1, "stale": 0, "rejected": 0},
     }
-    late = records_messages.ingest([message("running", "exec-b", 2000), message("completed", "exec-a", 1000)], now_ms=NOW + 5)
+    late = records_messages.ingest(
+        [message("running", "exec-b", 2000), message("completed", "exec-a", 1000)], now_ms=NOW + 5
+    )
     reasons = [r.reason for o in late.outcomes for r in o.results if r.kind == "granule"]
-    assert [r.verdict for o in late.outcomes for r in o.results if r.kind == "granule"] == [Verdict.STALE, Verdict.STALE]
+    assert [r.verdict for o in late.outcomes for r in o.results if r.kind == "granule"] == [
+        Verdict.STALE,
+        Verdict.STALE,
+    ]
     assert reasons == [
-        f"execution {STATE_MACHINE.replace('stateMachine', 'execution')}:exec-b is already completed (running write dropped)",
+        f"execution {STATE_MACHINE.replace('stateMachine', 'execution')}:exec-b is already completed "
+        "(running write dropped)",
         "older createdAt (1000 < 2000)",
     ]
     assert granule(tables) == expected_granule(done)
@@ -242,7 +234,13 @@ CHUNK_KEY = {"PK": "run-1", "SK": "CHUNK#chunk-0000000"}
 
 
 def chunk(status: str, created: str, **extra) -> dict:
-    return {**CHUNK_KEY, "status": status, "created_at": created, "chunk_key": "chunks/run-1/chunk-0000000.npz", **extra}
+    return {
+        **CHUNK_KEY,
+        "status": status,
+        "created_at": created,
+        "chunk_key": "chunks/run-1/chunk-0000000.npz",
+        **extra,
+    }
 
 
 def test_generic_writer_on_phspectra_chunk_records(tables):

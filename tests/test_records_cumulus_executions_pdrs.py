@@ -12,7 +12,18 @@ import pytest
 
 from tasks.records import messages as records_messages
 from tasks.records.rules import Verdict
-from tests.records_cumulus import COLLECTION_ID, NOW, START, arn, execution, ingest, message, new_id, pdr, ported
+from tests.helpers.records_cumulus import (
+    COLLECTION_ID,
+    NOW,
+    START,
+    arn,
+    execution,
+    ingest,
+    message,
+    new_id,
+    pdr,
+    ported,
+)  # fmt: skip
 
 WE = "packages/api/tests/lib/writeRecords/test-write-execution.js"
 ME = "packages/db/tests/models/test-execution-model.js"
@@ -61,7 +72,10 @@ def test_build_execution_record_with_duration():
 def test_build_execution_record_with_error():
     """WE: "buildExecutionRecord returns record with error"."""
     exception = {"Error": "fake error", "Cause": "an error occurred"}
-    assert records_messages.derive(workflow_message("failed", new_id("E"), exception=exception), NOW)[0]["error"] == exception
+    assert (
+        records_messages.derive(workflow_message("failed", new_id("E"), exception=exception), NOW)[0]["error"]
+        == exception
+    )
 
 
 def test_write_execution_saves_the_execution():
@@ -73,8 +87,10 @@ def test_write_execution_saves_the_execution():
 
 
 @ported(
-    "writeExecutionRecordFromMessage() properly sets originalPayload on initial write and finalPayload on subsequent write",
-    "writeExecutionRecordFromMessage() correctly sets both original_payload and final_payload in postgres when execution records are run in sequence",
+    "writeExecutionRecordFromMessage() properly sets originalPayload on initial write "
+    "and finalPayload on subsequent write",
+    "writeExecutionRecordFromMessage() correctly sets both original_payload and final_payload in postgres "
+    "when execution records are run in sequence",
 )  # fmt: skip
 def test_original_then_final_payload(title):
     """WE: the test named in ``title``."""
@@ -82,7 +98,11 @@ def test_original_then_final_payload(title):
     ingest(workflow_message("running", name) | {"payload": {"original": "payload"}})
     ingest(workflow_message("completed", name) | {"payload": {"final": "payload"}})
     record = execution(name)
-    assert (record["originalPayload"], record["finalPayload"], record["status"]) == ({"original": "payload"}, {"final": "payload"}, "completed")
+    assert (record["originalPayload"], record["finalPayload"], record["status"]) == (
+        {"original": "payload"},
+        {"final": "payload"},
+        "completed",
+    )
 
 
 def test_out_of_order_writes_keep_both_payloads():
@@ -92,7 +112,11 @@ def test_out_of_order_writes_keep_both_payloads():
     ingest(workflow_message("completed", name) | {"payload": {"key": "final"}})
     ingest(workflow_message("running", name) | {"payload": {"key": "original"}})
     record = execution(name)
-    assert (record["status"], record["finalPayload"], record["originalPayload"]) == ("completed", {"key": "final"}, {"key": "original"})
+    assert (record["status"], record["finalPayload"], record["originalPayload"]) == (
+        "completed",
+        {"key": "final"},
+        {"key": "original"},
+    )
 
 
 def test_running_does_not_replace_a_completed_execution():
@@ -106,7 +130,11 @@ def test_running_does_not_replace_a_completed_execution():
     ingest(rerun)
     record = execution(name)
     assert (record["status"], record["originalPayload"], record["finalPayload"], record["tasks"]) == (
-        "completed", {"updatedOriginal": "updatedPayload"}, {"final": "payload"}, TASKS)
+        "completed",
+        {"updatedOriginal": "updatedPayload"},
+        {"final": "payload"},
+        TASKS,
+    )
 
 
 def test_rewrite_with_nulls_removes_final_payload_and_tasks():
@@ -118,7 +146,9 @@ def test_rewrite_with_nulls_removes_final_payload_and_tasks():
     nulled["meta"]["workflow_tasks"] = None
     ingest(nulled)
     record = execution(name)
-    assert record["originalPayload"] == {"original": "payload"} and "finalPayload" not in record and "tasks" not in record
+    assert (
+        record["originalPayload"] == {"original": "payload"} and "finalPayload" not in record and "tasks" not in record
+    )
 
 
 def test_execution_upsert_creates_running_and_completed_executions():
@@ -162,7 +192,10 @@ def test_execution_duration_is_stop_minus_start_and_zero_without_stop():
     """The issue's execution duration (Cumulus's getWorkflowDuration, as "buildExecutionRecord returns record with
     duration" and the running record's duration 0 show), written."""
     done, running = new_id("E"), new_id("E")
-    ingest(workflow_message("completed", done, cumulus_meta={"workflow_stop_time": START + 7_500}), workflow_message("running", running))
+    ingest(
+        workflow_message("completed", done, cumulus_meta={"workflow_stop_time": START + 7_500}),
+        workflow_message("running", running),
+    )
     assert (execution(done)["duration"], execution(running)["duration"]) == (7.5, 0)
 
 
@@ -172,7 +205,8 @@ def test_execution_duration_is_stop_minus_start_and_zero_without_stop():
 def pdr_message(status: str, name: str, pdr_name: str, start: int = START, running=(), completed=(), failed=()) -> dict:
     """The PDR tests' cumulusMessage: the PDR and its executions by state in the payload."""
     return message(status, name, start, pdr=pdr_name,
-                   payload={"running": list(running), "completed": list(completed), "failed": list(failed)})  # fmt: skip
+                   payload={"running": list(running), "completed": list(completed),
+                            "failed": list(failed)})  # fmt: skip
 
 
 def test_generate_pdr_record():
@@ -199,7 +233,10 @@ def test_a_pdr_message_without_collection_is_archived():
     msg = pdr_message("running", new_id("E"), new_id("PDR"))
     del msg["meta"]["collection"]
     report = ingest(msg)
-    assert report.outcomes[0].error == {"type": "SchemaValidationError", "message": "meta: 'collection' is a required property"}
+    assert report.outcomes[0].error == {
+        "type": "SchemaValidationError",
+        "message": "meta: 'collection' is a required property",
+    }
 
 
 def test_a_pdr_message_without_provider_is_archived():
@@ -210,7 +247,10 @@ def test_a_pdr_message_without_provider_is_archived():
     msg["payload"]["granules"] = [{"granuleId": g}]
     del msg["meta"]["provider"]
     report = ingest(msg)
-    assert report.outcomes[0].error == {"type": "PdrWithoutProvider", "message": f"PDR {pdr_name}: no meta.provider (a PDR record needs one)"}
+    assert report.outcomes[0].error == {
+        "type": "PdrWithoutProvider",
+        "message": f"PDR {pdr_name}: no meta.provider (a PDR record needs one)",
+    }
     assert execution(name)["status"] == "running" and pdr(pdr_name) is None and report.outcomes[0].archived_key
 
 
@@ -220,7 +260,11 @@ def test_a_pdr_is_not_updated_from_the_same_execution_without_progress():
     ingest(pdr_message("completed", name, pdr_name, completed=["arn1"]))
     report = ingest(pdr_message("running", name, pdr_name, running=["arn2"]))
     assert report.outcomes[0].results[1].verdict is Verdict.STALE
-    assert (pdr(pdr_name)["status"], pdr(pdr_name)["stats"]["processing"], pdr(pdr_name)["stats"]["total"]) == ("completed", 0, 1)
+    assert (pdr(pdr_name)["status"], pdr(pdr_name)["stats"]["processing"], pdr(pdr_name)["stats"]["total"]) == (
+        "completed",
+        0,
+        1,
+    )
 
 
 def test_write_pdr_saves_the_pdr():
@@ -241,9 +285,11 @@ PDR_UPSERTS = [
      ("completed", "A", 4), ("running", "B", 1, 10_000), True),
     ("does not update a \"completed\" record to \"running\" if execution is different and created_at is older",
      ("completed", "A", 4), ("running", "B", 1, -10_000), False),
-    ("does not update a final (failed) record to a final state (completed) if execution is different but created_at is older",
+    ("does not update a final (failed) record to a final state (completed) "
+     "if execution is different but created_at is older",
      ("failed", "A", 4), ("completed", "B", 4, -10_000), False),
-    ("does update a final (failed) record to a final state (completed) if execution is different but created_at is newer",
+    ("does update a final (failed) record to a final state (completed) "
+     "if execution is different but created_at is newer",
      ("failed", "A", 4), ("completed", "B", 4, 100_000), True),
 ]  # fmt: skip
 
@@ -254,13 +300,21 @@ def test_pdr_upsert(title, first, second, applies):
     pdr_name, names = new_id("PDR"), {"A": new_id("E"), "B": new_id("E")}
 
     def write(status, who, done, offset=0):
-        ingest(pdr_message(status, names[who], pdr_name, START + offset, running=["r"] * (4 - done), completed=["c"] * done))
+        ingest(
+            pdr_message(
+                status, names[who], pdr_name, START + offset, running=["r"] * (4 - done), completed=["c"] * done
+            )
+        )
 
     write(*first)
     before = pdr(pdr_name)
     write(*second)
     after = pdr(pdr_name)
     if applies:
-        assert (after["status"], after["execution"], after["progress"]) == (second[0], arn(names[second[1]]), 25 * second[2])
+        assert (after["status"], after["execution"], after["progress"]) == (
+            second[0],
+            arn(names[second[1]]),
+            25 * second[2],
+        )
     else:
         assert after == before

@@ -10,8 +10,18 @@ from __future__ import annotations
 import pytest
 
 from tasks.records.rules import Verdict
-from tests.records_cumulus import (
-    COLLECTION_ID, NOW, START, arn, files, granule, ingest, message, new_id, ported, put_execution,
+from tests.helpers.records_cumulus import (
+    COLLECTION_ID,
+    NOW,
+    START,
+    arn,
+    files,
+    granule,
+    ingest,
+    message,
+    new_id,
+    ported,
+    put_execution,
 )  # fmt: skip
 
 W = "packages/api/tests/lib/writeRecords/test-write-granules.js"
@@ -52,15 +62,40 @@ def test_saves_granule_record():
     record = granule(g)
     assert {k: record[k] for k in given if k != "status"} == {k: v for k, v in given.items() if k != "status"}
     assert (record["status"], record["collectionId"], record["execution"], record["pdrName"], record["provider"]) == (
-        "completed", COLLECTION_ID, arn(ex), pdr_name, "prov")
+        "completed",
+        COLLECTION_ID,
+        arn(ex),
+        pdr_name,
+        "prov",
+    )
     assert (record["createdAt"], record["timestamp"], record["updatedAt"], record["error"]) == (START, NOW, NOW, {})
-    assert (record["productVolume"], record["duration"], record["timeToArchive"], record["timeToPreprocess"]) == ("15", 900, 0, 0)
+    assert (record["productVolume"], record["duration"], record["timeToArchive"], record["timeToPreprocess"]) == (
+        "15",
+        900,
+        0,
+        0,
+    )
 
 
 NULLABLE = [
-    "beginningDateTime", "cmrLink", "createdAt", "duration", "endingDateTime", "lastUpdateDateTime", "pdrName",
-    "processingEndDateTime", "processingStartDateTime", "productionDateTime", "productVolume", "provider", "published",
-    "queryFields", "timestamp", "timeToArchive", "timeToPreprocess", "updatedAt",
+    "beginningDateTime",
+    "cmrLink",
+    "createdAt",
+    "duration",
+    "endingDateTime",
+    "lastUpdateDateTime",
+    "pdrName",
+    "processingEndDateTime",
+    "processingStartDateTime",
+    "productionDateTime",
+    "productVolume",
+    "provider",
+    "published",
+    "queryFields",
+    "timestamp",
+    "timeToArchive",
+    "timeToPreprocess",
+    "updatedAt",
 ]
 
 
@@ -85,10 +120,27 @@ def test_rewrite_with_nulls_removes_what_the_message_nulls():
     nulled = {**first, **dict.fromkeys(NULLABLE)}
     ingest(message("completed", ex, START + 1000, nulled, pdr=pdr_name), now=NOW + 1000)
     record = granule(g)
-    for gone in ("cmrLink", "beginningDateTime", "endingDateTime", "lastUpdateDateTime", "productionDateTime", "queryFields"):
+    for gone in (
+        "cmrLink",
+        "beginningDateTime",
+        "endingDateTime",
+        "lastUpdateDateTime",
+        "productionDateTime",
+        "queryFields",
+    ):
         assert gone not in record, gone
-    assert (record["published"], record["createdAt"], record["pdrName"], record["provider"]) == (False, START + 1000, pdr_name, "prov")
-    assert (record["productVolume"], record["timeToArchive"], record["timeToPreprocess"], record["error"]) == ("15", 0, 0, {})
+    assert (record["published"], record["createdAt"], record["pdrName"], record["provider"]) == (
+        False,
+        START + 1000,
+        pdr_name,
+        "prov",
+    )
+    assert (record["productVolume"], record["timeToArchive"], record["timeToPreprocess"], record["error"]) == (
+        "15",
+        0,
+        0,
+        {},
+    )
     assert record["files"] == first["files"] and record["status"] == "completed"
 
 
@@ -141,8 +193,10 @@ def test_published_defaults_to_false(published):
 
 
 @ported(
-    "writeGranulesFromMessage() uses a default value for granule.createdAt from workflowStartTime if granule.createdAt is undefined",
-    "writeGranulesFromMessage() falls back to workflow_start_time if granule.createdAt is not provided in cumulus_message for a granule",
+    "writeGranulesFromMessage() uses a default value for granule.createdAt from workflowStartTime "
+    "if granule.createdAt is undefined",
+    "writeGranulesFromMessage() falls back to workflow_start_time "
+    "if granule.createdAt is not provided in cumulus_message for a granule",
 )  # fmt: skip
 def test_created_at_defaults_to_workflow_start_time(title):
     """W: the two tests named in ``title``."""
@@ -152,7 +206,8 @@ def test_created_at_defaults_to_workflow_start_time(title):
 
 
 @ported(
-    "writeGranulesFromMessage() allows overwrite of createdAt and uses granule.createdAt value for written granule if defined",
+    "writeGranulesFromMessage() allows overwrite of createdAt and uses granule.createdAt value for written granule "
+    "if defined",
     "writeGranulesFromMessage() honors granule.createdAt time if provided in cumulus_message",
 )  # fmt: skip
 def test_workflow_start_time_wins_over_granule_created_at(title):
@@ -186,7 +241,14 @@ def test_partial_granule_overwrites_only_provided_fields():
     g, ex = new_id("G"), new_id("E")
     ingest(message("completed", ex, START, full_granule(g)))
     before = granule(g)
-    ingest(message("completed", ex, START, {"granuleId": g, "cmrLink": "updatedGranuled.com", "status": "completed", "published": True}))
+    ingest(
+        message(
+            "completed",
+            ex,
+            START,
+            {"granuleId": g, "cmrLink": "updatedGranuled.com", "status": "completed", "published": True},
+        )
+    )
     after = granule(g)
     assert {k for k in after if after[k] != before.get(k)} == {"cmrLink"}
 
@@ -258,12 +320,18 @@ def test_schema_violation_marks_the_granule_failed_and_archives_the_message():
     g, ex = new_id("G"), new_id("E")
     ingest(message("queued", ex, START, completed_granule(g)))
     bad = completed_granule(g, files=[
-        {"path": "MYD13Q1.006", "size": 170459659, "name": "MYD13Q1.A2017281.hdf", "type": "data", "checksumType": "CKSUM", "checksum": 3129208208},
+        {"path": "MYD13Q1.006", "size": 170459659, "name": "MYD13Q1.A2017281.hdf", "type": "data",
+         "checksumType": "CKSUM", "checksum": 3129208208},
         {"path": "MYD13Q1.006", "size": 46399, "name": "MYD13Q1.A2017281.hdf.met", "type": "metadata"},
     ])  # fmt: skip
-    report = ingest(message("completed", ex, START, bad, exception={"Error": "Original Error", "Cause": {"Error": "Cause"}}))
+    report = ingest(
+        message("completed", ex, START, bad, exception={"Error": "Original Error", "Cause": {"Error": "Cause"}})
+    )
     error = report.outcomes[0].error
-    assert error == {"type": "SchemaValidationError", "message": "payload/granules/0/files/0/checksum: 3129208208 is not of type 'string'"}
+    assert error == {
+        "type": "SchemaValidationError",
+        "message": "payload/granules/0/files/0/checksum: 3129208208 is not of type 'string'",
+    }
     assert (granule(g)["status"], granule(g)["error"]) == ("failed", error) and report.outcomes[0].archived_key
 
 
@@ -272,9 +340,17 @@ def test_same_granule_id_in_another_collection_is_not_written():
     with a different collection ID already exists"."""
     g = new_id("G")
     ingest(message("completed", new_id("E"), START, completed_granule(g)))
-    other = message("completed", new_id("E"), START + 1, completed_granule(g), meta={"collection": {"name": "OTHER", "version": "1"}})
+    other = message(
+        "completed",
+        new_id("E"),
+        START + 1,
+        completed_granule(g),
+        meta={"collection": {"name": "OTHER", "version": "1"}},
+    )
     report = ingest(other)
-    assert report.outcomes[0].error["type"] == "GranuleCollectionConflict" and granule(g)["collectionId"] == COLLECTION_ID
+    assert (
+        report.outcomes[0].error["type"] == "GranuleCollectionConflict" and granule(g)["collectionId"] == COLLECTION_ID
+    )
 
 
 @pytest.mark.parametrize("status", ["running", "queued"])
@@ -323,7 +399,8 @@ def _complete_then(status: str, new_execution: bool, start: int) -> tuple[dict, 
 
 @pytest.mark.parametrize("status, new_execution, start", [
     ("running", False, START), ("queued", False, START), ("queued", True, START + 1000),
-    ("running", True, START - 86_400_000), ("queued", True, START - 86_400_000), ("completed", False, START - 86_400_000),
+    ("running", True, START - 86_400_000), ("queued", True, START - 86_400_000),
+    ("completed", False, START - 86_400_000),
 ], ids=[
     'update changing granule status to "running", with different files and the same execution, does not update',
     'update changing granule status to "queued", with different files and the same execution, does not update',
@@ -346,10 +423,16 @@ def test_running_update_by_a_new_execution_updates_only_limited_values():
     created_at are updated"."""
     before, after, _ = _complete_then("running", True, START + 1000)
     assert {k for k in after if after[k] != before.get(k)} == {"status", "createdAt", "timestamp", "updatedAt"}
-    assert (after["status"], after["createdAt"], after["files"], after["cmrLink"]) == ("running", START + 1000, before["files"], "example.com")
+    assert (after["status"], after["createdAt"], after["files"], after["cmrLink"]) == (
+        "running",
+        START + 1000,
+        before["files"],
+        "example.com",
+    )
 
 
-# --------------------------------------------------------------------------- GranulePgModel.upsert() with writeConstraints
+# --------------------------------------------------------------------------- GranulePgModel.upsert() with
+# writeConstraints
 
 T = START
 # (Cumulus test title, first write (status, execution), the second write's execution state beforehand (None: no
@@ -361,31 +444,42 @@ TRANSITIONS = [
      ("running", "A"), "running", ("running", "B", T + 1000), "running", T + 1000),
     ("will allow a completed status to replace a running status for same execution if writeConstraints is set to true",
      ("running", "A"), "running", ("completed", "A", T), "completed", T),
-    ("will not allow a running status to replace a completed status for same execution if writeConstraints is set to true",
+    ("will not allow a running status to replace a completed status for same execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "completed", ("running", "A", T), "completed", T),
-    ("will allow a running status to replace a non-running status for different execution if writeConstraints is set to true",
+    ("will allow a running status to replace a non-running status for different execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "running", ("running", "B", T), "running", T),
-    ("will allow a newer running status to replace an older non-running status for different execution if writeConstraints is set to true",
+    ("will allow a newer running status to replace an older non-running status for different execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "running", ("running", "B", T + 5), "running", T + 5),
-    ("will not allow an older running status to replace a newer non-running status for different execution if writeConstraints is set to true",
+    ("will not allow an older running status to replace a newer non-running status for different execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "running", ("running", "B", 1), "completed", T),
-    ("will not allow a queued status to replace a completed status for same execution if writeConstraints is set to true",
+    ("will not allow a queued status to replace a completed status for same execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), "completed", ("queued", "A", T), "completed", T),
     ("will not allow a queued status to replace a running status for same execution if writeConstraints is set to true",
      ("running", "A"), "running", ("queued", "A", T), "running", T),
-    ("will allow a queued status to replace a non-queued status for a different execution if writeConstraints is set to true",
+    ("will allow a queued status to replace a non-queued status for a different execution "
+     "if writeConstraints is set to true",
      ("completed", "A"), None, ("queued", "B", T), "queued", T),
-    ("will allow a completed status to replace a queued status for the same execution if writeConstraints is set to true",
+    ("will allow a completed status to replace a queued status for the same execution "
+     "if writeConstraints is set to true",
      ("queued", "A"), None, ("completed", "A", T), "completed", T),
-    ("will allow a running granule status to replace a queued status for the same execution if writeConstraints is set to true",
+    ("will allow a running granule status to replace a queued status for the same execution "
+     "if writeConstraints is set to true",
      ("queued", "A"), None, ("running", "A", T), "running", T),
-    ("will not allow a final granule status from an older completed execution to overwrite the completed granule status from a newer execution if writeConstraints is set to true",
+    ("will not allow a final granule status from an older completed execution to overwrite the completed granule "
+     "status from a newer execution if writeConstraints is set to true",
      ("completed", "A"), "completed", ("failed", "B", T - 100000), "completed", T),
-    ("will not allow a running granule linked to a completed execution to overwrite and writeConstraints is set to true",
+    ("will not allow a running granule linked to a completed execution to overwrite "
+     "and writeConstraints is set to true",
      ("completed", "A"), "failed", ("running", "B", T + 1), "completed", T),
     ("will not allow a running granule linked to a completed execution with default writeConstraints set",
      ("completed", "A"), "failed", ("running", "B", T + 1), "completed", T),
-    ("will not allow a running state granule referencing completed state execution to overwrite an existing completed state granule referencing a different completed state execution when writeConstraints is set to true",
+    ("will not allow a running state granule referencing completed state execution to overwrite an existing "
+     "completed state granule referencing a different completed state execution when writeConstraints is set to true",
      ("completed", "A"), "completed", ("running", "B", T), "completed", T),
 ]  # fmt: skip
 
@@ -436,5 +530,6 @@ def test_granule_upsert_without_created_at_changes_nothing(status):
     report = ingest(message(status, new_id("E"), None, {"granuleId": g}))
     assert report.outcomes[0].error == {
         "type": "SchemaValidationError",
-        "message": "payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)"}
+        "message": "payload/granules/0: no createdAt (neither cumulus_meta.workflow_start_time nor granule.createdAt)",
+    }
     assert granule(g) == before

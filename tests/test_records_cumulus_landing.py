@@ -8,14 +8,14 @@ import base64
 import json
 
 from tasks.core import state_store
-from tasks.core.keys import dead_letter_prefix
 from tasks.core.object_store import LocalStore
 from tasks.core.runtime import today_iso
 from tasks.records import dead_letter
 from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
-from test_landing_media import arrive
-from tests.records_cumulus import START, message
+from tasks.records.keys import dead_letter_prefix
+from tests.helpers.landing import arrive
+from tests.helpers.records_cumulus import START, message
 
 
 def body(granule_id: str, execution: str = "exec-1") -> bytes:
@@ -39,7 +39,10 @@ def test_an_incoming_file_with_invalid_utf8_is_archived_as_through_messages_url(
     key = f"{dead_letter_prefix(today_iso())}{records_messages.message_id(bad)}.json"
     entry = dead_letter.read(key)
     offset = bad.index(b"\xff")
-    assert entry["error"] == {"type": "InvalidUtf8", "message": f"message body is not valid UTF-8: byte offset {offset} (0xff: invalid start byte)"}
+    assert entry["error"] == {
+        "type": "InvalidUtf8",
+        "message": f"message body is not valid UTF-8: byte offset {offset} (0xff: invalid start byte)",
+    }
     assert base64.b64decode(entry["body_base64"]) == bad
     # the same bytes by messages_url: the same archive entry (the same id, error and bytes)
     summary = records_messages.ingest_messages(messages_url=(store_root / "copy.json").as_uri())

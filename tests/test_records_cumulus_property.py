@@ -21,12 +21,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.records_cumulus import NOW, arn, execution, granule, ingest, message, pdr
+from tests.helpers.records_cumulus import NOW, arn, execution, granule, ingest, message, pdr
 
 pytestmark = pytest.mark.usefixtures("module_tables")
 
 STARTS = {"A": 1000, "B": 2000, "C": 2000}  # C: another execution with B's createdAt
-FILES = {"one": [{"fileName": "a.hdf", "size": 7}], "two": [{"fileName": "b.hdf", "size": 5}, {"fileName": "c.xml", "size": 6}]}
+FILES = {
+    "one": [{"fileName": "a.hdf", "size": 7}],
+    "two": [{"fileName": "b.hdf", "size": 5}, {"fileName": "c.xml", "size": 6}],
+}
 
 
 @dataclass(frozen=True)
@@ -76,15 +79,17 @@ class Reference:
         if status != "queued":
             self._execution(ex_arn, status, start, msg["payload"])
             self._pdr(ex_arn, status, start, msg["payload"])
-        for given in msg["payload"]["granules"]:
-            self._granule(ex_arn, status, start, given)
+        for given_granule in msg["payload"]["granules"]:
+            self._granule(ex_arn, status, start, given_granule)
 
     def _execution(self, ex_arn: str, status: str, start: int, payload: dict) -> None:
         """ExecutionPgModel.upsert: insert; else running updates created_at and the original payload only."""
         current = self.executions.get(ex_arn)
         if current is None:
-            self.executions[ex_arn] = {"status": status, "createdAt": start,
-                                       ("originalPayload" if status == "running" else "finalPayload"): payload}  # fmt: skip
+            self.executions[ex_arn] = {
+                "status": status, "createdAt": start,
+                ("originalPayload" if status == "running" else "finalPayload"): payload,
+            }  # fmt: skip
         elif status == "running":
             current.update(createdAt=start, originalPayload=payload)
         else:
@@ -94,7 +99,12 @@ class Reference:
         """PdrPgModel.upsert: merge when created_at is not older and, for running, the execution differs or the
         progress grows."""
         total = len(payload["running"]) + len(payload["completed"])
-        record = {"status": status, "execution": ex_arn, "createdAt": start, "progress": 100 * len(payload["completed"]) / total}
+        record = {
+            "status": status,
+            "execution": ex_arn,
+            "createdAt": start,
+            "progress": 100 * len(payload["completed"]) / total,
+        }
         current = self.pdr
         if current is None:
             self.pdr = record
@@ -185,5 +195,9 @@ def test_the_reference_model_follows_cumulus_tests():
     model.apply(to_message(Event("B", "running", "two", "omitted", 0), names, "g", "p"))
     assert model.granule["status"] == "completed" and model.pdr["status"] == "completed"
     model.apply(to_message(Event("C", "running", "two", "omitted", 0), names, "g", "p"))
-    assert (model.granule["status"], model.granule["files"], model.granule["execution"]) == ("running", FILES["one"], arn("B"))
+    assert (model.granule["status"], model.granule["files"], model.granule["execution"]) == (
+        "running",
+        FILES["one"],
+        arn("B"),
+    )
     assert (model.pdr["status"], model.pdr["execution"]) == ("running", arn("C"))

@@ -7,12 +7,12 @@ import json
 import pytest
 
 from flows.records import records_ingest, records_replay_dla
+from tasks.core import state_store
 from tasks.core.runtime import today_iso
 from tasks.records import dead_letter
 from tasks.records import messages as records_messages
-from tasks.core import state_store
-from tasks.core.keys import dead_letter_prefix
-from test_records import message
+from tasks.records.keys import dead_letter_prefix
+from tests.helpers.records import message
 
 NOW_MS = 1_700_000_900_000
 
@@ -31,8 +31,12 @@ def test_rejected_messages_are_archived_and_replay_writes_fixed_ones_and_moves_t
     unparsable = fixed_body[:-5]  # truncated JSON, as a broken queue body would be
     conflict = message("completed", "exec-4", 4000, granule="G1", collection=("OTHER", "002"))
 
-    bodies = {"good": json.dumps(good), "invalid": json.dumps(invalid), "unparsable": unparsable,
-              "conflict": json.dumps(conflict)}  # text bodies, as SQS delivers them
+    bodies = {
+        "good": json.dumps(good),
+        "invalid": json.dumps(invalid),
+        "unparsable": unparsable,
+        "conflict": json.dumps(conflict),
+    }  # text bodies, as SQS delivers them
     summary = records_ingest(list(bodies.values()))
     assert (summary["messages"], summary["ok"], summary["archived"]) == (4, 1, 3)
     day = today_iso()
@@ -55,16 +59,29 @@ def test_rejected_messages_are_archived_and_replay_writes_fixed_ones_and_moves_t
     # the invalid message's granule could be identified: it is failed, with the error
     g2 = state_store.to_plain(state_store.get_item(tables["granules"], {"granuleId": "G2"}))
     assert (g2["status"], g2["collectionId"], g2["createdAt"], g2["error"]) == (
-        "failed", "MOD09GQ___006", 2000, entries["invalid"]["error"])
+        "failed",
+        "MOD09GQ___006",
+        2000,
+        entries["invalid"]["error"],
+    )
     assert state_store.get_item(tables["granules"], {"granuleId": "G3"}) is None
 
     # an operator fixes two of them in the archive; the collection conflict stays
-    repaired = dict(entries["invalid"], message={**invalid, "cumulus_meta": {**invalid["cumulus_meta"],
-                    "state_machine": "arn:aws:states:us-east-1:1:stateMachine:Fixed"}})
+    repaired = dict(
+        entries["invalid"],
+        message={
+            **invalid,
+            "cumulus_meta": {
+                **invalid["cumulus_meta"],
+                "state_machine": "arn:aws:states:us-east-1:1:stateMachine:Fixed",
+            },
+        },
+    )
     repaired["message"]["payload"] = {"granules": [{"granuleId": "G2", "files": [{"fileName": "x", "size": 4}]}]}
     (store_root / f"{dead_letter_prefix(day)}{ids['invalid']}.json").write_text(json.dumps(repaired))
     (store_root / f"{dead_letter_prefix(day)}{ids['unparsable']}.json").write_text(
-        json.dumps(dict(entries["unparsable"], body=fixed_body)))
+        json.dumps(dict(entries["unparsable"], body=fixed_body))
+    )
 
     result = records_replay_dla(day)
     assert sorted(result["written"]) == sorted([ids["invalid"], ids["unparsable"]])
@@ -107,9 +124,16 @@ def test_sample_messages_through_the_cli(tables, store_root, tmp_path, capsys):
     assert cli.main(["records", "ingest", "--file", str(tmp_path / "records" / "messages.json")]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert (summary["messages"], summary["ok"], summary["archived"]) == (6, 4, 2)
-    assert summary["records"]["granule"] == {"written": 5, "stale": 3, "rejected": 0}  # 5 = 2 running + 2 completed + 1 marked failed
+    assert summary["records"]["granule"] == {
+        "written": 5,
+        "stale": 3,
+        "rejected": 0,
+    }  # 5 = 2 running + 2 completed + 1 marked failed
     text = sample.report()
-    assert "MOD09GQ.A2017025.h21v00.006: completed collection=MOD09GQ___006 createdAt=1700000000000 productVolume=1050" in text
+    assert (
+        "MOD09GQ.A2017025.h21v00.006: completed collection=MOD09GQ___006 createdAt=1700000000000 productVolume=1050"
+        in text
+    )
     assert "  execution demo-exec-1: completed" in text
     assert "MOD09GQ.A2017025.h21v02.006: failed" in text  # invalid message, identifiable granule
     assert cli.main(["records", "dla-list"]) == 0

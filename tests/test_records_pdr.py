@@ -24,7 +24,9 @@ PDR_NAME = "MOD09GQ_20170125.PDR"
 
 
 def message(status: str, execution: str, created: int, granules: list[dict] | None = None, **payload) -> dict:
-    granules = granules if granules is not None else [{"granuleId": "G1", "files": [{"fileName": "G1.hdf", "size": 10}]}]
+    granules = (
+        granules if granules is not None else [{"granuleId": "G1", "files": [{"fileName": "G1.hdf", "size": 10}]}]
+    )
     return {
         "cumulus_meta": {"state_machine": STATE_MACHINE, "execution_name": execution, "workflow_start_time": created},
         "meta": {"collection": {"name": "MOD09GQ", "version": "006"}, "status": status, "provider": {"id": "prov"}},
@@ -50,9 +52,16 @@ def test_writes_go_execution_then_pdr_then_granules_and_the_pdr_has_the_seeds_fi
     with faults.inject(None, log=str(log)):  # count only: one line per DynamoDB request, in the order sent
         report = records_messages.ingest([msg], now_ms=NOW)
     assert report.errors() == {}
-    assert [line.split("\t")[3] for line in log.read_text().splitlines()] == [tables["executions"], tables["pdrs"], tables["granules"]]
+    assert [line.split("\t")[3] for line in log.read_text().splitlines()] == [
+        tables["executions"],
+        tables["pdrs"],
+        tables["granules"],
+    ]
     assert [(r.kind, r.verdict) for r in report.outcomes[0].results] == [
-        ("execution", Verdict.WRITTEN), ("pdr", Verdict.WRITTEN), ("granule", Verdict.WRITTEN)]
+        ("execution", Verdict.WRITTEN),
+        ("pdr", Verdict.WRITTEN),
+        ("granule", Verdict.WRITTEN),
+    ]
     assert pdr_record(tables) == {
         "pdrName": PDR_NAME,
         "collectionId": "MOD09GQ___006",
@@ -78,7 +87,10 @@ def test_a_stale_pdr_write_is_dropped_as_cumulus_pdr_upsert_drops_it(tables):
     before = pdr_record(tables)
     assert (before["status"], before["progress"], before["PANmessage"]) == ("completed", 100, "N/A")
     late = records_messages.ingest(
-        [message("running", "exec-b", 2000, running=[arn("g1")]), message("failed", "exec-a", 1000, failed=[arn("g1")])],
+        [
+            message("running", "exec-b", 2000, running=[arn("g1")]),
+            message("failed", "exec-a", 1000, failed=[arn("g1")]),
+        ],
         now_ms=NOW + 5,
     )
     pdr_results = [r for o in late.outcomes for r in o.results if r.kind == "pdr"]
@@ -91,7 +103,15 @@ def test_a_stale_pdr_write_is_dropped_as_cumulus_pdr_upsert_drops_it(tables):
     records_messages.ingest([message("running", "exec-c", 3000, running=[arn("g9")] * 3)], now_ms=NOW + 9)
     after = pdr_record(tables)
     assert {k for k in after if after[k] != before.get(k)} == {
-        "status", "createdAt", "timestamp", "updatedAt", "duration", "execution", "stats", "progress"}
+        "status",
+        "createdAt",
+        "timestamp",
+        "updatedAt",
+        "duration",
+        "execution",
+        "stats",
+        "progress",
+    }
     # ... and once completed, the same execution's running write without more progress is dropped
     records_messages.ingest([message("completed", "exec-c", 3000, granules=[])], now_ms=NOW + 10)
     again = records_messages.ingest([message("running", "exec-c", 3000, granules=[])], now_ms=NOW + 11)
@@ -106,7 +126,10 @@ def test_queued_messages_write_no_pdr_and_a_pdr_without_name_is_archived(tables,
     nameless = message("running", "exec-n", 1000)
     nameless["payload"]["pdr"] = {"PANSent": False}
     report = records_messages.ingest([nameless], now_ms=NOW)
-    assert report.outcomes[0].error == {"type": "SchemaValidationError", "message": "payload/pdr: 'name' is a required property"}
+    assert report.outcomes[0].error == {
+        "type": "SchemaValidationError",
+        "message": "payload/pdr: 'name' is a required property",
+    }
     assert report.outcomes[0].archived_key
 
 
@@ -121,13 +144,18 @@ UMMG = {
         {"Date": "2099-01-01T00:00:00.000Z", "Type": "Delete"},  # not an update: ignored
     ],
     "CollectionReference": {"ShortName": "MOD09GQ", "Version": "006"},
-    "TemporalExtent": {"RangeDateTime": {"BeginningDateTime": "2017-01-25T00:00:00.000Z", "EndingDateTime": "2017-01-25T23:59:59.999Z"}},
+    "TemporalExtent": {
+        "RangeDateTime": {"BeginningDateTime": "2017-01-25T00:00:00.000Z", "EndingDateTime": "2017-01-25T23:59:59.999Z"}
+    },
     "DataGranule": {"DayNightFlag": "Day", "ProductionDateTime": "2017-02-03T06:51:04.000Z"},
 }
 UMMG_SINGLE = {
     "GranuleUR": "MOD09GQ.A2017026.h21v00.006",
     # Create is the most recent here: the seed's rule takes the most recent of Update/Insert/Create
-    "ProviderDates": [{"Date": "2019-05-01T00:00:00Z", "Type": "Insert"}, {"Date": "2020-01-01T00:00:00Z", "Type": "Create"}],
+    "ProviderDates": [
+        {"Date": "2019-05-01T00:00:00Z", "Type": "Insert"},
+        {"Date": "2020-01-01T00:00:00Z", "Type": "Create"},
+    ],
     "TemporalExtent": {"SingleDateTime": "2017-01-26T10:30:00Z"},
 }
 ECHO10 = """<?xml version="1.0" encoding="UTF-8"?>
@@ -161,7 +189,9 @@ ISO = """<gmd:DS_Series xmlns:gmd="http://www.isotc211.org/2005/gmd" xmlns:gmi="
 </gmd:DS_Series>"""
 ISO_PERIOD = """<gml:TimePeriod gml:id="t1"><gml:beginPosition>2017-01-25T00:00:00.000Z</gml:beginPosition>
   <gml:endPosition>2017-01-25T23:59:59.999Z</gml:endPosition></gml:TimePeriod>"""
-ISO_INSTANT = """<gml:TimeInstant gml:id="t1"><gml:timePosition>2017-01-26T10:30:00Z</gml:timePosition></gml:TimeInstant>"""
+ISO_INSTANT = (
+    """<gml:TimeInstant gml:id="t1"><gml:timePosition>2017-01-26T10:30:00Z</gml:timePosition></gml:TimeInstant>"""
+)
 BILLION_LAUGHS = """<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;&lol;&lol;">]>
 <Granule><InsertTime>&lol2;</InsertTime></Granule>"""
 
@@ -171,33 +201,84 @@ def cmr_files(store_root: Path, name: str, content: str | bytes) -> list[dict]:
     path = store_root / "cmr" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    return [{"fileName": "G.hdf", "size": 10}, {"fileName": name, "filename": path.as_uri(), "size": path.stat().st_size}]
+    return [
+        {"fileName": "G.hdf", "size": 10},
+        {"fileName": name, "filename": path.as_uri(), "size": path.stat().st_size},
+    ]
 
 
 @pytest.mark.parametrize(
     "name, content, expected",
     [
-        ("range.cmr.json", json.dumps(UMMG), {
-            "beginningDateTime": "2017-01-25T00:00:00.000Z", "endingDateTime": "2017-01-25T23:59:59.999Z",
-            "productionDateTime": "2017-02-03T06:51:04.000Z", "lastUpdateDateTime": "2017-02-04T12:00:00.000Z"}),
-        ("single.cmr.json", json.dumps(UMMG_SINGLE), {  # no DataGranule: no productionDateTime
-            "beginningDateTime": "2017-01-26T10:30:00Z", "endingDateTime": "2017-01-26T10:30:00Z",
-            "lastUpdateDateTime": "2020-01-01T00:00:00Z"}),
-        ("open.cmr.json", json.dumps({"GranuleUR": "G", "TemporalExtent": {"RangeDateTime": {"BeginningDateTime": "2017-01-25T00:00:00Z"}},
-                                      "DataGranule": {"ProductionDateTime": "not a date"}}),
-         {"beginningDateTime": "2017-01-25T00:00:00Z"}),  # an open range keeps its beginning; a non-date is left out
-        ("range.cmr.xml", ECHO10, {
-            "beginningDateTime": "2017-01-25T00:00:00.000Z", "endingDateTime": "2017-01-25T23:59:59.999Z",
-            "productionDateTime": "2017-02-03T06:51:04.000Z", "lastUpdateDateTime": "2017-02-05T10:00:00Z"}),
-        ("single.cmr.xml", ECHO10_SINGLE, {  # no LastUpdate: InsertTime
-            "beginningDateTime": "2017-01-26T10:30:00Z", "endingDateTime": "2017-01-26T10:30:00Z",
-            "lastUpdateDateTime": "2017-02-03T06:51:04Z"}),
-        ("range.cmr_iso.xml", ISO.replace("TEMPORAL", ISO_PERIOD), {
-            "beginningDateTime": "2017-01-25T00:00:00.000Z", "endingDateTime": "2017-01-25T23:59:59.999Z",
-            "productionDateTime": "2017-02-03T06:51:04.000Z", "lastUpdateDateTime": "2017-02-04T12:00:00.000Z"}),
-        ("single.cmr_iso.xml", ISO.replace("TEMPORAL", ISO_INSTANT), {
-            "beginningDateTime": "2017-01-26T10:30:00Z", "endingDateTime": "2017-01-26T10:30:00Z",
-            "productionDateTime": "2017-02-03T06:51:04.000Z", "lastUpdateDateTime": "2017-02-04T12:00:00.000Z"}),
+        (
+            "range.cmr.json",
+            json.dumps(UMMG),
+            {
+                "beginningDateTime": "2017-01-25T00:00:00.000Z",
+                "endingDateTime": "2017-01-25T23:59:59.999Z",
+                "productionDateTime": "2017-02-03T06:51:04.000Z",
+                "lastUpdateDateTime": "2017-02-04T12:00:00.000Z",
+            },
+        ),
+        (
+            "single.cmr.json",
+            json.dumps(UMMG_SINGLE),
+            {  # no DataGranule: no productionDateTime
+                "beginningDateTime": "2017-01-26T10:30:00Z",
+                "endingDateTime": "2017-01-26T10:30:00Z",
+                "lastUpdateDateTime": "2020-01-01T00:00:00Z",
+            },
+        ),
+        (
+            "open.cmr.json",
+            json.dumps(
+                {
+                    "GranuleUR": "G",
+                    "TemporalExtent": {"RangeDateTime": {"BeginningDateTime": "2017-01-25T00:00:00Z"}},
+                    "DataGranule": {"ProductionDateTime": "not a date"},
+                }
+            ),
+            {"beginningDateTime": "2017-01-25T00:00:00Z"},
+        ),  # an open range keeps its beginning; a non-date is left out
+        (
+            "range.cmr.xml",
+            ECHO10,
+            {
+                "beginningDateTime": "2017-01-25T00:00:00.000Z",
+                "endingDateTime": "2017-01-25T23:59:59.999Z",
+                "productionDateTime": "2017-02-03T06:51:04.000Z",
+                "lastUpdateDateTime": "2017-02-05T10:00:00Z",
+            },
+        ),
+        (
+            "single.cmr.xml",
+            ECHO10_SINGLE,
+            {  # no LastUpdate: InsertTime
+                "beginningDateTime": "2017-01-26T10:30:00Z",
+                "endingDateTime": "2017-01-26T10:30:00Z",
+                "lastUpdateDateTime": "2017-02-03T06:51:04Z",
+            },
+        ),
+        (
+            "range.cmr_iso.xml",
+            ISO.replace("TEMPORAL", ISO_PERIOD),
+            {
+                "beginningDateTime": "2017-01-25T00:00:00.000Z",
+                "endingDateTime": "2017-01-25T23:59:59.999Z",
+                "productionDateTime": "2017-02-03T06:51:04.000Z",
+                "lastUpdateDateTime": "2017-02-04T12:00:00.000Z",
+            },
+        ),
+        (
+            "single.cmr_iso.xml",
+            ISO.replace("TEMPORAL", ISO_INSTANT),
+            {
+                "beginningDateTime": "2017-01-26T10:30:00Z",
+                "endingDateTime": "2017-01-26T10:30:00Z",
+                "productionDateTime": "2017-02-03T06:51:04.000Z",
+                "lastUpdateDateTime": "2017-02-04T12:00:00.000Z",
+            },
+        ),
     ],
 )
 def test_cmr_temporal_values_follow_the_seeds_selection(store_root, name, content, expected):
@@ -248,8 +329,11 @@ def test_ingest_writes_the_temporal_values_and_a_bad_cmr_file_never_fails_the_gr
     g1 = state_store.get_item(tables["granules"], {"granuleId": "G1"})
     g2 = state_store.get_item(tables["granules"], {"granuleId": "G2"})
     assert {a: g1[a] for a in cmr.TEMPORAL_ATTRS} == {
-        "beginningDateTime": "2017-01-25T00:00:00.000Z", "endingDateTime": "2017-01-25T23:59:59.999Z",
-        "productionDateTime": "2017-02-03T06:51:04.000Z", "lastUpdateDateTime": "2017-02-04T12:00:00.000Z"}
+        "beginningDateTime": "2017-01-25T00:00:00.000Z",
+        "endingDateTime": "2017-01-25T23:59:59.999Z",
+        "productionDateTime": "2017-02-03T06:51:04.000Z",
+        "lastUpdateDateTime": "2017-02-04T12:00:00.000Z",
+    }
     assert g2["status"] == "completed" and not set(cmr.TEMPORAL_ATTRS) & set(g2)
 
 
@@ -278,19 +362,26 @@ def test_processing_times_come_from_the_executions_prefect_flow_run(tables):
     assert (g1["processingStartDateTime"], g1["processingEndDateTime"]) == (started, ended)
     assert (execution["processingStartDateTime"], execution["processingEndDateTime"]) == (started, ended)
     g2 = state_store.get_item(tables["granules"], {"granuleId": "G2"})  # falls back to the message's times
-    assert (g2["processingStartDateTime"], g2["processingEndDateTime"]) == ("1970-01-01T00:00:01.000+00:00", "1970-01-01T00:00:02.000+00:00")
+    assert (g2["processingStartDateTime"], g2["processingEndDateTime"]) == (
+        "1970-01-01T00:00:01.000+00:00",
+        "1970-01-01T00:00:02.000+00:00",
+    )
 
 
 def test_a_cmr_file_on_s3_is_read_by_bucket_and_key(s3_base, s3_endpoint, tables):
     """The file model Cumulus writes (``bucket``, ``key``), read from a real S3 API (moto's server)."""
-    from tests.s3 import s3_client
+    from tests.helpers.s3 import s3_client
 
     bucket = s3_base.split("/")[2]
     s3_client(s3_endpoint).put_object(Bucket=bucket, Key="granules/G1.cmr.xml", Body=ECHO10.encode())
-    files = [{"bucket": bucket, "key": "granules/G1.cmr.xml", "fileName": "G1.cmr.xml", "size": len(ECHO10)},
-             {"bucket": bucket, "key": "granules/G2.cmr.json", "fileName": "G2.cmr.json"}]  # the second is absent
+    files = [
+        {"bucket": bucket, "key": "granules/G1.cmr.xml", "fileName": "G1.cmr.xml", "size": len(ECHO10)},
+        {"bucket": bucket, "key": "granules/G2.cmr.json", "fileName": "G2.cmr.json"},
+    ]  # the second is absent
     granules = [{"granuleId": "G1", "files": files[:1]}, {"granuleId": "G2", "files": files[1:]}]
-    assert records_messages.ingest([message("completed", "exec-s3", 1000, granules=granules)], now_ms=NOW).errors() == {}
+    assert (
+        records_messages.ingest([message("completed", "exec-s3", 1000, granules=granules)], now_ms=NOW).errors() == {}
+    )
     g1 = state_store.get_item(tables["granules"], {"granuleId": "G1"})
     assert (g1["beginningDateTime"], g1["lastUpdateDateTime"]) == ("2017-01-25T00:00:00.000Z", "2017-02-05T10:00:00Z")
     g2 = state_store.get_item(tables["granules"], {"granuleId": "G2"})

@@ -18,7 +18,7 @@ from prefect import flow, task
 from prefect.runtime import flow_run, task_run
 
 from tasks.core import state_store
-from tasks.core.keys import RUN_SK, chunk_sk
+from tasks.phspectra.keys import RUN_SK, chunk_sk
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,10 @@ def _start_chunk(run_id: str, start: int) -> None:
     from tasks.core import config
 
     result = state_store.transition(
-        config.table_name("phspectra_runs"), {"PK": run_id, "SK": chunk_sk(start)}, "PENDING", "IN_PROGRESS",
+        config.table_name("phspectra_runs"),
+        {"PK": run_id, "SK": chunk_sk(start)},
+        "PENDING",
+        "IN_PROGRESS",
         set={"started_at": "2026-01-01T00:00:01Z", **_ids()},
     )
     assert result.applied, result
@@ -57,42 +60,25 @@ if __name__ == "__main__":  # the worker subprocess
 
 # --------------------------------------------------------------------------- tests
 
-import pytest  # noqa: E402
+import pytest  # noqa: E402 - run as a script, the worker above needs none of the tests' imports
 
 from flows.records import records_prefect_state, records_reconcile  # noqa: E402
-from tasks.records import reconcile
+from tasks import reconcile  # noqa: E402
+from tests.helpers.prefect_runs import crash_event, task_run_state, wait_for  # noqa: E402
 
 
 def _seed_run(table: str, run_id: str, chunks: dict[int, str], completed: int = 0, failed: int = 0) -> None:
     state_store.create_if_absent(
-        table, {"PK": run_id, "SK": RUN_SK, "jobs_total": len(chunks), "jobs_completed": completed, "jobs_failed": failed},
+        table,
+        {"PK": run_id, "SK": RUN_SK, "jobs_total": len(chunks), "jobs_completed": completed, "jobs_failed": failed},
         ["PK", "SK"],
     )
     for start, status in chunks.items():
         state_store.create_if_absent(
-            table, {"PK": run_id, "SK": chunk_sk(start), "status": status, "created_at": "2026-01-01T00:00:00Z"}, ["PK", "SK"]
+            table,
+            {"PK": run_id, "SK": chunk_sk(start), "status": status, "created_at": "2026-01-01T00:00:00Z"},
+            ["PK", "SK"],
         )
-
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _task_state(task_run_id: str) -> str | None:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        try:
-            run = client.read_task_run(task_run_id)
-        except Exception:  # not recorded yet (task run states arrive as events)
-            return None
-    return run.state.type.value if run.state else None
 
 
 def _item(table, run_id, sk):
@@ -110,15 +96,21 @@ def test_killed_worker_is_reconciled_to_zero_disagreements(tables, tmp_path):
     # chunk 0 goes to the worker; chunk 1 finished earlier but its counter was never added (drift)
     _seed_run(table, run_id, {0: "PENDING", 1: "COMPLETED"})
     ready = tmp_path / "ready"
-    env = dict(os.environ, PREFECT_API_URL=get_current_settings().api.url, PIPELINES_USE_BLOCKS="0",
-               PYTHONPATH=str(REPO_ROOT))
-    process = subprocess.Popen([sys.executable, __file__, run_id, "0", str(ready)], env=env, cwd=REPO_ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = dict(
+        os.environ, PREFECT_API_URL=get_current_settings().api.url, PIPELINES_USE_BLOCKS="0", PYTHONPATH=str(REPO_ROOT)
+    )
+    process = subprocess.Popen(
+        [sys.executable, __file__, run_id, "0", str(ready)],
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        _wait(ready.exists, 120, "the worker to move its chunk IN_PROGRESS")
+        wait_for(ready.exists, 120, "the worker to move its chunk IN_PROGRESS")
         chunk = _item(table, run_id, chunk_sk(0))
         assert chunk["status"] == "IN_PROGRESS"
-        _wait(lambda: _task_state(chunk["prefect_task_run_id"]) == "RUNNING", 30, "the task run in the API")
+        wait_for(lambda: task_run_state(chunk["prefect_task_run_id"]) == "RUNNING", 30, "the task run in the API")
         process.send_signal(signal.SIGKILL)  # no hooks, no final state: the worker is simply gone
         process.wait(timeout=10)
     finally:
@@ -126,15 +118,23 @@ def test_killed_worker_is_reconciled_to_zero_disagreements(tables, tmp_path):
             process.kill()
     assert process.returncode == -signal.SIGKILL
     # a GPU task record that the same flow run had in flight (seed 002 table)
-    state_store.create_if_absent(tables["ecs_task"], {"ecs_task_id": "task-1", "task_status": "IN_PROGRESS",
-                                 "prefect_flow_run_id": chunk["prefect_flow_run_id"]}, ["ecs_task_id"])
-    state_store.create_if_absent(tables["ecs_task"], {"ecs_task_id": "task-2", "task_status": "COMPLETE",
-                                 "prefect_flow_run_id": chunk["prefect_flow_run_id"]}, ["ecs_task_id"])
+    state_store.create_if_absent(
+        tables["ecs_task"],
+        {"ecs_task_id": "task-1", "task_status": "IN_PROGRESS", "prefect_flow_run_id": chunk["prefect_flow_run_id"]},
+        ["ecs_task_id"],
+    )
+    state_store.create_if_absent(
+        tables["ecs_task"],
+        {"ecs_task_id": "task-2", "task_status": "COMPLETE", "prefect_flow_run_id": chunk["prefect_flow_run_id"]},
+        ["ecs_task_id"],
+    )
 
     # Stand-in for the server's missed-heartbeat (zombie) detection, which marks the flow run Crashed.
     with get_client(sync_client=True) as client:
-        client.set_flow_run_state(chunk["prefect_flow_run_id"], Crashed(message="worker lost (heartbeat missed)"), force=True)
-    assert _task_state(chunk["prefect_task_run_id"]) == "RUNNING"  # Prefect leaves the task run Running
+        client.set_flow_run_state(
+            chunk["prefect_flow_run_id"], Crashed(message="worker lost (heartbeat missed)"), force=True
+        )
+    assert task_run_state(chunk["prefect_task_run_id"]) == "RUNNING"  # Prefect leaves the task run Running
 
     before = reconcile.disagreements()
     assert sorted((f.pipeline, f.record, f.problem) for f in before) == [
@@ -146,16 +146,25 @@ def test_killed_worker_is_reconciled_to_zero_disagreements(tables, tmp_path):
 
     findings = records_reconcile(dry_run=False)
     assert sorted((f["record"], f["outcome"]) for f in findings) == [
-        ("run-kill/CHUNK#chunk-0000000", "applied"), ("run-kill/RUN", "applied"), ("task-1", "applied")]
+        ("run-kill/CHUNK#chunk-0000000", "applied"),
+        ("run-kill/RUN", "applied"),
+        ("task-1", "applied"),
+    ]
     assert reconcile.disagreements() == []
     chunk = _item(table, run_id, chunk_sk(0))
-    assert chunk["status"] == "FAILED" and chunk["error"].startswith("reconciled: record IN_PROGRESS while Prefect flow run")
+    assert chunk["status"] == "FAILED" and chunk["error"].startswith(
+        "reconciled: record IN_PROGRESS while Prefect flow run"
+    )
     run = _item(table, run_id, RUN_SK)
     assert (run["jobs_completed"], run["jobs_failed"]) == (1, 1)
     gpu = state_store.to_plain(state_store.get_item(tables["ecs_task"], {"ecs_task_id": "task-1"}))
     assert gpu["task_status"] == "TERMINATED" and gpu["termination_reason"].startswith("reconciled: record IN_PROGRESS")
     done = state_store.get_item(tables["ecs_task"], {"ecs_task_id": "task-2"})
-    assert done == {"ecs_task_id": "task-2", "task_status": "COMPLETE", "prefect_flow_run_id": chunk["prefect_flow_run_id"]}
+    assert done == {
+        "ecs_task_id": "task-2",
+        "task_status": "COMPLETE",
+        "prefect_flow_run_id": chunk["prefect_flow_run_id"],
+    }
     # a second pass finds nothing and changes nothing
     assert records_reconcile(dry_run=False) == []
 
@@ -172,8 +181,13 @@ def complete_then_fail(run_id: str, start: int) -> str:
 
     _start_chunk(run_id, start)
     table = config.table_name("phspectra_runs")
-    state_store.transition(table, {"PK": run_id, "SK": chunk_sk(start)}, "IN_PROGRESS", "COMPLETED",
-                           increments=[state_store.Increment(table, {"PK": run_id, "SK": RUN_SK}, {"jobs_completed": 1})])
+    state_store.transition(
+        table,
+        {"PK": run_id, "SK": chunk_sk(start)},
+        "IN_PROGRESS",
+        "COMPLETED",
+        increments=[state_store.Increment(table, {"PK": run_id, "SK": RUN_SK}, {"jobs_completed": 1})],
+    )
     raise RuntimeError("crashed after the record was written")
 
 
@@ -193,32 +207,51 @@ def test_task_failed_events_move_their_records(tables):
     chunks = [_item(table, run_id, chunk_sk(i)) for i in (0, 1)]
     assert [c["status"] for c in chunks] == ["IN_PROGRESS", "COMPLETED"]
     for c in chunks:
-        _wait(lambda: _task_state(c["prefect_task_run_id"]) == "FAILED", 30, "the task run's Failed state")
+        wait_for(lambda c=c: task_run_state(c["prefect_task_run_id"]) == "FAILED", 30, "the task run's Failed state")
 
     from prefect.events import Event
 
     for c in chunks:  # what a deployment trigger on prefect.task-run.Failed hands over: `{{ event | tojson }}`
-        event = Event(event="prefect.task-run.Failed",
-                      resource={"prefect.resource.id": f"prefect.task-run.{c['prefect_task_run_id']}"},
-                      related=[{"prefect.resource.id": f"prefect.flow-run.{c['prefect_flow_run_id']}",
-                                "prefect.resource.role": "flow-run"}])
+        event = Event(
+            event="prefect.task-run.Failed",
+            resource={"prefect.resource.id": f"prefect.task-run.{c['prefect_task_run_id']}"},
+            related=[
+                {
+                    "prefect.resource.id": f"prefect.flow-run.{c['prefect_flow_run_id']}",
+                    "prefect.resource.role": "flow-run",
+                }
+            ],
+        )
         records_prefect_state(event.model_dump(mode="json"))
     assert [_item(table, run_id, chunk_sk(i))["status"] for i in (0, 1)] == ["FAILED", "FAILED"]
     run = _item(table, run_id, RUN_SK)
     assert (run["jobs_completed"], run["jobs_failed"]) == (0, 2)
     assert reconcile.disagreements(["phspectra"]) == []
     with pytest.raises(ValueError, match="not a Prefect flow-run/task-run event"):
-        reconcile.run_ids_from_event({"event": "prefect.deployment.triggered", "resource": {"prefect.resource.id": "x"}})
+        reconcile.run_ids_from_event(
+            {"event": "prefect.deployment.triggered", "resource": {"prefect.resource.id": "x"}}
+        )
 
 
 def test_transition_rule_table():
-    got = {(role, state): reconcile.transition_for(role, state) for role in ("in_flight", "completed")
-           for state in ("RUNNING", "COMPLETED", "FAILED", "CRASHED", "CANCELLED", "PENDING")}
+    got = {
+        (role, state): reconcile.transition_for(role, state)
+        for role in ("in_flight", "completed")
+        for state in ("RUNNING", "COMPLETED", "FAILED", "CRASHED", "CANCELLED", "PENDING")
+    }
     assert got == {
-        ("in_flight", "RUNNING"): None, ("in_flight", "COMPLETED"): "failed", ("in_flight", "FAILED"): "failed",
-        ("in_flight", "CRASHED"): "failed", ("in_flight", "CANCELLED"): "failed", ("in_flight", "PENDING"): None,
-        ("completed", "RUNNING"): None, ("completed", "COMPLETED"): None, ("completed", "FAILED"): "failed",
-        ("completed", "CRASHED"): "failed", ("completed", "CANCELLED"): "failed", ("completed", "PENDING"): None,
+        ("in_flight", "RUNNING"): None,
+        ("in_flight", "COMPLETED"): "failed",
+        ("in_flight", "FAILED"): "failed",
+        ("in_flight", "CRASHED"): "failed",
+        ("in_flight", "CANCELLED"): "failed",
+        ("in_flight", "PENDING"): None,
+        ("completed", "RUNNING"): None,
+        ("completed", "COMPLETED"): None,
+        ("completed", "FAILED"): "failed",
+        ("completed", "CRASHED"): "failed",
+        ("completed", "CANCELLED"): "failed",
+        ("completed", "PENDING"): None,
     }
 
 
@@ -227,7 +260,7 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
-    from tasks.records import reconcile
+    from tasks import reconcile
 
     @flow(name="records-test-held")
     def held() -> None:
@@ -242,24 +275,56 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     tracking, jobs = tables["etl_file_tracking"], tables["video_jobs"]
     finished_task = str(uuid.uuid4())  # the task that wrote the record ended long ago: only the flow run counts
     for name, run in (("batch-0001-20260201-000000.json", crashed), ("batch-0002-20260201-000000.json", alive)):
-        state_store.put(tracking, {"date_prefix": "2026-02-01", "file_key": f"MANIFEST#{name}", "status": "processing",
-                                   "manifest_path": f"manifests/2026-02-01/{name}",
-                                   "prefect_flow_run_id": str(run.id), "prefect_task_run_id": finished_task})
-    state_store.put(tracking, {"date_prefix": "2026-02-01", "file_key": "a.ndjson", "status": "manifested#3",
-                               "prefect_flow_run_id": str(crashed.id)})  # file records are not the adapter's
+        state_store.put(
+            tracking,
+            {
+                "date_prefix": "2026-02-01",
+                "file_key": f"MANIFEST#{name}",
+                "status": "processing",
+                "manifest_path": f"manifests/2026-02-01/{name}",
+                "prefect_flow_run_id": str(run.id),
+                "prefect_task_run_id": finished_task,
+            },
+        )
+    state_store.put(
+        tracking,
+        {
+            "date_prefix": "2026-02-01",
+            "file_key": "a.ndjson",
+            "status": "manifested#3",
+            "prefect_flow_run_id": str(crashed.id),
+        },
+    )  # file records are not the adapter's
     for job_id, run in (("job-crashed", crashed), ("job-alive", alive)):
-        state_store.put(jobs, {"job_id": job_id, "status": "chunking_in_progress",
-                               "prefect_flow_run_id": str(run.id), "prefect_task_run_id": finished_task})
+        state_store.put(
+            jobs,
+            {
+                "job_id": job_id,
+                "status": "chunking_in_progress",
+                "prefect_flow_run_id": str(run.id),
+                "prefect_task_run_id": finished_task,
+            },
+        )
 
     findings = reconcile.reconcile(["etl", "video"], dry_run=False)
     assert sorted((f.pipeline, f.record, f.outcome) for f in findings) == [
         ("etl", "2026-02-01/MANIFEST#batch-0001-20260201-000000.json", "applied"),
         ("video", "job-crashed", "applied"),
     ]
-    manifest = state_store.get_item(tracking, {"date_prefix": "2026-02-01", "file_key": "MANIFEST#batch-0001-20260201-000000.json"})
+    manifest = state_store.get_item(
+        tracking, {"date_prefix": "2026-02-01", "file_key": "MANIFEST#batch-0001-20260201-000000.json"}
+    )
     assert manifest["status"] == "failed" and "Crashed" in manifest["error_message"]
-    assert state_store.get_item(tracking, {"date_prefix": "2026-02-01", "file_key": "MANIFEST#batch-0002-20260201-000000.json"})["status"] == "processing"
-    assert state_store.get_item(tracking, {"date_prefix": "2026-02-01", "file_key": "a.ndjson"})["status"] == "manifested#3"
+    assert (
+        state_store.get_item(
+            tracking, {"date_prefix": "2026-02-01", "file_key": "MANIFEST#batch-0002-20260201-000000.json"}
+        )["status"]
+        == "processing"
+    )
+    assert (
+        state_store.get_item(tracking, {"date_prefix": "2026-02-01", "file_key": "a.ndjson"})["status"]
+        == "manifested#3"
+    )
     assert state_store.get_item(jobs, {"job_id": "job-crashed"})["status"] == "failed"
     assert state_store.get_item(jobs, {"job_id": "job-alive"})["status"] == "chunking_in_progress"
     assert reconcile.reconcile(["etl", "video"], dry_run=True) == []  # zero disagreements left
@@ -280,14 +345,20 @@ def test_a_completed_chunk_stays_completed_when_its_flow_crashed_before_the_task
         client.set_flow_run_state(crashed.id, Crashed(message="flow process killed"), force=True)
     owners = {0: str(running_task.id), 1: str(uuid.uuid4()), 2: str(uuid.uuid4())}  # 1, 2: never reached the server
     for start, task_run_id in owners.items():
-        state_store.transition(table, {"PK": run_id, "SK": chunk_sk(start)}, None, None,
-                               set={"prefect_flow_run_id": str(crashed.id), "prefect_task_run_id": task_run_id})
-    assert _task_state(owners[0]) == "RUNNING"
+        state_store.transition(
+            table,
+            {"PK": run_id, "SK": chunk_sk(start)},
+            None,
+            None,
+            set={"prefect_flow_run_id": str(crashed.id), "prefect_task_run_id": task_run_id},
+        )
+    assert task_run_state(owners[0]) == "RUNNING"
 
     findings = reconcile.reconcile(["phspectra"], dry_run=False, run_ids={str(crashed.id)})
     # only the chunk that was still in flight moves; the two recorded results stand
     assert [(f.record, f.problem, f.outcome) for f in findings] == [
-        (f"{run_id}/CHUNK#chunk-0000002", "IN_PROGRESS while Prefect Crashed", "applied")]
+        (f"{run_id}/CHUNK#chunk-0000002", "IN_PROGRESS while Prefect Crashed", "applied")
+    ]
     assert [_item(table, run_id, chunk_sk(i))["status"] for i in range(3)] == ["COMPLETED", "COMPLETED", "FAILED"]
     run = _item(table, run_id, RUN_SK)
     assert (run["jobs_completed"], run["jobs_failed"]) == (2, 1)
@@ -309,40 +380,63 @@ def test_a_flow_run_crashed_event_reaches_what_each_pipeline_flow_held(tables):
     for held_by, run_id in ((crashed, "run-held"), (alive, "run-alive")):
         ids = {"prefect_flow_run_id": str(held_by.id)}
         _seed_run(tables["phspectra_runs"], run_id, {0: "PENDING"})
-        state_store.transition(tables["phspectra_runs"], {"PK": run_id, "SK": chunk_sk(0)}, "PENDING", "IN_PROGRESS",
-                               set={**ids, "prefect_task_run_id": str(fit.id) if held_by is crashed else str(uuid.uuid4())})
+        state_store.transition(
+            tables["phspectra_runs"],
+            {"PK": run_id, "SK": chunk_sk(0)},
+            "PENDING",
+            "IN_PROGRESS",
+            set={**ids, "prefect_task_run_id": str(fit.id) if held_by is crashed else str(uuid.uuid4())},
+        )
         state_store.put(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}", "task_status": "IN_PROGRESS", **ids})
         manifest = f"manifests/2026-02-02/batch-{run_id}.json"
-        state_store.put(tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "status": "processing", **ids,
-                                                      "file_key": f"MANIFEST#batch-{run_id}.json", "manifest_path": manifest})
-        state_store.put(tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "file_key": f"{run_id}.ndjson",
-                                                      "status": "manifested#1", "manifest_path": manifest, **ids})
+        state_store.put(
+            tables["etl_file_tracking"],
+            {
+                "date_prefix": "2026-02-02",
+                "status": "processing",
+                **ids,
+                "file_key": f"MANIFEST#batch-{run_id}.json",
+                "manifest_path": manifest,
+            },
+        )
+        state_store.put(
+            tables["etl_file_tracking"],
+            {
+                "date_prefix": "2026-02-02",
+                "file_key": f"{run_id}.ndjson",
+                "status": "manifested#1",
+                "manifest_path": manifest,
+                **ids,
+            },
+        )
         state_store.put(tables["video_jobs"], {"job_id": f"job-{run_id}", "status": "chunking_in_progress", **ids})
 
-    findings = records_prefect_state(_crash_event(crashed.id))
+    findings = records_prefect_state(crash_event(crashed.id))
     assert sorted((f["pipeline"], f["record"], f["outcome"]) for f in findings) == [
-        ("etl", "2026-02-02/MANIFEST#batch-run-held.json", "applied"), ("gpu", "task-run-held", "applied"),
+        ("etl", "2026-02-02/MANIFEST#batch-run-held.json", "applied"),
+        ("gpu", "task-run-held", "applied"),
         ("phspectra", "run-held/CHUNK#chunk-0000000", "applied"),
         ("video", "job-run-held", "applied"),
     ]
     statuses = {
-        run_id: (_item(tables["phspectra_runs"], run_id, chunk_sk(0))["status"],
-                 state_store.get_item(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}"})["task_status"],
-                 state_store.get_item(tables["etl_file_tracking"], {"date_prefix": "2026-02-02",
-                                                                    "file_key": f"MANIFEST#batch-{run_id}.json"})["status"],
-                 state_store.get_item(tables["etl_file_tracking"], {"date_prefix": "2026-02-02",
-                                                                    "file_key": f"{run_id}.ndjson"})["status"],
-                 state_store.get_item(tables["video_jobs"], {"job_id": f"job-{run_id}"})["status"])
+        run_id: (
+            _item(tables["phspectra_runs"], run_id, chunk_sk(0))["status"],
+            state_store.get_item(tables["ecs_task"], {"ecs_task_id": f"task-{run_id}"})["task_status"],
+            state_store.get_item(
+                tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "file_key": f"MANIFEST#batch-{run_id}.json"}
+            )["status"],
+            state_store.get_item(
+                tables["etl_file_tracking"], {"date_prefix": "2026-02-02", "file_key": f"{run_id}.ndjson"}
+            )["status"],
+            state_store.get_item(tables["video_jobs"], {"job_id": f"job-{run_id}"})["status"],
+        )
         for run_id in ("run-held", "run-alive")
     }
-    assert statuses == {"run-held": ("FAILED", "TERMINATED", "failed", "failed#1", "failed"),  # the files follow at once
-                        "run-alive": ("IN_PROGRESS", "IN_PROGRESS", "processing", "manifested#1", "chunking_in_progress")}
-    assert records_prefect_state(_crash_event(crashed.id)) == []  # a second report finds nothing left to do
-
-
-def _crash_event(run_id) -> dict:
-    """The event prefect.yaml's trigger hands `records-prefect-state` for a crashed flow run."""
-    return {"event": "prefect.flow-run.Crashed", "resource": {"prefect.resource.id": f"prefect.flow-run.{run_id}"}}
+    assert statuses == {
+        "run-held": ("FAILED", "TERMINATED", "failed", "failed#1", "failed"),  # the files follow at once
+        "run-alive": ("IN_PROGRESS", "IN_PROGRESS", "processing", "manifested#1", "chunking_in_progress"),
+    }
+    assert records_prefect_state(crash_event(crashed.id)) == []  # a second report finds nothing left to do
 
 
 def test_records_of_an_in_process_subflow_follow_its_crashed_parent(tables):
@@ -361,13 +455,18 @@ def test_records_of_an_in_process_subflow_follow_its_crashed_parent(tables):
         elsewhere = client.create_flow_run_from_deployment(deployment, parent_task_run_id=calls[1].id, state=Running())
         client.set_flow_run_state(parent.id, Crashed(message="flow process killed"), force=True)
     for start, held_by in ((0, in_process), (6, elsewhere)):
-        state_store.transition(table, {"PK": "run-sub", "SK": chunk_sk(start)}, "PENDING", "IN_PROGRESS",
-                               set={"prefect_flow_run_id": str(held_by.id), "prefect_task_run_id": str(uuid.uuid4())})
+        state_store.transition(
+            table,
+            {"PK": "run-sub", "SK": chunk_sk(start)},
+            "PENDING",
+            "IN_PROGRESS",
+            set={"prefect_flow_run_id": str(held_by.id), "prefect_task_run_id": str(uuid.uuid4())},
+        )
     assert reconcile.with_subflows({str(parent.id)}) == {str(parent.id), str(in_process.id)}
     states = reconcile.prefect_states([str(in_process.id), str(elsewhere.id)], [])
     assert (states[str(in_process.id)].type, states[str(elsewhere.id)].type) == ("CRASHED", "RUNNING")
 
-    findings = records_prefect_state(_crash_event(parent.id))
+    findings = records_prefect_state(crash_event(parent.id))
     assert [(f["record"], f["outcome"]) for f in findings] == [("run-sub/CHUNK#chunk-0000000", "applied")]
     assert [_item(table, "run-sub", chunk_sk(s))["status"] for s in (0, 6)] == ["FAILED", "IN_PROGRESS"]
 
@@ -382,19 +481,27 @@ def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.states import Crashed
 
-    from tests.crashpoints import count_writes, killed, run_child
-    from tests.test_phspectra import fits_cube
+    from tests.helpers.crashpoints import count_writes, killed, run_child
+    from tests.helpers.phspectra_survey import fits_cube
 
     call = "flows.phspectra_survey:phspectra_survey"
-    kwargs = {"cube_url": fits_cube(tmp_path, ny=3, nx=4, n_channels=32), "survey": "grs-crash-event", "chunk_size": 6,
-              "workers": 1, "lease_seconds": 2}  # 2 chunks on one fitting slot, the second claimed ahead; short leases
+    kwargs = {
+        "cube_url": fits_cube(tmp_path, ny=3, nx=4, n_channels=32),
+        "survey": "grs-crash-event",
+        "chunk_size": 6,
+        "workers": 1,
+        "lease_seconds": 2,
+    }  # 2 chunks on one fitting slot, the second claimed ahead; short leases
     writes = count_writes(call, {**kwargs, "run_id": "counted"}, tmp_path / "writes.log")
     first_fit = next(w.number for w in writes if w.kind == "objects:put_bytes:decompositions")  # a fit output
     assert killed(run_child(call, {**kwargs, "run_id": "crash-event"}, f"{first_fit}:kill:after"))
     with get_client(sync_client=True) as client:
         live = FlowRunFilterStateType(any_=["RUNNING", "PENDING"])
-        runs = [r for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=live)))
-                if r.parameters.get("run_id") == "crash-event"]
+        runs = [
+            r
+            for r in client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=live)))
+            if r.parameters.get("run_id") == "crash-event"
+        ]
         (survey,) = [r for r in runs if r.parent_task_run_id is None]
         (subflow,) = [r for r in runs if r.parent_task_run_id is not None]
         client.set_flow_run_state(survey.id, Crashed(message="flow process killed"), force=True)  # as its worker does
@@ -402,13 +509,18 @@ def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_
     chunk = _item(table, "crash-event", chunk_sk(0))
     assert (chunk["status"], chunk["prefect_flow_run_id"]) == ("IN_PROGRESS", str(subflow.id))
     before = {s: _item(table, "crash-event", chunk_sk(s))["status"] for s in (0, 6)}
-    held = [s for s in (0, 6) if before[s] == "IN_PROGRESS"]  # 6: if claimed ahead (PENDING, or COMPLETED if it won the race)
+    held = [
+        s for s in (0, 6) if before[s] == "IN_PROGRESS"
+    ]  # 6: if claimed ahead (PENDING, or COMPLETED if it won the race)
 
     time.sleep(3)  # the dead fitter's lease (2 s) lapses: the reconciler never takes a chunk whose lease is live
-    findings = records_prefect_state(_crash_event(survey.id))
+    findings = records_prefect_state(crash_event(survey.id))
     assert [(f["record"], f["problem"], f["outcome"]) for f in findings] == [
-        (f"crash-event/{chunk_sk(s)}", f"IN_PROGRESS while Prefect Crashed (with its parent flow run {survey.id})", "applied")
+        (f"crash-event/{chunk_sk(s)}", f"IN_PROGRESS while Prefect Crashed (with its parent flow run {survey.id})",
+         "applied")
         for s in held
     ]  # fmt: skip
-    assert {s: _item(table, "crash-event", chunk_sk(s))["status"] for s in (0, 6)} == {s: "FAILED" if s in held else before[s] for s in (0, 6)}  # the others untouched
+    assert {s: _item(table, "crash-event", chunk_sk(s))["status"] for s in (0, 6)} == {
+        s: "FAILED" if s in held else before[s] for s in (0, 6)
+    }  # the others untouched
     assert reconcile.disagreements(["phspectra"]) == []

@@ -11,11 +11,11 @@ import pytest
 
 from flows.records import records_ingest, records_replay_dla
 from tasks.core import config, state_store
-from tasks.core.keys import dead_letter_prefix
 from tasks.core.runtime import today_iso
 from tasks.records import dead_letter
 from tasks.records import messages as records_messages
-from test_records import message
+from tasks.records.keys import dead_letter_prefix
+from tests.helpers.records import message
 
 
 def broken_message() -> bytes:
@@ -42,9 +42,12 @@ def test_a_message_with_invalid_utf8_is_archived_byte_exact_and_the_others_are_w
     bad_id = records_messages.message_id(bad)
     assert (summary["messages"], summary["ok"], summary["archived"]) == (2, 1, 1)
     offset = bad.index(b"\xff")
-    assert summary["errors"] == {bad_id: {
-        "type": "InvalidUtf8",
-        "message": f"message body is not valid UTF-8: byte offset {offset} (0xff: invalid start byte)"}}
+    assert summary["errors"] == {
+        bad_id: {
+            "type": "InvalidUtf8",
+            "message": f"message body is not valid UTF-8: byte offset {offset} (0xff: invalid start byte)",
+        }
+    }
     assert granule_ids(tables) == ["G-OK"]  # nothing under "G-\ufffd-ID" (or any other changed id)
     entry = dead_letter.read(f"{dead_letter_prefix(today_iso())}{bad_id}.json")
     assert (entry["message"], entry["body"], entry["error"]["type"]) == (None, None, "InvalidUtf8")

@@ -3,43 +3,23 @@
 
 from __future__ import annotations
 
-import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.config import object_store
-from tasks.gpu import jobs as gpu
-from tasks.health import incidents
+from tasks.etl import keys as etl_keys
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey
+from tasks.records import keys as records_keys
 from tasks.retention.sweep import apply_retention
-from tasks.video import jobs as video
-from tests.test_etl import etl_env  # noqa: F401 - a fixture
+from tests.helpers.retention import ENDED, aged, make_records
 
-ENDED = "2026-01-01T00:00:00.000000+00:00"
 ENDED_EPOCH = int(datetime.fromisoformat(ENDED).timestamp())
 THIRTY_DAYS = 30 * 86400
 
 
 def item(tables: dict, logical: str, key: dict) -> dict:
     return state_store.to_plain(state_store.get_item(tables[logical], key))
-
-
-def make_records(tables: dict) -> None:
-    put = lambda logical, it: state_store.put(tables[logical], it)  # noqa: E731
-    put("phspectra_runs", {"PK": "run-done", "SK": keys.RUN_SK, "status": survey.RUN_COMPLETED, "completed_at": ENDED})
-    put("phspectra_runs", {"PK": "run-done", "SK": keys.chunk_sk(0), "status": "COMPLETED"})
-    put("phspectra_runs", {"PK": "run-live", "SK": keys.RUN_SK, "status": survey.RUN_RUNNING, "created_at": ENDED})
-    put("phspectra_runs", {"PK": "run-live", "SK": keys.chunk_sk(0), "status": "IN_PROGRESS"})
-    put("video_jobs", {"job_id": "v-done", "status": video.COMPLETED, "completed_at": ENDED})
-    put("video_segment_completions", {"job_id": "v-done", "segment_index": 0})
-    put("video_reassembly_locks", {"job_id": "v-done"})
-    put("video_jobs", {"job_id": "v-reopened", "status": video.CREATED, "created_at": ENDED, "ttl": 1})  # live again
-    put("ecs_job", {"job_id": "g-done", "job_status": gpu.JOB_COMPLETE, "updated_at": ENDED})
-    put("ecs_task", {"ecs_task_id": "t-1", "job_id": "g-done"})
-    put("ecs_job", {"job_id": "g-live", "job_status": gpu.JOB_IN_PROGRESS, "updated_at": ENDED})
-    put("ecs_task", {"ecs_task_id": "t-2", "job_id": "g-live"})
-    put("health_incidents", {"alarm": "cleared", "status": incidents.CLEARED, "cleared_at": ENDED})
-    put("health_incidents", {"alarm": "open", "status": incidents.OPEN, "opened_at": ENDED})
 
 
 def test_finished_records_get_a_ttl_from_when_they_ended_and_live_ones_never(etl_env):
@@ -49,15 +29,25 @@ def test_finished_records_get_a_ttl_from_when_they_ended_and_live_ones_never(etl
     assert report["stamped"] == {"phspectra_runs": 1, "video_jobs": 1, "ecs_job": 1, "health_incidents": 1}
     assert report["unstamped"] == {"phspectra_runs": 0, "video_jobs": 1, "ecs_job": 0, "health_incidents": 0}
     ttl = ENDED_EPOCH + THIRTY_DAYS
-    for logical, key in (("phspectra_runs", {"PK": "run-done", "SK": keys.RUN_SK}),
-                         ("phspectra_runs", {"PK": "run-done", "SK": keys.chunk_sk(0)}),
-                         ("video_jobs", {"job_id": "v-done"}), ("video_segment_completions", {"job_id": "v-done", "segment_index": 0}),
-                         ("video_reassembly_locks", {"job_id": "v-done"}), ("ecs_job", {"job_id": "g-done"}),
-                         ("ecs_task", {"ecs_task_id": "t-1"}), ("health_incidents", {"alarm": "cleared"})):
+    for logical, key in (
+        ("phspectra_runs", {"PK": "run-done", "SK": phspectra_keys.RUN_SK}),
+        ("phspectra_runs", {"PK": "run-done", "SK": phspectra_keys.chunk_sk(0)}),
+        ("video_jobs", {"job_id": "v-done"}),
+        ("video_segment_completions", {"job_id": "v-done", "segment_index": 0}),
+        ("video_reassembly_locks", {"job_id": "v-done"}),
+        ("ecs_job", {"job_id": "g-done"}),
+        ("ecs_task", {"ecs_task_id": "t-1"}),
+        ("health_incidents", {"alarm": "cleared"}),
+    ):
         assert item(tables, logical, key)["ttl"] == ttl, (logical, key)
-    for logical, key in (("phspectra_runs", {"PK": "run-live", "SK": keys.RUN_SK}),
-                         ("phspectra_runs", {"PK": "run-live", "SK": keys.chunk_sk(0)}), ("video_jobs", {"job_id": "v-reopened"}),
-                         ("ecs_job", {"job_id": "g-live"}), ("ecs_task", {"ecs_task_id": "t-2"}), ("health_incidents", {"alarm": "open"})):
+    for logical, key in (
+        ("phspectra_runs", {"PK": "run-live", "SK": phspectra_keys.RUN_SK}),
+        ("phspectra_runs", {"PK": "run-live", "SK": phspectra_keys.chunk_sk(0)}),
+        ("video_jobs", {"job_id": "v-reopened"}),
+        ("ecs_job", {"job_id": "g-live"}),
+        ("ecs_task", {"ecs_task_id": "t-2"}),
+        ("health_incidents", {"alarm": "open"}),
+    ):
         assert "ttl" not in item(tables, logical, key), (logical, key)
     again = apply_retention(record_days=30)
     assert set(again["stamped"].values()) == set(again["unstamped"].values()) == {0}
@@ -66,28 +56,30 @@ def test_finished_records_get_a_ttl_from_when_they_ended_and_live_ones_never(etl
 def test_every_table_with_retention_has_dynamodb_ttl_enabled(etl_env):
     tables = etl_env["tables"]
     client = state_store.client()
-    for logical in ("phspectra_runs", "video_jobs", "video_segment_completions", "ecs_job", "ecs_task", "health_incidents"):
+    for logical in (
+        "phspectra_runs",
+        "video_jobs",
+        "video_segment_completions",
+        "ecs_job",
+        "ecs_task",
+        "health_incidents",
+    ):
         described = client.describe_time_to_live(TableName=tables[logical])["TimeToLiveDescription"]
         assert (described["TimeToLiveStatus"], described["AttributeName"]) == ("ENABLED", "ttl"), logical
 
 
-def _aged(root, key: str, days: float, now: datetime) -> None:
-    path = root / key
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x")
-    stamp = (now - timedelta(days=days)).timestamp()
-    os.utime(path, (stamp, stamp))
-
-
 def test_dead_staging_and_opted_in_failed_dead_letters_age_out_waiting_ones_never(etl_env):
     root = etl_env["root"]
-    now = datetime.now(timezone.utc)
-    dead = keys.merged_staging_prefix("2026-01-01", "batch-0001.json", "dead") + "part-00000.parquet"
-    live = keys.merged_staging_prefix("2026-01-02", "batch-0002.json", "live") + "part-00000.parquet"
-    waiting = keys.dead_letter_key("2026-01-01", "m-waiting")
-    failed_old, failed_new = keys.dead_letter_failed_key("2026-01-01", "m-old"), keys.dead_letter_failed_key("2026-11-01", "m-new")
+    now = datetime.now(UTC)
+    dead = etl_keys.merged_staging_prefix("2026-01-01", "batch-0001.json", "dead") + "part-00000.parquet"
+    live = etl_keys.merged_staging_prefix("2026-01-02", "batch-0002.json", "live") + "part-00000.parquet"
+    waiting = records_keys.dead_letter_key("2026-01-01", "m-waiting")
+    failed_old, failed_new = (
+        records_keys.dead_letter_failed_key("2026-01-01", "m-old"),
+        records_keys.dead_letter_failed_key("2026-11-01", "m-new"),
+    )
     for key, days in ((dead, 3), (live, 1), (waiting, 300), (failed_old, 30), (failed_new, 1)):
-        _aged(root, key, days, now)
+        aged(root, key, days, now)
 
     report = apply_retention(record_days=30, now=now)
     assert report["deleted_objects"] == {"etl-staging": 1, "dead-letter-failed": 0}  # dead letters: off by default
@@ -95,21 +87,31 @@ def test_dead_staging_and_opted_in_failed_dead_letters_age_out_waiting_ones_neve
 
     report = apply_retention(record_days=30, dead_letter_days=14, now=now)
     assert report["deleted_objects"] == {"etl-staging": 0, "dead-letter-failed": 1}
-    assert sorted(object_store().list(keys.DEAD_LETTER_PREFIX)) == sorted([waiting, failed_new])
+    assert sorted(object_store().list(records_keys.DEAD_LETTER_PREFIX)) == sorted([waiting, failed_new])
 
 
 def test_a_resumed_run_keeps_its_chunks_for_good_once_retention_passes(etl_env):
     tables = etl_env["tables"]
     run_id = "run-resumed"
-    state_store.put(tables["phspectra_runs"], {"PK": run_id, "SK": keys.RUN_SK, "status": survey.RUN_COMPLETED,
-                                              "completed_at": ENDED, "jobs_total": 2})
+    state_store.put(
+        tables["phspectra_runs"],
+        {
+            "PK": run_id,
+            "SK": phspectra_keys.RUN_SK,
+            "status": survey.RUN_COMPLETED,
+            "completed_at": ENDED,
+            "jobs_total": 2,
+        },
+    )
     for start in (0, 1):
-        state_store.put(tables["phspectra_runs"], {"PK": run_id, "SK": keys.chunk_sk(start), "status": "COMPLETED"})
+        state_store.put(
+            tables["phspectra_runs"], {"PK": run_id, "SK": phspectra_keys.chunk_sk(start), "status": "COMPLETED"}
+        )
     apply_retention(record_days=30)
-    chunks = [{"PK": run_id, "SK": keys.chunk_sk(start)} for start in (0, 1)]
+    chunks = [{"PK": run_id, "SK": phspectra_keys.chunk_sk(start)} for start in (0, 1)]
     assert [item(tables, "phspectra_runs", key)["ttl"] for key in chunks] == [ENDED_EPOCH + THIRTY_DAYS] * 2
     survey.reopen_run(run_id)  # a resume: the RUN item is live again and loses its own ttl, not its chunks'
-    assert "ttl" not in item(tables, "phspectra_runs", {"PK": run_id, "SK": keys.RUN_SK})
+    assert "ttl" not in item(tables, "phspectra_runs", {"PK": run_id, "SK": phspectra_keys.RUN_SK})
     report = apply_retention(record_days=30)
     assert report["unstamped"]["phspectra_runs"] == 2  # the two chunks DynamoDB would have deleted under a live run
     assert [("ttl" in item(tables, "phspectra_runs", key)) for key in chunks] == [False, False]

@@ -7,15 +7,17 @@ import os
 import threading
 import time
 import uuid
+from datetime import UTC
 from pathlib import Path
 
 import pytest
 import yaml
 
 from flows.etl import ndjson_ingest, ndjson_merge
-from tasks.core import faults, keys, limits
-from tests.conftest import prefect_server_process
-from tests.test_etl import DAY, etl_env, records, write_input  # noqa: F401 - etl_env is a fixture
+from tasks.core import faults, limits
+from tasks.etl import keys
+from tests.helpers.etl import DAY, records, write_input
+from tests.helpers.prefect_runs import prefect_server_process
 
 LIMITS = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())["definitions"]["limits"]
 
@@ -26,7 +28,9 @@ def deployment_with(client, spec: dict) -> uuid.UUID:
 
     flow_id = client.create_flow_from_name(f"limits-{uuid.uuid4().hex[:8]}")
     return client.create_deployment(
-        flow_id=flow_id, name="burst", concurrency_limit=spec["limit"],
+        flow_id=flow_id,
+        name="burst",
+        concurrency_limit=spec["limit"],
         concurrency_options=ConcurrencyOptions(collision_strategy=spec["collision_strategy"]),
     )
 
@@ -115,7 +119,11 @@ def slot_holder(tmp_path, monkeypatch):
     started: list[subprocess.Popen] = []
 
     def start(seconds: float) -> subprocess.Popen:
-        started.append(subprocess.Popen([sys.executable, "-c", HOLD_SLOT, str(seconds)], env=env, stdout=subprocess.PIPE, text=True))
+        started.append(
+            subprocess.Popen(
+                [sys.executable, "-c", HOLD_SLOT, str(seconds)], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
         return started[-1]
 
     yield start
@@ -180,8 +188,12 @@ def test_cpu_heavy_tasks_of_a_flow_hold_the_machines_cpu_slots(tmp_path, monkeyp
     assert len(spans) == 4 and peak_overlap(spans) == 2  # without the slots the four threads overlap (peak 4)
 
 
-@pytest.mark.timeout(300, method="thread")  # no SIGALRM handler of pytest's: the flow's timeout uses the alarm, as in a worker
-def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_same_reason_in_dynamodb(etl_env, tmp_path):
+@pytest.mark.timeout(
+    300, method="thread"
+)  # no SIGALRM handler of pytest's: the flow's timeout uses the alarm, as in a worker
+def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_same_reason_in_dynamodb(
+    etl_env, tmp_path
+):
     root, table = etl_env["root"], etl_env["table"]
     urls = [write_input(root, DAY, f"t-{i}.ndjson", [{"id": f"t{i}-{k}", "v": k} for k in range(3)]) for i in range(5)]
     ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")  # tracked, manifest left pending
@@ -209,7 +221,7 @@ def test_a_merge_past_its_timeout_is_timed_out_in_prefect_and_failed_with_the_sa
 def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(tmp_path):
     """`make up`'s server settings: runs that ended over 3 days ago go (with their logs); newer or active runs stay."""
     import sqlite3
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from prefect import flow
     from prefect.client.orchestration import SyncPrefectClient
@@ -221,12 +233,13 @@ def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(
     env = {**server_retention_env(), "PREFECT_SERVER_SERVICES_DB_VACUUM_LOOP_SECONDS": "2"}
     assert env["PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD"] == str(3 * 86400)
     with prefect_server_process(tmp_path, env) as base, SyncPrefectClient(f"{base}/api") as client:
+
         @flow(name="retention")
         def retention() -> None:
             """Never run: its runs' states are set by the test."""
 
         def run_that(end_days_ago: float | None):
-            """A run that ended that many days ago (None: still running); the clock injected into the server's database."""
+            """A run that ended that many days ago (None: running); the clock injected into the server's database."""
             run = client.create_flow_run(retention, name=f"ended-{end_days_ago}")
             client.set_flow_run_state(run.id, Running(), force=True)
             if end_days_ago is not None:
@@ -240,14 +253,27 @@ def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(
         def event_that(days_ago: float) -> str:
             """An event that occurred that many days ago (a landed batch's, say); its resource id."""
             resource = f"retention.{uuid.uuid4().hex}"
-            occurred = datetime.now(timezone.utc) - timedelta(days=days_ago)
-            client.request("POST", "/events", json=[{"id": str(uuid.uuid4()), "occurred": occurred.isoformat(),
-                                                     "event": "pipelines.etl.object.tracked", "resource": {"prefect.resource.id": resource}}])
+            occurred = datetime.now(UTC) - timedelta(days=days_ago)
+            client.request(
+                "POST",
+                "/events",
+                json=[
+                    {
+                        "id": str(uuid.uuid4()),
+                        "occurred": occurred.isoformat(),
+                        "event": "pipelines.etl.object.tracked",
+                        "resource": {"prefect.resource.id": resource},
+                    }
+                ],
+            )
             return resource
 
         def events_of(resource: str) -> int:
-            found = client.request("POST", "/events/filter", json={"filter": {"resource": {"id": [resource]},
-                                                                             "occurred": {"since": "2000-01-01T00:00:00Z"}}})
+            found = client.request(
+                "POST",
+                "/events/filter",
+                json={"filter": {"resource": {"id": [resource]}, "occurred": {"since": "2000-01-01T00:00:00Z"}}},
+            )
             return len(found.json()["events"])
 
         old, recent, active = run_that(4), run_that(2.9), run_that(None)
@@ -346,8 +372,9 @@ def test_a_slot_folder_another_user_owns_is_refused(tmp_path, monkeypatch):
 
 
 def test_make_up_deploys_again_only_when_what_deployments_are_made_from_changed(tmp_path, monkeypatch):
-    """`prefect deploy` (here its effect: a deployment on the pool, the CLI taking a minute or two) runs on the first
-    `up`, not on the next while nothing changed, and again after prefect.yaml or a flow changed or the server lost one."""
+    """`prefect deploy` (here its effect: a deployment on the pool, the CLI taking a minute or two) runs on the
+    first `up`, not on the next while nothing changed, and again after prefect.yaml or a flow changed or the server
+    lost one."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
 
@@ -385,7 +412,9 @@ def test_make_up_deploys_again_only_when_what_deployments_are_made_from_changed(
         assert local_stack.deploy_all().startswith("unchanged") and len(deploys) == 4
 
 
-def test_the_server_runs_on_postgresql_where_installed_and_on_sqlite_with_a_warning_otherwise(tmp_path, monkeypatch, capsys):
+def test_the_server_runs_on_postgresql_where_installed_and_on_sqlite_with_a_warning_otherwise(
+    tmp_path, monkeypatch, capsys
+):
     from deployments import local_stack, postgres_local
     from deployments.dynamodb_local import StackError
 
@@ -396,7 +425,9 @@ def test_the_server_runs_on_postgresql_where_installed_and_on_sqlite_with_a_warn
     monkeypatch.setattr(local_stack, "_pid", lambda name: 1 if name in running else None)
     monkeypatch.setattr(postgres_local, "missing", lambda: None)
     assert local_stack.server_db() == "postgres"
-    assert local_stack.server_database_env()["PREFECT_SERVER_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://")
+    assert local_stack.server_database_env()["PREFECT_SERVER_DATABASE_CONNECTION_URL"].startswith(
+        "postgresql+asyncpg://"
+    )
 
     monkeypatch.setattr(postgres_local, "missing", lambda: "PostgreSQL is missing: install it")
     assert local_stack.server_db() == "sqlite" and local_stack.server_database_env() == {}

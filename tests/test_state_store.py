@@ -26,7 +26,9 @@ def test_create_if_absent_twice_leaves_one_item(tables):
 def test_transition_from_wrong_state_is_stale_and_changes_nothing(tables):
     name = tables["ecs_job"]
     store.create_if_absent(name, {"job_id": "j1", "job_status": "COMPLETE", "retry": "0"}, ["job_id"])
-    result = store.transition(name, {"job_id": "j1"}, "IN_PROGRESS", "FAILED", status_attr="job_status", set={"retry": "1"})
+    result = store.transition(
+        name, {"job_id": "j1"}, "IN_PROGRESS", "FAILED", status_attr="job_status", set={"retry": "1"}
+    )
     assert result.outcome is Outcome.STALE
     assert not result
     assert result.item["job_status"] == "COMPLETE"
@@ -43,7 +45,9 @@ def test_transition_on_missing_item_is_stale_and_creates_nothing(tables):
 def test_transition_accepts_any_of_several_expected_states(tables):
     name = tables["ecs_job"]
     store.create_if_absent(name, {"job_id": "j1", "job_status": "RESTARTING"}, ["job_id"])
-    result = store.transition(name, {"job_id": "j1"}, ["IN_PROGRESS", "RESTARTING"], "IN_PROGRESS", status_attr="job_status")
+    result = store.transition(
+        name, {"job_id": "j1"}, ["IN_PROGRESS", "RESTARTING"], "IN_PROGRESS", status_attr="job_status"
+    )
     assert result.applied and result.item["job_status"] == "IN_PROGRESS"
 
 
@@ -82,7 +86,9 @@ def _race(tables, n_items: int, claim_order) -> dict[int, list[str]]:
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(claim, range(8)))
-    items = list(store.query_all(name, KeyConditionExpression="date_prefix = :d", ExpressionAttributeValues={":d": "2026-02-01"}))
+    items = list(
+        store.query_all(name, KeyConditionExpression="date_prefix = :d", ExpressionAttributeValues={":d": "2026-02-01"})
+    )
     assert len(items) == n_items and all(item["status"] == "manifested#0" for item in items)
     owners = {item["file_key"]: item["claimed_by"] for item in items}
     for worker, files in won.items():  # what a thread was told it won is what the table says it owns
@@ -94,7 +100,9 @@ def _race(tables, n_items: int, claim_order) -> dict[int, list[str]]:
 
 def test_eight_threads_claim_a_thousand_items_each_exactly_once(tables):
     def claim_in_transactions(name, order, worker):
-        results = store.transition_many(name, [(k, "pending#0", "manifested#0", {"claimed_by": str(worker)}) for k in order])
+        results = store.transition_many(
+            name, [(k, "pending#0", "manifested#0", {"claimed_by": str(worker)}) for k in order]
+        )
         return [k["file_key"] for k, r in zip(order, results) if r.applied]
 
     won = _race(tables, 1000, claim_in_transactions)
@@ -114,7 +122,9 @@ def test_eight_threads_racing_single_item_claims(tables):
 
 def test_create_many_if_absent_reports_each_item(tables):
     name = tables["etl_file_tracking"]
-    store.create_if_absent(name, {"date_prefix": "d", "file_key": "f-0005", "status": "pending#1"}, ["date_prefix", "file_key"])
+    store.create_if_absent(
+        name, {"date_prefix": "d", "file_key": "f-0005", "status": "pending#1"}, ["date_prefix", "file_key"]
+    )
     items = [{"date_prefix": "d", "file_key": f"f-{i:04d}", "status": "pending#2"} for i in range(250)]
     results = store.create_many_if_absent(name, items, ["date_prefix", "file_key"])
     assert [r.outcome for r in results].count(Outcome.APPLIED) == 249
@@ -137,7 +147,10 @@ def test_dynamodb_local_rejects_a_filter_expression_on_a_key_attribute(tables):
 
 def test_query_all_follows_pages_and_filters_in_code(tables):
     name = tables["etl_file_tracking"]
-    store.batch_put(name, ({"date_prefix": "d", "file_key": f"f{i:03d}", "status": "pending#1", "pad": "x" * 4000} for i in range(400)))
+    store.batch_put(
+        name,
+        ({"date_prefix": "d", "file_key": f"f{i:03d}", "status": "pending#1", "pad": "x" * 4000} for i in range(400)),
+    )
     store.put(name, {"date_prefix": "d", "file_key": "MANIFEST#batch-1.json", "status": "pending"})
     items = list(
         store.query_all(
@@ -158,7 +171,12 @@ def test_guarded_put_and_delete(tables):
     second = store.transition(name, {"job_id": "j"}, None, None, set={"reassembly_started_at": "t2"}, condition=cond)
     assert first.applied and second.outcome is Outcome.STALE
     assert store.get_item(name, {"job_id": "j"})["reassembly_started_at"] == "t1"
-    assert store.delete_if(name, {"job_id": "j"}, Condition("#s = :t", {"#s": "reassembly_started_at"}, {":t": "nope"})).outcome is Outcome.STALE
+    assert (
+        store.delete_if(
+            name, {"job_id": "j"}, Condition("#s = :t", {"#s": "reassembly_started_at"}, {":t": "nope"})
+        ).outcome
+        is Outcome.STALE
+    )
     assert store.delete_if(name, {"job_id": "j"}).applied
     assert store.get_item(name, {"job_id": "j"}) is None
 

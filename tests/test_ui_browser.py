@@ -17,11 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import prefect_server_process
+from tests.helpers.prefect_runs import prefect_server_process
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [pytest.mark.browser, pytest.mark.sweep, pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed")]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.sweep,
+    pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed"),
+]
 
 RUN_DEMO = """
 import json, sys
@@ -38,9 +42,19 @@ print("RESULT " + json.dumps({"run_id": summary["run_id"]}))
 
 
 def _chromium(*args: str, user_dir: str) -> str:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={user_dir}", "--window-size=1400,1000", "--virtual-time-budget=20000"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={user_dir}",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=20000",
+    ]
     result = subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=180)
     return result.stdout
 
@@ -65,8 +79,14 @@ def ui_server(tmp_path):
 
 def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store_root, tmp_path):
     env = {**os.environ, "PREFECT_API_URL": f"{ui_server}/api", "PYTHONPATH": str(REPO_ROOT)}
-    result = subprocess.run([sys.executable, "-c", RUN_DEMO, str(tmp_path / "demo")], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", RUN_DEMO, str(tmp_path / "demo")],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_id = json.loads(result.stdout.split("RESULT ", 1)[1])["run_id"]
 
@@ -96,7 +116,9 @@ def test_the_ui_shows_a_demo_run_its_logs_and_artifacts(ui_server, tables, store
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     with SyncPrefectClient(f"{ui_server}/api") as client:
-        (board,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"])))
+        (board,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pipeline-dashboard"]))
+        )
     dashboard = f"{ui_server}/artifacts/artifact/{board.id}"  # the key's page lists versions; this one renders it
     shown = _dom_showing(dashboard, ["Pipelines, last 24 hours", "1 runs"], user_dir=user_dir)
     assert "Pipelines, last 24 hours" in shown and "ETL files tracked per hour" in shown, "dashboard not shown"

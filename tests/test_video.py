@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import http.server
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,8 +16,9 @@ import pytest
 
 from flows.video import video_delete_cleanup, video_process
 from tasks.core import keys, state_store
-from tasks.video import jobs as v
 from tasks.core.object_store import LocalStore
+from tasks.video import jobs as v
+from tasks.video import keys as video_keys
 from tasks.video.ffmpeg import make_test_video, probe
 
 SECONDS, FPS, SEGMENT = 5.0, 10, 1.0  # 5 segments of 10 frames
@@ -32,7 +31,7 @@ def source_video(tmp_path_factory) -> Path:
 
 def _upload(store_root: Path, data: bytes, mode: str = "grayscale") -> str:
     job = v.create_job(mode=mode, segment_seconds=SEGMENT)
-    assert job["upload_target"] == str(store_root / keys.source_key(job["job_id"]))
+    assert job["upload_target"] == str(store_root / video_keys.source_key(job["job_id"]))
     Path(job["upload_target"]).write_bytes(data)
     return job["job_id"]
 
@@ -61,8 +60,10 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
 
     records = v.completions(job_id)
     assert [r["segment_index"] for r in records] == list(range(5))
-    assert [r["segment_key"] for r in records] == [keys.segment_key(job_id, i, 5, "grayscale") for i in range(5)]
-    assert [r["output_key"] for r in records] == [keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
+    assert [r["segment_key"] for r in records] == [video_keys.segment_key(job_id, i, 5, "grayscale") for i in range(5)]
+    assert [r["output_key"] for r in records] == [
+        video_keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)
+    ]
     assert all(r["prefect_flow_run_id"] == job["prefect_flow_run_id"] and r["prefect_task_run_id"] for r in records)
     assert len({r["prefect_task_run_id"] for r in records}) == 5
     lock = state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})
@@ -70,8 +71,9 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
 
     # every object is under the job's prefixes; the outputs really are gray
     assert set(_objects(store_root)) == (
-        {keys.source_key(job_id), keys.final_key(job_id)}
-        | {r["segment_key"] for r in records} | {r["output_key"] for r in records}
+        {video_keys.source_key(job_id), video_keys.final_key(job_id)}
+        | {r["segment_key"] for r in records}
+        | {r["output_key"] for r in records}
     )
     import av
 
@@ -86,44 +88,9 @@ def test_process_flow_grayscale_end_to_end(tables, store_root, source_video):
     assert v.reassemble(job_id)["reassembled"] is False
 
 
-class _Backend(http.server.BaseHTTPRequestHandler):
-    """A local inference endpoint: echoes the segment (``ok``), answers 500 (``error``) or stalls (``slow``)."""
-
-    behaviour = "ok"
-    requests: list[str] = []
-
-    def do_POST(self):  # noqa: N802 - http.server's naming
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).requests.append(self.path)
-        if self.behaviour == "error":
-            self.send_error(500, "model crashed")
-            return
-        if self.behaviour == "slow":
-            time.sleep(1.5)
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def http_backend(monkeypatch):
-    """An inference endpoint on 127.0.0.1 in a thread; returns its handler class to set the behaviour."""
-    handler = type("Handler", (_Backend,), {"behaviour": "ok", "requests": []})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}/infer")
-    monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "30")  # generous: a loaded CI machine must not time out
-    yield handler
-    server.shutdown()
-    server.server_close()
-
-
-def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with(tables, store_root, source_video, monkeypatch):
+def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with(
+    tables, store_root, source_video, monkeypatch
+):
     """`video create-job --mode grayscale --segment-seconds 1` then `video-process` with only the job id: the job's
     own settings, not the block's defaults (here 2.5 s segments, identity)."""
     monkeypatch.setenv("VIDEO_INFERENCE_SEGMENT_SECONDS", "2.5")
@@ -132,10 +99,13 @@ def test_a_job_is_processed_with_the_mode_and_segment_length_it_was_created_with
     job = video_process(job_id=job_id, segment_retry_delays=[0, 0])
     assert (job["status"], job["total_segments"]) == ("completed", 5)
     outputs = [k for k in _objects(store_root) if k.startswith(f"jobs/{job_id}/segments/")]
-    assert outputs == [keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
+    assert outputs == [video_keys.output_segment_key(job_id, i, 5, "grayscale") for i in range(5)]
     # a run's own parameters still come first
     other = _upload(store_root, source_video.read_bytes(), mode="grayscale")
-    assert video_process(job_id=other, segment_seconds=2.5, mode="identity", segment_retry_delays=[0, 0])["total_segments"] == 2
+    assert (
+        video_process(job_id=other, segment_seconds=2.5, mode="identity", segment_retry_delays=[0, 0])["total_segments"]
+        == 2
+    )
 
 
 def test_http_backend_stores_the_endpoints_responses(tables, store_root, source_video, http_backend):
@@ -166,8 +136,14 @@ def test_backend_errors_are_retried_then_fail_the_job(
     assert job["status"] == "failed"
     assert job["failure_reason"].startswith("5 of 5 segments failed after retries; first: 00000_00005_identity.mp4")
     assert reason in job["failure_reason"]
-    assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
-    assert all(k.startswith((keys.input_prefix(job_id), keys.segments_prefix(job_id))) for k in _objects(store_root))
+    assert (
+        v.completions(job_id) == []
+        and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+    )
+    assert all(
+        k.startswith((video_keys.input_prefix(job_id), video_keys.segments_prefix(job_id)))
+        for k in _objects(store_root)
+    )
 
 
 @pytest.mark.parametrize(
@@ -175,7 +151,11 @@ def test_backend_errors_are_retried_then_fail_the_job(
     [
         ("not a video", lambda src: b"this is a text file, not a video\n" * 20, "not a readable video"),
         ("zero-length", lambda src: b"", "the upload is empty (0 bytes)"),
-        ("truncated", lambda src: src[: len(src) // 2], "source.mp4 is cut off: an mp4/mov without its index (moov atom)"),
+        (
+            "truncated",
+            lambda src: src[: len(src) // 2],
+            "source.mp4 is cut off: an mp4/mov without its index (moov atom)",
+        ),
         ("audio only", None, "the file has no video stream"),
     ],
 )
@@ -195,7 +175,7 @@ def test_bad_input_fails_the_job_with_the_reason(tables, store_root, source_vide
         _run(job_id=job_id)
     job = state_store.to_plain(state_store.get_item(tables["video_jobs"], {"job_id": job_id}))
     assert job["status"] == "failed" and reason in job["failure_reason"] and "total_segments" not in job
-    assert _objects(store_root) == [keys.source_key(job_id)]  # input kept, nothing else written
+    assert _objects(store_root) == [video_keys.source_key(job_id)]  # input kept, nothing else written
     with pytest.raises(ValueError, match="is failed: it cannot be processed"):
         v.start_chunking(job_id)
 
@@ -218,11 +198,15 @@ def test_job_ids_that_could_escape_are_refused(tables, store_root):
 
 
 def _job_ready_for_trigger(tables, job_id: str, total: int) -> None:
-    """A job record at chunking_complete with every completion but the last (no video: the trigger only reads records)."""
+    """A job record at chunking_complete, every completion but the last (no video: the trigger only reads records)."""
     state_store.create_if_absent(tables["video_jobs"], {"job_id": job_id, "status": "created"}, ["job_id"])
     assert state_store.transition(tables["video_jobs"], {"job_id": job_id}, "created", "chunking_in_progress")
     assert state_store.transition(
-        tables["video_jobs"], {"job_id": job_id}, "chunking_in_progress", "chunking_complete", set={"total_segments": total}
+        tables["video_jobs"],
+        {"job_id": job_id},
+        "chunking_in_progress",
+        "chunking_complete",
+        set={"total_segments": total},
     )
     state_store.create_many_if_absent(
         tables["video_segment_completions"],
@@ -244,8 +228,8 @@ def test_trigger_on_write_fires_exactly_once_under_8_threads_50_rounds(tables):
 
             def last_segment_finishes(worker: int, job_id=job_id, barrier=barrier):
                 barrier.wait()
-                segment = keys.SegmentKey(job_id, total - 1, total, "identity")
-                v.record_completion(segment, keys.output_segment_key(job_id, total - 1, total, "identity"))
+                segment = video_keys.SegmentKey(job_id, total - 1, total, "identity")
+                v.record_completion(segment, video_keys.output_segment_key(job_id, total - 1, total, "identity"))
                 if v.trigger_on_write(job_id):  # won the lock: start reassembly (claim reassembly_started_at)
                     return worker, v.claim_reassembly(job_id, owner=f"worker-{worker}").applied
                 return None
@@ -262,7 +246,7 @@ def test_trigger_on_write_fires_exactly_once_under_8_threads_50_rounds(tables):
 def test_only_one_worker_claims_the_reassembly_lock(tables):
     _job_ready_for_trigger(tables, "claim", 1)
     assert v.trigger_on_write("claim") is False
-    v.record_completion(keys.SegmentKey("claim", 0, 1, "identity"), "jobs/claim/segments/x.mp4")
+    v.record_completion(video_keys.SegmentKey("claim", 0, 1, "identity"), "jobs/claim/segments/x.mp4")
     assert v.trigger_on_write("claim") is True and v.trigger_on_write("claim") is False
     barrier = threading.Barrier(8)
     results = {}
@@ -301,8 +285,10 @@ def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, stor
 
     # a real reassembly worker claims the lock and is SIGKILLed before it writes anything
     worker = subprocess.Popen(
-        [sys.executable, "-c", _CLAIM_AND_HANG, job_id], cwd=Path(__file__).resolve().parents[1],
-        stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", _CLAIM_AND_HANG, job_id],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert worker.stdout.readline().strip() == "claimed"
@@ -314,9 +300,12 @@ def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, stor
 
     # another worker finds the fresh claim and leaves it alone; once the claim is stale, reassembly takes over
     assert v.reassemble(job_id) == {
-        "job_id": job_id, "status": "chunking_complete", "reassembled": False, "skipped": "another worker holds the lock"
+        "job_id": job_id,
+        "status": "chunking_complete",
+        "reassembled": False,
+        "skipped": "another worker holds the lock",
     }
-    assert not (store_root / keys.final_key(job_id)).exists()
+    assert not (store_root / video_keys.final_key(job_id)).exists()
     job = _run(job_id=job_id, reassembly_stale_after_s=0)  # a re-run of the flow finds the pending reassembly
     assert job["status"] == "completed" and job["final_frames"] == 50
     lock = state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})
@@ -344,8 +333,11 @@ def test_delete_cleans_up_and_the_job_reads_as_not_found(tables, store_root, tmp
     removed = video_delete_cleanup()  # the scheduled sweep: every deleted job not yet cleaned up
     assert removed == {job_id: {"objects": 1 + 6 + 6 + 1, "completion_records": 6, "locks": 1}}
     assert video_delete_cleanup() == {} and v.deleted_jobs_awaiting_cleanup() == []
-    assert _objects(store_root) == [keys.source_key(other)]
-    assert v.completions(job_id) == [] and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+    assert _objects(store_root) == [video_keys.source_key(other)]
+    assert (
+        v.completions(job_id) == []
+        and state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}) is None
+    )
     row = state_store.get_item(tables["video_jobs"], {"job_id": job_id})
     assert row["status"] == "deleted" and "deleted_at" in row and "cleaned_up_at" in row
     assert main(["video", "get-job", job_id]) == 2
@@ -371,7 +363,9 @@ def test_cli_create_get_list(tables, store_root, capsys):
     assert main(["video", "create-job", "--job-id", "cli-job", "--mode", "scale", "--segment-seconds", "2"]) == 0
     created = json.loads(capsys.readouterr().out)
     assert created == {
-        "job_id": "cli-job", "status": "created", "source_key": "input/cli-job/source.mp4",
+        "job_id": "cli-job",
+        "status": "created",
+        "source_key": "input/cli-job/source.mp4",
         "upload_target": str(store_root / "input/cli-job/source.mp4"),
     }
     assert main(["video", "create-job", "--job-id", "cli-job"]) == 2
@@ -391,7 +385,7 @@ def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, st
     from prefect.client.orchestration import get_client
 
     from flows.video import video_reassemble
-    from tests.test_records_reconcile import _wait
+    from tests.helpers.prefect_runs import wait_for
 
     job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
     # a deployment that does not exist: starting `video-reassemble` would fail the run
@@ -400,20 +394,24 @@ def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, st
     lock = state_store.to_plain(state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id}))
     assert lock["reassembly_owner"] == lock["prefect_flow_run_id"] == job["prefect_flow_run_id"]
     assert "reassembly_flow_run_id" not in lock
+
     def task_run():  # the server records task runs from their events, a moment after they ran
         from prefect.exceptions import ObjectNotFound
 
         with get_client(sync_client=True) as client, contextlib.suppress(ObjectNotFound):
             return client.read_task_run(lock["prefect_task_run_id"])
 
-    claimed_by = _wait(task_run, 60, "the reassemble task run on the server")
+    claimed_by = wait_for(task_run, 60, "the reassemble task run on the server")
     # the reassembly is a task run of the process run: its logs and retries are on that run's page in the UI
     assert (claimed_by.name.split("-")[0], str(claimed_by.flow_run_id)) == ("reassemble", job["prefect_flow_run_id"])
 
-    final = store_root / keys.final_key(job_id)
+    final = store_root / video_keys.final_key(job_id)
     written = (final.stat().st_ino, final.stat().st_mtime_ns)
     assert video_reassemble(job_id) == {
-        "job_id": job_id, "status": "completed", "final_key": keys.final_key(job_id), "reassembled": False,
+        "job_id": job_id,
+        "status": "completed",
+        "final_key": video_keys.final_key(job_id),
+        "reassembled": False,
     }
     assert (final.stat().st_ino, final.stat().st_mtime_ns) == written  # no second final.mp4
     assert v.get_job(job_id) == job  # no second transition: completed_at, final_* as the process run wrote them

@@ -3,20 +3,19 @@ jobs, credentials on redirects, secrets and local paths in messages, the source 
 
 from __future__ import annotations
 
-import http.server
-import threading
-import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from flows.video import video_process, video_sweep_stuck
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.object_store import LocalStore
-from tasks.video import inference
+from tasks.video import inference, keys
 from tasks.video import jobs as v
 from tasks.video.ffmpeg import make_test_video, probe
-from tests.test_records_reconcile import _crash_event
+from tests.helpers.prefect_runs import crash_event
+from tests.helpers.video import upload_bytes
 
 SECONDS, FPS, SEGMENT = 3.0, 10, 1.0  # 3 segments of 10 frames
 
@@ -24,12 +23,6 @@ SECONDS, FPS, SEGMENT = 3.0, 10, 1.0  # 3 segments of 10 frames
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory) -> Path:
     return make_test_video(tmp_path_factory.mktemp("clip") / "clip.mp4", SECONDS, FPS, keyframe_seconds=SEGMENT)
-
-
-def _upload(data: bytes, mode: str = "identity") -> str:
-    job = v.create_job(mode=mode, segment_seconds=SEGMENT)
-    Path(job["upload_target"]).write_bytes(data)
-    return job["job_id"]
 
 
 def _run(**params):
@@ -41,54 +34,6 @@ def _job(tables, job_id: str) -> dict:
     return state_store.to_plain(state_store.get_item(tables["video_jobs"], {"job_id": job_id}))
 
 
-class _Endpoint(http.server.BaseHTTPRequestHandler):
-    """``ok``: echo; ``json``: 200 with a JSON error body; ``redirect-NNN``: to ``target``; ``echo-key``: 500 naming the URL;
-    ``hold-after-first``: echo the first request, hold later ones until the behaviour changes."""
-
-    behaviour, target = "ok", ""
-    seen: list[dict] = []
-
-    def do_POST(self):  # noqa: N802 - http.server's naming
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        type(self).seen.append({"path": self.path, "authorization": self.headers.get("Authorization"), "size": len(body)})
-        while self.behaviour == "hold-after-first" and len(self.seen) > 1:  # one answer, then hang until told
-            time.sleep(0.1)
-        if self.behaviour.startswith("redirect-"):
-            self.send_response(int(self.behaviour.split("-")[1]))
-            self.send_header("Location", self.target + self.path)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        if self.behaviour == "echo-key":
-            self.send_error(500, f"bad request {self.path} from {self.headers.get('Authorization')}")
-            return
-        answer = b'{"error": "model overloaded, try later"}' if self.behaviour == "json" else body
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    do_GET = do_POST  # a 302 turns the POST into a GET
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def endpoints():
-    """Two endpoints on 127.0.0.1 (two origins: different ports); yields their handler classes and URLs."""
-    started = []
-    for _ in range(2):
-        handler = type("Handler", (_Endpoint,), {"behaviour": "ok", "target": "", "seen": []})
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        started.append((server, handler, f"http://127.0.0.1:{server.server_address[1]}"))
-    yield [(handler, url) for _, handler, url in started]
-    for server, _, _ in started:
-        server.shutdown()
-        server.server_close()
-
-
 # --------------------------------------------------------------------------- 9: bad output, reassembly, stuck jobs
 
 
@@ -96,7 +41,7 @@ def test_a_200_with_a_json_body_is_not_a_completed_segment(tables, store_root, c
     (backend, url), _ = endpoints
     backend.behaviour = "json"
     monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", f"{url}/infer")
-    job_id = _upload(clip.read_bytes())
+    job_id = upload_bytes(clip.read_bytes())
     with pytest.raises(v.JobFailed, match="http backend output for segment 0 is no video"):
         _run(job_id=job_id, backend="http")
     job = _job(tables, job_id)
@@ -105,7 +50,7 @@ def test_a_200_with_a_json_body_is_not_a_completed_segment(tables, store_root, c
 
 
 def test_an_output_with_missing_frames_is_refused(tables, store_root, clip, tmp_path):
-    job_id = _upload(clip.read_bytes())
+    job_id = upload_bytes(clip.read_bytes())
     v.start_chunking(job_id)
     v.chunk_source(job_id, SEGMENT, "identity")
     short = make_test_video(tmp_path / "short.mp4", 0.5, FPS)  # a real video, but 5 frames instead of 10
@@ -114,7 +59,7 @@ def test_an_output_with_missing_frames_is_refused(tables, store_root, clip, tmp_
 
 
 def test_a_failed_reassembly_fails_the_job_with_the_reason(tables, store_root, clip):
-    job_id = _upload(clip.read_bytes())
+    job_id = upload_bytes(clip.read_bytes())
     v.start_chunking(job_id)
     segment_keys = v.chunk_source(job_id, SEGMENT, "identity")
     for key in segment_keys:
@@ -130,7 +75,7 @@ def test_a_failed_reassembly_fails_the_job_with_the_reason(tables, store_root, c
 
 
 def test_the_sweep_reassembles_or_fails_jobs_stuck_in_chunking_complete(tables, store_root, clip):
-    complete, partial = _upload(clip.read_bytes()), _upload(clip.read_bytes())
+    complete, partial = upload_bytes(clip.read_bytes()), upload_bytes(clip.read_bytes())
     for job_id in (complete, partial):
         v.start_chunking(job_id)
         v.chunk_source(job_id, SEGMENT, "identity")
@@ -140,7 +85,9 @@ def test_the_sweep_reassembles_or_fails_jobs_stuck_in_chunking_complete(tables, 
     assert video_sweep_stuck(stuck_minutes=60) == {}  # not stuck long enough yet
     swept = video_sweep_stuck(stuck_minutes=0)
     assert swept[complete] == {"job_id": complete, "status": "completed", "action": "reassembled"}
-    assert swept[partial]["status"] == "failed" and "with 1 of 3 segments done" in _job(tables, partial)["failure_reason"]
+    assert (
+        swept[partial]["status"] == "failed" and "with 1 of 3 segments done" in _job(tables, partial)["failure_reason"]
+    )
     assert probe(store_root / keys.final_key(complete)).frames == 30
     assert video_sweep_stuck(stuck_minutes=0) == {}
 
@@ -154,13 +101,15 @@ def test_the_sweep_leaves_a_job_alone_while_a_run_that_holds_it_is_alive(tables,
     def holder() -> None:
         pass
 
-    job_id = _upload(clip.read_bytes())
+    job_id = upload_bytes(clip.read_bytes())
     v.start_chunking(job_id)
     v.chunk_source(job_id, SEGMENT, "identity")
     v.infer_segment(v.segment_keys_of(v.get_job(job_id))[0], backend="ffmpeg")  # one of three segments done so far
     with get_client(sync_client=True) as client:
         run = client.create_flow_run(holder, state=Running())
-        state_store.transition(tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run.id)})
+        state_store.transition(
+            tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run.id)}
+        )
         assert video_sweep_stuck(stuck_minutes=0) == {}  # its run is still working on it
         assert _job(tables, job_id)["status"] == "chunking_complete"
         client.set_flow_run_state(run.id, Crashed(message="worker killed (test)"), force=True)
@@ -168,19 +117,22 @@ def test_the_sweep_leaves_a_job_alone_while_a_run_that_holds_it_is_alive(tables,
     assert swept[job_id]["status"] == "failed" and "with 1 of 3 segments done" in _job(tables, job_id)["failure_reason"]
 
 
-# --------------------------------------------------------------------------- issue 23 item 2: a crashed run is recovered at once
+# --------------------------------------------------------------------------- issue 23 item 2: a crashed run is
+# recovered at once
 
 
-def _video_deployment(client) -> "uuid.UUID":
+def _video_deployment(client) -> uuid.UUID:
     """A deployment of video-process with no work pool (the test runs its flow runs itself)."""
-    import uuid
-
     flow_id = client.create_flow(video_process)
-    return client.create_deployment(flow_id, f"redrive-{uuid.uuid4().hex[:6]}", entrypoint="flows/video.py:video_process")
+    return client.create_deployment(
+        flow_id, f"redrive-{uuid.uuid4().hex[:6]}", entrypoint="flows/video.py:video_process"
+    )
 
 
 def _hold(tables, job_id: str, run_id, **lock) -> None:
-    state_store.transition(tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run_id)})
+    state_store.transition(
+        tables["video_jobs"], {"job_id": job_id}, None, None, set={"prefect_flow_run_id": str(run_id)}
+    )
     if lock:
         state_store.put(tables["video_reassembly_locks"], {"job_id": job_id, **lock})
 
@@ -193,9 +145,9 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
     from prefect.states import Crashed, Running
 
     from flows.records import records_prefect_state
-    from tasks.records import reconcile
+    from tasks import reconcile
 
-    partial, done, spent = (_upload(clip.read_bytes()) for _ in range(3))
+    partial, done, spent = (upload_bytes(clip.read_bytes()) for _ in range(3))
     for job_id in (partial, done, spent):
         v.start_chunking(job_id)
         v.chunk_source(job_id, SEGMENT, "identity")
@@ -206,7 +158,9 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
     with get_client(sync_client=True) as client:
         deployment = _video_deployment(client)
         params = {"segment_seconds": SEGMENT, "segment_retries": 0, "source_url": "file:///was/imported.mp4"}
-        crashed = client.create_flow_run_from_deployment(deployment, parameters={**params, "job_id": partial}, state=Running())
+        crashed = client.create_flow_run_from_deployment(
+            deployment, parameters={**params, "job_id": partial}, state=Running()
+        )
         spent_run = client.create_flow_run_from_deployment(deployment, parameters={"job_id": spent}, state=Running())
         reassembly = client.create_flow_run(video_sweep_stuck, state=Running())  # stands in for video-reassemble
         _hold(tables, partial, crashed.id)
@@ -215,37 +169,49 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
         for run in (crashed, spent_run):
             client.set_flow_run_state(run.id, Crashed(message="flow process killed (test)"), force=True)
 
-        findings = records_prefect_state(_crash_event(crashed.id))
+        findings = records_prefect_state(crash_event(crashed.id))
         # `done` is still held by its live reassembly run: left alone; `partial` gets a new run of the deployment
         assert [(f["record"], f["action"], f["outcome"]) for f in findings] == [(partial, "-> recover", "applied")]
         job = _job(tables, partial)
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment])))
         redriven = next(r for r in runs if r.id not in (crashed.id, spent_run.id))
-        assert (job["status"], job["prefect_flow_run_id"], job["redrives"]) == ("chunking_complete", str(redriven.id), 1)
+        assert (job["status"], job["prefect_flow_run_id"], job["redrives"]) == (
+            "chunking_complete",
+            str(redriven.id),
+            1,
+        )
         assert redriven.parameters == {"segment_seconds": SEGMENT, "segment_retries": 0, "job_id": partial}
         assert redriven.state.type.value == "SCHEDULED"
         # a second report of the same crash changes nothing and starts nothing
-        assert records_prefect_state(_crash_event(crashed.id)) == []
-        assert len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment])))) == 3
+        assert records_prefect_state(crash_event(crashed.id)) == []
+        assert (
+            len(client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment]))))
+            == 3
+        )
 
         # the re-driven run (what a worker does with it) finishes the job with every frame
         from prefect.flow_engine import run_flow
 
         finished = run_flow(video_process, flow_run=redriven, parameters=redriven.parameters, return_type="state")
         assert finished.is_completed(), finished
-        assert (_job(tables, partial)["status"], probe(store_root / keys.final_key(partial)).frames) == ("completed", 30)
+        assert (_job(tables, partial)["status"], probe(store_root / keys.final_key(partial)).frames) == (
+            "completed",
+            30,
+        )
 
         # the reassembly run dies too: every segment is done, so the job is reassembled right away
         client.set_flow_run_state(reassembly.id, Crashed(message="flow process killed (test)"), force=True)
-        assert [f["record"] for f in records_prefect_state(_crash_event(reassembly.id))] == [done]
+        assert [f["record"] for f in records_prefect_state(crash_event(reassembly.id))] == [done]
         assert (_job(tables, done)["status"], probe(store_root / keys.final_key(done)).frames) == ("completed", 30)
 
         # a job re-driven twice already is failed with the reason
-        assert [f["record"] for f in records_prefect_state(_crash_event(spent_run.id))] == [spent]
+        assert [f["record"] for f in records_prefect_state(crash_event(spent_run.id))] == [spent]
     failed = _job(tables, spent)
     assert (failed["status"], failed["failure_reason"]) == (
-        "failed", f"stuck in chunking_complete with 0 of 3 segments done after 2 re-drives (reconciled: record "
-        f"chunking_complete while Prefect flow run {spent_run.id} Crashed); re-run video-process for the job")
+        "failed",
+        f"stuck in chunking_complete with 0 of 3 segments done after 2 re-drives (reconciled: record "
+        f"chunking_complete while Prefect flow run {spent_run.id} Crashed); re-run video-process for the job",
+    )
     assert reconcile.disagreements(["video"]) == []
     assert v.reopen_failed_job(spent) and "redrives" not in _job(tables, spent)  # a person's re-run starts afresh
 
@@ -255,7 +221,7 @@ def test_the_reconciler_redrives_reassembles_or_fails_a_job_whose_runs_crashed(t
 
 def test_a_failed_job_is_rerun_after_a_good_upload(tables, store_root, clip, endpoints, monkeypatch):
     data = clip.read_bytes()
-    job_id = _upload(data[: len(data) // 2])  # truncated upload
+    job_id = upload_bytes(data[: len(data) // 2])  # truncated upload
     with pytest.raises(v.JobFailed, match="chunking failed"):
         _run(job_id=job_id)
     Path(store_root / keys.source_key(job_id)).write_bytes(data)  # the user uploads again to the same target
@@ -267,7 +233,7 @@ def test_a_failed_job_is_rerun_after_a_good_upload(tables, store_root, clip, end
     (backend, url), _ = endpoints
     backend.behaviour = "json"
     monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", f"{url}/infer")
-    other = _upload(data, mode="grayscale")
+    other = upload_bytes(data, mode="grayscale")
     with pytest.raises(v.JobFailed):
         _run(job_id=other, mode="grayscale", segment_seconds=1.5, backend="http")
     assert len(list(LocalStore(store_root).list(keys.segments_prefix(other)))) == 2
@@ -286,7 +252,9 @@ def test_the_bearer_token_never_goes_to_another_host(tmp_path, clip, endpoints, 
     first.behaviour, first.target = f"redirect-{code}", other_url
     target = tmp_path / "out.mp4"
     if code == 302:  # the POST would become a GET without the segment: refused
-        with pytest.raises(inference.InferenceError, match=r"redirected \(302\) to http://127.0.0.1:\d+/infer\?mode=\*\*\*"):
+        with pytest.raises(
+            inference.InferenceError, match=r"redirected \(302\) to http://127.0.0.1:\d+/infer\?mode=\*\*\*"
+        ):
             inference.infer_http(clip, target, "identity", f"{first_url}/infer", 30, api_key="s3cret-token")
     else:
         inference.infer_http(clip, target, "identity", f"{first_url}/infer", 30, api_key="s3cret-token")
@@ -313,7 +281,9 @@ def test_a_same_host_redirect_keeps_the_token(tmp_path, clip, endpoints):
     assert [r["authorization"] for r in first.seen] == ["Bearer tok-123"] * 2
 
 
-def test_secrets_never_reach_the_record_the_logs_or_the_run_state(tables, store_root, clip, endpoints, monkeypatch, caplog):
+def test_secrets_never_reach_the_record_the_logs_or_the_run_state(
+    tables, store_root, clip, endpoints, monkeypatch, caplog
+):
     import logging
 
     from prefect import get_client
@@ -324,7 +294,7 @@ def test_secrets_never_reach_the_record_the_logs_or_the_run_state(tables, store_
     backend.behaviour = "echo-key"
     monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", f"{url}/infer?api_key=KEY-in-query-42&region=eu-west-1")
     monkeypatch.setenv("VIDEO_INFERENCE_API_KEY", "bearer-secret-77")
-    job_id = _upload(clip.read_bytes())
+    job_id = upload_bytes(clip.read_bytes())
     with caplog.at_level(logging.DEBUG):
         state = _run(job_id=job_id, backend="http", return_state=True)
     assert state.is_failed()
@@ -347,13 +317,13 @@ def test_secrets_never_reach_the_record_the_logs_or_the_run_state(tables, store_
 
 
 def test_failure_reasons_name_object_keys_not_local_paths(tables, store_root):
-    job_id = _upload(b"not a video at all\n" * 10)
+    job_id = upload_bytes(b"not a video at all\n" * 10)
     with pytest.raises(v.JobFailed):
         _run(job_id=job_id)
     reason = _job(tables, job_id)["failure_reason"]
     assert f"input/{job_id}/source.mp4" in reason
     assert str(store_root) not in reason and "/tmp" not in reason and "file://" not in reason
-    assert v.public_reason(f"ffmpeg failed: /tmp/.video-chunk-x1/part-00001.mp4: Invalid data; see http://h:1/a/b") == (
+    assert v.public_reason("ffmpeg failed: /tmp/.video-chunk-x1/part-00001.mp4: Invalid data; see http://h:1/a/b") == (
         "ffmpeg failed: part-00001.mp4: Invalid data; see http://h:1/a/b"
     )
 

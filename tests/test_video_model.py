@@ -1,7 +1,7 @@
 """The video pipeline's model backends: text-redact (a real text detector, ONNX) and a SageMaker-style async endpoint.
 
 Clips are drawn by ffmpeg (drawtext on a white source), so there is known text to find; the endpoint is a local
-stand-in (tests/sagemaker_standin.py) reached through the real boto3 sagemaker-runtime client.
+stand-in (tests/helpers/sagemaker_standin.py) reached through the real boto3 sagemaker-runtime client.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ import numpy as np
 import pytest
 
 from flows.video import video_process
-from tasks.core import keys
 from tasks.video import inference as video_inference
 from tasks.video import jobs as v
-from tasks.video import model
+from tasks.video import keys, model
 from tasks.video.ffmpeg import probe, run
-from tests.sagemaker_standin import AsyncEndpoint
 
 SIZE, FPS, SECONDS = (320, 192), 10, 2.0  # 20 frames; two 1 s segments in the flow tests
 TEXT_AT = (40, 60)  # where drawtext puts the text (fontsize 28)
@@ -34,8 +32,21 @@ def _clip(path: Path, text: str | None) -> Path:
         source += f",drawtext=text='{text}':fontsize=28:fontcolor=black:x={TEXT_AT[0]}:y={TEXT_AT[1]}"
     video = ffmpeg.input(source, f="lavfi")
     audio = ffmpeg.input(f"sine=frequency=440:sample_rate=44100:duration={SECONDS}", f="lavfi")
-    run(ffmpeg.output(video, audio, str(path), vcodec="libx264", acodec="aac", pix_fmt="yuv420p", g=FPS,
-                      keyint_min=FPS, sc_threshold=0, preset="veryfast", shortest=None))
+    run(
+        ffmpeg.output(
+            video,
+            audio,
+            str(path),
+            vcodec="libx264",
+            acodec="aac",
+            pix_fmt="yuv420p",
+            g=FPS,
+            keyint_min=FPS,
+            sc_threshold=0,
+            preset="veryfast",
+            shortest=None,
+        )
+    )
     return path
 
 
@@ -115,7 +126,8 @@ def test_text_redact_refuses_a_bad_batch_size_and_a_file_that_is_no_video(text_c
     with pytest.raises(video_inference.InferenceError) as error:
         video_inference.infer("text-redact", junk, tmp_path / "o.mp4", "identity")
     assert str(error.value) == (
-        "text-redact backend: InvalidDataError: [Errno 1094995529] Invalid data found when processing input: 'junk.mp4'; "
+        "text-redact backend: InvalidDataError: [Errno 1094995529] "
+        "Invalid data found when processing input: 'junk.mp4'; "
         "last error log: [mov,mp4,m4a,3gp,3g2,mj2] moov atom not found"  # libav's own line
     )
 
@@ -145,17 +157,6 @@ def test_video_process_with_the_text_redact_backend(tables, store_root, text_cli
     assert np.abs(frame[..., 0].astype(int) - frame[..., 2].astype(int)).max() <= 3  # and gray
 
 
-@pytest.fixture
-def endpoint(tmp_path, monkeypatch):
-    """The stand-in endpoint named text-redact, configured as the VideoInference block's sagemaker backend."""
-    standin = AsyncEndpoint((tmp_path / "sagemaker").as_uri())
-    monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_URL", standin.url)
-    monkeypatch.setenv("VIDEO_INFERENCE_ENDPOINT_NAME", "text-redact")
-    monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "30")
-    yield standin
-    standin.close()
-
-
 def test_video_process_through_the_async_endpoint(tables, store_root, text_clip, text_area, endpoint):
     job_id = _upload(store_root, text_clip, "identity")
     job = _run(job_id, "sagemaker", "identity")
@@ -172,18 +173,26 @@ def test_video_process_through_the_async_endpoint(tables, store_root, text_clip,
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
-        (lambda e: setattr(e, "fail_with", "CUDA error: out of memory"),
-         "sagemaker backend: endpoint text-redact at {url} failed: RuntimeError: CUDA error: out of memory"),
-        (lambda e: setattr(e, "endpoints", ()),
-         "sagemaker backend: endpoint text-redact at {url} refused the invocation: An error occurred (ValidationError) "
-         "when calling the InvokeEndpointAsync operation: Endpoint text-redact of account 000000000000 not found."),
-        (lambda e: setattr(e, "silent", True),
-         "sagemaker backend: endpoint text-redact at {url} wrote no output within 2 s"),
+        (
+            lambda e: setattr(e, "fail_with", "CUDA error: out of memory"),
+            "sagemaker backend: endpoint text-redact at {url} failed: RuntimeError: CUDA error: out of memory",
+        ),
+        (
+            lambda e: setattr(e, "endpoints", ()),
+            "sagemaker backend: endpoint text-redact at {url} refused the invocation: "
+            "An error occurred (ValidationError) "
+            "when calling the InvokeEndpointAsync operation: Endpoint text-redact of account 000000000000 not found.",
+        ),
+        (
+            lambda e: setattr(e, "silent", True),
+            "sagemaker backend: endpoint text-redact at {url} wrote no output within 2 s",
+        ),
     ],
     ids=["failure-location", "unknown-endpoint", "no-answer"],
 )
-def test_an_endpoint_failure_fails_the_segment_with_its_reason(tables, store_root, text_clip, endpoint, monkeypatch,
-                                                               setup, reason):
+def test_an_endpoint_failure_fails_the_segment_with_its_reason(
+    tables, store_root, text_clip, endpoint, monkeypatch, setup, reason
+):
     monkeypatch.setenv("VIDEO_INFERENCE_TIMEOUT_S", "2")
     setup(endpoint)
     job_id = _upload(store_root, text_clip, "identity")
@@ -191,7 +200,9 @@ def test_an_endpoint_failure_fails_the_segment_with_its_reason(tables, store_roo
         _run(job_id, "sagemaker", "identity")
 
     job = v.get_job(job_id)
-    assert job["status"] == "failed" and job["failure_reason"].startswith("2 of 2 segments failed after retries; first: ")
+    assert job["status"] == "failed" and job["failure_reason"].startswith(
+        "2 of 2 segments failed after retries; first: "
+    )
     assert reason.format(url=endpoint.url) in job["failure_reason"]
     assert not list((store_root / "jobs").rglob("*.mp4"))  # nothing recorded as output
 

@@ -17,63 +17,17 @@ to even, as the job records) and whole audio track; every bad one fails at chunk
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import ffmpeg
 import pytest
 
-from tasks.core import keys
 from tasks.video import ffmpeg as video_ffmpeg
 from tasks.video import jobs as v
-from tasks.video.ffmpeg import probe, run
-from tests.test_video import http_backend  # noqa: F401 - the echoing endpoint, a fixture
-from tests.test_video_model import endpoint  # noqa: F401 - the SageMaker-style stand-in, a fixture
-
-SEGMENT = 1.0
-
-
-def _lavfi(spec: str):
-    return ffmpeg.input(spec, f="lavfi")
-
-
-def clip(path: Path, *, size: str = "64x48", fps: float = 10, seconds: float = 3.0, vcodec: str = "libx264",
-         pix_fmt: str = "yuv420p", audio: str | None = "stereo", audio_start: float = 0.0,
-         audio_seconds: float | None = None, acodec: str = "aac", rotation: int = 0, keyframe_s: float = 0.5,
-         vfr: tuple[float, float] | None = None, extra: dict | None = None) -> Path:
-    """A ``testsrc`` clip as a device would write it (codec, container from the suffix, rotation, audio layout)."""
-    if vfr:  # the first half at vfr[0] fps, the second at vfr[1]: one stream, frame durations changing
-        halves = [_lavfi(f"testsrc=size={size}:rate={rate}:duration={seconds / 2}:decimals={i}").filter("settb", "1/720")
-                  for i, rate in enumerate(vfr)]  # two different sources: ffmpeg-python merges equal nodes
-        video = ffmpeg.concat(*halves, v=1, a=0)
-    else:
-        video = _lavfi(f"testsrc=size={size}:rate={fps}:duration={seconds}")
-    streams = [video]
-    options = {"vcodec": vcodec, "pix_fmt": pix_fmt, "fps_mode": "passthrough",
-               "force_key_frames": f"expr:gte(t,n_forced*{keyframe_s})", **(extra or {})}
-    if vcodec == "libx264":
-        options.update(preset="veryfast")
-    if vcodec.startswith("libvpx"):
-        options.update({"b:v": "300k", "deadline": "realtime", "cpu-used": 8})
-    if audio:
-        layout = {"mono": "mono", "stereo": "stereo"}[audio]
-        length = audio_seconds if audio_seconds is not None else seconds - audio_start
-        sound = _lavfi(f"sine=frequency=440:sample_rate=48000:duration={length}").filter("aformat", channel_layouts=layout)
-        if audio_start:  # the track begins later in the file (its first timestamp), as a late-starting recorder writes
-            sound = sound.filter("asetpts", f"PTS+{audio_start}/TB")
-        streams.append(sound)
-        options["acodec"] = acodec
-    if not rotation:
-        run(ffmpeg.output(*streams, str(path), **options))
-        return path
-    # a display matrix, as phones store a portrait recording: a second pass sets it (stream copy)
-    plain = path.with_name("unrotated-" + path.name)
-    run(ffmpeg.output(*streams, str(plain), **options))
-    tag = {"tag:v": "hvc1"} if vcodec == "libx265" else {}  # Apple's tag for hevc
-    run(ffmpeg.input(str(plain), display_rotation=rotation).output(str(path), c="copy", **tag))
-    plain.unlink()
-    return path
+from tasks.video import keys
+from tasks.video.ffmpeg import run
+from tests.helpers.video import SEGMENT, assert_like_source, clip, lavfi, process, upload
 
 
 def cut(source: Path, path: Path, where: str) -> Path:
@@ -118,7 +72,7 @@ def _empty(folder: Path) -> Path:
 
 def _audio_only(folder: Path) -> Path:
     path = folder / "voice-memo.m4a"
-    run(_lavfi("sine=duration=1").output(str(path), acodec="aac"))
+    run(lavfi("sine=duration=1").output(str(path), acodec="aac"))
     return path
 
 
@@ -127,15 +81,17 @@ SHAPES: dict[str, Shape] = {
     "phone-portrait-h264-mp4": Shape(_write("p.mp4", rotation=90, size="64x48"), normalised="rotated 90 degrees"),
     "phone-portrait-hevc-mov-mono": Shape(
         _write("p.mov", rotation=-90, vcodec="libx265", audio="mono", extra={"x265-params": "log-level=error"}),
-        normalised="rotated 270 degrees"),
+        normalised="rotated 270 degrees",
+    ),
     "phone-upside-down-mp4": Shape(_write("u.mp4", rotation=180), normalised="rotated 180 degrees"),
     # screen recorders
     "screen-vfr-30-24-mp4-no-audio": Shape(_write("s.mp4", vfr=(30, 24), seconds=4.0, audio=None)),
     "screen-vfr-mkv-stereo": Shape(_write("s.mkv", vfr=(24, 30), seconds=3.0)),
     "screen-sparse-keyframes": Shape(_write("k.mp4", keyframe_s=10, seconds=3.0)),  # one keyframe: one segment
     # browsers (MediaRecorder writes live webm: no duration, no cues)
-    "browser-webm-vp8-opus-live": Shape(_write("b.webm", vcodec="libvpx", acodec="libopus", extra={"live": 1}),
-                                        normalised="vp8 re-encoded as h264"),
+    "browser-webm-vp8-opus-live": Shape(
+        _write("b.webm", vcodec="libvpx", acodec="libopus", extra={"live": 1}), normalised="vp8 re-encoded as h264"
+    ),
     "browser-webm-vp9-opus": Shape(_write("b9.webm", vcodec="libvpx-vp9", acodec="libopus")),
     # cameras
     "camera-mp4-25fps-stereo": Shape(_write("c.mp4", fps=25, seconds=2.0)),
@@ -145,21 +101,33 @@ SHAPES: dict[str, Shape] = {
     "audio-starts-after-segment-0": Shape(_write("late.mp4", seconds=4.0, audio_start=2.5)),
     "audio-shorter-than-video": Shape(_write("short.mp4", seconds=3.0, audio_seconds=1.2)),
     # odd sizes
-    "odd-641x359-h264-444": Shape(_write("o1.mp4", size="641x359", seconds=1.0, pix_fmt="yuv444p"),
-                                  normalised="padded from 641x359 to 642x360"),
-    "odd-641x361-vp9-webm": Shape(_write("o2.webm", size="641x361", seconds=1.0, vcodec="libvpx-vp9", acodec="libopus"),
-                                  normalised="padded from 641x361 to 642x362"),
+    "odd-641x359-h264-444": Shape(
+        _write("o1.mp4", size="641x359", seconds=1.0, pix_fmt="yuv444p"), normalised="padded from 641x359 to 642x360"
+    ),
+    "odd-641x361-vp9-webm": Shape(
+        _write("o2.webm", size="641x361", seconds=1.0, vcodec="libvpx-vp9", acodec="libopus"),
+        normalised="padded from 641x361 to 642x362",
+    ),
     "odd-1x1": Shape(_write("o3.mp4", size="1x1", seconds=1.0, pix_fmt="yuv444p"), normalised="padded from 1x1 to 2x2"),
     # what must fail at chunking
     "interrupted-mp4-at-packet-boundary": Shape(
-        _cut("i1.mp4", "boundary", extra={"movflags": "+faststart"}), reason="source.mp4 is cut off: 20 of the 30 video frames"),
+        _cut("i1.mp4", "boundary", extra={"movflags": "+faststart"}),
+        reason="source.mp4 is cut off: 20 of the 30 video frames",
+    ),
     "interrupted-mp4-inside-a-packet": Shape(
-        _cut("i2.mp4", "inside", extra={"movflags": "+faststart"}), reason="source.mp4 is cut off: the file ends inside a packet"),
-    "interrupted-mp4-before-moov": Shape(_cut("i3.mp4", "half"), reason="source.mp4 is cut off: an mp4/mov without its index"),
-    "interrupted-mkv": Shape(_cut("i4.mkv", "boundary"), reason="source.mp4 is cut off: the file ends inside a packet or cluster"),
+        _cut("i2.mp4", "inside", extra={"movflags": "+faststart"}),
+        reason="source.mp4 is cut off: the file ends inside a packet",
+    ),
+    "interrupted-mp4-before-moov": Shape(
+        _cut("i3.mp4", "half"), reason="source.mp4 is cut off: an mp4/mov without its index"
+    ),
+    "interrupted-mkv": Shape(
+        _cut("i4.mkv", "boundary"), reason="source.mp4 is cut off: the file ends inside a packet or cluster"
+    ),
     "interrupted-webm-live-recording": Shape(
         _cut("i5.webm", "boundary", vcodec="libvpx", acodec="libopus", extra={"live": 1}),
-        reason="source.mp4 is cut off: the file ends inside a packet or cluster (File ended prematurely)"),
+        reason="source.mp4 is cut off: the file ends inside a packet or cluster (File ended prematurely)",
+    ),
     "empty": Shape(_empty, reason="the upload is empty (0 bytes)"),
     "not-a-video": Shape(_text, reason="not a readable video"),
     "audio-only": Shape(_audio_only, reason="the file has no video stream"),
@@ -174,47 +142,17 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     return {name: shape.make(folder) for name, shape in SHAPES.items()}
 
 
-def upload(store_root: Path, source: Path, mode: str = "grayscale", segment_seconds: float = SEGMENT) -> str:
-    job = v.create_job(mode=mode, segment_seconds=segment_seconds)
-    Path(job["upload_target"]).write_bytes(source.read_bytes())
-    return job["job_id"]
-
-
-def process(job_id: str, backend: str = "ffmpeg") -> dict:
-    """The flow's steps as plain task bodies: chunk, every segment through ``backend``, reassemble."""
-    job = v.start_chunking(job_id)
-    for key in v.chunk_source(job_id, float(job["segment_seconds"]), job["mode"]):
-        assert "output_key" in v.infer_segment(key, backend=backend)
-    v.reassemble(job_id)
-    return v.get_job(job_id)
-
-
-def assert_like_source(source: Path, job: dict, store_root: Path) -> None:
-    """Item 1's invariants: the final has the source's frames, duration, displayed size and whole audio track."""
-    want, final = probe(source), probe(store_root / job["final_key"])
-    assert job["status"] == v.COMPLETED
-    assert final.frames == want.frames == job["final_frames"]
-    assert abs(final.duration - want.duration) <= 0.1, (final.duration, want.duration)
-    width, height = want.display_size
-    if job.get("normalised"):  # odd sides padded to even (stated in the job)
-        width, height = video_ffmpeg.even_size(width, height)
-    assert final.display_size == video_ffmpeg.output_size(job["mode"], width, height)
-    assert job["output_size"] == job["final_size"] == "{}x{}".format(*final.display_size)
-    assert final.has_audio == want.has_audio
-    if want.has_audio:
-        assert abs(final.audio_duration - want.audio_duration) <= 0.1, (final.audio_duration, want.audio_duration)
-        assert abs(final.audio_start - want.audio_start) <= 0.1, (final.audio_start, want.audio_start)
-
-
 @pytest.mark.parametrize("name", VALID)
 def test_a_valid_upload_comes_out_like_its_source(tables, store_root, corpus, name):
     job = process(upload(store_root, corpus[name]))
     assert_like_source(corpus[name], job, store_root)
     expected = SHAPES[name].normalised
     assert (expected in job.get("normalised", "")) if expected else "normalised" not in job
-    print(f"{name}: completed, {job['total_segments']} segments, {job['final_frames']} frames, "
-          f"{job['final_duration']:.2f} s, {job['final_size']}, audio {job['final_audio_duration']:.2f} s"
-          + (f", {job['normalised']}" if job.get("normalised") else ""))
+    print(
+        f"{name}: completed, {job['total_segments']} segments, {job['final_frames']} frames, "
+        f"{job['final_duration']:.2f} s, {job['final_size']}, audio {job['final_audio_duration']:.2f} s"
+        + (f", {job['normalised']}" if job.get("normalised") else "")
+    )
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -224,7 +162,11 @@ def test_a_bad_upload_fails_at_chunking_with_its_reason(tables, store_root, corp
     with pytest.raises(video_ffmpeg.InvalidMedia) as failure:
         v.chunk_source(job_id, SEGMENT, "grayscale")
     assert SHAPES[name].reason in str(failure.value)
-    assert f"input/{job_id}/source.mp4" in str(failure.value) or "upload" in str(failure.value) or "file" in str(failure.value)
+    assert (
+        f"input/{job_id}/source.mp4" in str(failure.value)
+        or "upload" in str(failure.value)
+        or "file" in str(failure.value)
+    )
     assert sorted(p.relative_to(store_root).as_posix() for p in store_root.rglob("*") if p.is_file()) == [
         keys.source_key(job_id)
     ]  # nothing but the upload was written
@@ -236,8 +178,16 @@ HARD = "hard-case"  # rotated, odd-sized, variable frame rate, audio starting af
 
 @pytest.fixture(scope="module")
 def hard_clip(tmp_path_factory) -> Path:
-    return clip(tmp_path_factory.mktemp("hard") / "hard.mov", size="63x47", vfr=(30, 20), seconds=3.0,
-                pix_fmt="yuv444p", rotation=90, audio_start=1.4, audio="mono")
+    return clip(
+        tmp_path_factory.mktemp("hard") / "hard.mov",
+        size="63x47",
+        vfr=(30, 20),
+        seconds=3.0,
+        pix_fmt="yuv444p",
+        rotation=90,
+        audio_start=1.4,
+        audio="mono",
+    )
 
 
 MODES = sorted(video_ffmpeg.FILTERS)
@@ -245,7 +195,8 @@ MODES = sorted(video_ffmpeg.FILTERS)
 
 @pytest.mark.parametrize(
     ("backend", "mode"),
-    [("ffmpeg", mode) for mode in MODES] + [("http", "identity"), ("text-redact", "grayscale"), ("sagemaker", "identity")],
+    [("ffmpeg", mode) for mode in MODES]
+    + [("http", "identity"), ("text-redact", "grayscale"), ("sagemaker", "identity")],
 )
 def test_every_backend_and_mode_keeps_the_source_whole(tables, store_root, hard_clip, backend, mode, request):
     if backend == "http":
@@ -324,7 +275,7 @@ def test_cause_lines_keep_the_first_and_the_last_error_lines():
     assert len(lines) == video_ffmpeg.CAUSE_LINES + 1 + video_ffmpeg.LAST_LINES
 
 
-def test_remote_backends_wait_without_holding_a_cpu_slot(tables, store_root, corpus, http_backend, monkeypatch):  # noqa: F811
+def test_remote_backends_wait_without_holding_a_cpu_slot(tables, store_root, corpus, http_backend, monkeypatch):
     """With one CPU slot on the machine, three segments still wait on the http endpoint at once."""
     monkeypatch.setenv("CPU_HEAVY_SLOTS", "1")
     monkeypatch.setenv("CPU_SLOTS_DIR", str(store_root.parent / "slots"))

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasks.video import ffmpeg as video_ffmpeg
-from tests.test_video_uploads import assert_like_source, clip, process, upload
+from tests.helpers.video import assert_like_source, clip, process, upload
 
 # few draws in `make test`; `make test-sweep` draws many more
 QUICK = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -36,9 +36,16 @@ def _check(draw: dict, store_root, folder) -> None:
     if audio_start is not None and audio_start >= seconds:
         audio_start = seconds / 2
     source = clip(
-        folder / f"{uuid.uuid4().hex}.mp4", size=f"{draw['width']}x{draw['height']}", fps=draw["fps"], seconds=seconds,
-        pix_fmt="yuv444p", rotation=draw["rotation"], keyframe_s=0.5, audio=None if audio_start is None else "stereo",
-        audio_start=audio_start or 0.0, vfr=(draw["fps"], draw["second_fps"]) if draw["second_fps"] else None,
+        folder / f"{uuid.uuid4().hex}.mp4",
+        size=f"{draw['width']}x{draw['height']}",
+        fps=draw["fps"],
+        seconds=seconds,
+        pix_fmt="yuv444p",
+        rotation=draw["rotation"],
+        keyframe_s=0.5,
+        audio=None if audio_start is None else "stereo",
+        audio_start=audio_start or 0.0,
+        vfr=(draw["fps"], draw["second_fps"]) if draw["second_fps"] else None,
     )
     job = process(upload(store_root, source, mode=draw["mode"], segment_seconds=draw["segment_seconds"]))
     assert_like_source(source, job, store_root)

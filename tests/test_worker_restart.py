@@ -50,7 +50,10 @@ def test_a_restarted_worker_crashes_the_runs_whose_process_is_gone_and_only_thos
         other_pool = client.create_flow_run(probe, state=Running())  # no deployment: not the local pool's
 
         marked = local_stack.crash_runs_of_gone_processes(client)
-        states = {i: client.read_flow_run(i).state for i in (gone_running, live_running, claimed_never_started, scheduled, other_pool.id)}
+        states = {
+            i: client.read_flow_run(i).state
+            for i in (gone_running, live_running, claimed_never_started, scheduled, other_pool.id)
+        }
     assert len(marked) == 2
     assert states[gone_running].is_crashed() and states[claimed_never_started].is_crashed()
     assert states[live_running].is_running() and states[scheduled].is_scheduled() and states[other_pool.id].is_running()

@@ -66,7 +66,9 @@ def test_a_retried_create_reads_applied_and_a_real_duplicate_reads_exists(tables
     table = tables["video_jobs"]
     with lose_first_response("PutItem"):
         assert state_store.create_if_absent(table, {"job_id": "j1", "status": "created"}, ["job_id"]).applied
-    assert state_store.create_if_absent(table, {"job_id": "j1", "status": "created"}, ["job_id"]).outcome is Outcome.EXISTS
+    assert (
+        state_store.create_if_absent(table, {"job_id": "j1", "status": "created"}, ["job_id"]).outcome is Outcome.EXISTS
+    )
 
 
 def test_a_retried_update_without_a_status_change_never_applies_twice(tables):

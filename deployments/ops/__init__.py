@@ -22,8 +22,8 @@ class Parser(argparse.ArgumentParser):
         return namespace, extras
 
 
-def key_argument(parser: argparse.ArgumentParser, name: str, flag: str, help: str | None = None) -> None:  # noqa: A002
-    """Let a command take its one key either way: ``cmd KEY`` or ``cmd FLAG KEY`` (both only when equal) into ``name``."""
+def key_argument(parser: argparse.ArgumentParser, name: str, flag: str, help: str | None = None) -> None:
+    """Let a command take its one key as ``cmd KEY`` or ``cmd FLAG KEY`` (both only when equal) into ``name``."""
     if not isinstance(parser, Parser):
         raise TypeError(f"key_argument needs a deployments.ops.Parser, not {type(parser).__name__}")
     parser.add_argument(f"{name}_positional", nargs="?", metavar=name.upper(), help=f"{help or name} (or {flag})")

@@ -88,14 +88,19 @@ def notify_queue(s3, bucket: str, prefix: str, arn: str, pipeline: str, changed:
         "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": prefix}]}},
     }  # fmt: skip
     queues = current.get("QueueConfigurations", [])
-    if any(q["QueueArn"] == arn and sorted(q["Events"]) == OBJECT_CREATED and _rules(q) == {"prefix": prefix} for q in queues):
+    if any(
+        q["QueueArn"] == arn and sorted(q["Events"]) == OBJECT_CREATED and _rules(q) == {"prefix": prefix}
+        for q in queues
+    ):
         return
     current["QueueConfigurations"] = [q for q in queues if q.get("Id") != ours["Id"]] + [ours]
     s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration=current)
     changed.append(f"s3://{bucket}/{prefix}: objects created notify the queue")
 
 
-def setup(pipeline: str, bucket: str | None = None, prefix: str | None = None, session: boto3.Session | None = None) -> dict[str, Any]:
+def setup(
+    pipeline: str, bucket: str | None = None, prefix: str | None = None, session: boto3.Session | None = None
+) -> dict[str, Any]:
     """Create or correct ``pipeline``'s queue, dead-letter queue and (object pipelines) bucket notification."""
     spec = sqs.queue_spec(pipeline)
     session = session or sqs.aws_session() or boto3
@@ -104,8 +109,14 @@ def setup(pipeline: str, bucket: str | None = None, prefix: str | None = None, s
     changed: list[str] = []
     dead_letter_url, dead_letter_arn = ensure_queue(client, dead_letter_name, sqs.dead_letter_attributes(), changed)
     url, arn = ensure_queue(client, queue_name, sqs.queue_attributes(spec, dead_letter_arn), changed)
-    result = {"pipeline": pipeline, "queue_url": url, "queue_arn": arn, "dead_letter_url": dead_letter_url,
-              "visibility_timeout_s": spec.visibility_timeout_s, "max_receive_count": sqs.MAX_RECEIVE_COUNT}
+    result = {
+        "pipeline": pipeline,
+        "queue_url": url,
+        "queue_arn": arn,
+        "dead_letter_url": dead_letter_url,
+        "visibility_timeout_s": spec.visibility_timeout_s,
+        "max_receive_count": sqs.MAX_RECEIVE_COUNT,
+    }
     if spec.mode == sqs.OBJECTS:
         store = urlparse(sqs.landing_store_url(pipeline))
         bucket = bucket or (store.netloc if store.scheme == "s3" else None)
@@ -125,7 +136,9 @@ def register(subparsers) -> None:
     group = subparsers.add_parser("aws-events", help="S3 → SQS arrival queues that start the pipelines in AWS")
     commands = group.add_subparsers(dest="command", required=True)
     make = commands.add_parser("setup", help="queue + dead-letter queue (+ bucket notification); idempotent")
-    make.add_argument("--pipeline", required=True, choices=sorted(sqs.SEED_QUEUES))
+    make.add_argument("--pipeline", required=True, choices=sorted(sqs.landing_queues()))
     make.add_argument("--bucket", help="bucket whose new objects are notified (default: the pipeline's store's)")
-    make.add_argument("--prefix", help="key prefix notified (default: the store's prefix + the pipeline's input prefix)")
+    make.add_argument(
+        "--prefix", help="key prefix notified (default: the store's prefix + the pipeline's input prefix)"
+    )
     make.set_defaults(handler=lambda a: setup(a.pipeline, a.bucket, a.prefix))

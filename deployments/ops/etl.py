@@ -1,5 +1,5 @@
-"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files, release quarantined files;
-the merged table's partitions, rows and re-registration."""
+"""`pipelines etl …`: status by date and status, remediate stuck manifested files, reprocess failed files, release
+quarantined files; the merged table's partitions, rows and re-registration."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ def _status(args: argparse.Namespace):
 
 def register(subparsers) -> None:
     """Add the ``etl`` subcommands: status, remediate, reprocess, release-quarantine, partitions, rows, register."""
-    group = subparsers.add_parser("etl", help="NDJSON→Parquet ETL (seed 001) records").add_subparsers(dest="command", required=True)
+    group = subparsers.add_parser("etl", help="NDJSON→Parquet ETL (seed 001) records").add_subparsers(
+        dest="command", required=True
+    )
 
     status = group.add_parser("status", help="files by status for a date, or files in a status across dates")
     status.add_argument("--date", help="YYYY-MM-DD")
@@ -29,7 +31,9 @@ def register(subparsers) -> None:
 
     remediate = group.add_parser("remediate", help="files stuck in manifested: follow their ended manifest, or release")
     remediate.add_argument("--date", required=True)
-    remediate.add_argument("--older-than-minutes", type=float, default=30, help="release claims without a manifest after this")
+    remediate.add_argument(
+        "--older-than-minutes", type=float, default=30, help="release claims without a manifest after this"
+    )
     remediate.add_argument("--dry-run", action="store_true")
     remediate.set_defaults(handler=lambda a: etl_ops.remediate_manifested(a.date, a.older_than_minutes, a.dry_run))
 
@@ -40,7 +44,8 @@ def register(subparsers) -> None:
     reprocess.set_defaults(handler=lambda a: etl_ops.reprocess_failed(a.date, a.files, a.dry_run))
 
     release = group.add_parser(
-        "release-quarantine", help="validate quarantined files again (current settings); those that pass go back to pending"
+        "release-quarantine",
+        help="validate quarantined files again (current settings); those that pass go back to pending",
     )
     release.add_argument("--date", required=True)
     release.add_argument("--file", action="append", dest="files", help="only this file (repeatable)")

@@ -6,7 +6,7 @@ import json
 
 from deployments.ops import key_argument
 from tasks.gpu import jobs as gpu
-from tasks.core import keys
+from tasks.gpu import keys
 
 
 def register_local_nodes(count: int | None = None) -> dict[str, str]:
@@ -60,7 +60,9 @@ def register(subparsers) -> None:
     commands = group.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("register-nodes", help="register the backend's nodes as AVAILABLE (local: local-0..)")
-    p.add_argument("--nodes", type=int, default=None, help="local backend: how many slots (default: block's local_nodes)")
+    p.add_argument(
+        "--nodes", type=int, default=None, help="local backend: how many slots (default: block's local_nodes)"
+    )
     p.set_defaults(handler=_register_nodes)
 
     p = commands.add_parser("nodes", help="list nodes")
@@ -80,6 +82,12 @@ def register(subparsers) -> None:
     key_argument(p, "job_id", "--job")
     p.set_defaults(handler=_tasks)
 
-    p = commands.add_parser("stop", help="user stop: tasks TERMINATED and stopped, job USER_STOPPED, nodes AVAILABLE (now, with or without a watcher)")
+    p = commands.add_parser(
+        "stop",
+        help=(
+            "user stop: tasks TERMINATED and stopped, job USER_STOPPED, nodes AVAILABLE "
+            "(now, with or without a watcher)"
+        ),
+    )
     key_argument(p, "job_id", "--job-id")
     p.set_defaults(handler=_stop)

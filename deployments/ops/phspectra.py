@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 
 from deployments.ops import key_argument
+from tasks.core.state_store import to_plain
 from tasks.phspectra import catalog
 from tasks.phspectra import survey as ph
 from tasks.phspectra.survey_status import survey_status
-from tasks.core.state_store import to_plain
 
 
 def _get_run(args):
@@ -59,7 +59,11 @@ def register(subparsers) -> None:
         return parser
 
     key_argument(command("get-run", _get_run, "1. the run item"), "run_id", "--run-id")
-    key_argument(command("list-chunks", lambda a: to_plain(ph.list_chunks(a.run_id)), "2. every chunk of a run"), "run_id", "--run-id")
+    key_argument(
+        command("list-chunks", lambda a: to_plain(ph.list_chunks(a.run_id)), "2. every chunk of a run"),
+        "run_id",
+        "--run-id",
+    )
     latest = command("latest-run", _latest_run, "3. most recent run of a survey (GSI1)")
     latest.add_argument("--survey", required=True)
     latest.add_argument("--not-before", default=None, help="ISO timestamp: only runs created at or after it")
@@ -71,7 +75,11 @@ def register(subparsers) -> None:
     key_argument(stuck, "run_id", "--run-id")
     stuck.add_argument("--minutes", type=float, default=15.0)
     key_argument(command("failures", _failures, "5. FAILED chunks with their errors"), "run_id", "--run-id")
-    status = command("survey-status", lambda a: survey_status(a.survey), "a survey's tiles: completed / failed / running, spectra fitted")
+    status = command(
+        "survey-status",
+        lambda a: survey_status(a.survey),
+        "a survey's tiles: completed / failed / running, spectra fitted",
+    )
     status.add_argument("--survey", required=True)
     query = command("catalog", lambda a: catalog.query_catalog(a.survey, a.tile, a.min_amplitude, a.limit or None),
                     "components of a survey's catalog")  # fmt: skip
@@ -79,6 +87,8 @@ def register(subparsers) -> None:
     query.add_argument("--tile", default=None, help="only this tile's components")
     query.add_argument("--min-amplitude", type=float, default=None, help="only components at least this bright")
     query.add_argument("--limit", type=int, default=100, help="at most this many rows (default 100; 0: every row)")
-    build = command("build-catalog", lambda a: catalog.build_catalog(a.survey, force=a.force), "(re)build a survey's catalog now")
+    build = command(
+        "build-catalog", lambda a: catalog.build_catalog(a.survey, force=a.force), "(re)build a survey's catalog now"
+    )
     build.add_argument("--survey", required=True)
     build.add_argument("--force", action="store_true", help="rewrite every tile, not only the changed ones")

@@ -23,15 +23,19 @@ def _delete(args: argparse.Namespace) -> dict:
         try:
             run = run_deployment(args.deployment, parameters={"job_id": args.job_id}, timeout=0)
             result["cleanup_flow_run_id"] = str(run.id)
-        except Exception as error:  # the job is deleted either way; say that cleanup was not queued
-            result["cleanup_error"] = f"cleanup not queued ({type(error).__name__}: {error}); run: " \
+        except Exception as error:  # noqa: BLE001 - the job is deleted either way; say that cleanup was not queued
+            result["cleanup_error"] = (
+                f"cleanup not queued ({type(error).__name__}: {error}); run: "
                 f"prefect deployment run '{args.deployment}' --param job_id={args.job_id}"
+            )
     return result
 
 
 def register(subparsers) -> None:
     """Add the ``video`` subcommands: create-job, get-job, list, delete."""
-    group = subparsers.add_parser("video", help="video pipeline (seed 003) jobs").add_subparsers(dest="command", required=True)
+    group = subparsers.add_parser("video", help="video pipeline (seed 003) jobs").add_subparsers(
+        dest="command", required=True
+    )
 
     create = group.add_parser("create-job", help="create a job; prints job_id and where to upload source.mp4")
     create.add_argument("--job-id", help="default: a new random id")
@@ -44,7 +48,9 @@ def register(subparsers) -> None:
     get.set_defaults(handler=lambda a: video.get_job(a.job_id))
 
     listing = group.add_parser("list", help="jobs that are not deleted, oldest first")
-    listing.add_argument("--status", choices=["created", "chunking_in_progress", "chunking_complete", "completed", "failed"])
+    listing.add_argument(
+        "--status", choices=["created", "chunking_in_progress", "chunking_complete", "completed", "failed"]
+    )
     listing.set_defaults(handler=lambda a: video.list_jobs(a.status))
 
     delete = group.add_parser("delete", help="soft-delete a completed or failed job and queue its cleanup")

@@ -1,1 +1,1 @@
-"""Sample data for `make demo`, one module per pipeline; each exposes ``make(workdir) -> parameters`` and ``report(...)``."""
+"""Sample data for `make demo`, a module per pipeline; each exposes ``make(workdir) -> parameters``, ``report(...)``."""

@@ -14,11 +14,18 @@ FILES_PER_DATE = 12  # one full batch of MAX_FILES_PER_MANIFEST=10 per date, 2 l
 
 
 def _records(rng: random.Random, count: int) -> list[str]:
-    return [json.dumps({
-        "event_id": rng.randrange(10**9), "user": f"user-{rng.randrange(1000)}", "amount": round(rng.random() * 100, 2),
-        "device": {"os": rng.choice(["ios", "android"]), "version": rng.randrange(20)},
-        "event_time": f"2026-01-01T{rng.randrange(24):02d}:00:00Z",
-    }) for _ in range(count)]
+    return [
+        json.dumps(
+            {
+                "event_id": rng.randrange(10**9),
+                "user": f"user-{rng.randrange(1000)}",
+                "amount": round(rng.random() * 100, 2),
+                "device": {"os": rng.choice(["ios", "android"]), "version": rng.randrange(20)},
+                "event_time": f"2026-01-01T{rng.randrange(24):02d}:00:00Z",
+            }
+        )
+        for _ in range(count)
+    ]
 
 
 def make(workdir: Path) -> dict:
@@ -46,7 +53,7 @@ def make(workdir: Path) -> dict:
 def drop(workdir: Path, store) -> dict:
     """The sample files written into the store's landing place, ``pipeline/input/{date}/`` (each renamed in
     whole, as an upload lands); the listener tracks and batches them. Returns what ``landed`` waits for."""
-    from tasks.core import keys
+    from tasks.etl import keys
 
     tracked = []
     for url in make(workdir)["file_urls"]:
@@ -73,8 +80,10 @@ def report(date_prefixes: list[str] | None = None, **_ids) -> str:
         status = etl_ops.status_by_date(date, "failed")
         lines.append(f"{date}: files {status['files']}")
         for record in etl_ops.manifest_records(date):
-            lines.append(f"  {record['file_key']}: {record['status']} files={record.get('file_count')} "
-                         f"rows={record.get('rows', '-')} rejected_lines={record.get('rejected_lines', '-')}")
+            lines.append(
+                f"  {record['file_key']}: {record['status']} files={record.get('file_count')} "
+                f"rows={record.get('rows', '-')} rejected_lines={record.get('rejected_lines', '-')}"
+            )
         for failed in status["selected"]:
             lines.append(f"  failed {failed['file_key']}: {failed['error_message']}")
     return "\n".join(lines)

@@ -48,5 +48,7 @@ def report(job_id: str | None = None, **_: object) -> str:
         f"  task {t['ecs_task_id']}: {t['task_status']} node {t['node_name']} exit {t.get('exit_code')}"
         for t in gpu.job_tasks(job)
     ]
-    lines += [f"  node {n['node_name']}: {n['node_status']} health {n.get('health_status', '-')}" for n in gpu.list_nodes()]
+    lines += [
+        f"  node {n['node_name']}: {n['node_status']} health {n.get('health_status', '-')}" for n in gpu.list_nodes()
+    ]
     return "\n".join(lines)

@@ -43,12 +43,17 @@ def drop(workdir: Path, store) -> dict:
     """The cube into the store, then a survey manifest naming it under ``surveys/incoming/{survey}/``."""
     import json
 
-    from tasks.core import keys
+    from tasks.phspectra import keys
 
     params = make(workdir)
     cube_key = f"surveys/cubes/{Path(workdir).name}-cube.fits"
     store.put_file(cube_key, Path(params["cube_url"].removeprefix("file://")))
-    manifest = {"survey": SURVEY, "cubes": [cube_key], "chunk_size": params["chunk_size"], "fit_params": params["fit_params"]}
+    manifest = {
+        "survey": SURVEY,
+        "cubes": [cube_key],
+        "chunk_size": params["chunk_size"],
+        "fit_params": params["fit_params"],
+    }
     key = f"{keys.SURVEY_INCOMING_PREFIX}{SURVEY}/{Path(workdir).name}.json"
     store.put_bytes(key, json.dumps(manifest).encode())
     return {"manifest_url": store.url_for(key)}
@@ -59,13 +64,17 @@ def landed(manifest_url: str, **_: object) -> bool:
     from tasks.phspectra import survey as ph
 
     run = ph.latest_run(SURVEY)
-    return bool(run) and run.get("cube_url", "").endswith(Path(manifest_url).stem + "-cube.fits") and run["status"] != ph.RUN_RUNNING
+    return (
+        bool(run)
+        and run.get("cube_url", "").endswith(Path(manifest_url).stem + "-cube.fits")
+        and run["status"] != ph.RUN_RUNNING
+    )
 
 
 def report(run_id: str | None = None, survey: str = SURVEY, **_: object) -> str:
     """The run read back with the seed's access patterns: latest run, its chunks, stuck chunks, failures."""
-    from tasks.phspectra import survey as ph
     from tasks.core.state_store import to_plain
+    from tasks.phspectra import survey as ph
 
     run = to_plain(ph.get_run(run_id) if run_id else ph.latest_run(survey))
     if not run:

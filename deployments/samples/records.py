@@ -12,10 +12,18 @@ COLLECTION = {"name": "MOD09GQ", "version": "006"}
 def _message(status: str, execution: str, start_ms: int, granules: list[str], **extra) -> dict:
     message = {
         "cumulus_meta": {"state_machine": STATE_MACHINE, "execution_name": execution, "workflow_start_time": start_ms},
-        "meta": {"collection": COLLECTION, "status": status, "provider": {"id": "demo-provider"}, "workflow_name": "IngestGranule"},
+        "meta": {
+            "collection": COLLECTION,
+            "status": status,
+            "provider": {"id": "demo-provider"},
+            "workflow_name": "IngestGranule",
+        },
         "payload": {
             "granules": [
-                {"granuleId": g, "files": [{"fileName": f"{g}.hdf", "size": 1000 + i}, {"fileName": f"{g}.cmr.xml", "size": 50}]}
+                {
+                    "granuleId": g,
+                    "files": [{"fileName": f"{g}.hdf", "size": 1000 + i}, {"fileName": f"{g}.cmr.xml", "size": 50}],
+                }
                 for i, g in enumerate(granules)
             ]
         },
@@ -31,8 +39,13 @@ def make(workdir: Path) -> dict:
         _message("running", "demo-exec-1", 1_700_000_000_000, granules),
         _message("completed", "demo-exec-1", 1_700_000_000_000, granules),
         _message("running", "demo-exec-1", 1_700_000_000_000, granules),  # late duplicate: dropped as stale
-        _message("failed", "demo-exec-0", 1_600_000_000_000, granules[:1],
-                 error={"Error": "Timeout", "Cause": "older attempt"}),  # older attempt: dropped as stale
+        _message(
+            "failed",
+            "demo-exec-0",
+            1_600_000_000_000,
+            granules[:1],
+            error={"Error": "Timeout", "Cause": "older attempt"},
+        ),  # older attempt: dropped as stale
         {"meta": {"collection": COLLECTION}, "payload": {"granules": [{"granuleId": "MOD09GQ.A2017025.h21v02.006"}]}},
         '{"cumulus_meta": {"execution_name": "trunc',  # an unparsable body
     ]
@@ -48,7 +61,7 @@ def drop(workdir: Path, store, shuffle_seed: int = 7) -> dict:
     message file under ``records/incoming/``: the local stand-in for the workflow-message queue."""
     import random
 
-    from tasks.core import keys
+    from tasks.records import keys
 
     bodies = make(workdir)["messages"]
     random.Random(shuffle_seed).shuffle(bodies)
@@ -68,7 +81,11 @@ def report(granule_ids: list[str] | None = None, **_ids) -> str:
     """Granule records by granuleId and their executions by arn (the seed's lookups)."""
     from tasks.core import config, state_store
 
-    granule_ids = granule_ids or ["MOD09GQ.A2017025.h21v00.006", "MOD09GQ.A2017025.h21v01.006", "MOD09GQ.A2017025.h21v02.006"]
+    granule_ids = granule_ids or [
+        "MOD09GQ.A2017025.h21v00.006",
+        "MOD09GQ.A2017025.h21v01.006",
+        "MOD09GQ.A2017025.h21v02.006",
+    ]
     lines = []
     for gid in granule_ids:
         item = state_store.get_item(config.table_name("granules"), {"granuleId": gid})
@@ -76,8 +93,10 @@ def report(granule_ids: list[str] | None = None, **_ids) -> str:
             lines.append(f"{gid}: no record")
             continue
         g = state_store.to_plain(item)
-        lines.append(f"{gid}: {g['status']} collection={g.get('collectionId')} createdAt={g.get('createdAt')} "
-                     f"productVolume={g.get('productVolume')} execution={g.get('execution')} error={g.get('error')}")
+        lines.append(
+            f"{gid}: {g['status']} collection={g.get('collectionId')} createdAt={g.get('createdAt')} "
+            f"productVolume={g.get('productVolume')} execution={g.get('execution')} error={g.get('error')}"
+        )
         if g.get("execution"):
             execution = state_store.get_item(config.table_name("executions"), {"arn": g["execution"]})
             if execution:

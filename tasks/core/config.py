@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from blocks import DynamoTables, ObjectStorage, load_config
-from tasks.core import state_store
+from tasks.core import registry, state_store
 from tasks.core.object_store import ObjectStore
 
 
@@ -12,7 +12,10 @@ def table_names() -> dict[str, str]:
     config = load_config(DynamoTables)
     if config.aws_credentials is not None:
         state_store.use_session(config.aws_credentials.get_boto3_session())
-    return config.names()
+    return {
+        logical: config.name_of(logical, default)
+        for logical, default in registry.default_table_names(config.env).items()
+    }
 
 
 def table_name(logical: str) -> str:

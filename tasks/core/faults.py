@@ -42,7 +42,7 @@ class Plan:
     log: str | None = None
 
     @classmethod
-    def parse(cls, value: str, log: str | None = None) -> "Plan":
+    def parse(cls, value: str, log: str | None = None) -> Plan:
         """A plan from ``PIPELINES_FAULT`` (``count`` or ``N:mode:when``); ValueError when malformed."""
         if value == "count":
             return cls(None, log=log)

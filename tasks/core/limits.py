@@ -1,7 +1,8 @@
-"""The seeds' capacity and time limits in one place: what AWS enforced for them, as Prefect settings here.
+"""The seeds' capacity and time limits: what AWS enforced for them, as Prefect settings here.
 
-Deployment concurrency limits live in prefect.yaml (``definitions.limits``); the timeouts and task tags below
-are read by the flows, and the tag limits are created by the local stack (``deployments/local_stack.py``).
+Deployment concurrency limits live in prefect.yaml (``definitions.limits``); each pipeline declares its flows' and
+tasks' timeouts in its ``pipeline.py``, read here for the flows and the duration alarm; a machine's CPU slots bound
+its CPU-heavy tasks.
 """
 
 from __future__ import annotations
@@ -15,12 +16,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tasks.core import registry
 from tasks.core.private_folder import private_folder, runtime_folder
 
-# seed 001: Glue job timeout 2880 min; the batch status updater and manifest builder Lambdas time out at 180 s
-ETL_MERGE_TIMEOUT_S = 48 * 3600
-ETL_STATUS_UPDATE_TIMEOUT_S = 180
-ETL_MANIFEST_BUILDER_TIMEOUT_S = 180
 # seeds 000/003: their workers were Lambdas, capped at 15 min a call (a phspectra chunk has its lease instead)
 SEGMENT_TIMEOUT_S = 15 * 60
 # a maintenance run (sweeps, reconcile, health) that hangs must not hold its one-at-a-time slot for ever
@@ -29,21 +27,33 @@ MAINTENANCE_TIMEOUT_S = 10 * 60
 # seed 001: CloudWatch logs kept 3 days; here the Prefect server's flow runs (with their logs and artifacts) and events
 PREFECT_RETENTION_DAYS = 3
 
-MAINTENANCE_FLOWS = (
-    "phspectra-sweep-stuck", "ndjson-flush-orphans", "gpu-sweep", "gpu-node-healthcheck", "video-sweep-stuck",
-    "video-delete-cleanup", "records-replay-dla", "records-reconcile", "pipeline-health", "pipelines-retention",
-)
-# flow name -> its timeout: the flows' decorators and the duration-near-timeout alarm read the same numbers
-FLOW_TIMEOUT_S: dict[str, float] = {"ndjson-merge": ETL_MERGE_TIMEOUT_S, **{name: MAINTENANCE_TIMEOUT_S for name in MAINTENANCE_FLOWS}}
-# task name -> its timeout: the ingest's steps are the seed's manifest builder Lambda (180 s), read by the same alarm
-TASK_TIMEOUT_S: dict[str, float] = {
-    "track-and-batch-files": ETL_MANIFEST_BUILDER_TIMEOUT_S, "claim-and-create-manifests": ETL_MANIFEST_BUILDER_TIMEOUT_S,
-    "batch-status-update": ETL_STATUS_UPDATE_TIMEOUT_S,
-}
 
-# The tag the earlier releases bounded CPU-heavy tasks with (a Prefect task concurrency limit): `make up` deletes it.
-# A tag limit is one count on the server for every worker machine at once, and each task paid its lease round trips
-# (seconds when SQLite is busy); the machine's own CPU slots below bound the same tasks where the cores are.
+def maintenance_flows() -> tuple[str, ...]:
+    """Every pipeline's scheduled upkeep flows, in seed order (each runs one at a time)."""
+    return tuple(name for p in registry.pipelines() for name in p.maintenance_flows)
+
+
+def flow_timeouts() -> dict[str, float]:
+    """Flow name -> its timeout: the flows' decorators and the duration-near-timeout alarm read the same numbers."""
+    timeouts: dict[str, float] = {}
+    for p in registry.pipelines():
+        timeouts |= dict(p.flow_timeouts) | {name: MAINTENANCE_TIMEOUT_S for name in p.maintenance_flows}
+    return timeouts
+
+
+def flow_timeout(name: str) -> float | None:
+    """One flow's timeout in seconds (None: the flow runs as long as it needs)."""
+    return flow_timeouts().get(name)
+
+
+def task_timeouts() -> dict[str, float]:
+    """Task name -> its timeout, as the pipelines declare them (read by the duration-near-timeout alarm too)."""
+    return {name: timeout for p in registry.pipelines() for name, timeout in p.task_timeouts.items()}
+
+
+# A Prefect tag concurrency limit of this name is stale configuration and `make up` deletes it: a tag limit is one
+# count on the server for every worker machine at once, and each task pays its lease round trips (seconds when
+# SQLite is busy); the machine's own CPU slots below bound the same tasks where the cores are.
 CPU_HEAVY_TAG = "cpu-heavy"
 SLOT_POLL_S = 0.05
 
@@ -64,7 +74,8 @@ def cpu_slots_dir() -> Path:
 
 @contextlib.contextmanager
 def cpu_slot(slots: int | None = None, on_wait: Callable[[int], None] | None = None) -> Iterator[int]:
-    """Hold one of this machine's ``slots`` CPU slots (default ``cpu_heavy_slots()``) while the block runs; yields its index.
+    """Hold one of this machine's ``slots`` CPU slots (default ``cpu_heavy_slots()``) while the block runs; yield its
+    index.
 
     A slot is an exclusive ``flock`` on a file shared by every process (and thread) on the machine, so no server is
     asked and a holder that dies (SIGKILL included) lets go at once: the kernel drops the lock with the process.

@@ -42,7 +42,9 @@ def _secret_values(block) -> list[str]:
             collect(value)
         if isinstance(value, str) and "://" in value:
             parts = urllib.parse.urlsplit(value)
-            found += [s for s in parts.path.split("/") if len(s) >= 3] + [v for _, v in urllib.parse.parse_qsl(parts.query)]
+            found += [s for s in parts.path.split("/") if len(s) >= 3] + [
+                v for _, v in urllib.parse.parse_qsl(parts.query)
+            ]
     return found
 
 

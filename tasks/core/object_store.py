@@ -20,18 +20,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote, unquote, urlparse
-
-import logging
 
 import boto3
 
@@ -84,7 +83,7 @@ class ListedObject:
 
 
 def _iso_utc(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat()
+    return moment.astimezone(UTC).isoformat()
 
 
 class ObjectStore:
@@ -93,8 +92,8 @@ class ObjectStore:
     url: str
 
     @staticmethod
-    def from_url(url: str | None, session: boto3.Session | None = None) -> "ObjectStore":
-        """``file:///path`` or a bare path -> LocalStore; ``s3://bucket/prefix`` -> S3Store; empty -> the default folder."""
+    def from_url(url: str | None, session: boto3.Session | None = None) -> ObjectStore:
+        """``file:///path`` or a bare path -> LocalStore; ``s3://bucket/prefix`` -> S3Store; empty -> default folder."""
         if not url:
             return LocalStore(DEFAULT_LOCAL_ROOT)
         scheme, bucket, path = split_url(url)
@@ -111,32 +110,46 @@ class ObjectStore:
     # the interface
     def put_bytes(self, key: str, data: bytes) -> str:
         """Store ``data`` at ``key`` (replacing any object there); returns its URL."""
+
     def put_file(self, key: str, path: str | Path) -> str:
         """Store the file at ``path`` under ``key``; returns its URL."""
+
     def get_bytes(self, key: str) -> bytes:
         """Bytes of the object at ``key``; ObjectNotFound if absent."""
+
     def download(self, key: str, path: str | Path) -> Path:
         """Copy the object at ``key`` to the local ``path``; ObjectNotFound if absent."""
+
     def put_stream(self, key: str, stream: IO[bytes]) -> str:
         """Store what a binary stream yields under ``key``, read piece by piece; returns its URL."""
+
     def open(self, key: str) -> IO[bytes]:
         """A binary stream of the object at ``key`` (close it after use); ObjectNotFound if absent."""
+
     def exists(self, key: str) -> bool:
         """Whether an object exists at ``key``."""
+
     def size(self, key: str) -> int:
         """Size in bytes of the object at ``key``; ObjectNotFound if absent."""
+
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys of every object whose key starts with ``prefix``."""
+
     def list_objects(self, prefix: str = "") -> list[ListedObject]:
         """Every object under ``prefix`` with its size, from the listing itself (no request per object)."""
+
     def delete(self, key: str) -> bool:
         """Delete the object at ``key``; True if there was one."""
+
     def copy(self, src: str, dst: str) -> str:
         """Copy ``src`` to ``dst``; returns the new URL, ObjectNotFound if ``src`` is absent."""
+
     def presign_put(self, key: str, expires: int = 3600) -> str:
         """Where a client can upload ``key`` directly: a presigned URL, or a local path."""
+
     def arrow_filesystem(self):
         """A pyarrow filesystem that reaches this store."""
+
     def arrow_path(self, key: str) -> str:
         """The path of ``key`` in ``arrow_filesystem()``."""
 
@@ -272,7 +285,7 @@ class LocalStore(ObjectStore):
                 stat = (self.root / key).stat()
             except FileNotFoundError:  # removed since the walk saw it
                 continue
-            modified = datetime.fromtimestamp(stat.st_mtime, timezone.utc)
+            modified = datetime.fromtimestamp(stat.st_mtime, UTC)
             found.append(ListedObject(key, stat.st_size, self.url_for(key), _iso_utc(modified)))
         return found
 
@@ -283,14 +296,18 @@ class LocalStore(ObjectStore):
         if not folder.exists():
             return
         for dirpath, dirs, files in os.walk(folder):
-            dirs[:] = [name for name in dirs if not name.startswith(".")]  # scratch folders (a concat's) hold no objects
+            dirs[:] = [
+                name for name in dirs if not name.startswith(".")
+            ]  # scratch folders (a concat's) hold no objects
             for name in sorted(files):
                 key = Path(dirpath, name).relative_to(self.root).as_posix()
                 unfinished = name.startswith(".") and name.endswith(".part")
                 if name.startswith(".") and not unfinished:
                     continue  # the folder's own bookkeeping (a listener's watermark, a desktop's .DS_Store)
                 # a temp file is `.{name}.{random}.part` beside its target: it belongs to the prefix its target does
-                written = Path(dirpath, name[1:-len(".part")]).relative_to(self.root).as_posix() if unfinished else key
+                written = (
+                    Path(dirpath, name[1 : -len(".part")]).relative_to(self.root).as_posix() if unfinished else key
+                )
                 if written.startswith(prefix):
                     yield key, unfinished
 
@@ -415,7 +432,7 @@ class S3Store(ObjectStore):
         return self.url_for(key)
 
     def get_bytes(self, key: str) -> bytes:
-        """Bytes of the object at ``key`` (for small objects; ``open``/``download`` stream); ObjectNotFound if absent."""
+        """Bytes of the object at ``key`` (small objects; ``open``/``download`` stream); ObjectNotFound if absent."""
         with self._reading(key):
             return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
 
@@ -454,7 +471,9 @@ class S3Store(ObjectStore):
     def _listing(self, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """(key relative to the store's prefix, ListObjectsV2 entry) for every object under ``prefix``, page by page."""
         strip = len(f"{self.prefix}/") if self.prefix else 0
-        for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._full(prefix)):
+        for page in self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._full(prefix)
+        ):
             for obj in page.get("Contents", []):
                 yield obj["Key"][strip:], obj
 
@@ -523,7 +542,9 @@ class S3Store(ObjectStore):
     def incomplete_uploads(self, prefix: str = "") -> list[dict[str, Any]]:
         """Multipart uploads under ``prefix`` that were started and never completed (their writer died)."""
         found = []
-        pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=self._full(prefix))
+        pages = self._client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=self._full(prefix)
+        )
         for page in pages:
             found += page.get("Uploads", [])
         return found
@@ -548,7 +569,7 @@ def split_url(url: str) -> tuple[str, str, str]:
     """(scheme, bucket, path) of an object URL: an ``s3://`` key taken as written (S3 keys may hold ``#``, ``?``
     and ``%``, as the AWS CLI writes them), a ``file://`` path percent-decoded, a bare path as it is."""
     if url.startswith("s3://"):
-        bucket, _, key = url[len("s3://"):].partition("/")
+        bucket, _, key = url[len("s3://") :].partition("/")
         return "s3", bucket, key
     parsed = urlparse(url)
     return (parsed.scheme, parsed.netloc, unquote(parsed.path)) if parsed.scheme else ("", "", url)

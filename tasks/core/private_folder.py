@@ -21,8 +21,10 @@ def check_private(path: Path, kind: str = "folder") -> None:
     if info.st_uid != os.getuid():
         raise NotPrivate(f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()}): refused")
     if info.st_mode & 0o077:
-        raise NotPrivate(f"{path} has mode {stat.S_IMODE(info.st_mode):04o}: others may reach it; refused (chmod 700 "
-                         f"it or remove it)")
+        raise NotPrivate(
+            f"{path} has mode {stat.S_IMODE(info.st_mode):04o}: others may reach it; refused (chmod 700 "
+            f"it or remove it)"
+        )
 
 
 def private_folder(path: Path) -> Path:

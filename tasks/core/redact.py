@@ -3,7 +3,8 @@
 A URL in a message may carry a credential in its user info (``user:pass@``), its query (a presigned URL's
 signature, ``?token=``) or, for a webhook, its path (``/services/T…/B…/XXXX``). ``redact`` rewrites every URL it
 finds: user info and fragment dropped, every query value masked, and in http(s) paths every segment that looks
-like a token masked (a canonical UUID counts as an id). Object URLs (``s3://``, ``file://``) keep their paths: their keys name data, and a reason
+like a token masked (a canonical UUID counts as an id). Object URLs (``s3://``, ``file://``) keep their paths: their
+keys name data, and a reason
 must say which object failed. Known secrets (an API key) are masked wherever they appear.
 
 The state store passes every reason attribute it writes through here (``REASON_ATTRIBUTE``),

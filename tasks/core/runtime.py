@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import logging
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 
 def utc_now() -> datetime:
     """The current time, timezone-aware UTC (for arithmetic; store ``now_iso()``)."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def now_iso(at: datetime | None = None) -> str:
     """UTC ISO 8601 with microseconds (fixed width, so timestamps sort as strings in DynamoDB conditions)."""
-    return (at or utc_now()).astimezone(timezone.utc).isoformat(timespec="microseconds")
+    return (at or utc_now()).astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def iso_ago(seconds: float) -> str:
@@ -41,11 +41,12 @@ def prefect_ids() -> dict[str, str]:
 
 def run_logger(name: str) -> logging.Logger | logging.LoggerAdapter:
     """The Prefect run logger inside a flow/task run (so messages show in the UI), else a standard logger."""
-    try:
-        from prefect import get_run_logger
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
 
+    try:
         return get_run_logger()
-    except Exception:  # MissingContextError outside a run
+    except MissingContextError:  # outside a flow or task run
         return logging.getLogger(name)
 
 

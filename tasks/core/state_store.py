@@ -1,6 +1,6 @@
 """The one module that writes status to DynamoDB: every conditional write goes through here.
 
-Rules (../shared/DESIGN.md):
+Rules (docs/design.md, "One state store, one set of rules"):
 - create-if-absent for anything created once;
 - transition-if-current for every status change;
 - a counter moves in the same transaction as the transition that justifies it;
@@ -59,7 +59,9 @@ def dynamodb():
     if resource is None:
         factory = _session.resource if _session is not None else boto3.resource
         resource = factory("dynamodb", config=BOTO_CONFIG)
-        resource.meta.client.meta.events.register("needs-retry.dynamodb", _report_throttle, unique_id="pipelines-throttles")
+        resource.meta.client.meta.events.register(
+            "needs-retry.dynamodb", _report_throttle, unique_id="pipelines-throttles"
+        )
         _local.resource = resource
     return resource
 
@@ -100,10 +102,16 @@ def _report_throttle(response=None, operation=None, request_dict=None, **_: Any)
         from prefect.events import emit_event
 
         for name in tables_in((request_dict or {}).get("body")):
-            emit_event(event=THROTTLE_EVENT, resource={"prefect.resource.id": throttle_resource(kind, name),
-                                                       "dynamodb.table": name, "dynamodb.kind": kind},
-                       payload={"operation": operation.name, "code": code})
-    except Exception:  # noqa: BLE001 - a report must never fail the request it reports on
+            emit_event(
+                event=THROTTLE_EVENT,
+                resource={
+                    "prefect.resource.id": throttle_resource(kind, name),
+                    "dynamodb.table": name,
+                    "dynamodb.kind": kind,
+                },
+                payload={"operation": operation.name, "code": code},
+            )
+    except Exception:  # a report must never fail the request it reports on
         log.debug("throttle report failed", exc_info=True)
     return None
 
@@ -194,12 +202,14 @@ class Condition:
     names: Mapping[str, str] = field(default_factory=dict)
     values: Mapping[str, Any] = field(default_factory=dict)
 
-    def __and__(self, other: "Condition") -> "Condition":
+    def __and__(self, other: Condition) -> Condition:
         """Both conditions (their placeholders must differ)."""
         if set(self.names) & set(other.names) or set(self.values) & set(other.values):
             raise ValueError(f"conditions share placeholders: {self.expression!r} and {other.expression!r}")
         return Condition(
-            f"({self.expression}) AND ({other.expression})", {**self.names, **other.names}, {**self.values, **other.values}
+            f"({self.expression}) AND ({other.expression})",
+            {**self.names, **other.names},
+            {**self.values, **other.values},
         )
 
 
@@ -237,7 +247,9 @@ def with_token(operation: Mapping[str, Any], token: str) -> dict[str, Any]:
         return body
     update = body.get("UpdateExpression", "")
     setting = f"SET {_TOKEN_NAME} = {_TOKEN_VALUE}"
-    body["UpdateExpression"] = f"{setting}, {update[4:]}" if update.startswith("SET ") else f"{setting} {update}".strip()
+    body["UpdateExpression"] = (
+        f"{setting}, {update[4:]}" if update.startswith("SET ") else f"{setting} {update}".strip()
+    )
     fresh = f"(attribute_not_exists({_TOKEN_NAME}) OR {_TOKEN_NAME} <> {_TOKEN_VALUE})"
     condition = body.get("ConditionExpression")
     body["ConditionExpression"] = f"({condition}) AND {fresh}" if condition else fresh
@@ -317,14 +329,14 @@ def get_many(table_name: str, keys: Iterable[Mapping[str, Any]], consistent: boo
     wanted = list({tuple(sorted(dict(key).items())): dict(key) for key in keys}.values())  # a duplicate is refused
     found: list[dict[str, Any]] = []
     for start in range(0, len(wanted), 100):  # BatchGetItem's limit
-        request = {table_name: {"Keys": wanted[start:start + 100], "ConsistentRead": consistent}}
+        request = {table_name: {"Keys": wanted[start : start + 100], "ConsistentRead": consistent}}
         for attempt in range(20):
             response = dynamodb().batch_get_item(RequestItems=request)
             found.extend(_hide(item) for item in response["Responses"].get(table_name, []))
             request = response.get("UnprocessedKeys") or {}
             if not request:
                 break
-            time.sleep(min(1.0, 0.02 * 2 ** attempt) * random.random())
+            time.sleep(min(1.0, 0.02 * 2**attempt) * random.random())
         else:
             raise RuntimeError(f"DynamoDB left keys unprocessed 20 times in a row ({table_name})")
     return found
@@ -450,7 +462,9 @@ class Expression:
         """An UpdateExpression: SET, ADD and REMOVE clauses for the given attributes."""
         parts = []
         if sets:
-            parts.append("SET " + ", ".join(f"{self.name(a)} = {self.value(redact_attribute(a, v))}" for a, v in sets.items()))
+            parts.append(
+                "SET " + ", ".join(f"{self.name(a)} = {self.value(redact_attribute(a, v))}" for a, v in sets.items())
+            )
         if adds:
             parts.append("ADD " + ", ".join(f"{self.name(a)} {self.value(v)}" for a, v in adds.items()))
         if removes:
@@ -495,7 +509,7 @@ def transition(
     new: str | None,
     *,
     status_attr: str = "status",
-    set: Mapping[str, Any] | None = None,  # noqa: A002 - mirrors DynamoDB's SET
+    set: Mapping[str, Any] | None = None,  # mirrors DynamoDB's SET
     remove: Sequence[str] = (),
     add: Mapping[str, Any] | None = None,
     condition: Condition | None = None,
@@ -702,7 +716,9 @@ def transact_groups(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[
     return results
 
 
-def _run_each(operations: list[dict[str, Any]], lost: Outcome, also: Sequence[Sequence[Mapping[str, Any]]] = ()) -> list[WriteResult]:
+def _run_each(
+    operations: list[dict[str, Any]], lost: Outcome, also: Sequence[Sequence[Mapping[str, Any]]] = ()
+) -> list[WriteResult]:
     """One conditional write per operation at transaction throughput; ``lost`` (or STALE if absent) when its condition
     fails. ``also[i]`` (if given) are entries that land in the same transaction as operation ``i``, or not at all."""
     groups = [[operation, *(also[i] if i < len(also) else ())] for i, operation in enumerate(operations)]
@@ -716,7 +732,9 @@ def _run_each(operations: list[dict[str, Any]], lost: Outcome, also: Sequence[Se
     return results
 
 
-def create_many_if_absent(table_name: str, items: Sequence[Mapping[str, Any]], key_names: Sequence[str]) -> list[WriteResult]:
+def create_many_if_absent(
+    table_name: str, items: Sequence[Mapping[str, Any]], key_names: Sequence[str]
+) -> list[WriteResult]:
     """``create_if_absent`` for many items at transaction throughput; one result per item, in order."""
     names = {f"#k{i}": k for i, k in enumerate(key_names)}
     expression = " AND ".join(f"attribute_not_exists({n})" for n in names)
@@ -758,7 +776,9 @@ def transition_many(
             all_sets[status_attr] = new
         expr = Expression()
         update = expr.update(all_sets, None, list(remove))
-        operations.append({"Update": expr.entry(table_name, key, expr.status_condition(status_attr, expected, key), update)})
+        operations.append(
+            {"Update": expr.entry(table_name, key, expr.status_condition(status_attr, expected, key), update)}
+        )
     return _run_each(operations, Outcome.STALE, also)
 
 

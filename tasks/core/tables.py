@@ -1,13 +1,15 @@
-"""The DynamoDB tables of every pipeline, with the seeds' exact names, keys, GSIs and TTL attributes.
+"""How a DynamoDB table is declared and made: keys, GSIs and TTL attribute, created if missing, refused if different.
 
-Table names are configurable (``blocks.DynamoTables``, env ``TABLE_<LOGICAL_NAME>``); the seed names are the
-defaults. ``ensure_tables`` creates what is missing and refuses a table whose keys differ, showing the
-difference; it never drops or rewrites a table.
+Each pipeline declares its tables, with the seeds' exact names, keys, GSIs and TTL attributes, in its
+``pipeline.py`` (``tasks.core.registry``). Table names are configurable (``blocks.DynamoTables``, env
+``TABLE_<LOGICAL_NAME>``); the seed names are the defaults. ``ensure_tables`` creates what is missing and refuses a
+table whose keys differ, showing the difference; it never drops or rewrites a table.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
@@ -39,51 +41,6 @@ class TableSpec:
         if self.range_key:
             schema.append((self.range_key, "RANGE"))
         return schema
-
-
-# logical name -> spec. Logical names are the DynamoTables block's field names.
-TABLE_SPECS: dict[str, TableSpec] = {
-    # seed 000
-    "phspectra_runs": TableSpec("PK", "SK", gsis=(Index("GSI1", "GSI1_PK", "GSI1_SK"),), ttl_attribute="ttl"),
-    # seed 001
-    "etl_file_tracking": TableSpec(
-        "date_prefix", "file_key", gsis=(Index("status-index", "status", "date_prefix"),), ttl_attribute="ttl"
-    ),
-    "etl_metrics": TableSpec("metric_type", "timestamp", ttl_attribute="ttl", key_types={"timestamp": "N"}),
-    # seed 002
-    "ecs_task": TableSpec("ecs_task_id", ttl_attribute="ttl"),
-    "ecs_job": TableSpec("job_id", ttl_attribute="ttl"),
-    "ecs_node": TableSpec("node_name"),
-    # seed 003 (names are ours: the seed describes them abstractly)
-    "video_jobs": TableSpec("job_id", ttl_attribute="ttl"),
-    "video_segment_completions": TableSpec("job_id", "segment_index", key_types={"segment_index": "N"}, ttl_attribute="ttl"),
-    "video_reassembly_locks": TableSpec("job_id", ttl_attribute="ttl"),
-    # seed 004: no TTL, Cumulus keeps granule and execution records until an operator deletes them
-    "granules": TableSpec("granuleId"),
-    "executions": TableSpec("arn"),
-    "pdrs": TableSpec("pdrName"),
-    # pipeline-health (ours): one item per alarm, its incident OPEN or CLEARED (created once, then guarded moves)
-    "health_incidents": TableSpec("alarm", ttl_attribute="ttl"),
-}
-
-
-def default_names(env: str = "dev") -> dict[str, str]:
-    """The seeds' table names for ``env``."""
-    return {
-        "phspectra_runs": "phspectra-runs",
-        "etl_file_tracking": f"ndjson-parquet-sqs-file-tracking-{env}",
-        "etl_metrics": f"ndjson-parquet-sqs-metrics-{env}",
-        "ecs_task": "ecs_task",
-        "ecs_job": "ecs_job",
-        "ecs_node": "ecs_node",
-        "video_jobs": f"video-jobs-{env}",
-        "video_segment_completions": f"video-segment-completions-{env}",
-        "video_reassembly_locks": f"video-reassembly-locks-{env}",
-        "granules": "granules",
-        "executions": "executions",
-        "pdrs": "pdrs",
-        "health_incidents": f"pipeline-health-incidents-{env}",
-    }
 
 
 class SchemaMismatch(RuntimeError):
@@ -132,7 +89,9 @@ def schema_differences(name: str, spec: TableSpec, description: dict) -> list[st
         if index.name not in have_gsis:
             diffs.append(f"{name}: GSI {index.name} is missing")
         elif have_gsis[index.name] != want_keys:
-            diffs.append(f"{name}: GSI {index.name} keys are {sorted(have_gsis[index.name])}, expected {sorted(want_keys)}")
+            diffs.append(
+                f"{name}: GSI {index.name} keys are {sorted(have_gsis[index.name])}, expected {sorted(want_keys)}"
+            )
     return diffs
 
 
@@ -180,6 +139,7 @@ def _ensure_ttl(name: str, spec: TableSpec) -> None:
             time.sleep(0.5)
 
 
-def ensure_tables(names: dict[str, str]) -> dict[str, str]:
-    """Create or check every table in ``names`` (logical -> physical). Returns physical -> 'created'/'exists'."""
-    return {names[logical]: ensure_table(names[logical], spec) for logical, spec in TABLE_SPECS.items()}
+def ensure_tables(specs: Mapping[str, TableSpec], names: Mapping[str, str]) -> dict[str, str]:
+    """Create or check every table of ``specs`` by its name in ``names`` (logical -> physical). Returns physical ->
+    'created'/'exists'."""
+    return {names[logical]: ensure_table(names[logical], spec) for logical, spec in specs.items()}

@@ -24,11 +24,10 @@ from typing import Any, Literal
 
 from tasks.core.runtime import now_iso, run_logger
 from tasks.etl import ingest as etl
-from tasks.etl.ingest import ManifestRef
+from tasks.etl.ingest import TRIAL_TAG, ManifestRef, manifest_record
 
 CLOSED, OPEN, HALF_OPEN = "CLOSED", "OPEN", "HALF_OPEN"
 COOL_DOWN_S = 300.0  # seed 001: open for 300 s, then one test call
-TRIAL_TAG = "breaker-trial"
 Action = Literal["start_trial", "close"] | None
 
 
@@ -55,19 +54,28 @@ def tripped(state: BreakerState, now: str, reason: str) -> BreakerState:
     return BreakerState(OPEN, opened_at=now, trips=state.trips + 1, reason=reason, updated_at=now)
 
 
-def decide(state: BreakerState, now: str, cool_down_s: float, trial_status: str | None,
-           oldest_pending: ManifestRef | None) -> tuple[BreakerState, Action]:
+def decide(
+    state: BreakerState, now: str, cool_down_s: float, trial_status: str | None, oldest_pending: ManifestRef | None
+) -> tuple[BreakerState, Action]:
     """The check: OPEN past its cool-down with a manifest waiting → HALF_OPEN with that one trial; HALF_OPEN whose
     trial manifest completed → CLOSED; failed (or gone) → OPEN again from ``now``; a trial not started within the
     cool-down is started again. ``trial_status``: the trial MANIFEST's base status (None when there is none)."""
     if state.state == OPEN and _seconds_since(state.opened_at, now) >= cool_down_s and oldest_pending is not None:
-        trial = replace(state, state=HALF_OPEN, trial_date=oldest_pending.date_prefix,
-                        trial_manifest=oldest_pending.manifest_name, trial_started_at=now, updated_at=now)
+        trial = replace(
+            state,
+            state=HALF_OPEN,
+            trial_date=oldest_pending.date_prefix,
+            trial_manifest=oldest_pending.manifest_name,
+            trial_started_at=now,
+            updated_at=now,
+        )
         return trial, "start_trial"
     if state.state != HALF_OPEN:
         return state, None
     if trial_status == etl.COMPLETED:
-        return BreakerState(CLOSED, trips=state.trips, reason=f"trial {state.trial_manifest} completed", updated_at=now), "close"
+        return BreakerState(
+            CLOSED, trips=state.trips, reason=f"trial {state.trial_manifest} completed", updated_at=now
+        ), "close"
     if trial_status in (etl.FAILED, None):
         return tripped(state, now, f"trial {state.trial_manifest} {trial_status or 'gone'}"), None
     if trial_status == etl.PENDING and _seconds_since(state.trial_started_at, now) >= cool_down_s:
@@ -102,8 +110,12 @@ def save(merge_deployment: str, state: BreakerState) -> None:
     """Store the breaker (the breaker flow is its only writer)."""
     from prefect.variables import Variable
 
-    Variable.set(variable_name(merge_deployment), {k: v for k, v in asdict(state).items() if v is not None},
-                 tags=["etl", "circuit-breaker"], overwrite=True)
+    Variable.set(
+        variable_name(merge_deployment),
+        {k: v for k, v in asdict(state).items() if v is not None},
+        tags=["etl", "circuit-breaker"],
+        overwrite=True,
+    )
 
 
 def set_paused(merge_deployment: str, paused: bool) -> None:
@@ -137,16 +149,19 @@ def admitted_here(date_prefix: str, manifest_name: str) -> bool:
     state = load(merge_deployment)
     if admits(state, date_prefix, manifest_name):
         return True
-    run_logger(__name__).warning("%s: held by the circuit breaker of %s (%s since %s): the manifest stays pending",
-                                 manifest_name, merge_deployment, state.state, state.opened_at)
+    run_logger(__name__).warning(
+        "%s: held by the circuit breaker of %s (%s since %s): the manifest stays pending",
+        manifest_name,
+        merge_deployment,
+        state.state,
+        state.opened_at,
+    )
     return False
 
 
 def _trial_status(state: BreakerState) -> str | None:
     if not state.trial_manifest or not state.trial_date:
         return None
-    from tasks.etl.merge import manifest_record
-
     try:
         return etl.base_status(manifest_record(state.trial_date, state.trial_manifest))
     except LookupError:
@@ -157,13 +172,18 @@ def _start_trial(merge_deployment: str, state: BreakerState) -> str:
     """The one trial: a run of the (paused) merge deployment for the trial manifest, tagged ``breaker-trial``."""
     from prefect.deployments import run_deployment
 
-    run = run_deployment(name=merge_deployment, parameters={"date_prefix": state.trial_date, "manifest_name": state.trial_manifest},
-                         timeout=0, tags=[TRIAL_TAG])
+    run = run_deployment(
+        name=merge_deployment,
+        parameters={"date_prefix": state.trial_date, "manifest_name": state.trial_manifest},
+        timeout=0,
+        tags=[TRIAL_TAG],
+    )
     return str(run.id)
 
 
-def step(merge_deployment: str, action: Literal["trip", "check"], cool_down_s: float = COOL_DOWN_S,
-         reason: str = "") -> dict[str, Any]:
+def step(
+    merge_deployment: str, action: Literal["trip", "check"], cool_down_s: float = COOL_DOWN_S, reason: str = ""
+) -> dict[str, Any]:
     """One breaker step on the server: ``trip`` (the failure trigger fired) or ``check`` (schedule, trial ended)."""
     logger = run_logger(__name__)
     before = load(merge_deployment)
@@ -186,5 +206,7 @@ def step(merge_deployment: str, action: Literal["trip", "check"], cool_down_s: f
         if todo == "start_trial":
             done["trial_run"] = _start_trial(merge_deployment, after)
     if after.state != before.state:
-        logger.warning("circuit breaker of %s: %s -> %s (%s)", merge_deployment, before.state, after.state, after.reason)
+        logger.warning(
+            "circuit breaker of %s: %s -> %s (%s)", merge_deployment, before.state, after.state, after.reason
+        )
     return {"merge_deployment": merge_deployment, "before": before.state, **asdict(after), **done}

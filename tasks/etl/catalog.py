@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from tasks.core import keys
 from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
+from tasks.etl import keys as etl_keys
 from tasks.etl.ingest import settings, store
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,8 @@ _PARQUET_OUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat"
 
 def partition_files(target: ObjectStore, date_prefix: str) -> list[str]:
     """The published Parquet parts of a date, sorted (a local write's hidden temp file is not one)."""
-    prefix = keys.merged_output_prefix(date_prefix)
-    return sorted(k for k in target.list(prefix) if k.endswith(".parquet") and not k[len(prefix):].startswith("."))
+    prefix = etl_keys.merged_output_prefix(date_prefix)
+    return sorted(k for k in target.list(prefix) if k.endswith(".parquet") and not k[len(prefix) :].startswith("."))
 
 
 def _schema(target: ObjectStore, files: list[str]) -> pa.Schema:
@@ -57,18 +58,21 @@ def register_partition(date_prefix: str, output_url: str = "") -> dict[str, Any]
     config = settings()
     target = store(output_url or config.output_store_url)
     table = config.catalog_table
-    location = target.url_for(keys.merged_output_prefix(date_prefix))
+    location = target.url_for(etl_keys.merged_output_prefix(date_prefix))
     columns = _schema(target, partition_files(target, date_prefix)).names
     entry = {"table": table, PARTITION_KEY: date_prefix, "location": location, "columns": columns}
-    key = keys.catalog_partition_key(table, date_prefix)
+    key = etl_keys.catalog_partition_key(table, date_prefix)
     try:
         changed = json.loads(target.get_bytes(key)) != entry
     except ObjectNotFound:
         changed = True
     if changed:
         target.put_bytes(key, json.dumps(entry, indent=2).encode())
-    glue = register_glue_partition(target, config.catalog_database, table, date_prefix, location, columns) \
-        if isinstance(target, S3Store) else None
+    glue = (
+        register_glue_partition(target, config.catalog_database, table, date_prefix, location, columns)
+        if isinstance(target, S3Store)
+        else None
+    )
     return {**entry, "changed": changed, "glue": glue}
 
 
@@ -87,8 +91,8 @@ def registered_partitions(output_url: str = "") -> list[dict[str, Any]]:
     config = settings()
     target = store(output_url or config.output_store_url)
     found = []
-    for key in sorted(target.list(keys.catalog_table_prefix(config.catalog_table))):
-        keys.catalog_partition_date(key)
+    for key in sorted(target.list(etl_keys.catalog_table_prefix(config.catalog_table))):
+        etl_keys.catalog_partition_date(key)
         found.append(json.loads(target.get_bytes(key)))
     return found
 
@@ -105,13 +109,21 @@ def open_table(output_url: str = "", dates: list[str] | None = None):
     files = [(date, key) for date in chosen for key in partition_files(target, date)]
     schema = _schema(target, [key for _, key in files]).append(pa.field(PARTITION_KEY, pa.string()))
     return ds.FileSystemDataset.from_paths(
-        [target.arrow_path(key) for _, key in files], schema=schema, format=ds.ParquetFileFormat(),
-        filesystem=target.arrow_filesystem(), partitions=[ds.field(PARTITION_KEY) == date for date, _ in files],
+        [target.arrow_path(key) for _, key in files],
+        schema=schema,
+        format=ds.ParquetFileFormat(),
+        filesystem=target.arrow_filesystem(),
+        partitions=[ds.field(PARTITION_KEY) == date for date, _ in files],
     )
 
 
-def query(dates: list[str] | None = None, columns: list[str] | None = None, limit: int | None = None,
-          sql: str | None = None, output_url: str = "") -> list[dict[str, Any]]:
+def query(
+    dates: list[str] | None = None,
+    columns: list[str] | None = None,
+    limit: int | None = None,
+    sql: str | None = None,
+    output_url: str = "",
+) -> list[dict[str, Any]]:
     """Rows of the table: ``columns`` of ``dates`` (all by default), at most ``limit``; or a DuckDB ``sql`` over it
     (the table named as ``CATALOG_TABLE``; needs the ``duckdb`` package)."""
     for date in dates or []:
@@ -140,13 +152,17 @@ def query(dates: list[str] | None = None, columns: list[str] | None = None, limi
 
 def _storage(location: str, columns: list[str]) -> dict[str, Any]:
     return {
-        "Columns": [{"Name": name, "Type": "string"} for name in columns], "Location": location,
-        "InputFormat": _PARQUET_IN, "OutputFormat": _PARQUET_OUT, "SerdeInfo": {"SerializationLibrary": _PARQUET_SERDE},
+        "Columns": [{"Name": name, "Type": "string"} for name in columns],
+        "Location": location,
+        "InputFormat": _PARQUET_IN,
+        "OutputFormat": _PARQUET_OUT,
+        "SerdeInfo": {"SerializationLibrary": _PARQUET_SERDE},
     }
 
 
-def register_glue_partition(target: S3Store, database: str, table: str, date_prefix: str, location: str,
-                            columns: list[str]) -> dict[str, Any]:
+def register_glue_partition(
+    target: S3Store, database: str, table: str, date_prefix: str, location: str, columns: list[str]
+) -> dict[str, Any]:
     """Database and table created if absent (table columns widened to include ``columns``), then the date's
     partition created, or its columns widened; an existing partition with these columns is left as it is."""
     glue = target.service_client("glue")  # AWS_ENDPOINT_URL_GLUE honoured
@@ -154,7 +170,7 @@ def register_glue_partition(target: S3Store, database: str, table: str, date_pre
         glue.create_database(DatabaseInput={"Name": database, "Description": "seed 001: merged NDJSON as Parquet"})
     except glue.exceptions.AlreadyExistsException:
         pass
-    root = target.url_for(keys.OUTPUT_PREFIX)
+    root = target.url_for(etl_keys.OUTPUT_PREFIX)
     try:
         known = glue.get_table(DatabaseName=database, Name=table)["Table"]["StorageDescriptor"]["Columns"]
     except glue.exceptions.EntityNotFoundException:
@@ -163,8 +179,11 @@ def register_glue_partition(target: S3Store, database: str, table: str, date_pre
     wider = table_columns + [c for c in columns if c not in table_columns]
     if known is None or wider != table_columns:
         table_input = {
-            "Name": table, "TableType": "EXTERNAL_TABLE", "Parameters": {"classification": "parquet", "EXTERNAL": "TRUE"},
-            "PartitionKeys": [{"Name": PARTITION_KEY, "Type": "string"}], "StorageDescriptor": _storage(root, wider),
+            "Name": table,
+            "TableType": "EXTERNAL_TABLE",
+            "Parameters": {"classification": "parquet", "EXTERNAL": "TRUE"},
+            "PartitionKeys": [{"Name": PARTITION_KEY, "Type": "string"}],
+            "StorageDescriptor": _storage(root, wider),
         }
         try:
             if known is None:
@@ -183,6 +202,7 @@ def register_glue_partition(target: S3Store, database: str, table: str, date_pre
         created = False
         if set(columns) - set(have):
             partition["StorageDescriptor"] = _storage(location, have + [c for c in columns if c not in have])
-            glue.update_partition(DatabaseName=database, TableName=table, PartitionValueList=[date_prefix],
-                                  PartitionInput=partition)
+            glue.update_partition(
+                DatabaseName=database, TableName=table, PartitionValueList=[date_prefix], PartitionInput=partition
+            )
     return {"database": database, "table": table, "partition": date_prefix, "created": created}

@@ -22,9 +22,10 @@ from boto3.dynamodb.conditions import Key
 from blocks import load_config
 from blocks.etl import EtlSettings
 from tasks.core import keys, state_store
-from tasks.core.runtime import now_iso, prefect_ids, utc_now
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import ListedObject, ObjectNotFound, ObjectStore, copy_url, object_version, open_url
+from tasks.core.runtime import now_iso, prefect_ids, utc_now
+from tasks.etl import keys as etl_keys
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,12 @@ METRICS = "etl_metrics"
 TRACKING_KEYS = ("date_prefix", "file_key")
 STATUS_INDEX = "status-index"
 PENDING, MANIFESTED, COMPLETED, FAILED, QUARANTINED, PROCESSING = (
-    "pending", "manifested", "completed", "failed", "quarantined", "processing",
+    "pending",
+    "manifested",
+    "completed",
+    "failed",
+    "quarantined",
+    "processing",
 )
 
 
@@ -50,22 +56,20 @@ def store(url: str) -> ObjectStore:
     return object_store(url or None)
 
 
-
 def ttl_epoch(config: EtlSettings) -> int:
     """Expiry of a record written now: ``TTL_DAYS`` ahead, as the seed's Unix timestamp."""
     return int(time.time()) + config.ttl_days * 86400
 
 
-
 def base_status(item: dict[str, Any]) -> str:
     """The item's status without its shard suffix (``manifested#3`` → ``manifested``)."""
-    return keys.split_status(str(item.get("status", "")))[0]
+    return etl_keys.split_status(str(item.get("status", "")))[0]
 
 
 def with_shard(status: str, current: str) -> str:
     """``status`` carrying the shard suffix of ``current`` (``manifested#3`` → ``completed#3``); legacy stays bare."""
-    shard = keys.split_status(current)[1]
-    return status if shard is None else keys.sharded_status(status, shard)
+    shard = etl_keys.split_status(current)[1]
+    return status if shard is None else etl_keys.sharded_status(status, shard)
 
 
 def tracking_key(date_prefix: str, file_key: str) -> dict[str, str]:
@@ -75,7 +79,12 @@ def tracking_key(date_prefix: str, file_key: str) -> dict[str, str]:
 
 def metric_item(metric_type: str, values: dict[str, Any], config: EtlSettings | None = None) -> dict[str, Any]:
     """A row of the metrics table (``metric_type`` / ``timestamp`` in µs, with ``ttl``)."""
-    return {"metric_type": metric_type, "timestamp": time.time_ns() // 1000, "ttl": ttl_epoch(config or settings()), **values}
+    return {
+        "metric_type": metric_type,
+        "timestamp": time.time_ns() // 1000,
+        "ttl": ttl_epoch(config or settings()),
+        **values,
+    }
 
 
 def record_metric(metric_type: str, values: dict[str, Any], config: EtlSettings | None = None) -> dict[str, Any]:
@@ -115,10 +124,10 @@ def input_home(config: EtlSettings) -> str:
     return store(config.input_store_url).url
 
 
-def input_file(url: str, home: str) -> tuple[keys.InputFile, str]:
+def input_file(url: str, home: str) -> tuple[etl_keys.InputFile, str]:
     """The parsed input path of ``url`` and its tracking ``file_key``; InvalidKey if it is no input path."""
-    parsed = keys.parse_input_path(url.split("?", 1)[0])
-    return parsed, keys.input_file_key(parsed, home)
+    parsed = etl_keys.parse_input_path(url.split("?", 1)[0])
+    return parsed, etl_keys.input_file_key(parsed, home)
 
 
 def validate_file(url: str, config: EtlSettings, size: int | None = None, home: str | None = None) -> FileCheck:
@@ -129,7 +138,9 @@ def validate_file(url: str, config: EtlSettings, size: int | None = None, home: 
     try:
         parsed, file_key = input_file(url, home or input_home(config))
     except keys.InvalidKey as error:
-        return FileCheck(url, keys.UNDATED_PREFIX, keys.undated_file_key(url), None, f"unparseable input path: {error}")
+        return FileCheck(
+            url, etl_keys.UNDATED_PREFIX, etl_keys.undated_file_key(url), None, f"unparseable input path: {error}"
+        )
     try:
         if size is None:
             source, key = open_url(url)
@@ -143,14 +154,19 @@ def validate_file(url: str, config: EtlSettings, size: int | None = None, home: 
     low, high = config.size_bounds_bytes()
     if not low <= size <= high:
         return FileCheck(
-            url, parsed.date_prefix, file_key, size,
+            url,
+            parsed.date_prefix,
+            file_key,
+            size,
             f"size {size} bytes outside {config.expected_file_size_mb} MB ± {config.size_tolerance_percent}% "
             f"({int(low)}..{int(high)} bytes)",
         )
     return FileCheck(url, parsed.date_prefix, file_key, size)
 
 
-def validate_files(urls: Sequence[str], config: EtlSettings, sizes: Sequence[int | None] | None = None) -> list[FileCheck]:
+def validate_files(
+    urls: Sequence[str], config: EtlSettings, sizes: Sequence[int | None] | None = None
+) -> list[FileCheck]:
     """``validate_file`` for a batch of file events; ``sizes`` (one per URL, None where unknown) spare the HEADs."""
     if sizes is not None and len(sizes) != len(urls):
         raise ValueError(f"{len(sizes)} sizes for {len(urls)} files")
@@ -159,13 +175,13 @@ def validate_files(urls: Sequence[str], config: EtlSettings, sizes: Sequence[int
 
 
 def _file_item(check: FileCheck, status: str, config: EtlSettings, **extra: Any) -> dict[str, Any]:
-    shard = keys.status_shard(check.file_key, config.num_status_shards)
+    shard = etl_keys.status_shard(check.file_key, config.num_status_shards)
     stamp = now_iso()
     item = {
         "date_prefix": check.date_prefix,
         "file_key": check.file_key,
         "file_path": check.url,
-        "status": keys.sharded_status(status, shard),
+        "status": etl_keys.sharded_status(status, shard),
         "shard_id": shard,
         "created_at": stamp,
         "updated_at": stamp,
@@ -194,10 +210,10 @@ def _version(url: str) -> tuple[int | None, str | None]:
 def _quarantine_copy(check: FileCheck, config: EtlSettings, size: int | None, version: str | None) -> tuple[str, str]:
     """The refused file's bytes (streamed, never whole in memory) and its reason file; (quarantine URL, reason)."""
     target = store(config.quarantine_store_url)
-    if check.date_prefix == keys.UNDATED_PREFIX:
-        key = keys.undated_quarantine_key(check.url)
+    if check.date_prefix == etl_keys.UNDATED_PREFIX:
+        key = etl_keys.undated_quarantine_key(check.url)
     else:
-        key = keys.quarantine_key(check.date_prefix, check.file_key)
+        key = etl_keys.quarantine_key(check.date_prefix, check.file_key)
     reason = check.reason or ""
     copied = ""
     if size is not None:  # it exists: keep its bytes
@@ -205,7 +221,13 @@ def _quarantine_copy(check: FileCheck, config: EtlSettings, size: int | None, ve
             copied = copy_url(check.url, target, key)
         except ObjectNotFound:  # deleted since it was looked at
             size = version = None
-    document = {"file_path": check.url, "reason": reason, "size_bytes": size, "etag": version, "quarantined_at": now_iso()}
+    document = {
+        "file_path": check.url,
+        "reason": reason,
+        "size_bytes": size,
+        "etag": version,
+        "quarantined_at": now_iso(),
+    }
     target.put_bytes(keys.quarantine_reason_key(key), json.dumps(document, indent=2).encode())
     return copied, reason
 
@@ -235,18 +257,35 @@ def quarantine_files(checks: Sequence[FileCheck], config: EtlSettings) -> list[d
                 outcomes.append(dict(state_store.to_plain(current), outcome=state_store.Outcome.EXISTS.value))
                 continue
             copied, reason = _quarantine_copy(check, config, size, version)
-            sets = {"error_message": reason[:1000], "quarantine_path": copied, "updated_at": now_iso(),
-                    "source_size_bytes": size, "source_etag": version}
+            sets = {
+                "error_message": reason[:1000],
+                "quarantine_path": copied,
+                "updated_at": now_iso(),
+                "source_size_bytes": size,
+                "source_etag": version,
+            }
             result = state_store.transition(
-                table_name(TRACKING), tracking_key(check.date_prefix, check.file_key), current["status"], None,
-                set={k: v for k, v in sets.items() if v is not None}, condition=_version_guard(current),
+                table_name(TRACKING),
+                tracking_key(check.date_prefix, check.file_key),
+                current["status"],
+                None,
+                set={k: v for k, v in sets.items() if v is not None},
+                condition=_version_guard(current),
             )
             outcomes.append(dict(state_store.to_plain(current), **sets, outcome=result.outcome.value))
             continue
         copied, reason = _quarantine_copy(check, config, size, version)
         extra = {"source_size_bytes": size, "source_etag": version}
-        items.append(_file_item(check, QUARANTINED, config, error_message=reason[:1000], quarantine_path=copied,
-                                **{k: v for k, v in extra.items() if v is not None}))
+        items.append(
+            _file_item(
+                check,
+                QUARANTINED,
+                config,
+                error_message=reason[:1000],
+                quarantine_path=copied,
+                **{k: v for k, v in extra.items() if v is not None},
+            )
+        )
     results = state_store.create_many_if_absent(table_name(TRACKING), items, TRACKING_KEYS)
     return outcomes + [dict(item, outcome=r.outcome.value) for item, r in zip(items, results)]
 
@@ -258,7 +297,9 @@ def track_files(checks: Sequence[FileCheck], config: EtlSettings) -> dict[str, A
     new = [item for item, r in zip(items, results) if r.applied]
     return {
         "tracked": len(new),
-        "new_files": {d: [i["file_key"] for i in new if i["date_prefix"] == d] for d in sorted({i["date_prefix"] for i in new})},
+        "new_files": {
+            d: [i["file_key"] for i in new if i["date_prefix"] == d] for d in sorted({i["date_prefix"] for i in new})
+        },
         "already_tracked": len(items) - len(new),
         "dates": sorted({item["date_prefix"] for item in items}),
     }
@@ -271,7 +312,7 @@ def file_records(date_prefix: str, consistent: bool = True, **query: Any) -> Ite
     """Every file record of a date (meta-records filtered in code, never in a FilterExpression)."""
     return state_store.query_all(
         table_name(TRACKING),
-        keep=lambda item: not keys.is_meta_record(item["file_key"]),
+        keep=lambda item: not etl_keys.is_meta_record(item["file_key"]),
         KeyConditionExpression=Key("date_prefix").eq(date_prefix),
         ConsistentRead=consistent,
         **query,
@@ -283,10 +324,10 @@ def pending_files(date_prefix: str, shards: int | None = None) -> list[dict[str,
     oldest name first (a stable order keeps concurrent claimers apart). The index may lag: claims are guarded."""
     shards = settings().num_status_shards if shards is None else shards
     found: list[dict[str, Any]] = []
-    for status in [keys.sharded_status(PENDING, n) for n in range(shards)] + [PENDING]:
+    for status in [etl_keys.sharded_status(PENDING, n) for n in range(shards)] + [PENDING]:
         found += state_store.query_all(
             table_name(TRACKING),
-            keep=lambda item: not keys.is_meta_record(item["file_key"]),
+            keep=lambda item: not etl_keys.is_meta_record(item["file_key"]),
             IndexName=STATUS_INDEX,
             KeyConditionExpression=Key("status").eq(status) & Key("date_prefix").eq(keys.safe_date(date_prefix)),
         )
@@ -301,20 +342,31 @@ def _claim(items: Sequence[dict[str, Any]], placeholders: str | Sequence[str]) -
         placeholders = [placeholders] * len(items)
     ids = prefect_ids()
     changes = [
-        (tracking_key(i["date_prefix"], i["file_key"]), i["status"], with_shard(MANIFESTED, i["status"]),
-         {"manifest_path": path, "updated_at": stamp, "manifested_at": stamp, **ids})
+        (
+            tracking_key(i["date_prefix"], i["file_key"]),
+            i["status"],
+            with_shard(MANIFESTED, i["status"]),
+            {"manifest_path": path, "updated_at": stamp, "manifested_at": stamp, **ids},
+        )
         for i, path in zip(items, placeholders)
     ]
     results = state_store.transition_many(table_name(TRACKING), changes)
-    return [dict(item, status=change[2], manifest_path=change[3]["manifest_path"])
-            for item, change, r in zip(items, changes, results) if r.applied]
+    return [
+        dict(item, status=change[2], manifest_path=change[3]["manifest_path"])
+        for item, change, r in zip(items, changes, results)
+        if r.applied
+    ]
 
 
 def release(items: Sequence[dict[str, Any]]) -> int:
     """Give claimed files back: ``manifested#N → pending#N`` (guarded). Returns how many moved."""
     changes = [
-        (tracking_key(i["date_prefix"], i["file_key"]), i["status"], with_shard(PENDING, i["status"]),
-         {"manifest_path": "", "updated_at": now_iso()})
+        (
+            tracking_key(i["date_prefix"], i["file_key"]),
+            i["status"],
+            with_shard(PENDING, i["status"]),
+            {"manifest_path": "", "updated_at": now_iso()},
+        )
         for i in items
     ]
     return sum(r.applied for r in state_store.transition_many(table_name(TRACKING), changes))
@@ -323,7 +375,7 @@ def release(items: Sequence[dict[str, Any]]) -> int:
 def next_sequences(date_prefix: str, count: int = 1) -> list[int]:
     """``count`` fresh manifest numbers for a date (one atomic ADD on a meta-record), so names never collide."""
     table = table_name(TRACKING)
-    key = tracking_key(date_prefix, keys.MANIFEST_SEQUENCE_KEY)
+    key = tracking_key(date_prefix, etl_keys.MANIFEST_SEQUENCE_KEY)
     result = state_store.transition(table, key, None, None, add={"sequence": count})
     if not result.applied:  # the date's first manifest: create the counter, then count
         state_store.create_if_absent(table, {**key, "sequence": 0}, TRACKING_KEYS)
@@ -348,16 +400,23 @@ def reserve_manifests(date_prefix: str, count: int, config: EtlSettings) -> list
         return []
     created = utc_now()
     target = store(config.manifest_store_url)
-    names = [keys.manifest_name(sequence, created) for sequence in next_sequences(date_prefix, count)]
-    return [(name, target.url_for(keys.manifest_key(date_prefix, name))) for name in names]
+    names = [etl_keys.manifest_name(sequence, created) for sequence in next_sequences(date_prefix, count)]
+    return [(name, target.url_for(etl_keys.manifest_key(date_prefix, name))) for name in names]
 
 
 def _put_entry(item: dict[str, Any]) -> dict[str, Any]:
     """A TransactItems Put that creates ``item`` only if its key is absent (``attribute_not_exists``)."""
     expr = state_store.Expression()
     condition = " AND ".join(f"attribute_not_exists({expr.name(k)})" for k in TRACKING_KEYS)
-    return {"Put": {"TableName": table_name(TRACKING), "Item": state_store.to_dynamo(item), "ConditionExpression": condition,
-                    "ExpressionAttributeNames": expr.names, "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}}
+    return {
+        "Put": {
+            "TableName": table_name(TRACKING),
+            "Item": state_store.to_dynamo(item),
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": expr.names,
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+    }
 
 
 def _claim_entry(item: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
@@ -365,15 +424,22 @@ def _claim_entry(item: dict[str, Any], sets: dict[str, Any]) -> dict[str, Any]:
     expr = state_store.Expression()
     key = tracking_key(item["date_prefix"], item["file_key"])
     update = expr.update({**sets, "status": with_shard(MANIFESTED, item["status"])})
-    return {"Update": expr.entry(table_name(TRACKING), key, expr.status_condition("status", item["status"], key), update)}
+    return {
+        "Update": expr.entry(table_name(TRACKING), key, expr.status_condition("status", item["status"], key), update)
+    }
 
 
 def _manifest_record(date_prefix: str, path: str, count: int, partial: bool, created: str, config: EtlSettings) -> dict:
     """The ``MANIFEST#`` record of a manifest (``pending`` until its merge starts)."""
     return {
-        **tracking_key(date_prefix, keys.manifest_record_key(path.rsplit("/", 1)[1])),
-        "status": PENDING, "manifest_path": path, "file_count": count, "partial_batch": partial,
-        "created_at": created, "updated_at": created, "ttl": ttl_epoch(config),
+        **tracking_key(date_prefix, etl_keys.manifest_record_key(path.rsplit("/", 1)[1])),
+        "status": PENDING,
+        "manifest_path": path,
+        "file_count": count,
+        "partial_batch": partial,
+        "created_at": created,
+        "updated_at": created,
+        "ttl": ttl_epoch(config),
     }
 
 
@@ -399,20 +465,29 @@ def publish_batches(
     for (name, path), batch in zip(slots, batches):
         urls = sorted(f.url if isinstance(f, FileCheck) else f["file_path"] for f in batch)
         is_partial = partial or len(urls) < config.max_files_per_manifest
-        document = {"fileLocations": [{"URIPrefixes": urls}], "date_prefix": date_prefix, "manifest_name": name,
-                    "file_count": len(urls), "partial_batch": is_partial, "created_at": created}
-        target.put_bytes(keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
+        document = {
+            "fileLocations": [{"URIPrefixes": urls}],
+            "date_prefix": date_prefix,
+            "manifest_name": name,
+            "file_count": len(urls),
+            "partial_batch": is_partial,
+            "created_at": created,
+        }
+        target.put_bytes(etl_keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
         entries = [
-            _put_entry(_file_item(f, MANIFESTED, config, **sets_for(path))) if isinstance(f, FileCheck)
+            _put_entry(_file_item(f, MANIFESTED, config, **sets_for(path)))
+            if isinstance(f, FileCheck)
             else _claim_entry(f, sets_for(path))
             for f in batch
         ]
-        groups.append(entries + [_put_entry(_manifest_record(date_prefix, path, len(urls), is_partial, created, config))])
+        groups.append(
+            entries + [_put_entry(_manifest_record(date_prefix, path, len(urls), is_partial, created, config))]
+        )
         refs.append(ManifestRef(date_prefix, name, path, len(urls)))
     outcomes = state_store.transact_groups(groups)
     lost = [i for i, reasons in enumerate(outcomes) if reasons is not None]
     for i in lost:
-        target.delete(keys.manifest_key(date_prefix, refs[i].manifest_name))  # never recorded: nothing reads it
+        target.delete(etl_keys.manifest_key(date_prefix, refs[i].manifest_name))  # never recorded: nothing reads it
     return [ref for i, ref in enumerate(refs) if i not in lost], lost
 
 
@@ -431,14 +506,22 @@ def _publish_unatomic(
         urls = sorted(f["file_path"] for f in won)
         is_partial = partial or len(urls) < config.max_files_per_manifest
         created = now_iso()
-        document = {"fileLocations": [{"URIPrefixes": urls}], "date_prefix": date_prefix, "manifest_name": name,
-                    "file_count": len(urls), "partial_batch": is_partial, "created_at": created}
-        store(config.manifest_store_url).put_bytes(keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
+        document = {
+            "fileLocations": [{"URIPrefixes": urls}],
+            "date_prefix": date_prefix,
+            "manifest_name": name,
+            "file_count": len(urls),
+            "partial_batch": is_partial,
+            "created_at": created,
+        }
+        store(config.manifest_store_url).put_bytes(
+            etl_keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode()
+        )
         record = _manifest_record(date_prefix, path, len(urls), is_partial, created, config)
         state_store.create_if_absent(table_name(TRACKING), record, TRACKING_KEYS)
     except BaseException:
         with contextlib.suppress(Exception):  # the flush releases them if this fails too
-            record_key = tracking_key(date_prefix, keys.manifest_record_key(name))
+            record_key = tracking_key(date_prefix, etl_keys.manifest_record_key(name))
             if state_store.get_item(table_name(TRACKING), record_key) is None:  # else the manifest holds them
                 _release_claims(batch, path)
         raise
@@ -450,8 +533,12 @@ def _release_claims(items: Sequence[dict[str, Any]], path: str) -> int:
     guard = state_store.Condition("#path = :path", {"#path": "manifest_path"}, {":path": path})
     return sum(
         state_store.transition(
-            table_name(TRACKING), tracking_key(i["date_prefix"], i["file_key"]), with_shard(MANIFESTED, i["status"]),
-            i["status"], set={"manifest_path": "", "updated_at": now_iso()}, condition=guard,
+            table_name(TRACKING),
+            tracking_key(i["date_prefix"], i["file_key"]),
+            with_shard(MANIFESTED, i["status"]),
+            i["status"],
+            set={"manifest_path": "", "updated_at": now_iso()},
+            condition=guard,
         ).applied
         for i in items
     )
@@ -460,14 +547,18 @@ def _release_claims(items: Sequence[dict[str, Any]], path: str) -> int:
 def _in_batches(items: list[Any], size: int, threshold: int) -> list[list[Any]]:
     """Full batches of ``size``, then the rest as one batch when it has at least ``threshold`` items."""
     full = len(items) - len(items) % size
-    batches = [items[i:i + size] for i in range(0, full, size)]
+    batches = [items[i : i + size] for i in range(0, full, size)]
     if full < len(items) and len(items) - full >= threshold:
         batches.append(items[full:])
     return batches
 
 
 def create_manifests(
-    date_prefix: str, threshold: int, config: EtlSettings, partial: bool = False, attempts: int = 3,
+    date_prefix: str,
+    threshold: int,
+    config: EtlSettings,
+    partial: bool = False,
+    attempts: int = 3,
     prefer: Sequence[str] = (),
 ) -> list[ManifestRef]:
     """Claim-first batching of one date: batches of ``MAX_FILES_PER_MANIFEST``, none smaller than ``threshold``.
@@ -537,7 +628,9 @@ def track_and_batch(
     mine = new + [item for item in quarantined if item["file_key"] in revalidated]
     return {
         "tracked": tracked,
-        "new_files": {d: [i["file_key"] for i in mine if i["date_prefix"] == d] for d in sorted({i["date_prefix"] for i in mine})},
+        "new_files": {
+            d: [i["file_key"] for i in mine if i["date_prefix"] == d] for d in sorted({i["date_prefix"] for i in mine})
+        },
         "already_tracked": len(checks) - tracked,
         "revalidated": revalidated,
         "dates": sorted({c.date_prefix for c in checks}),
@@ -563,11 +656,21 @@ def revalidate_quarantined(items: Sequence[dict[str, Any]], config: EtlSettings,
         if not check.valid or (check.date_prefix, check.file_key) != (item["date_prefix"], item["file_key"]):
             out["refused"][item["file_key"]] = check.reason or "its path names another record"
             continue
-        sets = {"updated_at": now_iso(), "released_at": now_iso(), "error_message": "", "source_size_bytes": size,
-                "source_etag": version, "file_size_mb": round(size / (1024 * 1024), 6)}
+        sets = {
+            "updated_at": now_iso(),
+            "released_at": now_iso(),
+            "error_message": "",
+            "source_size_bytes": size,
+            "source_etag": version,
+            "file_size_mb": round(size / (1024 * 1024), 6),
+        }
         result = state_store.transition(  # one by one: each guarded on the version it was validated against
-            table_name(TRACKING), tracking_key(item["date_prefix"], item["file_key"]), item["status"],
-            with_shard(PENDING, item["status"]), set=sets, condition=_version_guard(item),
+            table_name(TRACKING),
+            tracking_key(item["date_prefix"], item["file_key"]),
+            item["status"],
+            with_shard(PENDING, item["status"]),
+            set=sets,
+            condition=_version_guard(item),
         )
         if result.applied:
             out["released"].append(item["file_key"])
@@ -588,7 +691,7 @@ class MergesHeld(RuntimeError):
 
 
 def launch_merges(manifests: Iterable[ManifestRef], launcher: Launcher) -> list[dict[str, Any]]:
-    """Start one merge per manifest; a launch that fails or is held leaves the manifest ``pending`` (restarted later)."""
+    """Start one merge per manifest; a launch that fails or is held leaves its manifest ``pending`` (started later)."""
     outcomes = []
     for ref in manifests:
         try:
@@ -598,26 +701,38 @@ def launch_merges(manifests: Iterable[ManifestRef], launcher: Launcher) -> list[
             log.info("%s", held)
             outcomes.append({**asdict(ref), "launched": False, "held": True, "error": str(held)})
         except Exception as error:  # noqa: BLE001 - the manifest stays pending; the next ingest or flush starts it
-            log.warning("could not start the merge of %s (%s); it stays pending for the next ingest/flush", ref.manifest_name, error)
+            log.warning(
+                "could not start the merge of %s (%s); it stays pending for the next ingest/flush",
+                ref.manifest_name,
+                error,
+            )
             outcomes.append({**asdict(ref), "launched": False, "error": f"{type(error).__name__}: {error}"})
     return outcomes
 
 
 def manifest_ready(ref: ManifestRef, deployment: str) -> dict[str, Any]:
-    """The ``manifest.ready`` event of ``ref`` for ``deployment``: its resource (which the trigger matches) and payload."""
+    """The ``manifest.ready`` event of ``ref`` for ``deployment``: its resource (the trigger matches it) and payload."""
     return {
         "event": MANIFEST_READY,
-        "resource": {"prefect.resource.id": f"etl.manifest.{ref.date_prefix}.{ref.manifest_name}",
-                     "prefect.resource.name": ref.manifest_name, "etl.date-prefix": ref.date_prefix,
-                     "etl.merge-deployment": deployment},
-        "payload": {"date_prefix": ref.date_prefix, "manifest_name": ref.manifest_name, "manifest_path": ref.manifest_path,
-                    "file_count": ref.file_count},
+        "resource": {
+            "prefect.resource.id": f"etl.manifest.{ref.date_prefix}.{ref.manifest_name}",
+            "prefect.resource.name": ref.manifest_name,
+            "etl.date-prefix": ref.date_prefix,
+            "etl.merge-deployment": deployment,
+        },
+        "payload": {
+            "date_prefix": ref.date_prefix,
+            "manifest_name": ref.manifest_name,
+            "manifest_path": ref.manifest_path,
+            "file_count": ref.file_count,
+        },
     }
 
 
 # a run queued longer than this is not trusted to start (no worker for its pool, a stuck slot): manifests are
 # announced again, so the ingest's and the flush's restarts of pending manifests still start a merge
 QUEUED_RUN_TRUSTED_S = 600
+TRIAL_TAG = "breaker-trial"  # the tag of a circuit breaker's trial merge run (never a draining run to trust)
 
 
 def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
@@ -625,23 +740,40 @@ def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
     Pending), was created in the last ``QUEUED_RUN_TRUSTED_S`` and takes further pending manifests
     (``more_manifests`` > 0, no breaker trial): its id, or None."""
     from prefect.client.schemas.filters import (
-        DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType,
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
 
     runs = client.read_flow_runs(
         deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
-        flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))),
+        flow_run_filter=FlowRunFilter(
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))
+        ),
         limit=20,
     )
-    from tasks.etl.breaker import TRIAL_TAG
-
     trusted_since = utc_now() - timedelta(seconds=QUEUED_RUN_TRUSTED_S)
     for run in runs:
-        if (int((run.parameters or {}).get("more_manifests", 0)) > 0 and TRIAL_TAG not in (run.tags or [])
-                and run.created is not None and run.created >= trusted_since):
+        if (
+            int((run.parameters or {}).get("more_manifests", 0)) > 0
+            and TRIAL_TAG not in (run.tags or [])
+            and run.created is not None
+            and run.created >= trusted_since
+        ):
             return str(run.id)
     return None
+
+
+def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
+    """The ``MANIFEST#`` meta-record, or LookupError."""
+    key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
+    item = state_store.get_item(table_name(TRACKING), key)
+    if item is None:
+        raise LookupError(f"no manifest record {key['file_key']} for {date_prefix}")
+    return item
 
 
 def deployment_launcher(deployment: str) -> Launcher:
@@ -694,12 +826,14 @@ def pending_manifests(older_than_seconds: float = 0, dates: Sequence[str] | None
     cutoff = utc_now() - timedelta(seconds=older_than_seconds)
     query: dict[str, Any] = {"IndexName": STATUS_INDEX, "KeyConditionExpression": Key("status").eq(PENDING)}
     found = []
-    for item in state_store.query_all(table_name(TRACKING), keep=lambda i: i["file_key"].startswith(keys.MANIFEST_PREFIX), **query):
+    for item in state_store.query_all(
+        table_name(TRACKING), keep=lambda i: i["file_key"].startswith(etl_keys.MANIFEST_PREFIX), **query
+    ):
         if dates is not None and item["date_prefix"] not in dates:
             continue
         if datetime.fromisoformat(item["created_at"]) > cutoff:
             continue
-        name = keys.manifest_name_from_record_key(item["file_key"])
+        name = etl_keys.manifest_name_from_record_key(item["file_key"])
         found.append(ManifestRef(item["date_prefix"], name, item["manifest_path"], int(item.get("file_count", 0))))
     return sorted(found, key=lambda r: (r.date_prefix, r.manifest_name))
 
@@ -710,11 +844,11 @@ def pending_manifests(older_than_seconds: float = 0, dates: Sequence[str] | None
 def orphan_dates(config: EtlSettings, today: str) -> dict[str, int]:
     """Pending files of dates before ``today``, across every ``pending#N`` shard and legacy ``pending``."""
     counts: dict[str, int] = {}
-    statuses = [keys.sharded_status(PENDING, n) for n in range(config.num_status_shards)] + [PENDING]
+    statuses = [etl_keys.sharded_status(PENDING, n) for n in range(config.num_status_shards)] + [PENDING]
     for status in statuses:
         for item in state_store.query_all(
             table_name(TRACKING),
-            keep=lambda i: not keys.is_meta_record(i["file_key"]),
+            keep=lambda i: not etl_keys.is_meta_record(i["file_key"]),
             IndexName=STATUS_INDEX,
             KeyConditionExpression=Key("status").eq(status) & Key("date_prefix").lt(keys.safe_date(today)),
         ):

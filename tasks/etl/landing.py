@@ -9,7 +9,8 @@ without Prefect.
     DynamoDB or the store unreachable ──> Outcome.retry (offered again; nothing half done is lost: every
                                           write is create-if-absent or guarded, so the retry finishes it)
 
-One Prefect event per outcome of a batch (naming its files, related to the merge runs they started), one log line a file.
+One Prefect event per outcome of a batch (naming its files, related to the merge runs they started), one log line a
+file.
 """
 
 from __future__ import annotations
@@ -22,15 +23,31 @@ from urllib.parse import urlparse
 from botocore.exceptions import BotoCoreError, ClientError
 
 from blocks.etl import EtlSettings
-from tasks.core import keys
 from tasks.core.runtime import run_logger
 from tasks.etl import ingest as etl
+from tasks.etl import keys
 from tasks.etl.ingest import FileCheck, ManifestRef
 from tasks.landing.listener import Outcome, emit_landed
 from tasks.landing.sources import Arrival
 
 PIPELINE = "etl"
-TRACKED, ALREADY_TRACKED, QUARANTINED, MISSING, OUTSIDE = "tracked", "already_tracked", "quarantined", "missing", "outside_prefix"
+
+
+def input_store_url() -> str:
+    """The URL of the store ETL input lands in: ``EtlSettings.input_store_url``, else the pipeline object store."""
+    from blocks import load_config
+    from tasks.core.config import object_store
+
+    return object_store(load_config(EtlSettings).input_store_url or None).url
+
+
+TRACKED, ALREADY_TRACKED, QUARANTINED, MISSING, OUTSIDE = (
+    "tracked",
+    "already_tracked",
+    "quarantined",
+    "missing",
+    "outside_prefix",
+)
 TRANSIENT = (BotoCoreError, ClientError, OSError)  # DynamoDB or the object store unreachable, throttled, timing out
 
 Launch = Callable[[list[ManifestRef]], list[dict[str, Any]]]
@@ -60,8 +77,9 @@ def ingest_landed(checks: Sequence[FileCheck], config: EtlSettings, launch: Laun
     pending = {d for d, keys_ in tracked["new_files"].items() if keys_}
     pending |= {d for (d, _), item in before.items() if etl.base_status(item) == etl.PENDING}
     for date_prefix in [d for d in tracked["dates"] if d in pending]:
-        made += etl.create_manifests(date_prefix, config.max_files_per_manifest, config,
-                                     prefer=tracked["new_files"].get(date_prefix, []))
+        made += etl.create_manifests(
+            date_prefix, config.max_files_per_manifest, config, prefer=tracked["new_files"].get(date_prefix, [])
+        )
     return {"before": before, "quarantined": quarantined, "tracked": tracked, "launches": launch(made) if made else []}
 
 
@@ -110,8 +128,11 @@ def handle_landed(arrivals: Sequence[Arrival], config: EtlSettings, launch: Laun
         if pair in runs and pair not in seen:
             run_of[id(arrival)] = runs[pair]
         if pair in result["before"] or pair in seen:
-            logger.info("%s: already tracked (%s): nothing to do", arrival.url,
-                        result["before"][pair]["status"] if pair in result["before"] else "a repeat in this batch")
+            logger.info(
+                "%s: already tracked (%s): nothing to do",
+                arrival.url,
+                result["before"][pair]["status"] if pair in result["before"] else "a repeat in this batch",
+            )
             labels[id(arrival)] = ALREADY_TRACKED
         elif not check.valid:
             logger.warning("%s: quarantined: %s", arrival.url, check.reason)
@@ -122,8 +143,17 @@ def handle_landed(arrivals: Sequence[Arrival], config: EtlSettings, launch: Laun
         seen.add(pair)
     counts = Counter(labels.values())
     if present:  # the same metrics row as an ndjson-ingest run: the dashboard's files per hour
-        etl.record_metric("ingest", {"files": len(present), "tracked": counts[TRACKED], "quarantined": counts[QUARANTINED],
-                                     "already_tracked": counts[ALREADY_TRACKED], "source": "listener"}, config)
+        etl.record_metric(
+            "ingest",
+            {
+                "files": len(present),
+                "tracked": counts[TRACKED],
+                "quarantined": counts[QUARANTINED],
+                "already_tracked": counts[ALREADY_TRACKED],
+                "source": "listener",
+            },
+            config,
+        )
     outcome.done = [arrival for arrival in arrivals if id(arrival) in labels]
     emit_landed(PIPELINE, [(a, labels[id(a)], [run_of[id(a)]] if id(a) in run_of else []) for a in outcome.done])
     return outcome

@@ -17,9 +17,9 @@ import logging
 import os
 import re
 import uuid
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -27,36 +27,43 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Key
 
-from tasks.core import keys, state_store
-from tasks.core.runtime import now_iso, prefect_ids
+from tasks.core import keys, object_store, state_store
 from tasks.core.config import table_name
-from tasks.etl.ingest import (
-    COMPLETED, FAILED, MANIFESTED, METRICS, PENDING, PROCESSING, STATUS_INDEX, TRACKING, base_status, file_records, input_file,
-    input_home, metric_item, settings, store, tracking_key, with_shard,
-)
-from tasks.core import object_store
 from tasks.core.object_store import ObjectNotFound, open_url
+from tasks.core.runtime import now_iso, prefect_ids
 from tasks.etl import catalog
+from tasks.etl import keys as etl_keys
+from tasks.etl.ingest import (
+    COMPLETED,
+    FAILED,
+    MANIFESTED,
+    METRICS,
+    PENDING,
+    PROCESSING,
+    STATUS_INDEX,
+    TRACKING,
+    base_status,
+    file_records,
+    input_file,
+    input_home,
+    manifest_record,
+    metric_item,
+    settings,
+    store,
+    tracking_key,
+    with_shard,
+)
 
 log = logging.getLogger(__name__)
 
 SOURCE_FILE = "_source_file"
 PROCESSING_TIMESTAMP = "_processing_timestamp"
-INPUT_SUFFIX = "__input"  # appended to an input field named like a column the merge adds (README)
+INPUT_SUFFIX = "__input"  # appended to an input field named like a column the merge adds (docs/operations.md)
 _METADATA_LIKE = re.compile(rf"^(?:{SOURCE_FILE}|{PROCESSING_TIMESTAMP})(?:{INPUT_SUFFIX})*$")
 NDJSON_TO_PARQUET = 0.25  # typical Snappy Parquet size / NDJSON size: how much input fills one output part
 
 
 # --------------------------------------------------------------------------- the MANIFEST record
-
-
-def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
-    """The ``MANIFEST#`` meta-record, or LookupError."""
-    key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
-    item = state_store.get_item(table_name(TRACKING), key)
-    if item is None:
-        raise LookupError(f"no manifest record {key['file_key']} for {date_prefix}")
-    return item
 
 
 def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) -> dict[str, Any] | None:
@@ -65,11 +72,15 @@ def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) 
     Returns the record, or None when another run already has it (a duplicate launch does nothing). A retry of
     the same flow run finds its own ``processing`` record and carries on.
     """
-    key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
+    key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
     expected = [PENDING, FAILED, COMPLETED] if rerun else PENDING
     ids = prefect_ids()
     result = state_store.transition(
-        table_name(TRACKING), key, expected, PROCESSING, set={"processing_at": now_iso(), "updated_at": now_iso(), **ids},
+        table_name(TRACKING),
+        key,
+        expected,
+        PROCESSING,
+        set={"processing_at": now_iso(), "updated_at": now_iso(), **ids},
     )
     if result.applied:
         return result.item
@@ -86,11 +97,14 @@ def start_processing(date_prefix: str, manifest_name: str, rerun: bool = False) 
 def processing_under(flow_run_id: str) -> dict[str, str]:
     """The MANIFESTs ``processing`` under this flow run: manifest name → date (``status-index``)."""
     found = state_store.query_all(
-        table_name(TRACKING), keep=lambda item: item["file_key"].startswith(keys.MANIFEST_PREFIX)
-        and item.get("prefect_flow_run_id") == flow_run_id,
-        IndexName=STATUS_INDEX, KeyConditionExpression=Key("status").eq(PROCESSING),
+        table_name(TRACKING),
+        keep=lambda item: (
+            item["file_key"].startswith(etl_keys.MANIFEST_PREFIX) and item.get("prefect_flow_run_id") == flow_run_id
+        ),
+        IndexName=STATUS_INDEX,
+        KeyConditionExpression=Key("status").eq(PROCESSING),
     )
-    return {keys.manifest_name_from_record_key(item["file_key"]): item["date_prefix"] for item in found}
+    return {etl_keys.manifest_name_from_record_key(item["file_key"]): item["date_prefix"] for item in found}
 
 
 def manifest_files(manifest_path: str) -> list[str]:
@@ -138,7 +152,7 @@ def read_ndjson(url: str) -> FileResult:
         return FileResult(url, error="file disappeared before the merge (not found)")
     except _CAPACITY_ERRORS:
         raise
-    except Exception as error:  # noqa: BLE001 - one unreadable file must not fail its manifest
+    except Exception as error:  # one unreadable file must not fail its manifest
         log.warning("%s could not be read; the file fails alone", url, exc_info=True)  # the traceback: logs only
         return FileResult(url, error=f"could not be read: {type(error).__name__}: {error}"[:1000])
     result = FileResult(url, parsed.table, parsed.rows, parsed.rejects)
@@ -182,7 +196,9 @@ def plan_parts(urls: list[str], target_file_mb: float, sizes: dict[str, int] | N
 def _unify(tables: list[pa.Table]) -> pa.Table:
     """Concatenate string tables with different columns (missing values are null), first-seen column order."""
     names = list(dict.fromkeys(name for t in tables for name in t.column_names))
-    return pa.concat_tables([t.select([c for c in names if c in t.column_names]) for t in tables], promote_options="default").select(names)
+    return pa.concat_tables(
+        [t.select([c for c in names if c in t.column_names]) for t in tables], promote_options="default"
+    ).select(names)
 
 
 def repetitive_columns(table: pa.Table, sample: int = 4096) -> list[str]:
@@ -205,8 +221,10 @@ ROW_GROUP_ROWS = 1 << 17  # rows per row group while later files of the part are
 
 def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with ``schema``'s columns in its order (a column it lacks is null), all text."""
-    return pa.table([table[name] if name in table.column_names else pa.nulls(table.num_rows, pa.string())
-                     for name in schema.names], schema=schema)
+    return pa.table(
+        [table[name] if name in table.column_names else pa.nulls(table.num_rows, pa.string()) for name in schema.names],
+        schema=schema,
+    )
 
 
 def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Table]) -> str | None:
@@ -231,8 +249,9 @@ def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Tabl
         fs.create_dir(parent, recursive=True)
         destination = f"{parent}/.{name}.{uuid.uuid4().hex}.part"
     seen, schema, streamed = [first], first.schema, True
-    with pq.ParquetWriter(destination, schema, filesystem=fs, compression="snappy",
-                          use_dictionary=repetitive_columns(first)) as writer:
+    with pq.ParquetWriter(
+        destination, schema, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(first)
+    ) as writer:
         buffered, rows, names = [first], first.num_rows, set(schema.names)
         for table in pending:
             seen.append(table)
@@ -248,7 +267,9 @@ def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Tabl
             writer.write_table(pa.concat_tables(buffered))
     if not streamed:  # a new column: every table (the rest too) unified, then written whole
         whole = _unify(seen + list(pending))
-        pq.write_table(whole, destination, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(whole))
+        pq.write_table(
+            whole, destination, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(whole)
+        )
     if destination != path:
         fs.move(destination, path)
     return target.url_for(key)
@@ -264,8 +285,11 @@ def merge_part(part: int, urls: list[str], staging_prefix: str, output_url: str,
             for r in pool.map(read_ndjson, urls):  # in file order, each as soon as it and those before it are read
                 results.append(r)
                 if r.table is not None and r.rows:
-                    yield (r.table.append_column(PROCESSING_TIMESTAMP, pa.repeat(pa.scalar(processed_at, pa.string()), r.rows))
-                           .append_column(SOURCE_FILE, pa.repeat(pa.scalar(r.url, pa.string()), r.rows)))
+                    yield (
+                        r.table.append_column(
+                            PROCESSING_TIMESTAMP, pa.repeat(pa.scalar(processed_at, pa.string()), r.rows)
+                        ).append_column(SOURCE_FILE, pa.repeat(pa.scalar(r.url, pa.string()), r.rows))
+                    )
 
     key = f"{staging_prefix}part-{part:05d}.parquet"
     staged = key if write_parquet(output_url, key, parsed_tables()) else None
@@ -296,12 +320,14 @@ def run_dask(calls: list, scheduler: str) -> list:
 def published(date_prefix: str, manifest_name: str, output_url: str = "") -> dict[str, Any] | None:
     """The summary a finished publish of this manifest left (None when its output is not all published)."""
     try:
-        return json.loads(store(output_url).get_bytes(keys.merged_published_key(date_prefix, manifest_name)))
+        return json.loads(store(output_url).get_bytes(etl_keys.merged_published_key(date_prefix, manifest_name)))
     except ObjectNotFound:
         return None
 
 
-def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list[dict[str, Any]], summary: dict[str, Any]) -> dict[str, Any]:
+def publish(
+    date_prefix: str, manifest_name: str, output_url: str, outputs: list[dict[str, Any]], summary: dict[str, Any]
+) -> dict[str, Any]:
     """Make the staged parts visible (one rename each), drop parts an earlier run left, write the publish record,
     then register the date's partition in the catalog (``tasks.etl.catalog``).
 
@@ -312,20 +338,20 @@ def publish(date_prefix: str, manifest_name: str, output_url: str, outputs: list
     parts = []
     for o in sorted(outputs, key=lambda o: o["part"]):
         if o["staged"]:
-            final = keys.merged_part_key(date_prefix, manifest_name, o["part"])
+            final = etl_keys.merged_part_key(date_prefix, manifest_name, o["part"])
             parts.append(object_store.rename(target, o["staged"], final))
-    written = {keys.merged_part_key(date_prefix, manifest_name, o["part"]) for o in outputs if o["staged"]}
-    for key in list(target.list(keys.merged_part_prefix(date_prefix, manifest_name))):
+    written = {etl_keys.merged_part_key(date_prefix, manifest_name, o["part"]) for o in outputs if o["staged"]}
+    for key in list(target.list(etl_keys.merged_part_prefix(date_prefix, manifest_name))):
         if key not in written:  # a part an earlier run wrote that this run does not (fewer rows now)
             target.delete(key)
     rejects = [r for o in outputs for r in o["rejects"]]
-    rejects_key = keys.rejects_key(date_prefix, manifest_name)
+    rejects_key = etl_keys.rejects_key(date_prefix, manifest_name)
     summary = {**summary, "parts": parts, "rejects_path": None}
     if rejects:
         summary["rejects_path"] = target.put_bytes(rejects_key, "".join(json.dumps(r) + "\n" for r in rejects).encode())
     elif target.exists(rejects_key):
         target.delete(rejects_key)
-    target.put_bytes(keys.merged_published_key(date_prefix, manifest_name), json.dumps(summary).encode())
+    target.put_bytes(etl_keys.merged_published_key(date_prefix, manifest_name), json.dumps(summary).encode())
     return {**summary, "partition": catalog.register_logged(date_prefix, output_url)}
 
 
@@ -333,13 +359,13 @@ def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int
     """Remove a failed manifest's output (publish record first, then parts and rejects); how many objects went."""
     target = store(output_url)
     removed = 0
-    marker = keys.merged_published_key(date_prefix, manifest_name)
+    marker = etl_keys.merged_published_key(date_prefix, manifest_name)
     if target.exists(marker):
         removed += target.delete(marker)
-    for key in list(target.list(keys.merged_part_prefix(date_prefix, manifest_name))):
+    for key in list(target.list(etl_keys.merged_part_prefix(date_prefix, manifest_name))):
         removed += target.delete(key)
-    if target.exists(keys.rejects_key(date_prefix, manifest_name)):
-        removed += target.delete(keys.rejects_key(date_prefix, manifest_name))
+    if target.exists(etl_keys.rejects_key(date_prefix, manifest_name)):
+        removed += target.delete(etl_keys.rejects_key(date_prefix, manifest_name))
     return removed
 
 
@@ -357,12 +383,20 @@ def listed_file_records(date_prefix: str, urls: list[str]) -> list[dict[str, Any
 
 def attached_files(date_prefix: str, manifest_path: str, urls: list[str]) -> list[str]:
     """The manifest's files whose records still belong to it (a reprocessed file has moved on to another manifest)."""
-    mine = {item["file_path"] for item in listed_file_records(date_prefix, urls) if item.get("manifest_path") == manifest_path}
+    mine = {
+        item["file_path"]
+        for item in listed_file_records(date_prefix, urls)
+        if item.get("manifest_path") == manifest_path
+    }
     return [url for url in urls if url in mine]
 
 
 def merge_manifest(
-    date_prefix: str, manifest_name: str, urls: list[str], output_url: str = "", target_file_mb: float = 128,
+    date_prefix: str,
+    manifest_name: str,
+    urls: list[str],
+    output_url: str = "",
+    target_file_mb: float = 128,
     scheduler: str = "threads",
 ) -> dict[str, Any]:
     """Merge a manifest's files into staged Parquet parts on Dask, then publish them; a published run is skipped
@@ -373,7 +407,7 @@ def merge_manifest(
     if done is not None and sorted(f["url"] for f in done["files"]) == sorted(urls) and not done["files_failed"]:
         return {**done, "already_published": True, "partition": catalog.register_logged(date_prefix, output_url)}
     token = uuid.uuid4().hex
-    staging = keys.merged_staging_prefix(date_prefix, manifest_name, token)
+    staging = etl_keys.merged_staging_prefix(date_prefix, manifest_name, token)
     processed_at = now_iso()
     sizes = input_sizes(urls)
     parts = plan_parts(sorted(urls), target_file_mb, sizes)
@@ -396,7 +430,11 @@ def merge_manifest(
 
 
 def merge_listed(
-    date_prefix: str, manifest_name: str, manifest_path: str, output_url: str = "", target_file_mb: float = 128,
+    date_prefix: str,
+    manifest_name: str,
+    manifest_path: str,
+    output_url: str = "",
+    target_file_mb: float = 128,
     scheduler: str = "threads",
 ) -> dict[str, Any]:
     """Read the manifest JSON, keep the files still in it, merge them (``merge_manifest``): the summary, with the
@@ -410,13 +448,19 @@ def merge_listed(
 
 
 def finish_manifest(
-    date_prefix: str, manifest_name: str, summary: dict[str, Any] | None, error: str | None = None,
-    manifest_path: str | None = None, listed: list[str] | None = None, metric: dict[str, Any] | None = None,
+    date_prefix: str,
+    manifest_name: str,
+    summary: dict[str, Any] | None,
+    error: str | None = None,
+    manifest_path: str | None = None,
+    listed: list[str] | None = None,
+    metric: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
 
     Files are the records whose ``manifest_path`` is the manifest's, among the ``listed`` files of its JSON
-    (read by key) or, when the JSON could not be read, among every record of the date (a query); a file that could not be read fails on its own with its reason while the others complete. A
+    (read by key) or, when the JSON could not be read, among every record of the date (a query); a file that could not
+    be read fails on its own with its reason while the others complete. A
     re-run moves the files an earlier run left ``failed#N`` too; a failed run first removes the manifest's
     output, and fails its files whatever an earlier run made of them, so `etl reprocess` can take them all.
     ``manifest_path`` (from the record ``start_processing`` returned) saves reading the record again.
@@ -434,11 +478,16 @@ def finish_manifest(
     ids = prefect_ids()
     sets: dict[str, Any] = {"updated_at": stamp, f"{outcome}_time": stamp}
     if summary is not None:
-        sets.update(rows=summary["rows"], rejected_lines=summary["rejected_lines"], files_failed=summary["files_failed"],
-                    parts=summary["parts"], rejects_path=summary["rejects_path"] or "")
+        sets.update(
+            rows=summary["rows"],
+            rejected_lines=summary["rejected_lines"],
+            files_failed=summary["files_failed"],
+            parts=summary["parts"],
+            rejects_path=summary["rejects_path"] or "",
+        )
     if error:
         sets["error_message"] = error[:1000]
-    manifest_key = tracking_key(keys.safe_date(date_prefix), keys.manifest_record_key(manifest_name))
+    manifest_key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
     changes = [(manifest_key, PROCESSING, outcome, sets)]
     with_manifest = [state_store.put_entry(table_name(METRICS), metric_item("merge", metric))] if metric else []
 
@@ -460,7 +509,9 @@ def finish_manifest(
             file_sets.update(rows=info["rows"], rejected_lines=info["rejected_lines"])
         if file_error:
             file_sets["error_message"] = file_error[:1000]
-        changes.append((tracking_key(date_prefix, item["file_key"]), item["status"], with_shard(new, item["status"]), file_sets))
+        changes.append(
+            (tracking_key(date_prefix, item["file_key"]), item["status"], with_shard(new, item["status"]), file_sets)
+        )
     manifest_result, *results = state_store.transition_many(table, changes, also=[with_manifest])
     moved = [change[2] for change, r in zip(changes[1:], results) if r.applied]
     return {

@@ -1,6 +1,6 @@
 """NDJSON to a table of strings that keeps every value as written: one compiled pass per file, no Python per row.
 
-What "as written" means (the README's "What the merged Parquet holds"):
+What "as written" means (docs/operations.md, "What the merged Parquet holds"):
 - a top-level string is its decoded value, byte for byte (``"caf\\u00e9"`` → ``café``);
 - a top-level number, ``true`` or ``false`` is its JSON text exactly as in the line (``1.50`` stays ``1.50``,
   ``9007199254740993`` stays ``9007199254740993``, ``1e3`` stays ``1e3``); ``null`` and a missing key are null;
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import codecs
 import json
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -86,7 +86,7 @@ def _skip_space(a: np.ndarray, i: int) -> int:
 
 @njit(**_COMPILED)
 def _string_end(a: np.ndarray, i: int) -> tuple[int, bool]:
-    """The closing quote of a string whose contents start at ``i`` (-1 if not valid JSON), and whether it has escapes."""
+    """The closing quote of a string whose contents start at ``i`` (-1 if invalid JSON), and whether it has escapes."""
     escaped = False
     while True:
         c = a[i]
@@ -123,7 +123,9 @@ def _scalar_end(a: np.ndarray, i: int) -> int:
     """The end of the number, ``true``, ``false`` or ``null`` starting at ``i``; -1 if there is none."""
     c = a[i]
     if c == 116 or c == 102 or c == 110:  # t f n
-        word = (116, 114, 117, 101, 0) if c == 116 else (102, 97, 108, 115, 101) if c == 102 else (110, 117, 108, 108, 0)
+        word = (
+            (116, 114, 117, 101, 0) if c == 116 else (102, 97, 108, 115, 101) if c == 102 else (110, 117, 108, 108, 0)
+        )
         for k in range(5):
             if word[k] == 0:
                 return i + k
@@ -166,8 +168,9 @@ def _nested_end(a: np.ndarray, i: int, packed: np.ndarray, p: int, stack: np.nda
         if c == 32 or c == 9 or c == 13:
             i += 1
             continue
-        closing = (c == 125 and (state == KEY_OR_CLOSE or state == COMMA_OR_CLOSE)) or \
-                  (c == 93 and (state == VALUE_OR_CLOSE or state == COMMA_OR_CLOSE))
+        closing = (c == 125 and (state == KEY_OR_CLOSE or state == COMMA_OR_CLOSE)) or (
+            c == 93 and (state == VALUE_OR_CLOSE or state == COMMA_OR_CLOSE)
+        )
         if closing:
             if stack[depth - 1] != (123 if c == 125 else 91):
                 return -1, p
@@ -320,13 +323,24 @@ def _members(a: np.ndarray, most: int, lines: int):
             m, p = m2, p2
         i += 1
     key[2 * m + 1] = len(a)
-    return line_of[:m], key[:2 * m + 2], start[:m], end[:m], kind[:m], flags[:m], packed[:p], problem
+    return line_of[:m], key[: 2 * m + 2], start[:m], end[:m], kind[:m], flags[:m], packed[:p], problem
 
 
 @njit(**_COMPILED)
-def _gather(rows: int, columns: int, column: np.ndarray, line_of: np.ndarray, start: np.ndarray, end: np.ndarray,
-            source: np.ndarray, null: np.ndarray, buf: np.ndarray, packed: np.ndarray, decoded: np.ndarray,
-            cells_per_member: int):
+def _gather(
+    rows: int,
+    columns: int,
+    column: np.ndarray,
+    line_of: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    source: np.ndarray,
+    null: np.ndarray,
+    buf: np.ndarray,
+    packed: np.ndarray,
+    decoded: np.ndarray,
+    cells_per_member: int,
+):
     """Every column's values in one data buffer, in slots: a dense column has a slot per row, a sparse one a slot
     per value. Columns are dense unless rows × columns would pass ``cells_per_member`` per member (a file whose
     lines bring new keys): then the columns with the fewest values are sparse, so memory follows the members.
@@ -444,7 +458,7 @@ def _not_utf8(data: bytes, starts: np.ndarray, ends: np.ndarray, candidates: np.
     except UnicodeDecodeError:
         for i in candidates:  # rare: find the lines with invalid bytes
             try:
-                data[starts[i]:ends[i]].decode("utf-8")
+                data[starts[i] : ends[i]].decode("utf-8")
             except UnicodeDecodeError as error:
                 bad[int(i)] = str(error)[:300]
     return bad
@@ -483,7 +497,9 @@ def _key_names(raw_keys: pa.Array, rename: Callable[[str], str]) -> list[str | N
 
 def _binary(bounds: np.ndarray, data: Any) -> pa.Array:
     """A zero-copy Arrow array over ``data`` whose element ``i`` is ``data[bounds[i]:bounds[i + 1]]``."""
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(bounds) - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)])
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(bounds) - 1, [None, pa.py_buffer(bounds), pa.py_buffer(data)]
+    )
 
 
 def _spread(values: pa.Array, at_rows: np.ndarray, gaps: pa.Array) -> pa.ChunkedArray:
@@ -510,21 +526,35 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
     line_of, key_bounds, start, end, kind, flags, packed, problem = _members(a, buf.count(b":"), lines)
     if problem.any():
         starts = np.concatenate(([0], np.flatnonzero(a == 10)[:-1] + 1))
-        return pa.table({}), 0, {int(i): _line_error(buf[starts[i]:buf.index(b"\n", starts[i])], int(problem[i]))
-                                 for i in np.flatnonzero(problem)}
+        return (
+            pa.table({}),
+            0,
+            {
+                int(i): _line_error(buf[starts[i] : buf.index(b"\n", starts[i])], int(problem[i]))
+                for i in np.flatnonzero(problem)
+            },
+        )
     rows = lines
     source = (kind == NESTED).astype(np.uint8)
     decoded = np.zeros(0, np.uint8)
     escaped = np.flatnonzero((kind == STRING) & (flags & VALUE_ESCAPED).astype(bool))
     if len(escaped):
-        texts, broken = _decode_strings([buf[start[j]:end[j]] for j in escaped.tolist()])
+        texts, broken = _decode_strings([buf[start[j] : end[j]] for j in escaped.tolist()])
         if broken.any():
-            return pa.table({}), 0, {int(line_of[escaped[i]]): "a string holds a lone surrogate: not valid Unicode"
-                                     for i in np.flatnonzero(broken)}
+            return (
+                pa.table({}),
+                0,
+                {
+                    int(line_of[escaped[i]]): "a string holds a lone surrogate: not valid Unicode"
+                    for i in np.flatnonzero(broken)
+                },
+            )
         bounds = np.frombuffer(texts.buffers()[1], np.int64)[: len(texts) + 1]
         decoded = np.frombuffer(texts.buffers()[2], np.uint8) if texts.buffers()[2] is not None else decoded
         source[escaped], start[escaped], end[escaped] = 2, bounds[:-1], bounds[1:]
-    keys_raw = pc.dictionary_encode(_binary(key_bounds, buf).take(pa.array(2 * np.arange(len(kind), dtype=np.int64) + 1)))
+    keys_raw = pc.dictionary_encode(
+        _binary(key_bounds, buf).take(pa.array(2 * np.arange(len(kind), dtype=np.int64) + 1))
+    )
     names = _key_names(keys_raw.dictionary, rename)
     key_index = keys_raw.indices.to_numpy(zero_copy_only=False)
     if None in names:  # a column name must be UTF-8 (Parquet, Arrow): the line is refused, as for such a value
@@ -535,8 +565,19 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
         return pa.table({"rows": pa.nulls(rows, pa.string())}).drop_columns(["rows"]), rows, {}
     column = np.array([column_of_name[n] for n in names], np.int64)[key_index]
     offsets, valid, data, slot_first, dense, sparse_first, sparse_row = _gather(
-        rows, len(column_of_name), column, line_of, start, end, source, kind == NULL, a, packed, decoded,
-        DENSE_CELLS_PER_MEMBER)
+        rows,
+        len(column_of_name),
+        column,
+        line_of,
+        start,
+        end,
+        source,
+        kind == NULL,
+        a,
+        packed,
+        decoded,
+        DENSE_CELLS_PER_MEMBER,
+    )
     wide = len(data) >= 2**31  # string offsets are int32: past that, large_string, then a cast that says which column
     text = pa.large_string() if wide else pa.string()
     offsets = offsets if wide else offsets.astype(np.int32)
@@ -544,13 +585,13 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
     gaps = pa.nulls(rows, text) if not dense.all() else None  # one all-null column: sparse ones are slices of it
     columns = {}
     for name, c in column_of_name.items():
-        present = valid[slot_first[c]:slot_first[c + 1]]
+        present = valid[slot_first[c] : slot_first[c + 1]]
         nulls = len(present) - int(np.count_nonzero(present))
         bitmap = pa.py_buffer(np.packbits(present, bitorder="little")) if nulls else None
-        column_offsets = pa.py_buffer(offsets[slot_first[c]:slot_first[c + 1] + 1])
+        column_offsets = pa.py_buffer(offsets[slot_first[c] : slot_first[c + 1] + 1])
         array = pa.Array.from_buffers(text, len(present), [bitmap, column_offsets, data_buffer], nulls)
         if not dense[c]:
-            array = _spread(array, sparse_row[sparse_first[c]:sparse_first[c + 1]], gaps)
+            array = _spread(array, sparse_row[sparse_first[c] : sparse_first[c + 1]], gaps)
         columns[name] = array.cast(pa.string()) if wide else array
     return pa.table(columns), rows, {}
 
@@ -558,7 +599,7 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
 def parse_ndjson(url: str, data: bytes, rename: Callable[[str], str] = str) -> Parsed:
     """Every non-blank line of an NDJSON file as strings (see the module doc); bad lines become rejects."""
     if data.startswith(codecs.BOM_UTF8):  # some Windows tools begin a file with one: it is not part of the data
-        data = b" " * len(codecs.BOM_UTF8) + data[len(codecs.BOM_UTF8):]
+        data = b" " * len(codecs.BOM_UTF8) + data[len(codecs.BOM_UTF8) :]
     starts, ends, filled = _lines(np.frombuffer(data, np.uint8))
     lines = np.flatnonzero(filled)  # blank lines are skipped, not rejected
     bad = _not_utf8(data, starts, ends, lines) if len(lines) else {}
@@ -570,14 +611,18 @@ def parse_ndjson(url: str, data: bytes, rename: Callable[[str], str] = str) -> P
         if len(good) == len(starts) and (not len(data) or data[-1:] == b"\n"):
             buf = data
         else:
-            buf = b"".join(data[starts[i]:ends[i]] + b"\n" for i in good.tolist())
+            buf = b"".join(data[starts[i] : ends[i]] + b"\n" for i in good.tolist())
         table, rows, found = _scan(buf, rename)
         if not found:
             break
         bad.update({int(good[i]): reason for i, reason in found.items()})
     rejects = [
-        {"source_file": url, "line_number": int(i) + 1, "error": reason,
-         "line": data[starts[i]:ends[i]].decode("utf-8", errors="replace")[:10000]}
+        {
+            "source_file": url,
+            "line_number": int(i) + 1,
+            "error": reason,
+            "line": data[starts[i] : ends[i]].decode("utf-8", errors="replace")[:10000],
+        }
         for i, reason in sorted(bad.items())
     ]
     return Parsed(table if rows else None, rows, rejects)

@@ -13,15 +13,16 @@ from datetime import datetime
 from typing import Any
 
 from blocks.etl import EtlSettings
-from tasks.core import keys
 from tasks.core.runtime import prefect_ids, utc_now
+from tasks.etl import keys
 from tasks.etl.ingest import settings, store
 
 log = logging.getLogger(__name__)
 
 
-def write_run_report(kind: str, started: datetime, report: dict[str, Any], config: EtlSettings | None = None,
-                     part: str = "") -> str | None:
+def write_run_report(
+    kind: str, started: datetime, report: dict[str, Any], config: EtlSettings | None = None, part: str = ""
+) -> str | None:
     """Put ``report`` at ``logs/{kind}/{start}-{run id}.json`` with the run's ids and timing; its URL, or None when
     it could not be written (logged: a report never fails the run). ``part`` names one of several reports of a run
     (``{run id}-{part}``: a merge run's further manifests)."""
@@ -29,8 +30,11 @@ def write_run_report(kind: str, started: datetime, report: dict[str, Any], confi
     finished = utc_now()
     run_id = prefect_ids().get("prefect_flow_run_id") or uuid.uuid4().hex
     document = {
-        "run_id": run_id, "started_at": started.isoformat(), "finished_at": finished.isoformat(),
-        "duration_seconds": round((finished - started).total_seconds(), 3), **report,
+        "run_id": run_id,
+        "started_at": started.isoformat(),
+        "finished_at": finished.isoformat(),
+        "duration_seconds": round((finished - started).total_seconds(), 3),
+        **report,
     }
     try:
         key = keys.run_report_key(kind, started, f"{run_id}-{part}" if part else run_id)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tasks.core import keys
+from tasks.gpu import keys
 from tasks.gpu.health import UNKNOWN, HealthResult, command_check, run_check
 
 LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
@@ -110,18 +110,25 @@ class ComputeBackend(Protocol):
     def discover_nodes(self) -> list[dict[str, Any]]:
         """The backend's nodes as node rows (name, container instance id and ARN, ip, ibdev; ``unknown_reason``
         when the node's instance cannot be described)."""
+
     def master_port(self, node: dict[str, Any], retry: int) -> int:
         """The rendezvous port for a job attempt whose rank 0 runs on ``node``."""
+
     def start_task(self, spec: TaskSpec) -> StartedTask:
         """Start ``spec``'s task on its node; BackendError if it cannot start."""
+
     def poll(self, task_id: str) -> TaskExit | None:
         """How the task stopped, or None while it still runs (any process may ask: the sweep, the reconciler)."""
+
     def stop(self, task_id: str, reason: str) -> None:
         """Stop the task (nothing if it already stopped)."""
+
     def health_check(self, node: dict[str, Any]) -> HealthResult:
         """Run the node health check on ``node``."""
+
     def reboot(self, node: dict[str, Any]) -> None:
         """Reboot ``node``; ``node_ready`` says when it is back."""
+
     def node_ready(self, node: dict[str, Any]) -> bool:
         """Whether ``node`` is back and usable after a reboot."""
 
@@ -206,7 +213,8 @@ class LocalBackend:
 
     # tasks
     def start_task(self, spec: TaskSpec) -> StartedTask:
-        """Start the command under the launcher (reused if this attempt's task was started before); BackendError if it cannot."""
+        """Start the command under the launcher (reused if this attempt's task was started before); BackendError if it
+        cannot."""
         task_id = keys.gpu_local_task_id(spec.job_id, spec.retry, spec.node_index)
         try:
             argv = shlex.split(spec.command)
@@ -216,7 +224,9 @@ class LocalBackend:
             raise BackendError("command is empty")
         env = self.command_env(spec)
         if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
-            raise BackendError(f"command cannot start on {spec.node['node_name']}: No such file or executable {argv[0]!r}")
+            raise BackendError(
+                f"command cannot start on {spec.node['node_name']}: No such file or executable {argv[0]!r}"
+            )
         with self._lock:
             known = self._started_process(task_id)
             if known is not None:  # a retried or resumed start: this attempt's task exists already
@@ -227,8 +237,12 @@ class LocalBackend:
             try:
                 with open(logs / f"{task_id}.log", "ab") as log:
                     process = subprocess.Popen(
-                        launcher + argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL, start_new_session=True,
+                        launcher + argv,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
                     )
             except OSError as error:
                 raise BackendError(f"command cannot start on {spec.node['node_name']}: {error}") from None
@@ -311,7 +325,9 @@ class LocalBackend:
         """Run the slot's injected health command if there is one, else the configured check."""
         injected = self._file(node["node_name"], "health.json")
         if injected.exists():
-            return command_check(json.loads(injected.read_text()), self.config.health_timeout_s, {"NODE_NAME": node["node_name"]})
+            return command_check(
+                json.loads(injected.read_text()), self.config.health_timeout_s, {"NODE_NAME": node["node_name"]}
+            )
         return run_check(
             self.config.health_check, self.config.health_command, self.config.dcgm_level, self.config.health_timeout_s
         )
@@ -377,7 +393,10 @@ class EcsBackend:
         if not arns:
             return []
         response = self._call(
-            "describe_container_instances", self.ecs.describe_container_instances, cluster=cluster, containerInstances=arns
+            "describe_container_instances",
+            self.ecs.describe_container_instances,
+            cluster=cluster,
+            containerInstances=arns,
         )
         described = response["containerInstances"]
         addresses = self._private_ips([i["ec2InstanceId"] for i in described if i.get("ec2InstanceId")])
@@ -397,9 +416,16 @@ class EcsBackend:
             nodes.append(node)
         for failure in response.get("failures") or []:  # listed, then gone or unreadable
             arn = failure.get("arn", "")
-            nodes.append({"node_name": keys.gpu_node_name(arn.rsplit("/", 1)[-1]), "container_instance_id": arn.rsplit("/", 1)[-1],
-                          "container_instance_arn": arn, "ip": "", "ibdev": "",
-                          "unknown_reason": f"ECS cannot describe container instance: {failure.get('reason')}"})
+            nodes.append(
+                {
+                    "node_name": keys.gpu_node_name(arn.rsplit("/", 1)[-1]),
+                    "container_instance_id": arn.rsplit("/", 1)[-1],
+                    "container_instance_arn": arn,
+                    "ip": "",
+                    "ibdev": "",
+                    "unknown_reason": f"ECS cannot describe container instance: {failure.get('reason')}",
+                }
+            )
         return nodes
 
     def _private_ips(self, instance_ids: list[str]) -> dict[str, str]:
@@ -407,19 +433,33 @@ class EcsBackend:
         if not instance_ids:
             return {}
         pages = self.ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "instance-id", "Values": instance_ids}])
+            Filters=[{"Name": "instance-id", "Values": instance_ids}]
+        )
         reservations = self._call("describe_instances", lambda: [r for page in pages for r in page["Reservations"]])
-        return {i["InstanceId"]: i.get("PrivateIpAddress", "") for r in reservations for i in r["Instances"]
-                if i.get("State", {}).get("Name") != "terminated"}
+        return {
+            i["InstanceId"]: i.get("PrivateIpAddress", "")
+            for r in reservations
+            for i in r["Instances"]
+            if i.get("State", {}).get("Name") != "terminated"
+        }
 
     def master_port(self, node: dict[str, Any], retry: int) -> int:
         """``RENDEZVOUS_PORT`` + retry: a port of its own per attempt on the job's dedicated node 0, so a restart
         never meets the socket of the attempt before."""
         return RENDEZVOUS_PORT + retry % 1000
 
-    def _start(self, task_definition: str, node: dict[str, Any], command: list[str] | None, env: dict[str, str],
-               attempt: str | None = None):
-        override: dict[str, Any] = {"name": self.config.container_name, "environment": [{"name": k, "value": v} for k, v in env.items()]}
+    def _start(
+        self,
+        task_definition: str,
+        node: dict[str, Any],
+        command: list[str] | None,
+        env: dict[str, str],
+        attempt: str | None = None,
+    ):
+        override: dict[str, Any] = {
+            "name": self.config.container_name,
+            "environment": [{"name": k, "value": v} for k, v in env.items()],
+        }
         if command is not None:
             override["command"] = command
         response = self._call(
@@ -446,28 +486,48 @@ class EcsBackend:
             raise BackendError(f"command cannot be parsed: {error}") from None
         attempt = keys.gpu_local_task_id(spec.job_id, spec.retry, spec.node_index)
         task = self._started_before(spec.node, attempt) or self._start(
-            self.config.task_definition, spec.node, argv or None, task_env(spec), attempt)
+            self.config.task_definition, spec.node, argv or None, task_env(spec), attempt
+        )
         definition_arn = task["taskDefinitionArn"]
         family_revision = definition_arn.rsplit("/", 1)[-1]
         family, _, revision = family_revision.partition(":")
-        return StartedTask(keys.gpu_task_id(task["taskArn"].rsplit("/", 1)[-1]), definition_arn, family, revision or "0", {"task_arn": task["taskArn"]})
+        return StartedTask(
+            keys.gpu_task_id(task["taskArn"].rsplit("/", 1)[-1]),
+            definition_arn,
+            family,
+            revision or "0",
+            {"task_arn": task["taskArn"]},
+        )
 
     def _started_before(self, node: dict[str, Any], attempt: str) -> dict[str, Any] | None:
         """This attempt's task if it was started on the node already (a start resumed after a crash), else None."""
         for desired in ("RUNNING", "STOPPED"):
-            arns = self._call("list_tasks", self.ecs.list_tasks, cluster=self.config.cluster_name, startedBy="prefect-gpu",
-                              containerInstance=node["container_instance_arn"], desiredStatus=desired)["taskArns"]
+            arns = self._call(
+                "list_tasks",
+                self.ecs.list_tasks,
+                cluster=self.config.cluster_name,
+                startedBy="prefect-gpu",
+                containerInstance=node["container_instance_arn"],
+                desiredStatus=desired,
+            )["taskArns"]
             if not arns:
                 continue
-            described = self._call("describe_tasks", self.ecs.describe_tasks, cluster=self.config.cluster_name,
-                                   tasks=arns[:100], include=["TAGS"])["tasks"]
+            described = self._call(
+                "describe_tasks",
+                self.ecs.describe_tasks,
+                cluster=self.config.cluster_name,
+                tasks=arns[:100],
+                include=["TAGS"],
+            )["tasks"]
             for task in described:
                 if {"key": "gpu-task", "value": attempt} in (task.get("tags") or []):
                     return task
         return None
 
     def _describe(self, task_id: str) -> dict[str, Any] | None:
-        tasks = self._call("describe_tasks", self.ecs.describe_tasks, cluster=self.config.cluster_name, tasks=[task_id])["tasks"]
+        tasks = self._call(
+            "describe_tasks", self.ecs.describe_tasks, cluster=self.config.cluster_name, tasks=[task_id]
+        )["tasks"]
         return tasks[0] if tasks else None
 
     def poll(self, task_id: str) -> TaskExit | None:
@@ -502,8 +562,12 @@ class EcsBackend:
             time.sleep(min(5.0, self.config.poll_interval_s))
         status = "healthy" if result.exit_code == 0 else ("unknown" if result.exit_code is None else "unhealthy")
         return HealthResult(
-            status, "dcgmi", f"DCGM task {result.reason} (exit {result.exit_code})",
-            {"task_id": task_id, "exit_code": result.exit_code}, checked_at, round(time.monotonic() - started, 3),
+            status,
+            "dcgmi",
+            f"DCGM task {result.reason} (exit {result.exit_code})",
+            {"task_id": task_id, "exit_code": result.exit_code},
+            checked_at,
+            round(time.monotonic() - started, 3),
         )
 
     def reboot(self, node: dict[str, Any]) -> None:

@@ -71,7 +71,7 @@ def _nvml_value(fn, *args):
     """A reading, or a short 'n/a: <error>' string when the GPU or driver does not support it."""
     try:
         value = fn(*args)
-    except Exception as error:  # NVMLError_NotSupported and friends: a reading we cannot have
+    except Exception as error:  # noqa: BLE001 - NVMLError_NotSupported and friends: a reading we cannot have
         return f"n/a: {error}"
     if isinstance(value, bytes):
         return value.decode(errors="replace")
@@ -82,7 +82,7 @@ def _xid_events(pynvml, handles: list, wait_ms: int) -> dict[int, list[int]] | s
     """Critical XID events seen within ``wait_ms`` per device index (best effort: NVML only reports new events)."""
     try:
         event_set = pynvml.nvmlEventSetCreate()
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - XID events are best effort: any failure reads "n/a"
         return f"n/a: {error}"
     seen: dict[int, list[int]] = {}
     registered: list[int] = []
@@ -91,7 +91,7 @@ def _xid_events(pynvml, handles: list, wait_ms: int) -> dict[int, list[int]] | s
             try:
                 pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
                 registered.append(index)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a device that cannot report XID events is skipped
                 continue
         if not registered:
             return "n/a: XID events not supported"
@@ -104,7 +104,7 @@ def _xid_events(pynvml, handles: list, wait_ms: int) -> dict[int, list[int]] | s
                 data = pynvml.nvmlEventSetWait(event_set, remaining)
             except pynvml.NVMLError_Timeout:
                 break
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - XID events are best effort: any failure reads "n/a"
                 return f"n/a: {error}"
             uuids = [_nvml_value(pynvml.nvmlDeviceGetUUID, h) for h in handles]
             device = _nvml_value(pynvml.nvmlDeviceGetUUID, data.device)
@@ -113,7 +113,7 @@ def _xid_events(pynvml, handles: list, wait_ms: int) -> dict[int, list[int]] | s
     finally:
         try:
             pynvml.nvmlEventSetFree(event_set)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a failed free must not lose the readings
             pass
     return seen
 
@@ -255,7 +255,7 @@ def dcgmi_check(level: int = 1, timeout_s: float = 900) -> HealthResult:
             readings["stdout"] = out[-4000:]
         if code is None:
             return HealthResult(UNHEALTHY, "dcgmi", f"dcgmi diag -r {level} timed out", readings)
-        failed = "\"Fail\"" in out or "\"fail\"" in out
+        failed = '"Fail"' in out or '"fail"' in out
         if code == 0 and not failed:
             return HealthResult(HEALTHY, "dcgmi", f"dcgmi diag -r {level} passed", readings)
         return HealthResult(UNHEALTHY, "dcgmi", f"dcgmi diag -r {level} failed (exit {code})", readings)
@@ -284,7 +284,9 @@ def command_check(command: str | list[str], timeout_s: float = 300, env: dict[st
     return _timed("command", body)
 
 
-def run_check(method: str, command: str | list[str] | None = None, dcgm_level: int = 1, timeout_s: float = 900) -> HealthResult:
+def run_check(
+    method: str, command: str | list[str] | None = None, dcgm_level: int = 1, timeout_s: float = 900
+) -> HealthResult:
     """The check named ``method`` ("nvml", "dcgmi" or "command") on this machine."""
     if method == "nvml":
         return nvml_check()

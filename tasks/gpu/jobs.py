@@ -25,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.core import keys, state_store
+from tasks.core import state_store
 from tasks.core.config import table_name
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger
 from tasks.core.state_store import Condition
+from tasks.gpu import keys
 from tasks.gpu.backends import BackendError, ComputeBackend, TaskExit, TaskSpec, make_backend, pid_alive
 from tasks.gpu.health import HEALTHY, UNHEALTHY, UNKNOWN, HealthResult
 
@@ -176,9 +177,16 @@ def register_nodes(backend: ComputeBackend, cluster_name: str) -> dict[str, str]
     described (no job claims it). Existing rows: an idle node that cannot be described any more -> UNKNOWN, an
     UNKNOWN one described again -> AVAILABLE with its new address; others are left alone."""
     stamp = now_iso()
-    items = [{**node, "cluster_name": cluster_name, "created_at": stamp, "updated_at": stamp,
-              "node_status": NODE_UNKNOWN if node.get("unknown_reason") else NODE_AVAILABLE}
-             for node in backend.discover_nodes()]
+    items = [
+        {
+            **node,
+            "cluster_name": cluster_name,
+            "created_at": stamp,
+            "updated_at": stamp,
+            "node_status": NODE_UNKNOWN if node.get("unknown_reason") else NODE_AVAILABLE,
+        }
+        for node in backend.discover_nodes()
+    ]
     results = state_store.create_many_if_absent(_tables()[2], items, ["node_name"])
     outcome = {}
     for item, result in zip(items, results):
@@ -187,9 +195,18 @@ def register_nodes(backend: ComputeBackend, cluster_name: str) -> dict[str, str]
             outcome[name] = f"registered UNKNOWN: {reason}" if reason else "registered"
         elif reason and move_node(name, None, NODE_AVAILABLE, NODE_UNKNOWN, unknown_reason=reason):
             outcome[name] = f"UNKNOWN: {reason}"
-        elif not reason and state_store.transition(
-                _tables()[2], {"node_name": name}, NODE_UNKNOWN, NODE_AVAILABLE, status_attr="node_status",
-                set={"ip": item["ip"], "ibdev": item["ibdev"], "updated_at": stamp}, remove=["unknown_reason"]).applied:
+        elif (
+            not reason
+            and state_store.transition(
+                _tables()[2],
+                {"node_name": name},
+                NODE_UNKNOWN,
+                NODE_AVAILABLE,
+                status_attr="node_status",
+                set={"ip": item["ip"], "ibdev": item["ibdev"], "updated_at": stamp},
+                remove=["unknown_reason"],
+            ).applied
+        ):
             outcome[name] = "described again: AVAILABLE"
         else:
             outcome[name] = f"exists ({(result.item or {}).get('node_status')})"
@@ -200,8 +217,13 @@ def claim_node(node_name: str, job_id: str, runner: Runner | None = None) -> boo
     """AVAILABLE -> ASSIGNED for ``job_id`` (owned by ``runner`` until the job row holds it); False if taken."""
     attrs, remove = runner.owner() if runner else ({}, [])
     return state_store.transition(
-        _tables()[2], {"node_name": node_name}, NODE_AVAILABLE, NODE_ASSIGNED,
-        status_attr="node_status", set={"job_id": job_id, "updated_at": now_iso(), **attrs}, remove=remove,
+        _tables()[2],
+        {"node_name": node_name},
+        NODE_AVAILABLE,
+        NODE_ASSIGNED,
+        status_attr="node_status",
+        set={"job_id": job_id, "updated_at": now_iso(), **attrs},
+        remove=remove,
     ).applied
 
 
@@ -210,8 +232,14 @@ def move_node(node_name: str, job_id: str | None, expected, new: str, **extra: A
     attrs = {"updated_at": now_iso(), **extra}
     remove = ["job_id"] if new == NODE_AVAILABLE else []
     return state_store.transition(
-        _tables()[2], {"node_name": node_name}, expected, new, status_attr="node_status",
-        set=attrs, remove=remove, condition=_owned_by(job_id) if job_id else None,
+        _tables()[2],
+        {"node_name": node_name},
+        expected,
+        new,
+        status_attr="node_status",
+        set=attrs,
+        remove=remove,
+        condition=_owned_by(job_id) if job_id else None,
     ).applied
 
 
@@ -236,7 +264,11 @@ def node_back(runner: Runner, node_name: str) -> bool:
 
 def bring_back_nodes(runner: Runner) -> list[str]:
     """Every REBOOTING node of the cluster that the backend says is up again -> AVAILABLE; their names."""
-    return [n["node_name"] for n in list_nodes(runner.config.cluster_name, NODE_REBOOTING) if node_back(runner, n["node_name"])]
+    return [
+        n["node_name"]
+        for n in list_nodes(runner.config.cluster_name, NODE_REBOOTING)
+        if node_back(runner, n["node_name"])
+    ]
 
 
 def assign_nodes(
@@ -309,10 +341,20 @@ def create_failed_job(job_id: str, cluster_name: str, num_nodes: int, command: s
     """A job that never started: a FAILED row with the reason (kept if the row exists already)."""
     stamp = now_iso()
     item = {
-        "job_id": job_id, "job_timestamp": stamp, "cluster_name": cluster_name, "num_nodes": str(num_nodes),
-        "assigned_nodes": [], "submitted_container_inst_ids": [], "submitted_ecs_task_ids": [],
-        "created_at": stamp, "updated_at": stamp, "retry": "0", "job_status": JOB_FAILED,
-        "command": command, "failure_reason": reason, **prefect_ids(),
+        "job_id": job_id,
+        "job_timestamp": stamp,
+        "cluster_name": cluster_name,
+        "num_nodes": str(num_nodes),
+        "assigned_nodes": [],
+        "submitted_container_inst_ids": [],
+        "submitted_ecs_task_ids": [],
+        "created_at": stamp,
+        "updated_at": stamp,
+        "retry": "0",
+        "job_status": JOB_FAILED,
+        "command": command,
+        "failure_reason": reason,
+        **prefect_ids(),
     }
     result = state_store.create_if_absent(_tables()[1], item, ["job_id"])
     return result.item if result.item else item
@@ -327,15 +369,21 @@ def rendezvous_env(nodes: list[dict[str, Any]], index: int, master_port: int | s
         raise BackendError(f"node(s) {missing} have no address for the job's rendezvous")
     ibdev = nodes[index].get("ibdev") or "none"
     return {
-        "MASTER_ADDR": nodes[0].get("ip", ""), "MASTER_PORT": str(master_port), "WORLD_SIZE": str(len(nodes)),
-        "RANK": str(index), "NODE_RANK": str(index), "PIPELINES_PEERS": ",".join(n.get("ip", "") for n in nodes),
+        "MASTER_ADDR": nodes[0].get("ip", ""),
+        "MASTER_PORT": str(master_port),
+        "WORLD_SIZE": str(len(nodes)),
+        "RANK": str(index),
+        "NODE_RANK": str(index),
+        "PIPELINES_PEERS": ",".join(n.get("ip", "") for n in nodes),
         **({"NCCL_IB_DISABLE": "1"} if ibdev == "none" else {"NCCL_IB_HCA": ibdev}),
     }
 
 
 def node_rows(node_names: list[str]) -> list[dict[str, Any]]:
     """The node rows of ``node_names``, in that order; LookupError if one is missing."""
-    found = {n["node_name"]: n for n in state_store.get_many(_tables()[2], [{"node_name": name} for name in node_names])}
+    found = {
+        n["node_name"]: n for n in state_store.get_many(_tables()[2], [{"node_name": name} for name in node_names])
+    }
     missing = [name for name in node_names if name not in found]
     if missing:
         raise LookupError(f"unknown node(s) {missing}")
@@ -350,10 +398,17 @@ def with_master_port(runner: Runner, job_id: str, expected: str) -> dict[str, An
         return job
     port = runner.backend.master_port(get_node(job["assigned_nodes"][0]), int(job["retry"]))
     moved = state_store.transition(
-        _tables()[1], {"job_id": job_id}, expected, None, status_attr="job_status",
+        _tables()[1],
+        {"job_id": job_id},
+        expected,
+        None,
+        status_attr="job_status",
         set={"master_port": str(port), "master_port_retry": job["retry"], "updated_at": now_iso()},
-        condition=Condition("#r = :r AND (attribute_not_exists(#pr) OR #pr <> :r)",
-                            {"#r": "retry", "#pr": "master_port_retry"}, {":r": job["retry"]}),
+        condition=Condition(
+            "#r = :r AND (attribute_not_exists(#pr) OR #pr <> :r)",
+            {"#r": "retry", "#pr": "master_port_retry"},
+            {":r": job["retry"]},
+        ),
     )
     return moved.item if moved.applied else get_job(job_id)  # else another starter chose it, or the job moved on
 
@@ -363,19 +418,37 @@ def start_one_task(runner: Runner, job: dict[str, Any], node_name: str, index: i
     IN_PROGRESS)."""
     nodes = node_rows(job["assigned_nodes"])
     node = nodes[index]
-    spec = TaskSpec(job["job_id"], retry, node, index, int(job["num_nodes"]), job["command"], dict(job.get("env") or {}),
-                    rendezvous_env(nodes, index, job.get("master_port", "")))
+    spec = TaskSpec(
+        job["job_id"],
+        retry,
+        node,
+        index,
+        int(job["num_nodes"]),
+        job["command"],
+        dict(job.get("env") or {}),
+        rendezvous_env(nodes, index, job.get("master_port", "")),
+    )
     started = runner.backend.start_task(spec)
     stamp = now_iso()
     item = {
-        "ecs_task_id": started.task_id, "node_name": node_name, "node_index_in_job": str(index),
-        "job_id": job["job_id"], "job_timestamp": job["job_timestamp"], "job_num_nodes": str(job["num_nodes"]),
-        "task_def_arn": started.task_def_arn, "task_def_name": started.task_def_name,
-        "task_def_revision": started.task_def_revision, "cluster_name": job["cluster_name"],
+        "ecs_task_id": started.task_id,
+        "node_name": node_name,
+        "node_index_in_job": str(index),
+        "job_id": job["job_id"],
+        "job_timestamp": job["job_timestamp"],
+        "job_num_nodes": str(job["num_nodes"]),
+        "task_def_arn": started.task_def_arn,
+        "task_def_name": started.task_def_name,
+        "task_def_revision": started.task_def_revision,
+        "cluster_name": job["cluster_name"],
         "container_inst_id": node.get("container_instance_id", ""),
         "container_instance_arn": node.get("container_instance_arn", ""),
-        "retry": str(retry), "task_status": TASK_IN_PROGRESS, "created_at": stamp, "updated_at": stamp,
-        **started.extra, **prefect_ids(),
+        "retry": str(retry),
+        "task_status": TASK_IN_PROGRESS,
+        "created_at": stamp,
+        "updated_at": stamp,
+        **started.extra,
+        **prefect_ids(),
     }
     result = state_store.create_if_absent(_tables()[0], item, ["ecs_task_id"])
     move_node(node_name, job["job_id"], NODE_ASSIGNED, NODE_IN_PROGRESS)
@@ -389,8 +462,15 @@ def terminate_tasks(runner: Runner, task_ids, reason: str) -> dict[str, dict[str
     task_ids = list(task_ids)
     results = state_store.transition_many(  # one round trip for all the job's tasks
         _tables()[0],
-        [({"ecs_task_id": t}, TASK_IN_PROGRESS, TASK_TERMINATED,
-          {"stop_reason": reason, "terminated_by": "job", "updated_at": now_iso()}) for t in task_ids],
+        [
+            (
+                {"ecs_task_id": t},
+                TASK_IN_PROGRESS,
+                TASK_TERMINATED,
+                {"stop_reason": reason, "terminated_by": "job", "updated_at": now_iso()},
+            )
+            for t in task_ids
+        ],
         status_attr="task_status",
     )
     for task_id, result in zip(task_ids, results):
@@ -429,19 +509,30 @@ def start_tasks(runner: Runner, job_id: str, expected: str, start_task=None) -> 
         fail_job(runner, job_id, expected, reason, notify_user=False)
         raise
     result = state_store.transition(
-        _tables()[1], {"job_id": job_id}, expected, JOB_IN_PROGRESS, status_attr="job_status",
+        _tables()[1],
+        {"job_id": job_id},
+        expected,
+        JOB_IN_PROGRESS,
+        status_attr="job_status",
         set={
             "submitted_ecs_task_ids": [t["ecs_task_id"] for t in started],
             "submitted_container_inst_ids": [t["container_inst_id"] for t in started],
-            "updated_at": now_iso(), **prefect_ids(),
+            "updated_at": now_iso(),
+            **prefect_ids(),
         },
-        condition=None if expected != JOB_IN_PROGRESS else Condition(
-            "size(#ids) = :zero", {"#ids": "submitted_ecs_task_ids"}, {":zero": 0}),
+        condition=None
+        if expected != JOB_IN_PROGRESS
+        else Condition("size(#ids) = :zero", {"#ids": "submitted_ecs_task_ids"}, {":zero": 0}),
     )
     if not result.applied and result.item is not None:  # ended, or someone else finished the start: undo ours
-        theirs = set(result.item.get("submitted_ecs_task_ids") or []) if result.item["job_status"] in JOB_ACTIVE else set()
-        terminate_tasks(runner, [t["ecs_task_id"] for t in started if t["ecs_task_id"] not in theirs],
-                        f"job is {result.item.get('job_status')}")
+        theirs = (
+            set(result.item.get("submitted_ecs_task_ids") or []) if result.item["job_status"] in JOB_ACTIVE else set()
+        )
+        terminate_tasks(
+            runner,
+            [t["ecs_task_id"] for t in started if t["ecs_task_id"] not in theirs],
+            f"job is {result.item.get('job_status')}",
+        )
         if result.item["job_status"] in JOB_TERMINAL:
             release_nodes(job_id, job["assigned_nodes"])
     return result.item or job
@@ -467,17 +558,30 @@ def launch_job(
     timeout_s = config.node_wait_timeout_s if timeout_s is None else timeout_s
     try:
         env = check_env(env)
-        assigned = assign_nodes(job_id, num_nodes, config.cluster_name, nodes, wait, timeout_s, config.poll_interval_s, runner)
+        assigned = assign_nodes(
+            job_id, num_nodes, config.cluster_name, nodes, wait, timeout_s, config.poll_interval_s, runner
+        )
     except (NotEnoughNodes, LookupError, ValueError) as error:
         create_failed_job(job_id, config.cluster_name, num_nodes, command, str(error))
         raise
     stamp = now_iso()
     owner, _ = runner.owner()
     item = {
-        "job_id": job_id, "job_timestamp": stamp, "cluster_name": config.cluster_name, "num_nodes": str(num_nodes),
-        "assigned_nodes": assigned, "submitted_container_inst_ids": [], "submitted_ecs_task_ids": [],
-        "created_at": stamp, "updated_at": stamp, "retry": "0", "job_status": JOB_IN_PROGRESS,
-        "command": command, "env": env, "max_retries": str(config.max_retries), **owner,
+        "job_id": job_id,
+        "job_timestamp": stamp,
+        "cluster_name": config.cluster_name,
+        "num_nodes": str(num_nodes),
+        "assigned_nodes": assigned,
+        "submitted_container_inst_ids": [],
+        "submitted_ecs_task_ids": [],
+        "created_at": stamp,
+        "updated_at": stamp,
+        "retry": "0",
+        "job_status": JOB_IN_PROGRESS,
+        "command": command,
+        "env": env,
+        "max_retries": str(config.max_retries),
+        **owner,
     }
     if not state_store.create_if_absent(_tables()[1], item, ["job_id"]).applied:
         release_nodes(job_id, assigned)
@@ -489,7 +593,11 @@ def launch_job(
 def fail_job(runner: Runner, job_id: str, expected, reason: str, notify_user: bool = True) -> bool:
     """Job ``expected`` -> FAILED with the reason; its held nodes go back AVAILABLE; optionally notify."""
     result = state_store.transition(
-        _tables()[1], {"job_id": job_id}, expected, JOB_FAILED, status_attr="job_status",
+        _tables()[1],
+        {"job_id": job_id},
+        expected,
+        JOB_FAILED,
+        status_attr="job_status",
         set={"failure_reason": reason, "updated_at": now_iso()},
     )
     if result.applied:
@@ -507,7 +615,10 @@ def record_stop(task_id: str, exit_code: int | None, reason: str, **extra: Any) 
     """Task IN_PROGRESS -> COMPLETE (exit 0) or TERMINATED, with its exit code: the one guarded write of a stop."""
     ok = exit_code == 0
     return state_store.transition(
-        _tables()[0], {"ecs_task_id": keys.gpu_task_id(task_id)}, TASK_IN_PROGRESS, TASK_COMPLETE if ok else TASK_TERMINATED,
+        _tables()[0],
+        {"ecs_task_id": keys.gpu_task_id(task_id)},
+        TASK_IN_PROGRESS,
+        TASK_COMPLETE if ok else TASK_TERMINATED,
         status_attr="task_status",
         set={"exit_code": str(exit_code), "stop_reason": reason, "updated_at": now_iso(), **extra},
     )
@@ -540,7 +651,11 @@ def complete_if_done(job_id: str, task_id: str | None = None) -> dict[str, Any]:
     if not ids or len(tasks) != len(ids) or not all(t["task_status"] == TASK_COMPLETE for t in tasks):
         return {"action": "task_complete", "task_id": task_id, "job_id": job_id}
     done = state_store.transition(
-        _tables()[1], {"job_id": job_id}, JOB_IN_PROGRESS, JOB_COMPLETE, status_attr="job_status",
+        _tables()[1],
+        {"job_id": job_id},
+        JOB_IN_PROGRESS,
+        JOB_COMPLETE,
+        status_attr="job_status",
         set={"updated_at": now_iso()},
         condition=Condition("contains(#ids, :tid)", {"#ids": "submitted_ecs_task_ids"}, {":tid": ids[0]}),
     )
@@ -587,8 +702,14 @@ def detect_failure(runner: Runner, job: dict[str, Any]) -> dict[str, Any] | None
 def handle_stop_seen(runner: Runner, task_id: str, stopped: TaskExit) -> dict[str, Any]:
     """Record a stop the backend reported (the recovery itself is the caller's next step)."""
     result = record_stop(task_id, stopped.exit_code, stopped.reason)
-    run_logger(__name__).info("task %s stopped: %s (%s)", task_id, stopped.reason, "recorded" if result.applied else "seen before")
-    return {"action": "stop_recorded" if result.applied else "duplicate", "task_id": task_id, "exit_code": stopped.exit_code}
+    run_logger(__name__).info(
+        "task %s stopped: %s (%s)", task_id, stopped.reason, "recorded" if result.applied else "seen before"
+    )
+    return {
+        "action": "stop_recorded" if result.applied else "duplicate",
+        "task_id": task_id,
+        "exit_code": stopped.exit_code,
+    }
 
 
 def begin_recovery(runner: Runner, task: dict[str, Any]) -> dict[str, Any] | None:
@@ -596,14 +717,24 @@ def begin_recovery(runner: Runner, task: dict[str, Any]) -> dict[str, Any] | Non
     None when the job moved on (another failure is handled, or it ended): exactly one recovery per attempt."""
     owner, remove = runner.owner()
     moved = state_store.transition(
-        _tables()[1], {"job_id": task["job_id"]}, JOB_IN_PROGRESS, JOB_PENDING_HEALTHCHECK, status_attr="job_status",
-        set={"updated_at": now_iso(), "failed_task_id": task["ecs_task_id"], **owner,
-             "last_failure": f"task {task['ecs_task_id']} on {task['node_name']}: {task.get('stop_reason')}"},
+        _tables()[1],
+        {"job_id": task["job_id"]},
+        JOB_IN_PROGRESS,
+        JOB_PENDING_HEALTHCHECK,
+        status_attr="job_status",
+        set={
+            "updated_at": now_iso(),
+            "failed_task_id": task["ecs_task_id"],
+            **owner,
+            "last_failure": f"task {task['ecs_task_id']} on {task['node_name']}: {task.get('stop_reason')}",
+        },
         remove=remove,
         condition=Condition("contains(#ids, :tid)", {"#ids": "submitted_ecs_task_ids"}, {":tid": task["ecs_task_id"]}),
     )
     if moved.applied:
-        run_logger(__name__).warning("job %s: task %s failed (%s)", task["job_id"], task["ecs_task_id"], task.get("stop_reason"))
+        run_logger(__name__).warning(
+            "job %s: task %s failed (%s)", task["job_id"], task["ecs_task_id"], task.get("stop_reason")
+        )
     return moved.item if moved.applied else None
 
 
@@ -650,9 +781,13 @@ def reboot_unhealthy(runner: Runner, job: dict[str, Any], verdicts: dict[str, He
     summary = {n: "out of service" if r is None else f"{r.status}: {r.reason}" for n, r in verdicts.items()}
     bad = [n for n, r in verdicts.items() if _unhealthy(runner, r)]
     if not bad:
-        fail_job(runner, job_id, JOB_PENDING_HEALTHCHECK,
-                 f"application failure: task {job['failed_task_id']} {job.get('last_failure', '').split(': ', 1)[-1]}; "
-                 f"node(s) healthy {summary}")
+        fail_job(
+            runner,
+            job_id,
+            JOB_PENDING_HEALTHCHECK,
+            f"application failure: task {job['failed_task_id']} {job.get('last_failure', '').split(': ', 1)[-1]}; "
+            f"node(s) healthy {summary}",
+        )
         return []
     for name in verdicts:
         if name not in bad:
@@ -661,11 +796,19 @@ def reboot_unhealthy(runner: Runner, job: dict[str, Any], verdicts: dict[str, He
         take_out_of_service(runner, name, job_id, (NODE_PENDING_HEALTHCHECK, NODE_FAILED))
     retry = int(job["retry"])
     if retry >= config.max_retries:
-        fail_job(runner, job_id, JOB_PENDING_HEALTHCHECK,
-                 f"retries exhausted (retry {retry} of max {config.max_retries}); unhealthy node(s) {summary}")
+        fail_job(
+            runner,
+            job_id,
+            JOB_PENDING_HEALTHCHECK,
+            f"retries exhausted (retry {retry} of max {config.max_retries}); unhealthy node(s) {summary}",
+        )
         return []
     moved = state_store.transition(
-        _tables()[1], {"job_id": job_id}, JOB_PENDING_HEALTHCHECK, JOB_PENDING_RESTART, status_attr="job_status",
+        _tables()[1],
+        {"job_id": job_id},
+        JOB_PENDING_HEALTHCHECK,
+        JOB_PENDING_RESTART,
+        status_attr="job_status",
         set={"updated_at": now_iso(), "pending_restart_at": now_iso(), "bad_nodes": bad, "health": summary},
         condition=Condition("#t = :t", {"#t": "owner_token"}, {":t": runner.token}),
     )
@@ -679,7 +822,9 @@ def take_out_of_service(runner: Runner, node_name: str, job_id: str | None, expe
     try:
         runner.backend.reboot(get_node(node_name))
     except BackendError as error:
-        run_logger(__name__).error("node %s FAILED and could not be rebooted (the sweep tries again): %s", node_name, error)
+        run_logger(__name__).error(
+            "node %s FAILED and could not be rebooted (the sweep tries again): %s", node_name, error
+        )
         return
     move_node(node_name, None, NODE_FAILED, NODE_REBOOTING, rebooted_at=now_iso())
     run_logger(__name__).warning("node %s unhealthy: FAILED -> REBOOTING", node_name)
@@ -705,8 +850,11 @@ def restart_job(runner: Runner, job: dict[str, Any], wait: bool = True) -> dict[
             return {"action": "restart_abandoned", "job_id": job_id, "job_status": current["job_status"]}
         bring_back_nodes(runner)
         # nodes this job claimed before a crash come first, then spares, then the rebooted nodes
-        mine = [n["node_name"] for n in list_nodes(config.cluster_name, NODE_ASSIGNED)
-                if n.get("job_id") == job_id and n["node_name"] not in lineup]
+        mine = [
+            n["node_name"]
+            for n in list_nodes(config.cluster_name, NODE_ASSIGNED)
+            if n.get("job_id") == job_id and n["node_name"] not in lineup
+        ]
         available = [n["node_name"] for n in list_nodes(config.cluster_name, NODE_AVAILABLE)]
         spares = [n for n in available if n not in lineup] + [n for n in bad_nodes if n in available]
         for name in mine + spares:
@@ -716,7 +864,9 @@ def restart_job(runner: Runner, job: dict[str, Any], wait: bool = True) -> dict[
             break
         waited_out = str(current.get("pending_restart_at", "")) < iso_ago(config.node_wait_timeout_s)
         if (wait and time.monotonic() >= deadline) or (not wait and waited_out):
-            fail_job(runner, job_id, JOB_PENDING_RESTART, f"no replacement node within {config.node_wait_timeout_s:g} s")
+            fail_job(
+                runner, job_id, JOB_PENDING_RESTART, f"no replacement node within {config.node_wait_timeout_s:g} s"
+            )
             release_nodes(job_id, lineup)
             return {"action": "restart_timed_out", "job_id": job_id}
         if not wait:
@@ -725,7 +875,11 @@ def restart_job(runner: Runner, job: dict[str, Any], wait: bool = True) -> dict[
         time.sleep(min(config.poll_interval_s, 0.5))
     retry = int(job["retry"]) + 1
     moved = state_store.transition(
-        _tables()[1], {"job_id": job_id}, JOB_PENDING_RESTART, JOB_RESTARTING, status_attr="job_status",
+        _tables()[1],
+        {"job_id": job_id},
+        JOB_PENDING_RESTART,
+        JOB_RESTARTING,
+        status_attr="job_status",
         set={"retry": str(retry), "assigned_nodes": lineup, "updated_at": now_iso(), **prefect_ids()},
         condition=Condition("#t = :t", {"#t": "owner_token"}, {":t": runner.token}),
     )
@@ -744,8 +898,11 @@ def resume_start(runner: Runner, job: dict[str, Any], start_task=None) -> dict[s
         started = start_tasks(runner, job["job_id"], expected, start_task)
     except BackendError as error:
         return {"action": "restart_failed", "job_id": job["job_id"], "reason": str(error)}
-    return {"action": "restarted" if expected == JOB_RESTARTING else "started", "job_id": job["job_id"],
-            "job_status": started.get("job_status")}
+    return {
+        "action": "restarted" if expected == JOB_RESTARTING else "started",
+        "job_id": job["job_id"],
+        "job_status": started.get("job_status"),
+    }
 
 
 # --------------------------------------------------------------------------- owners, takeover, user stop
@@ -768,11 +925,20 @@ def take_over(runner: Runner, job: dict[str, Any]) -> dict[str, Any] | None:
         return None
     owner, remove = runner.owner()
     old = job.get("owner_token")
-    condition = (Condition("#t = :t", {"#t": "owner_token"}, {":t": old}) if old
-                 else Condition("attribute_not_exists(#t)", {"#t": "owner_token"}, {}))
+    condition = (
+        Condition("#t = :t", {"#t": "owner_token"}, {":t": old})
+        if old
+        else Condition("attribute_not_exists(#t)", {"#t": "owner_token"}, {})
+    )
     moved = state_store.transition(
-        _tables()[1], {"job_id": job["job_id"]}, job["job_status"], None, status_attr="job_status",
-        set={**owner, "updated_at": now_iso(), "taken_over_at": now_iso()}, remove=remove, condition=condition,
+        _tables()[1],
+        {"job_id": job["job_id"]},
+        job["job_status"],
+        None,
+        status_attr="job_status",
+        set={**owner, "updated_at": now_iso(), "taken_over_at": now_iso()},
+        remove=remove,
+        condition=condition,
     )
     if moved.applied:
         run_logger(__name__).warning("job %s: its %s step was abandoned; resuming it", job["job_id"], job["job_status"])
@@ -782,7 +948,11 @@ def take_over(runner: Runner, job: dict[str, Any]) -> dict[str, Any] | None:
 def user_stop(runner: Runner, job_id: str, reason: str = "stopped by user") -> bool:
     """Job (any active status) -> USER_STOPPED; its tasks TERMINATED and stopped; its nodes AVAILABLE."""
     result = state_store.transition(
-        _tables()[1], {"job_id": job_id}, JOB_ACTIVE, JOB_USER_STOPPED, status_attr="job_status",
+        _tables()[1],
+        {"job_id": job_id},
+        JOB_ACTIVE,
+        JOB_USER_STOPPED,
+        status_attr="job_status",
         set={"stop_reason": reason, "stop_requested": "true", "stop_requested_at": now_iso(), "updated_at": now_iso()},
     )
     if not result.applied:
@@ -815,7 +985,11 @@ def check_node(node_name: str, runner: Runner) -> HealthResult:
         raise LookupError(f"unknown node {node_name}")
     result = runner.backend.health_check(node)
     state_store.transition(
-        _tables()[2], {"node_name": node_name}, None, None, status_attr="node_status",
+        _tables()[2],
+        {"node_name": node_name},
+        None,
+        None,
+        status_attr="node_status",
         set={"health_status": result.status, "last_health_check": result.to_json(), "health_checked_at": now_iso()},
     )
     run_logger(__name__).info("node %s health %s (%s): %s", node_name, result.status, result.method, result.reason)
@@ -832,7 +1006,9 @@ def sweep_nodes(runner: Runner) -> dict[str, str]:
             outcome[name] = "back: AVAILABLE" if node_back(runner, name) else "still rebooting"
             continue
         owner, _ = runner.owner()
-        if node["node_status"] != NODE_AVAILABLE or not move_node(name, None, NODE_AVAILABLE, NODE_PENDING_HEALTHCHECK, **owner):
+        if node["node_status"] != NODE_AVAILABLE or not move_node(
+            name, None, NODE_AVAILABLE, NODE_PENDING_HEALTHCHECK, **owner
+        ):
             continue
         result = runner.check(name)
         if result.status == UNHEALTHY:
@@ -842,7 +1018,9 @@ def sweep_nodes(runner: Runner) -> dict[str, str]:
             move_node(name, None, NODE_PENDING_HEALTHCHECK, NODE_AVAILABLE)
             outcome[name] = f"{result.status}: {result.reason}"
             if result.status != HEALTHY:
-                run_logger(__name__).warning("node %s kept in service, health %s: %s", name, result.status, result.reason)
+                run_logger(__name__).warning(
+                    "node %s kept in service, health %s: %s", name, result.status, result.reason
+                )
     return outcome
 
 
@@ -878,7 +1056,11 @@ def stop_terminated_tasks(runner: Runner, within_s: float = 3600.0) -> list[str]
 
     def keep(item: dict[str, Any]) -> bool:
         """A task stopped by its job, recently."""
-        return item.get("task_status") == TASK_TERMINATED and item.get("terminated_by") == "job" and item.get("updated_at", "") >= since
+        return (
+            item.get("task_status") == TASK_TERMINATED
+            and item.get("terminated_by") == "job"
+            and item.get("updated_at", "") >= since
+        )
 
     stopped = []
     for task in state_store.scan_all(_tables()[0], keep=keep):

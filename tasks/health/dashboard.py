@@ -1,9 +1,8 @@
-"""The ``pipeline-health`` dashboard: the last 24 hours of all five pipelines, from the metrics table and the records.
+"""The ``pipeline-health`` dashboard: the last 24 hours of every pipeline, as one markdown artifact per health run.
 
-Seed 001 keeps its figures in a metrics table (``metric_type`` / ``timestamp`` in µs) and a CloudWatch dashboard
-reads them. Here ``ndjson-ingest`` and ``ndjson-merge`` write the same rows, and this module reads them back into
-one markdown artifact per health run: files per hour (a chart), backlog, merge MB/s, and per pipeline how many
-pieces of work ended and how many of those failed.
+Seed 001 keeps its figures in a metrics table and a CloudWatch dashboard reads them. Here each pipeline gives its
+figures (``dashboard`` in its ``pipeline.py``): how many pieces of work ended and how many of those failed, a
+headline and charts; this module lays them out (a headline, the charts, a table of failure rates).
 """
 
 from __future__ import annotations
@@ -13,25 +12,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from boto3.dynamodb.conditions import Key
-
-from tasks.core import keys, state_store
-from tasks.core.config import object_store, table_name
-from tasks.core.state_store import to_plain
-from tasks.etl import ingest as etl
-from tasks.gpu import jobs as gpu
-from tasks.phspectra import survey
-from tasks.video import jobs as video
+from tasks.core import registry
 
 HOURS = 24
 BAR_WIDTH = 40
 EIGHTHS = " ▏▎▍▌▋▊▉█"
-
-
-def metric_rows(metric_type: str, since_us: int) -> list[dict[str, Any]]:
-    """Rows of one metric type written since ``since_us`` (a Query on the seed's key, oldest first)."""
-    condition = Key("metric_type").eq(metric_type) & Key("timestamp").gte(since_us)
-    return [to_plain(r) for r in state_store.query_all(table_name(etl.METRICS), KeyConditionExpression=condition)]
 
 
 def hourly(rows: Iterable[Mapping[str, Any]], value: str, now_us: int, hours: int = HOURS) -> list[float]:
@@ -71,66 +56,78 @@ class Outcomes:
     def row(self) -> dict[str, Any]:
         """The pipeline as a dashboard table row."""
         rate = f"{self.failed / self.ended:.1%}" if self.ended else "-"
-        return {"pipeline": self.pipeline, "unit": self.unit, "ended": self.ended, "failed": self.failed, "failure rate": rate}
+        return {
+            "pipeline": self.pipeline,
+            "unit": self.unit,
+            "ended": self.ended,
+            "failed": self.failed,
+            "failure rate": rate,
+        }
+
+    @classmethod
+    def of(
+        cls,
+        pipeline: str,
+        unit: str,
+        items: Iterable[Mapping[str, Any]],
+        status: str,
+        ok: str,
+        bad: str,
+        since: Callable[[Mapping[str, Any]], bool],
+    ) -> Outcomes:
+        """The items whose ``status`` is ``ok`` or ``bad`` and that ended in the window (``since``)."""
+        ended = [item for item in items if item.get(status) in (ok, bad) and since(item)]
+        return cls(pipeline, unit, len(ended), sum(1 for item in ended if item.get(status) == bad))
 
 
-def _outcomes(pipeline: str, unit: str, items: Iterable[Mapping[str, Any]], status: str, ok: str, bad: str,
-              since: Callable[[Mapping[str, Any]], bool]) -> Outcomes:
-    ended = [item for item in items if item.get(status) in (ok, bad) and since(item)]
-    return Outcomes(pipeline, unit, len(ended), sum(1 for item in ended if item.get(status) == bad))
+@dataclass(frozen=True)
+class Window:
+    """The dashboard's 24 hours, and this health pass's alarm readings (name -> value)."""
+
+    now_us: int
+    since_us: int
+    readings: Mapping[str, int | None]
+
+    @property
+    def since_iso(self) -> str:
+        """The window's start as the records write times (ISO 8601, UTC, to the second)."""
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(self.since_us / 1e6))
+
+    @property
+    def since_epoch_ms(self) -> int:
+        """The window's start in epoch milliseconds (seed 004's record times)."""
+        return self.since_us // 1000
+
+    def hour_labels(self, hours: int = HOURS) -> list[str]:
+        """``HH:00`` of each of the last ``hours`` hours, oldest first."""
+        return [time.strftime("%H:00", time.gmtime(self.now_us / 1e6 - (hours - 1 - h) * 3600)) for h in range(hours)]
 
 
-def etl_outcomes(ingests: Sequence[Mapping[str, Any]], merges: Sequence[Mapping[str, Any]]) -> Outcomes:
-    """ETL files: ingested in the window; failed = quarantined at ingest + failed in a merge."""
-    files = sum(int(r.get("files") or 0) for r in ingests)
-    failed = sum(int(r.get("quarantined") or 0) for r in ingests) + sum(int(r.get("files_failed") or 0) for r in merges)
-    return Outcomes("etl", "files", files, min(failed, files) if files else failed)
+@dataclass(frozen=True)
+class Figures:
+    """What one pipeline shows: its outcomes row, a headline figure and charts (markdown)."""
+
+    outcomes: Outcomes
+    summary: str = ""
+    charts: tuple[str, ...] = ()
 
 
-def pipeline_outcomes(since_iso: str, since_epoch_ms: int) -> list[Outcomes]:
-    """phspectra runs, video jobs, GPU jobs and records executions that ended in the window (maintenance reads)."""
-    after = lambda *attrs: lambda item: max((str(item.get(a) or "") for a in attrs), default="") >= since_iso  # noqa: E731
-    runs = state_store.scan_all(survey.runs_table(), keep=lambda item: item["SK"] == keys.RUN_SK)
-    executions = state_store.scan_all(table_name("executions"))
-    return [
-        _outcomes("phspectra", "runs", runs, "status", survey.RUN_COMPLETED, survey.RUN_FAILED, after("completed_at", "created_at")),
-        _outcomes("video", "jobs", video.list_jobs(), "status", video.COMPLETED, video.FAILED,
-                  after("completed_at", "failed_at", "created_at")),
-        _outcomes("gpu", "jobs", gpu.list_jobs(), "job_status", gpu.JOB_COMPLETE, gpu.JOB_FAILED, after("updated_at", "created_at")),
-        _outcomes("records", "executions", executions, "status", "completed", "failed",
-                  lambda item: int(item.get("createdAt") or 0) >= since_epoch_ms),
-    ]
+def ended_since(window: Window, *attrs: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether an item's latest of ``attrs`` (ISO 8601 times) falls in the window."""
+    return lambda item: max((str(item.get(a) or "") for a in attrs), default="") >= window.since_iso
 
 
-def merge_mb_per_s(merges: Sequence[Mapping[str, Any]]) -> float | None:
-    """Input MB merged per second of merge time, over the window's merges that did the work (None: none did)."""
-    done = [r for r in merges if not r.get("skipped") and float(r.get("seconds") or 0) > 0]
-    seconds = sum(float(r["seconds"]) for r in done)
-    return round(sum(float(r.get("input_mb") or 0) for r in done) / seconds, 1) if seconds else None
-
-
-def dashboard(backlog: int, now_us: int | None = None) -> tuple[str, list[dict[str, Any]]]:
+def dashboard(readings: Mapping[str, int | None], now_us: int | None = None) -> tuple[str, list[dict[str, Any]]]:
     """The dashboard's markdown and its per-pipeline rows, for the 24 hours before ``now_us``."""
     now_us = now_us or time.time_ns() // 1000
-    since_us = now_us - HOURS * 3_600_000_000
-    ingests, merges = metric_rows("ingest", since_us), metric_rows("merge", since_us)
-    since_iso = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since_us / 1e6))
-    outcomes = [etl_outcomes(ingests, merges), *pipeline_outcomes(since_iso, since_us // 1000)]
-    hour_labels = [time.strftime("%H:00", time.gmtime(now_us / 1e6 - (HOURS - 1 - h) * 3600)) for h in range(HOURS)]
-    files = hourly(ingests, "tracked", now_us)
-    rate = merge_mb_per_s(merges)
-    dead_letters = sum(1 for _ in object_store().list(keys.DEAD_LETTER_PREFIX))
-    rows = [o.row() for o in outcomes]
+    window = Window(now_us, now_us - HOURS * 3_600_000_000, readings)
+    figures: list[Figures] = [hook(window) for _, hook in registry.hooks("dashboard")]
+    rows = [f.outcomes.row() for f in figures]
     table = "\n".join(
         ["| pipeline | ended (24 h) | failed | failure rate |", "|---|---:|---:|---:|"]
         + [f"| {r['pipeline']} | {r['ended']} {r['unit']} | {r['failed']} | {r['failure rate']} |" for r in rows]
     )
-    markdown = "\n\n".join([
-        "# Pipelines, last 24 hours",
-        f"**ETL:** {sum(files):,.0f} files tracked · backlog {backlog} pending · "
-        f"merge {'-' if rate is None else f'{rate} MB/s'} over {len(merges)} merge(s) · "
-        f"**records:** {dead_letters} message(s) in the dead-letter archive",
-        bar_chart("ETL files tracked per hour (UTC)", hour_labels, files),
-        table,
-    ])
+    headline = " · ".join(f.summary for f in figures if f.summary)
+    charts = [chart for f in figures for chart in f.charts]
+    markdown = "\n\n".join(["# Pipelines, last 24 hours", *([headline] if headline else []), *charts, table])
     return markdown, rows

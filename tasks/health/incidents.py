@@ -24,6 +24,7 @@ from tasks.core.notify import DeliveryError, deliver
 from tasks.core.runtime import iso_ago, now_iso, run_logger
 from tasks.core.state_store import Condition
 from tasks.health.checks import Alarm
+from tasks.retention.sweep import Rule
 
 OPEN, CLEARED = "OPEN", "CLEARED"
 TABLE = "health_incidents"
@@ -44,16 +45,36 @@ def get(alarm: str) -> dict[str, Any] | None:
 def open_incident(alarm: Alarm) -> str:
     """Record that ``alarm`` fires: 'opened' (a new incident) or 'ongoing' (already OPEN)."""
     stamp = now_iso()
-    fields = {"opened_at": stamp, "value": alarm.value, "detail": alarm.detail[:2000], "pipeline": alarm.pipeline,
-              "severity": alarm.severity}
-    created = state_store.create_if_absent(_table(), {"alarm": alarm.name, "status": OPEN, "incident": 1, **fields}, ["alarm"])
+    fields = {
+        "opened_at": stamp,
+        "value": alarm.value,
+        "detail": alarm.detail[:2000],
+        "pipeline": alarm.pipeline,
+        "severity": alarm.severity,
+    }
+    created = state_store.create_if_absent(
+        _table(), {"alarm": alarm.name, "status": OPEN, "incident": 1, **fields}, ["alarm"]
+    )
     if created.applied:
         return "opened"
     if (created.item or {}).get("status") != CLEARED:
         return "ongoing"
     reopened = state_store.transition(
-        _table(), {"alarm": alarm.name}, CLEARED, OPEN, set=fields, add={"incident": 1},
-        remove=["notified_at", "notify_claimed_at", "cleared_at", "notify_error", "notify_failed_at", "notify_attempts", "ttl"],
+        _table(),
+        {"alarm": alarm.name},
+        CLEARED,
+        OPEN,
+        set=fields,
+        add={"incident": 1},
+        remove=[
+            "notified_at",
+            "notify_claimed_at",
+            "cleared_at",
+            "notify_error",
+            "notify_failed_at",
+            "notify_attempts",
+            "ttl",
+        ],
     )
     return "opened" if reopened.applied else "ongoing"
 
@@ -85,7 +106,10 @@ def _claim(name: str, lease_seconds: float, retry_seconds: float) -> str | None:
 
 def message(item: dict[str, Any]) -> tuple[str, str]:
     """Subject and body of an incident's notification."""
-    subject = f"{item.get('severity', 'WARNING')} ALARM {item['alarm']} ({item.get('pipeline', '-')}): incident {int(item.get('incident', 1))}"
+    subject = (
+        f"{item.get('severity', 'WARNING')} ALARM {item['alarm']} ({item.get('pipeline', '-')}): "
+        f"incident {int(item.get('incident', 1))}"
+    )
     body = f"{item['alarm']} fires since {item.get('opened_at')}: {item.get('detail')}"
     return subject, body
 
@@ -108,17 +132,33 @@ def notify_incident(
         where = send(*message(item), block)
     except DeliveryError as error:
         failed = state_store.transition(
-            _table(), {"alarm": name}, OPEN, None, set={"notify_error": str(error), "notify_failed_at": now_iso()},
-            add={"notify_attempts": 1}, remove=["notify_claimed_at"], condition=mine_only,
+            _table(),
+            {"alarm": name},
+            OPEN,
+            None,
+            set={"notify_error": str(error), "notify_failed_at": now_iso()},
+            add={"notify_attempts": 1},
+            remove=["notify_claimed_at"],
+            condition=mine_only,
         )
         attempts = int(((failed.item or {}) if failed.applied else item).get("notify_attempts", 0))
         run_logger(__name__).warning(
-            "notification of %s not delivered (attempt %d; retried after %.0f s): %s", name, attempts, retry_seconds, error
+            "notification of %s not delivered (attempt %d; retried after %.0f s): %s",
+            name,
+            attempts,
+            retry_seconds,
+            error,
         )
         return False
     confirmed = state_store.transition(
-        _table(), {"alarm": name}, OPEN, None, set={"notified_at": now_iso(), "notified_via": where},
-        add={"notify_attempts": 1}, remove=["notify_error", "notify_failed_at"], condition=mine_only,
+        _table(),
+        {"alarm": name},
+        OPEN,
+        None,
+        set={"notified_at": now_iso(), "notified_via": where},
+        add={"notify_attempts": 1},
+        remove=["notify_error", "notify_failed_at"],
+        condition=mine_only,
     )
     if not confirmed.applied:  # the lease ran out while sending and another run claimed it: it may send again
         run_logger(__name__).warning("notification of %s sent but its claim was taken over", name)
@@ -135,7 +175,11 @@ def _notified(item: dict[str, Any]) -> str:
 
 
 def apply(
-    alarms: list[Alarm], lease_seconds: float, block: str | None = None, send: Sender | None = None, retry_seconds: float = 0
+    alarms: list[Alarm],
+    lease_seconds: float,
+    block: str | None = None,
+    send: Sender | None = None,
+    retry_seconds: float = 0,
 ) -> list[dict[str, Any]]:
     """Open or clear each alarm's incident, notify every open one not yet notified; one row per alarm."""
     rows = []
@@ -143,8 +187,16 @@ def apply(
         incident = open_incident(alarm) if alarm.firing else clear_incident(alarm.name)
         sent = alarm.firing and notify_incident(alarm.name, lease_seconds, block, send, retry_seconds)
         item = get(alarm.name) or {}
-        rows.append({
-            **alarm.row(), "incident": incident, "incident_no": int(item.get("incident", 0)),
-            "notified": "sent now" if sent else _notified(item) if alarm.firing else "-",
-        })
+        rows.append(
+            {
+                **alarm.row(),
+                "incident": incident,
+                "incident_no": int(item.get("incident", 0)),
+                "notified": "sent now" if sent else _notified(item) if alarm.firing else "-",
+            }
+        )
     return rows
+
+
+# a cleared incident is kept for the retention pass's days, then DynamoDB's TTL deletes it
+RETENTION_RULES = (Rule(TABLE, ("alarm",), "status", (CLEARED,), ("cleared_at", "opened_at", "created_at")),)

@@ -11,67 +11,64 @@ happen (no worker, a listener that fails at once) or when one runs but does not 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import boto3
 
 from blocks.health import HealthThresholds
-from tasks.core import keys
+from tasks.core import registry
 from tasks.core.object_store import LocalStore, ObjectStore
-from tasks.health.checks import Alarm, Check, _alarm
+from tasks.core.registry import Landing
+from tasks.health.checks import Alarm, Check, count_alarm
 
 # a file the listener has not acked this long after it changed is a backlog (its watermark moves every minute)
 LISTENER_BACKLOG_S = 5 * 60
 LISTENER_BACKLOG_MAX = 0  # files or messages waiting longer than that, before the alarm fires
 
 
-@dataclass(frozen=True)
-class Place:
-    """Where one listener takes its arrivals from."""
-
-    flow: str
-    pipeline: str
-    prefix: str
-    suffixes: Sequence[str] | None = None
-
-
-def places() -> list[Place]:
-    """The four listeners' landing places (as their flows open them)."""
-    from tasks.records.landing import SUFFIXES as RECORD_SUFFIXES
-
-    return [
-        Place("ndjson-listen", "etl", keys.INPUT_PREFIX),
-        Place("video-listen", "video", keys.VIDEO_INPUT_PREFIX, (".mp4",)),
-        Place("phspectra-listen", "phspectra", keys.SURVEY_INCOMING_PREFIX),
-        Place("records-listen", "records", keys.RECORDS_INCOMING_PREFIX, tuple(RECORD_SUFFIXES)),
-    ]
+def places() -> dict[str, Landing]:
+    """Pipeline name -> where its listener takes arrivals from, for every pipeline with a landing."""
+    return registry.landings()
 
 
 def listeners_not_running(limits: HealthThresholds) -> Alarm:
     """Listener deployments on this server without a Scheduled, Pending or Running run (nothing listens there)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
-        DeploymentFilter, DeploymentFilterId, FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterState,
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
         FlowRunFilterStateType,
     )
     from prefect.client.schemas.objects import StateType
 
-    live = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
-        any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])))
+    live = FlowRunFilter(
+        state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
+        )
+    )
     silent = []
     with get_client(sync_client=True) as client:
-        flows = {flow.id: flow.name for flow in client.read_flows(flow_filter=FlowFilter(name=FlowFilterName(any_=[p.flow for p in places()])))}
-        deployments = client.read_deployments(flow_filter=FlowFilter(name=FlowFilterName(any_=[p.flow for p in places()])))
+        flows = {
+            flow.id: flow.name
+            for flow in client.read_flows(
+                flow_filter=FlowFilter(name=FlowFilterName(any_=[p.flow for p in places().values()]))
+            )
+        }
+        deployments = client.read_deployments(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[p.flow for p in places().values()]))
+        )
         for deployment in deployments:
             only = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
             if not client.read_flow_runs(deployment_filter=only, flow_run_filter=live, limit=1):
                 silent.append(f"{flows.get(deployment.flow_id, '?')}/{deployment.name}")
-    return _alarm("landing-listener-not-running", "all", silent, 0, "listener deployment(s) with no live run")
+    return count_alarm("landing-listener-not-running", "all", silent, 0, "listener deployment(s) with no live run")
 
 
-def local_backlog(store: LocalStore, place: Place, older_than_s: float, now: float | None = None) -> list[str]:
+def local_backlog(store: LocalStore, place: Landing, older_than_s: float, now: float | None = None) -> list[str]:
     """Files under ``place`` changed since its listener's watermark and longer ago than ``older_than_s``."""
     from tasks.landing.watch import changed_files, ignored_name, read_watermark
 
@@ -83,14 +80,18 @@ def local_backlog(store: LocalStore, place: Place, older_than_s: float, now: flo
     def counted(path: Path) -> bool:
         return not ignored_name(path.name) and (not place.suffixes or path.name.endswith(tuple(place.suffixes)))
 
-    return [path.relative_to(store.root).as_posix() for path, stat in changed_files(folder, read_watermark(folder), counted)
-            if stat.st_ctime < cutoff]
+    return [
+        path.relative_to(store.root).as_posix()
+        for path, stat in changed_files(folder, read_watermark(folder), counted)
+        if stat.st_ctime < cutoff
+    ]
 
 
 def oldest_message_age(pipeline: str) -> float | None:
-    """Seconds the oldest message of ``pipeline``'s landing queue has waited (CloudWatch's ApproximateAgeOfOldestMessage,
-    the last 5 minutes' maximum); None when the queue does not exist, 0 when CloudWatch has no figure yet."""
-    from datetime import datetime, timedelta, timezone
+    """Seconds the oldest message of ``pipeline``'s landing queue has waited (CloudWatch's
+    ApproximateAgeOfOldestMessage, the last 5 minutes' maximum); None when the queue does not exist, 0 when
+    CloudWatch has no figure yet."""
+    from datetime import UTC, datetime, timedelta
 
     from tasks.landing.sqs import aws_session, queue_names
 
@@ -100,10 +101,15 @@ def oldest_message_age(pipeline: str) -> float | None:
         sqs.get_queue_url(QueueName=name)
     except sqs.exceptions.QueueDoesNotExist:
         return None
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     points = session.client("cloudwatch").get_metric_statistics(
-        Namespace="AWS/SQS", MetricName="ApproximateAgeOfOldestMessage", Dimensions=[{"Name": "QueueName", "Value": name}],
-        StartTime=now - timedelta(minutes=5), EndTime=now, Period=60, Statistics=["Maximum"],
+        Namespace="AWS/SQS",
+        MetricName="ApproximateAgeOfOldestMessage",
+        Dimensions=[{"Name": "QueueName", "Value": name}],
+        StartTime=now - timedelta(minutes=5),
+        EndTime=now,
+        Period=60,
+        Statistics=["Maximum"],
     )["Datapoints"]
     return max((float(p["Maximum"]) for p in points), default=0.0)
 
@@ -113,14 +119,19 @@ def listeners_behind(limits: HealthThresholds) -> Alarm:
     from tasks.landing.sqs import landing_store_url
 
     waiting: list[str] = []
-    for place in places():
-        store = ObjectStore.from_url(landing_store_url(place.pipeline))
+    for pipeline, place in places().items():
+        store = ObjectStore.from_url(landing_store_url(pipeline))
         if isinstance(store, LocalStore):
             waiting += local_backlog(store, place, LISTENER_BACKLOG_S)
-        elif (age := oldest_message_age(place.pipeline) or 0) > LISTENER_BACKLOG_S:
-            waiting.append(f"{place.pipeline} queue (oldest message {age:.0f} s)")
-    return _alarm("landing-listener-behind", "all", waiting, LISTENER_BACKLOG_MAX,
-                  f"arrival(s) or queue(s) waiting for a listener over {LISTENER_BACKLOG_S // 60} min")
+        elif (age := oldest_message_age(pipeline) or 0) > LISTENER_BACKLOG_S:
+            waiting.append(f"{pipeline} queue (oldest message {age:.0f} s)")
+    return count_alarm(
+        "landing-listener-behind",
+        "all",
+        waiting,
+        LISTENER_BACKLOG_MAX,
+        f"arrival(s) or queue(s) waiting for a listener over {LISTENER_BACKLOG_S // 60} min",
+    )
 
 
 CHECKS: dict[Check, tuple[str, ...]] = {

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, Union
+from typing import Any
 
 from tasks.landing.sources import Arrival, EventSource
 
@@ -73,7 +74,12 @@ def settle(source: EventSource, batch: Sequence[Arrival], outcome: Outcome, stat
             stats.acked += len(outcome.done)
         except Exception as exc:  # noqa: BLE001 - the work is durable; unacked arrivals come back and change nothing
             stats.errors += 1
-            LOG.warning("could not ack %d arrival(s) (%s: %s); they are offered again", len(outcome.done), type(exc).__name__, exc)
+            LOG.warning(
+                "could not ack %d arrival(s) (%s: %s); they are offered again",
+                len(outcome.done),
+                type(exc).__name__,
+                exc,
+            )
     by_reason: dict[str, list[Arrival]] = {}
     for arrival, reason in retry:
         by_reason.setdefault(reason, []).append(arrival)
@@ -83,8 +89,12 @@ def settle(source: EventSource, batch: Sequence[Arrival], outcome: Outcome, stat
             source.release(arrivals, reason)
         except Exception as exc:  # noqa: BLE001 - not released is offered again anyway (visibility timeout)
             stats.errors += 1
-            LOG.warning("could not release %d arrival(s) (%s: %s); they come back when their lease ends",
-                        len(arrivals), type(exc).__name__, exc)
+            LOG.warning(
+                "could not release %d arrival(s) (%s: %s); they come back when their lease ends",
+                len(arrivals),
+                type(exc).__name__,
+                exc,
+            )
         stats.released += len(arrivals)
 
 
@@ -93,7 +103,7 @@ def handle_batch(source: EventSource, handler: Handler, batch: list[Arrival], st
     stats.batches += 1
     try:
         outcome = handler(batch)
-    except Exception as exc:  # noqa: BLE001 - the batch is offered again, never lost
+    except Exception as exc:  # the batch is offered again, never lost
         LOG.exception("handler failed on a batch of %d; offering it again", len(batch))
         outcome = Outcome(retry=[(a, f"{type(exc).__name__}: {exc}") for a in batch])
     settle(source, batch, outcome, stats)
@@ -126,7 +136,9 @@ def pump(
             failures += 1
             stats.errors += 1
             delay = backoff_seconds(failures)
-            LOG.warning("receive failed (%s: %s, %d in a row); trying again in %.0f s", type(exc).__name__, exc, failures, delay)
+            LOG.warning(
+                "receive failed (%s: %s, %d in a row); trying again in %.0f s", type(exc).__name__, exc, failures, delay
+            )
             _pause(delay, should_stop)
             received = []
         if received and not batch:
@@ -143,13 +155,16 @@ def pump(
 
 # objects one event names: Prefect refuses an event with more than 500 related resources (the run context's included)
 OBJECTS_PER_EVENT = 200
-Landed = tuple[Arrival, str, Sequence[str]]  # an arrival, what became of it (the event's last word), the runs it started
+Landed = tuple[
+    Arrival, str, Sequence[str]
+]  # an arrival, what became of it (the event's last word), the runs it started
 
 
 def emit_landed(pipeline: str, landed: Sequence[Landed]) -> None:
     """One Prefect event per outcome of a batch, ``pipelines.{pipeline}.object.{outcome}``: its objects as related
     resources (role ``object``, found by their URL) and in its payload (size, time, id, runs started), and the runs
-    they started (role ``flow-run``, ``pipelines.relation: started``); one per arrival would cost the server a write each."""
+    they started (role ``flow-run``, ``pipelines.relation: started``); one per arrival would cost the server a write
+    each."""
     from prefect.events import emit_event
 
     by_outcome: dict[str, list[Landed]] = {}
@@ -157,25 +172,67 @@ def emit_landed(pipeline: str, landed: Sequence[Landed]) -> None:
         by_outcome.setdefault(item[1], []).append(item)
     for outcome, items in by_outcome.items():
         for start in range(0, len(items), OBJECTS_PER_EVENT):
-            chunk = items[start:start + OBJECTS_PER_EVENT]
+            chunk = items[start : start + OBJECTS_PER_EVENT]
             runs = sorted({run for _, _, flow_run_ids in chunk for run in flow_run_ids})
             # marked "started": inside a listener run Prefect also relates the listener's own run and flow
-            related = [{"prefect.resource.id": f"prefect.flow-run.{run}", "prefect.resource.role": "flow-run",
-                        "pipelines.relation": "started"} for run in runs]
-            related += [{"prefect.resource.id": arrival.url, "prefect.resource.role": "object",
-                         "prefect.resource.name": arrival.key or arrival.url} for arrival, _, _ in chunk]
+            related = [
+                {
+                    "prefect.resource.id": f"prefect.flow-run.{run}",
+                    "prefect.resource.role": "flow-run",
+                    "pipelines.relation": "started",
+                }
+                for run in runs
+            ]
+            related += [
+                {
+                    "prefect.resource.id": arrival.url,
+                    "prefect.resource.role": "object",
+                    "prefect.resource.name": arrival.key or arrival.url,
+                }
+                for arrival, _, _ in chunk
+            ]
             emit_event(
                 event=f"pipelines.{pipeline}.object.{outcome}",
-                resource={"prefect.resource.id": f"pipelines.{pipeline}.landed.{chunk[0][0].event_id}",
-                          "prefect.resource.name": f"{len(chunk)} object(s)", "pipelines.pipeline": pipeline},
+                resource={
+                    "prefect.resource.id": f"pipelines.{pipeline}.landed.{chunk[0][0].event_id}",
+                    "prefect.resource.name": f"{len(chunk)} object(s)",
+                    "pipelines.pipeline": pipeline,
+                },
                 related=related,
-                payload={"objects": [{"url": arrival.url, "size": arrival.size, "event_time": arrival.event_time,
-                                      "event_id": arrival.event_id, "flow_run_ids": list(flow_run_ids)}
-                                     for arrival, _, flow_run_ids in chunk]},
+                payload={
+                    "objects": [
+                        {
+                            "url": arrival.url,
+                            "size": arrival.size,
+                            "event_time": arrival.event_time,
+                            "event_id": arrival.event_id,
+                            "flow_run_ids": list(flow_run_ids),
+                        }
+                        for arrival, _, flow_run_ids in chunk
+                    ]
+                },
             )
 
 
-def open_with_retries(open_source: SourceFactory, should_stop: Callable[[], bool], stats: PumpStats) -> EventSource | None:
+def open_source(
+    kind: str, pipeline: str, store_url: str | None, prefix: str, suffixes: Sequence[str] | None = None, **watch_options
+) -> EventSource:
+    """A listener's source: ``local`` (a watch on ``prefix`` of the ``file://`` store) or ``sqs`` (the
+    pipeline's queue of S3 notifications)."""
+    if kind == "local":
+        from tasks.landing.watch import LocalWatchSource
+
+        return LocalWatchSource.for_prefix(store_url, prefix, suffixes, **watch_options)
+    if kind == "sqs":
+        from tasks.landing.sqs import SqsSource
+
+        return SqsSource.for_pipeline(pipeline)
+    raise ValueError(f"unknown event source {kind!r}: use 'local' or 'sqs'")
+
+
+def open_with_retries(
+    open_source: SourceFactory, should_stop: Callable[[], bool], stats: PumpStats
+) -> EventSource | None:
     """``open_source()``, tried again after a growing pause while it raises; None if stopped first."""
     failures = 0
     while not should_stop():
@@ -185,14 +242,19 @@ def open_with_retries(open_source: SourceFactory, should_stop: Callable[[], bool
             failures += 1
             stats.errors += 1
             delay = backoff_seconds(failures)
-            LOG.error("could not open the event source (%s: %s, %d in a row); trying again in %.0f s",
-                      type(exc).__name__, exc, failures, delay)
+            LOG.error(
+                "could not open the event source (%s: %s, %d in a row); trying again in %.0f s",
+                type(exc).__name__,
+                exc,
+                failures,
+                delay,
+            )
             _pause(delay, should_stop)
     return None
 
 
 def listen(
-    source: Union[EventSource, SourceFactory],
+    source: EventSource | SourceFactory,
     handler: Handler,
     *,
     batch_size: int = 100,
@@ -220,15 +282,27 @@ def listen(
             return stats
         source = opened
     try:
-        return pump(source, handler, batch_size=batch_size, batch_seconds=batch_seconds,
-                    wait_seconds=min(wait_seconds, idle_exit_seconds or wait_seconds), should_stop=should_stop, stats=stats)
+        return pump(
+            source,
+            handler,
+            batch_size=batch_size,
+            batch_seconds=batch_seconds,
+            wait_seconds=min(wait_seconds, idle_exit_seconds or wait_seconds),
+            should_stop=should_stop,
+            stats=stats,
+        )
     finally:
         source.close()
 
 
-def listen_report(listener: str, source: Union[EventSource, SourceFactory], handler: Handler, **options: Any) -> dict[str, int]:
+def listen_report(
+    listener: str, source: EventSource | SourceFactory, handler: Handler, **options: Any
+) -> dict[str, int]:
     """``listen`` (same options), then one line on what the listener did; its counts, as its flow returns them."""
     stats = listen(source, handler, **options)
-    print(f"{listener}: {stats.received} received, {stats.acked} done, {stats.released} offered again in {stats.batches} batches"
-          f"{f', {stats.errors} source error(s) tried again' if stats.errors else ''}")
+    print(
+        f"{listener}: {stats.received} received, {stats.acked} done, "
+        f"{stats.released} offered again in {stats.batches} batches"
+        f"{f', {stats.errors} source error(s) tried again' if stats.errors else ''}"
+    )
     return vars(stats)

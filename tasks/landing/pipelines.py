@@ -8,7 +8,8 @@ The source and the loop are ``tasks.landing.sources.open_source`` and ``tasks.la
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tasks.core.keys import InvalidKey
 from tasks.core.runtime import run_logger
@@ -25,7 +26,9 @@ def start_deployment_run(deployment: str, parameters: dict[str, Any], idempotenc
     """
     from prefect.deployments import run_deployment
 
-    run = run_deployment(deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key, as_subflow=False)
+    run = run_deployment(
+        deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key, as_subflow=False
+    )
     return str(run.id)
 
 

@@ -12,8 +12,9 @@ second offer change nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -49,18 +50,3 @@ class EventSource(Protocol):
     def close(self) -> None:
         """Stop watching; arrivals not acked are offered again by the next source over the same place."""
         ...
-
-
-def open_source(kind: str, pipeline: str, store_url: str | None, prefix: str, suffixes: Sequence[str] | None = None,
-                **watch_options) -> EventSource:
-    """A listener's source: ``local`` (a watch on ``prefix`` of the ``file://`` store) or ``sqs`` (the
-    pipeline's queue of S3 notifications)."""
-    if kind == "local":
-        from tasks.landing.watch import LocalWatchSource
-
-        return LocalWatchSource.for_prefix(store_url, prefix, suffixes, **watch_options)
-    if kind == "sqs":
-        from tasks.landing.sqs import SqsSource
-
-        return SqsSource.for_pipeline(pipeline)
-    raise ValueError(f"unknown event source {kind!r}: use 'local' or 'sqs'")

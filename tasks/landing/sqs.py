@@ -15,62 +15,28 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pkgutil
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote_plus, urlparse
 
 import boto3
 
 from blocks import DynamoTables, ObjectStorage, load_config
-from tasks.core import keys
+from tasks.core import keys, registry
 from tasks.core.config import object_store
+from tasks.core.registry import MESSAGES, OBJECTS, QueueSpec
 from tasks.core.state_store import BOTO_CONFIG
 from tasks.landing.sources import Arrival
 
 log = logging.getLogger(__name__)
 
-OBJECTS, MESSAGES = "objects", "messages"
 MAX_BATCH = 10  # SQS: at most 10 messages per receive, 10 entries per batch call
 MAX_WAIT_S = 20  # SQS: the longest long poll
 RELEASE_BACKOFF_S = (30, 120, 300)  # visibility after a release, by how many times the message was received
 SYSTEM_ATTRIBUTES = ["ApproximateReceiveCount", "SentTimestamp"]
-
-
-@dataclass(frozen=True)
-class QueueSpec:
-    """One pipeline's arrival queue as its seed describes it: names, visibility timeout, what it carries."""
-
-    queue: str  # name, with {env}
-    dead_letter: str  # its dead-letter queue's name, with {env}
-    visibility_timeout_s: int
-    mode: str  # OBJECTS: S3 notifications for keys under input_prefix; MESSAGES: plain workflow messages
-    input_prefix: str = ""  # key prefix (in the pipeline's store) whose created objects are notified
-
-    def names(self, env: str) -> tuple[str, str]:
-        """(queue name, dead-letter queue name) in ``env``."""
-        return self.queue.format(env=env), self.dead_letter.format(env=env)
-
-
-SEED_QUEUES: dict[str, QueueSpec] = {
-    # seed 001: `ndjson-parquet-file-events-{env}`, 6-minute visibility (sqs_visibility_timeout = 360), long
-    # polling 20 s, 3 receives then `ndjson-parquet-dlq-{env}`
-    "etl": QueueSpec("ndjson-parquet-file-events-{env}", "ndjson-parquet-dlq-{env}", 360, OBJECTS, keys.INPUT_PREFIX),
-    # seed 003: an upload's object-created event notifies the chunking queue; the seed gives no timeout, so 15
-    # minutes covers the chunking it starts (an ffmpeg split of a whole upload)
-    "video": QueueSpec("video-chunking-{env}", "video-chunking-dlq-{env}", 900, OBJECTS, keys.VIDEO_INPUT_PREFIX),
-    # seed 000: the survey CLI uploads a cube or a manifest that starts a run (access pattern 3); the seed's Lambda
-    # worker ran 15 minutes at most, and starting a run takes seconds, so the ETL's 6 minutes is ample
-    "phspectra": QueueSpec("phspectra-survey-uploads-{env}", "phspectra-survey-uploads-dlq-{env}", 360, OBJECTS,
-                           keys.SURVEY_INCOMING_PREFIX),
-    # seed 004: workflow messages on sfEventSqsToDbRecordsInputQueue in batches of 10; visibility
-    # acquireTimeoutMillis / 1000 + 60 = 150 s with Cumulus's default 90 s acquire timeout
-    "records": QueueSpec(
-        "sfEventSqsToDbRecordsInputQueue-{env}", "sfEventSqsToDbRecordsDeadLetterQueue-{env}", 150, MESSAGES
-    ),
-}
 
 
 MAX_RECEIVE_COUNT = 3  # every seed: a message is tried 3 times, then it goes to the dead-letter queue
@@ -85,15 +51,24 @@ def dead_letter_attributes() -> dict[str, str]:
 def queue_attributes(spec: QueueSpec, dead_letter_arn: str) -> dict[str, str]:
     """SQS attributes of ``spec``'s queue: the seed's visibility timeout, 20 s long polls, redrive after 3 receives."""
     redrive = {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": MAX_RECEIVE_COUNT}
-    return {"VisibilityTimeout": str(spec.visibility_timeout_s), "ReceiveMessageWaitTimeSeconds": str(MAX_WAIT_S),
-            "RedrivePolicy": json.dumps(redrive)}
+    return {
+        "VisibilityTimeout": str(spec.visibility_timeout_s),
+        "ReceiveMessageWaitTimeSeconds": str(MAX_WAIT_S),
+        "RedrivePolicy": json.dumps(redrive),
+    }
+
+
+def landing_queues() -> dict[str, QueueSpec]:
+    """Pipeline name -> its seed queue, for every pipeline with a landing (``tasks.core.registry``)."""
+    return {pipeline: landing.queue for pipeline, landing in registry.landings().items()}
 
 
 def queue_spec(pipeline: str) -> QueueSpec:
     """The seed queue of ``pipeline``; ValueError naming the known ones otherwise."""
-    if pipeline not in SEED_QUEUES:
-        raise ValueError(f"unknown pipeline {pipeline!r}: one of {', '.join(sorted(SEED_QUEUES))}")
-    return SEED_QUEUES[pipeline]
+    queues = landing_queues()
+    if pipeline not in queues:
+        raise ValueError(f"unknown pipeline {pipeline!r}: one of {', '.join(sorted(queues))}")
+    return queues[pipeline]
 
 
 def queue_names(pipeline: str) -> tuple[str, str]:
@@ -114,13 +89,11 @@ def aws_session() -> boto3.Session | None:
 
 
 def landing_store_url(pipeline: str) -> str:
-    """The store whose objects reach ``pipeline``'s queue: the ETL's input store, else the pipeline object store."""
+    """The store whose objects reach ``pipeline``'s queue: the one its landing names (the ETL's input store), else
+    the pipeline object store."""
     queue_spec(pipeline)
-    if pipeline == "etl":
-        from blocks.etl import EtlSettings
-
-        return object_store(load_config(EtlSettings).input_store_url or None).url
-    return object_store().url
+    store = registry.pipeline(pipeline).landing.store
+    return pkgutil.resolve_name(store)() if store else object_store().url
 
 
 def object_url(bucket: str, key: str) -> str:
@@ -133,7 +106,7 @@ class PoisonMessage(ValueError):
 
 
 def _iso_from_millis(millis: str | None) -> str:
-    moment = datetime.fromtimestamp(int(millis) / 1000, timezone.utc) if millis else datetime.now(timezone.utc)
+    moment = datetime.fromtimestamp(int(millis) / 1000, UTC) if millis else datetime.now(UTC)
     return moment.isoformat()
 
 
@@ -158,7 +131,9 @@ def s3_records(body: str) -> list[dict[str, Any]] | None:
         except (TypeError, KeyError):
             raise PoisonMessage("an S3 record without eventName, bucket name or object key") from None
         if not all(isinstance(value, str) for value in fields):
-            raise PoisonMessage(f"an S3 record whose eventName, bucket name or object key is not a string: {fields!r}"[:300])
+            raise PoisonMessage(
+                f"an S3 record whose eventName, bucket name or object key is not a string: {fields!r}"[:300]
+            )
     return records
 
 
@@ -201,9 +176,9 @@ class SqsSource:
         return parsed.netloc, f"{prefix}/" if prefix else ""
 
     @classmethod
-    def for_pipeline(cls, pipeline: str, **options: Any) -> "SqsSource":
+    def for_pipeline(cls, pipeline: str, **options: Any) -> SqsSource:
         """The source of ``pipeline``'s seed queue: ``PIPELINES_<PIPELINE>_QUEUE_URL``, else the queue named in
-        ``SEED_QUEUES`` for the configured env, looked up in the account of the object storage credentials."""
+        its landing's queue spec for the configured env, looked up in the account of the object storage credentials."""
         spec, variable = queue_spec(pipeline), queue_url_variable(pipeline)
         session = options.pop("session", None) or aws_session()
         url = os.environ.get(variable)
@@ -268,7 +243,13 @@ class SqsSource:
                     delays[arrival.receipt] = self._backoff(arrival.receive_count)
         for arrival in arrivals:
             if arrival.receipt in delays:
-                log.warning("released %s (receive %d) for %ss: %s", arrival.url, arrival.receive_count, delays[arrival.receipt], reason)
+                log.warning(
+                    "released %s (receive %d) for %ss: %s",
+                    arrival.url,
+                    arrival.receive_count,
+                    delays[arrival.receipt],
+                    reason,
+                )
         self._change_visibility(delays)
 
     def close(self) -> None:
@@ -289,15 +270,31 @@ class SqsSource:
         receipt, message_id = message["ReceiptHandle"], message["MessageId"]
         count = int(attributes.get("ApproximateReceiveCount", 1))
         if self.mode == MESSAGES:
-            found = [Arrival(url=self.queue_url, key="", size=None, event_time=_iso_from_millis(attributes.get("SentTimestamp")),
-                             event_id=message_id, body=message.get("Body", ""), receipt=receipt, receive_count=count)]
+            found = [
+                Arrival(
+                    url=self.queue_url,
+                    key="",
+                    size=None,
+                    event_time=_iso_from_millis(attributes.get("SentTimestamp")),
+                    event_id=message_id,
+                    body=message.get("Body", ""),
+                    receipt=receipt,
+                    receive_count=count,
+                )
+            ]
         else:
             try:
                 records = s3_records(message.get("Body", ""))
                 found = [] if records is None else [a for r in records if (a := self._object(r, receipt, count))]
             except PoisonMessage as error:
-                log.error("poison message %s on %s (receive %d): %s; released, the queue's redrive policy sends it to "
-                          "the dead-letter queue", message_id, self.queue_url, count, error)
+                log.error(
+                    "poison message %s on %s (receive %d): %s; released, the queue's redrive policy sends it to "
+                    "the dead-letter queue",
+                    message_id,
+                    self.queue_url,
+                    count,
+                    error,
+                )
                 self._change_visibility({receipt: self._backoff(count)})
                 return []
             if records is None:
@@ -318,9 +315,11 @@ class SqsSource:
             log.info("%s for %s: not an object created, nothing to do", record["eventName"], url)
             return None
         if self._bucket is not None and (bucket != self._bucket or not key.startswith(self._prefix)):
-            log.warning("%s is outside s3://%s/%s, the store this listener watches: ignored", url, self._bucket, self._prefix)
+            log.warning(
+                "%s is outside s3://%s/%s, the store this listener watches: ignored", url, self._bucket, self._prefix
+            )
             return None
-        relative = key[len(self._prefix):]
+        relative = key[len(self._prefix) :]
         try:
             keys.safe_key(relative)
         except keys.InvalidKey as error:
@@ -328,20 +327,35 @@ class SqsSource:
             return None
         size = obj.get("size")
         event_id = obj.get("sequencer") or f"{key}@{obj.get('eTag', '')}"  # a duplicate S3 send: the same id
-        return Arrival(url=url, key=relative, size=int(size) if size is not None else None,
-                       event_time=record.get("eventTime") or _iso_from_millis(None), event_id=event_id,
-                       receipt=receipt, receive_count=count)
+        return Arrival(
+            url=url,
+            key=relative,
+            size=int(size) if size is not None else None,
+            event_time=record.get("eventTime") or _iso_from_millis(None),
+            event_id=event_id,
+            receipt=receipt,
+            receive_count=count,
+        )
 
     def _delete(self, receipts: Sequence[str]) -> None:
         for start in range(0, len(receipts), MAX_BATCH):
-            entries = [{"Id": str(n), "ReceiptHandle": r} for n, r in enumerate(receipts[start:start + MAX_BATCH])]
+            entries = [{"Id": str(n), "ReceiptHandle": r} for n, r in enumerate(receipts[start : start + MAX_BATCH])]
             for failed in self._client.delete_message_batch(QueueUrl=self.queue_url, Entries=entries).get("Failed", []):
                 # its receipt expired (the message is visible again): the next delivery is acked again, a no-op
-                log.warning("could not delete a message from %s: %s", self.queue_url, failed.get("Message", failed.get("Code")))
+                log.warning(
+                    "could not delete a message from %s: %s", self.queue_url, failed.get("Message", failed.get("Code"))
+                )
 
     def _change_visibility(self, delays: dict[str, int]) -> None:
         items = list(delays.items())
         for start in range(0, len(items), MAX_BATCH):
-            entries = [{"Id": str(n), "ReceiptHandle": r, "VisibilityTimeout": s} for n, (r, s) in enumerate(items[start:start + MAX_BATCH])]
-            for failed in self._client.change_message_visibility_batch(QueueUrl=self.queue_url, Entries=entries).get("Failed", []):
-                log.warning("could not release a message on %s: %s", self.queue_url, failed.get("Message", failed.get("Code")))
+            entries = [
+                {"Id": str(n), "ReceiptHandle": r, "VisibilityTimeout": s}
+                for n, (r, s) in enumerate(items[start : start + MAX_BATCH])
+            ]
+            for failed in self._client.change_message_visibility_batch(QueueUrl=self.queue_url, Entries=entries).get(
+                "Failed", []
+            ):
+                log.warning(
+                    "could not release a message on %s: %s", self.queue_url, failed.get("Message", failed.get("Code"))
+                )

@@ -19,7 +19,7 @@ Suffix filters (``suffixes``) apply to files only: a folder created or moved in 
 An arrival's ``event_id`` is its key, size and mtime (ns). What has been offered and not acked or released is
 not offered again. After a restart, the catch-up listing starts from the watermark (``WATERMARK_NAME``, a
 hidden file in the watched folder): every file that existed when it was taken had been acked, so only folders
-and files changed since (ctime) are read and offered; see README, "Landing: the catch-up watermark".
+and files changed since (ctime) are read and offered; see docs/design.md, "The catch-up watermark".
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from stat import S_ISDIR, S_ISREG
-from typing import Callable, Iterator, Sequence
 from urllib.parse import quote
 
 from tasks.core import keys
@@ -95,14 +95,15 @@ def read_watermark(folder: Path) -> float:
 
 def write_watermark(folder: Path, watermark: float) -> None:
     """Keep ``watermark`` in ``folder``: written beside, then renamed over the old one (never half a file)."""
-    body = json.dumps({"watermark": watermark, "at": datetime.fromtimestamp(watermark, timezone.utc).isoformat()})
+    body = json.dumps({"watermark": watermark, "at": datetime.fromtimestamp(watermark, UTC).isoformat()})
     temporary = folder / f"{WATERMARK_NAME}.{os.getpid()}.part"
     temporary.write_text(body)
     os.replace(temporary, folder / WATERMARK_NAME)
 
 
-def changed_files(folder: Path, since: float, take: Callable[[Path], bool] = lambda path: True
-                  ) -> Iterator[tuple[Path, os.stat_result]]:
+def changed_files(
+    folder: Path, since: float, take: Callable[[Path], bool] = lambda path: True
+) -> Iterator[tuple[Path, os.stat_result]]:
     """Every regular file under ``folder`` changed (ctime) at or after ``since`` that ``take`` accepts, with its stat.
 
     A folder whose ctime is older than ``since`` had no entry added, removed or renamed since: its files are not
@@ -178,7 +179,9 @@ class LocalWatchSource:
         self._watching.wait(timeout=10)
 
     @classmethod
-    def for_prefix(cls, store_url: str | None, prefix: str, suffixes: Sequence[str] | None = None, **options) -> "LocalWatchSource":
+    def for_prefix(
+        cls, store_url: str | None, prefix: str, suffixes: Sequence[str] | None = None, **options
+    ) -> LocalWatchSource:
         """A watch on ``prefix`` of the store at ``store_url`` (the configured object store when empty)."""
         if not store_url:
             from tasks.core.config import object_store
@@ -197,8 +200,14 @@ class LocalWatchSource:
         while not self._stop.is_set():
             try:
                 changes_seen = watchfiles.watch(
-                    self.folder, watch_filter=None, debounce=50, step=10, rust_timeout=500, yield_on_timeout=True,
-                    stop_event=self._stop, raise_interrupt=False,
+                    self.folder,
+                    watch_filter=None,
+                    debounce=50,
+                    step=10,
+                    rust_timeout=500,
+                    yield_on_timeout=True,
+                    stop_event=self._stop,
+                    raise_interrupt=False,
                 )
                 self._watching.set()
                 for changes in changes_seen:
@@ -213,8 +222,12 @@ class LocalWatchSource:
                         if changes:
                             self._changed.notify_all()
             except Exception as error:  # noqa: BLE001 - watch again; the listing covers the gap
-                LOG.warning("the file watch on %s stopped (%s: %s); watching again and listing what it missed",
-                            self.folder, type(error).__name__, error)
+                LOG.warning(
+                    "the file watch on %s stopped (%s: %s); watching again and listing what it missed",
+                    self.folder,
+                    type(error).__name__,
+                    error,
+                )
                 self._next_rescan, restarted = 0.0, True
                 self._stop.wait(WATCH_RESTART_S)
             finally:
@@ -246,10 +259,16 @@ class LocalWatchSource:
         try:
             target = self.store.path(keys.safe_key(target_key))
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.store.put_bytes(keys.quarantine_reason_key(target_key), json.dumps({
-                "name": os.fsencode(relative).decode("utf-8", "backslashreplace"), "reason": reason,
-                "quarantined_at": datetime.now(timezone.utc).isoformat(),
-            }).encode())
+            self.store.put_bytes(
+                keys.quarantine_reason_key(target_key),
+                json.dumps(
+                    {
+                        "name": os.fsencode(relative).decode("utf-8", "backslashreplace"),
+                        "reason": reason,
+                        "quarantined_at": datetime.now(UTC).isoformat(),
+                    }
+                ).encode(),
+            )
             os.replace(path, target)
         except (OSError, ValueError) as failure:
             if str(path) not in self._refused:
@@ -310,7 +329,9 @@ class LocalWatchSource:
             return
         look = self._looks.get(key)
         if look is None or (look.size, look.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
-            self._looks[key] = _Look(stat.st_size, stat.st_mtime_ns, time.monotonic(), written or bool(look and look.modified))
+            self._looks[key] = _Look(
+                stat.st_size, stat.st_mtime_ns, time.monotonic(), written or bool(look and look.modified)
+            )
         elif written:
             look.modified = True
 
@@ -360,11 +381,16 @@ class LocalWatchSource:
             self._offered[key] = event_id
             self._offered_ctime[key] = stat.st_ctime
             self._receives[event_id] = self._receives.get(event_id, 0) + 1
-            ready.append(Arrival(
-                url=self.store.url_for(key), key=key, size=look.size,
-                event_time=datetime.fromtimestamp(look.mtime_ns / 1e9, timezone.utc).isoformat(),
-                event_id=event_id, receive_count=self._receives[event_id],
-            ))
+            ready.append(
+                Arrival(
+                    url=self.store.url_for(key),
+                    key=key,
+                    size=look.size,
+                    event_time=datetime.fromtimestamp(look.mtime_ns / 1e9, UTC).isoformat(),
+                    event_id=event_id,
+                    receive_count=self._receives[event_id],
+                )
+            )
         return ready
 
     def _stat(self, key: str) -> os.stat_result | None:

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from tasks.core import keys
 from tasks.core.config import object_store
 from tasks.core.object_store import ObjectStore
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 from tasks.phspectra.survey_status import tile_runs
 
@@ -58,7 +59,8 @@ def components(spectra: pa.Table, run_id: str) -> pa.Table:
 
 
 def run_source(run: dict[str, Any]) -> dict[str, Any]:
-    """What a partition built from ``run`` records about it (a resumed run finishes again with a new ``completed_at``)."""
+    """What a partition built from ``run`` records about it (a resumed run finishes again, with a new
+    ``completed_at``)."""
     return {"run_id": run["PK"], "completed_at": run.get("completed_at")}
 
 
@@ -79,13 +81,13 @@ def write_partition(store: ObjectStore, survey: str, tile: str, run: dict[str, A
     schema = COMPONENT_SCHEMA.with_metadata({SOURCE_METADATA: json.dumps(run_source(run)).encode()})
     written = 0
     with tempfile.TemporaryDirectory(prefix="phspectra-catalog-") as tmp:
-        path = Path(tmp, keys.CATALOG_PART)
+        path = Path(tmp, phspectra_keys.CATALOG_PART)
         with pq.ParquetWriter(path, schema, compression="snappy") as writer:
             for chunk in ph.list_chunks(run_id):  # spectrum order; a COMPLETED run's chunks are all COMPLETED
                 table = components(ph.read_parquet(source_store, chunk["output_key"]), run_id)
                 writer.write_table(table.replace_schema_metadata(schema.metadata))
                 written += table.num_rows
-        store.put_file(keys.survey_catalog_key(survey, tile), path)
+        store.put_file(phspectra_keys.survey_catalog_key(survey, tile), path)
     return written
 
 
@@ -103,20 +105,24 @@ def build_catalog(survey: str, catalog_url: str | None = None, force: bool = Fal
         if run is None:
             missing.append(tile)
             continue
-        key = keys.survey_catalog_key(survey, tile)
+        key = phspectra_keys.survey_catalog_key(survey, tile)
         if not force and partition_source(store, key) == run_source(run):
             unchanged.append(tile)
             continue
         written[tile] = write_partition(store, survey, tile, run)
     kept = sorted(set(catalog_tiles(store, survey)) - set(tiles))
-    return {"survey": survey, "catalog_url": store.url_for(keys.survey_catalog_prefix(survey)), "written": written,
-            "unchanged": unchanged, "missing": missing, "kept": kept}  # fmt: skip
+    return {"survey": survey, "catalog_url": store.url_for(phspectra_keys.survey_catalog_prefix(survey)),
+            "written": written, "unchanged": unchanged, "missing": missing, "kept": kept}  # fmt: skip
 
 
 def catalog_tiles(store: ObjectStore, survey: str) -> list[str]:
     """The tiles that have a partition in the survey's catalog, sorted."""
-    prefix = keys.survey_catalog_prefix(survey)
-    return sorted(keys.survey_catalog_tile(survey, key) for key in store.list(prefix) if key.endswith(f"/{keys.CATALOG_PART}"))
+    prefix = phspectra_keys.survey_catalog_prefix(survey)
+    return sorted(
+        phspectra_keys.survey_catalog_tile(survey, key)
+        for key in store.list(prefix)
+        if key.endswith(f"/{phspectra_keys.CATALOG_PART}")
+    )
 
 
 def open_catalog(survey: str, catalog_url: str | None = None):
@@ -130,9 +136,9 @@ def open_catalog(survey: str, catalog_url: str | None = None):
             f"no catalog for survey {survey} in {store.url}: it is built when every tile has finished, "
             f"or now with `pipelines phspectra build-catalog --survey {survey}`"
         )
-    prefix = keys.survey_catalog_prefix(survey)
+    prefix = phspectra_keys.survey_catalog_prefix(survey)
     return ds.dataset(
-        [store.arrow_path(keys.survey_catalog_key(survey, tile)) for tile in tiles], format="parquet",
+        [store.arrow_path(phspectra_keys.survey_catalog_key(survey, tile)) for tile in tiles], format="parquet",
         filesystem=store.arrow_filesystem(), partition_base_dir=store.arrow_path(prefix).rstrip("/"),
         partitioning=ds.partitioning(pa.schema([("tile", pa.string())]), flavor="hive"),
     )  # fmt: skip
@@ -151,7 +157,7 @@ def query_catalog(
 
     keys.safe_id(survey, "survey")
     if tile is not None:
-        keys.safe_tile(tile)
+        phspectra_keys.safe_tile(tile)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     dataset = open_catalog(survey, catalog_url)

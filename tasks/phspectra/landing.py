@@ -25,6 +25,7 @@ from tasks.core.runtime import now_iso, run_logger
 from tasks.landing.listener import Outcome
 from tasks.landing.pipelines import handle_each, start_deployment_run
 from tasks.landing.sources import Arrival
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import validate_fit_params
 
@@ -63,7 +64,9 @@ def parse_manifest(data: bytes, folder_survey: str | None) -> tuple[str, list[st
     except ValueError as error:
         raise InvalidManifest(f"the manifest is not JSON: {error}") from None
     if not isinstance(manifest, dict):
-        raise InvalidManifest(f"the manifest must be a JSON object with {sorted(MANIFEST_FIELDS)}, not {type(manifest).__name__}")
+        raise InvalidManifest(
+            f"the manifest must be a JSON object with {sorted(MANIFEST_FIELDS)}, not {type(manifest).__name__}"
+        )
     unknown = sorted(set(manifest) - MANIFEST_FIELDS)
     if unknown:
         raise InvalidManifest(f"unknown manifest field(s) {unknown}: use {sorted(MANIFEST_FIELDS)}")
@@ -97,12 +100,12 @@ def parse_manifest(data: bytes, folder_survey: str | None) -> tuple[str, list[st
 def tiles_of(urls: list[str]) -> list[str]:
     """The cubes' tile names (``keys.tile_name``); InvalidManifest naming a cube without a usable one."""
     try:
-        return [keys.tile_name(url) for url in urls]
+        return [phspectra_keys.tile_name(url) for url in urls]
     except keys.InvalidKey as error:
         raise InvalidManifest(str(error)) from None
 
 
-def runs_of(arrival: Arrival, landing: keys.SurveyLanding) -> tuple[str, list[str], dict[str, Any]]:
+def runs_of(arrival: Arrival, landing: phspectra_keys.SurveyLanding) -> tuple[str, list[str], dict[str, Any]]:
     """(survey, cube URLs, other parameters) an arrival asks for: its own cube, or its manifest's list."""
     if not landing.is_manifest:
         tiles_of([arrival.url])
@@ -117,19 +120,26 @@ def runs_of(arrival: Arrival, landing: keys.SurveyLanding) -> tuple[str, list[st
 
 def landing_key(arrival: Arrival) -> dict[str, str]:
     """The key of the landing's item in ``phspectra-runs``."""
-    return {"PK": keys.landing_pk(arrival.url, arrival.event_id), "SK": keys.LANDING_SK}
+    return {"PK": phspectra_keys.landing_pk(arrival.url, arrival.event_id), "SK": phspectra_keys.LANDING_SK}
 
 
 def claim_landing(arrival: Arrival) -> state_store.WriteResult:
     """The landing's item, created STARTING (APPLIED once per landing; EXISTS with the item after that)."""
-    item = {**landing_key(arrival), "status": STARTING, "url": arrival.url, "event_id": arrival.event_id, "landed_at": now_iso()}
+    item = {
+        **landing_key(arrival),
+        "status": STARTING,
+        "url": arrival.url,
+        "event_id": arrival.event_id,
+        "landed_at": now_iso(),
+    }
     return state_store.create_if_absent(ph.runs_table(), item, ["PK", "SK"])
 
 
 def object_arrived(arrival: Arrival, deployment: str = SURVEY_DEPLOYMENT) -> tuple[str, list[str]]:
-    """Start the runs one landing asks for: (what happened, the flow run ids); one log line when none is started (InvalidKey: not a landing key)."""
+    """Start the runs one landing asks for: (what happened, the flow run ids); one log line when none is started
+    (InvalidKey: not a landing key)."""
     log = run_logger(__name__)
-    landing = keys.parse_survey_landing(arrival.key)
+    landing = phspectra_keys.parse_survey_landing(arrival.key)
     claim = claim_landing(arrival)
     if not claim.applied and claim.item and claim.item.get("status") == STARTED:
         log.info("%s landed again: its runs %s were started already", arrival.url, claim.item.get("flow_run_ids"))
@@ -146,18 +156,20 @@ def object_arrived(arrival: Arrival, deployment: str = SURVEY_DEPLOYMENT) -> tup
     pk = landing_key(arrival)["PK"]
     flow_run_ids, run_ids = [], []
     for index, cube in enumerate(cubes):
-        run_id = keys.landing_run_id(pk, index)
+        run_id = phspectra_keys.landing_run_id(pk, index)
         parameters = {"cube_url": cube, "survey": survey, "run_id": run_id, **params}
         flow_run_ids.append(start_deployment_run(deployment, parameters, f"phspectra-landing:{pk}:{index}"))
         run_ids.append(run_id)
     state_store.transition(
         ph.runs_table(), landing_key(arrival), STARTING, STARTED,
-        set={"survey": survey, "run_ids": run_ids, "tiles": tiles_of(cubes), "flow_run_ids": flow_run_ids, "started_at": now_iso()},
+        set={"survey": survey, "run_ids": run_ids, "tiles": tiles_of(cubes), "flow_run_ids": flow_run_ids,
+             "started_at": now_iso()},
     )  # fmt: skip
     log.info("%s started %d %s run(s) for survey %s: %s", arrival.url, len(cubes), deployment, survey, run_ids)
     return "started", flow_run_ids
 
 
 def handle_landings(arrivals: list[Arrival], deployment: str = SURVEY_DEPLOYMENT) -> Outcome:
-    """The phspectra listener's handler: each landing starts its runs once; one that cannot be handled now is retried."""
+    """The phspectra listener's handler: each landing starts its runs once; one that cannot be handled now is
+    retried."""
     return handle_each(arrivals, PIPELINE, lambda arrival: object_arrived(arrival, deployment))

@@ -29,11 +29,12 @@ import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Attr, Key
 
 from tasks.core import keys, state_store
-from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger, utc_now
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import ObjectNotFound, ObjectStore, open_url
-from tasks.phspectra.worker import TIMED_OUT, FitStopped, run_in_child, start_fork_server, validate_fit_params
+from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger, utc_now
 from tasks.core.state_store import Condition, Increment, to_plain
+from tasks.phspectra import keys as phspectra_keys
+from tasks.phspectra.worker import TIMED_OUT, FitStopped, run_in_child, start_fork_server, validate_fit_params
 
 PENDING, IN_PROGRESS, COMPLETED, FAILED = "PENDING", "IN_PROGRESS", "COMPLETED", "FAILED"
 RUN_RUNNING, RUN_COMPLETED, RUN_FAILED = "RUNNING", "COMPLETED", "FAILED"
@@ -72,13 +73,12 @@ def runs_table() -> str:
 
 def run_key(run_id: str) -> dict[str, str]:
     """The key of a run's RUN item."""
-    return {"PK": keys.safe_id(run_id, "run_id"), "SK": keys.RUN_SK}
+    return {"PK": keys.safe_id(run_id, "run_id"), "SK": phspectra_keys.RUN_SK}
 
 
 def chunk_key(run_id: str, start: int) -> dict[str, str]:
     """The key of the run's chunk item starting at spectrum ``start``."""
-    return {"PK": keys.safe_id(run_id, "run_id"), "SK": keys.chunk_sk(start)}
-
+    return {"PK": keys.safe_id(run_id, "run_id"), "SK": phspectra_keys.chunk_sk(start)}
 
 
 # --------------------------------------------------------------------------- the seed's access patterns
@@ -90,13 +90,13 @@ def get_run(run_id: str) -> dict[str, Any] | None:
 
 
 def _chunk_query(run_id: str, **extra: Any) -> list[dict[str, Any]]:
-    condition = Key("PK").eq(keys.safe_id(run_id, "run_id")) & Key("SK").begins_with(keys.CHUNK_SK_PREFIX)
+    condition = Key("PK").eq(keys.safe_id(run_id, "run_id")) & Key("SK").begins_with(phspectra_keys.CHUNK_SK_PREFIX)
     return list(state_store.query_all(runs_table(), KeyConditionExpression=condition, ConsistentRead=True, **extra))
 
 
 def list_chunks(run_id: str) -> list[dict[str, Any]]:
     """2. Query(PK=run_id, SK begins_with "CHUNK#"), in spectrum order (past 10 million, SK order is not)."""
-    return sorted(_chunk_query(run_id), key=lambda chunk: keys.chunk_start_from_sk(chunk["SK"]))
+    return sorted(_chunk_query(run_id), key=lambda chunk: phspectra_keys.chunk_start_from_sk(chunk["SK"]))
 
 
 def latest_run(survey: str, not_before: str | None = None) -> dict[str, Any] | None:
@@ -118,7 +118,9 @@ def stuck_chunks(run_id: str, older_than_s: float = 15 * 60) -> list[dict[str, A
 
 def expired_leases(run_id: str, before: str | None = None) -> list[dict[str, Any]]:
     """Chunks IN_PROGRESS whose lease ran out before ``before`` (default now): their fitter stopped renewing."""
-    return _chunk_query(run_id, FilterExpression=Attr("status").eq(IN_PROGRESS), keep=lambda c: lease_expired(c, before))
+    return _chunk_query(
+        run_id, FilterExpression=Attr("status").eq(IN_PROGRESS), keep=lambda c: lease_expired(c, before)
+    )
 
 
 def failures(run_id: str) -> list[dict[str, Any]]:
@@ -207,17 +209,24 @@ def driver_claim() -> dict[str, Any]:
 
 
 def _write_chunks(
-    run_id: str, spectra: np.ndarray, xs: np.ndarray, ys: np.ndarray, starts: list[int], chunk_size: int, store: ObjectStore
+    run_id: str,
+    spectra: np.ndarray,
+    xs: np.ndarray,
+    ys: np.ndarray,
+    starts: list[int],
+    chunk_size: int,
+    store: ObjectStore,
 ) -> None:
     """Each chunk's .npz, then every chunk's PENDING item (an item exists only once its file does)."""
     for start in starts:
         end = start + chunk_size
         store.put_bytes(
-            keys.chunk_npz_key(run_id, start), _npz_bytes(spectra=spectra[start:end], x=xs[start:end], y=ys[start:end])
+            phspectra_keys.chunk_npz_key(run_id, start),
+            _npz_bytes(spectra=spectra[start:end], x=xs[start:end], y=ys[start:end]),
         )
     now = now_iso()
     chunk_items = [
-        {**chunk_key(run_id, start), "status": PENDING, "chunk_key": keys.chunk_npz_key(run_id, start),
+        {**chunk_key(run_id, start), "status": PENDING, "chunk_key": phspectra_keys.chunk_npz_key(run_id, start),
          "n_spectra": min(chunk_size, len(spectra) - start), "created_at": now}
         for start in starts
     ]  # fmt: skip
@@ -275,13 +284,14 @@ def complete_split(run_id: str) -> list[int]:
     run = to_plain(get_run(run_id) or {})
     if not run.get("jobs_total"):
         return []
-    have = {keys.chunk_start_from_sk(chunk["SK"]) for chunk in _chunk_query(run_id)}
+    have = {phspectra_keys.chunk_start_from_sk(chunk["SK"]) for chunk in _chunk_query(run_id)}
     missing = [start for start in chunk_starts(run["n_spectra"], run["chunk_size"]) if start not in have]
     if missing:
         spectra, xs, ys, _ = prepare_spectra(load_cube(run["cube_url"]))
         if spectra.shape != (run["n_spectra"], run["n_channels"]):
             raise ValueError(
-                f"run {run_id}: cube {run['cube_url']} is now {spectra.shape[0]} spectra x {spectra.shape[1]} channels, "
+                f"run {run_id}: cube {run['cube_url']} is now "
+                f"{spectra.shape[0]} spectra x {spectra.shape[1]} channels, "
                 f"split as {run['n_spectra']} x {run['n_channels']}; its missing chunks cannot be written"
             )
         _write_chunks(run_id, spectra, xs, ys, missing, run["chunk_size"], object_store(run.get("output_url")))
@@ -303,7 +313,9 @@ def lease_expired(item: Mapping[str, Any], now: str | None = None) -> bool:
 
 def lease_expired_condition(now: str | None = None) -> Condition:
     """``lease_expired`` as a write condition, so a fitter that renews meanwhile wins."""
-    return Condition("attribute_not_exists(#lease) OR #lease < :now", {"#lease": "lease_expires_at"}, {":now": now or now_iso()})
+    return Condition(
+        "attribute_not_exists(#lease) OR #lease < :now", {"#lease": "lease_expires_at"}, {":now": now or now_iso()}
+    )
 
 
 def _mine(started_at: str) -> Condition:
@@ -329,8 +341,8 @@ class ChunkLease:
         """Extend the lease (setting ``extra`` too) while this claim holds the chunk; False once it is lost."""
         self._tried_at = time.monotonic()
         renewed = state_store.transition(
-            runs_table(), self.key, IN_PROGRESS, None, set={"lease_expires_at": lease_until(self.lease_seconds), **extra},
-            condition=_mine(self.started_at),
+            runs_table(), self.key, IN_PROGRESS, None,
+            set={"lease_expires_at": lease_until(self.lease_seconds), **extra}, condition=_mine(self.started_at),
         ).applied  # fmt: skip
         if not renewed:
             self.lost.set()
@@ -344,10 +356,11 @@ class ChunkLease:
                 continue  # the fitter renewed meanwhile
             try:
                 self.renew()
-            except Exception as error:  # e.g. DynamoDB unreachable: the next tick tries again, the final write decides
+            except Exception as error:  # noqa: BLE001 - the keeper thread must outlive any failed renewal
+                # e.g. DynamoDB unreachable: the next tick tries again, the final write decides
                 run_logger(__name__).warning("%s: lease renewal failed (%s); retrying", self.key["SK"], error)
 
-    def __enter__(self) -> "ChunkLease":
+    def __enter__(self) -> ChunkLease:
         self._thread.start()
         return self
 
@@ -374,13 +387,18 @@ def claim_chunk(
     ids = prefect_ids()
     for _ in range(5):
         now = now_iso()
-        claim = {"started_at": now, "lease_expires_at": lease_until(lease_seconds), "worker_host": socket.gethostname(), **ids}
+        claim = {
+            "started_at": now,
+            "lease_expires_at": lease_until(lease_seconds),
+            "worker_host": socket.gethostname(),
+            **ids,
+        }
         result = state_store.transition(table, key, PENDING, IN_PROGRESS, set=claim, add={"attempts": 1})
         if result.applied:
             return to_plain(result.item)
         current = result.item
         if current is None:
-            raise LookupError(f"no chunk {keys.chunk_sk(start)} in run {run_id}")
+            raise LookupError(f"no chunk {phspectra_keys.chunk_sk(start)} in run {run_id}")
         status = current.get("status")
         if status == COMPLETED:
             return None
@@ -397,7 +415,9 @@ def claim_chunk(
                 condition = seen & lease_expired_condition(now)
             else:
                 return None
-            result = state_store.transition(table, key, IN_PROGRESS, IN_PROGRESS, set=claim, add={"attempts": 1}, condition=condition)
+            result = state_store.transition(
+                table, key, IN_PROGRESS, IN_PROGRESS, set=claim, add={"attempts": 1}, condition=condition
+            )
         if result.applied:
             return to_plain(result.item)
     return None
@@ -469,14 +489,15 @@ def fit_chunk(
                     xs, ys = data["x"], data["y"]
             if not lease.renew():  # published only under a lease just confirmed, so nobody else holds the chunk
                 raise FitStopped(f"chunk {start} of run {run_id} was taken from this fit")
-            output_key = keys.decomposition_key(run["survey"], run_id, start)
+            output_key = phspectra_keys.decomposition_key(run["survey"], run_id, start)
             write_parquet(store, output_key, rows_to_table(xs, ys, rows))
         n_components = sum(r["n_components"] for r in rows if r["n_components"] != TIMED_OUT)
         n_timed_out = sum(r["n_components"] == TIMED_OUT for r in rows)
         done = state_store.transition(
             table, key, IN_PROGRESS, COMPLETED, condition=_mine(started_at),
-            set={"completed_at": now_iso(), "duration_ms": elapsed_ms(), "fit_ms": int(fit_seconds * 1000), "output_key": output_key,
-                 "n_spectra": len(rows), "n_components": n_components, "n_timed_out": n_timed_out},
+            set={"completed_at": now_iso(), "duration_ms": elapsed_ms(), "fit_ms": int(fit_seconds * 1000),
+                 "output_key": output_key, "n_spectra": len(rows), "n_components": n_components,
+                 "n_timed_out": n_timed_out},
             increments=[Increment(table, increment_key, {"jobs_completed": 1})],
         )  # fmt: skip
     except FitStopped as stopped:
@@ -534,7 +555,7 @@ def chunks_to_fit(run_id: str, now: str | None = None) -> tuple[list[int], list[
     fit, slow = [], []
     now = now or now_iso()
     for chunk in list_chunks(run_id):
-        start, status = keys.chunk_start_from_sk(chunk["SK"]), chunk.get("status")
+        start, status = phspectra_keys.chunk_start_from_sk(chunk["SK"]), chunk.get("status")
         if status in (PENDING, FAILED) or (status == IN_PROGRESS and lease_expired(chunk, now)):
             fit.append(start)
         elif status == COMPLETED and chunk.get("n_timed_out"):
@@ -562,7 +583,8 @@ def reopen_run(
     asked = {"survey": survey, **given, "fit_params": validate_fit_params(fit_params) if fit_params else None}
     stored = {name: run.get(name) for name in asked} | {"fit_params": run_params(run)}
     conflicts = [
-        f"{name}={asked[name]!r} (the run's: {'the default object store' if stored[name] is None else repr(stored[name])})"
+        f"{name}={asked[name]!r} "
+        f"(the run's: {'the default object store' if stored[name] is None else repr(stored[name])})"
         for name in asked if asked[name] is not None and asked[name] != stored[name]
     ]  # fmt: skip
     if conflicts:
@@ -582,8 +604,12 @@ def active_runs(survey: str | None = None) -> list[dict[str, Any]]:
     running = lambda item: item.get("status") == RUN_RUNNING  # noqa: E731
     if survey:
         condition = Key("GSI1_PK").eq(keys.safe_id(survey, "survey"))
-        return list(state_store.query_all(runs_table(), keep=running, IndexName="GSI1", KeyConditionExpression=condition))
-    return list(state_store.scan_all(runs_table(), keep=lambda item: item["SK"] == keys.RUN_SK and running(item)))
+        return list(
+            state_store.query_all(runs_table(), keep=running, IndexName="GSI1", KeyConditionExpression=condition)
+        )
+    return list(
+        state_store.scan_all(runs_table(), keep=lambda item: item["SK"] == phspectra_keys.RUN_SK and running(item))
+    )
 
 
 def summarize(run_id: str) -> dict[str, Any]:
@@ -600,9 +626,10 @@ def summarize(run_id: str) -> dict[str, Any]:
         "n_components": sum(c.get("n_components", 0) for c in done),
         "n_timed_out": sum(c.get("n_timed_out", 0) for c in done),
         "n_slow_refit": sum(c.get("n_slow_refit", 0) for c in done),
-        "n_chunk_items": len(chunks), "chunk_statuses": dict(statuses), "fit_seconds": sum(c.get("duration_ms", 0) for c in chunks) / 1000,
+        "n_chunk_items": len(chunks), "chunk_statuses": dict(statuses),
+        "fit_seconds": sum(c.get("duration_ms", 0) for c in chunks) / 1000,
         "chunks": [
-            {"chunk": c["SK"].removeprefix(keys.CHUNK_SK_PREFIX), "status": c.get("status"),
+            {"chunk": c["SK"].removeprefix(phspectra_keys.CHUNK_SK_PREFIX), "status": c.get("status"),
              "n_spectra": c.get("n_spectra"), "n_components": c.get("n_components"),
              "n_timed_out": c.get("n_timed_out"), "duration_ms": c.get("duration_ms"),
              "attempts": c.get("attempts"), "error": c.get("error")}
@@ -628,14 +655,17 @@ def finalize_run(run_id: str) -> dict[str, Any]:
     return summary
 
 
-
 # --------------------------------------------------------------------------- the sweeper: no run stays RUNNING
 
 
 def last_activity(run: Mapping[str, Any], chunks: list[Mapping[str, Any]]) -> str:
     """The latest timestamp the run or any of its chunks carries: when anything last moved."""
     stamps = [run.get(a) or "" for a in ("created_at", "driven_at")]
-    stamps += [c.get(a) or "" for c in chunks for a in ("created_at", "started_at", "completed_at", "failed_at", "slow_lane_at")]
+    stamps += [
+        c.get(a) or ""
+        for c in chunks
+        for a in ("created_at", "started_at", "completed_at", "failed_at", "slow_lane_at")
+    ]
     return max(stamps)
 
 
@@ -670,5 +700,9 @@ def unfinished(summary: Mapping[str, Any]) -> str:
     """What keeps a run from finishing, in words (for a FAILED run's reason)."""
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary["chunk_statuses"].items()))
     missing = summary["jobs_total"] - summary["n_chunk_items"]
-    return (f"chunks {statuses or 'none'} of {summary['jobs_total']}" + (f", {missing} never written" if missing > 0 else "")
-            + (f", {summary['n_timed_out']} spectra still past the time limit" if summary["n_timed_out"] else ""))  # fmt: skip
+    timed_out = summary["n_timed_out"]
+    return (
+        f"chunks {statuses or 'none'} of {summary['jobs_total']}"
+        + (f", {missing} never written" if missing > 0 else "")
+        + (f", {timed_out} spectra still past the time limit" if timed_out else "")
+    )

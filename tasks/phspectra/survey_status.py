@@ -18,6 +18,7 @@ from boto3.dynamodb.conditions import Key
 
 from tasks.core import keys, state_store
 from tasks.core.state_store import to_plain
+from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 
 PENDING = "PENDING"  # a tile whose run a landing started but whose split has not written its RUN item yet
@@ -26,7 +27,7 @@ PENDING = "PENDING"  # a tile whose run a landing started but whose split has no
 def run_tile(run: dict[str, Any]) -> str:
     """The tile of a run: its cube's (``keys.tile_name``), or the run id for a cube with no usable name."""
     try:
-        return keys.tile_name(run.get("cube_url") or "")
+        return phspectra_keys.tile_name(run.get("cube_url") or "")
     except keys.InvalidKey:
         return run["PK"]
 
@@ -35,19 +36,25 @@ def survey_runs(survey: str) -> list[dict[str, Any]]:
     """Every RUN item of ``survey``, newest first: GSI1 finds them (access pattern 3 without its limit), then each
     is read again strongly consistent (a GSI lags its table)."""
     condition = Key("GSI1_PK").eq(keys.safe_id(survey, "survey"))
-    found = state_store.query_all(ph.runs_table(), IndexName="GSI1", KeyConditionExpression=condition, ScanIndexForward=False)
+    found = state_store.query_all(
+        ph.runs_table(), IndexName="GSI1", KeyConditionExpression=condition, ScanIndexForward=False
+    )
     runs = state_store.get_many(ph.runs_table(), [ph.run_key(item["PK"]) for item in found])
     return sorted((to_plain(run) for run in runs), key=lambda run: (run.get("created_at", ""), run["PK"]), reverse=True)
 
 
 def started_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """(run_id, tile, started_at) of every run that the landings of ``runs`` started, from their LANDING items."""
-    pks = {keys.landing_pk_of_run(run["PK"]) for run in runs} - {None}
-    landings = state_store.get_many(ph.runs_table(), [{"PK": pk, "SK": keys.LANDING_SK} for pk in sorted(pks)])
+    pks = {phspectra_keys.landing_pk_of_run(run["PK"]) for run in runs} - {None}
+    landings = state_store.get_many(
+        ph.runs_table(), [{"PK": pk, "SK": phspectra_keys.LANDING_SK} for pk in sorted(pks)]
+    )
     return [
         {"run_id": run_id, "tile": tile, "started_at": landing.get("started_at", "")}
         for landing in map(to_plain, landings)
-        for run_id, tile in zip(landing.get("run_ids", []), landing.get("tiles", []))  # tiles: landings since survey status
+        for run_id, tile in zip(
+            landing.get("run_ids", []), landing.get("tiles", [])
+        )  # tiles: landings since survey status
     ]
 
 
@@ -74,9 +81,10 @@ def tile_runs(survey: str) -> dict[str, list[dict[str, Any]]]:
 
 def tile_row(tile: str, run: dict[str, Any]) -> dict[str, Any]:
     """One tile's line: its newest run's status, chunks, spectra fitted of total and components."""
-    row = {"tile": tile, "run_id": run["PK"], "status": run.get("status"), "chunks_completed": run.get("jobs_completed", 0),
-           "chunks_failed": run.get("jobs_failed", 0), "chunks_total": run.get("jobs_total", 0),
-           "n_spectra": run.get("n_spectra", 0), "created_at": run.get("created_at"), "error": run.get("error")}  # fmt: skip
+    row = {"tile": tile, "run_id": run["PK"], "status": run.get("status"),
+           "chunks_completed": run.get("jobs_completed", 0), "chunks_failed": run.get("jobs_failed", 0),
+           "chunks_total": run.get("jobs_total", 0), "n_spectra": run.get("n_spectra", 0),
+           "created_at": run.get("created_at"), "error": run.get("error")}  # fmt: skip
     if run.get("status") == ph.RUN_COMPLETED:
         return {**row, "spectra_fitted": row["n_spectra"], "n_components": run.get("n_components", 0)}
     if run.get("status") == PENDING:
@@ -92,8 +100,10 @@ def survey_status(survey: str) -> dict[str, Any]:
     statuses = Counter(row["status"] for row in rows)
     return {
         "survey": survey, "tiles_total": len(rows), "tiles_completed": statuses[ph.RUN_COMPLETED],
-        "tiles_failed": statuses[ph.RUN_FAILED], "tiles_running": statuses[ph.RUN_RUNNING], "tiles_pending": statuses[PENDING],
-        "spectra_fitted": sum(row["spectra_fitted"] for row in rows), "n_spectra": sum(row["n_spectra"] for row in rows),
+        "tiles_failed": statuses[ph.RUN_FAILED], "tiles_running": statuses[ph.RUN_RUNNING],
+        "tiles_pending": statuses[PENDING],
+        "spectra_fitted": sum(row["spectra_fitted"] for row in rows),
+        "n_spectra": sum(row["n_spectra"] for row in rows),
         "n_components": sum(row["n_components"] for row in rows),
         "finished": not (statuses[ph.RUN_RUNNING] or statuses[PENDING]), "tiles": rows,
     }  # fmt: skip

@@ -44,11 +44,12 @@ def _exit_with_parent(parent: int) -> None:
 
 if __name__ == "__main__" and os.environ.get("PHSPECTRA_FORKSERVER_PARENT"):
     # the fork server watches its parent before its slow imports: a parent killed meanwhile leaves no server
-    threading.Thread(target=_exit_with_parent, args=(int(os.environ["PHSPECTRA_FORKSERVER_PARENT"]),), daemon=True).start()
+    threading.Thread(
+        target=_exit_with_parent, args=(int(os.environ["PHSPECTRA_FORKSERVER_PARENT"]),), daemon=True
+    ).start()
 
 import numpy as np  # noqa: E402
 import phspectra  # noqa: E402
-
 
 STOP_POLL_S = 0.2  # how often a waiting caller checks whether it was asked to stop the fit
 MIN_PIECE = 4  # spectra: the smallest piece a slot forks a child for (the bare pool's chunksize)
@@ -97,7 +98,7 @@ def validate_fit_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
     return params
 
 
-def _on_alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+def _on_alarm(signum, frame):  # signal handler signature
     raise SpectrumTimeout()
 
 
@@ -135,7 +136,9 @@ def fit_spectra(spectra: np.ndarray, params: Mapping[str, Any], time_limit: floa
     return [fit_one(np.asarray(s, dtype=np.float64), params, time_limit) for s in spectra]
 
 
-def worker_main(in_path: str, out_path: str, params: dict[str, Any], time_limit: float | None, lo: int, hi: int) -> float:
+def worker_main(
+    in_path: str, out_path: str, params: dict[str, Any], time_limit: float | None, lo: int, hi: int
+) -> float:
     """The child's body: spectra ``[lo, hi)`` of ``in_path`` (npz), rows pickled to ``out_path`` (written last);
     the seconds the fit took."""
     with np.load(in_path) as data:
@@ -163,10 +166,16 @@ class _ForkServer:
         self.address = os.path.join(self.folder, "socket")
         self.authkey = os.urandom(16)
         self.owner = os.getpid()
-        env = {**os.environ, "PHSPECTRA_FORKSERVER_KEY": self.authkey.hex(), "PHSPECTRA_FORKSERVER_PARENT": str(self.owner)}
+        env = {
+            **os.environ,
+            "PHSPECTRA_FORKSERVER_KEY": self.authkey.hex(),
+            "PHSPECTRA_FORKSERVER_PARENT": str(self.owner),
+        }
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        self.process = subprocess.Popen([sys.executable, "-m", "tasks.phspectra.worker", "--serve", self.address], env=env)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tasks.phspectra.worker", "--serve", self.address], env=env
+        )
         deadline = time.monotonic() + 120
         while not os.path.exists(self.address):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -217,15 +226,17 @@ def serve(address: str) -> None:
     if not os.environ.get("PHSPECTRA_FORKSERVER_PARENT"):  # started by hand: watch the parent from here
         threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
-    listener = Listener(address + ".tmp", family="AF_UNIX", authkey=bytes.fromhex(os.environ["PHSPECTRA_FORKSERVER_KEY"]))
+    listener = Listener(
+        address + ".tmp", family="AF_UNIX", authkey=bytes.fromhex(os.environ["PHSPECTRA_FORKSERVER_KEY"])
+    )
     os.replace(address + ".tmp", address)  # the socket appears only once it listens
     while True:
         try:
             connection = listener.accept()
-        except Exception:  # a client that failed authentication
+        except Exception:  # noqa: BLE001 - a client that failed authentication (or hung up) must not stop the server
             continue
         if os.fork() == 0:  # the child: fit, report, exit
-            listener._listener._socket.close()  # noqa: SLF001 - the child must not keep the server socket
+            listener._listener._socket.close()  # the child must not keep the server socket
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             code = 1
             try:
@@ -273,7 +284,9 @@ class _Slots:
             self.capacity = max(1, capacity)
             for index in set(range(self.capacity)) - self.alive:
                 self.alive.add(index)
-                threading.Thread(target=self._slot, args=(index,), name=f"phspectra-fit-slot-{index}", daemon=True).start()
+                threading.Thread(
+                    target=self._slot, args=(index,), name=f"phspectra-fit-slot-{index}", daemon=True
+                ).start()
             self.changed.notify_all()
 
     def submit(self, job: _Job) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from xml.parsers import expat
 
@@ -114,7 +114,7 @@ def _datetime(value: Any) -> datetime | None:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _most_recent(values: Sequence[Any]) -> str | None:
@@ -138,7 +138,9 @@ def _path(doc: Any, *steps: str) -> Any:
 
 def ummg_temporal(doc: Any) -> dict[str, str]:
     """The temporal values of a UMM-G document (a dict)."""
-    if not isinstance(doc, Mapping) or not any(k in doc for k in ("GranuleUR", "TemporalExtent", "DataGranule", "ProviderDates")):
+    if not isinstance(doc, Mapping) or not any(
+        k in doc for k in ("GranuleUR", "TemporalExtent", "DataGranule", "ProviderDates")
+    ):
         raise CmrFileError("not a UMM-G granule (no GranuleUR, TemporalExtent, DataGranule or ProviderDates)")
     dates = doc.get("ProviderDates") if isinstance(doc.get("ProviderDates"), list) else []
     return _select(
@@ -180,18 +182,26 @@ ISO_TEMPORAL = "gmd:extent/gmd:EX_Extent/gmd:temporalElement/gmd:EX_TemporalExte
 
 
 def iso_temporal(root: ET.Element) -> dict[str, str]:
-    """The temporal values of an ISO 19115-2 granule (``gmd:DS_Series`` as CMR writes it, prefixes as Cumulus reads them)."""
+    """The temporal values of an ISO 19115-2 granule (``gmd:DS_Series`` as CMR writes it, prefixes as Cumulus reads
+    them)."""
     metadata = _children([root], "gmd:composedOf/gmd:DS_DataSet/gmd:has/gmi:MI_Metadata")
     if root.tag != "gmd:DS_Series" or not metadata:
         raise CmrFileError(f"not an ISO granule (root element <{root.tag}> without gmd:DS_Series/…/gmi:MI_Metadata)")
     identifications = _children(metadata, ISO_DATA_ID)
     with_extent = [i for i in identifications if _children([i], "gmd:extent")][:1]
-    updates = [i for i in identifications if _text([i], "gmd:citation/gmd:CI_Citation/gmd:title/gco:CharacterString") == "UpdateTime"]
+    updates = [
+        i
+        for i in identifications
+        if _text([i], "gmd:citation/gmd:CI_Citation/gmd:title/gco:CharacterString") == "UpdateTime"
+    ]
     return _select(
         _text(with_extent, f"{ISO_TEMPORAL}/gml:TimePeriod/gml:beginPosition"),
         _text(with_extent, f"{ISO_TEMPORAL}/gml:TimePeriod/gml:endPosition"),
         _text(with_extent, f"{ISO_TEMPORAL}/gml:TimeInstant/gml:timePosition"),
-        _text(metadata, "gmd:dataQualityInfo/gmd:DQ_DataQuality/gmd:lineage/gmd:LI_Lineage/gmd:processStep/gmi:LE_ProcessStep/gmd:dateTime/gco:DateTime"),
+        _text(
+            metadata,
+            "gmd:dataQualityInfo/gmd:DQ_DataQuality/gmd:lineage/gmd:LI_Lineage/gmd:processStep/gmi:LE_ProcessStep/gmd:dateTime/gco:DateTime",
+        ),
         [_text(updates[:1], "gmd:citation/gmd:CI_Citation/gmd:date/gmd:CI_Date/gmd:date/gco:DateTime")],
     )
 

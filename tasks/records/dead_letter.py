@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.core import config
+from tasks.core.keys import safe_id
 from tasks.core.runtime import now_iso, run_logger, today_iso
-from tasks.core.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix, safe_id
-
+from tasks.records.keys import dead_letter_failed_key, dead_letter_id, dead_letter_key, dead_letter_prefix
 
 # process(payloads, ids) -> one error dict (or None when written) per payload
 Processor = Callable[[list[Any], list[str]], list[Mapping[str, Any] | None]]
@@ -37,7 +37,7 @@ def archive(
     previous_errors: Sequence[Mapping[str, Any]] = (),
     store=None,
 ) -> str:
-    """Write one rejected message (parsed ``message``, text ``body`` or ``raw`` bytes) with its error; returns the key."""
+    """Write one rejected message (parsed ``message``, text ``body`` or ``raw`` bytes) with its error; its key."""
     if message is None and body is None and raw is None:
         raise ValueError(f"dead letter {message_id}: nothing to archive (no message and no body)")
     store = store or config.object_store()
@@ -62,7 +62,7 @@ def archived(day: str, ids: Sequence[str] | None = None, store=None) -> dict[str
     """Message id -> key of the archive for ``day`` (only ``ids`` when given; LookupError for any missing)."""
     store = store or config.object_store()
     prefix = dead_letter_prefix(day)
-    found = {dead_letter_id(key): key for key in store.list(prefix) if "/" not in key[len(prefix):]}
+    found = {dead_letter_id(key): key for key in store.list(prefix) if "/" not in key[len(prefix) :]}
     if ids is None:
         return dict(sorted(found.items()))
     missing = [i for i in ids if safe_id(i, "message id") not in found]

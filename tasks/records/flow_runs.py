@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from tasks.core.runtime import run_logger
 
@@ -23,7 +23,7 @@ class RunTimes:
 
 def utc_iso(moment: datetime | None) -> str | None:
     """``moment`` as ISO 8601 UTC with milliseconds (the records' date-time format)."""
-    return None if moment is None else moment.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
 def _run_ids(execution_names: Iterable[str]) -> dict[str, list[str]]:
@@ -52,13 +52,17 @@ def run_times(execution_names: Iterable[str]) -> dict[str, RunTimes]:
         with get_client(sync_client=True) as client:
             for first in range(0, len(wanted), READ_LIMIT):
                 part = wanted[first : first + READ_LIMIT]
-                for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=part)), limit=len(part)):
+                for run in client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=part)), limit=len(part)
+                ):
                     for name in ids.get(str(run.id), []):
                         found[name] = RunTimes(utc_iso(run.start_time), utc_iso(run.end_time))
     except Exception as error:  # noqa: BLE001 - an unreachable API costs the records Prefect's times, not the batch
         run_logger(__name__).warning(
             "Prefect API unavailable for %d flow runs (%s: %s): processing times taken from the messages",
-            len(wanted), type(error).__name__, error,
+            len(wanted),
+            type(error).__name__,
+            error,
         )
         return {}
     return found

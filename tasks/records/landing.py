@@ -28,11 +28,12 @@ from tasks.core.runtime import run_logger, today_iso
 from tasks.landing.listener import Landed, Outcome, emit_landed
 from tasks.landing.sources import Arrival
 from tasks.records import dead_letter
+from tasks.records import keys as records_keys
 from tasks.records import messages as records_messages
 
 PIPELINE = "records"
 BATCH = 10  # the seed's SQS batch size
-SUFFIXES = [".json", ".ndjson", ".jsonl"]
+SUFFIXES = list(records_keys.MESSAGE_SUFFIXES)
 
 # ingest(text bodies) -> (the batch's summary, the records-ingest flow run that wrote it, or None)
 Ingest = Callable[[list[str]], tuple[dict[str, Any], str | None]]
@@ -50,7 +51,7 @@ def bodies_of(arrival: Arrival) -> list[str]:
     """
     if arrival.body is not None:
         return [arrival.body]
-    keys.records_processed_key(today_iso(), arrival.key)  # InvalidKey unless it lies under records/incoming/
+    records_keys.records_processed_key(today_iso(), arrival.key)  # InvalidKey unless it lies under records/incoming/
     data = object_store().get_bytes(arrival.key)
     try:  # the same strict decode as a batch at messages_url: a message that is not UTF-8 stays its bytes
         found = records_messages.batch_from_bytes(data, arrival.key)
@@ -59,7 +60,9 @@ def bodies_of(arrival: Arrival) -> list[str]:
             kept: dict[str, Any] = {"body": data.decode("utf-8")}
         except UnicodeDecodeError:
             kept = {"raw": data}
-        dead_letter.archive(records_messages.message_id(data), {"type": "UnreadableBatch", "message": str(error)}, **kept)
+        dead_letter.archive(
+            records_messages.message_id(data), {"type": "UnreadableBatch", "message": str(error)}, **kept
+        )
         return []
     undecodable = [m for m in found if isinstance(m, bytes)]
     if undecodable:  # no text body for a flow run's parameters: archived here (InvalidUtf8), as records-ingest would
@@ -70,7 +73,7 @@ def bodies_of(arrival: Arrival) -> list[str]:
 def processed_key(store, key: str) -> str:
     """Where a written file goes under ``records/processed/{date}/``: its own name, unless a different file of
     that name is there already (then the name carries its content hash: a file set aside never replaces another)."""
-    target = keys.records_processed_key(today_iso(), key)
+    target = records_keys.records_processed_key(today_iso(), key)
     if not store.exists(target):
         return target
     data = store.get_bytes(key)
@@ -111,7 +114,7 @@ def handle_messages(arrivals: list[Arrival], ingest: Ingest = ingest_in_process)
     runs: dict[int, list[str]] = {index: [] for index in range(len(carried))}
     failed: dict[int, str] = {}
     for start in range(0, len(queue), BATCH):
-        batch = queue[start:start + BATCH]
+        batch = queue[start : start + BATCH]
         owners = sorted({index for index, _ in batch})
         try:
             summary, flow_run_id = ingest([body for _, body in batch])

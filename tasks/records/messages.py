@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -65,7 +65,10 @@ API_GRANULE_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "properties": {
-                    **{name: _TEXT for name in ("bucket", "checksum", "checksumType", "fileName", "key", "source", "type")},
+                    **{
+                        name: _TEXT
+                        for name in ("bucket", "checksum", "checksumType", "fileName", "key", "source", "type")
+                    },
                     **{name: _INTEGER for name in ("createdAt", "size", "updatedAt")},
                 },
             },
@@ -85,7 +88,10 @@ MESSAGE_SCHEMA: dict[str, Any] = {
             "type": "object",
             "required": ["state_machine", "execution_name"],
             "properties": {
-                "state_machine": {"type": "string", "pattern": r"^arn:aws[a-z-]*:states:[^:]*:[^:]*:stateMachine:[A-Za-z0-9_-]{1,80}$"},
+                "state_machine": {
+                    "type": "string",
+                    "pattern": r"^arn:aws[a-z-]*:states:[^:]*:[^:]*:stateMachine:[A-Za-z0-9_-]{1,80}$",
+                },
                 "execution_name": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,80}$"},
                 "workflow_start_time": EPOCH_MS,
                 "workflow_stop_time": {**EPOCH_MS, "type": ["integer", "null"]},
@@ -98,7 +104,10 @@ MESSAGE_SCHEMA: dict[str, Any] = {
                 "collection": {
                     "type": "object",
                     "required": ["name", "version"],
-                    "properties": {"name": {"type": "string", "minLength": 1}, "version": {"type": "string", "minLength": 1}},
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "version": {"type": "string", "minLength": 1},
+                    },
                 },
                 "status": {"enum": STATUSES},
                 "provider": {"type": ["object", "string", "null"]},
@@ -147,7 +156,9 @@ def message_id(raw: Mapping[str, Any] | str | bytes) -> str:
     if isinstance(raw, bytes):
         data = raw
     else:  # a lone surrogate still hashes
-        data = (raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str)).encode("utf-8", "surrogatepass")
+        data = (raw if isinstance(raw, str) else json.dumps(raw, sort_keys=True, default=str)).encode(
+            "utf-8", "surrogatepass"
+        )
     return "msg-" + hashlib.sha256(data).hexdigest()[:24]
 
 
@@ -157,7 +168,7 @@ def decode(raw: bytes) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        bad = raw[error.start:error.end].hex(" ")
+        bad = raw[error.start : error.end].hex(" ")
         raise MessageError(
             "InvalidUtf8", f"message body is not valid UTF-8: byte offset {error.start} (0x{bad}: {error.reason})"
         ) from None
@@ -178,7 +189,9 @@ def parse(raw: Mapping[str, Any] | str | bytes) -> dict[str, Any]:
             raise MessageError("UnparsableMessage", f"message body is JSON {type(value).__name__}, not an object")
     where = _lone_surrogate(value)
     if where is not None:  # from JSON's \ud800 escapes: no UTF-8 request (DynamoDB's, a log's) can carry it
-        raise MessageError("InvalidUnicode", f"{where}: text holds a lone surrogate (an unpaired \\ud800-\\udfff escape)")
+        raise MessageError(
+            "InvalidUnicode", f"{where}: text holds a lone surrogate (an unpaired \\ud800-\\udfff escape)"
+        )
     return value
 
 
@@ -231,7 +244,7 @@ def execution_arn(message: Mapping[str, Any]) -> str:
 
 
 def _iso(ms: int | None) -> str | None:
-    return None if ms is None else utc_iso(datetime.fromtimestamp(ms / 1000, timezone.utc))
+    return None if ms is None else utc_iso(datetime.fromtimestamp(ms / 1000, UTC))
 
 
 def _error(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -301,7 +314,9 @@ def _product_volume(files: Any) -> Any:
     return str(sum(s for s in sizes if isinstance(s, int) and not isinstance(s, bool)))
 
 
-def _granule_record(message: Mapping[str, Any], granule: Mapping[str, Any], common: Mapping[str, Any]) -> dict[str, Any]:
+def _granule_record(
+    message: Mapping[str, Any], granule: Mapping[str, Any], common: Mapping[str, Any]
+) -> dict[str, Any]:
     """The granule record of one message granule (Cumulus's API granule record, seed 004's field table)."""
     meta, payload = message["meta"], message.get("payload") or {}
     start = message["cumulus_meta"].get("workflow_start_time")
@@ -375,7 +390,9 @@ def derive(
     execution = None
     status = meta.get("status")
     if status in EXECUTION.statuses.values():  # a queued message names an execution not started yet
-        created = [g["createdAt"] for g in granules] + [p.identity["createdAt"] for p in problems if p.identity and p.identity["createdAt"] is not None]
+        created = [g["createdAt"] for g in granules] + [
+            p.identity["createdAt"] for p in problems if p.identity and p.identity["createdAt"] is not None
+        ]
         execution = {
             **common,
             "arn": execution_arn(message),
@@ -410,7 +427,12 @@ def derive_pdr(message: Mapping[str, Any], now_ms: int) -> dict[str, Any] | None
     if not pdr or status not in PDR.statuses.values() or start is None:
         return None
     counts = {state: len(payload.get(state) or []) for state in ("running", "completed", "failed")}
-    stats = {"processing": counts["running"], "completed": counts["completed"], "failed": counts["failed"], "total": sum(counts.values())}
+    stats = {
+        "processing": counts["running"],
+        "completed": counts["completed"],
+        "failed": counts["failed"],
+        "total": sum(counts.values()),
+    }
     progress = 100 * (stats["total"] - stats["processing"]) / stats["total"] if stats["total"] else 0
     return {
         **_stamps(message, now_ms),
@@ -444,7 +466,13 @@ def _identity(message: Any, granule: Any, now_ms: int) -> dict[str, Any] | None:
         return None
     if not 0 < len(granule_id.encode()) <= records.KEY_BYTES:
         return None
-    return {"granuleId": granule_id, "collectionId": collection, "createdAt": start, "timestamp": now_ms, "updatedAt": now_ms}
+    return {
+        "granuleId": granule_id,
+        "collectionId": collection,
+        "createdAt": start,
+        "timestamp": now_ms,
+        "updatedAt": now_ms,
+    }
 
 
 def _identities(message: Any, now_ms: int) -> list[dict[str, Any]]:
@@ -529,7 +557,9 @@ def _write_apart(kind: records.RecordKind, batch: list[dict[str, Any]]) -> list[
     return [result for record in batch for result in _write_apart(kind, [record])]
 
 
-def _segments(entries: list[tuple[int, dict | None, dict | None, list[dict]]]) -> list[list[tuple[int, dict | None, dict | None, list[dict]]]]:
+def _segments(
+    entries: list[tuple[int, dict | None, dict | None, list[dict]]],
+) -> list[list[tuple[int, dict | None, dict | None, list[dict]]]]:
     """Split (index, execution, PDR, granules) into runs in which no execution arn repeats (a message without
     one, an invalid message, stands for an execution of its own)."""
     segments, current, seen = [], [], set()
@@ -579,12 +609,18 @@ def ingest(
             outcomes[index].error = MessageError("UnderivableMessage", f"{type(error).__name__}: {error}").as_dict()
             continue
         if pdr is not None and pdr.get("provider") is None:  # Cumulus's writePdr throws before any granule write
-            outcomes[index].error = MessageError("PdrWithoutProvider", f"PDR {pdr['pdrName']}: no meta.provider (a PDR record needs one)").as_dict()
+            outcomes[index].error = MessageError(
+                "PdrWithoutProvider", f"PDR {pdr['pdrName']}: no meta.provider (a PDR record needs one)"
+            ).as_dict()
             entries.append((index, execution, None, []))
             continue
         if problems:  # each granule is written on its own: the valid ones are, the invalid ones marked failed
-            outcomes[index].error = MessageError("SchemaValidationError", "; ".join(p for g in problems for p in g.problems)).as_dict()
-            granules += [records.failed_mark(GRANULE, g.identity, outcomes[index].error) for g in problems if g.identity]
+            outcomes[index].error = MessageError(
+                "SchemaValidationError", "; ".join(p for g in problems for p in g.problems)
+            ).as_dict()
+            granules += [
+                records.failed_mark(GRANULE, g.identity, outcomes[index].error) for g in problems if g.identity
+            ]
         entries.append((index, execution, pdr, granules))
 
     for segment in _segments(entries):  # the seed's order: executions, then PDRs, then granules
@@ -606,9 +642,16 @@ def ingest(
             if outcome.error is not None:
                 raw = messages[index]
                 # what did not parse is kept as it came: text as ``body``, bytes (not UTF-8) byte for byte as ``raw``
-                kept = {} if parsed[index] is not None else {"raw": raw} if isinstance(raw, bytes) else {
-                    "body": raw if isinstance(raw, str) else json.dumps(raw, default=str)}
-                outcome.archived_key = dead_letter.archive(outcome.id, outcome.error, message=parsed[index], **kept, store=store)
+                kept = (
+                    {}
+                    if parsed[index] is not None
+                    else {"raw": raw}
+                    if isinstance(raw, bytes)
+                    else {"body": raw if isinstance(raw, str) else json.dumps(raw, default=str)}
+                )
+                outcome.archived_key = dead_letter.archive(
+                    outcome.id, outcome.error, message=parsed[index], **kept, store=store
+                )
     return IngestReport(outcomes)
 
 
@@ -657,7 +700,9 @@ def batch_from_text(text: str, source: str = "batch") -> list[Any]:
     if isinstance(value, dict):
         return [_exact(text.strip())]
     if not isinstance(value, list):
-        raise ValueError(f"{source}: expected a JSON list of messages (or one message per line), not JSON {type(value).__name__}")
+        raise ValueError(
+            f"{source}: expected a JSON list of messages (or one message per line), not JSON {type(value).__name__}"
+        )
     return [_element(*item) for item in _list_items(text)] if _ESCAPED_BYTE.search(text) else value
 
 
@@ -673,10 +718,14 @@ def read_batch(url: str) -> list[Any]:
     return batch_from_bytes(store.get_bytes(key), url)
 
 
-def ingest_messages(messages: Sequence[dict[str, Any] | str] | None = None, messages_url: str | None = None) -> dict[str, Any]:
-    """Write the records of a batch (text bodies or dicts, or the file at ``messages_url``); archive rejected messages."""
+def ingest_messages(
+    messages: Sequence[dict[str, Any] | str] | None = None, messages_url: str | None = None
+) -> dict[str, Any]:
+    """Write the records of a batch (text bodies or dicts, or the file at ``messages_url``); archive the rejected."""
     if (messages is None) == (messages_url is None):
-        raise ValueError("give the batch either as messages (text bodies) or as messages_url (an object-store URL), not both")
+        raise ValueError(
+            "give the batch either as messages (text bodies) or as messages_url (an object-store URL), not both"
+        )
     report = ingest(read_batch(messages_url) if messages_url is not None else messages)
     return {**report.counts(), "errors": report.errors()}
 

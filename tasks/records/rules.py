@@ -84,7 +84,7 @@ class RecordKind:
         default_factory=lambda: {QUEUED: QUEUED, RUNNING: RUNNING, COMPLETED: COMPLETED, FAILED: FAILED}
     )
     execution_attr: str | None = None  # attribute holding the linked execution's key value
-    execution_kind: "RecordKind | None" = None  # the kind the execution records are
+    execution_kind: RecordKind | None = None  # the kind the execution records are
     terminal_removes: tuple[str, ...] = ()  # removed by a terminal write that does not give them (a stale error)
     upsert: Upsert = Upsert.ATTEMPT
 
@@ -119,8 +119,8 @@ EXECUTION = RecordKind(
     light_attrs=("timestamp", "updatedAt", "originalPayload"),
 )  # fmt: skip
 GRANULE = RecordKind(
-    "granule", "granules", ("granuleId",), scope_attr="collectionId", execution_attr="execution", execution_kind=EXECUTION,
-    upsert=Upsert.GRANULE,
+    "granule", "granules", ("granuleId",), scope_attr="collectionId", execution_attr="execution",
+    execution_kind=EXECUTION, upsert=Upsert.GRANULE,
 )  # fmt: skip
 # a PDR name is not tied to one collection (no scope); its running writes compare executions and progress
 PDR = RecordKind("pdr", "pdrs", ("pdrName",), statuses=NOT_QUEUED, execution_attr="execution", upsert=Upsert.PDR)
@@ -217,11 +217,14 @@ def fit(kind: RecordKind, record: Mapping[str, Any]) -> tuple[dict[str, Any], tu
     record = dict(record)
     for attr in kind.key_attrs:
         if item_bytes(record.get(attr)) > KEY_BYTES:
-            raise Unwritable(f"{kind.name} {attr} is {item_bytes(record[attr])} bytes: over DynamoDB's {KEY_BYTES}-byte key limit")
+            raise Unwritable(
+                f"{kind.name} {attr} is {item_bytes(record[attr])} bytes: over DynamoDB's {KEY_BYTES}-byte key limit"
+            )
     for attr, value in record.items():
         if value is not REMOVE and not storable(value):
             raise Unwritable(
-                f"{kind.name} {attr} holds a number DynamoDB cannot store (over 38 digits, beyond 1e125, NaN or Infinity)"
+                f"{kind.name} {attr} holds a number DynamoDB cannot store "
+                "(over 38 digits, beyond 1e125, NaN or Infinity)"
             )
     size = item_bytes(record)
     if size <= RECORD_BYTES:
@@ -263,7 +266,9 @@ def first_step(kind: RecordKind, role: str) -> Step:
     return Step.INSERT if kind.light(role) and kind.upsert in (Upsert.GRANULE, Upsert.EXECUTION) else Step.WRITE
 
 
-def _record_condition(kind: RecordKind, record: Mapping[str, Any], role: str, e: state_store.Expression, step: Step) -> str | None:
+def _record_condition(
+    kind: RecordKind, record: Mapping[str, Any], role: str, e: state_store.Expression, step: Step
+) -> str | None:
     """The ConditionExpression on the record's own item for a write of ``role`` (None: the write always applies)."""
     if kind.upsert is Upsert.EXECUTION and step is Step.WRITE:
         return None  # Cumulus's execution upsert has no guard: a running write never touches the status instead
@@ -300,7 +305,9 @@ def _record_condition(kind: RecordKind, record: Mapping[str, Any], role: str, e:
     return f"{absent} OR {parts[0]}" if len(parts) == 1 else f"{absent} OR ({' AND '.join(parts)})"
 
 
-def _update_expression(kind: RecordKind, record: Mapping[str, Any], role: str, e: state_store.Expression, step: Step) -> str:
+def _update_expression(
+    kind: RecordKind, record: Mapping[str, Any], role: str, e: state_store.Expression, step: Step
+) -> str:
     """Overwriting (or inserting): SET every given attribute, REMOVE those given as ``REMOVE``. Light: SET the
     status (not for executions), createdAt and the light attributes; the others only if absent (``WRITE``) or
     not at all (``UPDATE``)."""
@@ -357,7 +364,11 @@ class _Op:
 
 
 def plan(
-    kind: RecordKind, record: Mapping[str, Any], table: str, execution_table: str | None = None, step: Step | None = None
+    kind: RecordKind,
+    record: Mapping[str, Any],
+    table: str,
+    execution_table: str | None = None,
+    step: Step | None = None,
 ) -> _Op:
     """The guarded write for ``record`` (its status in the kind's vocabulary) as transaction items; ``step``:
     which write (default: the first one, ``first_step``)."""
@@ -394,8 +405,17 @@ def _explain(op: _Op, reasons: Sequence[Mapping[str, Any]]) -> tuple[Verdict, st
         if theirs is not None and theirs > ours:
             return Verdict.STALE, f"older {kind.created_attr} ({ours} < {theirs})", current
         if kind.upsert is Upsert.PDR and op.role == RUNNING:
-            return Verdict.STALE, f"running write of the same execution without more progress ({record.get('progress')} <= {current.get('progress')})", current
-        return Verdict.STALE, f"{kind.status_attr} already {current.get(kind.status_attr)} for this {kind.created_attr}", current
+            return (
+                Verdict.STALE,
+                "running write of the same execution without more progress "
+                f"({record.get('progress')} <= {current.get('progress')})",
+                current,
+            )
+        return (
+            Verdict.STALE,
+            f"{kind.status_attr} already {current.get(kind.status_attr)} for this {kind.created_attr}",
+            current,
+        )
     if len(reasons) > 1 and reasons[1].get("Code") == "ConditionalCheckFailed":
         execution = _from_raw(reasons[1].get("Item")) or {}
         ex_status = execution.get(op.kind.execution_kind.status_attr)
@@ -411,7 +431,9 @@ def _from_raw(raw: Mapping[str, Any] | None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- the writer
 
 
-def _apply(ops: list[tuple[int, _Op]], table: str, execution_table: str | None) -> list[tuple[_Op, list[dict[str, Any]] | None]]:
+def _apply(
+    ops: list[tuple[int, _Op]], table: str, execution_table: str | None
+) -> list[tuple[_Op, list[dict[str, Any]] | None]]:
     """Each op through ``transact_groups``, in record order for each item; an insert that found the record is
     followed by the guarded update of it before the next write of the same item is sent. Returns, per op, the
     last write made and its outcome (None: applied, else the cancellation reasons)."""
@@ -428,7 +450,9 @@ def _apply(ops: list[tuple[int, _Op]], table: str, execution_table: str | None) 
             outcomes[position] = (ops[position][1], reasons)
         found = [p for p in round_ if ops[p][1].step is Step.INSERT and outcomes[p][1] is not None]
         updates = [plan(ops[p][1].kind, ops[p][1].record, table, execution_table, Step.UPDATE) for p in found]
-        for position, update, reasons in zip(found, updates, state_store.transact_groups([u.items() for u in updates]) if updates else []):
+        for position, update, reasons in zip(
+            found, updates, state_store.transact_groups([u.items() for u in updates]) if updates else []
+        ):
             outcomes[position] = (update, reasons)
     return outcomes
 
@@ -450,7 +474,9 @@ def write_many(kind: RecordKind, records: Sequence[Mapping[str, Any]], table: st
             results[index] = RecordResult(kind.name, key, status, Verdict.REJECTED, str(error), problem="Unwritable")
             continue
         if cut:
-            run_logger(__name__).warning("%s %s: text cut to fit an item: %s", kind.name, kind.key(record), ", ".join(cut))
+            run_logger(__name__).warning(
+                "%s %s: text cut to fit an item: %s", kind.name, kind.key(record), ", ".join(cut)
+            )
         ops.append((index, plan(kind, fitted, table, execution_table)))
         cuts.append(cut)
     outcomes = _apply(ops, table, execution_table)

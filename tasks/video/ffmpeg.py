@@ -40,8 +40,15 @@ class FfmpegRefused(FfmpegError):
 
 
 # ffmpeg failures a retry may cure: the machine, not the media (anything else on the same input fails again)
-TRANSIENT_CAUSES = ("No space left", "Cannot allocate memory", "Resource temporarily unavailable", "Killed",
-                    "Connection", "timed out", "Input/output error")
+TRANSIENT_CAUSES = (
+    "No space left",
+    "Cannot allocate memory",
+    "Resource temporarily unavailable",
+    "Killed",
+    "Connection",
+    "timed out",
+    "Input/output error",
+)
 # how many of ffmpeg's error lines a failure message keeps (the first ones name the cause, the last what stopped)
 CAUSE_LINES, LAST_LINES = 6, 2
 TIMESCALE = 90000  # one video time base for every part the concat demuxer joins (it reads all parts in the first's)
@@ -56,7 +63,7 @@ def ffmpeg_exe() -> str:
 
 
 def cause_lines(stderr: str) -> list[str]:
-    """ffmpeg's error lines without repeats or object addresses: the first ``CAUSE_LINES`` and the last ``LAST_LINES``."""
+    """ffmpeg's error lines without repeats or object addresses: the first ``CAUSE_LINES``, the last ``LAST_LINES``."""
     lines = []
     for line in stderr.strip().splitlines():
         line = re.sub(r" @ 0x[0-9a-f]+\]", "]", line.strip())
@@ -101,8 +108,8 @@ class MediaInfo:
         return (self.height, self.width) if self.rotation % 180 == 90 else (self.width, self.height)
 
 
-TRUNCATION_TOLERANCE_S = 0.25
-PREMATURE_END = ("File ended prematurely", "partial file")  # what the matroska and mov demuxers log at a cut  # readable packets may end this much before the container's declared duration
+TRUNCATION_TOLERANCE_S = 0.25  # readable packets may end this much before the container's declared duration
+PREMATURE_END = ("File ended prematurely", "partial file")  # what the matroska and mov demuxers log at a cut
 
 
 def _span(packets: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -171,8 +178,14 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
             _truncation(container, video, frames, corrupt, max(e for _, e in spans) - min(s for s, _ in spans), label)
             fps = float(video.average_rate or video.guessed_rate or 0)
             return MediaInfo(
-                end - start, frames, fps, audio_span is not None, video.codec_context.width, video.codec_context.height,
-                codec=video.codec_context.name, rotation=rotation or 0,
+                end - start,
+                frames,
+                fps,
+                audio_span is not None,
+                video.codec_context.width,
+                video.codec_context.height,
+                codec=video.codec_context.name,
+                rotation=rotation or 0,
                 audio_start=(audio_span[0] - start) if audio_span else 0.0,
                 audio_duration=(audio_span[1] - audio_span[0]) if audio_span else 0.0,
                 audio_codec=audio.codec_context.name if audio_span else "",
@@ -182,8 +195,10 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
     except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as error:
         with path.open("rb") as head:
             if head.read(8)[4:8] in (b"ftyp", b"mdat", b"wide", b"free"):  # an mp4/mov whose index never came
-                raise InvalidMedia(f"{label} is cut off: an mp4/mov without its index (moov atom); the recording "
-                                   "or the upload did not finish") from None
+                raise InvalidMedia(
+                    f"{label} is cut off: an mp4/mov without its index (moov atom); the recording "
+                    "or the upload did not finish"
+                ) from None
         message = str(error).replace(str(path), label)
         raise InvalidMedia(f"not a readable video, cut off or corrupt ({type(error).__name__}: {message})") from None
 
@@ -217,8 +232,10 @@ def normalisation(info: MediaInfo) -> str | None:
         reasons.append(f"rotated {info.rotation} degrees upright")
     width, height = info.display_size
     if width % 2 or height % 2:
-        reasons.append(f"padded from {width}x{height} to {even_size(width, height)[0]}x{even_size(width, height)[1]} "
-                       "(one black row/column: yuv420p needs even sides)")
+        reasons.append(
+            f"padded from {width}x{height} to {even_size(width, height)[0]}x{even_size(width, height)[1]} "
+            "(one black row/column: yuv420p needs even sides)"
+        )
     if info.codec not in MP4_VIDEO_CODECS:
         reasons.append(f"{info.codec} re-encoded as h264 (mp4 cannot carry {info.codec})")
     return "; ".join(reasons) or None
@@ -249,9 +266,17 @@ def normalise(source: Path, target: Path, segment_seconds: float) -> None:
     video, *audio = _mp4_streams(source)
     run(
         ffmpeg.output(
-            video.filter("pad", "ceil(iw/2)*2", "ceil(ih/2)*2"), *audio, str(target), vcodec="libx264",
-            pix_fmt="yuv420p", preset="veryfast", crf=18, fps_mode="passthrough", acodec="copy",
-            force_key_frames=f"expr:gte(t,n_forced*{segment_seconds:g})", video_track_timescale=TIMESCALE,
+            video.filter("pad", "ceil(iw/2)*2", "ceil(ih/2)*2"),
+            *audio,
+            str(target),
+            vcodec="libx264",
+            pix_fmt="yuv420p",
+            preset="veryfast",
+            crf=18,
+            fps_mode="passthrough",
+            acodec="copy",
+            force_key_frames=f"expr:gte(t,n_forced*{segment_seconds:g})",
+            video_track_timescale=TIMESCALE,
         )
     )
 
@@ -263,7 +288,12 @@ def segment(source: Path, out_dir: Path, segment_seconds: float) -> list[Path]:
     pattern = out_dir / "part-%05d.mp4"
     run(
         ffmpeg.output(
-            *_mp4_streams(source), str(pattern), c="copy", f="segment", segment_time=segment_seconds, reset_timestamps=1,
+            *_mp4_streams(source),
+            str(pattern),
+            c="copy",
+            f="segment",
+            segment_time=segment_seconds,
+            reset_timestamps=1,
             # no edit list: from a source without packet durations (mkv, webm) it would hide each part's last frame
             segment_format_options="use_editlist=0",
         )
@@ -338,8 +368,17 @@ def make_test_video(
     gop = max(1, int(round(fps * keyframe_seconds)))
     run(
         ffmpeg.output(
-            video, audio, str(path), vcodec="libx264", acodec="aac", pix_fmt="yuv420p", g=gop,
-            keyint_min=gop, sc_threshold=0, preset="veryfast", shortest=None,
+            video,
+            audio,
+            str(path),
+            vcodec="libx264",
+            acodec="aac",
+            pix_fmt="yuv420p",
+            g=gop,
+            keyint_min=gop,
+            sc_threshold=0,
+            preset="veryfast",
+            shortest=None,
         )
     )
     return path

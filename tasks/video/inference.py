@@ -55,7 +55,11 @@ def infer_ffmpeg(source: Path, target: Path, mode: str) -> None:
 
 def _origin(url: str) -> tuple[str, str, int | None]:
     parts = urllib.parse.urlsplit(url)
-    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return (
+        parts.scheme.lower(),
+        (parts.hostname or "").lower(),
+        parts.port or {"http": 80, "https": 443}.get(parts.scheme),
+    )
 
 
 class _RedirectRefused(Exception):
@@ -65,12 +69,16 @@ class _RedirectRefused(Exception):
 class _KeepCredentialsHome(urllib.request.HTTPRedirectHandler):
     """Follow 307/308 with the same POST body; send ``Authorization`` only back to the endpoint's own origin."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 - urllib's hook
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # urllib's hook
         """Follow only 307/308 (they keep the POST), and drop the credentials when the host changes."""
         if code not in (307, 308):  # 301/302/303 turn the POST into a GET without the segment
             raise _RedirectRefused(f"redirected ({code}) to {public_url(newurl)}; only 307/308 keep the segment")
         new = urllib.request.Request(
-            newurl, data=req.data, method=req.get_method(), origin_req_host=req.origin_req_host, unverifiable=True,
+            newurl,
+            data=req.data,
+            method=req.get_method(),
+            origin_req_host=req.origin_req_host,
+            unverifiable=True,
             headers={k: v for k, v in req.headers.items() if k.lower() != "authorization"},
         )
         token = req.get_header("Authorization")
@@ -82,19 +90,24 @@ class _KeepCredentialsHome(urllib.request.HTTPRedirectHandler):
 _opener = urllib.request.build_opener(_KeepCredentialsHome)
 
 
-def infer_http(source: Path, target: Path, mode: str, endpoint_url: str | None, timeout_s: float,
-               api_key: str | None = None) -> None:
+def infer_http(
+    source: Path, target: Path, mode: str, endpoint_url: str | None, timeout_s: float, api_key: str | None = None
+) -> None:
     """POST the segment's bytes to ``endpoint_url`` (``?mode=``) and store the response body as the output.
 
     Messages name the endpoint without its query values or user info, and never hold ``api_key``.
     """
     if not endpoint_url:
-        raise InferenceError("http backend: no endpoint_url configured (VideoInference block / VIDEO_INFERENCE_ENDPOINT_URL)")
+        raise InferenceError(
+            "http backend: no endpoint_url configured (VideoInference block / VIDEO_INFERENCE_ENDPOINT_URL)"
+        )
     where = public_url(endpoint_url)
     secrets = [api_key, *url_secrets(endpoint_url)]
     separator = "&" if "?" in endpoint_url else "?"
     request = urllib.request.Request(
-        f"{endpoint_url}{separator}mode={mode}", data=source.read_bytes(), method="POST",
+        f"{endpoint_url}{separator}mode={mode}",
+        data=source.read_bytes(),
+        method="POST",
         headers={"Content-Type": "video/mp4"},
     )
     if api_key:
@@ -111,7 +124,7 @@ def infer_http(source: Path, target: Path, mode: str, endpoint_url: str | None, 
         raise fail(str(error)) from None
     except urllib.error.HTTPError as error:
         raise fail(f"answered {error.code} {error.reason}") from None
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         raise fail(f"timed out after {timeout_s:g} s") from None
     except urllib.error.URLError as error:
         reason = error.reason
@@ -132,14 +145,29 @@ def gpu_available() -> str | None:
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
         pynvml.nvmlShutdown()
-    except Exception as error:  # no driver / library
+    except Exception as error:  # noqa: BLE001 - no driver / library: any NVML failure means no NVENC here
         return f"no NVIDIA driver ({type(error).__name__})"
     if count == 0:
         return "no NVIDIA GPU"
     probe = subprocess.run(
-        [video_ffmpeg.ffmpeg_exe(), "-hide_banner", "-loglevel", "error", "-f", "lavfi", "-i",
-         "testsrc=size=256x256:rate=10:duration=0.5", "-c:v", "h264_nvenc", "-f", "null", "-"],
-        capture_output=True, text=True, timeout=60,
+        [
+            video_ffmpeg.ffmpeg_exe(),
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc=size=256x256:rate=10:duration=0.5",
+            "-c:v",
+            "h264_nvenc",
+            "-f",
+            "null",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     if probe.returncode != 0:
         return "h264_nvenc cannot encode: " + (probe.stderr.strip().splitlines() or ["?"])[-1]
@@ -177,8 +205,15 @@ def infer_text_redact(source: Path, target: Path, mode: str, batch_size: int) ->
     detections_file(target).write_text(json.dumps(found))
 
 
-def infer_sagemaker(source_url: str | None, target: Path, mode: str, endpoint_name: str | None,
-                    endpoint_url: str | None, timeout_s: float, poll_s: float = 0.5) -> None:
+def infer_sagemaker(
+    source_url: str | None,
+    target: Path,
+    mode: str,
+    endpoint_name: str | None,
+    endpoint_url: str | None,
+    timeout_s: float,
+    poll_s: float = 0.5,
+) -> None:
     """Invoke an asynchronous endpoint with the segment's object URL (and ``mode=`` as its custom attributes),
     wait for its output object, fetch it.
 
@@ -197,11 +232,16 @@ def infer_sagemaker(source_url: str | None, target: Path, mode: str, endpoint_na
         raise InferenceError("sagemaker backend: needs an endpoint_name (VideoInference block) and the segment's URL")
     secrets = url_secrets(endpoint_url) if endpoint_url else []
     where = f"endpoint {endpoint_name}" + (f" at {public_url(endpoint_url)}" if endpoint_url else "")
-    session = aws_session()  # the object storage block's credentials: the endpoint reads and writes that account's buckets
+    session = (
+        aws_session()
+    )  # the object storage block's credentials: the endpoint reads and writes that account's buckets
     runtime = (session or boto3).client("sagemaker-runtime", endpoint_url=endpoint_url, config=BOTO_CONFIG)
     try:
         answer = runtime.invoke_endpoint_async(
-            EndpointName=endpoint_name, InputLocation=source_url, ContentType="video/mp4", CustomAttributes=f"mode={mode}",
+            EndpointName=endpoint_name,
+            InputLocation=source_url,
+            ContentType="video/mp4",
+            CustomAttributes=f"mode={mode}",
             InvocationTimeoutSeconds=max(1, min(3600, int(timeout_s))),
         )
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
@@ -223,9 +263,19 @@ def infer_sagemaker(source_url: str | None, target: Path, mode: str, endpoint_na
         time.sleep(poll_s)
 
 
-def infer(backend: str, source: Path, target: Path, mode: str, *, endpoint_url: str | None = None,
-          timeout_s: float = 60.0, api_key: str | None = None, source_url: str | None = None,
-          endpoint_name: str | None = None, batch_size: int = 8) -> None:
+def infer(
+    backend: str,
+    source: Path,
+    target: Path,
+    mode: str,
+    *,
+    endpoint_url: str | None = None,
+    timeout_s: float = 60.0,
+    api_key: str | None = None,
+    source_url: str | None = None,
+    endpoint_name: str | None = None,
+    batch_size: int = 8,
+) -> None:
     """Run ``backend`` on one segment file (``source_url``: the same segment in the object store)."""
     if backend == "ffmpeg":
         infer_ffmpeg(source, target, mode)

@@ -15,19 +15,20 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from boto3.dynamodb.conditions import Key
 
 from blocks import VideoInference, load_config
 from tasks.core import faults, keys, state_store
-from tasks.video import ffmpeg as video_ffmpeg
-from tasks.video import inference as video_inference
-from tasks.core.runtime import iso_ago, now_iso, prefect_ids
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore, open_url
 from tasks.core.redact import redact, url_secrets
+from tasks.core.runtime import iso_ago, now_iso, prefect_ids
 from tasks.core.state_store import Condition, Outcome
-from urllib.parse import unquote, urlparse
+from tasks.video import ffmpeg as video_ffmpeg
+from tasks.video import inference as video_inference
+from tasks.video import keys as video_keys
 
 CREATED = "created"
 CHUNKING = "chunking_in_progress"
@@ -57,7 +58,6 @@ def _completions() -> str:
 
 def _locks() -> str:
     return table_name("video_reassembly_locks")
-
 
 
 def _key(job_id: str) -> dict[str, str]:
@@ -101,7 +101,7 @@ def put_finished_file(store: ObjectStore, key: str, path: Path) -> None:
 
 
 def copy_object(store: ObjectStore, src: str, dst: str) -> None:
-    """``dst`` gets ``src``'s bytes: a hard link on a local store (objects are never rewritten in place), else a copy."""
+    """``dst`` gets ``src``'s bytes: a hard link on a local store (no object is rewritten in place), else a copy."""
     if isinstance(store, LocalStore):
         source, target = store.path(src), store.path(dst)
         if not source.is_file():
@@ -134,7 +134,7 @@ def create_job(
     job_id = keys.safe_id(uuid.uuid4().hex if job_id is None else job_id, "job_id")
     if mode is not None and mode not in video_ffmpeg.FILTERS:
         raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(video_ffmpeg.FILTERS)}")
-    item = {"job_id": job_id, "status": CREATED, "created_at": now_iso(), "source_key": keys.source_key(job_id)}
+    item = {"job_id": job_id, "status": CREATED, "created_at": now_iso(), "source_key": video_keys.source_key(job_id)}
     if mode:
         item["mode"] = mode
     if segment_seconds:
@@ -142,7 +142,7 @@ def create_job(
     result = state_store.create_if_absent(_jobs(), item, ["job_id"])
     if not result.applied:
         raise ValueError(f"video job {job_id!r} already exists (status {result.item.get('status')})")
-    target = object_store().presign_put(keys.source_key(job_id))
+    target = object_store().presign_put(video_keys.source_key(job_id))
     return {"job_id": job_id, "status": CREATED, "source_key": item["source_key"], "upload_target": target}
 
 
@@ -167,7 +167,7 @@ def note_process_run(job_id: str, flow_run_id: str) -> None:
 
 
 def _normal_url(url: str) -> str:
-    """``url`` in one spelling for prefix checks: ``file://`` paths resolved (no ``..``, no symlinks), ``s3://`` as is."""
+    """``url`` spelt one way for prefix checks: ``file://`` paths resolved (no ``..``, no symlinks), ``s3://`` as is."""
     parsed = urlparse(url)
     if parsed.scheme == "s3" and parsed.netloc:
         return f"s3://{parsed.netloc}{parsed.path or '/'}"
@@ -202,10 +202,10 @@ def import_source(job_id: str, source_url: str) -> str:
     source_store, source = open_url(source_url)
     try:
         with local_path(source_store, source) as path:
-            store.put_file(keys.source_key(job_id), path)
+            store.put_file(video_keys.source_key(job_id), path)
     except ObjectNotFound:
         raise video_ffmpeg.InvalidMedia(f"no source at {source}") from None
-    return keys.source_key(job_id)
+    return video_keys.source_key(job_id)
 
 
 def get_job(job_id: str) -> dict[str, Any]:
@@ -252,10 +252,30 @@ def fail_job(job_id: str, reason: str) -> str | None:
 
 # attributes of one attempt, removed when a failed job is opened again
 _ATTEMPT_ATTRS = (
-    "failure_reason", "failed_at", "total_segments", "segment_frames", "segment_durations", "source_duration",
-    "source_frames", "source_has_audio", "source_audio_start", "source_audio_duration", "source_size", "output_size",
-    "normalised", "chunking_started_at", "chunking_completed_at", "final_key", "final_frames",
-    "final_duration", "final_size", "final_audio_duration", "completed_at", "reconciled_at", "redrives", "redriven_at",
+    "failure_reason",
+    "failed_at",
+    "total_segments",
+    "segment_frames",
+    "segment_durations",
+    "source_duration",
+    "source_frames",
+    "source_has_audio",
+    "source_audio_start",
+    "source_audio_duration",
+    "source_size",
+    "output_size",
+    "normalised",
+    "chunking_started_at",
+    "chunking_completed_at",
+    "final_key",
+    "final_frames",
+    "final_duration",
+    "final_size",
+    "final_audio_duration",
+    "completed_at",
+    "reconciled_at",
+    "redrives",
+    "redriven_at",
     "ttl",  # a finished job's retention (tasks/retention)
 )
 
@@ -263,7 +283,10 @@ _ATTEMPT_ATTRS = (
 def clear_job_outputs(job_id: str) -> dict[str, int]:
     """Remove a job's segments, outputs, completion records and lock (its input stays)."""
     store = object_store()
-    objects = sum(store.delete_prefix(prefix) for prefix in (keys.segments_prefix(job_id), keys.job_output_prefix(job_id)))
+    objects = sum(
+        store.delete_prefix(prefix)
+        for prefix in (video_keys.segments_prefix(job_id), video_keys.job_output_prefix(job_id))
+    )
     records = state_store.batch_delete(
         _completions(), [{"job_id": job_id, "segment_index": r["segment_index"]} for r in completions(job_id)]
     )
@@ -282,9 +305,13 @@ def reopen_failed_job(job_id: str) -> bool:
         return False
     clear_job_outputs(job_id)
     result = state_store.transition(
-        _jobs(), _key(job_id), FAILED, CREATED,
+        _jobs(),
+        _key(job_id),
+        FAILED,
+        CREATED,
         set={"previous_failure_reason": job.get("failure_reason", ""), "reopened_at": now_iso()},
-        add={"attempts": 1}, remove=[a for a in _ATTEMPT_ATTRS if a in job],
+        add={"attempts": 1},
+        remove=[a for a in _ATTEMPT_ATTRS if a in job],
     )
     if not result.applied:
         status = None if result.item is None else result.item.get("status")
@@ -314,11 +341,12 @@ def start_chunking(job_id: str) -> dict[str, Any]:
 def segment_keys_of(job: dict[str, Any]) -> list[str]:
     """The object keys of the job's ``total_segments`` segments, in order."""
     total = int(job["total_segments"])
-    return [keys.segment_key(job["job_id"], i, total, job["mode"]) for i in range(total)]
+    return [video_keys.segment_key(job["job_id"], i, total, job["mode"]) for i in range(total)]
 
 
 def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
-    """Split the source into segments (stream copy), upload them, then set total_segments + chunking_complete at once."""
+    """Split the source into segments (stream copy), upload them, then set total_segments + chunking_complete at
+    once."""
     if mode not in video_ffmpeg.FILTERS:
         raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(video_ffmpeg.FILTERS)}")
     if not segment_seconds or segment_seconds <= 0:
@@ -327,7 +355,7 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
     if job.get("status") in (CHUNKED, COMPLETED):
         return segment_keys_of(job)
     store = object_store()
-    source = keys.source_key(job_id)
+    source = video_keys.source_key(job_id)
     with scratch_dir(store, "video-chunk-") as tmp:
         try:
             with local_path(store, source) as path:
@@ -340,7 +368,7 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
         except ObjectNotFound:
             raise video_ffmpeg.InvalidMedia(f"no upload at {source}") from None
         total = len(parts)
-        segment_keys = [keys.segment_key(job_id, i, total, mode) for i in range(total)]
+        segment_keys = [video_keys.segment_key(job_id, i, total, mode) for i in range(total)]
         # each segment probed once here; its output must match (frames, duration) before it counts as done
         probes = [video_ffmpeg.probe(part, key) for part, key in zip(parts, segment_keys)]
         if sum(p.frames for p in probes) != info.frames:
@@ -351,25 +379,38 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
             put_finished_file(store, key, part)
     picture = video_ffmpeg.even_size(*info.display_size) if normalised else info.display_size
     attempt = {
-        "source_audio_start": round(info.audio_start, 6), "source_audio_duration": round(info.audio_duration, 6),
-        "source_size": "{}x{}".format(*info.display_size), "output_size": "{}x{}".format(*video_ffmpeg.output_size(mode, *picture)),
+        "source_audio_start": round(info.audio_start, 6),
+        "source_audio_duration": round(info.audio_duration, 6),
+        "source_size": "{}x{}".format(*info.display_size),
+        "output_size": "{}x{}".format(*video_ffmpeg.output_size(mode, *picture)),
     }
     if normalised:
         attempt["normalised"] = normalised
     result = state_store.transition(
-        _jobs(), _key(job_id), CHUNKING, CHUNKED,
+        _jobs(),
+        _key(job_id),
+        CHUNKING,
+        CHUNKED,
         set={
-            "total_segments": total, "mode": mode, "segment_seconds": float(segment_seconds),
-            "source_duration": info.duration, "source_frames": info.frames, "source_has_audio": info.has_audio,
-            "segment_frames": [p.frames for p in probes], "segment_durations": [round(p.duration, 6) for p in probes],
-            "chunking_completed_at": now_iso(), **attempt,
+            "total_segments": total,
+            "mode": mode,
+            "segment_seconds": float(segment_seconds),
+            "source_duration": info.duration,
+            "source_frames": info.frames,
+            "source_has_audio": info.has_audio,
+            "segment_frames": [p.frames for p in probes],
+            "segment_durations": [round(p.duration, 6) for p in probes],
+            "chunking_completed_at": now_iso(),
+            **attempt,
         },
     )
     if not result.applied:
         current = result.item or {}
         if current.get("status") in (CHUNKED, COMPLETED) and int(current.get("total_segments", -1)) == total:
             return segment_keys
-        raise RuntimeError(f"video job {job_id!r} left chunking_in_progress while chunking (now {current.get('status')})")
+        raise RuntimeError(
+            f"video job {job_id!r} left chunking_in_progress while chunking (now {current.get('status')})"
+        )
     return segment_keys
 
 
@@ -391,18 +432,25 @@ def completions(job_id: str) -> list[dict[str, Any]]:
     return [state_store.to_plain(i) for i in items]
 
 
-def record_completion(segment: keys.SegmentKey, output_key: str) -> Outcome:
+def record_completion(segment: video_keys.SegmentKey, output_key: str) -> Outcome:
     """Write the segment's SegmentCompletion once (a retry or duplicate finds it there)."""
     item = {
-        "job_id": segment.job_id, "segment_index": segment.segment_index, "total_segments": segment.total_segments,
-        "segment_key": keys.segment_key(segment.job_id, segment.segment_index, segment.total_segments, segment.mode),
-        "output_key": output_key, "completed_at": now_iso(), **prefect_ids(),
+        "job_id": segment.job_id,
+        "segment_index": segment.segment_index,
+        "total_segments": segment.total_segments,
+        "segment_key": video_keys.segment_key(
+            segment.job_id, segment.segment_index, segment.total_segments, segment.mode
+        ),
+        "output_key": output_key,
+        "completed_at": now_iso(),
+        **prefect_ids(),
     }
     return state_store.create_if_absent(_completions(), item, ["job_id", "segment_index"]).outcome
 
 
 def trigger_on_write(job_id: str) -> bool:
-    """After a completion put: if chunking_complete and all segments are done, create the lock. True for the one winner."""
+    """After a completion put: if chunking_complete and all segments are done, create the lock. True for the one
+    winner."""
     job = state_store.get_item(_jobs(), _key(job_id))
     if job is None or job.get("status") != CHUNKED:
         return False
@@ -422,7 +470,9 @@ def check_output(path: Path, output_key: str, index: int, job: dict[str, Any], b
     try:
         info = video_ffmpeg.probe(path, output_key)
     except video_ffmpeg.InvalidMedia as error:
-        raise video_inference.InferenceError(f"{backend} backend output for segment {index} is no video: {error}") from None
+        raise video_inference.InferenceError(
+            f"{backend} backend output for segment {index} is no video: {error}"
+        ) from None
     if frames is None or durations is None:  # a job chunked before segments were probed
         return
     want_frames, want_duration = int(frames[index]), float(durations[index])
@@ -436,7 +486,7 @@ def check_output(path: Path, output_key: str, index: int, job: dict[str, Any], b
 
 def infer_segment(segment_key: str, backend: str | None = None, mode: str | None = None) -> dict[str, Any]:
     """Run the backend on one segment, store its output, record the completion, then run the trigger."""
-    segment = keys.parse_segment_key(segment_key)
+    segment = video_keys.parse_segment_key(segment_key)
     config = load_config(VideoInference)
     backend = backend or config.backend
     mode = mode or segment.mode
@@ -445,7 +495,7 @@ def infer_segment(segment_key: str, backend: str | None = None, mode: str | None
         status = None if job is None else job.get("status")
         return {"segment_index": segment.segment_index, "skipped": f"job is {status}", "triggered": False}
     store = object_store()
-    output = keys.output_segment_key(segment.job_id, segment.segment_index, segment.total_segments, mode)
+    output = video_keys.output_segment_key(segment.job_id, segment.segment_index, segment.total_segments, mode)
     if not store.exists(output):  # outputs are written atomically: present means complete
         if backend == "ffmpeg" and mode == "identity":
             copy_object(store, segment_key, output)  # identity: the output is the segment, unchanged
@@ -454,20 +504,30 @@ def infer_segment(segment_key: str, backend: str | None = None, mode: str | None
                 target = tmp / "output.mp4"
                 api_key = config.api_key.get_secret_value() if config.api_key else None
                 video_inference.infer(
-                    backend, path, target, mode, endpoint_url=config.endpoint_url, timeout_s=config.timeout_s,
-                    api_key=api_key, source_url=store.url_for(segment_key), endpoint_name=config.endpoint_name,
+                    backend,
+                    path,
+                    target,
+                    mode,
+                    endpoint_url=config.endpoint_url,
+                    timeout_s=config.timeout_s,
+                    api_key=api_key,
+                    source_url=store.url_for(segment_key),
+                    endpoint_name=config.endpoint_name,
                     batch_size=config.batch_size,
                 )
                 check_output(target, output, segment.segment_index, job, backend)
                 found = video_inference.detections_file(target)
                 if found.is_file():  # before the output: a present output means the segment is finished
                     store.put_file(
-                        keys.detections_key(segment.job_id, segment.segment_index, segment.total_segments, mode), found
+                        video_keys.detections_key(segment.job_id, segment.segment_index, segment.total_segments, mode),
+                        found,
                     )
                 put_finished_file(store, output, target)
     outcome = record_completion(segment, output)
     return {
-        "segment_index": segment.segment_index, "output_key": output, "completion": outcome.value,
+        "segment_index": segment.segment_index,
+        "output_key": output,
+        "completion": outcome.value,
         "triggered": trigger_on_write(segment.job_id),
     }
 
@@ -479,7 +539,10 @@ def claim_reassembly(job_id: str, owner: str, stale_after_s: float = 900.0) -> s
     """Set ``reassembly_started_at`` on the lock only if unset (or ours, or stale): one worker reassembles."""
     stale = iso_ago(stale_after_s)
     return state_store.transition(
-        _locks(), _key(job_id), None, None,
+        _locks(),
+        _key(job_id),
+        None,
+        None,
         set={"reassembly_started_at": now_iso(), "reassembly_owner": owner, **prefect_ids()},
         condition=Condition(
             "attribute_not_exists(#started) OR #owner = :owner OR #started < :stale",
@@ -500,7 +563,8 @@ DURATION_TOLERANCE_S = 0.1  # how far the final's picture and sound may end from
 
 
 def final_problems(info: video_ffmpeg.MediaInfo, job: dict[str, Any]) -> list[str]:
-    """How the final output differs from the job's source (frames, duration, picture size, audio); empty when it matches."""
+    """How the final output differs from the job's source (frames, duration, picture size, audio); empty if it
+    matches."""
     problems, tolerance = [], DURATION_TOLERANCE_S
     if "source_frames" in job and info.frames != int(job["source_frames"]):
         problems.append(f"{info.frames} frames, the source {int(job['source_frames'])}")
@@ -537,7 +601,7 @@ def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900
     job = state_store.get_item(_jobs(), _key(job_id))
     if job is None:
         raise LookupError(f"video job {job_id!r} not found")
-    final = keys.final_key(job_id)
+    final = video_keys.final_key(job_id)
     if job["status"] == COMPLETED:
         return {"job_id": job_id, "status": COMPLETED, "final_key": final, "reassembled": False}
     if job["status"] != CHUNKED:
@@ -562,7 +626,11 @@ def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900
             with scratch_dir(store, "video-concat-") as tmp, contextlib.ExitStack() as stack:
                 parts = [stack.enter_context(local_path(store, r["output_key"])) for r in records]
                 # the source's own audio track, whole, onto the joined picture (segments carry no audio)
-                audio = stack.enter_context(local_path(store, keys.source_key(job_id))) if plain.get("source_has_audio") else None
+                audio = (
+                    stack.enter_context(local_path(store, video_keys.source_key(job_id)))
+                    if plain.get("source_has_audio")
+                    else None
+                )
                 target = tmp / "final.mp4"
                 video_ffmpeg.concat(parts, target, audio)
                 info = video_ffmpeg.probe(target, final)
@@ -574,18 +642,32 @@ def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900
             reason = fail_job(job_id, f"reassembly failed: {error}")
             raise JobFailed(f"video job {job_id} failed: {reason or public_reason(str(error))}") from None
     done = state_store.transition(
-        _jobs(), _key(job_id), CHUNKED, COMPLETED,
+        _jobs(),
+        _key(job_id),
+        CHUNKED,
+        COMPLETED,
         set={
-            "final_key": final, "completed_at": now_iso(), "final_duration": info.duration, "final_frames": info.frames,
-            "final_size": "{}x{}".format(*info.display_size), "final_audio_duration": round(info.audio_duration, 6),
+            "final_key": final,
+            "completed_at": now_iso(),
+            "final_duration": info.duration,
+            "final_frames": info.frames,
+            "final_size": "{}x{}".format(*info.display_size),
+            "final_audio_duration": round(info.audio_duration, 6),
         },
     )
     if not done.applied and (done.item or {}).get("status") != COMPLETED:
-        raise RuntimeError(f"video job {job_id!r} left chunking_complete during reassembly ({(done.item or {}).get('status')})")
+        raise RuntimeError(
+            f"video job {job_id!r} left chunking_complete during reassembly ({(done.item or {}).get('status')})"
+        )
     state_store.transition(_locks(), _key(job_id), None, None, set={"reassembly_completed_at": now_iso()})
     return {
-        "job_id": job_id, "status": COMPLETED, "final_key": final, "reassembled": not reused,
-        "duration": info.duration, "frames": info.frames, "segments": total,
+        "job_id": job_id,
+        "status": COMPLETED,
+        "final_key": final,
+        "reassembled": not reused,
+        "duration": info.duration,
+        "frames": info.frames,
+        "segments": total,
     }
 
 
@@ -609,7 +691,7 @@ def cleanup_deleted_job(job_id: str) -> dict[str, int]:
     if job is None or job.get("status") != DELETED:
         status = None if job is None else job.get("status")
         raise ValueError(f"video job {job_id!r} is {status}: only deleted jobs are cleaned up")
-    inputs = object_store().delete_prefix(keys.input_prefix(job_id))
+    inputs = object_store().delete_prefix(video_keys.input_prefix(job_id))
     removed = clear_job_outputs(job_id)
     # the row stays `deleted`; cleaned_up_at tells the scheduled sweep this job needs nothing more
     state_store.transition(_jobs(), _key(job_id), DELETED, None, set={"cleaned_up_at": now_iso()})
@@ -669,13 +751,16 @@ def redrive_run(job_id: str, ended_run_id: str) -> str | None:
             return None
         parameters = {k: v for k, v in (ended.parameters or {}).items() if k != "source_url"}  # imported already
         run = client.create_flow_run_from_deployment(
-            ended.deployment_id, parameters={**parameters, "job_id": job_id},
+            ended.deployment_id,
+            parameters={**parameters, "job_id": job_id},
             idempotency_key=f"video-redrive-{job_id}-{ended_run_id}",
         )
     return str(run.id)
 
 
-def recover_stuck_job(job_id: str, owner: str | None = None, why: str = "", max_redrives: int = MAX_REDRIVES) -> dict[str, Any]:
+def recover_stuck_job(
+    job_id: str, owner: str | None = None, why: str = "", max_redrives: int = MAX_REDRIVES
+) -> dict[str, Any]:
     """A job left chunking (or ``chunking_complete``) with no live run: reassemble when every segment is done, else
     re-drive it (a new run of its deployment, at most ``max_redrives`` times), else fail it with the reason.
 
@@ -700,14 +785,25 @@ def recover_stuck_job(job_id: str, owner: str | None = None, why: str = "", max_
     new_run = redrive_run(job_id, ended) if ended and redrives < max_redrives else None
     if new_run:  # the job now belongs to the new run, so a late or second report of the old one changes nothing
         moved = state_store.transition(
-            _jobs(), _key(job_id), status, None, set={"prefect_flow_run_id": new_run, "redriven_at": now_iso()},
-            add={"redrives": 1}, remove=["prefect_task_run_id"],
+            _jobs(),
+            _key(job_id),
+            status,
+            None,
+            set={"prefect_flow_run_id": new_run, "redriven_at": now_iso()},
+            add={"redrives": 1},
+            remove=["prefect_task_run_id"],
             condition=state_store.unchanged({"prefect_flow_run_id": ended, "redrives": job.get("redrives")}, "r"),
         )
         action = "re-driven" if moved.applied else "none"
         return {"job_id": job_id, "status": status, "action": action, "flow_run_id": new_run, "redrives": redrives + 1}
     cause = f"after {redrives} re-drives" if redrives else "and no run working on it"
     reason = fail_job(
-        job_id, f"stuck in {status} with {progress} {cause}{f' ({why})' if why else ''}; re-run video-process for the job",
+        job_id,
+        f"stuck in {status} with {progress} {cause}{f' ({why})' if why else ''}; re-run video-process for the job",
     )
-    return {"job_id": job_id, "status": FAILED if reason else status, "action": "failed" if reason else "none", "reason": reason}
+    return {
+        "job_id": job_id,
+        "status": FAILED if reason else status,
+        "action": "failed" if reason else "none",
+        "reason": reason,
+    }

@@ -11,12 +11,11 @@ idempotency key, which the Prefect server answers with the run already created i
 
 from __future__ import annotations
 
-from tasks.core import keys
 from tasks.core.runtime import run_logger
 from tasks.landing.listener import Outcome
 from tasks.landing.pipelines import handle_each, start_deployment_run
 from tasks.landing.sources import Arrival
-from tasks.video import jobs
+from tasks.video import jobs, keys
 
 PIPELINE = "video"
 PROCESS_DEPLOYMENT = "video-process/local"
@@ -28,7 +27,8 @@ def run_key(job: dict) -> str:
 
 
 def upload_arrived(arrival: Arrival, deployment: str = PROCESS_DEPLOYMENT) -> tuple[str, list[str]]:
-    """Start the job of one upload: (what happened, the run it started); one log line when nothing is started (InvalidKey: not an upload key)."""
+    """Start the job of one upload: (what happened, the run it started); one log line when nothing is started
+    (InvalidKey: not an upload key)."""
     log = run_logger(__name__)
     job_id = keys.parse_source_key(arrival.key)
     claim = jobs.claim_upload(job_id, arrival.event_id)

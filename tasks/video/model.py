@@ -43,7 +43,8 @@ def cuda_available() -> bool:
 
 
 def session_options(threads: int | None = None):
-    """The CPU-tuned session options: every graph optimisation, one sequential pool of ``threads`` that sleeps when idle."""
+    """The CPU-tuned session options: every graph optimisation, one sequential pool of ``threads`` that sleeps when
+    idle."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -126,8 +127,15 @@ def boxes_from_map(probability: np.ndarray, scale: float, height: int, width: in
         grow = box_h * box_w * UNCLIP_RATIO / (2 * (box_h + box_w))
         x0, y0 = (cols.start - grow) / scale, (rows.start - grow) / scale
         x1, y1 = (cols.stop + grow) / scale, (rows.stop + grow) / scale
-        boxes.append([max(0, int(x0)), max(0, int(y0)), min(width, int(np.ceil(x1))), min(height, int(np.ceil(y1))),
-                      round(score, 4)])
+        boxes.append(
+            [
+                max(0, int(x0)),
+                max(0, int(y0)),
+                min(width, int(np.ceil(x1))),
+                min(height, int(np.ceil(y1))),
+                round(score, 4),
+            ]
+        )
     return boxes
 
 
@@ -148,12 +156,16 @@ def black_out(frame, boxes: list[list[float]]):
     data = frame.to_ndarray()  # yuv420p: the Y, U and V planes one after the other
     flat = data.reshape(-1)
     luma = flat[: width * height].reshape(height, width)
-    chroma = [flat[width * height + i * (width // 2) * (height // 2):][: (width // 2) * (height // 2)]
-              .reshape(height // 2, width // 2) for i in (0, 1)]
+    chroma = [
+        flat[width * height + i * (width // 2) * (height // 2) :][: (width // 2) * (height // 2)].reshape(
+            height // 2, width // 2
+        )
+        for i in (0, 1)
+    ]
     for x0, y0, x1, y1, _score in boxes:
-        luma[int(y0):int(y1), int(x0):int(x1)] = 16  # video-range black
+        luma[int(y0) : int(y1), int(x0) : int(x1)] = 16  # video-range black
         for plane in chroma:
-            plane[int(y0) // 2:(int(y1) + 1) // 2, int(x0) // 2:(int(x1) + 1) // 2] = 128
+            plane[int(y0) // 2 : (int(y1) + 1) // 2, int(x0) // 2 : (int(x1) + 1) // 2] = 128
     redacted = av.VideoFrame.from_ndarray(data, format="yuv420p")
     redacted.pts, redacted.time_base = frame.pts, frame.time_base
     return redacted
@@ -228,7 +240,8 @@ def _yuv420p(frame):
 def redact_text(source: Path, target: Path, mode: str = "identity", batch_size: int = 8) -> dict[str, Any]:
     """Black out the text the detector finds in every frame of ``source``; write ``target`` and return the detections.
 
-    Detections: ``{"model", "provider", "frames", "detections": [{"frame", "pts", "boxes": [[x0, y0, x1, y1, score]]}]}``
+    Detections: ``{"model", "provider", "frames", "detections": [{"frame", "pts", "boxes": [[x0, y0, x1, y1,
+    score]]}]}``
     with one entry per frame that has text (frame = decode order, pts in seconds).
     """
     import av

@@ -6,9 +6,9 @@ A sweep (see ``tests/test_crashpoints_*.py``):
    the first and last write of each kind;
 3. for each point, ``run_child`` runs the step in a child process with ``PIPELINES_FAULT=N:kill:when``, and the
    test runs only what the product itself runs afterwards (maintenance flows, the documented re-run), then
-   asserts the pipeline's invariants (../shared/DESIGN.md, "Fault model").
+   asserts the pipeline's invariants (docs/design.md, "Fault model").
 
-The child is this file run as a script: ``python tests/crashpoints.py module:function JSON-kwargs``.
+The child is this file run as a script: ``python tests/helpers/crashpoints.py module:function JSON-kwargs``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # up to this many writes every point is tried; above, a seeded sample of this size. By hand a sweep samples 3
 # points per pipeline (the first and last write and one more); `make test-sweep` (CI runs it after `make test`)
 # sets CRASHPOINTS_LIMIT=40: every write of every pipeline's run.
@@ -75,8 +75,14 @@ def run_child(
         extra["PIPELINES_FAULT"] = fault
     if log:
         extra["PIPELINES_FAULT_LOG"] = str(log)
-    return subprocess.run(child_command(call, kwargs), env=child_env(extra), cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        child_command(call, kwargs),
+        env=child_env(extra),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def child_command(call: str, kwargs: dict[str, Any]) -> list[str]:
@@ -87,7 +93,9 @@ def child_command(call: str, kwargs: dict[str, Any]) -> list[str]:
 def start_child(call: str, kwargs: dict[str, Any], log: Path) -> subprocess.Popen:
     """Start ``module:function(**kwargs)`` in a child process (a listener, to be killed for real), output to ``log``."""
     with open(log, "ab") as out:
-        return subprocess.Popen(child_command(call, kwargs), env=child_env(), cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            child_command(call, kwargs), env=child_env(), cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def killed(result: subprocess.CompletedProcess) -> bool:

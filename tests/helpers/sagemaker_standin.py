@@ -31,26 +31,36 @@ class AsyncEndpoint:
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
+            def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 parts = self.path.strip("/").split("/")
                 if len(parts) != 3 or parts[0] != "endpoints" or parts[2] != "async-invocations":
                     return self._answer(404, {"message": f"no route {self.path}"})
                 if parts[1] not in standin.endpoints:
-                    return self._answer(400, {"message": f"Endpoint {parts[1]} of account 000000000000 not found."},
-                                        {"x-amzn-ErrorType": "ValidationError"})
+                    return self._answer(
+                        400,
+                        {"message": f"Endpoint {parts[1]} of account 000000000000 not found."},
+                        {"x-amzn-ErrorType": "ValidationError"},
+                    )
                 inference_id = self.headers.get("X-Amzn-SageMaker-Inference-Id") or str(uuid.uuid4())
                 output = f"{standin.output_url}/output/{inference_id}.out"
                 failure = f"{standin.output_url}/failure/{inference_id}-error.out"
-                call = {"endpoint": parts[1], "input": self.headers["X-Amzn-SageMaker-InputLocation"],
-                        "attributes": self.headers.get("X-Amzn-SageMaker-Custom-Attributes", ""), "output": output}
+                call = {
+                    "endpoint": parts[1],
+                    "input": self.headers["X-Amzn-SageMaker-InputLocation"],
+                    "attributes": self.headers.get("X-Amzn-SageMaker-Custom-Attributes", ""),
+                    "output": output,
+                }
                 standin.invocations.append(call)
                 if not standin.silent:
                     worker = threading.Thread(target=standin.run, args=(call, failure), daemon=True)
                     standin.workers.append(worker)
                     worker.start()
-                self._answer(202, {"InferenceId": inference_id},
-                             {"X-Amzn-SageMaker-OutputLocation": output, "X-Amzn-SageMaker-FailureLocation": failure})
+                self._answer(
+                    202,
+                    {"InferenceId": inference_id},
+                    {"X-Amzn-SageMaker-OutputLocation": output, "X-Amzn-SageMaker-FailureLocation": failure},
+                )
 
             def _answer(self, status: int, body: dict, headers: dict | None = None) -> None:
                 data = json.dumps(body).encode()
@@ -81,7 +91,7 @@ class AsyncEndpoint:
                 video_inference.infer("text-redact", source, target, attributes.get("mode", "identity"))
                 store, key = open_url(call["output"])
                 store.put_file(key, target)
-            except Exception as error:  # SageMaker writes the model container's error to the failure location
+            except Exception as error:  # noqa: BLE001 - SageMaker writes the model container's error to the failure location
                 store, key = open_url(failure)
                 store.put_bytes(key, f"{type(error).__name__}: {error}".encode())
 

@@ -37,7 +37,9 @@ def files(*sizes: int) -> list[dict[str, Any]]:
     ]
 
 
-def message(status: str | None, execution: str, start: int | None, *granules: dict, pdr: str | None = None, **extra: Any) -> dict:
+def message(
+    status: str | None, execution: str, start: int | None, *granules: dict, pdr: str | None = None, **extra: Any
+) -> dict:
     """A Cumulus message: cumulus_meta, meta (collection, provider, status) and payload (granules, PDR)."""
     msg: dict[str, Any] = {
         "cumulus_meta": {"state_machine": STATE_MACHINE, "execution_name": execution},
@@ -83,7 +85,9 @@ def pdr(name: str) -> dict[str, Any] | None:
 
 def put_execution(execution_name: str, status: str, created: int = START) -> None:
     """An execution record as Cumulus's tests create one beforehand (fakeExecutionRecordFactory)."""
-    state_store.put(records.EXECUTION.table_name(), {"arn": arn(execution_name), "status": status, "createdAt": created})
+    state_store.put(
+        records.EXECUTION.table_name(), {"arn": arn(execution_name), "status": status, "createdAt": created}
+    )
 
 
 def ported(*titles: str) -> pytest.MarkDecorator:

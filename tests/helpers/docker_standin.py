@@ -62,18 +62,22 @@ def docker_standin() -> Iterator[DockerStandin]:
             path = parsed.path.split("/", 2)[2] if parsed.path.startswith("/v1.") else parsed.path.lstrip("/")
             return path, {k: v[-1] for k, v in parse_qs(parsed.query).items()}
 
-        def do_GET(self):  # noqa: N802 - http.server's naming
+        def do_GET(self):
             path, _ = self._path()
             if path == "version":
                 self._send(200, {"ApiVersion": API_VERSION, "Version": "standin", "MinAPIVersion": "1.24"})
             elif path.startswith("images/") and path.endswith("/json"):
-                self._send(200, {"Id": path[len("images/"):-len("/json")], "RepoTags": []})
+                self._send(200, {"Id": path[len("images/") : -len("/json")], "RepoTags": []})
             else:
                 self._send(404, {"message": f"the stand-in does not serve GET /{path}"})
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             path, query = self._path()
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.headers.get("Content-Length") else b""
+            body = (
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Content-Length")
+                else b""
+            )
             if not body and self.headers.get("Transfer-Encoding") == "chunked":
                 body = self._chunked()
             if path == "build":
@@ -86,9 +90,12 @@ def docker_standin() -> Iterator[DockerStandin]:
                 record.tags.append((query["repo"], query["tag"]))
                 self._send(201, {})
             elif path.startswith("images/") and path.endswith("/push"):
-                record.pushes.append((path[len("images/"):-len("/push")], query.get("tag", "")))
-                self._send(200, [{"status": "Pushed"}, {"aux": {"Tag": query.get("tag", ""), "Digest": "sha256:0"}}],
-                           stream=True)
+                record.pushes.append((path[len("images/") : -len("/push")], query.get("tag", "")))
+                self._send(
+                    200,
+                    [{"status": "Pushed"}, {"aux": {"Tag": query.get("tag", ""), "Digest": "sha256:0"}}],
+                    stream=True,
+                )
             else:
                 self._send(404, {"message": f"the stand-in does not serve POST /{path}"})
 

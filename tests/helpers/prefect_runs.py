@@ -1,0 +1,200 @@
+"""Prefect for the tests that run it as users do: a real server process, prefect.yaml's deployments on a work
+pool, a process worker, waiting on runs, and the event that reports a crashed run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from deployments import dynamodb_local
+from tests.helpers.crashpoints import REPO_ROOT, child_env
+
+
+@contextlib.contextmanager
+def prefect_server_process(tmp_path: Path, env: dict[str, str] | None = None):
+    """A real ``prefect server start`` (with its UI and services) on a free port and its own database; its URL."""
+    port = dynamodb_local.free_port()
+    server_env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else the UI asks the default port 4200
+        **(env or {}),
+    }
+    server_env.pop("PREFECT_API_URL", None)
+    log_path = tmp_path / "server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=server_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("prefect server did not start: " + log_path.read_text()[-2000:])
+                time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+
+
+def flow_name(entrypoint: str) -> str:
+    """The Prefect flow name of a prefect.yaml entrypoint (``flows/etl.py:ndjson_merge`` -> ``ndjson-merge``)."""
+    return entrypoint.split(":")[1].replace("_", "-")
+
+
+def prefect_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    """``prefect --no-prompt ARGS`` against the test server (or with ``env``), as a user types it; must succeed."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = env or {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PIPELINES_ROOT": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _to_copies(value, name: str):
+    """``value`` (parameters, triggers) with every reference to a 'local' deployment pointed at the copy ``name``."""
+    if isinstance(value, dict):
+        return {
+            k: name if k == "prefect.resource.name" and v == "local" else _to_copies(v, name) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_to_copies(v, name) for v in value]
+    return value.replace("/local", f"/{name}") if isinstance(value, str) and value.endswith("/local") else value
+
+
+def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: str) -> dict[str, str]:
+    """`prefect deploy` the 'local' deployments of ``flows`` from prefect.yaml as ``{flow}/{name}`` on ``pool``.
+
+    Everything else (entrypoint, parameters, triggers, pull step) is prefect.yaml's own; references from one
+    deployment to another (``merge_deployment``, ``reassembly_deployment``, the triggers' deployment names) are
+    pointed at the copies.
+    """
+    import yaml
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    config = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
+    chosen = []
+    for deployment in config["deployments"]:
+        if deployment["name"] != "local" or flow_name(deployment["entrypoint"]) not in flows:
+            continue
+        parameters = _to_copies(deployment.get("parameters") or {}, name)
+        chosen.append({**deployment, "name": name, "work_pool": {"name": pool, "work_queue_name": "default"},
+                       "parameters": parameters, "schedules": [],
+                       "triggers": _to_copies(deployment.get("triggers") or [], name)})  # fmt: skip
+    assert {flow_name(d["entrypoint"]) for d in chosen} == flows
+    document = {key: config[key] for key in ("name", "prefect-version", "build", "push", "pull")}
+    path = tmp_path / "prefect-test.yaml"
+    path.write_text(yaml.safe_dump({**document, "deployments": chosen}, sort_keys=False))
+    from deployments.local_stack import process_base_job_template
+
+    with get_client(sync_client=True) as client:
+        try:  # as `make up` makes its pool: flow runs started by the engine command
+            client.create_work_pool(
+                WorkPoolCreate(name=pool, type="process", base_job_template=process_base_job_template())
+            )
+        except ObjectAlreadyExists:
+            pass
+    prefect_cli("deploy", "--all", "--prefect-file", str(path))
+    return {flow: f"{flow}/{name}" for flow in flows}
+
+
+class Worker:
+    """A `prefect worker start` process on ``pool`` with this test's environment (tables, endpoints, store)."""
+
+    def __init__(self, pool: str, log: Path, extra: dict[str, str] | None = None):
+        env = child_env({"PREFECT_WORKER_QUERY_SECONDS": "1", "PIPELINES_ROOT": str(REPO_ROOT), **(extra or {})})
+        self.log = log
+        with open(log, "ab") as handle:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
+                cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def stop(self) -> None:
+        """Stop the worker and whatever flow runs it still has (its process group)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def tail(self) -> str:
+        """The end of the worker's log (for assertion messages)."""
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def wait_for_runs(deployment: str, count: int, timeout: float = 240, worker: Worker | None = None) -> list:
+    """Wait until ``count`` runs of ``deployment`` exist and all are final; returns them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_deployment_by_name(deployment).id
+        while True:
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+            )
+            if len(runs) >= count and all(r.state and r.state.is_final() for r in runs):
+                return runs
+            if time.monotonic() > deadline:
+                states = [(r.name, r.state_name) for r in runs]
+                raise AssertionError(
+                    f"{deployment}: runs {states} not final in {timeout} s\n{worker.tail() if worker else ''}"
+                )
+            time.sleep(1)
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """The first true value of ``predicate()``, polled every 0.2 s; fails after ``timeout`` s waiting for ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def task_run_state(task_run_id: str) -> str | None:
+    """The state type of a task run on the server (``RUNNING``...), None while the server has no record of it."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        try:
+            run = client.read_task_run(task_run_id)
+        except Exception:  # noqa: BLE001 - not recorded yet (task run states arrive as events)
+            return None
+    return run.state.type.value if run.state else None
+
+
+def crash_event(run_id) -> dict:
+    """The event prefect.yaml's trigger hands `records-prefect-state` for a crashed flow run."""
+    return {"event": "prefect.flow-run.Crashed", "resource": {"prefect.resource.id": f"prefect.flow-run.{run_id}"}}
