@@ -32,7 +32,7 @@ def test_killed_flow_process_job_completes_through_the_sweep(gpu_env):
     child = subprocess.Popen(
         [
             PY,
-            str(REPO_ROOT / "tests" / "crashpoints.py"),
+            str(REPO_ROOT / "tests" / "helpers" / "crashpoints.py"),
             "flows.gpu:gpu_job",
             json.dumps({"command": SLEEP, "num_nodes": 2, "job_id": "job-orphan"}),
         ],
