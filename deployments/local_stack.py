@@ -34,7 +34,6 @@ ECS_WORK_POOL = os.environ.get("ECS_WORK_POOL", "aws-ecs")
 ENV_FILE = DATA / "local.env"
 FORKSERVER = REPO_ROOT / "deployments" / "engine_forkserver.py"
 # the long-running listener deployments `up` starts, one run each (a name not deployed yet is skipped)
-LISTENERS = ("ndjson-listen/local", "video-listen/local", "phspectra-listen/local", "records-listen/local")
 # the Prefect server's database: "postgres" (Debian's postgresql; the default where its binaries are) or "sqlite"
 # (embedded; "database is locked" under the pipelines' load, see benchmarks/server_load.py). PREFECT_SERVER_DB chooses.
 SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "").strip().lower()
@@ -422,6 +421,13 @@ def _run_pid(infrastructure_pid: str | None) -> int | None:
         return None
 
 
+def listener_deployments() -> tuple[str, ...]:
+    """The local listener deployments, one per registered landing (``flow/local``)."""
+    from tasks.core import registry
+
+    return tuple(f"{landing.flow}/local" for landing in registry.landings().values())
+
+
 def _listener_runs(client, state_types: list) -> dict[str, tuple]:
     """Each deployed listener -> (its deployment, its runs in ``state_types``); names not deployed are left out."""
     from prefect.client.schemas.filters import (
@@ -434,7 +440,7 @@ def _listener_runs(client, state_types: list) -> dict[str, tuple]:
     from prefect.exceptions import ObjectNotFound
 
     found = {}
-    for name in LISTENERS:
+    for name in listener_deployments():
         try:
             deployment = client.read_deployment_by_name(name)
         except ObjectNotFound:
@@ -459,7 +465,7 @@ def start_listeners(client, worker_restarted: bool) -> dict[str, str]:
     from tasks.gpu.backends import pid_alive
 
     found = _listener_runs(client, [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
-    states = {name: "not deployed" for name in LISTENERS}
+    states = {name: "not deployed" for name in listener_deployments()}
     for name, (deployment, runs) in found.items():
         pids = {r.id: _run_pid(r.infrastructure_pid) for r in runs}
         dead = [

@@ -465,15 +465,9 @@ def publish_batches(
     for (name, path), batch in zip(slots, batches):
         urls = sorted(f.url if isinstance(f, FileCheck) else f["file_path"] for f in batch)
         is_partial = partial or len(urls) < config.max_files_per_manifest
-        document = {
-            "fileLocations": [{"URIPrefixes": urls}],
-            "date_prefix": date_prefix,
-            "manifest_name": name,
-            "file_count": len(urls),
-            "partial_batch": is_partial,
-            "created_at": created,
-        }
-        target.put_bytes(etl_keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode())
+        target.put_bytes(
+            etl_keys.manifest_key(date_prefix, name), manifest_document(date_prefix, name, urls, is_partial, created)
+        )
         entries = [
             _put_entry(_file_item(f, MANIFESTED, config, **sets_for(path)))
             if isinstance(f, FileCheck)
@@ -491,6 +485,19 @@ def publish_batches(
     return [ref for i, ref in enumerate(refs) if i not in lost], lost
 
 
+def manifest_document(date_prefix: str, name: str, urls: list[str], partial: bool, created: str) -> bytes:
+    """A manifest's JSON as the seed's Glue job reads it: the files' URLs and the batch's facts."""
+    document = {
+        "fileLocations": [{"URIPrefixes": urls}],
+        "date_prefix": date_prefix,
+        "manifest_name": name,
+        "file_count": len(urls),
+        "partial_batch": partial,
+        "created_at": created,
+    }
+    return json.dumps(document, indent=2).encode()
+
+
 def _publish_unatomic(
     date_prefix: str, batch: Sequence[dict[str, Any]], config: EtlSettings, partial: bool
 ) -> list[ManifestRef]:
@@ -506,16 +513,8 @@ def _publish_unatomic(
         urls = sorted(f["file_path"] for f in won)
         is_partial = partial or len(urls) < config.max_files_per_manifest
         created = now_iso()
-        document = {
-            "fileLocations": [{"URIPrefixes": urls}],
-            "date_prefix": date_prefix,
-            "manifest_name": name,
-            "file_count": len(urls),
-            "partial_batch": is_partial,
-            "created_at": created,
-        }
         store(config.manifest_store_url).put_bytes(
-            etl_keys.manifest_key(date_prefix, name), json.dumps(document, indent=2).encode()
+            etl_keys.manifest_key(date_prefix, name), manifest_document(date_prefix, name, urls, is_partial, created)
         )
         record = _manifest_record(date_prefix, path, len(urls), is_partial, created, config)
         state_store.create_if_absent(table_name(TRACKING), record, TRACKING_KEYS)
