@@ -22,7 +22,7 @@ import yaml
 
 from blocks.etl import EtlSettings
 from tasks.core import limits
-from tasks.core.registry import default_table_names, table_specs
+from tasks.core.registry import default_table_names, landings, table_specs
 from tasks.core.tables import _create_request
 from tasks.etl import keys
 from tasks.landing import sqs
@@ -76,26 +76,17 @@ def prefect_config() -> dict[str, Any]:
 
 
 def listener_deployments() -> dict[str, dict[str, Any]]:
-    """Seed-queue pipeline -> its listener's ecs deployment (entrypoint, parameters) in prefect.yaml."""
-    from deployments.local_stack import LISTENERS
-
-    functions = {name.split("/")[0].replace("-", "_") for name in LISTENERS}
+    """Landing pipeline -> its listener's ecs deployment (entrypoint, parameters) in prefect.yaml."""
+    functions = {pipeline: landing.flow.replace("-", "_") for pipeline, landing in landings().items()}
     found = {}
     for deployment in prefect_config()["deployments"]:
         function = deployment["entrypoint"].split(":")[1]
-        if deployment["name"] == "ecs" and function in functions:
+        if deployment["name"] == "ecs" and function in functions.values():
             found[function] = deployment
-    by_pipeline = {
-        "etl": "ndjson_listen",
-        "video": "video_listen",
-        "phspectra": "phspectra_listen",
-        "records": "records_listen",
-    }
-    assert set(by_pipeline) == set(sqs.landing_queues()) and set(by_pipeline.values()) == set(found), (
-        by_pipeline,
-        found,
-    )
-    return {pipeline: found[function] for pipeline, function in by_pipeline.items()}
+    missing = sorted(function for function in functions.values() if function not in found)
+    if missing:
+        raise ValueError(f"prefect.yaml has no ecs deployment of the listener flows {', '.join(missing)}")
+    return {pipeline: found[function] for pipeline, function in functions.items()}
 
 
 # --------------------------------------------------------------------------- parameters

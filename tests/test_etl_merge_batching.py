@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 
+import flows.etl
 from flows.etl import ndjson_ingest, ndjson_merge
 from tasks.core import state_store
 from tasks.etl import ingest as etl
@@ -114,10 +115,21 @@ def test_two_runs_at_once_never_merge_one_manifest_twice(etl_env):
     _each_line_once(root, urls)
 
 
-def test_a_failing_manifest_is_failed_with_its_reason_while_its_neighbours_complete(etl_env, caplog):
+def test_a_failing_manifest_is_failed_with_its_reason_while_its_neighbours_complete(etl_env, caplog, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
     urls, names = _pending(root, 3, "e")
     (root / keys.manifest_key(DAY, names[1])).unlink()  # its manifest JSON is gone: the merge cannot read it
+    # the neighbour's merge ends after the failure is recorded, so no slot frees before it on a loaded machine
+    merge_listed = flows.etl.merge_task.fn
+
+    def neighbour_after_the_failure(date_prefix, manifest_name, *args):
+        deadline = time.monotonic() + 30
+        while manifest_name == names[0] and _statuses(table)[names[1]] != "failed":
+            assert time.monotonic() < deadline, "the failing manifest was never marked failed"
+            time.sleep(0.05)
+        return merge_listed(date_prefix, manifest_name, *args)
+
+    monkeypatch.setattr(flows.etl.merge_task, "fn", neighbour_after_the_failure)
 
     state = ndjson_merge(
         date_prefix=DAY, manifest_name=names[0], more_manifests=10, parallel_manifests=2, return_state=True
