@@ -111,11 +111,9 @@ def module_tables() -> Iterator[dict[str, str]]:
 def record_alarms_only(monkeypatch):
     """pipeline-health with the record alarms only: the service alarms read every run on the shared test server
     (tests/test_health_service_alarms.py has them)."""
-    from tasks.health import listeners, run, service_alarms
+    from tests.helpers.health import only_record_alarms
 
-    monkeypatch.setattr(service_alarms, "CHECKS", {})
-    monkeypatch.setattr(listeners, "CHECKS", {})  # the listeners' too (tests/test_health_listeners.py has them)
-    monkeypatch.setattr(run, "DECLARED_CHECKS", ("health_checks",))  # and the pipelines' service checks
+    only_record_alarms(monkeypatch.setattr)
 
 
 @pytest.fixture

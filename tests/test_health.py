@@ -13,13 +13,13 @@ from tasks.core.runtime import iso_ago, now_iso
 from tasks.etl import ingest as etl
 from tasks.etl import keys as etl_keys
 from tasks.gpu import jobs as gpu
-from tasks.health import incidents, service_alarms
+from tasks.health import incidents
 from tasks.health.run import check_health
 from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey
 from tasks.video import jobs as video
 from tests.helpers.crashpoints import count_writes, crash_points, killed, run_child
-from tests.helpers.health import make_dead_letter
+from tests.helpers.health import make_dead_letter, only_record_alarms
 
 ALARMS = {
     "records-dead-letter-archive",
@@ -292,7 +292,7 @@ def child_check(notify_file: str) -> list[dict]:
         return "file"
 
     incidents.deliver = send  # this child process only
-    service_alarms.CHECKS = {}  # as the health fixture: only the record alarms, whose writes the test counts
+    only_record_alarms()  # as the health fixture: only the record alarms, whose writes the test counts
     return check_health()
 
 

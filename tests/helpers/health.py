@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from tasks.health import incidents
 from tasks.records import dead_letter
+
+
+def only_record_alarms(setattr_: Callable[[Any, str, Any], None] = setattr) -> None:
+    """pipeline-health with the record alarms only (``setattr_``: a test's ``monkeypatch.setattr``, or plain
+    ``setattr`` in a crash child): the service alarms, the listeners' and the pipelines' declared service checks
+    read every run on the shared test server (their own tests have them)."""
+    from tasks.health import listeners, run, service_alarms
+
+    setattr_(service_alarms, "CHECKS", {})
+    setattr_(listeners, "CHECKS", {})
+    setattr_(run, "DECLARED_CHECKS", ("health_checks",))
 
 
 @pytest.fixture
