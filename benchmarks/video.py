@@ -45,29 +45,9 @@ from benchmarks._common import dynamodb_local
 
 def make_source(path: Path, seconds: float, size: str, fps: int, keyframe_seconds: float) -> Path:
     """A testsrc2 clip at a realistic bitrate (12 Mb/s) with sine audio and a keyframe every ``keyframe_seconds``."""
-    import ffmpeg
+    from tasks.video.ffmpeg import make_test_video
 
-    from tasks.video.ffmpeg import run
-
-    gop = int(fps * keyframe_seconds)
-    video = ffmpeg.input(f"testsrc2=size={size}:rate={fps}:duration={seconds}", f="lavfi")
-    audio = ffmpeg.input(f"sine=frequency=440:duration={seconds}", f="lavfi")
-    run(
-        ffmpeg.output(
-            video,
-            audio,
-            str(path),
-            vcodec="libx264",
-            preset="ultrafast",
-            g=gop,
-            keyint_min=gop,
-            sc_threshold=0,
-            **{"b:v": "12M"},
-            pix_fmt="yuv420p",
-            acodec="aac",
-        )
-    )
-    return path
+    return make_test_video(path, seconds, fps, size, keyframe_seconds, "testsrc2", preset="ultrafast", **{"b:v": "12M"})
 
 
 def raw_baseline(source: Path, work: Path, segment_seconds: float) -> float:

@@ -17,7 +17,7 @@ from flows.video import video_process
 from tasks.video import inference as video_inference
 from tasks.video import jobs as v
 from tasks.video import keys, model
-from tasks.video.ffmpeg import probe, run
+from tasks.video.ffmpeg import make_test_video, probe
 
 SIZE, FPS, SECONDS = (320, 192), 10, 2.0  # 20 frames; two 1 s segments in the flow tests
 TEXT_AT = (40, 60)  # where drawtext puts the text (fontsize 28)
@@ -25,29 +25,9 @@ TEXT_AT = (40, 60)  # where drawtext puts the text (fontsize 28)
 
 def _clip(path: Path, text: str | None) -> Path:
     """A white clip with black ``text`` (none: blank), sine audio, a keyframe every second."""
-    import ffmpeg
-
-    source = f"color=c=white:size={SIZE[0]}x{SIZE[1]}:rate={FPS}:duration={SECONDS}"
-    if text:
-        source += f",drawtext=text='{text}':fontsize=28:fontcolor=black:x={TEXT_AT[0]}:y={TEXT_AT[1]}"
-    video = ffmpeg.input(source, f="lavfi")
-    audio = ffmpeg.input(f"sine=frequency=440:sample_rate=44100:duration={SECONDS}", f="lavfi")
-    run(
-        ffmpeg.output(
-            video,
-            audio,
-            str(path),
-            vcodec="libx264",
-            acodec="aac",
-            pix_fmt="yuv420p",
-            g=FPS,
-            keyint_min=FPS,
-            sc_threshold=0,
-            preset="veryfast",
-            shortest=None,
-        )
-    )
-    return path
+    overlay = f"drawtext=text='{text}':fontsize=28:fontcolor=black:x={TEXT_AT[0]}:y={TEXT_AT[1]}" if text else ""
+    size = f"{SIZE[0]}x{SIZE[1]}"
+    return make_test_video(path, SECONDS, FPS, size, keyframe_seconds=1.0, pattern="color=c=white", overlay=overlay)
 
 
 @pytest.fixture(scope="module")

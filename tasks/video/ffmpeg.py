@@ -15,6 +15,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ffmpeg
 
@@ -360,10 +361,22 @@ def concat(parts: list[Path], target: Path, audio: Path | None = None) -> None:
 
 
 def make_test_video(
-    path: Path, seconds: float = 5.0, fps: int = 10, size: str = "160x120", keyframe_seconds: float = 1.0
+    path: Path,
+    seconds: float = 5.0,
+    fps: int = 10,
+    size: str = "160x120",
+    keyframe_seconds: float = 1.0,
+    pattern: str = "testsrc",
+    overlay: str = "",
+    preset: str = "veryfast",
+    **output_options: Any,
 ) -> Path:
-    """A ``testsrc`` clip with ``sine`` audio and a keyframe every ``keyframe_seconds`` (so segments cut there)."""
-    video = ffmpeg.input(f"testsrc=size={size}:rate={fps}:duration={seconds}", f="lavfi")
+    """A lavfi ``pattern`` clip (``testsrc``, ``testsrc2``, ``color=c=white``, ...) through the ``overlay`` filters
+    (e.g. ``drawtext=...``), ``sine`` audio and a keyframe every ``keyframe_seconds`` (so segments cut there);
+    ``output_options`` go to the encoder (e.g. ``**{"b:v": "12M"}`` for a camera's bitrate)."""
+    options = f"size={size}:rate={fps}:duration={seconds}"
+    source = f"{pattern}:{options}" if "=" in pattern else f"{pattern}={options}"
+    video = ffmpeg.input(f"{source},{overlay}" if overlay else source, f="lavfi")
     audio = ffmpeg.input(f"sine=frequency=440:sample_rate=44100:duration={seconds}", f="lavfi")
     gop = max(1, int(round(fps * keyframe_seconds)))
     run(
@@ -377,8 +390,9 @@ def make_test_video(
             g=gop,
             keyint_min=gop,
             sc_threshold=0,
-            preset="veryfast",
+            preset=preset,
             shortest=None,
+            **output_options,
         )
     )
     return path
