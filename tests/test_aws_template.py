@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from infra import cloudformation as cfn
-from tasks.core.registry import default_table_names, table_specs
+from tasks.core.registry import Landing, Pipeline, QueueSpec, default_table_names, registered, table_specs
 from tasks.core.tables import Index, TableSpec, schema_differences
 from tasks.landing import sqs
 
@@ -93,6 +95,17 @@ def test_the_bucket_notifies_each_object_queue_and_expires_what_the_seeds_let_ex
 def test_logs_are_kept_the_seeds_three_days():
     groups = of_type("AWS::Logs::LogGroup")
     assert groups and {g["Properties"]["RetentionInDays"] for g in groups.values()} == {3}
+
+
+def test_a_landing_whose_listener_has_no_ecs_deployment_is_an_error_naming_it():
+    toy = Pipeline(
+        name="toy",
+        seed=99,
+        landing=Landing("toy-listen", "toy/in/", QueueSpec("toy-{env}", "toy-dlq-{env}", 60, "OBJECTS", "toy/in/")),
+    )
+    with registered(toy), pytest.raises(ValueError, match="no ecs deployment of the listener flows toy_listen"):
+        cfn.render()
+    assert set(cfn.listener_deployments()) == set(sqs.landing_queues())  # the registry's own landings all have one
 
 
 def test_the_worker_and_each_listener_are_services_of_one_task_never_two():
