@@ -24,14 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import landing as landing_bench
 from benchmarks._common import dynamodb_local
-from deployments.dynamodb_local import free_port
-from deployments.local_stack import server_retention_env
+from deployments.local_stack import server_retention_env, throwaway_prefect_server
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("events", "event_resources", "log", "task_run", "task_run_state", "flow_run", "flow_run_state")
@@ -41,37 +39,6 @@ sys.path.insert(0, sys.argv[1])
 from flows.etl import ndjson_listen
 ndjson_listen(merge_deployment="ndjson-merge/bench", idle_exit_seconds=float(sys.argv[2]), max_runtime_seconds=3600)
 """
-
-
-def start_server(home: Path) -> tuple[subprocess.Popen, str]:
-    """``prefect server start`` on a free port with its database in ``home``; (process, API URL) once healthy."""
-    port = free_port()
-    env = {
-        **os.environ,
-        **server_retention_env(),
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    }
-    for name in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
-        env.pop(name, None)
-    log = open(home / "server.log", "wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    api = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            with urllib.request.urlopen(f"{api}/health", timeout=2):
-                return server, api
-        except OSError as error:
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the Prefect server did not start: see " + str(home / "server.log")) from error
-            time.sleep(0.5)
 
 
 def database_usage(db: Path) -> dict[str, int]:
@@ -96,8 +63,8 @@ def one_run(code: Path, files: int, per_second: float, workdir: Path) -> dict[st
     home, root = workdir / "prefect", workdir / "objects"
     home.mkdir(parents=True)
     root.mkdir()
-    server, api = start_server(home)
-    try:
+    with throwaway_prefect_server(home, server_retention_env()) as base:
+        api = f"{base}/api"
         env = {
             **os.environ,
             "PREFECT_API_URL": api,
@@ -130,9 +97,6 @@ def one_run(code: Path, files: int, per_second: float, workdir: Path) -> dict[st
             raise SystemExit(f"the listener of {code} exited with {listener.returncode}")
         time.sleep(10)  # the server files the last events and logs in the background
         after = database_usage(home / "prefect.db")
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     return {name: (after[name] - before.get(name, 0)) / files for name in after}
 
 

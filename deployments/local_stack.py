@@ -9,6 +9,7 @@ so state survives `down && up`. Processes are tracked by pid files in .data/run 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -17,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from deployments import dynamodb_local, postgres_local
@@ -226,9 +229,49 @@ def start_prefect_server() -> str:
     return "started"
 
 
-def _wait_healthy(seconds: float = 60) -> None:
-    import urllib.request
+@contextlib.contextmanager
+def throwaway_prefect_server(home: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A real ``prefect server start`` (UI and services) on a free port with its own SQLite database in ``home``
+    (``env`` on top), for tests and benchmarks; its base URL once healthy, and the server stopped on exit."""
+    home.mkdir(parents=True, exist_ok=True)
+    port = dynamodb_local.free_port()
+    server_env = {**os.environ}
+    for inherited in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+        server_env.pop(inherited, None)  # the stack's or the user's server is not this one
+    server_env |= {
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_API_URL": f"http://{HOST}:{port}/api",  # else the UI asks the default port 4200
+        **(env or {}),
+    }
+    log_path = home / "server.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
+            env=server_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise StackError(f"the Prefect server did not start: {log_path.read_text()[-2000:]}") from None
+                time.sleep(0.5)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
 
+
+def _wait_healthy(seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:

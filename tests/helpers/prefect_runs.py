@@ -9,51 +9,17 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
-import pytest
-
-from deployments import dynamodb_local
+from deployments.local_stack import throwaway_prefect_server
 from tests.helpers.crashpoints import REPO_ROOT, child_env
 
 
 @contextlib.contextmanager
 def prefect_server_process(tmp_path: Path, env: dict[str, str] | None = None):
     """A real ``prefect server start`` (with its UI and services) on a free port and its own database; its URL."""
-    port = dynamodb_local.free_port()
-    server_env = {
-        **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect-home"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",  # else the UI asks the default port 4200
-        **(env or {}),
-    }
-    server_env.pop("PREFECT_API_URL", None)
-    log_path = tmp_path / "server.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=server_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("prefect server did not start: " + log_path.read_text()[-2000:])
-                time.sleep(0.5)
+    with throwaway_prefect_server(tmp_path / "prefect-home", env) as base:
         yield base
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)
 
 
 def flow_name(entrypoint: str) -> str:
