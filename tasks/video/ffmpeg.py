@@ -53,6 +53,10 @@ TRANSIENT_CAUSES = (
 # how many of ffmpeg's error lines a failure message keeps (the first ones name the cause, the last what stopped)
 CAUSE_LINES, LAST_LINES = 6, 2
 TIMESCALE = 90000  # one video time base for every part the concat demuxer joins (it reads all parts in the first's)
+# the encoder's time base: the input stream's own, so every frame keeps its exact timestamp. Left to itself, ffmpeg
+# encodes in 1/(average frame rate): a variable-rate picture's timestamps are rounded to whole average frames (a
+# 12.5-then-8 fps segment of 12 frames and 1.007 s came out 1.128 s long)
+KEEP_TIMESTAMPS = {"enc_time_base:v": "demux", "fps_mode": "passthrough"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -274,10 +278,10 @@ def normalise(source: Path, target: Path, segment_seconds: float) -> None:
             pix_fmt="yuv420p",
             preset="veryfast",
             crf=18,
-            fps_mode="passthrough",
             acodec="copy",
             force_key_frames=f"expr:gte(t,n_forced*{segment_seconds:g})",
             video_track_timescale=TIMESCALE,
+            **KEEP_TIMESTAMPS,
         )
     )
 
@@ -326,7 +330,7 @@ def transform(source: Path, target: Path, mode: str, encoder: str | None = None)
         run(stream.output(str(target), c="copy", map="0"))
         return
     encoder = encoder or "libx264"
-    options = {"c:v": encoder, "c:a": "copy", "map": "0", "pix_fmt": "yuv420p", "fps_mode": "passthrough"}
+    options = {"c:v": encoder, "c:a": "copy", "map": "0", "pix_fmt": "yuv420p", **KEEP_TIMESTAMPS}
     if chain is not None:
         options["vf"] = chain
     if encoder == "libx264":
