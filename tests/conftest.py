@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from deployments import dynamodb_local
 
@@ -20,6 +21,11 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"
+
+# every property test draws the same examples on every run and has no deadline or speed check: CI is never red by
+# the luck of a draw or a loaded machine (a module's own settings start from this profile)
+settings.register_profile("repeatable", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("repeatable")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEST_OUTPUT = REPO_ROOT / "test-output"

@@ -18,6 +18,7 @@ from tests.helpers.records_cumulus import (
     START,
     arn,
     execution,
+    granule,
     ingest,
     message,
     new_id,
@@ -318,3 +319,60 @@ def test_pdr_upsert(title, first, second, applies):
         )
     else:
         assert after == before
+
+
+MU = "packages/message/tests/test-utils.js"  # parseException, the error of an execution and of its granules
+
+
+@pytest.mark.parametrize(
+    ("exception", "error"),
+    [
+        (None, {}),  # MU: "parseExecption() returns an empty object if the exception is null or undefined"
+        ({"a": 1}, {"a": 1}),  # MU: "parseException() returns the exception if it is an object"
+        ("blah", {"Error": "Unknown Error", "Cause": "blah"}),  # MU: "... returns an Unknown Error object ..."
+        ("None", {}),  # the Cumulus Message Adapter's success value: no error
+    ],
+    ids=["null", "object", "text", "None"],
+)
+def test_message_exception_becomes_the_records_error(exception, error):
+    """The execution's and each granule's ``error`` from the message's ``exception`` (Cumulus's parseException)."""
+    msg = message("completed", new_id("E"), START, {"granuleId": new_id("G"), "files": []}, exception=exception)
+    record, granules, problems = records_messages.derive(msg, NOW)
+    assert problems == [] and record["error"] == error and [g["error"] for g in granules] == [error]
+
+
+def test_a_completed_message_with_exception_none_stores_no_error():
+    """A successful workflow's message carries ``exception: "None"``: its completed execution and granule are
+    stored without an error."""
+    name, g = new_id("E"), new_id("G")
+    assert ingest(message("completed", name, START, {"granuleId": g, "files": []}, exception="None")).errors() == {}
+    stored = granule(g)
+    assert (execution(name)["status"], execution(name)["error"]) == ("completed", {})
+    assert (stored["status"], stored["error"]) == ("completed", {})
+
+
+# execution names Step Functions accepts (StartExecution ``name``), beyond [A-Za-z0-9_-]
+ALLOWED_NAMES = ["run.2024-01-01", "a+b", "ingest-ü-日本-éñ", "x" * 80, "'quoted'", "(1)=@!"]
+# and what it refuses: empty, too long, white space, brackets, wildcards, special and control characters
+REFUSED_NAMES = [
+    "", "x" * 81, "a b", "a\tb", "a\u00a0b", "trailing\n", *(f"a{c}b" for c in "<>{}[]?*\"#%\\^|~`$&,;:/"),
+    "a\x00b", "a\x1fb", "a\x7fb", "a\x85b", "a\x9fb", "a\ufffeb",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ALLOWED_NAMES)
+def test_step_functions_execution_names_are_written(name):
+    """An execution name Step Functions allows (``.``, ``+``, letters beyond ASCII) is written under its ARN."""
+    g = new_id("G")
+    name = name if len(name) == 80 else f"{name}-{new_id('E')}"  # a name of its own, still within 80 characters
+    assert ingest(message("completed", name, START, {"granuleId": g, "files": []})).errors() == {}
+    assert execution(name)["name"] == name and granule(g)["execution"] == arn(name)
+
+
+@pytest.mark.parametrize("name", REFUSED_NAMES, ids=[repr(n)[:24] for n in REFUSED_NAMES])
+def test_names_step_functions_refuses_are_schema_errors(name):
+    """A name Step Functions would refuse is a schema violation naming ``cumulus_meta/execution_name``."""
+    msg = message("completed", name, START, {"granuleId": new_id("G"), "files": []})
+    with pytest.raises(records_messages.MessageError, match="^cumulus_meta/execution_name: ") as refused:
+        records_messages.validate(msg)
+    assert refused.value.kind == "SchemaValidationError"

@@ -7,8 +7,9 @@ Shapes, from what the devices and programs write:
 - cameras: mp4/mov h264 at 25 fps with stereo AAC, or PCM in mov;
 - audio layouts: none, mono, stereo, starting after the first segment, ending before the video;
 - odd sizes (641x359, 641x361, 1x1; yuv444p h264 and vp9 allow them);
-- interrupted uploads (a dropped connection: cut at a packet boundary, inside a packet, before the moov atom),
-  an empty file, a text file, audio only.
+- recorders writing as they go: fragmented mp4 (an empty moov, a moof+mdat fragment per keyframe, mfra last);
+- interrupted uploads (a dropped connection: cut at a packet boundary, inside a packet, before the moov atom; a killed
+  recorder: a fragmented mp4 cut between two fragments), an empty file, a text file, audio only.
 
 Every valid shape must come out with the source's duration (0.1 s), frame count, displayed size (odd sides padded
 to even, as the job records) and whole audio track; every bad one fails at chunking with a reason naming it.
@@ -16,6 +17,7 @@ to even, as the job records) and whole audio track; every bad one fails at chunk
 
 from __future__ import annotations
 
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,16 +33,26 @@ from tests.helpers.video import SEGMENT, assert_like_source, clip, lavfi, proces
 
 
 def cut(source: Path, path: Path, where: str) -> Path:
-    """``source`` cut off as a dropped upload leaves it: at a video packet's start, inside one, or at half."""
+    """``source`` cut off as a dropped upload leaves it: at a video packet's start, inside one, at half, or (a
+    fragmented mp4) at a fragment's ``moof`` box, as a recorder killed between two fragments leaves it."""
     import av
 
     data = source.read_bytes()
+    if where == "fragment":
+        path.write_bytes(data[: fragment_starts(source)[-2]])  # the last two fragments never written
+        return path
     with av.open(str(source)) as container:
         packets = [(p.pos, p.size) for p in container.demux(video=0) if p.size and p.pos is not None]
     pos, size = packets[len(packets) * 2 // 3]
     offset = {"boundary": pos, "inside": pos + size // 2, "half": len(data) // 2}[where]
     path.write_bytes(data[:offset])
     return path
+
+
+def fragment_starts(source: Path) -> list[int]:
+    """The offsets of a fragmented mp4's ``moof`` boxes."""
+    with source.open("rb") as handle:
+        return [pos for kind, pos, _, _ in video_ffmpeg.mp4_boxes(handle, 0, source.stat().st_size) if kind == "moof"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,8 @@ def _audio_only(folder: Path) -> Path:
     return path
 
 
+FRAGMENTED = "+frag_keyframe+empty_moov+default_base_moof"  # a fragment per keyframe, offsets within each fragment
+
 SHAPES: dict[str, Shape] = {
     # phones
     "phone-portrait-h264-mp4": Shape(_write("p.mp4", rotation=90, size="64x48"), normalised="rotated 90 degrees"),
@@ -88,6 +102,9 @@ SHAPES: dict[str, Shape] = {
     "screen-vfr-30-24-mp4-no-audio": Shape(_write("s.mp4", vfr=(30, 24), seconds=4.0, audio=None)),
     "screen-vfr-mkv-stereo": Shape(_write("s.mkv", vfr=(24, 30), seconds=3.0)),
     "screen-sparse-keyframes": Shape(_write("k.mp4", keyframe_s=10, seconds=3.0)),  # one keyframe: one segment
+    # recorders that write as they go (fragmented mp4: an empty moov, then moof+mdat per keyframe, mfra last; a live
+    # encoder: no B-frames)
+    "recorder-fragmented-mp4": Shape(_write("r.mp4", seconds=3.0, extra={"movflags": FRAGMENTED, "bf": 0})),
     # browsers (MediaRecorder writes live webm: no duration, no cues)
     "browser-webm-vp8-opus-live": Shape(
         _write("b.webm", vcodec="libvpx", acodec="libopus", extra={"live": 1}), normalised="vp8 re-encoded as h264"
@@ -127,6 +144,11 @@ SHAPES: dict[str, Shape] = {
     "interrupted-webm-live-recording": Shape(
         _cut("i5.webm", "boundary", vcodec="libvpx", acodec="libopus", extra={"live": 1}),
         reason="source.mp4 is cut off: the file ends inside a packet or cluster (File ended prematurely)",
+    ),
+    "interrupted-fragmented-mp4-at-a-fragment": Shape(
+        _cut("i6.mp4", "fragment", seconds=3.0, extra={"movflags": FRAGMENTED}),
+        reason="source.mp4 is cut off: a fragmented mp4 that ends after a fragment, without the index its muxer "
+        "writes last (mfra) or a declared duration (mehd)",
     ),
     "empty": Shape(_empty, reason="the upload is empty (0 bytes)"),
     "not-a-video": Shape(_text, reason="not a readable video"),
@@ -171,6 +193,46 @@ def test_a_bad_upload_fails_at_chunking_with_its_reason(tables, store_root, corp
         keys.source_key(job_id)
     ]  # nothing but the upload was written
     print(f"{name}: failed at chunking: {failure.value}")
+
+
+def with_declared_duration(source: Path, path: Path, seconds: float) -> Path:
+    """``source`` (fragmented, offsets within each fragment) with an ``mehd`` box declaring ``seconds`` for all its
+    fragments and without its closing ``mfra``: a recorder that states the length up front and writes no index."""
+    data = source.read_bytes()
+    with source.open("rb") as handle:
+        top = {kind: (pos, length) for kind, pos, _, length in video_ffmpeg.mp4_boxes(handle, 0, len(data))}
+        moov, _ = top["moov"]
+        inside = {kind: pos for kind, pos, _, _ in video_ffmpeg.mp4_boxes(handle, moov + 8, moov + top["moov"][1])}
+    mvhd, mvex = inside["mvhd"], inside["mvex"]
+    assert data[mvhd + 8] == 0  # mvhd version 0: the timescale 20 bytes in
+    (timescale,) = struct.unpack(">I", data[mvhd + 20 : mvhd + 24])
+    mehd = struct.pack(">I4sII", 16, b"mehd", 0, round(seconds * timescale))
+    grown = bytearray(data[: top["mfra"][0]])
+    for box in (moov, mvex):  # both hold the new box
+        grown[box : box + 4] = struct.pack(">I", struct.unpack(">I", grown[box : box + 4])[0] + len(mehd))
+    path.write_bytes(bytes(grown[: mvex + 8]) + mehd + bytes(grown[mvex + 8 :]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def declaring(tmp_path_factory) -> Path:
+    """A 3 s fragmented mp4 whose ``mehd`` declares its 3 s, with no ``mfra``."""
+    folder = tmp_path_factory.mktemp("declaring")
+    whole = clip(folder / "whole.mp4", seconds=3.0, extra={"movflags": FRAGMENTED})
+    return with_declared_duration(whole, folder / "declaring.mp4", 3.0)
+
+
+def test_a_fragmented_mp4_that_declares_its_duration_needs_no_index(declaring):
+    """Complete by its ``mehd``: every fragment it declares is there, so the missing ``mfra`` does not matter."""
+    info = video_ffmpeg.probe(declaring)
+    assert (info.frames, round(info.duration, 2)) == (30, 3.0)
+
+
+def test_a_fragmented_mp4_short_of_its_declared_duration_is_cut_off(declaring, tmp_path):
+    """Cut at a fragment: fewer seconds than its ``mehd`` declares."""
+    short = r"^cut\.mp4 is cut off: 2\.\d\d s readable of the 3\.00 s its fragments declare \(mehd\)"
+    with pytest.raises(video_ffmpeg.InvalidMedia, match=short):
+        video_ffmpeg.probe(cut(declaring, tmp_path / "cut.mp4", "fragment"))
 
 
 HARD = "hard-case"  # rotated, odd-sized, variable frame rate, audio starting after segment 0, in a mov

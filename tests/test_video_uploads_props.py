@@ -6,15 +6,17 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tasks.video import ffmpeg as video_ffmpeg
 from tests.helpers.video import assert_like_source, clip, process, upload
 
-# few draws in `make test`; `make test-sweep` draws many more
-QUICK = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-SWEEP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# few draws in `make test`; `make test-sweep` draws many more. Derandomized (the same draws on every run, so CI is
+# never red by the luck of a draw), no deadline (ffmpeg's time on a loaded machine), no health checks on speed
+SLOW_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+QUICK = settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=SLOW_OK)
+SWEEP = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=SLOW_OK)
 
 uploads = st.fixed_dictionaries(
     {
@@ -29,6 +31,12 @@ uploads = st.fixed_dictionaries(
         "mode": st.sampled_from(sorted(video_ffmpeg.FILTERS)),
     }
 )
+
+
+# found by the sweep: the encoder rounded a frame-rate change's timestamps to whole average frames, so the denoised
+# segment 0 (12 frames, 1.007 s) came out 1.128 s long and the job failed
+VFR_DENOISE = {"width": 2, "height": 1, "fps": 12.5, "second_fps": 8, "seconds": 1.5, "segment_seconds": 1.0,
+               "audio_start": None, "rotation": 0, "mode": "denoise"}  # fmt: skip
 
 
 def _check(draw: dict, store_root, folder) -> None:
@@ -53,6 +61,7 @@ def _check(draw: dict, store_root, folder) -> None:
 
 @QUICK
 @given(draw=uploads)
+@example(draw=VFR_DENOISE)
 def test_any_upload_comes_out_like_its_source(tables, store_root, tmp_path, draw):
     _check(draw, store_root, tmp_path)
 
@@ -60,5 +69,6 @@ def test_any_upload_comes_out_like_its_source(tables, store_root, tmp_path, draw
 @pytest.mark.sweep
 @SWEEP
 @given(draw=uploads)
+@example(draw=VFR_DENOISE)
 def test_any_upload_comes_out_like_its_source_sweep(tables, store_root, tmp_path, draw):
     _check(draw, store_root, tmp_path)

@@ -80,6 +80,15 @@ API_GRANULE_SCHEMA: dict[str, Any] = {
 # and what DynamoDB's keys and the stale-write rules need besides: a createdAt with an ISO date
 _granule_validator = Draft202012Validator({"allOf": [API_GRANULE_SCHEMA, {"properties": {"createdAt": EPOCH_MS}}]})
 
+# Step Functions' own rule for an execution name (StartExecution ``name``): 1-80 characters, none of them white
+# space, a bracket ``< > { } [ ]``, a wildcard ``? *``, a special character ``" # % \ ^ | ~ ` $ & , ; : /``, a
+# control character (U+0000-001F, U+007F-009F), U+FFFE-FFFF, a surrogate or U+10FFFF. ``.``, ``+`` and letters
+# beyond ASCII are allowed. The name only ever lands in the execution ARN (a DynamoDB key) and in flow run look-ups,
+# never in an object key or a path; and ``/`` ``\`` ``:`` are refused anyway.
+EXECUTION_NAME_PATTERN = (
+    r"^[^\s<>{}\[\]?*\"#%\\^|~`$&,;:/\x00-\x1f\x7f-\x9f\ufffe\uffff\ud800-\udfff\U0010ffff]{1,80}\Z"
+)
+
 MESSAGE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["cumulus_meta", "meta"],
@@ -90,9 +99,9 @@ MESSAGE_SCHEMA: dict[str, Any] = {
             "properties": {
                 "state_machine": {
                     "type": "string",
-                    "pattern": r"^arn:aws[a-z-]*:states:[^:]*:[^:]*:stateMachine:[A-Za-z0-9_-]{1,80}$",
+                    "pattern": r"^arn:aws[a-z-]*:states:[^:]*:[^:]*:stateMachine:[A-Za-z0-9_-]{1,80}\Z",
                 },
-                "execution_name": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,80}$"},
+                "execution_name": {"type": "string", "pattern": EXECUTION_NAME_PATTERN},
                 "workflow_start_time": EPOCH_MS,
                 "workflow_stop_time": {**EPOCH_MS, "type": ["integer", "null"]},
             },
@@ -247,9 +256,19 @@ def _iso(ms: int | None) -> str | None:
     return None if ms is None else utc_iso(datetime.fromtimestamp(ms / 1000, UTC))
 
 
+# what the Cumulus Message Adapter writes as ``exception`` when a step succeeded (Cumulus's message type:
+# ``exception?: 'None' | object``): no error
+NO_EXCEPTION = "None"
+
+
 def _error(message: Mapping[str, Any]) -> dict[str, Any]:
-    error = message.get("error") or message.get("exception") or {}
-    return error if isinstance(error, dict) else {"Error": "Exception", "Cause": str(error)}
+    """The record's error: the message's ``error`` or ``exception`` object; ``{}`` for none (null, absent or the
+    success value ``"None"``); any other value as Cumulus's ``parseException`` keeps it, ``{Error: "Unknown
+    Error", Cause: value}``."""
+    error = message.get("error") or message.get("exception")
+    if error is None or error == NO_EXCEPTION:
+        return {}
+    return error if isinstance(error, dict) else {"Error": "Unknown Error", "Cause": str(error)}
 
 
 def _provider(message: Mapping[str, Any]) -> Any:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import re
+import struct
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,10 @@ TRANSIENT_CAUSES = (
 # how many of ffmpeg's error lines a failure message keeps (the first ones name the cause, the last what stopped)
 CAUSE_LINES, LAST_LINES = 6, 2
 TIMESCALE = 90000  # one video time base for every part the concat demuxer joins (it reads all parts in the first's)
+# the encoder's time base: the input stream's own, so every frame keeps its exact timestamp. Left to itself, ffmpeg
+# encodes in 1/(average frame rate): a variable-rate picture's timestamps are rounded to whole average frames (a
+# 12.5-then-8 fps segment of 12 frames and 1.007 s came out 1.128 s long)
+KEEP_TIMESTAMPS = {"enc_time_base:v": "demux", "fps_mode": "passthrough"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,7 +182,9 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
             ended = [text.strip() for _, _, text in logs if any(sign in text for sign in PREMATURE_END)]
             if ended:  # the demuxer met the end of the file inside an element (a live webm declares no duration)
                 raise InvalidMedia(f"{label} is cut off: the file ends inside a packet or cluster ({ended[0]})")
-            _truncation(container, video, frames, corrupt, max(e for _, e in spans) - min(s for s, _ in spans), label)
+            readable = max(e for _, e in spans) - min(s for s, _ in spans)
+            _truncation(container, video, frames, corrupt, readable, label)
+            _unfinished_fragments(_fragments(path), readable, label)
             fps = float(video.average_rate or video.guessed_rate or 0)
             return MediaInfo(
                 end - start,
@@ -217,6 +225,92 @@ def _truncation(container, video, frames: int, corrupt: int, readable: float, la
     if declared is not None and readable + TRUNCATION_TOLERANCE_S < declared:
         raise InvalidMedia(
             f"{label} is cut off: {readable:.2f} s readable of the {declared:.2f} s its container declares"
+        )
+
+
+def mp4_boxes(handle, start: int, end: int) -> Iterator[tuple[str, int, int, int]]:
+    """(type, offset, header size, size) of each ISO BMFF box between ``start`` and ``end`` of an open file; stops
+    at a header that does not fit or is not one."""
+    pos = start
+    while pos + 8 <= end:
+        handle.seek(pos)
+        size, kind = struct.unpack(">I4s", handle.read(8))
+        header = 8
+        if size == 1:  # a 64-bit size follows
+            if pos + 16 > end:
+                return
+            (size,), header = struct.unpack(">Q", handle.read(8)), 16
+        elif size == 0:  # the box runs to the end
+            size = end - pos
+        if size < header:
+            return
+        yield kind.decode("latin-1"), pos, header, size
+        pos += size
+
+
+@dataclass(frozen=True)
+class Fragments:
+    """How a fragmented mp4 (a moov with ``mvex``: its samples in ``moof`` fragments after it) vouches for its end."""
+
+    declared: float | None  # seconds the ``mehd`` box declares for all fragments; None when it has none
+    closed: bool  # the ``mfra`` box (the fragments' random-access index) is there: its muxer writes it last
+
+
+def _fragments(path: Path) -> Fragments | None:
+    """The end marks of a fragmented mp4, None for any other file (not ISO BMFF, or a moov without ``mvex``)."""
+    size = path.stat().st_size
+    try:
+        return _fragment_marks(path, size)
+    except (struct.error, IndexError):  # a moov libav read but this reading cannot: nothing here to judge by
+        return None
+
+
+def _fragment_marks(path: Path, size: int) -> Fragments | None:
+    """``_fragments`` of the ``size`` bytes at ``path``."""
+    with path.open("rb") as handle:
+        top = list(mp4_boxes(handle, 0, size))
+        moov = next((box for box in top if box[0] == "moov" and box[1] + box[3] <= size), None)
+        if moov is None:
+            return None
+        inside = {
+            kind: (pos, header, length)
+            for kind, pos, header, length in mp4_boxes(handle, moov[1] + moov[2], moov[1] + moov[3])
+        }
+        if "mvex" not in inside or "mvhd" not in inside:
+            return None
+        handle.seek(inside["mvhd"][0] + inside["mvhd"][1])
+        version = handle.read(1)[0]
+        handle.seek(inside["mvhd"][0] + inside["mvhd"][1] + (20 if version else 12))
+        (timescale,) = struct.unpack(">I", handle.read(4))
+        pos, header, length = inside["mvex"]
+        mehd = next((box for box in mp4_boxes(handle, pos + header, pos + length) if box[0] == "mehd"), None)
+        declared = None
+        if mehd is not None and timescale:
+            handle.seek(mehd[1] + mehd[2])
+            version = handle.read(4)[0]
+            (ticks,) = struct.unpack(">Q" if version else ">I", handle.read(8 if version else 4))
+            declared = ticks / timescale if ticks else None
+        closed = any(kind == "mfra" and pos + length <= size for kind, pos, _, length in top)
+        return Fragments(declared, closed)
+
+
+def _unfinished_fragments(fragments: Fragments | None, readable: float, label: str) -> None:
+    """InvalidMedia for a fragmented mp4 that ends after a whole fragment (a killed recorder): its fragments fall
+    short of what its ``mehd`` declares or, declaring nothing, it lacks the ``mfra`` index its muxer writes last.
+    Every fragment is whole there, so nothing else shows the cut."""
+    if fragments is None:
+        return
+    if fragments.declared is not None:
+        if readable + TRUNCATION_TOLERANCE_S < fragments.declared:
+            raise InvalidMedia(
+                f"{label} is cut off: {readable:.2f} s readable of the {fragments.declared:.2f} s its fragments "
+                "declare (mehd); the recording or the upload did not finish"
+            )
+        return
+    if not fragments.closed:
+        raise InvalidMedia(
+            f"{label} is cut off: a fragmented mp4 that ends after a fragment, without the index its muxer writes "
+            "last (mfra) or a declared duration (mehd); the recording or the upload did not finish"
         )
 
 
@@ -274,10 +368,10 @@ def normalise(source: Path, target: Path, segment_seconds: float) -> None:
             pix_fmt="yuv420p",
             preset="veryfast",
             crf=18,
-            fps_mode="passthrough",
             acodec="copy",
             force_key_frames=f"expr:gte(t,n_forced*{segment_seconds:g})",
             video_track_timescale=TIMESCALE,
+            **KEEP_TIMESTAMPS,
         )
     )
 
@@ -326,7 +420,7 @@ def transform(source: Path, target: Path, mode: str, encoder: str | None = None)
         run(stream.output(str(target), c="copy", map="0"))
         return
     encoder = encoder or "libx264"
-    options = {"c:v": encoder, "c:a": "copy", "map": "0", "pix_fmt": "yuv420p", "fps_mode": "passthrough"}
+    options = {"c:v": encoder, "c:a": "copy", "map": "0", "pix_fmt": "yuv420p", **KEEP_TIMESTAMPS}
     if chain is not None:
         options["vf"] = chain
     if encoder == "libx264":
