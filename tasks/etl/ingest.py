@@ -778,7 +778,8 @@ def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
 def deployment_launcher(deployment: str) -> Launcher:
     """A launcher that announces a batch of manifests with one ``manifest.ready`` event (its first manifest's);
     the ``deployment``'s trigger (prefect.yaml) starts the merge, which takes the others while they are pending.
-    No event at all when a run of the deployment is queued and has not started (``queued_merge_run``). A
+    No event at all when a run of the deployment is queued and has not started (``queued_merge_run``: its id is
+    the launch's run). A
     deployment that does not exist is a launch failure, a paused one (its breaker is open) holds the manifest:
     either way it stays ``pending``. No run id: the trigger makes the run, and a queued run may meet the manifest
     taken by another.
@@ -807,15 +808,18 @@ def deployment_launcher(deployment: str) -> Launcher:
             with get_client(sync_client=True) as client:
                 found = client.read_deployment_by_name(deployment)
                 looked["paused"] = bool(found.paused)
-                looked["taker"] = None if found.paused else queued_merge_run(client, found.id)
+                looked["queued"] = None if found.paused else queued_merge_run(client, found.id)
         if looked["paused"]:
             raise MergesHeld(f"{deployment} is paused (circuit breaker open): {ref.manifest_name} waits pending")
-        if looked["taker"] is not None:
-            log.debug("%s: left to %s", ref.manifest_name, looked["taker"])
-            return
+        if looked["queued"] is not None:
+            log.debug("%s: left to the queued run %s", ref.manifest_name, looked["queued"])
+            return looked["queued"]
+        if looked.get("announced"):
+            return None  # the run of the batch's event takes it
         if emit_event(**manifest_ready(ref, deployment)) is None:
             raise RuntimeError("Prefect events are not being sent (no API configured)")
-        looked["taker"] = f"the run of {MANIFEST_READY} {ref.manifest_name}"  # it takes the rest of the batch
+        looked["announced"] = ref.manifest_name
+        return None
 
     return launch
 
