@@ -787,7 +787,9 @@ def deployment_launcher(deployment: str) -> Launcher:
     Invariant: every ``pending`` manifest is announced or will be taken by a run that had not started when it
     was written. Proof: a launcher is only called with manifests whose ``MANIFEST#`` record already exists
     (``pending``). Its one look at the server (time t) comes after every such write. (a) A run R found queued at t
-    has not started at t, so R starts, and scans the pending manifests (``ndjson_merge``), after t, hence after
+    has not started at t, so R starts (or ends Cancelled/Crashed before its scan: that end triggers the breaker's
+    check, which announces every manifest then pending that no queued run will take, ``breaker.announce_waiting``:
+    (b) for them), and scans the pending manifests (``ndjson_merge``), after t, hence after
     the write: R takes the manifest unless it is no longer pending (another run has it: fine) or R stops first,
     at its bound (R then announces a pending one: the same argument for the next run), at the breaker (the
     manifest is held; closing the breaker announces every pending one) or by dying (below). (b) Otherwise the
