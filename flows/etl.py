@@ -547,11 +547,14 @@ def ndjson_merge_breaker(
     action: Literal["trip", "check"] = "check",
     cool_down_seconds: float = etl_breaker.COOL_DOWN_S,
     reason: str = "",
+    announce_after_seconds: float = etl_breaker.ANNOUNCE_AFTER_S,
 ) -> dict[str, Any]:
     """The merge deployment's circuit breaker (seed 001): ``trip`` when its failure trigger fires (OPEN: deployment
-    paused, manifests wait pending); ``check`` on its schedule and when a trial ends (HALF_OPEN trial after the
-    cool-down, CLOSED on its success: resumed, waiting manifests started)."""
-    result = etl_breaker.step(merge_deployment, action, cool_down_seconds, reason)
+    paused, manifests wait pending); ``check`` on its schedule, when a trial ends (HALF_OPEN trial after the
+    cool-down, CLOSED on its success: resumed, waiting manifests started) and when a merge run ends Cancelled or
+    Crashed. Every check makes the deployment's pause follow the state; a CLOSED one announces the manifests pending
+    over ``announce_after_seconds`` that no queued run will take."""
+    result = etl_breaker.step(merge_deployment, action, cool_down_seconds, reason, announce_after_seconds)
     from prefect.artifacts import create_markdown_artifact
 
     create_markdown_artifact(

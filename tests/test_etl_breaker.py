@@ -115,7 +115,7 @@ def _set_paused_by_hand(deployment: str, paused: bool) -> None:
         (client.pause_deployment if paused else client.resume_deployment)(found.id)
 
 
-def test_every_check_makes_the_pause_follow_the_breaker_whatever_was_done_to_its_variable(etl_env, monkeypatch):
+def test_every_check_makes_the_pause_follow_the_breaker_whatever_was_done_to_its_variable(etl_env):
     """Issue 42 item 9: the variable deleted while OPEN reads CLOSED: the check resumes the deployment and announces
     the manifest held meanwhile; edited into garbage it reads OPEN (saved readable, paused, one trial); a deployment
     resumed by hand while the breaker is not CLOSED is paused again; a long pause is a CRITICAL alarm."""
@@ -127,7 +127,6 @@ def test_every_check_makes_the_pause_follow_the_breaker_whatever_was_done_to_its
 
     root = etl_env["root"]
     merge = _merge_deployment("reconcile")
-    monkeypatch.setattr(breaker, "ANNOUNCE_AFTER_S", 0, raising=False)
     assert breaker.step(merge, "trip", reason="3 merge runs failed")["state"] == OPEN and _paused(merge)
     urls = [write_input(root, DAY, f"rc-{i}.ndjson", [{"id": i, "pad": "x" * 40}]) for i in range(5)]
     held = ndjson_ingest(file_urls=urls, merge_deployment=merge)
@@ -135,7 +134,7 @@ def test_every_check_makes_the_pause_follow_the_breaker_whatever_was_done_to_its
     (manifest,) = held["manifests"]
 
     Variable.unset(breaker.variable_name(merge))  # deleted by hand while OPEN
-    check = breaker.step(merge, "check")
+    check = breaker.step(merge, "check", announce_after_s=0)
     assert not _paused(merge)  # read CLOSED: resumed
     assert (check["before"], check["state"], check["resumed"], check["announced"]) == (CLOSED, CLOSED, True, [manifest])
     assert merge not in alarms.paused_merge_deployments()
@@ -200,6 +199,7 @@ def test_prefect_yaml_starts_merges_from_manifest_ready_and_trips_the_breaker_at
     assert set(announce["expect"]) == {"prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"}
     assert announce["match_related"] == trip["match_related"]
     assert (announce["threshold"], announce["parameters"]["action"]) == (1, "check")
+    assert announce["parameters"]["announce_after_seconds"] == 0  # the run they were left to is gone
     assert {t["parameters"]["merge_deployment"] for t in guard["triggers"]} == {f"ndjson-merge/{name}"}
 
 
@@ -429,7 +429,7 @@ def _cancel(run_id: str) -> None:
         client.set_flow_run_state(run_id, Cancelled(message="cancelled by hand"), force=True)
 
 
-def test_a_check_announces_the_manifests_a_cancelled_queued_run_was_left(etl_env, monkeypatch):
+def test_a_check_announces_the_manifests_a_cancelled_queued_run_was_left(etl_env):
     """Issue 42 item 10, the check itself: the queued run the ingest left a manifest to is cancelled; the next check
     (prefect.yaml: at once on the cancel, and every minute) announces what is pending, and never while a queued run
     will take it."""
@@ -438,7 +438,6 @@ def test_a_check_announces_the_manifests_a_cancelled_queued_run_was_left(etl_env
     from prefect.events.worker import EventsWorker
 
     merge = _merge_deployment("cancelled")
-    monkeypatch.setattr(breaker, "ANNOUNCE_AFTER_S", 0)
     with get_client(sync_client=True) as client:  # what the trigger makes of manifest.ready: a queued run
         deployment_id = client.read_deployment_by_name(merge).id
         run = client.create_flow_run_from_deployment(deployment_id, parameters={"more_manifests": 500})
@@ -446,9 +445,10 @@ def test_a_check_announces_the_manifests_a_cancelled_queued_run_was_left(etl_env
     from flows.etl import ndjson_ingest
 
     (manifest,) = ndjson_ingest(file_urls=urls, merge_deployment=merge)["manifests"]  # left to the queued run
-    assert breaker.step(merge, "check")["announced"] == []  # the queued run will take it: nothing announced
+    assert breaker.step(merge, "check", announce_after_s=0)["announced"] == []  # the queued run will take it
     _cancel(str(run.id))
-    check = breaker.step(merge, "check")
+    assert breaker.step(merge, "check")["announced"] == []  # the schedule's check: not pending 30 s yet
+    check = breaker.step(merge, "check", announce_after_s=0)  # the check the cancel triggers
     assert (check["state"], check["announced"]) == (CLOSED, [manifest])
     EventsWorker.drain_all()
     wanted = EventFilter(

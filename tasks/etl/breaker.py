@@ -177,15 +177,17 @@ def set_paused(merge_deployment: str, paused: bool) -> bool:
         return True
 
 
-ANNOUNCE_AFTER_S = 10.0  # a manifest this old is past its own announcement's run creation (seconds after the event)
+# the scheduled check announces manifests pending this long: past their own announcement's run creation and its
+# first take (seconds), so a steady flow gets no second run; a merge run's cancel triggers a check with 0
+ANNOUNCE_AFTER_S = 30.0
 
 
-def announce_waiting(merge_deployment: str) -> list[str]:
-    """Announce the manifests left ``pending`` (older than ``ANNOUNCE_AFTER_S``) to ``merge_deployment`` unless a
+def announce_waiting(merge_deployment: str, older_than_seconds: float = ANNOUNCE_AFTER_S) -> list[str]:
+    """Announce the manifests left ``pending`` (older than ``older_than_seconds``) to ``merge_deployment`` unless a
     queued run will take them (``etl.deployment_launcher``); the names announced (none when a queued run has them).
     A duplicate announcement only starts a run that finds them taken: each manifest is taken by one conditional
     write."""
-    waiting = etl.pending_manifests(ANNOUNCE_AFTER_S)
+    waiting = etl.pending_manifests(older_than_seconds)
     launches = etl.launch_merges(waiting, etl.deployment_launcher(merge_deployment)) if waiting else []
     return [launch["manifest_name"] for launch in launches if launch["launched"] and launch["run"] is None]
 
@@ -244,9 +246,14 @@ def _start_trial(merge_deployment: str, state: BreakerState) -> str:
 
 
 def step(
-    merge_deployment: str, action: Literal["trip", "check"], cool_down_s: float = COOL_DOWN_S, reason: str = ""
+    merge_deployment: str,
+    action: Literal["trip", "check"],
+    cool_down_s: float = COOL_DOWN_S,
+    reason: str = "",
+    announce_after_s: float = ANNOUNCE_AFTER_S,
 ) -> dict[str, Any]:
-    """One breaker step on the server: ``trip`` (the failure trigger fired) or ``check`` (schedule, trial ended)."""
+    """One breaker step on the server: ``trip`` (the failure trigger fired) or ``check`` (schedule, trial ended, a
+    merge run cancelled or crashed); a CLOSED check announces what is pending over ``announce_after_s``."""
     logger = run_logger(__name__)
     before, unreadable = read(merge_deployment)
     if unreadable:
@@ -274,7 +281,7 @@ def step(
         if set_paused(merge_deployment, False):
             logger.warning("circuit breaker of %s: CLOSED, the deployment was paused: resumed", merge_deployment)
             done["resumed"] = True
-        done["announced"] = announce_waiting(merge_deployment)
+        done["announced"] = announce_waiting(merge_deployment, announce_after_s)
     if after.state != before.state:
         logger.warning(
             "circuit breaker of %s: %s -> %s (%s)", merge_deployment, before.state, after.state, after.reason
