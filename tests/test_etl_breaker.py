@@ -467,7 +467,7 @@ def test_manifests_left_to_a_queued_run_that_is_cancelled_are_merged_within_a_mi
     """Issue 42 item 10, as deployed: the queued merge run two batches were left to is cancelled; the cancel's
     trigger runs the breaker's check, which announces them; a merge run takes both, within a minute, and no flush
     runs (its deployment is not even deployed)."""
-    from tests.helpers.etl import file_statuses
+    from tests.helpers.etl import file_statuses, merged_rows
     from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml
 
     name = f"cancel-{uuid.uuid4().hex[:6]}"
@@ -483,6 +483,8 @@ def test_manifests_left_to_a_queued_run_that_is_cancelled_are_merged_within_a_mi
         took = time.monotonic() - cancelled_at
         statuses = {k[1]: v["status"] for k, v in records(etl_env["table"]).items() if k[1].startswith("MANIFEST#")}
         assert sorted(statuses.values()) == ["completed", "completed"] and len(manifests) == 2
+        ids = Counter(row["id"] for row in merged_rows(etl_env["root"]))
+        assert sum(ids.values()) == 10 and set(ids.values()) == {1}  # each line merged once
         print(f"merged {took:.0f} s after the cancel")
         assert took < 60, f"merged {took:.0f} s after the cancel\n{worker.tail()}"
         checks = _runs(deployed["ndjson-merge-breaker"])
