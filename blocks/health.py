@@ -39,6 +39,11 @@ class HealthThresholds(ConfigBlock):
         default=1000, description="ETL: alarm when more files are pending (seed: depth > 1000)."
     )
     failed_manifests_max: int = Field(default=0, description="ETL: alarm when more manifests are failed.")
+    merge_paused_minutes: float = Field(
+        default=30,
+        description="ETL: alarm when the merge deployment stays paused longer (its circuit breaker open: a trial "
+        "every 5 min; or a pause nothing resumes).",
+    )
     stuck_chunk_minutes: float = Field(
         default=30, description="phspectra: a chunk IN_PROGRESS longer than this is stuck (the sweep re-drives at 15)."
     )

@@ -8,8 +8,9 @@ ndjson-merge: its manifest, then further pending ones (oldest first, each taken 
               MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
               ─> publish (rename parts, publish record; a published manifest is skipped) ─> date's partition
                  in the catalog (Glue too on S3)
-              ─> MANIFEST completed | failed + files manifested#N → completed#N | failed#N + metric row, in
-                 one transaction (per 100 items) ─> (notify) ─> report (logs/glue/…; ingest's in logs/lambda/…)
+              ─> MANIFEST completed | failed + metric row (only while processing under this run) ─> (failed:
+                 output removed) ─> files manifested#N → completed#N | failed#N (per 100 items) ─> (notify)
+                 ─> report (logs/glue/…; ingest's in logs/lambda/…)
 ndjson-listen (long-running): files landing under pipeline/input/{date}/ (watch or SQS) ─> micro-batches
               (count, age) ─> the ingest's validate → quarantine | track + claim-first batching ─> merges;
               one Prefect event per file
@@ -139,13 +140,14 @@ def _with_restarts(made: list[ManifestRef], restart_after_seconds: float) -> lis
 
 
 def _fail_timed_out_merge(flow, flow_run, state) -> None:
-    """A merge past its timeout (Prefect: Failed/TimedOut): its MANIFESTs and files are failed with the same words."""
+    """A merge past its timeout (Prefect: Failed/TimedOut): the MANIFESTs it still holds (``processing`` under its
+    id) and their files are failed with the same words; one another run took is left to that run."""
     if state.name != "TimedOut":
         return  # any other failure was recorded by the flow itself
-    params = flow_run.parameters
-    names = {params["manifest_name"]: params["date_prefix"]} | etl_merge.processing_under(str(flow_run.id))
+    params, holder = flow_run.parameters, str(flow_run.id)
+    names = {params["manifest_name"]: params["date_prefix"]} | etl_merge.processing_under(holder)
     for manifest_name, date_prefix in names.items():  # the run's own manifest and those it took after it
-        etl_merge.finish_manifest(date_prefix, manifest_name, None, error=state.message)
+        etl_merge.finish_manifest(date_prefix, manifest_name, None, error=state.message, holder=holder)
     notify_on_failure(flow, flow_run, state)
 
 
@@ -156,13 +158,20 @@ def _finish_best_effort(
     manifest_path: str,
     metric: dict[str, Any],
     notify_block: str | None,
+    holder: str | None,
 ) -> dict[str, Any]:
     """The status update after a published merge, best-effort as in the seed: its failure (after its retries) is
     logged and notified but does not fail the merge; the MANIFEST stays ``processing`` under this ended run, and
     ``records-reconcile`` completes it and its files from the published output."""
     try:
         return finish_task(
-            date_prefix, manifest_name, summary, manifest_path=manifest_path, listed=summary["listed"], metric=metric
+            date_prefix,
+            manifest_name,
+            summary,
+            manifest_path=manifest_path,
+            listed=summary["listed"],
+            metric=metric,
+            holder=holder,
         )
     except Exception as error:  # noqa: BLE001 - the output is published; the reconciler writes the statuses
         message = (
@@ -253,6 +262,7 @@ class _Taken:
     started: Any  # utc_now() when it was taken: the run report's start
     merge_started: float  # time.monotonic() when its merge was submitted: the metric's seconds
     report_part: str = ""  # the run's own manifest: the seed's report name; a further one: its manifest's stem
+    holder: str | None = None  # the flow run it is processing under: only that run finishes it
 
 
 def _take(date_prefix: str, manifest_name: str, rerun: bool = False, own: bool = True) -> _Taken | None:
@@ -261,7 +271,8 @@ def _take(date_prefix: str, manifest_name: str, rerun: bool = False, own: bool =
     if record is None:
         return None
     part = "" if own else manifest_name.removesuffix(".json")
-    return _Taken(date_prefix, manifest_name, record["manifest_path"], utc_now(), time.monotonic(), part)
+    holder = record.get("prefect_flow_run_id")
+    return _Taken(date_prefix, manifest_name, record["manifest_path"], utc_now(), time.monotonic(), part, holder)
 
 
 class _MergedHere:
@@ -299,7 +310,7 @@ def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: A
         summary = merged.result()
     except Exception as error:  # noqa: BLE001 - recorded on the manifest; the run fails after its neighbours
         message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
-        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path)
+        finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path, holder=taken.holder)
         notify_task(message, config.notify_block)
         etl_reports.write_run_report(
             "glue",
@@ -331,7 +342,9 @@ def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: A
         "seconds": round(time.monotonic() - taken.merge_started, 3),
         "skipped": summary["already_published"],
     }
-    statuses = _finish_best_effort(date_prefix, manifest_name, summary, manifest_path, metric, config.notify_block)
+    statuses = _finish_best_effort(
+        date_prefix, manifest_name, summary, manifest_path, metric, config.notify_block, taken.holder
+    )
     if summary["files_failed"]:
         get_run_logger().warning(
             "%s: %d file(s) failed: %s",
@@ -534,11 +547,14 @@ def ndjson_merge_breaker(
     action: Literal["trip", "check"] = "check",
     cool_down_seconds: float = etl_breaker.COOL_DOWN_S,
     reason: str = "",
+    announce_after_seconds: float = etl_breaker.ANNOUNCE_AFTER_S,
 ) -> dict[str, Any]:
     """The merge deployment's circuit breaker (seed 001): ``trip`` when its failure trigger fires (OPEN: deployment
-    paused, manifests wait pending); ``check`` on its schedule and when a trial ends (HALF_OPEN trial after the
-    cool-down, CLOSED on its success: resumed, waiting manifests started)."""
-    result = etl_breaker.step(merge_deployment, action, cool_down_seconds, reason)
+    paused, manifests wait pending); ``check`` on its schedule, when a trial ends (HALF_OPEN trial after the
+    cool-down, CLOSED on its success: resumed, waiting manifests started) and when a merge run ends Cancelled or
+    Crashed. Every check makes the deployment's pause follow the state; a CLOSED one announces the manifests pending
+    over ``announce_after_seconds`` that no queued run will take."""
+    result = etl_breaker.step(merge_deployment, action, cool_down_seconds, reason, announce_after_seconds)
     from prefect.artifacts import create_markdown_artifact
 
     create_markdown_artifact(

@@ -71,6 +71,93 @@ def test_the_breaker_opens_holds_tries_once_after_the_cool_down_and_closes_on_su
     assert breaker.variable_name("ndjson-merge/local") == "etl-merge-breaker-ndjson-merge-local"
 
 
+@pytest.mark.parametrize(
+    "saved",
+    [
+        "OPEN",
+        ["OPEN"],
+        {"state": "open"},
+        {"trips": 2},
+        {"state": "OPEN", "opened_at": "yesterday"},
+        {"state": "HALF_OPEN", "trial_manifest": 7},
+        {"state": "CLOSED", "trips": "2"},
+    ],
+)
+def test_a_breaker_variable_edited_into_something_unreadable_reads_open_with_its_cool_down_over(saved):
+    state, problem = breaker.parse(saved)
+    assert problem and (state.state, state.opened_at) == (OPEN, None) and "unreadable" in state.reason
+    assert breaker.decide(state, at(0), 300, None, REF_A)[0].state == HALF_OPEN  # the next check: one trial
+
+
+def test_a_missing_breaker_variable_reads_closed_and_fields_it_does_not_know_are_ignored():
+    assert breaker.parse(None) == (BreakerState(), "")
+    state, problem = breaker.parse({"state": OPEN, "opened_at": at(0), "trips": 1, "note": "by hand"})
+    assert (state, problem) == (BreakerState(OPEN, opened_at=at(0), trips=1), "")
+
+
+def _merge_deployment(prefix: str) -> str:
+    """A deployment of a flow named ndjson-merge on the test server (no worker, no trigger): its ``flow/name``."""
+    from prefect import flow as prefect_flow
+    from prefect.client.orchestration import get_client
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow(prefect_flow(name="ndjson-merge")(lambda: None))
+        client.create_deployment(flow_id=flow_id, name=name, paused=False)
+    return f"ndjson-merge/{name}"
+
+
+def _set_paused_by_hand(deployment: str, paused: bool) -> None:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        found = client.read_deployment_by_name(deployment)
+        (client.pause_deployment if paused else client.resume_deployment)(found.id)
+
+
+def test_every_check_makes_the_pause_follow_the_breaker_whatever_was_done_to_its_variable(etl_env):
+    """Issue 42 item 9: the variable deleted while OPEN reads CLOSED: the check resumes the deployment and announces
+    the manifest held meanwhile; edited into garbage it reads OPEN (saved readable, paused, one trial); a deployment
+    resumed by hand while the breaker is not CLOSED is paused again; a long pause is a CRITICAL alarm."""
+    from prefect.variables import Variable
+
+    from blocks.health import HealthThresholds
+    from flows.etl import ndjson_ingest
+    from tasks.etl import alarms
+
+    root = etl_env["root"]
+    merge = _merge_deployment("reconcile")
+    assert breaker.step(merge, "trip", reason="3 merge runs failed")["state"] == OPEN and _paused(merge)
+    urls = [write_input(root, DAY, f"rc-{i}.ndjson", [{"id": i, "pad": "x" * 40}]) for i in range(5)]
+    held = ndjson_ingest(file_urls=urls, merge_deployment=merge)
+    assert (held["launched"], held["held"]) == (0, 1)
+    (manifest,) = held["manifests"]
+
+    Variable.unset(breaker.variable_name(merge))  # deleted by hand while OPEN
+    check = breaker.step(merge, "check", announce_after_s=0)
+    assert not _paused(merge)  # read CLOSED: resumed
+    assert (check["before"], check["state"], check["resumed"], check["announced"]) == (CLOSED, CLOSED, True, [manifest])
+    assert merge not in alarms.paused_merge_deployments()
+
+    Variable.set(breaker.variable_name(merge), "garbage", overwrite=True)  # edited into something unreadable
+    assert breaker.admits(breaker.load(merge), DAY, manifest) is False  # read OPEN: merges held at once
+    check = breaker.step(merge, "check")  # OPEN with its cool-down over and a manifest waiting: the trial
+    assert (check["before"], check["state"], check["trial_manifest"]) == (OPEN, HALF_OPEN, manifest)
+    assert _paused(merge) and breaker.read(merge)[1] == ""  # saved readable
+
+    _set_paused_by_hand(merge, False)  # resumed by hand while HALF_OPEN
+    assert breaker.step(merge, "check")["state"] == HALF_OPEN and _paused(merge)
+
+    # a long pause alarms (threshold 0 here), naming the deployment and its breaker
+    time.sleep(1.1)
+    alarm = alarms.etl_merge_paused(HealthThresholds(merge_paused_minutes=0))
+    assert alarm.firing and alarm.severity == "CRITICAL" and alarm.value >= 1
+    assert f"{merge} paused" in alarm.detail and "breaker HALF_OPEN" in alarm.detail
+    assert not alarms.etl_merge_paused(HealthThresholds(merge_paused_minutes=60)).firing or (
+        alarms.paused_merge_deployments()[merge] < 60  # other tests' deployments on the shared server may be old
+    )
+
+
 def _deployments(name: str) -> dict[str, dict]:
     config = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
     return {d["entrypoint"].split(":")[1]: d for d in config["deployments"] if d["name"] == name}
@@ -95,7 +182,7 @@ def test_prefect_yaml_starts_merges_from_manifest_ready_and_trips_the_breaker_at
 
     guard = deployments["ndjson_merge_breaker"]
     assert guard["concurrency_limit"] == {"limit": 1, "collision_strategy": "ENQUEUE"} and guard["schedules"]
-    trip, trial = guard["triggers"]
+    trip, trial, announce = guard["triggers"]
     assert (trip["threshold"], trip["within"], trip["parameters"]["action"]) == (
         3,
         300,
@@ -108,6 +195,11 @@ def test_prefect_yaml_starts_merges_from_manifest_ready_and_trips_the_breaker_at
         "match_related"
     ]
     assert (trial["threshold"], trial["parameters"]["action"]) == (1, "check")
+    # a merge run that ended Cancelled/Crashed (maybe queued, with manifests left to it): a check announces them
+    assert set(announce["expect"]) == {"prefect.flow-run.Cancelled", "prefect.flow-run.Crashed"}
+    assert announce["match_related"] == trip["match_related"]
+    assert (announce["threshold"], announce["parameters"]["action"]) == (1, "check")
+    assert announce["parameters"]["announce_after_seconds"] == 0  # the run they were left to is gone
     assert {t["parameters"]["merge_deployment"] for t in guard["triggers"]} == {f"ndjson-merge/{name}"}
 
 
@@ -301,5 +393,101 @@ def test_three_failed_merges_open_the_breaker_manifests_wait_and_a_trial_after_t
             ("check", "Completed"),
             ("trip", "Completed"),
         ]
+    finally:
+        worker.stop()
+
+
+def _left_to_a_queued_run(etl_env, merge: str, prefix: str) -> tuple[str, list[str]]:
+    """Two batches for ``merge``: the first announced, its run (queued: no worker takes it) made, the second left to
+    that run without an event. The queued run's id and both manifests."""
+    from prefect.client.orchestration import get_client
+
+    from flows.etl import ndjson_ingest
+
+    root = etl_env["root"]
+    manifests = []
+    run_id = None
+    for batch in range(2):
+        urls = [write_input(root, DAY, f"{prefix}{batch}-{i}.ndjson", [{"id": f"{batch}{i}", "pad": "x" * 40}])
+                for i in range(5)]  # fmt: skip
+        summary = ndjson_ingest(file_urls=urls, merge_deployment=merge)
+        assert summary["launched"] == 1
+        manifests += summary["manifests"]
+        if run_id is None:
+            run_id = _wait("the announced merge's run", lambda: _runs(merge) and str(_runs(merge)[0].id), timeout=60)
+    with get_client(sync_client=True) as client:
+        assert etl.queued_merge_run(client, client.read_deployment_by_name(merge).id) == run_id
+    return run_id, manifests
+
+
+def _cancel(run_id: str) -> None:
+    """Cancel a flow run that has not started (as the UI's Cancel does: straight to Cancelled)."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Cancelled(message="cancelled by hand"), force=True)
+
+
+def test_a_check_announces_the_manifests_a_cancelled_queued_run_was_left(etl_env):
+    """Issue 42 item 10, the check itself: the queued run the ingest left a manifest to is cancelled; the next check
+    (prefect.yaml: at once on the cancel, and every minute) announces what is pending, and never while a queued run
+    will take it."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.worker import EventsWorker
+
+    merge = _merge_deployment("cancelled")
+    with get_client(sync_client=True) as client:  # what the trigger makes of manifest.ready: a queued run
+        deployment_id = client.read_deployment_by_name(merge).id
+        run = client.create_flow_run_from_deployment(deployment_id, parameters={"more_manifests": 500})
+    urls = [write_input(etl_env["root"], DAY, f"q-{i}.ndjson", [{"id": i, "pad": "x" * 40}]) for i in range(5)]
+    from flows.etl import ndjson_ingest
+
+    (manifest,) = ndjson_ingest(file_urls=urls, merge_deployment=merge)["manifests"]  # left to the queued run
+    assert breaker.step(merge, "check", announce_after_s=0)["announced"] == []  # the queued run will take it
+    _cancel(str(run.id))
+    assert breaker.step(merge, "check")["announced"] == []  # the schedule's check: not pending 30 s yet
+    check = breaker.step(merge, "check", announce_after_s=0)  # the check the cancel triggers
+    assert (check["state"], check["announced"]) == (CLOSED, [manifest])
+    EventsWorker.drain_all()
+    wanted = EventFilter(
+        event=EventNameFilter(name=[etl.MANIFEST_READY]),
+        resource=EventResourceFilter(id=[f"etl.manifest.{DAY}.{manifest}"]),
+    )
+    with get_client(sync_client=True) as client:
+        assert _wait("its manifest.ready", lambda: client.read_events(filter=wanted, limit=10).events, timeout=30)
+
+
+@pytest.mark.sweep  # a worker, the triggers and three flow-run processes: `make test-sweep`
+@pytest.mark.timeout(600)
+def test_manifests_left_to_a_queued_run_that_is_cancelled_are_merged_within_a_minute_without_the_flush(
+    etl_env, tmp_path
+):
+    """Issue 42 item 10, as deployed: the queued merge run two batches were left to is cancelled; the cancel's
+    trigger runs the breaker's check, which announces them; a merge run takes both, within a minute, and no flush
+    runs (its deployment is not even deployed)."""
+    from tests.helpers.etl import file_statuses, merged_rows
+    from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml
+
+    name = f"cancel-{uuid.uuid4().hex[:6]}"
+    pool = f"pool-{name}"
+    deployed = deploy_from_prefect_yaml(tmp_path, {"ndjson-merge", "ndjson-merge-breaker"}, pool, name)
+    merge = deployed["ndjson-merge"]
+    queued, manifests = _left_to_a_queued_run(etl_env, merge, "c")
+    _cancel(queued)
+    cancelled_at = time.monotonic()
+    worker = Worker(pool, tmp_path / "worker.log")
+    try:
+        _wait("both manifests merged", lambda: file_statuses(etl_env["table"]) == {"completed": 10}, 120, worker)
+        took = time.monotonic() - cancelled_at
+        statuses = {k[1]: v["status"] for k, v in records(etl_env["table"]).items() if k[1].startswith("MANIFEST#")}
+        assert sorted(statuses.values()) == ["completed", "completed"] and len(manifests) == 2
+        ids = Counter(row["id"] for row in merged_rows(etl_env["root"]))
+        assert sum(ids.values()) == 10 and set(ids.values()) == {1}  # each line merged once
+        print(f"merged {took:.0f} s after the cancel")
+        assert took < 60, f"merged {took:.0f} s after the cancel\n{worker.tail()}"
+        checks = _runs(deployed["ndjson-merge-breaker"])
+        assert [(r.parameters["action"], r.state_name) for r in checks] == [("check", "Completed")], worker.tail()
     finally:
         worker.stop()

@@ -562,3 +562,34 @@ def test_a_failed_status_update_does_not_fail_the_merge_and_the_reconciler_compl
     assert file_statuses(table) == {"completed": 5}
     assert_merged_exactly_once(root, urls)
     assert reconcile.disagreements() == []
+
+
+@pytest.mark.parametrize("other_run", ["completed", "processing"])
+@pytest.mark.timeout(300, method="thread")  # no SIGALRM handler of pytest's: the flow's timeout uses the alarm
+def test_a_timed_out_merge_leaves_the_manifest_another_run_took_as_that_run_made_it(etl_env, other_run):
+    """Issue 42 item 8: a merge run times out after another run took the manifest its parameters name; its timeout
+    hook finishes only what it holds, so the other run's output, file and manifest statuses stay as they were."""
+    from tasks.core import state_store
+    from tasks.core.config import table_name
+    from tasks.etl.ingest import TRACKING, tracking_key
+
+    root, table = etl_env["root"], etl_env["table"]
+    urls = write_five_inputs(root, "took")
+    ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked, manifest left pending
+    (key,) = manifests(table)
+    name = keys.manifest_name_from_record_key(key)
+    assert ndjson_merge(date_prefix=DAY, manifest_name=name)["manifest_status"] == "completed"  # the other run
+    if other_run == "processing":  # the other run's re-run is still merging it (as a `rerun` takes it)
+        assert state_store.transition(
+            table_name(TRACKING), tracking_key(DAY, key), "completed", "processing", set={"prefect_flow_run_id": "x"}
+        )
+    from tasks.etl.ndjson_text import parse_ndjson
+
+    parse_ndjson("file:///warm.ndjson", b'{"a": 1}\n')  # Numba's kernels loaded here, not inside the 3 s run
+    with faults.inject(at=1, mode="stall"):  # the first run's take hangs like a request that never answers
+        state = ndjson_merge.with_options(timeout_seconds=3)(DAY, name, return_state=True)
+    assert (state.type.value, state.name) == ("FAILED", "TimedOut")
+    assert manifests(table)[key]["status"] == other_run
+    assert file_statuses(table) == {"completed": 5}
+    assert_merged_exactly_once(root, urls)  # the other run's output still published
+    assert etl_merge.published(DAY, name) is not None

@@ -761,24 +761,26 @@ def transition_many(
     status_attr: str = "status",
     also: Sequence[Sequence[Mapping[str, Any]]] = (),
     remove: Sequence[str] = (),
+    conditions: Sequence[Condition | None] = (),
 ) -> list[WriteResult]:
     """``transition`` for many items: each change is (key, expected, new, extra SET attributes); ``remove``:
     attributes every change REMOVEs.
 
-    Every item moves only if it is still in its expected state; one result per change, in order. ``also[i]``
-    are TransactItems entries (e.g. ``put_entry``) written with change ``i`` in one transaction, so they land
-    once with it (a retried transition that finds itself done writes them no second time).
+    Every item moves only if it is still in its expected state (and ``conditions[i]``, when given, holds for
+    change ``i``); one result per change, in order. ``also[i]`` are TransactItems entries (e.g. ``put_entry``)
+    written with change ``i`` in one transaction, so they land once with it (a retried transition that finds
+    itself done writes them no second time).
     """
     operations = []
-    for key, expected, new, sets in changes:
+    for i, (key, expected, new, sets) in enumerate(changes):
         all_sets = dict(sets or {})
         if new is not None:
             all_sets[status_attr] = new
         expr = Expression()
         update = expr.update(all_sets, None, list(remove))
-        operations.append(
-            {"Update": expr.entry(table_name, key, expr.status_condition(status_attr, expected, key), update)}
-        )
+        extra = conditions[i] if i < len(conditions) else None
+        guard = expr.with_condition(extra, expr.status_condition(status_attr, expected, key))
+        operations.append({"Update": expr.entry(table_name, key, guard, update)})
     return _run_each(operations, Outcome.STALE, also)
 
 

@@ -1,5 +1,6 @@
 """What ``pipeline-health`` reads of the ETL pipeline: pending files and their age, failed manifests, the tracking
-table's throttles, files failed by merges; and its dashboard figures (files per hour, backlog, merge MB/s)."""
+table's throttles, files failed by merges, a merge deployment paused too long; and its dashboard figures (files
+per hour, backlog, merge MB/s)."""
 
 from __future__ import annotations
 
@@ -191,6 +192,42 @@ def etl_merge_file_failures(limits_: HealthThresholds) -> Alarm:
     )
 
 
+MERGE_FLOW = "ndjson-merge"
+
+
+def paused_merge_deployments() -> dict[str, float]:
+    """Each paused deployment of the merge flow (``flow/deployment``) → seconds since its last change on the server
+    (pausing is one: a lower bound of how long it has been paused)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    now = datetime.now(UTC)
+    with get_client(sync_client=True) as client:
+        found = client.read_deployments(flow_filter=FlowFilter(name=FlowFilterName(any_=[MERGE_FLOW])))
+    return {f"{MERGE_FLOW}/{d.name}": (now - d.updated).total_seconds() for d in found if d.paused and d.updated}
+
+
+def etl_merge_paused(limits_: HealthThresholds) -> Alarm:
+    """The merge deployment paused longer than ``merge_paused_minutes`` (its breaker open that long, or a pause that
+    nothing resumes): every manifest waits ``pending`` meanwhile. The value is the longest pause in seconds."""
+    from tasks.etl import breaker
+
+    paused = paused_merge_deployments()
+    longest = int(max(paused.values(), default=0))
+    shown = []
+    for name, seconds in sorted(paused.items(), key=lambda item: -item[1]):
+        state = breaker.load(name)
+        since = f" since {state.opened_at}" if state.opened_at else ""
+        shown.append(f"{name} paused {int(seconds)} s (breaker {state.state}{since})")
+    return Alarm(
+        "etl-merge-paused",
+        "etl",
+        longest,
+        int(limits_.merge_paused_minutes * 60),
+        (f"{len(paused)} merge deployment(s) paused: " + ", ".join(shown)) if paused else "no merge deployment paused",
+    )
+
+
 def etl_outcomes(ingests: Sequence[Mapping[str, Any]], merges: Sequence[Mapping[str, Any]]) -> Outcomes:
     """ETL files: ingested in the window; failed = quarantined at ingest + failed in a merge."""
     files = sum(int(r.get("files") or 0) for r in ingests)
@@ -227,4 +264,5 @@ SERVICE_CHECKS = {
     etl_merge_runs_failed: ("etl-merge-runs-failed",),
     dynamodb_throttles: ("etl-tracking-read-throttles", "etl-tracking-write-throttles"),
     etl_merge_file_failures: ("etl-merge-file-failures",),
+    etl_merge_paused: ("etl-merge-paused",),
 }

@@ -13,6 +13,12 @@ Prefect counts the failures (the trigger's threshold and window); pausing a depl
 (``etl-merge-breaker-{deployment}``, visible in the UI with the deployment's paused flag and an artifact); only
 the breaker flow writes it, one run at a time (its deployment's concurrency limit 1, ENQUEUE). The transitions
 are plain functions (``tripped``, ``decide``, ``admits``).
+
+Every check (each minute) makes the deployment's paused flag follow the state, whatever changed either by hand: a
+deleted variable reads CLOSED (resumed), one that cannot be read (edited into something else) OPEN with its
+cool-down over (a trial next, then CLOSED on its success), saved as such. A CLOSED check also announces the
+manifests left ``pending`` with no run to take them (``announce_waiting``: a queued run that was cancelled or
+crashed before it took them); merge runs ending Cancelled or Crashed trigger a check at once (prefect.yaml).
 """
 
 from __future__ import annotations
@@ -98,12 +104,52 @@ def variable_name(merge_deployment: str) -> str:
     return "etl-merge-breaker-" + re.sub(r"[^a-z0-9]+", "-", merge_deployment.lower()).strip("-")
 
 
-def load(merge_deployment: str) -> BreakerState:
-    """The saved breaker of ``merge_deployment`` (CLOSED when none was ever saved)."""
+_STATES = (CLOSED, OPEN, HALF_OPEN)
+_STAMPS = ("opened_at", "trial_started_at", "updated_at")
+_TEXTS = ("trial_date", "trial_manifest", "reason")
+
+
+def _unreadable(saved: Any) -> str:
+    """Why a saved breaker cannot be read as one ("" when it can); fields it does not know are ignored."""
+    if not isinstance(saved, dict):
+        return f"not an object: {type(saved).__name__}"
+    if saved.get("state") not in _STATES:
+        return f"state {saved.get('state')!r}"
+    for name in _STAMPS:
+        try:
+            if saved.get(name) is not None:
+                datetime.fromisoformat(saved[name])
+        except (TypeError, ValueError):
+            return f"{name} {saved[name]!r}"
+    if any(saved.get(name) is not None and not isinstance(saved[name], str) for name in _TEXTS):
+        return "a text field that is not text"
+    if not isinstance(saved.get("trips", 0), int) or isinstance(saved.get("trips"), bool):
+        return f"trips {saved.get('trips')!r}"
+    return ""
+
+
+def parse(saved: Any) -> tuple[BreakerState, str]:
+    """A saved breaker as a state, and why it could not be read ("" when it could). Nothing saved (never tripped,
+    or the variable deleted): CLOSED. Unreadable: OPEN with its cool-down over, so the next check tries one trial."""
+    if saved is None:
+        return BreakerState(), ""
+    problem = _unreadable(saved)
+    if problem:
+        return BreakerState(OPEN, reason=f"breaker variable unreadable ({problem}): read as OPEN"), problem
+    fields = {name: saved[name] for name in BreakerState.__dataclass_fields__ if name in saved}
+    return BreakerState(**fields), ""
+
+
+def read(merge_deployment: str) -> tuple[BreakerState, str]:
+    """The saved breaker of ``merge_deployment`` and why it could not be read ("" when it could): ``parse``."""
     from prefect.variables import Variable
 
-    saved = Variable.get(variable_name(merge_deployment), default=None)
-    return BreakerState(**saved) if isinstance(saved, dict) else BreakerState()
+    return parse(Variable.get(variable_name(merge_deployment), default=None))
+
+
+def load(merge_deployment: str) -> BreakerState:
+    """The saved breaker of ``merge_deployment`` (CLOSED when none is saved, OPEN when it cannot be read)."""
+    return read(merge_deployment)[0]
 
 
 def save(merge_deployment: str, state: BreakerState) -> None:
@@ -118,14 +164,32 @@ def save(merge_deployment: str, state: BreakerState) -> None:
     )
 
 
-def set_paused(merge_deployment: str, paused: bool) -> None:
-    """Pause (OPEN, HALF_OPEN) or resume (CLOSED) the merge deployment; repeating either changes nothing."""
+def set_paused(merge_deployment: str, paused: bool) -> bool:
+    """Pause (OPEN, HALF_OPEN) or resume (CLOSED) the merge deployment; whether that changed it (repeating either
+    changes nothing)."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name(merge_deployment)
-        if bool(deployment.paused) != paused:
-            (client.pause_deployment if paused else client.resume_deployment)(deployment.id)
+        if bool(deployment.paused) == paused:
+            return False
+        (client.pause_deployment if paused else client.resume_deployment)(deployment.id)
+        return True
+
+
+# the scheduled check announces manifests pending this long: past their own announcement's run creation and its
+# first take (seconds), so a steady flow gets no second run; a merge run's cancel triggers a check with 0
+ANNOUNCE_AFTER_S = 30.0
+
+
+def announce_waiting(merge_deployment: str, older_than_seconds: float = ANNOUNCE_AFTER_S) -> list[str]:
+    """Announce the manifests left ``pending`` (older than ``older_than_seconds``) to ``merge_deployment`` unless a
+    queued run will take them (``etl.deployment_launcher``); the names announced (none when a queued run has them).
+    A duplicate announcement only starts a run that finds them taken: each manifest is taken by one conditional
+    write."""
+    waiting = etl.pending_manifests(older_than_seconds)
+    launches = etl.launch_merges(waiting, etl.deployment_launcher(merge_deployment)) if waiting else []
+    return [launch["manifest_name"] for launch in launches if launch["launched"] and launch["run"] is None]
 
 
 def current_merge_deployment() -> str | None:
@@ -182,11 +246,18 @@ def _start_trial(merge_deployment: str, state: BreakerState) -> str:
 
 
 def step(
-    merge_deployment: str, action: Literal["trip", "check"], cool_down_s: float = COOL_DOWN_S, reason: str = ""
+    merge_deployment: str,
+    action: Literal["trip", "check"],
+    cool_down_s: float = COOL_DOWN_S,
+    reason: str = "",
+    announce_after_s: float = ANNOUNCE_AFTER_S,
 ) -> dict[str, Any]:
-    """One breaker step on the server: ``trip`` (the failure trigger fired) or ``check`` (schedule, trial ended)."""
+    """One breaker step on the server: ``trip`` (the failure trigger fired) or ``check`` (schedule, trial ended, a
+    merge run cancelled or crashed); a CLOSED check announces what is pending over ``announce_after_s``."""
     logger = run_logger(__name__)
-    before = load(merge_deployment)
+    before, unreadable = read(merge_deployment)
+    if unreadable:
+        logger.warning("circuit breaker of %s: its variable cannot be read (%s): OPEN", merge_deployment, unreadable)
     now = now_iso()
     done: dict[str, Any] = {}
     if action == "trip":
@@ -200,11 +271,17 @@ def step(
         launches = etl.launch_merges(etl.pending_manifests(0), etl.deployment_launcher(merge_deployment))
         done["restarted"] = [launch["manifest_name"] for launch in launches if launch["launched"]]
     elif after.state != CLOSED:
-        if after != before:
+        if after != before or unreadable:
             save(merge_deployment, after)  # saved before the pause: a merge starting meanwhile is already held
-        set_paused(merge_deployment, True)
+        if set_paused(merge_deployment, True) and action == "check":
+            logger.warning("circuit breaker of %s: %s, the deployment ran: paused", merge_deployment, after.state)
         if todo == "start_trial":
             done["trial_run"] = _start_trial(merge_deployment, after)
+    else:  # CLOSED: the deployment runs, and nothing waits without a run to take it
+        if set_paused(merge_deployment, False):
+            logger.warning("circuit breaker of %s: CLOSED, the deployment was paused: resumed", merge_deployment)
+            done["resumed"] = True
+        done["announced"] = announce_waiting(merge_deployment, announce_after_s)
     if after.state != before.state:
         logger.warning(
             "circuit breaker of %s: %s -> %s (%s)", merge_deployment, before.state, after.state, after.reason

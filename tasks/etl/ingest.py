@@ -778,7 +778,8 @@ def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
 def deployment_launcher(deployment: str) -> Launcher:
     """A launcher that announces a batch of manifests with one ``manifest.ready`` event (its first manifest's);
     the ``deployment``'s trigger (prefect.yaml) starts the merge, which takes the others while they are pending.
-    No event at all when a run of the deployment is queued and has not started (``queued_merge_run``). A
+    No event at all when a run of the deployment is queued and has not started (``queued_merge_run``: its id is
+    the launch's run). A
     deployment that does not exist is a launch failure, a paused one (its breaker is open) holds the manifest:
     either way it stays ``pending``. No run id: the trigger makes the run, and a queued run may meet the manifest
     taken by another.
@@ -786,7 +787,9 @@ def deployment_launcher(deployment: str) -> Launcher:
     Invariant: every ``pending`` manifest is announced or will be taken by a run that had not started when it
     was written. Proof: a launcher is only called with manifests whose ``MANIFEST#`` record already exists
     (``pending``). Its one look at the server (time t) comes after every such write. (a) A run R found queued at t
-    has not started at t, so R starts, and scans the pending manifests (``ndjson_merge``), after t, hence after
+    has not started at t, so R starts (or ends Cancelled/Crashed before its scan: that end triggers the breaker's
+    check, which announces every manifest then pending that no queued run will take, ``breaker.announce_waiting``:
+    (b) for them), and scans the pending manifests (``ndjson_merge``), after t, hence after
     the write: R takes the manifest unless it is no longer pending (another run has it: fine) or R stops first,
     at its bound (R then announces a pending one: the same argument for the next run), at the breaker (the
     manifest is held; closing the breaker announces every pending one) or by dying (below). (b) Otherwise the
@@ -807,15 +810,18 @@ def deployment_launcher(deployment: str) -> Launcher:
             with get_client(sync_client=True) as client:
                 found = client.read_deployment_by_name(deployment)
                 looked["paused"] = bool(found.paused)
-                looked["taker"] = None if found.paused else queued_merge_run(client, found.id)
+                looked["queued"] = None if found.paused else queued_merge_run(client, found.id)
         if looked["paused"]:
             raise MergesHeld(f"{deployment} is paused (circuit breaker open): {ref.manifest_name} waits pending")
-        if looked["taker"] is not None:
-            log.debug("%s: left to %s", ref.manifest_name, looked["taker"])
-            return
+        if looked["queued"] is not None:
+            log.debug("%s: left to the queued run %s", ref.manifest_name, looked["queued"])
+            return looked["queued"]
+        if looked.get("announced"):
+            return None  # the run of the batch's event takes it
         if emit_event(**manifest_ready(ref, deployment)) is None:
             raise RuntimeError("Prefect events are not being sent (no API configured)")
-        looked["taker"] = f"the run of {MANIFEST_READY} {ref.manifest_name}"  # it takes the rest of the batch
+        looked["announced"] = ref.manifest_name
+        return None
 
     return launch
 

@@ -447,6 +447,11 @@ def merge_listed(
 # --------------------------------------------------------------------------- status after the merge
 
 
+def _held_by(holder: str | None) -> state_store.Condition | None:
+    """The guard that the MANIFEST is still the ``holder`` flow run's (None: any holder)."""
+    return None if holder is None else state_store.unchanged({"prefect_flow_run_id": holder}, tag="h")
+
+
 def finish_manifest(
     date_prefix: str,
     manifest_name: str,
@@ -455,25 +460,30 @@ def finish_manifest(
     manifest_path: str | None = None,
     listed: list[str] | None = None,
     metric: dict[str, Any] | None = None,
+    holder: str | None = None,
 ) -> dict[str, Any]:
     """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
+
+    ``holder``: the flow run that must hold the manifest (``processing`` under its id) for anything to change; a
+    manifest another run took is left alone, its output and files too. Files move only once the MANIFEST's own
+    guarded transition applied (or had: a retry finds it done under the same holder), and a failed manifest's
+    output is removed only then, before its files are failed (a crash in between leaves it ``failed`` with its
+    output: ``etl reprocess`` removes that output before its files go anywhere).
 
     Files are the records whose ``manifest_path`` is the manifest's, among the ``listed`` files of its JSON
     (read by key) or, when the JSON could not be read, among every record of the date (a query); a file that could not
     be read fails on its own with its reason while the others complete. A
-    re-run moves the files an earlier run left ``failed#N`` too; a failed run first removes the manifest's
-    output, and fails its files whatever an earlier run made of them, so `etl reprocess` can take them all.
+    re-run moves the files an earlier run left ``failed#N`` too; a failed run fails its files whatever an earlier
+    run made of them, so `etl reprocess` can take them all.
     ``manifest_path`` (from the record ``start_processing`` returned) saves reading the record again.
 
-    The MANIFEST, its files and the ``metric`` row (values of a ``merge`` metric, written only with the MANIFEST's
-    own transition, so never twice) go in one TransactWriteItems per 100 items: one round trip for most manifests.
+    The MANIFEST and the ``metric`` row (values of a ``merge`` metric, written only with the MANIFEST's own
+    transition, so never twice) go in one transaction; the files then in one TransactWriteItems per 100 items.
     """
     if manifest_path is None:
         manifest_path = manifest_record(date_prefix, manifest_name)["manifest_path"]
     table = table_name(TRACKING)
     outcome = FAILED if summary is None else COMPLETED
-    if outcome == FAILED:
-        unpublish(date_prefix, manifest_name, settings().output_store_url)
     stamp = now_iso()
     ids = prefect_ids()
     sets: dict[str, Any] = {"updated_at": stamp, f"{outcome}_time": stamp}
@@ -488,12 +498,22 @@ def finish_manifest(
     if error:
         sets["error_message"] = error[:1000]
     manifest_key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
-    changes = [(manifest_key, PROCESSING, outcome, sets)]
     with_manifest = [state_store.put_entry(table_name(METRICS), metric_item("merge", metric))] if metric else []
+    (manifest_result,) = state_store.transition_many(
+        table, [(manifest_key, PROCESSING, outcome, sets)], also=[with_manifest], conditions=[_held_by(holder)]
+    )
+    current = manifest_result.item or {}
+    done_before = current.get("status") == outcome and holder in (None, current.get("prefect_flow_run_id"))
+    if not (manifest_result.applied or done_before):  # another run has it (or had it): not this run's to finish
+        log.warning("%s: %s, not this run's to finish; left as it is", manifest_name, current.get("status"))
+        return {"manifest_status": current.get("status"), "files_completed": 0, "files_failed": 0, "left": True}
+    if outcome == FAILED:
+        unpublish(date_prefix, manifest_name, settings().output_store_url)
 
     per_file = {f["url"]: f for f in (summary or {}).get("files", [])}
     movable = (MANIFESTED, FAILED) if outcome == COMPLETED else (MANIFESTED, COMPLETED)
     candidates = listed_file_records(date_prefix, listed) if listed is not None else file_records(date_prefix)
+    changes = []
     for item in candidates:
         if item.get("manifest_path") != manifest_path or base_status(item) not in movable:
             continue
@@ -512,10 +532,10 @@ def finish_manifest(
         changes.append(
             (tracking_key(date_prefix, item["file_key"]), item["status"], with_shard(new, item["status"]), file_sets)
         )
-    manifest_result, *results = state_store.transition_many(table, changes, also=[with_manifest])
-    moved = [change[2] for change, r in zip(changes[1:], results) if r.applied]
+    results = state_store.transition_many(table, changes) if changes else []
+    moved = [change[2] for change, r in zip(changes, results) if r.applied]
     return {
-        "manifest_status": outcome if manifest_result.applied else (manifest_result.item or {}).get("status"),
+        "manifest_status": outcome,
         "files_completed": sum(1 for s in moved if s.startswith(COMPLETED)),
         "files_failed": sum(1 for s in moved if s.startswith(FAILED)),
     }

@@ -48,6 +48,7 @@ PIPELINE = Pipeline(
         "etl-merge-runs-failed": "CRITICAL",
         "etl-merge-file-failures": "CRITICAL",
         "etl-failed-manifests": "CRITICAL",
+        "etl-merge-paused": "CRITICAL",  # every ingest's merges held
         "etl-iterator-age": "WARNING",
         "etl-files-pending": "WARNING",
         "etl-files-pending-too-long": "WARNING",
