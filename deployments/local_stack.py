@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -413,8 +414,6 @@ def crash_runs_of_gone_processes(client) -> list[str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
-    from tasks.gpu.backends import pid_alive
-
     live = FlowRunFilter(
         state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
     )
@@ -425,8 +424,8 @@ def crash_runs_of_gone_processes(client) -> list[str]:
     for run in runs:
         if run.deployment_id is None:
             continue  # an in-process subflow: it lives and dies with its parent's process
-        pid = _run_pid(run.infrastructure_pid)
-        gone = not pid_alive(pid) if pid is not None else run.state_type == StateType.PENDING
+        process = run_process(run)
+        gone = process == "gone" or (process == "unknown" and run.state_type == StateType.PENDING)
         if not gone:
             continue
         crashed = Crashed(
@@ -462,6 +461,42 @@ def _run_pid(infrastructure_pid: str | None) -> int | None:
         return int(str(infrastructure_pid).rsplit(":", 1)[-1])
     except ValueError:
         return None
+
+
+def _recorded_elsewhere(infrastructure_pid: str | None) -> bool:
+    """Whether a run's ``host:pid`` names another machine (a bare pid is this machine's: Prefect 3.8's process
+    worker records one)."""
+    host = str(infrastructure_pid or "").rpartition(":")[0]
+    return bool(host) and host not in {socket.gethostname(), socket.gethostname().split(".")[0], "localhost"}
+
+
+# a run's process starts before its Running state (or its recorded pid) is written; this much later (clocks read
+# in 10 ms steps) and it is another process that reuses the pid
+PID_REUSE_SLACK_S = 0.5
+
+
+def run_process(run) -> str:
+    """What became of a Pending or Running run's process, judged from this machine: 'alive', 'gone' (no such
+    process, or its pid now names a process that started after the run did), 'elsewhere' (recorded on another
+    host: not this machine's to judge) or 'unknown' (no pid recorded)."""
+    from prefect.client.schemas.objects import StateType
+
+    from tasks.gpu.backends import pid_alive, process_started_at
+
+    if _recorded_elsewhere(run.infrastructure_pid):
+        return "elsewhere"
+    pid = _run_pid(run.infrastructure_pid)
+    if pid is None:
+        return "unknown"
+    if not pid_alive(pid):
+        return "gone"
+    started_at = process_started_at(pid)
+    # Running: the process set that state, so it started before; Pending: the worker recorded its pid (the run's
+    # last update at the latest) after starting it
+    run_began = run.state.timestamp if run.state_type == StateType.RUNNING and run.state else run.updated
+    if started_at is not None and run_began is not None and started_at > run_began.timestamp() + PID_REUSE_SLACK_S:
+        return "gone"
+    return "alive"
 
 
 def listener_deployments() -> tuple[str, ...]:
@@ -505,18 +540,11 @@ def start_listeners(client, worker_restarted: bool) -> dict[str, str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
-    from tasks.gpu.backends import pid_alive
-
     found = _listener_runs(client, [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
     states = {name: "not deployed" for name in listener_deployments()}
     for name, (deployment, runs) in found.items():
-        pids = {r.id: _run_pid(r.infrastructure_pid) for r in runs}
-        dead = [
-            r
-            for r in runs
-            if r.state_type != StateType.SCHEDULED
-            and (not pid_alive(pids[r.id]) if pids[r.id] is not None else worker_restarted)
-        ]
+        processes = {r.id: run_process(r) if r.state_type != StateType.SCHEDULED else "alive" for r in runs}
+        dead = [r for r in runs if processes[r.id] == "gone" or (processes[r.id] == "unknown" and worker_restarted)]
         for run in dead:
             crashed = Crashed(message="the listener's process is gone (found by `make up`); a new run replaces it")
             if client.set_flow_run_state(run.id, crashed).status.value != "ACCEPT":
@@ -548,16 +576,13 @@ def stop_listeners() -> dict[str, str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled
 
-    from tasks.gpu.backends import pid_alive
-
     states = {}
     with get_client(sync_client=True) as client:
         for name, (_deployment, runs) in _listener_runs(client, [StateType.PENDING, StateType.RUNNING]).items():
             states[name] = "stopped" if runs else "not running"
             for run in runs:
-                pid = _run_pid(run.infrastructure_pid)
-                if pid is not None and pid_alive(pid):
-                    os.kill(pid, signal.SIGTERM)
+                if run_process(run) == "alive":  # never a process that took over a dead run's pid
+                    os.kill(_run_pid(run.infrastructure_pid), signal.SIGTERM)
                 client.set_flow_run_state(run.id, Cancelled(message="stopped by `make down`"), force=True)
     return states
 
