@@ -812,7 +812,11 @@ def down() -> None:
     for listener, state in stop_listeners().items():
         print(f"{listener:16} {state}")
     for name in ("worker", "prefect-server", "postgres", "dynamodb"):
-        print(f"{name:16} {_stop(name)}")
+        state = _stop(name)
+        # its lock file names the postmaster that runs, whoever started it and however often
+        if name == "postgres" and postgres_local.stop(DATA / "postgres") == "stopped now":
+            state = "stopped now"
+        print(f"{name:16} {state}")
 
 
 def status() -> None:
@@ -823,7 +827,7 @@ def status() -> None:
         ("prefect-server", PREFECT_PORT),
         ("worker", None),
     ):
-        pid = _pid(name)
+        pid = postgres_local.postmaster_pid(DATA / "postgres") if name == "postgres" else _pid(name)
         state = "running" if pid and (port is None or port_open(HOST, port)) else "stopped"
         print(
             f"{name:16} {state}{f' (pid {pid})' if pid else ''}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -134,3 +135,35 @@ def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
     if created.returncode != 0 and "already exists" not in created.stderr:
         raise StackError(f"createdb {DATABASE} failed: {created.stderr.strip()}")
     return process
+
+
+def postmaster_pid(data_dir: Path) -> int | None:
+    """The running postmaster of the cluster in ``data_dir``, by its own lock file (``postmaster.pid``'s first
+    line: whoever started it, and however often), or None: no lock file, or its pid gone or another program's."""
+    try:
+        pid = int((data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    try:  # a stale lock file's pid may name another process now: the postmaster works in its data folder
+        if Path(f"/proc/{pid}/cwd").resolve() != data_dir.resolve():
+            return None
+    except OSError:
+        pass  # no /proc, or not ours to read: the pid answered, take the lock file's word
+    return pid
+
+
+def stop(data_dir: Path, seconds: float = 60) -> str:
+    """Stop the cluster in ``data_dir`` as ``pg_ctl stop -m fast`` does (SIGINT to the postmaster its lock file
+    names; SIGQUIT, an immediate stop, after ``seconds``); 'stopped' when none ran, else 'stopped now'."""
+    pid = postmaster_pid(data_dir)
+    if pid is None:
+        return "stopped"
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + seconds
+    while postmaster_pid(data_dir) == pid:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGQUIT)
+            deadline = time.monotonic() + seconds
+        time.sleep(0.2)
+    return "stopped now"
