@@ -48,6 +48,31 @@ def enter_private_network() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags_now | IFF_UP, b""))
 
 
+def _end_with_parent() -> None:
+    """In the command's process: SIGTERM when this relay dies (Linux's PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+
+
+def cannot_isolate() -> str | None:
+    """Why this machine refuses a private network namespace (tried in a throwaway child), or None when it allows one."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child tries and reports; the caller's own namespace never changes
+        os.close(read)
+        try:
+            enter_private_network()
+            message = b""
+        except OSError as error:
+            message = str(error).encode() or b"refused"
+        os.write(write, message)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        reason = pipe.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return reason or None
+
+
 def _pipe(source: socket.socket, target: socket.socket) -> None:
     try:
         while data := source.recv(65536):
@@ -94,7 +119,9 @@ def main(argv: list[str]) -> int:
     except OSError as error:
         print(f"loopback_ns: cannot make a private network namespace ({error})", file=sys.stderr, flush=True)
         return CANNOT_ISOLATE
-    child = subprocess.Popen(command)
+    # the command ends with this relay (a SIGKILLed relay leaves no server holding its data in a namespace no one
+    # reaches; the next relay starts its own)
+    child = subprocess.Popen(command, preexec_fn=_end_with_parent)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     while not _answers(port):  # listen outside only once the server answers inside
         if child.poll() is not None:

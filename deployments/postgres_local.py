@@ -64,7 +64,8 @@ def url(port: int) -> str:
     return f"postgresql+asyncpg://{USER}@127.0.0.1:{port}/{DATABASE}"
 
 
-def _init(data_dir: Path, log) -> None:
+def init(data_dir: Path, log) -> None:
+    """Make the cluster in ``data_dir`` (owned by the `postgres` user as root) unless it exists."""
     if (data_dir / "PG_VERSION").exists():
         return
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -100,23 +101,9 @@ def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
         raise StackError(f"port {port} on 127.0.0.1 is already taken: stop what uses it or set PREFECT_POSTGRES_PORT.")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        _init(data_dir, log)
+        init(data_dir, log)
     process = subprocess.Popen(
-        _as_owner(
-            [
-                str(bindir() / "postgres"),
-                "-D",
-                str(data_dir),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-k",
-                str(data_dir),
-                "-c",
-                "max_connections=200",
-            ]
-        ),
+        _as_owner(command(port, data_dir)),
         stdout=open(log_path, "ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -127,14 +114,42 @@ def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
             process.kill()
             raise StackError(f"PostgreSQL did not start on 127.0.0.1:{port}; see {log_path}")
         time.sleep(0.3)
-    created = subprocess.run(
-        [str(bindir() / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE],
-        capture_output=True,
-        text=True,
-    )
-    if created.returncode != 0 and "already exists" not in created.stderr:
-        raise StackError(f"createdb {DATABASE} failed: {created.stderr.strip()}")
+    ensure_database(port)
     return process
+
+
+def command(port: int, data_dir: Path) -> list[str]:
+    """The postmaster's command line for the cluster in ``data_dir`` on ``port`` (run as its owner)."""
+    return [
+        str(bindir() / "postgres"),
+        "-D",
+        str(data_dir),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-k",
+        str(data_dir),
+        "-c",
+        "max_connections=200",
+    ]
+
+
+def ensure_database(port: int, seconds: float = 60) -> None:
+    """Create the server's database in the running cluster on ``port`` unless it exists (waiting out a cluster that
+    is still starting up or recovering)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        created = subprocess.run(
+            [str(bindir() / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE],
+            capture_output=True,
+            text=True,
+        )
+        if created.returncode == 0 or "already exists" in created.stderr:
+            return
+        if "starting up" not in created.stderr or time.monotonic() > deadline:
+            raise StackError(f"createdb {DATABASE} failed: {created.stderr.strip()}")
+        time.sleep(0.5)
 
 
 def postmaster_pid(data_dir: Path) -> int | None:

@@ -100,29 +100,19 @@ def test_without_isolation_the_jar_answers_on_every_interface(address, tmp_path)
         dynamodb_local.stop(process)
 
 
-def test_make_up_says_plainly_when_it_cannot_isolate(tmp_path, monkeypatch, capsys):
-    calls = []
+def test_make_up_says_plainly_when_it_cannot_isolate(monkeypatch, capsys):
+    from deployments import loopback_ns
 
-    def fake_start(port, db_path=None, log_path=None, loopback_only=False):
-        calls.append(loopback_only)
-        if loopback_only:
-            raise dynamodb_local.CannotIsolate("loopback_ns: cannot make a private network namespace (unshare: EPERM)")
-        return subprocess.Popen(["sleep", "30"], start_new_session=True)
-
-    monkeypatch.setattr(local_stack, "DATA", tmp_path)
-    monkeypatch.setattr(local_stack, "RUN", tmp_path / "run")
-    monkeypatch.setattr(local_stack, "LOGS", tmp_path / "logs")
-    monkeypatch.setattr(local_stack, "DYNAMODB_PORT", dynamodb_local.free_port())
-    monkeypatch.setattr(dynamodb_local, "start", fake_start)
-    assert local_stack.start_dynamodb() == "started"
+    monkeypatch.setattr(loopback_ns, "cannot_isolate", lambda: "unshare: EPERM")
+    monkeypatch.setattr(local_stack, "server_database_env", lambda: {})
+    programs = local_stack.stack_programs()  # what `make up` hands its supervisor
     out = capsys.readouterr().out
-    assert calls == [True, False]
+    assert "loopback_ns.py" not in programs["dynamodb"]["command"]
     assert "WARNING: DynamoDB Local cannot be kept to loopback here (loopback_ns: cannot make" in out
     assert "any host that reaches this machine can read and change every pipeline's state" in out
-    assert local_stack.dynamodb_reach().startswith("every interface")
-    pid = int((tmp_path / "run" / "dynamodb.pid").read_text())
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    monkeypatch.setattr(loopback_ns, "cannot_isolate", lambda: None)
+    assert "loopback_ns.py" in local_stack.stack_programs()["dynamodb"]["command"]
+    assert capsys.readouterr().out == ""
 
 
 def test_the_prefect_servers_postgresql_answers_on_loopback_only(address, tmp_path):

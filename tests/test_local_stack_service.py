@@ -1,10 +1,15 @@
-"""The local stack as a service: `make down` stops what runs."""
+"""The local stack as a service: one supervisor runs every process, restarts any that dies and answers only its
+user; `make down` stops what runs."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import stat
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -12,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from deployments import dynamodb_local, local_stack, postgres_local
+from deployments.supervisor import Supervisor, uptime
 from tasks.gpu.backends import pid_alive
 
 
@@ -74,3 +80,53 @@ def test_make_down_stops_a_postgresql_that_was_killed_and_started_again(stack_da
     assert postgres_local.postmaster_pid(data) is None
     assert not pid_alive(running)
     assert not dynamodb_local.port_open("127.0.0.1", local_stack.POSTGRES_PORT)
+
+
+def as_nobody(code: str) -> subprocess.CompletedProcess:
+    """Python ``code`` run as another local user (``nobody``, by setuid from root); skipped when not root."""
+    if os.geteuid() != 0:
+        pytest.skip("running as another local user needs root (CI runs as root)")
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")  # the project's may sit in root's home
+    if python is None:
+        pytest.skip("no system python3 for another user to run")
+    return subprocess.run(
+        [python, "-c", code], user="nobody", group="nogroup", capture_output=True, text=True, timeout=60, cwd="/"
+    )
+
+
+def _wait_for(condition, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
+        time.sleep(0.2)
+    return found
+
+
+def test_the_supervisor_restarts_a_killed_program_keeps_its_log_and_answers_its_own_user_only(tmp_path):
+    sleeper = {"command": f"{sys.executable} -c 'import time; print(\"up\", flush=True); time.sleep(600)'"}
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    stack = Supervisor(tmp_path / "data", str(runtime / "supervisor.sock"))
+    try:
+        assert stack.ensure({"one": {**sleeper, "startsecs": "1"}, "two": sleeper}) is True
+        first = _wait_for(lambda: stack.pid("one"), 30, "program one to run")
+        assert stack.ensure({"one": {**sleeper, "startsecs": "1"}, "two": sleeper}) is False  # idempotent
+        assert stack.pid("one") == first
+
+        os.kill(first, signal.SIGKILL)
+        again = _wait_for(lambda: (stack.pid("one") or first) != first and stack.pid("one"), 30, "a restart")
+        log = (tmp_path / "data" / "logs" / "supervisord.log").read_text()
+        assert "exited: one (terminated by SIGKILL; not expected)" in log and "spawned: 'one'" in log
+        assert (tmp_path / "data" / "logs" / "one.log").read_text().count("up") == 2
+        (info,) = [i for i in stack.statuses() if i["name"] == "one"]
+        assert info["statename"] == "RUNNING" and info["pid"] == again and re.fullmatch(r"0:00:\d\d", uptime(info))
+
+        assert stat.S_IMODE(os.stat(stack.socket_path).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(stack.conf).st_mode) == 0o600  # the programs' environment
+        refused = as_nobody(
+            f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({stack.socket_path!r}); print('connected')"
+        )
+        assert refused.returncode != 0 and "PermissionError" in refused.stderr and "connected" not in refused.stdout
+    finally:
+        stack.shutdown()
+    assert not pid_alive(again) and not stack.running()
