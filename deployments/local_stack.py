@@ -48,9 +48,37 @@ SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "").strip().lower()
 POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
 
 
+def api_auth_file() -> Path:
+    """Where the stack's Prefect API auth string lives: .data/secrets (0700) / prefect-api-auth (0600)."""
+    return DATA / "secrets" / "prefect-api-auth"
+
+
+def api_auth_string(create: bool = False) -> str | None:
+    """The Prefect API's auth string (``user:password``; the server refuses a request without it, 401), made on the
+    first `make up` (``create``); None where none was made."""
+    path = api_auth_file()
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        if not create:
+            return None
+    import secrets
+
+    from tasks.core.private_folder import private_folder
+
+    private_folder(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"pipelines:{secrets.token_urlsafe(32)}\n")
+    return api_auth_string()
+
+
 def local_env() -> dict[str, str]:
-    """What every local process needs: the endpoints and dummy credentials for DynamoDB Local."""
+    """What every local process needs: the endpoints and dummy credentials for DynamoDB Local, and the Prefect API's
+    auth string once `make up` made one."""
+    auth = api_auth_string()
     return {
+        **({"PREFECT_API_AUTH_STRING": auth} if auth else {}),
         "AWS_ENDPOINT_URL_DYNAMODB": f"http://{HOST}:{DYNAMODB_PORT}",
         "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
         "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
@@ -102,13 +130,14 @@ def _pid(name: str) -> int | None:
 
 
 def _wait_port(name: str, port: int, seconds: float = 120) -> None:
+    """Wait until ``name`` answers: on ``HOST:port``, or PostgreSQL on its socket."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if port_open(HOST, port):
+        if postgres_local.answers(port, DATA / "postgres") if name == "postgres" else port_open(HOST, port):
             return
         time.sleep(0.3)
     raise StackError(
-        f"{name} did not listen on {HOST}:{port} within {seconds:.0f} s; see {LOGS / (name + '.log')} and "
+        f"{name} did not answer on port {port} within {seconds:.0f} s; see {LOGS / (name + '.log')} and "
         f"{LOGS / 'supervisord.log'}"
     )
 
@@ -163,7 +192,7 @@ def server_database_env() -> dict[str, str]:
     if database in ("", "sqlite"):
         return {}
     if database in ("postgres", "postgresql"):
-        return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres_local.url(POSTGRES_PORT)}
+        return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres_local.url(POSTGRES_PORT, DATA / "postgres")}
     raise StackError(f"PREFECT_SERVER_DB={database!r}: use 'postgres' (the default where installed) or 'sqlite'")
 
 
@@ -201,8 +230,15 @@ def start_postgres() -> str:
 
 
 def prefect_server_env() -> dict[str, str]:
-    """What the Prefect server runs with: the stack's endpoints, its database and the retention settings."""
-    return {**local_env(), **server_database_env(), **server_retention_env()}
+    """What the Prefect server runs with: the stack's endpoints, its database, the retention settings and the auth
+    string every API request must carry."""
+    auth = api_auth_string()
+    return {
+        **local_env(),
+        **server_database_env(),
+        **server_retention_env(),
+        **({"PREFECT_SERVER_API_AUTH_STRING": auth} if auth else {}),
+    }
 
 
 def serve_prefect_server() -> None:
@@ -211,7 +247,7 @@ def serve_prefect_server() -> None:
     env = prefect_server_env()
     if "PREFECT_SERVER_DATABASE_CONNECTION_URL" in env:
         _wait_port("postgres", POSTGRES_PORT)
-        postgres_local.ensure_database(POSTGRES_PORT)
+        postgres_local.ensure_database(POSTGRES_PORT, DATA / "postgres")
     (DATA / "prefect").mkdir(parents=True, exist_ok=True)
     os.environ.update(env)
     server = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)]
@@ -309,7 +345,13 @@ def throwaway_prefect_server(home: Path, env: dict[str, str] | None = None) -> I
     home.mkdir(parents=True, exist_ok=True)
     port = dynamodb_local.free_port()
     server_env = {**os.environ}
-    for inherited in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+    for inherited in (
+        "PREFECT_API_URL",
+        "PREFECT_API_KEY",
+        "PREFECT_API_AUTH_STRING",
+        "PREFECT_SERVER_API_AUTH_STRING",
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    ):
         server_env.pop(inherited, None)  # the stack's or the user's server is not this one
     server_env |= {
         "PREFECT_HOME": str(home),
@@ -788,15 +830,20 @@ def deploy_all() -> str:
 
 
 def write_env_file() -> None:
-    """Write .data/local.env: ``export`` lines of ``local_env()`` for a shell to source."""
+    """Write .data/local.env (0600: it holds the API's auth string): ``export`` lines of ``local_env()`` for a shell
+    to source."""
     DATA.mkdir(parents=True, exist_ok=True)
-    ENV_FILE.write_text("".join(f"export {k}={v}\n" for k, v in local_env().items()))
+    fd = os.open(ENV_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # one an older `make up` wrote readable
+    with os.fdopen(fd, "w") as handle:
+        handle.write("".join(f"export {k}={shlex.quote(v)}\n" for k, v in local_env().items()))
 
 
 def up() -> None:
     """Start the whole local stack under its supervisor (idempotent) and print each part's state."""
     dynamodb_local.java()
     dynamodb_local.jar_path()
+    api_auth_string(create=True)
     database = start_postgres()
     processes = start_processes()
     print(
@@ -806,7 +853,7 @@ def up() -> None:
     print(
         f"postgres         {processes.get('postgres', database):8} "
         + (
-            f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)"
+            f"socket only, in .data/postgres (0700; port {POSTGRES_PORT})"
             if server_database_env()
             else "(the server runs on SQLite)"
         )

@@ -1,7 +1,9 @@
 """A PostgreSQL for the Prefect server (``PREFECT_SERVER_DB=postgres make up``): Debian's ``postgresql`` binaries,
-a cluster of the project's own in ``.data/postgres``, listening on 127.0.0.1 only, started and stopped like
-DynamoDB Local. `make up`'s default where the binaries are: under the pipelines' load SQLite reports "database is
-locked" (``benchmarks/server_load.py``); without them the server runs on SQLite, with a warning.
+a cluster of the project's own in ``.data/postgres``, started and stopped like DynamoDB Local. It listens on no TCP
+address at all: only on its Unix socket, in its data folder (mode 0700, its owner's), so only its owner and the
+stack's user (root, or the same user) reach it; every other local user is refused at the folder. `make up`'s
+default where the binaries are: under the pipelines' load SQLite reports "database is locked"
+(``benchmarks/server_load.py``); without them the server runs on SQLite, with a warning.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from deployments.dynamodb_local import StackError, port_open
+from deployments.dynamodb_local import StackError
 
 USER = DATABASE = "prefect"
 
@@ -59,21 +61,53 @@ def _as_owner(args: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *args]
 
 
-def url(port: int) -> str:
-    """The Prefect server's connection URL for the cluster on ``port``."""
-    return f"postgresql+asyncpg://{USER}@127.0.0.1:{port}/{DATABASE}"
+def url(port: int, data_dir: Path) -> str:
+    """The Prefect server's connection URL for the cluster in ``data_dir`` (its socket's folder) on ``port``."""
+    return f"postgresql+asyncpg://{USER}@/{DATABASE}?host={data_dir.resolve()}&port={port}"
+
+
+def socket_path(port: int, data_dir: Path) -> Path:
+    """The cluster's Unix socket (at most 107 bytes: a data folder deep in the file system cannot have one)."""
+    return data_dir.resolve() / f".s.PGSQL.{port}"
+
+
+def answers(port: int, data_dir: Path) -> bool:
+    """Whether the cluster in ``data_dir`` accepts connections on its socket."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(0.5)
+        try:
+            sock.connect(str(socket_path(port, data_dir)))
+        except OSError:
+            return False
+        return True
+
+
+# who may connect, and how: on the socket only (the data folder keeps other users out); no TCP line at all
+HBA = "# written by deployments/postgres_local.py: the Unix socket only, in the 0700 data folder\nlocal all all trust\n"
+
+
+def lock(data_dir: Path) -> None:
+    """Keep the cluster's pg_hba.conf to the socket only (a cluster an older `make up` made allowed 127.0.0.1)."""
+    hba = data_dir / "pg_hba.conf"
+    if hba.exists() and hba.read_text() != HBA:
+        hba.write_text(HBA)  # rewritten in place: its owner stays the cluster's
 
 
 def init(data_dir: Path, log) -> None:
     """Make the cluster in ``data_dir`` (owned by the `postgres` user as root) unless it exists."""
+    if len(str(socket_path(5432, data_dir))) > 100:
+        raise StackError(f"{data_dir} is too deep for PostgreSQL's socket (107 bytes at most): move the checkout")
     if (data_dir / "PG_VERSION").exists():
+        lock(data_dir)
         return
     data_dir.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         shutil.chown(data_dir, "postgres", "postgres")
         if subprocess.run(_as_owner(["test", "-w", str(data_dir)])).returncode != 0:
             raise StackError(f"the `postgres` user cannot reach {data_dir}: a folder above it is private (mode 700?)")
-    # trust on loopback only (the server listens on 127.0.0.1 and its socket folder is the data folder)
+    # trust on the socket only (lock below): the data folder, 0700, keeps every other local user from it
     result = subprocess.run(
         _as_owner(
             [
@@ -93,12 +127,14 @@ def init(data_dir: Path, log) -> None:
     )
     if result.returncode != 0:
         raise StackError(f"initdb failed (code {result.returncode}); see the PostgreSQL log")
+    lock(data_dir)
 
 
 def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
-    """Initialise ``data_dir`` if new, start PostgreSQL on 127.0.0.1:``port``, create the database; the process."""
-    if port_open("127.0.0.1", port):
-        raise StackError(f"port {port} on 127.0.0.1 is already taken: stop what uses it or set PREFECT_POSTGRES_PORT.")
+    """Initialise ``data_dir`` if new, start PostgreSQL on its socket in ``data_dir`` for ``port``, create the
+    database; the process."""
+    if answers(port, data_dir):
+        raise StackError(f"a PostgreSQL already answers on {socket_path(port, data_dir)}: `make down` stops it.")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         init(data_dir, log)
@@ -109,12 +145,12 @@ def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
         start_new_session=True,
     )
     deadline = time.monotonic() + 60
-    while not port_open("127.0.0.1", port):
+    while not answers(port, data_dir):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise StackError(f"PostgreSQL did not start on 127.0.0.1:{port}; see {log_path}")
+            raise StackError(f"PostgreSQL did not start on {socket_path(port, data_dir)}; see {log_path}")
         time.sleep(0.3)
-    ensure_database(port)
+    ensure_database(port, data_dir)
     return process
 
 
@@ -125,7 +161,7 @@ def command(port: int, data_dir: Path) -> list[str]:
         "-D",
         str(data_dir),
         "-h",
-        "127.0.0.1",
+        "",  # no TCP address: the socket only
         "-p",
         str(port),
         "-k",
@@ -135,13 +171,13 @@ def command(port: int, data_dir: Path) -> list[str]:
     ]
 
 
-def ensure_database(port: int, seconds: float = 60) -> None:
-    """Create the server's database in the running cluster on ``port`` unless it exists (waiting out a cluster that
-    is still starting up or recovering)."""
+def ensure_database(port: int, data_dir: Path, seconds: float = 60) -> None:
+    """Create the server's database in the running cluster in ``data_dir`` unless it exists (waiting out a cluster
+    that is still starting up or recovering)."""
     deadline = time.monotonic() + seconds
     while True:
         created = subprocess.run(
-            [str(bindir() / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", USER, DATABASE],
+            [str(bindir() / "createdb"), "-h", str(data_dir.resolve()), "-p", str(port), "-U", USER, DATABASE],
             capture_output=True,
             text=True,
         )

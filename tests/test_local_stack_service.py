@@ -8,7 +8,6 @@ import re
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ import pytest
 from deployments import dynamodb_local, local_stack, postgres_local
 from deployments.supervisor import Supervisor, uptime
 from tasks.gpu.backends import pid_alive
+from tests.helpers.other_user import as_nobody_python
 
 
 @pytest.fixture
@@ -82,18 +82,6 @@ def test_make_down_stops_a_postgresql_that_was_killed_and_started_again(stack_da
     assert not dynamodb_local.port_open("127.0.0.1", local_stack.POSTGRES_PORT)
 
 
-def as_nobody(code: str) -> subprocess.CompletedProcess:
-    """Python ``code`` run as another local user (``nobody``, by setuid from root); skipped when not root."""
-    if os.geteuid() != 0:
-        pytest.skip("running as another local user needs root (CI runs as root)")
-    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")  # the project's may sit in root's home
-    if python is None:
-        pytest.skip("no system python3 for another user to run")
-    return subprocess.run(
-        [python, "-c", code], user="nobody", group="nogroup", capture_output=True, text=True, timeout=60, cwd="/"
-    )
-
-
 def _wait_for(condition, seconds: float, what: str):
     deadline = time.monotonic() + seconds
     while not (found := condition()):
@@ -123,7 +111,7 @@ def test_the_supervisor_restarts_a_killed_program_keeps_its_log_and_answers_its_
 
         assert stat.S_IMODE(os.stat(stack.socket_path).st_mode) == 0o700
         assert stat.S_IMODE(os.stat(stack.conf).st_mode) == 0o600  # the programs' environment
-        refused = as_nobody(
+        refused = as_nobody_python(
             f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({stack.socket_path!r}); print('connected')"
         )
         assert refused.returncode != 0 and "PermissionError" in refused.stderr and "connected" not in refused.stdout
