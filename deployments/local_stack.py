@@ -84,6 +84,9 @@ def local_env() -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
         "PREFECT_API_URL": f"http://{HOST}:{PREFECT_PORT}/api",
+        # a request the server (or its database) cannot answer is retried after 2, 4 ... 128 s: about four minutes,
+        # so a client rides out the server's restart by the supervisor (Prefect's default, 5, gives up after a minute)
+        "PREFECT_CLIENT_MAX_RETRIES": "7",
         "PREFECT_HOME": str(DATA / "prefect"),
         "OBJECT_STORE_BASE_URL": os.environ.get("OBJECT_STORE_BASE_URL", (DATA / "objects").as_uri()),
         "PIPELINES_ROOT": str(REPO_ROOT),  # prefect.yaml's pull step: where the local worker runs flows
@@ -305,6 +308,12 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
         "startsecs": "10",
         "stopasgroup": "false",  # its flow runs' commands end with their runs, not with the worker
         "killasgroup": "false",
+    }
+    # the listeners' keeper: a listener run lost in an outage is replaced within LISTENER_CHECK_S
+    programs["listeners"] = {
+        "command": _command([sys.executable, "-m", "deployments.local_stack", "keep-listeners"]),
+        "environment": _environment({**identity, **local_env()}),
+        "startsecs": "5",
     }
     return programs
 
@@ -666,6 +675,29 @@ def ensure_listeners(worker_restarted: bool) -> dict[str, str]:
         return start_listeners(client, worker_restarted)
 
 
+# how often the supervisor's `listeners` program makes sure every listener has a run
+LISTENER_CHECK_S = 30.0
+
+
+def keep_listeners() -> None:
+    """The listeners' keeper, as the supervisor runs it: every ``LISTENER_CHECK_S`` s, ``ensure_listeners`` (a run of
+    each listener deployment unless one is scheduled, pending or running; one whose process is gone replaced). A
+    listener run that died while the server was down (its Crashed event lost with it, so no trigger fired) is
+    replaced without a person typing `make up`; an unreachable server is waited out."""
+    last: dict[str, str] = {}
+    while True:
+        try:
+            _wait_healthy(LISTENER_CHECK_S)
+            states = ensure_listeners(worker_restarted=False)
+            changed = {name: state for name, state in states.items() if state != "running" and last.get(name) != state}
+            if changed:
+                print(f"listeners: {', '.join(f'{n} {s}' for n, s in sorted(changed.items()))}", flush=True)
+            last = states
+        except Exception as error:  # noqa: BLE001 - the next round looks again; the keeper never dies of an outage
+            print(f"listeners: not checked ({type(error).__name__}: {error})", flush=True)
+        time.sleep(LISTENER_CHECK_S)
+
+
 def stop_listeners() -> dict[str, str]:
     """Stop the listeners' processes (their runs marked Cancelled) before the worker goes: a flow process may
     outlive its worker. Listener -> 'stopped' or 'not running'; {} when the server is already down."""
@@ -874,6 +906,7 @@ def up() -> None:
     print(f"worker           {processes['worker']:8} pool {WORK_POOL}")
     for listener, state in ensure_listeners(worker_restarted=processes["worker"] == "started").items():
         print(f"listener         {state:8} {listener}")
+    print(f"listener keeper  {processes['listeners']:8} (a run of each listener, checked every {LISTENER_CHECK_S:g} s)")
     write_env_file()
     print(
         "\nUse it from a shell with:  source "
@@ -926,7 +959,9 @@ def _stop(name: str) -> str:
 
 
 def down() -> None:
-    """Stop the listeners, then every process of the stack and its supervisor, printing each one's state."""
+    """Stop the listeners (their keeper first), then every process of the stack and its supervisor, printing each
+    one's state."""
+    print(f"{'listeners':16} {_stop('listeners')} (the keeper)")
     for listener, state in stop_listeners().items():
         print(f"{listener:16} {state}")
     for name in ("worker", "engine", "prefect-server", "postgres", "dynamodb"):
@@ -953,10 +988,10 @@ def status() -> None:
 
 
 def main() -> int:
-    """The ``up|down|status|worker|serve-server`` command line (``worker``, ``serve-server``: what the supervisor runs);
-    exit code 2 on a StackError."""
+    """The ``up|down|status|worker|serve-server|keep-listeners`` command line (the last three: what the supervisor
+    runs); exit code 2 on a StackError."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status", "worker", "serve-server"])
+    parser.add_argument("command", choices=["up", "down", "status", "worker", "serve-server", "keep-listeners"])
     args = parser.parse_args()
     try:
         commands = {
@@ -965,6 +1000,7 @@ def main() -> int:
             "status": status,
             "worker": run_worker,
             "serve-server": serve_prefect_server,
+            "keep-listeners": keep_listeners,
         }
         commands[args.command]()
     except StackError as error:
