@@ -268,7 +268,8 @@ def _command(args: list[str]) -> str:
 
 def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
     """The supervisor's programs, in start order: DynamoDB Local, PostgreSQL (when the server uses it), the Prefect
-    server, the engine fork server and the worker; ``without`` leaves some out (a benchmark's own DynamoDB)."""
+    server, the engine fork server, the worker and the listeners' keeper; ``without`` leaves some out (a benchmark's
+    own DynamoDB)."""
     # what each program's own code reads to find this stack (the folder, the ports, the database chosen)
     identity = {
         "PIPELINES_DATA_DIR": str(DATA),
