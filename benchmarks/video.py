@@ -246,9 +246,9 @@ def whole_flow_vs_bare(source: Path, work: Path, segment_seconds: float, repeat:
 @contextlib.contextmanager
 def local_stack_pieces(work: Path):
     """What `make up` starts for a video upload, in a folder of its own on a free port: the Prefect server, the
-    work pools, the video deployments from prefect.yaml (``prefect deploy``), the process worker with `make up`'s
-    settings and the video listener (one run, as `make up` starts it). The benchmark's DynamoDB, tables and object
-    store (this process's environment) are the worker's too."""
+    work pools, the video deployments from prefect.yaml (``prefect deploy``), the engine fork server and the process
+    worker with `make up`'s settings and the video listener (one run, as `make up` starts it). The benchmark's
+    DynamoDB, tables and object store (this process's environment) are the worker's too."""
     from urllib.parse import urlparse
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
@@ -265,15 +265,15 @@ def local_stack_pieces(work: Path):
 
     try:
         t0 = time.perf_counter()
-        # the server's database as `make up` chooses it (SQLite, with a warning, where it cannot)
+        # the server's database as `make up` chooses it (SQLite, with a warning, where it cannot), the server, the
+        # engine fork server and the worker under the stack's supervisor (the benchmark's DynamoDB is its own)
         stack.start_postgres()
-        stack.start_prefect_server()
+        stack.start_processes(without=("dynamodb",))
         os.environ.update(stack.local_env())
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
             stack.ensure_work_pools()
             stack._prefect("--no-prompt", "deploy", "--name", "video-process/local", "--name", "video-reassemble/local",
                            "--name", "video-listen/local", quiet=True)  # fmt: skip
-            stack.start_worker()
             stack.ensure_listeners(worker_restarted=True)
             print(
                 f"(server, pools, deployments, worker and video listener up in {time.perf_counter() - t0:.1f} s, "
@@ -281,10 +281,7 @@ def local_stack_pieces(work: Path):
             )
             yield stack
     finally:
-        with contextlib.suppress(Exception):
-            stack.stop_listeners()
-        for name in ("worker", "prefect-server", "postgres"):
-            stack._stop(name)
+        stack.down()
         os.environ.clear()
         os.environ.update(saved)
 

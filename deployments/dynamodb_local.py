@@ -85,6 +85,29 @@ def start(
             f"port {port} on {host} is already taken: stop what uses it (`ss -ltnp 'sport = :{port}'`) or pick "
             "another port."
         )
+    args = command(port, db_path, loopback_only)
+    log = open(log_path, "ab") if log_path else subprocess.PIPE if loopback_only else subprocess.DEVNULL
+    process = subprocess.Popen(
+        args, cwd=jar_path().parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            if loopback_only and process.returncode == 3:
+                raise CannotIsolate(_last_line(log_path, process) or "no private network namespace here")
+            raise StackError(
+                f"DynamoDB Local exited at start (code {process.returncode}); see {log_path or 'its output'}."
+            )
+        if port_open(host, port):
+            return process
+        time.sleep(0.2)
+    process.kill()
+    raise StackError(f"DynamoDB Local did not answer on {host}:{port} within 60 s.")
+
+
+def command(port: int, db_path: Path | None = None, loopback_only: bool = False) -> list[str]:
+    """The command line of DynamoDB Local on ``port`` (in memory when ``db_path`` is None; with ``loopback_only``
+    behind the loopback relay in a private network namespace), to run in the jar's folder."""
     jar = jar_path()
     args = [
         java(),
@@ -103,21 +126,7 @@ def start(
         args += ["-dbPath", str(db_path.resolve())]
     if loopback_only:
         args = [sys.executable, str(Path(__file__).with_name("loopback_ns.py")), str(port), "--", *args]
-    log = open(log_path, "ab") if log_path else subprocess.PIPE if loopback_only else subprocess.DEVNULL
-    process = subprocess.Popen(args, cwd=jar.parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            if loopback_only and process.returncode == 3:
-                raise CannotIsolate(_last_line(log_path, process) or "no private network namespace here")
-            raise StackError(
-                f"DynamoDB Local exited at start (code {process.returncode}); see {log_path or 'its output'}."
-            )
-        if port_open(host, port):
-            return process
-        time.sleep(0.2)
-    process.kill()
-    raise StackError(f"DynamoDB Local did not answer on {host}:{port} within 60 s.")
+    return args
 
 
 def start_private(port: int, db_path: Path | None = None, log_path: Path | None = None) -> subprocess.Popen:
@@ -127,23 +136,46 @@ def start_private(port: int, db_path: Path | None = None, log_path: Path | None 
     interface after a WARNING that says so and what to do: `make up`, the tests and the benchmarks alike.
     """
     if os.environ.get(ISOLATE_ENV, "1") == "0":
+        _warn_open(port, None)
+        return start(port, db_path, log_path)
+    try:
+        return start(port, db_path, log_path, loopback_only=True)
+    except CannotIsolate as error:
+        _warn_open(port, str(error))
+        return start(port, db_path, log_path)
+
+
+def private_command(port: int, db_path: Path | None = None) -> list[str]:
+    """``command`` reachable from this machine only wherever the machine allows it (``start_private``'s choice and
+    WARNING, made before the start: for a supervisor that runs the command itself)."""
+    from deployments import loopback_ns
+
+    if os.environ.get(ISOLATE_ENV, "1") == "0":
+        _warn_open(port, None)
+        return command(port, db_path)
+    reason = loopback_ns.cannot_isolate()
+    if reason:
+        _warn_open(port, f"loopback_ns: cannot make a private network namespace ({reason})")
+        return command(port, db_path)
+    return command(port, db_path, loopback_only=True)
+
+
+def _warn_open(port: int, reason: str | None) -> None:
+    """The WARNING that DynamoDB Local listens on every interface: asked for (``reason`` None) or not possible."""
+    if reason is None:
         print(
             f"WARNING: {ISOLATE_ENV}=0: DynamoDB Local listens on every interface (*:{port}) and accepts any "
             "credentials: any host that reaches this machine can read and change every pipeline's state.",
             flush=True,
         )
-        return start(port, db_path, log_path)
-    try:
-        return start(port, db_path, log_path, loopback_only=True)
-    except CannotIsolate as error:
-        print(
-            f"WARNING: DynamoDB Local cannot be kept to loopback here ({error}): it listens on every interface "
-            f"(*:{port}) and accepts any credentials, so any host that reaches this machine can read and "
-            "change every pipeline's state. Block the port in a firewall, or run the stack where user namespaces "
-            "are allowed (sysctl kernel.unprivileged_userns_clone=1).",
-            flush=True,
-        )
-        return start(port, db_path, log_path)
+        return
+    print(
+        f"WARNING: DynamoDB Local cannot be kept to loopback here ({reason}): it listens on every interface "
+        f"(*:{port}) and accepts any credentials, so any host that reaches this machine can read and "
+        "change every pipeline's state. Block the port in a firewall, or run the stack where user namespaces "
+        "are allowed (sysctl kernel.unprivileged_userns_clone=1).",
+        flush=True,
+    )
 
 
 def isolated(pid: int) -> bool:

@@ -7,8 +7,8 @@ working folder and ``sys.path``, refreshes Prefect's settings and logging from t
 ``python -m prefect.engine`` as the caller would have. The pipelines' own code (``flows``, ``tasks``, ``blocks``) is
 not preloaded: each run imports it fresh, so the next run picks up an edit, as without the fork server.
 
-    python deployments/engine_forkserver.py serve SOCKET -- WORKER COMMAND...   # `make up`: the worker beside it
-    python deployments/engine_forkserver.py run SOCKET                          # the pool's command for a run
+    python deployments/engine_forkserver.py serve SOCKET   # `make up`'s supervisor runs it beside the worker
+    python deployments/engine_forkserver.py run SOCKET     # the pool's command for a run
 
 ``run`` is the process the worker starts and watches: it hands its streams to the server, forwards SIGTERM, SIGINT
 and SIGHUP to its child (Prefect's cancellation), and exits as the child did (its code, or killed by its signal).
@@ -16,9 +16,9 @@ If it is killed outright the server SIGKILLs its child, and a child whose server
 no run outlives the process Prefect watches. With no server listening it execs ``python -m prefect.engine`` itself.
 Only the standard library is imported at the top: ``run`` starts in milliseconds.
 
-The server supervises its worker: a worker that exits (SIGKILLed, crashed) is started again after a pause that grows
-while it keeps failing (1 s, then 2, 4 ... 30 s; back to 1 s once one has run a minute). Its runs are forks of the
-server, not of the worker, and keep running meanwhile. The server itself ends on SIGTERM (``make down``).
+The stack's supervisor (``deployments/supervisor.py``) runs the server and the worker as two programs and starts
+either again when it dies. The runs are forks of the server, not of the worker: a worker that dies leaves them
+running. The server ends on SIGTERM (``make down``) once its runs, which get the SIGTERM too, have ended.
 
 A run hands over its whole environment (secrets included) and its streams, so both ends check the other: the socket
 lives in a private folder (0700, this user's: ``tasks/core/private_folder.py``; the server refuses any other), ``run``
@@ -36,15 +36,10 @@ import signal
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import time
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# a worker that exits (killed, crashed) is started again after these pauses, the last one repeated; one that ran
-# WORKER_STEADY_S is healthy again and its next restart waits the first pause
-WORKER_RESTART_PAUSES_S = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
-WORKER_STEADY_S = 60.0
 # third-party libraries a flow run imports; a failed import is skipped (the run imports it itself, or fails there)
 PRELOAD = (
     "prefect.flow_engine", "prefect.task_engine", "prefect.deployments", "prefect.futures",
@@ -215,11 +210,6 @@ class ForkServer:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}  # child pid -> its caller's connection
         self.callers: dict[socket.socket, int] = {}
-        self.worker: subprocess.Popen | None = None
-        self.worker_command: list[str] = []
-        self.worker_started = 0.0
-        self.worker_restarts = 0  # restarts since the worker last ran WORKER_STEADY_S
-        self.worker_restart_at: float | None = None
         self.stopping = False
 
     def listen(self) -> None:
@@ -237,9 +227,8 @@ class ForkServer:
         self.listener.listen(64)
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
 
-    def serve(self, worker_command: list[str]) -> int:
-        """Preload, start ``worker_command`` beside the server (it keeps this process group), start it again whenever
-        it exits, serve until SIGTERM (``make down``) once the runs have ended."""
+    def serve(self) -> int:
+        """Preload, then serve until SIGTERM (``make down``) once the runs have ended."""
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -247,9 +236,6 @@ class ForkServer:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
-        self.worker_command = worker_command
-        if worker_command:
-            self._start_worker()  # while the libraries below load
         started = time.perf_counter()
         import importlib
 
@@ -268,35 +254,6 @@ class ForkServer:
         finally:
             os.unlink(self.socket_path)
 
-    def _start_worker(self) -> None:
-        """The worker, stopped (SIGTERM) by the kernel if this server dies: a `make up` that finds the server gone
-        never starts a second worker beside a first."""
-        self.worker = subprocess.Popen(self.worker_command, preexec_fn=lambda: _set_parent_death_signal(signal.SIGTERM))
-        self.worker_started = time.monotonic()
-
-    def _supervise_worker(self) -> None:
-        """Start the worker again once its pause after an exit has passed: a killed or crashed worker comes back by
-        itself (its runs, forks of this server, keep running meanwhile), and one that fails at once is not restarted
-        in a tight loop."""
-        if self.worker is None or self.worker.returncode is None or self.stopping:
-            return
-        now = time.monotonic()
-        if self.worker_restart_at is None:
-            if now - self.worker_started >= WORKER_STEADY_S:
-                self.worker_restarts = 0
-            pause = WORKER_RESTART_PAUSES_S[min(self.worker_restarts, len(WORKER_RESTART_PAUSES_S) - 1)]
-            self.worker_restarts += 1
-            self.worker_restart_at = now + pause
-            print(
-                f"engine fork server: the worker exited ({self.worker.returncode}); starting it again in {pause:g} s",
-                file=sys.stderr,
-                flush=True,
-            )
-        if now >= self.worker_restart_at:
-            self.worker_restart_at = None
-            self._start_worker()
-            print(f"engine fork server: worker started again (pid {self.worker.pid})", file=sys.stderr, flush=True)
-
     def _stop(self, _signum: int, _frame: object) -> None:
         self.stopping = True  # the group's SIGTERM reached the children too: wait for them, then exit
 
@@ -304,9 +261,6 @@ class ForkServer:
         while True:
             if self.stopping and not self.children:
                 return 0
-            if self.worker is not None:
-                self.worker.poll()
-            self._supervise_worker()
             for key, _ in self.selector.select(timeout=0.5):
                 if key.data == "accept":
                     self._accept()
@@ -396,9 +350,6 @@ class ForkServer:
                 return
             if pid == 0:
                 return
-            if self.worker is not None and pid == self.worker.pid:
-                self.worker.returncode = os.waitstatus_to_exitcode(status)
-                continue
             conn = self.children.pop(pid, None)
             if conn is None:
                 continue
@@ -421,9 +372,8 @@ class ForkServer:
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "run":
         run(argv[1])
-    if len(argv) >= 2 and argv[0] == "serve":
-        worker = argv[3:] if len(argv) > 2 and argv[2] == "--" else []
-        return ForkServer(argv[1]).serve(worker)
+    if len(argv) == 2 and argv[0] == "serve":
+        return ForkServer(argv[1]).serve()
     print(__doc__, file=sys.stderr)
     return 2
 

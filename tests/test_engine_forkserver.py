@@ -203,59 +203,6 @@ def test_with_no_fork_server_the_run_command_runs_the_engine_itself(probe_deploy
     assert run_state(run_id).is_completed()
 
 
-def test_a_worker_that_exits_or_is_killed_is_started_again_and_sigterm_ends_both(tmp_path):
-    sock = str(tmp_path / "engine.sock")
-    starts = tmp_path / "starts"
-    # each start appends its pid; the first two exit at once (crashed), the third stays
-    worker = [
-        sys.executable,
-        "-c",
-        f"import os, time, sys; f = open({str(starts)!r}, 'a'); f.write(f'{{os.getpid()}}\\n'); "
-        f"f.close(); n = len(open({str(starts)!r}).read().split()); sys.exit(3) if n < 3 else time.sleep(600)",
-    ]
-    server = subprocess.Popen(
-        [sys.executable, FORKSERVER, "serve", sock, "--", *worker],
-        start_new_session=True,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (starts.exists() and len(starts.read_text().split()) == 3):
-            assert time.monotonic() < deadline, "the worker was not started again twice"
-            assert server.poll() is None, "the server ended with its worker"
-            time.sleep(0.1)
-        third = int(starts.read_text().split()[2])
-        os.kill(third, signal.SIGKILL)  # killed outright: back by itself, a fourth start
-        deadline = time.monotonic() + 30
-        while len(starts.read_text().split()) < 4:
-            assert time.monotonic() < deadline, "a SIGKILLed worker was not started again"
-            time.sleep(0.1)
-        fourth = int(starts.read_text().split()[3])
-        assert os.path.exists(sock)  # serving all along
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)  # `make down`: the group's SIGTERM
-    assert server.wait(timeout=60) == 0
-    _, errors = server.communicate()
-    assert errors.count("starting it again") == 3 and "starting it again in 1 s" in errors and "in 2 s" in errors
-    assert gone(fourth) and not os.path.exists(sock)
-
-    pid_file = tmp_path / "worker.pid"
-    worker_waits = [
-        sys.executable,
-        "-c",
-        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)",
-    ]
-    server = subprocess.Popen([sys.executable, FORKSERVER, "serve", sock, "--", *worker_waits], start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not (pid_file.exists() and pid_file.read_text()):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    server.kill()  # SIGKILL: the server cannot stop its worker itself
-    server.wait()
-    assert gone(int(pid_file.read_text()))  # the kernel told the worker (SIGTERM): no worker without its server
-
-
 def test_a_run_that_cannot_start_fails_alone_and_the_server_keeps_serving(fork_server, probe_deployment, tmp_path):
     import socket
 

@@ -92,13 +92,12 @@ def test_a_sigkilled_listener_is_back_within_a_minute_and_nothing_is_lost(tables
         prefect_cli("deploy", "--name", "records-listen/local", "--pool", pool, env=env)
         worker = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"]
         log = open(tmp_path / "worker.log", "wb")
-        server = subprocess.Popen(
-            [sys.executable, str(local_stack.FORKSERVER), "serve", local_stack.engine_socket(), "--", *worker],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        # the engine fork server and the worker beside it, two programs as `make up`'s supervisor runs them
+        server, worker_process = (
+            subprocess.Popen(
+                command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            for command in ([sys.executable, str(local_stack.FORKSERVER), "serve", local_stack.engine_socket()], worker)
         )
         try:
             with get_client(sync_client=True) as client:
@@ -132,9 +131,10 @@ def test_a_sigkilled_listener_is_back_within_a_minute_and_nothing_is_lost(tables
                 store = LocalStore(store_root)
                 _wait(lambda: not list(store.list(keys.RECORDS_INCOMING_PREFIX)), 120, "every file to be set aside")
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
-            server.wait(timeout=30)
+            for process in (worker_process, server):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
             log.close()
     assert len(second) == 1, second  # one listener again, never two
     assert back_after < 60, f"listening again {back_after:.0f} s after the kill"

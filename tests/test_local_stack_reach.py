@@ -6,12 +6,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import boto3
 import pytest
 
 from deployments import dynamodb_local, local_stack
+from tests.helpers.other_user import as_nobody_python, as_nobody_run
 
 
 def non_loopback_address() -> str | None:
@@ -100,33 +102,25 @@ def test_without_isolation_the_jar_answers_on_every_interface(address, tmp_path)
         dynamodb_local.stop(process)
 
 
-def test_make_up_says_plainly_when_it_cannot_isolate(tmp_path, monkeypatch, capsys):
-    calls = []
+def test_make_up_says_plainly_when_it_cannot_isolate(monkeypatch, capsys):
+    from deployments import loopback_ns
 
-    def fake_start(port, db_path=None, log_path=None, loopback_only=False):
-        calls.append(loopback_only)
-        if loopback_only:
-            raise dynamodb_local.CannotIsolate("loopback_ns: cannot make a private network namespace (unshare: EPERM)")
-        return subprocess.Popen(["sleep", "30"], start_new_session=True)
-
-    monkeypatch.setattr(local_stack, "DATA", tmp_path)
-    monkeypatch.setattr(local_stack, "RUN", tmp_path / "run")
-    monkeypatch.setattr(local_stack, "LOGS", tmp_path / "logs")
-    monkeypatch.setattr(local_stack, "DYNAMODB_PORT", dynamodb_local.free_port())
-    monkeypatch.setattr(dynamodb_local, "start", fake_start)
-    assert local_stack.start_dynamodb() == "started"
+    monkeypatch.setattr(loopback_ns, "cannot_isolate", lambda: "unshare: EPERM")
+    monkeypatch.setattr(local_stack, "server_database_env", lambda: {})
+    programs = local_stack.stack_programs()  # what `make up` hands its supervisor
     out = capsys.readouterr().out
-    assert calls == [True, False]
+    assert "loopback_ns.py" not in programs["dynamodb"]["command"]
     assert "WARNING: DynamoDB Local cannot be kept to loopback here (loopback_ns: cannot make" in out
     assert "any host that reaches this machine can read and change every pipeline's state" in out
-    assert local_stack.dynamodb_reach().startswith("every interface")
-    pid = int((tmp_path / "run" / "dynamodb.pid").read_text())
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    monkeypatch.setattr(loopback_ns, "cannot_isolate", lambda: None)
+    assert "loopback_ns.py" in local_stack.stack_programs()["dynamodb"]["command"]
+    assert capsys.readouterr().out == ""
 
 
-def test_the_prefect_servers_postgresql_answers_on_loopback_only(address, tmp_path):
+def test_the_prefect_servers_postgresql_answers_on_its_socket_only_and_refuses_another_local_user(address):
     import asyncio
+    import shutil
+    import tempfile
 
     from deployments import postgres_local
 
@@ -134,14 +128,12 @@ def test_the_prefect_servers_postgresql_answers_on_loopback_only(address, tmp_pa
         postgres_local.bindir()
     except dynamodb_local.StackError as error:
         pytest.skip(str(error))
-    import shutil
-    import tempfile
-
     folder = Path(tempfile.mkdtemp(prefix="pg-reach-"))  # under /tmp: the `postgres` user (as root) can reach it
     folder.chmod(0o755)
     port = dynamodb_local.free_port()
+    data = folder / "pg"
     try:
-        process = postgres_local.start(port, folder / "pg", folder / "pg.log")
+        process = postgres_local.start(port, data, folder / "pg.log")
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -149,16 +141,48 @@ def test_the_prefect_servers_postgresql_answers_on_loopback_only(address, tmp_pa
         import asyncpg
 
         async def one() -> int:
-            connection = await asyncpg.connect(postgres_local.url(port).replace("postgresql+asyncpg", "postgresql"))
+            connection = await asyncpg.connect(host=str(data), port=port, user="prefect", database="prefect")
             try:
                 return await connection.fetchval("select 1")
             finally:
                 await connection.close()
 
         assert asyncio.run(one()) == 1
-        assert not answers(address, port)
-        with pytest.raises(dynamodb_local.StackError, match="already taken"):  # a second start is refused
-            postgres_local.start(port, folder / "pg", folder / "pg.log")
+        assert not answers("127.0.0.1", port) and not answers(address, port)  # no TCP address at all
+        assert "host" not in (data / "pg_hba.conf").read_text().replace("#", "\n#").split("\n#")[0]
+        socket_file = postgres_local.socket_path(port, data)
+        knock = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({str(socket_file)!r})\nprint('connected')"
+        assert "PermissionError" in as_nobody_python(knock).stderr  # refused at the 0700 folder, psql or not
+        psql = shutil.which("psql")
+        if psql:
+            refused = as_nobody_run([psql, "-h", str(data), "-p", str(port), "-U", "prefect", "-c", "select 1"])
+            assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused
+        with pytest.raises(dynamodb_local.StackError, match="already answers"):  # a second start is refused
+            postgres_local.start(port, data, folder / "pg.log")
     finally:
-        _stop(process)
+        postgres_local.stop(data)
+        process.wait(timeout=30)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_dynamodb_local_refuses_another_local_user(tmp_path, capsys):
+    port = dynamodb_local.free_port()
+    process = dynamodb_local.start_private(port, db_path=None, log_path=tmp_path / "dynamodb.log")
+    try:
+        if "cannot be kept to loopback here" in capsys.readouterr().out:
+            pytest.skip("no private network namespace here")
+        ask = (
+            "import urllib.request, urllib.error\n"
+            f"request = urllib.request.Request('http://127.0.0.1:{port}/', data=b'{{}}', headers={{"
+            "'X-Amz-Target': 'DynamoDB_20120810.ListTables', 'Content-Type': 'application/x-amz-json-1.0'})\n"
+            "try:\n    urllib.request.urlopen(request, timeout=10)\n"
+            "except urllib.error.HTTPError as error:\n    print('answered', error.code)\n"
+            "except OSError as error:\n    print('refused', type(error).__name__)\n"
+        )
+        own = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, timeout=60)
+        assert own.stdout.startswith("answered"), own  # unsigned: DynamoDB Local itself answers (400)
+        other = as_nobody_python(ask)
+        assert other.stdout.startswith("refused"), other
+        assert "refused a caller running as uid 65534" in (tmp_path / "dynamodb.log").read_text()
+    finally:
+        dynamodb_local.stop(process)

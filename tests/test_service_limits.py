@@ -293,21 +293,12 @@ def test_the_server_vacuum_deletes_ended_runs_past_retention_and_keeps_the_rest(
         assert events_of(recent_event) == 1
 
 
-def test_make_up_starts_the_server_with_the_retention_settings(tmp_path, monkeypatch):
+def test_make_up_starts_the_server_with_the_retention_settings(monkeypatch):
     """The retention above is what `make up`'s server runs with (3 days unless PIPELINES_PREFECT_RETENTION_DAYS)."""
     from deployments import local_stack
 
-    spawned = {}
-    monkeypatch.setattr(local_stack, "DATA", tmp_path)
-    monkeypatch.setattr(local_stack, "RUN", tmp_path)
-    monkeypatch.setattr(local_stack, "_pid", lambda name: None)
-    monkeypatch.setattr(local_stack, "_check_port_free", lambda name, port: None)
-    monkeypatch.setattr(local_stack, "_spawn", lambda name, args, env: spawned.update({name: env}) or 1)
-    monkeypatch.setattr(local_stack, "_wait_port", lambda *args: None)
-    monkeypatch.setattr(local_stack, "_wait_healthy", lambda *args: None)
     monkeypatch.setenv("PIPELINES_PREFECT_RETENTION_DAYS", "2")
-    assert local_stack.start_prefect_server() == "started"
-    env = spawned["prefect-server"]
+    env = local_stack.prefect_server_env()  # what the supervisor's `serve-server` starts the server with
     assert env["PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED"] == "events,flow_runs,orphans"
     assert env["PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD"] == str(2 * 86400)
     assert env["PREFECT_SERVER_EVENTS_RETENTION_PERIOD"] == f"PT{2 * 86400}S"
@@ -448,7 +439,7 @@ def test_the_server_runs_on_postgresql_where_installed_and_on_sqlite_with_a_warn
     def refuses(*args):
         raise StackError("the `postgres` user cannot reach /x: a folder above it is private (mode 700?)")
 
-    monkeypatch.setattr(postgres_local, "start", refuses)
+    monkeypatch.setattr(postgres_local, "init", refuses)
     assert local_stack.start_postgres() == "failed"  # by default: SQLite, said so
     assert "WARNING: PostgreSQL could not start (the `postgres` user cannot reach" in capsys.readouterr().out
     assert local_stack.server_db() == "sqlite"

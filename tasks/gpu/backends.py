@@ -28,6 +28,15 @@ LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
 _CHILDREN: dict[str, subprocess.Popen] = {}  # launchers started by this process, so poll() can reap them
 
 
+def _start_ticks(pid: int) -> str:
+    """Process ``pid``'s start time in clock ticks after boot (``/proc/<pid>/stat`` field 22); OSError without it."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()  # fields after "(comm)" begin at field 3
+    if len(fields) < 20:
+        raise OSError(f"/proc/{pid}/stat has no start time")
+    return fields[19]
+
+
 def process_identity(pid: int) -> str | None:
     """Which process ``pid`` is now: this boot's id and the process's start time (``/proc/<pid>/stat`` field 22).
 
@@ -35,12 +44,22 @@ def process_identity(pid: int) -> str | None:
     this. None where there is no /proc (or no such process).
     """
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            start_ticks = handle.read().rsplit(")", 1)[1].split()[19]  # fields after "(comm)" begin at field 3
+        start_ticks = _start_ticks(pid)
         with open("/proc/sys/kernel/random/boot_id") as handle:
             return f"{handle.read().strip()}:{start_ticks}"
-    except (OSError, IndexError):
+    except OSError:
         return None
+
+
+def process_started_at(pid: int) -> float | None:
+    """When process ``pid`` started, as a Unix time (10 ms steps): its start after boot plus the boot's wall-clock
+    time (``CLOCK_BOOTTIME``, the clock the kernel stamps it with); None where there is no /proc or no such process."""
+    try:
+        ticks = int(_start_ticks(pid))
+    except (OSError, ValueError):
+        return None
+    booted_at = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted_at + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def pid_alive(pid: int, identity: str | None = None) -> bool:

@@ -1,0 +1,166 @@
+"""The local stack as a service, whole: `local_stack up` in a folder of its own on free ports, every door tried as
+another local user (``nobody``), then DynamoDB Local, PostgreSQL and the Prefect server each SIGKILLed under a
+stream of records messages. The supervisor brings each back within a minute, and every message file is written and
+set aside exactly once; `local_stack down` leaves nothing running."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from benchmarks.server_load import stack
+from deployments import dynamodb_local, postgres_local
+from deployments.supervisor import Supervisor, socket_for
+from tasks.gpu.backends import pid_alive
+from tests.helpers.crashpoints import REPO_ROOT
+from tests.helpers.landing import record_messages
+from tests.helpers.other_user import as_nobody_python, as_nobody_run
+from tests.helpers.prefect_runs import wait_for
+
+pytestmark = pytest.mark.sweep  # a whole stack (a deploy of every pipeline) and three outages: ~10 minutes
+
+BATCH = 6  # message files dropped before each kill and at the end, 5 messages each
+KILLED = ("dynamodb", "postgres", "prefect-server")
+
+
+def _drop(objects: Path, first: int, count: int) -> list[str]:
+    names = []
+    (objects / "records" / "incoming").mkdir(parents=True, exist_ok=True)
+    for i in range(first, first + count):
+        name = f"svc-{i:03d}.json"
+        staged = objects / f".{name}.part"
+        staged.write_text(json.dumps(record_messages(5 * i, 5)))
+        os.rename(staged, objects / "records" / "incoming" / name)
+        names.append(name)
+    return names
+
+
+def _answers(name: str, data: Path, ports: dict[str, int], auth: str) -> bool:
+    if name == "postgres":
+        return postgres_local.answers(ports["postgres"], data / "postgres")
+    if name == "dynamodb":
+        return dynamodb_local.port_open("127.0.0.1", ports["dynamodb"])
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{ports['prefect-server']}/api/health")
+    with contextlib.suppress(OSError):
+        with urllib.request.urlopen(request, timeout=2) as response:
+            return response.status == 200
+    return False
+
+
+def _killed_process(supervisor: Supervisor, name: str) -> int:
+    """The process a SIGKILL of ``name`` hits: DynamoDB Local's jar (inside its relay), else the program itself."""
+    pid = supervisor.pid(name)
+    if name == "dynamodb":
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        return int(children[0])
+    return pid
+
+
+@pytest.mark.timeout(1800)
+def test_the_stack_answers_its_user_only_and_rides_out_each_process_killed():
+    if os.geteuid() != 0:
+        pytest.skip("trying the doors as another local user needs root (CI runs as root)")
+    folder = Path(tempfile.mkdtemp(prefix="stack-svc-"))  # under /tmp: the `postgres` user (as root) reaches it
+    folder.chmod(0o755)
+    data = folder / "data"
+    ports = {name: dynamodb_local.free_port() for name in ("dynamodb", "prefect-server", "postgres")}
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(REPO_ROOT),
+        "PIPELINES_DATA_DIR": str(data),
+        "DYNAMODB_LOCAL_PORT": str(ports["dynamodb"]),
+        "PREFECT_SERVER_PORT": str(ports["prefect-server"]),
+        "PREFECT_POSTGRES_PORT": str(ports["postgres"]),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    try:
+        stack("up", env)
+        exported = dict(
+            line.removeprefix("export ").split("=", 1) for line in (data / "local.env").read_text().splitlines()
+        )
+        auth = exported["PREFECT_API_AUTH_STRING"]
+        api = exported["PREFECT_API_URL"]
+
+        # every door, as another local user
+        asked = as_nobody_python(
+            "import urllib.request, urllib.error\n"
+            f"request = urllib.request.Request('{api}/flow_runs/filter', data=b'{{}}', "
+            "headers={'Content-Type': 'application/json'})\n"
+            "try:\n    urllib.request.urlopen(request, timeout=10); print('answered 200')\n"
+            "except urllib.error.HTTPError as error:\n    print('answered', error.code)\n"
+        )
+        assert asked.stdout.strip() == "answered 401", asked
+        socket_file = postgres_local.socket_path(ports["postgres"], data / "postgres")
+        knock = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({str(socket_file)!r})\nprint('connected')"
+        assert "PermissionError" in as_nobody_python(knock).stderr  # refused at the 0700 folder, psql or not
+        psql = shutil.which("psql")
+        if psql:
+            refused = as_nobody_run(
+                [psql, "-h", str(data / "postgres"), "-p", str(ports["postgres"]), "-U", "prefect", "-c", "select 1"]
+            )
+            assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused
+        knock = (
+            f"import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', {ports['dynamodb']}), timeout=5)\n"
+            "    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n    print('refused' if not s.recv(100) else 'answered')\n"
+            "except OSError:\n    print('refused')\n"
+        )
+        assert as_nobody_python(knock).stdout.strip() == "refused"
+
+        # each process SIGKILLed under a stream of files; the supervisor brings it back
+        objects = data / "objects"
+        supervisor = Supervisor(data, socket_for(data))
+        names: list[str] = []
+        back_after = {}
+        for round_, name in enumerate(KILLED):
+            names += _drop(objects, round_ * BATCH, BATCH)
+            victim = _killed_process(supervisor, name)
+            os.kill(victim, signal.SIGKILL)
+            killed_at = time.monotonic()
+            wait_for(lambda victim=victim: not pid_alive(victim), 30, f"{name} to die")
+            wait_for(lambda name=name: _answers(name, data, ports, auth), 60, f"{name} to be back")
+            back_after[name] = time.monotonic() - killed_at
+        names += _drop(objects, len(KILLED) * BATCH, BATCH)
+
+        dynamodb = boto3.client(
+            "dynamodb",
+            endpoint_url=exported["AWS_ENDPOINT_URL_DYNAMODB"],
+            region_name="us-east-1",
+            aws_access_key_id="local",
+            aws_secret_access_key="local",
+        )
+
+        def granules() -> list[dict]:
+            pages = dynamodb.get_paginator("scan").paginate(TableName="granules")
+            return [item for page in pages for item in page["Items"] if item["granuleId"]["S"].startswith("LAND.")]
+
+        expected = 5 * len(names)
+        wait_for(lambda: len(granules()) == expected, 600, f"all {expected} granules written")
+        processed = objects / "records" / "processed"
+        wait_for(
+            lambda: sorted(p.name for p in processed.rglob("svc-*.json")) == sorted(names), 300, "every file set aside"
+        )
+        assert {item["status"]["S"] for item in granules()} == {"completed"}
+        assert not list((objects / "records" / "incoming").glob("svc-*"))
+        print(f"stack service: back after SIGKILL, s: { {k: round(v, 1) for k, v in back_after.items()} }")
+        assert all(seconds < 60 for seconds in back_after.values()), back_after
+        status = stack("status", env)
+        assert all(f"{name:16} running" in status for name in (*KILLED, "engine", "worker")), status
+    finally:
+        with contextlib.suppress(Exception):
+            print(stack("down", env))
+        shutil.rmtree(folder, ignore_errors=True)
+    assert not Supervisor(data, socket_for(data)).running()
+    assert not dynamodb_local.port_open("127.0.0.1", ports["prefect-server"])
