@@ -309,3 +309,13 @@ def test_a_writer_running_as_another_user_is_waited_for_until_its_file_stays_unc
         assert f"owner uid {WRITER_UID}, this listener runs as uid {LISTENER_UID}" in errors
     finally:
         shutil.rmtree(root)
+
+
+def test_a_watermark_an_older_listener_wrote_is_still_honoured_after_the_upgrade(tmp_path, make_source):
+    old = land(tmp_path, f"{INPUT}2026-01-01/old.ndjson")
+    past_the_watermark()
+    (tmp_path / INPUT / WATERMARK_NAME).write_text(json.dumps({"watermark": old.stat().st_ctime + 1}))  # no folders
+    new = land(tmp_path, f"{INPUT}2026-01-01/new.ndjson")
+    assert backlog(tmp_path) == [f"{INPUT}2026-01-01/new.ndjson"]
+    assert offered(make_source(), 2) == [(f"{INPUT}2026-01-01/new.ndjson", 3)]  # what it had acked stays acked
+    assert new.exists()

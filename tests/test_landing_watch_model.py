@@ -276,11 +276,13 @@ class ListenerModel(RuleBasedStateMachine):
     def step_the_wall_clock(self, hours):
         self.offset += hours * 3600.0
 
-    @precondition(lambda self: self.source is None and (self.folder / WATERMARK_NAME).exists())
+    @precondition(lambda self: self.source is None)
     @rule()
     def clock_was_fast_and_stepped_back(self):
         """The watermark was taken while the clock was an hour fast; the clock was stepped back since."""
         mark_file = self.folder / WATERMARK_NAME
+        if not mark_file.exists():  # (whether a listing's files were all acked yet is timing: never a precondition)
+            return
         mark = json.loads(mark_file.read_text())
         mark["watermark"] += 3600
         mark_file.write_text(json.dumps(mark))

@@ -10,16 +10,24 @@ A file still being written is never offered:
 - a file renamed in (moved into place once written) is taken as soon as it is seen: the watch reported it
   appear and never change, and no process has it open for writing (a read lease would be refused);
 - a file written in place is taken once its size and mtime have been stable for ``settle_seconds`` and no
-  process holds it open for writing (a writer that pauses longer than that is waited for until it closes).
+  process holds it open for writing (a writer that pauses longer than that is waited for until it closes);
+- a file the kernel cannot check (another user's: only a file's owner, or root, may take a lease) is taken only
+  once unchanged for ``unchecked_settle_seconds`` (60 s), logged once per file: a writer of another user that
+  pauses longer than that would still let part of a file through (docs/design.md, "The catch-up watermark").
 
-A file whose name is not a valid key (not UTF-8, a control character, a backslash) is moved to
-``quarantine/landing/`` under its name percent-encoded, beside a ``.reason.json``; its neighbours go on.
+What can never be an arrival is moved to ``quarantine/landing/`` as it is, under its name percent-encoded (``~2``,
+``~3`` … after it when that name is taken), beside a ``.reason.json``, and logged: a file whose name is not a valid
+key (not UTF-8, a control character, a backslash), a symbolic link (the link itself, never followed: it may point
+anywhere), a device, pipe or socket, and a folder whose name is not UTF-8 with all in it (the watch cannot even
+report it; a watch that stops on it is started again less and less often, logged once). Its neighbours go on.
 Suffix filters (``suffixes``) apply to files only: a folder created or moved in is listed at once.
 
 An arrival's ``event_id`` is its key, size and mtime (ns). What has been offered and not acked or released is
 not offered again. After a restart, the catch-up listing starts from the watermark (``WATERMARK_NAME``, a
-hidden file in the watched folder): every file that existed when it was taken had been acked, so only folders
-and files changed since (ctime) are read and offered; see docs/design.md, "The catch-up watermark".
+hidden file in the watched folder): every file that existed when it was taken had been acked, so only files
+changed since (ctime, on the file system's own clock) and every file of a folder it does not know at its path
+(made, moved in or renamed since) are offered; the backlog health check counts by the same listing. See
+docs/design.md, "The catch-up watermark".
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ MAX_RELEASE_DELAY = 60.0  # a released arrival is offered again after 1, 2, 4 �
 WATCH_RESTART_S = 0.2  # a file watch that stopped on an error is started again after this
 WATCH_RESTART_MAX_S = 30.0  # … doubled each time it stops again at once, at most this
 # a file whose writer cannot be checked (another user's: the kernel refuses a lease) is taken only once unchanged
-# this long: a writer that pauses longer would still let half a file through (docs/design.md, "Settled files")
+# this long: a writer that pauses longer would still let part of a file through
 UNCHECKED_SETTLE_S = 60.0
 WATERMARK_NAME = ".landing-watermark"  # in the watched folder: a hidden name, never an arrival
 CLOCK_NAME = ".landing-clock"  # in the watched folder: touched to read the file system's clock
@@ -119,7 +127,8 @@ class Watermark:
     was acked."""
 
     at: float = 0.0  # the file system's clock at the start of that listing, less WATERMARK_SLACK_S
-    folders: dict[str, int] = field(default_factory=dict)  # folder path (under the watched one) -> inode, as listed
+    # folder path (under the watched one) -> inode, as listed; None: a watermark written before folders were kept
+    folders: dict[str, int] | None = field(default_factory=dict)
     boot_id: str = ""  # the boot it was taken in, and CLOCK_BOOTTIME then: how far the clock stepped since
     boot_s: float = 0.0
 
@@ -136,13 +145,13 @@ class Watermark:
 
 
 def read_watermark(folder: Path) -> Watermark:
-    """The catch-up watermark kept in ``folder``; none (list everything) when absent, unreadable or older than
-    the folder map (a listing from it could miss a folder moved in)."""
+    """The catch-up watermark kept in ``folder``; none (list everything) when absent or unreadable."""
     try:
         body = json.loads((folder / WATERMARK_NAME).read_text())
+        folders = body.get("folders")
         return Watermark(
             float(body["watermark"]),
-            {str(k): int(v) for k, v in body["folders"].items()},
+            None if folders is None else {str(k): int(v) for k, v in folders.items()},
             str(body.get("boot_id", "")),
             float(body.get("boot_s", 0.0)),
         )
@@ -186,6 +195,14 @@ def _refusal(path: Path, stat: os.stat_result) -> str | None:
     if S_ISDIR(stat.st_mode):
         return "the name is not UTF-8" if _not_utf8(path.name) else None  # the watch cannot even report it
     return None if S_ISREG(stat.st_mode) else "not a regular file (a device, pipe or socket)"
+
+
+def _new_folder(mark: Watermark, relative: str, stat: os.stat_result, since: float) -> bool:
+    """Whether the folder at ``relative`` came since ``mark`` (made, moved in, renamed): not in its folder map at
+    that path. A watermark without a map (an older listener's) knows only a folder renamed in untouched since."""
+    if mark.folders is None:
+        return stat.st_ctime >= since and stat.st_mtime < since
+    return mark.folders.get(relative) != stat.st_ino
 
 
 @dataclass(frozen=True)
@@ -233,7 +250,7 @@ def changed_files(
             if refused is None:  # a folder
                 if seen is not None:
                     seen[inner] = stat.st_ino
-                stack.append((path, inner + "/", new or mark.folders.get(inner) != stat.st_ino))
+                stack.append((path, inner + "/", new or _new_folder(mark, inner, stat, since)))
             elif S_ISDIR(stat.st_mode) or (changed and not ignored_name(entry.name)):
                 yield Listed(path, stat, max(stat.st_ctime, since), refused)  # a bad folder name: however old
 
