@@ -319,3 +319,17 @@ def test_a_watermark_an_older_listener_wrote_is_still_honoured_after_the_upgrade
     assert backlog(tmp_path) == [f"{INPUT}2026-01-01/new.ndjson"]
     assert offered(make_source(), 2) == [(f"{INPUT}2026-01-01/new.ndjson", 3)]  # what it had acked stays acked
     assert new.exists()
+
+
+def test_a_listing_starts_earlier_by_as_much_as_the_clock_was_stepped_back():
+    boot_id, boot_s = watch._boot()
+    now, slack = 1_800_000_000.0, watch.WATERMARK_SLACK_S
+    taken_10_s_ago = watch.Watermark(now - 10 - slack, {}, boot_id, boot_s - 10)
+    assert taken_10_s_ago.since(now) == pytest.approx(now - 10 - slack, abs=1)  # no step: the watermark
+    assert taken_10_s_ago.since(now - 3600) == pytest.approx(now - 3600 - 10 - slack, abs=1)  # stepped back 1 h
+    assert taken_10_s_ago.since(now + 3600) == now - 10 - slack  # stepped forward: nothing is hidden by that
+    another_boot = watch.Watermark(now - 10 - slack, {}, "another boot", 5.0)
+    assert another_boot.since(now) == now - 10 - slack
+    # after a reboot to a clock behind the watermark: from this boot's start too, never from the beginning of time
+    assert another_boot.since(now - 3600) == pytest.approx(now - 3600 - watch._boot()[1] - slack, abs=1)
+    assert watch.Watermark().since(now) == 0.0

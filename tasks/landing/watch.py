@@ -134,14 +134,15 @@ class Watermark:
 
     def since(self, now: float) -> float:
         """Where a listing starts when the fs clock says ``now``: ``at``, or earlier by as much as the clock was
-        stepped back since (CLOCK_BOOTTIME tells how long ago ``at`` was; after a reboot a clock behind ``at``
-        stepped back by an unknown amount: everything)."""
+        stepped back since (CLOCK_BOOTTIME tells how long ago ``at`` was). After a reboot, a clock behind ``at``
+        was stepped back by an amount nobody knows: from the start of this boot on today's clock as well (never
+        from the beginning of time, which would offer again files whose tracking expired long ago)."""
         if self.at <= 0:
             return 0.0
         boot_id, boot_s = _boot()
         if self.boot_id and boot_id == self.boot_id:
             return min(self.at, now - WATERMARK_SLACK_S - (boot_s - self.boot_s))
-        return self.at if now >= self.at else 0.0
+        return self.at if now >= self.at else min(self.at, now - boot_s) - WATERMARK_SLACK_S
 
 
 def read_watermark(folder: Path) -> Watermark:
