@@ -25,6 +25,12 @@ INPUT = "pipeline/input/"  # the ETL landing's prefix: its registry entry serves
 LATER = 10**7  # seconds: a "now" for the backlog check past any file's age
 
 
+@pytest.fixture(autouse=True)
+def short_slack(monkeypatch):
+    """A watermark's slack of 0.3 s (2 s in use, for clocks that tick coarser than this kernel's): shorter waits."""
+    monkeypatch.setattr(watch, "WATERMARK_SLACK_S", 0.3)
+
+
 def land(root: Path, key: str, data: bytes = b"{}\n") -> Path:
     """Write ``data`` at ``key`` under ``root`` (closed once written)."""
     path = root / key
@@ -70,7 +76,8 @@ def test_a_file_rewritten_in_place_while_no_listener_runs_is_offered_and_counted
         handle.write(b'{"v": 2}\n')
     assert backlog(tmp_path) == [f"{INPUT}2026-01-02/f-1.ndjson"]
     second = make_source()
-    assert offered(second, 3) == [(f"{INPUT}2026-01-02/f-1.ndjson", 9)]
+    assert offered(second, 3, until=1) == [(f"{INPUT}2026-01-02/f-1.ndjson", 9)]
+    assert receive_all(second, 0.5) == []  # the unchanged ones: acked before the watermark
 
 
 def test_a_file_still_settling_when_the_listener_stops_is_offered_by_the_next(tmp_path, make_source):
@@ -314,7 +321,7 @@ def test_a_writer_running_as_another_user_is_waited_for_until_its_file_stays_unc
 def test_a_watermark_an_older_listener_wrote_is_still_honoured_after_the_upgrade(tmp_path, make_source):
     old = land(tmp_path, f"{INPUT}2026-01-01/old.ndjson")
     past_the_watermark()
-    (tmp_path / INPUT / WATERMARK_NAME).write_text(json.dumps({"watermark": old.stat().st_ctime + 1}))  # no folders
+    (tmp_path / INPUT / WATERMARK_NAME).write_text(json.dumps({"watermark": old.stat().st_ctime + 0.1}))  # no folders
     new = land(tmp_path, f"{INPUT}2026-01-01/new.ndjson")
     assert backlog(tmp_path) == [f"{INPUT}2026-01-01/new.ndjson"]
     assert offered(make_source(), 2) == [(f"{INPUT}2026-01-01/new.ndjson", 3)]  # what it had acked stays acked
