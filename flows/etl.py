@@ -576,6 +576,7 @@ def ndjson_listen(
     max_runtime_seconds: float = 0.0,
     idle_exit_seconds: float = 0.0,
     settle_seconds: float = 1.0,
+    unchecked_settle_seconds: float = 60.0,
     rescan_seconds: float = 60.0,
     restart_pending_after_seconds: float = 120.0,
 ) -> dict[str, int]:
@@ -591,6 +592,7 @@ def ndjson_listen(
             config.input_store_url,
             INPUT_PREFIX,
             settle_seconds=settle_seconds,
+            unchecked_settle_seconds=unchecked_settle_seconds,
             rescan_seconds=rescan_seconds,
         )
 

@@ -10,7 +10,7 @@ from blocks.health import HealthThresholds
 from tasks.core.object_store import LocalStore
 from tasks.etl import keys
 from tasks.health import listeners
-from tasks.landing.watch import write_watermark
+from tasks.landing.watch import Watermark, changed_files, fs_now, write_watermark
 
 LIMITS = HealthThresholds()
 
@@ -42,5 +42,7 @@ def test_files_past_the_watermark_for_too_long_are_a_backlog_and_acked_ones_neve
         f"{keys.INPUT_PREFIX}2026-01-01/old.ndjson"
     ]  # nothing took it in 5 minutes
     time.sleep(0.05)
-    write_watermark(tmp_path / keys.INPUT_PREFIX, time.time())  # the listener acked everything up to now
+    folder, folders = tmp_path / keys.INPUT_PREFIX, {}
+    list(changed_files(folder, Watermark(), 0.0, seen=folders))
+    write_watermark(folder, Watermark(fs_now(folder), folders))  # the listener acked everything up to now
     assert listeners.local_backlog(store, place, listeners.LISTENER_BACKLOG_S, now=later) == []

@@ -1,7 +1,7 @@
 """The landing listeners' alarms: every listener deployment has a live run, and none falls behind what lands.
 
     listener deployments (Prefect) ──> no Scheduled/Pending/Running run ──> landing-listener-not-running
-    each landing place ──> local: files changed since its watermark and older than LISTENER_BACKLOG_S (untracked)
+    each landing place ──> local: what its catch-up listing would take, there longer than LISTENER_BACKLOG_S
                        └─> AWS: its queue's oldest message older than that (CloudWatch) ──> landing-listener-behind
 
 A listener that crashed is rerun by its deployment's trigger within seconds; these alarms say when that did not
@@ -10,7 +10,6 @@ happen (no worker, a listener that fails at once) or when one runs but does not 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import boto3
@@ -69,21 +68,24 @@ def listeners_not_running(limits: HealthThresholds) -> Alarm:
 
 
 def local_backlog(store: LocalStore, place: Landing, older_than_s: float, now: float | None = None) -> list[str]:
-    """Files under ``place`` changed since its listener's watermark and longer ago than ``older_than_s``."""
-    from tasks.landing.watch import changed_files, ignored_name, read_watermark
+    """What its listener has still to take under ``place`` (the catch-up listing's own rule: files changed or come
+    in since its watermark, links and bad folder names it has to quarantine), there longer than ``older_than_s``
+    by the file system's clock (``now``: another "now")."""
+    from tasks.landing.watch import changed_files, fs_now, ignored_name, read_watermark
 
     folder = store.root / place.prefix
     if not folder.is_dir():
         return []
-    cutoff = (now or time.time()) - older_than_s
+    clock = fs_now(folder)
+    cutoff = (clock if now is None else now) - older_than_s
 
     def counted(path: Path) -> bool:
         return not ignored_name(path.name) and (not place.suffixes or path.name.endswith(tuple(place.suffixes)))
 
     return [
-        path.relative_to(store.root).as_posix()
-        for path, stat in changed_files(folder, read_watermark(folder), counted)
-        if stat.st_ctime < cutoff
+        listed.path.relative_to(store.root).as_posix()
+        for listed in changed_files(folder, read_watermark(folder), clock, counted)
+        if listed.landed < cutoff
     ]
 
 

@@ -10,16 +10,24 @@ A file still being written is never offered:
 - a file renamed in (moved into place once written) is taken as soon as it is seen: the watch reported it
   appear and never change, and no process has it open for writing (a read lease would be refused);
 - a file written in place is taken once its size and mtime have been stable for ``settle_seconds`` and no
-  process holds it open for writing (a writer that pauses longer than that is waited for until it closes).
+  process holds it open for writing (a writer that pauses longer than that is waited for until it closes);
+- a file the kernel cannot check (another user's: only a file's owner, or root, may take a lease) is taken only
+  once unchanged for ``unchecked_settle_seconds`` (60 s), logged once per file: a writer of another user that
+  pauses longer than that would still let part of a file through (docs/design.md, "The catch-up watermark").
 
-A file whose name is not a valid key (not UTF-8, a control character, a backslash) is moved to
-``quarantine/landing/`` under its name percent-encoded, beside a ``.reason.json``; its neighbours go on.
+What can never be an arrival is moved to ``quarantine/landing/`` as it is, under its name percent-encoded (``~2``,
+``~3`` … after it when that name is taken), beside a ``.reason.json``, and logged: a file whose name is not a valid
+key (not UTF-8, a control character, a backslash), a symbolic link (the link itself, never followed: it may point
+anywhere), a device, pipe or socket, and a folder whose name is not UTF-8 with all in it (the watch cannot even
+report it; a watch that stops on it is started again less and less often, logged once). Its neighbours go on.
 Suffix filters (``suffixes``) apply to files only: a folder created or moved in is listed at once.
 
 An arrival's ``event_id`` is its key, size and mtime (ns). What has been offered and not acked or released is
 not offered again. After a restart, the catch-up listing starts from the watermark (``WATERMARK_NAME``, a
-hidden file in the watched folder): every file that existed when it was taken had been acked, so only folders
-and files changed since (ctime) are read and offered; see docs/design.md, "The catch-up watermark".
+hidden file in the watched folder): every file that existed when it was taken had been acked, so only files
+changed since (ctime, on the file system's own clock) and every file of a folder it does not know at its path
+(made, moved in or renamed since) are offered; the backlog health check counts by the same listing. See
+docs/design.md, "The catch-up watermark".
 """
 
 from __future__ import annotations
@@ -32,10 +40,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from stat import S_ISDIR, S_ISREG
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 from urllib.parse import quote
 
 from tasks.core import keys
@@ -47,7 +55,12 @@ IGNORED_SUFFIXES = (".tmp", ".part")
 TICK_SECONDS = 0.05  # how often receive() looks again at files waiting to settle
 MAX_RELEASE_DELAY = 60.0  # a released arrival is offered again after 1, 2, 4 … seconds, at most this
 WATCH_RESTART_S = 0.2  # a file watch that stopped on an error is started again after this
+WATCH_RESTART_MAX_S = 30.0  # … doubled each time it stops again at once, at most this
+# a file whose writer cannot be checked (another user's: the kernel refuses a lease) is taken only once unchanged
+# this long: a writer that pauses longer would still let part of a file through
+UNCHECKED_SETTLE_S = 60.0
 WATERMARK_NAME = ".landing-watermark"  # in the watched folder: a hidden name, never an arrival
+CLOCK_NAME = ".landing-clock"  # in the watched folder: touched to read the file system's clock
 # the watermark is taken this long before a listing starts: a timestamp the kernel gave a change an instant
 # before the listing (its clock ticks coarser than time.time) still counts as after it
 WATERMARK_SLACK_S = 2.0
@@ -62,6 +75,8 @@ class _Look:
     mtime_ns: int
     since: float  # monotonic time this version was first seen
     modified: bool = False  # the watch reported a write to it (written in place, not renamed in)
+    aged: float = 0.0  # seconds it had been unchanged when first seen (the fs clock; 0 when the watch saw it)
+    unchecked: bool = False  # the kernel could not say whether it is open for writing (another user's file)
 
 
 def ignored_name(name: str) -> bool:
@@ -70,9 +85,10 @@ def ignored_name(name: str) -> bool:
 
 
 def open_for_writing(path: Path) -> bool | None:
-    """Whether any process has ``path`` open for writing (Linux read lease); None when the kernel cannot say."""
+    """Whether any process has ``path`` open for writing (Linux read lease); None when the kernel cannot say (a
+    file another user owns: only its owner, or root, may take a lease)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -85,56 +101,159 @@ def open_for_writing(path: Path) -> bool | None:
         os.close(fd)
 
 
-def read_watermark(folder: Path) -> float:
-    """The catch-up watermark kept in ``folder`` (epoch seconds); 0 when there is none or it does not parse."""
+def fs_now(folder: Path, wall_clock: Callable[[], float] = time.time) -> float:
+    """The file system's own clock: the ctime it gives ``CLOCK_NAME`` in ``folder`` touched now (``wall_clock``
+    only where the folder cannot be written, e.g. a health check running as another user)."""
+    path = folder / CLOCK_NAME
     try:
-        return float(json.loads((folder / WATERMARK_NAME).read_text())["watermark"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0.0
+        path.touch()
+        return os.stat(path).st_ctime
+    except OSError:
+        return wall_clock()
 
 
-def write_watermark(folder: Path, watermark: float) -> None:
-    """Keep ``watermark`` in ``folder``: written beside, then renamed over the old one (never half a file)."""
-    body = json.dumps({"watermark": watermark, "at": datetime.fromtimestamp(watermark, UTC).isoformat()})
+def _boot() -> tuple[str, float]:
+    """This boot's id and the seconds since it (CLOCK_BOOTTIME: never stepped, counts suspend)."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    return boot_id, time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Where a catch-up listing starts: every file changed before ``at`` (the fs clock) in a folder of ``folders``
+    was acked."""
+
+    at: float = 0.0  # the file system's clock at the start of that listing, less WATERMARK_SLACK_S
+    # folder path (under the watched one) -> inode, as listed; None: a watermark written before folders were kept
+    folders: dict[str, int] | None = field(default_factory=dict)
+    boot_id: str = ""  # the boot it was taken in, and CLOCK_BOOTTIME then: how far the clock stepped since
+    boot_s: float = 0.0
+
+    def since(self, now: float) -> float:
+        """Where a listing starts when the fs clock says ``now``: ``at``, or earlier by as much as the clock was
+        stepped back since (CLOCK_BOOTTIME tells how long ago ``at`` was). After a reboot, a clock behind ``at``
+        was stepped back by an amount nobody knows: from the start of this boot on today's clock as well (never
+        from the beginning of time, which would offer again files whose tracking expired long ago)."""
+        if self.at <= 0:
+            return 0.0
+        boot_id, boot_s = _boot()
+        if self.boot_id and boot_id == self.boot_id:
+            return min(self.at, now - WATERMARK_SLACK_S - (boot_s - self.boot_s))
+        return self.at if now >= self.at else min(self.at, now - boot_s) - WATERMARK_SLACK_S
+
+
+def read_watermark(folder: Path) -> Watermark:
+    """The catch-up watermark kept in ``folder``; none (list everything) when absent or unreadable."""
+    try:
+        body = json.loads((folder / WATERMARK_NAME).read_text())
+        folders = body.get("folders")
+        return Watermark(
+            float(body["watermark"]),
+            None if folders is None else {str(k): int(v) for k, v in folders.items()},
+            str(body.get("boot_id", "")),
+            float(body.get("boot_s", 0.0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return Watermark()
+
+
+def write_watermark(folder: Path, mark: Watermark) -> None:
+    """Keep ``mark`` in ``folder``: written beside, then renamed over the old one (never half a file)."""
+    body = json.dumps(
+        {
+            "watermark": mark.at,
+            "at": datetime.fromtimestamp(mark.at, UTC).isoformat(),
+            "boot_id": mark.boot_id,
+            "boot_s": mark.boot_s,
+            "folders": mark.folders,
+        }
+    )
     temporary = folder / f"{WATERMARK_NAME}.{os.getpid()}.part"
     temporary.write_text(body)
     os.replace(temporary, folder / WATERMARK_NAME)
 
 
-def changed_files(
-    folder: Path, since: float, take: Callable[[Path], bool] = lambda path: True
-) -> Iterator[tuple[Path, os.stat_result]]:
-    """Every regular file under ``folder`` changed (ctime) at or after ``since`` that ``take`` accepts, with its stat.
+def _not_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
-    A folder whose ctime is older than ``since`` had no entry added, removed or renamed since: its files are not
-    looked at, and with no subfolder (link count 2) it is not even read. A folder renamed in after ``since``
-    (ctime new, mtime old) counts as new with everything under it, whatever its files' own times."""
-    stack: list[tuple[Path, bool]] = [(folder, since <= 0)]
-    while stack:
-        current, everything = stack.pop()
+
+def _refusal(path: Path, stat: os.stat_result) -> str | None:
+    """Why what lies at ``path`` can never be an arrival (quarantined as it is), or None for a regular file or a
+    folder with a name the watch can read."""
+    if S_ISLNK(stat.st_mode):
         try:
-            stat = os.stat(current, follow_symlinks=False)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        changed = everything or stat.st_ctime >= since
-        if not changed and stat.st_nlink == 2:
-            continue  # an unchanged folder without subfolders
-        moved_in = everything or (changed and current != folder and stat.st_mtime < since)
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        return f"a symbolic link (to {target!r}): never followed, it may point anywhere"
+    if S_ISDIR(stat.st_mode):
+        return "the name is not UTF-8" if _not_utf8(path.name) else None  # the watch cannot even report it
+    return None if S_ISREG(stat.st_mode) else "not a regular file (a device, pipe or socket)"
+
+
+def _new_folder(mark: Watermark, relative: str, stat: os.stat_result, since: float) -> bool:
+    """Whether the folder at ``relative`` came since ``mark`` (made, moved in, renamed): not in its folder map at
+    that path. A watermark without a map (an older listener's) knows only a folder renamed in untouched since."""
+    if mark.folders is None:
+        return stat.st_ctime >= since and stat.st_mtime < since
+    return mark.folders.get(relative) != stat.st_ino
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A file a catch-up listing found, or something it found that must be quarantined (``refused``: why)."""
+
+    path: Path
+    stat: os.stat_result
+    landed: float  # when it came or changed under the folder, on the fs clock (at the earliest)
+    refused: str | None = None
+
+
+def changed_files(
+    folder: Path,
+    mark: Watermark,
+    now: float,
+    take: Callable[[Path], bool] = lambda path: True,
+    seen: dict[str, int] | None = None,
+) -> Iterator[Listed]:
+    """Everything under ``folder`` that changed or came in since ``mark`` (``now``: the fs clock): each regular
+    file ``take`` accepts whose ctime is at or after the listing's start, every file under a folder ``mark`` does
+    not know at its path (made, moved in or renamed since), and every symbolic link, special file or folder whose
+    name is not UTF-8 (refused, never followed). Every folder is read and every file stat'ed: a file rewritten in
+    place changes only its own ctime. ``seen`` gets every folder listed (path -> inode), the next watermark's map."""
+    since = mark.since(now)
+    stack: list[tuple[Path, str, bool]] = [(folder, "", since <= 0)]
+    while stack:
+        current, relative, new = stack.pop()
         try:
             entries = list(os.scandir(current))
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
-            path = Path(entry.path)
-            if entry.is_dir(follow_symlinks=False):
-                stack.append((path, moved_in))
-            elif changed and entry.is_file(follow_symlinks=False) and take(path):
-                try:
-                    file_stat = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if moved_in or file_stat.st_ctime >= since:
-                    yield path, file_stat
+            try:
+                stat = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            changed = new or stat.st_ctime >= since
+            if S_ISREG(stat.st_mode):  # the common case first: one stat, no more, for a file that did not change
+                if changed and take(path := Path(entry.path)):
+                    yield Listed(path, stat, max(stat.st_ctime, since))
+                continue
+            path, inner = Path(entry.path), f"{relative}{entry.name}"
+            refused = _refusal(path, stat)
+            if refused is None:  # a folder
+                if seen is not None:
+                    seen[inner] = stat.st_ino
+                stack.append((path, inner + "/", new or _new_folder(mark, inner, stat, since)))
+            elif S_ISDIR(stat.st_mode) or (changed and not ignored_name(entry.name)):
+                yield Listed(path, stat, max(stat.st_ctime, since), refused)  # a bad folder name: however old
 
 
 class LocalWatchSource:
@@ -148,6 +267,8 @@ class LocalWatchSource:
         suffixes: Sequence[str] | None = None,
         settle_seconds: float = 1.0,
         rescan_seconds: float = 60.0,
+        unchecked_settle_seconds: float = UNCHECKED_SETTLE_S,
+        wall_clock: Callable[[], float] = time.time,
     ):
         store = ObjectStore.from_url(store_url)
         if not isinstance(store, LocalStore):
@@ -159,18 +280,22 @@ class LocalWatchSource:
         self.suffixes = tuple(suffixes) if suffixes else None
         self.settle_seconds = settle_seconds
         self.rescan_seconds = rescan_seconds
+        self.unchecked_settle_seconds = unchecked_settle_seconds
+        self._wall_clock = wall_clock  # for what people read (quarantine times); never compared with the fs's
         self._changed = threading.Condition()
         self._dirty: dict[str, bool] = {}  # keys the watch reported: key -> whether it saw a write
         self._looks: dict[str, _Look] = {}  # files seen and not offered yet
         self._offered: dict[str, str] = {}  # key -> event id offered and not acked or released
-        self._offered_ctime: dict[str, float] = {}  # key -> ctime of the version offered
+        self._offered_ctime: dict[str, float] = {}  # key -> ctime of the version offered, or the last listing's start
         self._acked: dict[str, str] = {}  # key -> event id acked (a rescan does not offer it again)
         self._acked_ctime: dict[str, float] = {}  # key -> its ctime when acked (forgotten once under the watermark)
         self._not_before: dict[str, float] = {}  # released keys: not offered again before this monotonic time
         self._receives: dict[str, int] = {}  # event id -> times offered
         self._refused: set[str] = set()  # names already logged as refused (logged once)
+        self._unchecked: set[str] = set()  # keys logged as "cannot tell whether it is being written" (logged once)
         self._watermark = read_watermark(self.folder)  # files changed before it were all acked
-        self._scans: list[tuple[float, set[str]]] = []  # (a listing's start, its keys not acked yet): oldest first
+        self._listed_from = 0.0  # the latest listing's start (fs clock): what is offered now is not listed before it
+        self._scans: list[tuple[Watermark, set[str]]] = []  # (a listing's mark, its keys not acked yet): oldest first
         self._next_rescan = 0.0
         self._stop = threading.Event()
         self._watching = threading.Event()
@@ -196,7 +321,7 @@ class LocalWatchSource:
         decode) is started again, and a listing then finds what it missed."""
         import watchfiles
 
-        restarted = False
+        restarted, pause, told = False, WATCH_RESTART_S, set()
         while not self._stop.is_set():
             try:
                 changes_seen = watchfiles.watch(
@@ -211,25 +336,32 @@ class LocalWatchSource:
                 )
                 self._watching.set()
                 for changes in changes_seen:
+                    pause = WATCH_RESTART_S
                     if restarted:  # watching again: list what landed while nothing watched
                         restarted, self._next_rescan = False, 0.0
                     with self._changed:
+                        reported = False
                         for change, path in changes:
                             key = self._key_of(Path(path), file=None)
                             if key is not None:
                                 written = change == watchfiles.Change.modified
                                 self._dirty[key] = self._dirty.get(key, False) or written
-                        if changes:
+                                reported = True
+                        if reported:
                             self._changed.notify_all()
             except Exception as error:  # noqa: BLE001 - watch again; the listing covers the gap
-                LOG.warning(
-                    "the file watch on %s stopped (%s: %s); watching again and listing what it missed",
-                    self.folder,
-                    type(error).__name__,
-                    error,
+                # the same failure again (a name it cannot decode, until the listing quarantines it) is logged
+                # once and retried ever less often, never a warning every restart
+                said = f"{type(error).__name__}: {error}"
+                (LOG.debug if said in told else LOG.warning)(
+                    "the file watch on %s stopped (%s); watching again and listing what it missed", self.folder, said
                 )
-                self._next_rescan, restarted = 0.0, True
-                self._stop.wait(WATCH_RESTART_S)
+                told.add(said)
+                with self._changed:  # the listing runs now, not at the next rescan
+                    self._next_rescan, restarted = 0.0, True
+                    self._changed.notify_all()
+                self._stop.wait(pause)
+                pause = min(WATCH_RESTART_MAX_S, pause * 2)
             finally:
                 self._watching.set()
 
@@ -247,16 +379,22 @@ class LocalWatchSource:
             key = keys.safe_key(relative)
         except (UnicodeEncodeError, keys.InvalidKey) as error:
             if relative.startswith(self.prefix) and file is not None:
-                self._quarantine(path, relative, error)
+                self._quarantine(path, "the name is not UTF-8" if isinstance(error, UnicodeEncodeError) else str(error))
             return None
         return key if key.startswith(self.prefix) else None
 
-    def _quarantine(self, path: Path, relative: str, error: Exception) -> None:
-        """Move a file whose name is no valid key to ``quarantine/landing/`` (its name percent-encoded) beside
-        a ``.reason.json``; logged once. A crash in between leaves it where it was, to be moved by the next look."""
-        reason = "the name is not UTF-8" if isinstance(error, UnicodeEncodeError) else str(error)
-        target_key = LANDING_QUARANTINE_PREFIX + quote(os.fsencode(relative), safe="/")
+    def _quarantine(self, path: Path, reason: str) -> None:
+        """Move what lies at ``path`` (a file whose name is no valid key, a symbolic link itself, a folder whose
+        name is not UTF-8 with all in it) to ``quarantine/landing/`` under its name percent-encoded, a ``~2``, ``~3``
+        … after it when that name is taken, beside a ``.reason.json``; a failure is logged once. A crash in between
+        leaves it where it was, to be moved by the next look (its reason file rewritten)."""
+        relative = path.relative_to(self.store.root).as_posix()
+        first_key = LANDING_QUARANTINE_PREFIX + quote(os.fsencode(relative), safe="/")
+        target_key, copies = first_key, 1
         try:
+            while os.path.lexists(self.store.path(target_key)):  # one listener per place: nobody takes it meanwhile
+                copies += 1
+                target_key = f"{first_key}~{copies}"
             target = self.store.path(keys.safe_key(target_key))
             target.parent.mkdir(parents=True, exist_ok=True)
             self.store.put_bytes(
@@ -265,7 +403,7 @@ class LocalWatchSource:
                     {
                         "name": os.fsencode(relative).decode("utf-8", "backslashreplace"),
                         "reason": reason,
-                        "quarantined_at": datetime.now(UTC).isoformat(),
+                        "quarantined_at": datetime.fromtimestamp(self._wall_clock(), UTC).isoformat(),
                     }
                 ).encode(),
             )
@@ -277,23 +415,32 @@ class LocalWatchSource:
             return
         LOG.warning("quarantined %r as %s: %s", path, target_key, reason)
 
-    def _listing(self, folder: Path | None = None, since: float = 0.0) -> Iterator[tuple[str, os.stat_result]]:
-        """Every regular file under the prefix (or ``folder``) changed since ``since`` (0: all), with its stat."""
-        for path, stat in changed_files(folder or self.folder, since, lambda path: not ignored_name(path.name)):
-            key = self._key_of(path)
-            if key is not None:
-                yield key, stat
+    def _listing(
+        self, folder: Path | None = None, mark: Watermark = Watermark(), now: float = 0.0, seen: dict | None = None
+    ) -> Iterator[tuple[str, os.stat_result]]:
+        """Every regular file under the prefix (or ``folder``) changed since ``mark`` (none: all), with its stat;
+        what can never be an arrival (a link, a name that is no key) is quarantined on the way."""
+        for listed in changed_files(folder or self.folder, mark, now, lambda path: not ignored_name(path.name), seen):
+            if listed.refused is not None:
+                self._quarantine(listed.path, listed.refused)
+            elif (key := self._key_of(listed.path)) is not None:
+                yield key, listed.stat
 
     def _rescan(self) -> None:
-        """The catch-up listing from the watermark: note every file changed since and not acked in its version;
-        the listing's start becomes the next watermark once all it found are acked."""
-        started = time.time() - WATERMARK_SLACK_S
+        """The catch-up listing from the watermark: note every file changed or come in since and not acked in its
+        version; the listing's start (the fs clock) and folders become the next watermark once all it found are
+        acked."""
+        now = fs_now(self.folder, self._wall_clock)
+        boot_id, boot_s = _boot()
+        seen: dict[str, int] = {}
         outstanding = set()
-        for key, stat in self._listing(since=self._watermark):
-            self._note(key, stat)
+        for key, stat in self._listing(mark=self._watermark, now=now, seen=seen):
+            self._note(key, stat, aged=now - stat.st_mtime)
             if self._acked.get(key) != self._event_id(key, stat.st_size, stat.st_mtime_ns):
                 outstanding.add(key)
-        self._scans.append((started, outstanding))
+        mark = Watermark(now - WATERMARK_SLACK_S, seen, boot_id, boot_s)
+        self._listed_from = mark.at
+        self._scans.append((mark, outstanding))
         self._advance_watermark()
 
     def _settled(self, key: str) -> None:
@@ -306,14 +453,14 @@ class LocalWatchSource:
         advanced = None
         while self._scans and not self._scans[0][1]:
             advanced = self._scans.pop(0)[0]
-        if advanced is None or advanced <= self._watermark:
+        if advanced is None:  # (a later listing is newer even where the clock stepped back between)
             return
         self._watermark = advanced
         try:
             write_watermark(self.folder, advanced)
         except OSError as error:  # the next advance writes it; until then a restart lists a little more
             LOG.warning("could not write the watermark in %s: %s", self.folder, error)
-        for key in [k for k, ctime in self._acked_ctime.items() if ctime < advanced]:  # never listed again
+        for key in [k for k, ctime in self._acked_ctime.items() if ctime < advanced.at]:  # never listed again
             self._acked.pop(key, None)
             self._acked_ctime.pop(key, None)
 
@@ -323,25 +470,47 @@ class LocalWatchSource:
     def _event_id(key: str, size: int, mtime_ns: int) -> str:
         return f"{key}:{size}:{mtime_ns}"
 
-    def _note(self, key: str, stat: os.stat_result, written: bool = False) -> None:
-        """Record a look at ``key`` (unless that version was acked); a new version restarts its settle time."""
+    def _note(self, key: str, stat: os.stat_result, written: bool = False, aged: float = 0.0) -> None:
+        """Record a look at ``key`` (unless that version was acked); a new version restarts its settle time.
+        ``aged``: how long the version had been unchanged when first seen, on the fs clock (a listing's files)."""
         if self._acked.get(key) == self._event_id(key, stat.st_size, stat.st_mtime_ns):
             return
         look = self._looks.get(key)
         if look is None or (look.size, look.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
-            self._looks[key] = _Look(
-                stat.st_size, stat.st_mtime_ns, time.monotonic(), written or bool(look and look.modified)
-            )
+            modified = written or bool(look and look.modified)
+            self._looks[key] = _Look(stat.st_size, stat.st_mtime_ns, time.monotonic(), modified, max(0.0, aged))
         elif written:
             look.modified = True
 
     def _complete(self, key: str, look: _Look, now: float) -> bool:
-        """Open for writing nowhere, and renamed in (never written to since it appeared) or stable long enough."""
-        stable = now - look.since >= self.settle_seconds or time.time_ns() - look.mtime_ns >= self.settle_seconds * 1e9
-        if not stable and (look.modified or look.size == 0):
+        """Open for writing nowhere, and renamed in (never written to since it appeared) or stable long enough;
+        where the kernel cannot say whether it is open (another user's file), unchanged for the longer
+        ``unchecked_settle_seconds``."""
+        unchanged = now - look.since + look.aged
+        if look.unchecked:
+            return unchanged >= self.unchecked_settle_seconds
+        if unchanged < self.settle_seconds and (look.modified or look.size == 0):
             return False
-        writing = open_for_writing(self.store.path(key))
-        return writing is False or (stable and writing is None)  # None: the kernel cannot say; stable must do
+        writing = open_for_writing(self._path(key))
+        if writing is None:  # a writer we cannot see may pause longer than settle_seconds: wait much longer
+            look.unchecked = True
+            if key not in self._unchecked:
+                self._unchecked.add(key)
+                LOG.warning(
+                    "cannot tell whether %s is still being written (%s): it is taken once unchanged for %.0f s",
+                    key,
+                    self._owner(key),
+                    self.unchecked_settle_seconds,
+                )
+            return unchanged >= self.unchecked_settle_seconds
+        return writing is False
+
+    def _owner(self, key: str) -> str:
+        """Who owns ``key``'s file, in words (why the kernel refuses this process a lease on it)."""
+        stat = self._stat(key)
+        if stat is None:
+            return "it is gone"
+        return f"owner uid {stat.st_uid}, this listener runs as uid {os.geteuid()}: only the owner may take a lease"
 
     def _ready(self, max_items: int) -> list[Arrival]:
         """Look at reported and waiting files; the complete ones not in flight, as arrivals (at most ``max_items``)."""
@@ -353,11 +522,17 @@ class LocalWatchSource:
                 self._looks.pop(key, None)
                 self._settled(key)
                 continue
+            path = self._path(key)
             if S_ISDIR(stat.st_mode):  # a new folder: files may have landed in it before the watch covered it
-                for inner, inner_stat in self._listing(self.store.path(key)):
+                for inner, inner_stat in self._listing(path):
                     self._note(inner, inner_stat)
-            elif S_ISREG(stat.st_mode) and self._key_of(self.store.path(key)) is not None:
-                self._note(key, stat, written)
+            elif S_ISREG(stat.st_mode):
+                if self._key_of(path) is not None:
+                    self._note(key, stat, written)
+            elif (refused := _refusal(path, stat)) is not None:  # a symbolic link, a pipe: never followed
+                self._looks.pop(key, None)
+                self._settled(key)
+                self._quarantine(path, refused)
         now = time.monotonic()
         ready: list[Arrival] = []
         for key, look in list(self._looks.items()):
@@ -370,16 +545,18 @@ class LocalWatchSource:
                 continue
             stat = self._stat(key)
             if stat is None or (stat.st_size, stat.st_mtime_ns) != (look.size, look.mtime_ns):
-                if stat is not None:
+                if stat is not None and S_ISREG(stat.st_mode):
                     self._note(key, stat)
-                else:
+                else:  # gone, or replaced by a link or a folder: the watch's report (or a listing) says which
                     del self._looks[key]
                     self._settled(key)
+                    with self._changed:
+                        self._dirty.setdefault(key, False)
                 continue
             del self._looks[key]
             event_id = self._event_id(key, look.size, look.mtime_ns)
             self._offered[key] = event_id
-            self._offered_ctime[key] = stat.st_ctime
+            self._offered_ctime[key] = max(stat.st_ctime, self._listed_from)
             self._receives[event_id] = self._receives.get(event_id, 0) + 1
             ready.append(
                 Arrival(
@@ -393,9 +570,17 @@ class LocalWatchSource:
             )
         return ready
 
+    def _path(self, key: str) -> Path:
+        """The path of ``key`` itself, a link there not followed (the store's ``path`` resolves links)."""
+        return self.store.root / key
+
     def _stat(self, key: str) -> os.stat_result | None:
+        """``key``'s own stat (a link's, not its target's); None when gone or a folder on its way is a link."""
+        path = self._path(key)
         try:
-            return os.stat(self.store.path(key), follow_symlinks=False)
+            if self.store.path(key.rsplit("/", 1)[0]) != path.parent:  # reached through a linked folder
+                return None
+            return os.stat(path, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError, ValueError):
             return None
 
@@ -421,7 +606,7 @@ class LocalWatchSource:
     def ack(self, arrivals: Sequence[Arrival]) -> None:
         """These files' work is durable: forget them (a later version of the same key is a new arrival)."""
         for arrival in arrivals:
-            ctime = self._offered_ctime.pop(arrival.key, time.time())
+            ctime = self._offered_ctime.pop(arrival.key, self._listed_from)
             if self._offered.get(arrival.key) == arrival.event_id:
                 del self._offered[arrival.key]
             self._acked[arrival.key] = arrival.event_id

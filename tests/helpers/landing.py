@@ -80,6 +80,22 @@ class ListSource:
         pass
 
 
+@pytest.fixture
+def make_source(tmp_path):
+    """A factory of watch sources over ``tmp_path`` (``pipeline/input/`` unless told; closed after the test)."""
+    sources = []
+
+    def make(prefix: str = "pipeline/input/", **options) -> LocalWatchSource:
+        options.setdefault("settle_seconds", 0.3)
+        source = LocalWatchSource(tmp_path.as_uri(), prefix, **options)
+        sources.append(source)
+        return source
+
+    yield make
+    for source in sources:
+        source.close()
+
+
 def receive_all(source: LocalWatchSource, seconds: float, until: int | None = None) -> list:
     """Everything the source offers within ``seconds`` (or until ``until`` arrivals came)."""
     got, deadline = [], time.monotonic() + seconds
