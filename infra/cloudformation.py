@@ -36,6 +36,14 @@ LOG_RETENTION_DAYS = limits.PREFECT_RETENTION_DAYS  # seed 001: log_retention_da
 OBJECT_RETENTION_DAYS = EtlSettings.model_fields["ttl_days"].default
 INCOMPLETE_UPLOAD_DAYS = 1  # a writer killed mid-upload leaves parts no reader sees but S3 bills
 NONCURRENT_VERSION_DAYS = 7  # an overwritten or deleted object can be restored for a week
+QUEUE_RETENTION_S = 4 * 24 * 3600  # SQS's default, stated: an arrival not taken in 4 days goes (its object stays)
+# what happens to a resource when the stack deletes or replaces it, chosen per kind:
+# - the data (tables, bucket): kept when the stack is deleted or the resource replaced, but removed when the stack's
+#   own first create rolls back (nothing was written yet), so a retried create does not collide with its leftovers
+# - everything else (queues, roles, logs kept 3 days, the cluster, services): rebuilt from this template, so deleted
+KEEP_DATA = {"DeletionPolicy": "RetainExceptOnCreate", "UpdateReplacePolicy": "Retain"}
+REBUILT = {"DeletionPolicy": "Delete", "UpdateReplacePolicy": "Delete"}
+DATA_TYPES = ("AWS::DynamoDB::Table", "AWS::S3::Bucket")
 APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
 SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
 # a listener's service runs its flow in the container's own process, with the ecs deployment's parameters
@@ -144,22 +152,31 @@ def parameters() -> dict[str, Any]:
 # --------------------------------------------------------------------------- state: tables, bucket, queues
 
 
+def stack_table_names() -> dict[str, str]:
+    """Logical table -> its name in the stack, ``${Env}`` in every one: the seeds' env-suffixed names as they are,
+    the others (``granules``, ``ecs_task``, …) with ``-${Env}`` appended, so two environments share an account."""
+    return {logical: name if ENV in name else f"{name}-{ENV}" for logical, name in default_table_names(ENV).items()}
+
+
+def renamed_tables() -> dict[str, str]:
+    """The tables whose stack name is not the seed's ``{env}`` name: the containers get them as ``TABLE_<LOGICAL>``."""
+    seeds = default_table_names(ENV)
+    return {logical: name for logical, name in stack_table_names().items() if name != seeds[logical]}
+
+
 def table_resources() -> dict[str, Any]:
     """One AWS::DynamoDB::Table per table_specs() entry, keyed and indexed as ``ensure_tables`` creates it."""
-    names = default_table_names(ENV)
+    names = stack_table_names()
     resources = {}
     for logical, spec in table_specs().items():
         properties = _create_request(names[logical], spec)
-        properties["TableName"] = (
-            sub(properties["TableName"]) if ENV in properties["TableName"] else properties["TableName"]
-        )
+        properties["TableName"] = sub(properties["TableName"])
         properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
         properties["SSESpecification"] = {"SSEEnabled": True}
         if spec.ttl_attribute:
             properties["TimeToLiveSpecification"] = {"AttributeName": spec.ttl_attribute, "Enabled": True}
         resources[logical_id("table", logical)] = {
-            "Type": "AWS::DynamoDB::Table", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
-            "Properties": properties,
+            "Type": "AWS::DynamoDB::Table", "Properties": properties,
             "Metadata": skip(("CKV_AWS_119", "encrypted at rest with the AWS owned key (SSEEnabled); a customer key "
                                              "is a per-account choice this template leaves to its owner")),
         }  # fmt: skip
@@ -193,6 +210,7 @@ def queue_resources() -> dict[str, Any]:
         redrive["deadLetterTargetArn"] = arn(dlq_id)
         resources[queue_id] = {"Type": "AWS::SQS::Queue", "Properties": {
             "QueueName": sub(queue), **{k: int(v) for k, v in attributes.items()}, "RedrivePolicy": redrive,
+            "MessageRetentionPeriod": QUEUE_RETENTION_S,
             "SqsManagedSseEnabled": True}, "Metadata": encrypted}  # fmt: skip
         if spec.mode == sqs.OBJECTS:
             resources[logical_id(pipeline, "queue policy")] = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
@@ -239,7 +257,7 @@ def bucket_resources() -> dict[str, Any]:
         for name, prefix in expiring.items()
     ]
     bucket = {
-        "Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
+        "Type": "AWS::S3::Bucket",
         "DependsOn": [logical_id(p, "queue policy") for p in object_pipelines],  # S3 checks it may send when configured
         "Properties": {
             "BucketName": ref("BucketName"),
@@ -386,6 +404,7 @@ def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
         "PREFECT_HOME": f"{SCRATCH}/prefect",
         "NUMBA_CACHE_DIR": f"{SCRATCH}/numba",
     }
+    variables |= {f"TABLE_{logical.upper()}": sub(name) for logical, name in renamed_tables().items()}
     if pipeline_queues:
         variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.landing_queues()}
     return [{"Name": name, "Value": value} for name, value in variables.items()]
@@ -479,6 +498,8 @@ def template() -> dict[str, Any]:
     ecs = ecs_resources()
     log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
     resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs}
+    for resource in resources.values():
+        resource.update(KEEP_DATA if resource["Type"] in DATA_TYPES else REBUILT)
     outputs = {  # what `prefect deploy --name ecs` and the blocks need (docs/aws.md, "Image, template, deployments")
         "EcsCluster": {"Value": ref("Cluster"), "Description": "ECS_CLUSTER"},
         "EcsTaskRoleArn": {"Value": arn("TaskRole"), "Description": "ECS_TASK_ROLE_ARN"},
