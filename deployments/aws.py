@@ -165,3 +165,60 @@ def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
     """The stack's outputs by key."""
     described = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
     return {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+
+
+# --------------------------------------------------------------------------- the flow runs' pool
+
+
+def flow_run_environment(env: str, outputs: dict[str, str], catalog_database: str) -> dict[str, str]:
+    """What every flow-run container is configured by, from the stack: its tables' env (and the tables the stack
+    renames), the store, the Glue database; the same as the listeners' task definitions carry."""
+    from infra import cloudformation as cfn
+
+    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], "CATALOG_DATABASE": catalog_database}
+    variables |= {
+        f"TABLE_{logical.upper()}": name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()
+    }
+    return variables
+
+
+def pool_job_template(
+    base: dict[str, Any], outputs: dict[str, str], parameters: dict[str, str], region: str
+) -> dict[str, Any]:
+    """The ``aws-ecs`` pool's base job template with the stack's defaults: the cluster and roles, the flow runs'
+    network (the stack's subnets and security groups, no public IP unless asked), their containers' logs in the
+    stack's flow-run log group, the Prefect API key from Secrets Manager (never in plaintext overrides), and the
+    environment from the stack's ``Env``. A deployment's own job variables still win."""
+    import copy
+
+    from blocks.etl import EtlSettings
+
+    defaults: dict[str, Any] = {
+        "cluster": outputs["EcsCluster"],
+        "task_role_arn": outputs["EcsTaskRoleArn"],
+        "execution_role_arn": outputs["EcsExecutionRoleArn"],
+        "vpc_id": parameters["VpcId"],
+        "network_configuration": {
+            "subnets": parameters["Subnets"].split(","),
+            "securityGroups": parameters["SecurityGroups"].split(","),
+            "assignPublicIp": parameters.get("AssignPublicIp", "DISABLED"),
+        },
+        "configure_cloudwatch_logs": True,
+        "cloudwatch_logs_options": {
+            "awslogs-group": outputs["FlowRunLogGroup"],
+            "awslogs-region": region,
+            "awslogs-stream-prefix": "flow-run",
+        },
+        "env": flow_run_environment(
+            parameters["Env"],
+            outputs,
+            parameters.get("CatalogDatabase") or EtlSettings.model_fields["catalog_database"].default,
+        ),
+    }
+    if parameters.get("PrefectApiKeySecretArn"):
+        defaults["prefect_api_key_secret_arn"] = parameters["PrefectApiKeySecretArn"]
+    template = copy.deepcopy(base)
+    properties = template["variables"]["properties"]
+    for name, value in defaults.items():
+        properties[name]["default"] = value
+    return template

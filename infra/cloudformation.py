@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prefect_aws.observers.ecs import SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS
+from prefect_aws.settings import EcsObserverSqsSettings
 
 from blocks.etl import EtlSettings
 from tasks.core import limits
@@ -44,6 +46,17 @@ QUEUE_RETENTION_S = 4 * 24 * 3600  # SQS's default, stated: an arrival not taken
 KEEP_DATA = {"DeletionPolicy": "RetainExceptOnCreate", "UpdateReplacePolicy": "Retain"}
 REBUILT = {"DeletionPolicy": "Delete", "UpdateReplacePolicy": "Delete"}
 DATA_TYPES = ("AWS::DynamoDB::Table", "AWS::S3::Bucket")
+# prefect-aws's ECS worker learns that a flow-run task stopped from ECS task state changes that an EventBridge rule
+# sends to this queue; its observer reads it (named by PREFECT_INTEGRATIONS_AWS_ECS_OBSERVER_SQS_QUEUE_NAME)
+OBSERVER_QUEUE = EcsObserverSqsSettings.model_fields["queue_name"].default + "-${Env}"
+OBSERVER_SETTINGS = "PREFECT_INTEGRATIONS_AWS_ECS_OBSERVER_SQS_"
+# the worker's own health server (`prefect worker start --with-healthcheck`, PREFECT_WORKER_WEBSERVER_PORT 8080)
+# answers 200 while its polling loop is alive: ECS replaces a worker that stops polling, not only one that exits
+WORKER_HEALTH_CHECK = {
+    "Command": ["CMD", "python", "-c",
+                "import urllib.request; urllib.request.urlopen('http://localhost:8080/health', timeout=5)"],
+    "Interval": 30, "Timeout": 10, "Retries": 3, "StartPeriod": 120,
+}  # fmt: skip
 APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
 SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
 # a listener's service runs its flow in the container's own process, with the ecs deployment's parameters
@@ -63,9 +76,14 @@ def ref(name: str) -> dict[str, str]:
     return {"Ref": name}
 
 
+def get_att(logical: str, attribute: str) -> dict[str, list[str]]:
+    """``Fn::GetAtt [logical, attribute]``."""
+    return {"Fn::GetAtt": [logical, attribute]}
+
+
 def arn(logical: str) -> dict[str, list[str]]:
     """``Fn::GetAtt [logical, Arn]``."""
-    return {"Fn::GetAtt": [logical, "Arn"]}
+    return get_att(logical, "Arn")
 
 
 def logical_id(*parts: str) -> str:
@@ -135,10 +153,20 @@ def parameters() -> dict[str, Any]:
             "Default": "",
             "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)",
         },
-        "Subnets": {"Type": "List<AWS::EC2::Subnet::Id>", "Description": "Subnets of the worker and listener tasks"},
+        "VpcId": {"Type": "AWS::EC2::VPC::Id", "Description": "The VPC of the subnets (the flow runs' vpc_id)"},
+        "Subnets": {
+            "Type": "List<AWS::EC2::Subnet::Id>",
+            "Description": "Subnets of the worker, the listeners and the flow-run tasks",
+        },
         "SecurityGroups": {
             "Type": "List<AWS::EC2::SecurityGroup::Id>",
-            "Description": "Security groups of those tasks",
+            "Description": "Security groups of those tasks (the flow runs' too)",
+        },
+        "CatalogDatabase": {
+            "Type": "String",
+            "Default": EtlSettings.model_fields["catalog_database"].default,
+            "AllowedPattern": "[a-z0-9_]+",
+            "Description": "Glue database the ETL merge registers its Parquet partitions in (CATALOG_DATABASE)",
         },
         "AssignPublicIp": {
             "Type": "String",
@@ -221,6 +249,31 @@ def queue_resources() -> dict[str, Any]:
                     "Condition": {"ArnLike": {"aws:SourceArn": sub("arn:${AWS::Partition}:s3:::${BucketName}")},
                                   "StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}}}]}}}  # fmt: skip
     return resources
+
+
+def observer_resources() -> dict[str, Any]:
+    """The ECS task state changes of the cluster's tasks, sent by an EventBridge rule to the queue prefect-aws's
+    observer reads (in the worker): a stopped flow-run task's run is marked Crashed, as a process worker does."""
+    queue = {"Type": "AWS::SQS::Queue", "Properties": {
+        "QueueName": sub(OBSERVER_QUEUE), "VisibilityTimeout": SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS,
+        "ReceiveMessageWaitTimeSeconds": sqs.MAX_WAIT_S, "MessageRetentionPeriod": QUEUE_RETENTION_S,
+        "SqsManagedSseEnabled": True},
+        "Metadata": skip(("CKV_AWS_27", "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): EventBridge "
+                                        "sends to it without a KMS grant"))}  # fmt: skip
+    rule = {"Type": "AWS::Events::Rule", "Properties": {
+        "Name": sub("pipelines-${Env}-ecs-task-state"),
+        "Description": "ECS task state changes of the cluster, for prefect-aws's observer (crash detection)",
+        "State": "ENABLED",
+        "EventPattern": {"source": ["aws.ecs"], "detail-type": ["ECS Task State Change"],
+                         "detail": {"clusterArn": [arn("Cluster")]}},
+        "Targets": [{"Id": "prefect-ecs-observer", "Arn": arn("FlowRunEventsQueue")}]}}  # fmt: skip
+    policy = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
+        "Queues": [ref("FlowRunEventsQueue")],
+        "PolicyDocument": {"Version": "2012-10-17", "Statement": [{
+            "Sid": "RuleSendsTaskStateChanges", "Effect": "Allow", "Principal": {"Service": "events.amazonaws.com"},
+            "Action": "sqs:SendMessage", "Resource": arn("FlowRunEventsQueue"),
+            "Condition": {"ArnEquals": {"aws:SourceArn": arn("FlowRunEventsRule")}}}]}}}  # fmt: skip
+    return {"FlowRunEventsQueue": queue, "FlowRunEventsRule": rule, "FlowRunEventsQueuePolicy": policy}
 
 
 def notified_prefix(pipeline: str) -> dict[str, str]:
@@ -335,22 +388,39 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
         {"Sid": "Arrivals", "Effect": "Allow", "Resource": queues + dead_letters, "Action": [
             "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes",
             "sqs:GetQueueUrl"]},
+        # the health checks read the DynamoDB throttle and SQS age metrics (tasks/etl/alarms.py,
+        # tasks/health/listeners.py); GetMetricStatistics takes no resource ARN
+        {"Sid": "ReadMetrics", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:GetMetricStatistics"},
+        # the ETL merge registers each date's partition (tasks/etl/catalog.py): Glue authorizes a call on the
+        # catalog, the database and the table together
+        {"Sid": "Catalog", "Effect": "Allow", "Action": [
+            "glue:GetDatabase", "glue:CreateDatabase", "glue:GetTable", "glue:CreateTable", "glue:UpdateTable",
+            "glue:GetPartition", "glue:CreatePartition", "glue:UpdatePartition"], "Resource": [
+            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:catalog"),
+            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:database/${CatalogDatabase}"),
+            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:table/${CatalogDatabase}/*")]},
     ]  # fmt: skip
     cluster_tasks = sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*")
     on_cluster = {"ArnEquals": {"ecs:cluster": arn("Cluster")}}
     worker = [
+        {"Sid": "RegisterTaskDefinitions", "Effect": "Allow", "Action": "ecs:RegisterTaskDefinition",
+         "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*")},
         {"Sid": "TaskDefinitions", "Effect": "Allow", "Resource": "*", "Action": [
-            "ecs:RegisterTaskDefinition", "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition",
-            "ecs:ListTaskDefinitions"]},
-        {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": ["ecs:RunTask", "ecs:TagResource"],
-         "Resource": [
-             sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"), cluster_tasks],
+            "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition", "ecs:ListTaskDefinitions"]},
+        {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": "ecs:RunTask",
+         "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"),
          "Condition": on_cluster},
+        # prefect-aws tags every task it runs; tag-on-create is authorized as ecs:TagResource, whose requests carry
+        # no ecs:cluster key (Service Authorization Reference): the task ARN names the cluster instead
+        {"Sid": "TagFlowRunsAtLaunch", "Effect": "Allow", "Action": "ecs:TagResource", "Resource": cluster_tasks,
+         "Condition": {"StringEquals": {"ecs:CreateAction": "RunTask"}}},
         {"Sid": "WatchFlowRuns", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
          "Resource": cluster_tasks, "Condition": on_cluster},
         {"Sid": "PassFlowRunRoles", "Effect": "Allow", "Action": "iam:PassRole",
          "Resource": [arn("TaskRole"), arn("ExecutionRole")],
          "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}},
+        {"Sid": "ObserveFlowRuns", "Effect": "Allow", "Resource": arn("FlowRunEventsQueue"), "Action": [
+            "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"]},
         {"Sid": "Network", "Effect": "Allow", "Resource": "*",
          "Action": ["ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"]},
         {"Sid": "FlowRunLogs", "Effect": "Allow", "Action": ["logs:GetLogEvents"],
@@ -359,8 +429,8 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
     wildcard_reasons = (
         (
             "CKV_AWS_111",
-            "ecs:RegisterTaskDefinition and ecs:DeregisterTaskDefinition take no resource ARN (AWS's "
-            "service authorization reference): the worker registers one per deployment version",
+            "ecs:DescribeTaskDefinition, DeregisterTaskDefinition and ListTaskDefinitions take no resource ARN "
+            "(AWS's service authorization reference): the worker reads and retires its own revisions",
         ),
         (
             "CKV_AWS_356",
@@ -393,10 +463,11 @@ def log_group(name: str) -> dict[str, Any]:
                             "server too"))}  # fmt: skip
 
 
-def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
+def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """What every container is configured by: the tables' env, the store, the Prefect API, the queues."""
     variables = {
         "TABLE_ENV": ref("Env"),
+        "CATALOG_DATABASE": ref("CatalogDatabase"),
         "OBJECT_STORE_BASE_URL": sub("s3://${BucketName}/${StorePrefix}"),
         "PREFECT_API_URL": ref("PrefectApiUrl"),
         "AWS_DEFAULT_REGION": ref("AWS::Region"),
@@ -407,17 +478,25 @@ def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
     variables |= {f"TABLE_{logical.upper()}": sub(name) for logical, name in renamed_tables().items()}
     if pipeline_queues:
         variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.landing_queues()}
+    variables |= extra or {}
     return [{"Name": name, "Value": value} for name, value in variables.items()]
 
 
 def task_definition(
-    family: str, command: list[str], role: str, log_group_id: str, pipeline_queues: bool
+    family: str,
+    command: list[str],
+    role: str,
+    log_group_id: str,
+    pipeline_queues: bool,
+    extra: dict[str, Any] | None = None,
+    health_check: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A Fargate task definition of the image running ``command`` as the image's non-root user."""
     container = {
         "Name": family,
         "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
-        "Essential": True, "Command": command, "WorkingDirectory": APP_DIR, "Environment": environment(pipeline_queues),
+        "Essential": True, "Command": command, "WorkingDirectory": APP_DIR,
+        "Environment": environment(pipeline_queues, extra),
         "Secrets": {"Fn::If": [
             "HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
             ref("AWS::NoValue")]},
@@ -425,6 +504,8 @@ def task_definition(
         "LogConfiguration": {"LogDriver": "awslogs", "Options": {
             "awslogs-group": ref(log_group_id), "awslogs-region": ref("AWS::Region"), "awslogs-stream-prefix": family}},
     }  # fmt: skip
+    if health_check:
+        container["HealthCheck"] = health_check
     return {"Type": "AWS::ECS::TaskDefinition", "Properties": {
         "Family": sub(f"pipelines-${{Env}}-{family}"), "RequiresCompatibilities": ["FARGATE"], "NetworkMode": "awsvpc",
         "Cpu": "1024", "Memory": "4096", "ExecutionRoleArn": arn("ExecutionRole"), "TaskRoleArn": arn(role),
@@ -460,6 +541,14 @@ def service(name: str, definition: str) -> dict[str, Any]:
     }
 
 
+def observer_environment() -> dict[str, Any]:
+    """The worker's settings naming its observer's queue (prefect-aws reads them when the worker starts)."""
+    return {
+        f"{OBSERVER_SETTINGS}QUEUE_NAME": get_att("FlowRunEventsQueue", "QueueName"),
+        f"{OBSERVER_SETTINGS}QUEUE_REGION": ref("AWS::Region"),
+    }
+
+
 def ecs_resources() -> dict[str, Any]:
     """The cluster, the Prefect worker of the ecs pool and one listener per seed queue, each a service of one task."""
     pool = prefect_config()["definitions"]["work_pools"]["ecs"]["name"]
@@ -470,8 +559,8 @@ def ecs_resources() -> dict[str, Any]:
         "FlowRunLogGroup": log_group("flow-runs"),
         "WorkerLogGroup": log_group("worker"),
         "WorkerTaskDefinition": task_definition(
-            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs"], "WorkerRole", "WorkerLogGroup",
-            False),
+            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs", "--with-healthcheck"],
+            "WorkerRole", "WorkerLogGroup", False, observer_environment(), WORKER_HEALTH_CHECK),
         "WorkerService": service("prefect-worker", "WorkerTaskDefinition"),
     }  # fmt: skip
     for pipeline, deployment in listener_deployments().items():
@@ -497,7 +586,8 @@ def template() -> dict[str, Any]:
     """The whole environment's CloudFormation template."""
     ecs = ecs_resources()
     log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
-    resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs}
+    resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs,
+                 **observer_resources()}  # fmt: skip
     for resource in resources.values():
         resource.update(KEEP_DATA if resource["Type"] in DATA_TYPES else REBUILT)
     outputs = {  # what `prefect deploy --name ecs` and the blocks need (docs/aws.md, "Image, template, deployments")
@@ -506,6 +596,7 @@ def template() -> dict[str, Any]:
         "EcsExecutionRoleArn": {"Value": arn("ExecutionRole"), "Description": "ECS_EXECUTION_ROLE_ARN"},
         "BucketUrl": {"Value": sub("s3://${Bucket}/${StorePrefix}"), "Description": "PIPELINES_BUCKET_URL"},
         "FlowRunLogGroup": {"Value": ref("FlowRunLogGroup"), "Description": "log group for the flow-run tasks"},
+        "VpcId": {"Value": ref("VpcId"), "Description": "the flow runs' vpc_id (the pool's default)"},
     }
     outputs |= {
         logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}

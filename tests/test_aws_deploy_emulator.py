@@ -97,6 +97,7 @@ def stack(s3_endpoint, monkeypatch):
     ec2 = client("ec2", s3_endpoint)
     parameters = {
         "Env": env, "BucketName": bucket, "ImageTag": "test", "PrefectApiUrl": PREFECT_API_URL.value(),
+        "VpcId": ec2.describe_subnets()["Subnets"][0]["VpcId"],
         "Subnets": ec2.describe_subnets()["Subnets"][0]["SubnetId"],
         "SecurityGroups": ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"],
     }  # fmt: skip
@@ -140,6 +141,8 @@ def physical_values(stack: dict, endpoint: str) -> dict[str, str]:
         if resource.get("ResourceType") == "AWS::SQS::Queue":
             attributes = sqs_client.get_queue_attributes(QueueUrl=physical, AttributeNames=["QueueArn"])["Attributes"]
             values[f"{logical}.Arn"] = attributes["QueueArn"]
+        elif resource.get("ResourceType") == "AWS::Events::Rule":
+            values[f"{logical}.Arn"] = client("events", endpoint).describe_rule(Name=physical)["Arn"]
     values["Bucket.Arn"] = f"arn:aws:s3:::{stack['bucket']}"
     return values
 

@@ -14,6 +14,7 @@ import pytest
 
 from deployments import aws
 from infra import cloudformation as cfn
+from tests.helpers.aws_stack import deploy_template, stack_parameters
 
 moto = pytest.importorskip("moto")
 
@@ -69,29 +70,19 @@ def test_a_template_cloudformation_would_refuse_is_refused_before_any_call():
 
 @pytest.fixture
 def cloud(monkeypatch):
-    """moto's AWS in this process with the artifact bucket; the parameters of a ``dev`` stack."""
+    """moto's AWS in this process; the parameters of a ``dev`` stack."""
     import boto3
 
     for name in ("AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
     with moto.mock_aws():
         session = boto3.Session(region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t")
-        session.client("s3").create_bucket(Bucket="pipelines-artifacts")
-        ec2 = session.client("ec2")
-        parameters = {
-            "Env": ENV, "BucketName": "pipelines-data-dev", "ImageTag": "1", "PrefectApiUrl": "http://prefect/api",
-            "Subnets": ec2.describe_subnets()["Subnets"][0]["SubnetId"],
-            "SecurityGroups": ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"],
-        }  # fmt: skip
-        yield session, parameters
+        yield session, stack_parameters(session, ENV, BucketName="pipelines-data-dev")
 
 
 def deploy(session, parameters: dict[str, str], dry_run: bool = False) -> dict:
     """The committed template through the artifact bucket and a change set, as the one command deploys it."""
-    body = cfn.TEMPLATE_PATH.read_text()
-    template = aws.template_argument(body, ENV, session.client("s3"), "pipelines-artifacts")
-    assert set(template) == {"TemplateURL"} and template["TemplateURL"].startswith("https://pipelines-artifacts.s3.")
-    return aws.change_set(session.client("cloudformation"), f"pipelines-{ENV}", template, parameters, dry_run)
+    return deploy_template(session, ENV, parameters, dry_run)
 
 
 def test_the_template_deploys_through_the_artifact_bucket_and_an_update_keeps_the_data(cloud):
