@@ -222,3 +222,264 @@ def pool_job_template(
     for name, value in defaults.items():
         properties[name]["default"] = value
     return template
+
+
+# --------------------------------------------------------------------------- the one command
+
+
+def say(message: str) -> None:
+    """Progress, one line on stderr (stdout carries the command's JSON result)."""
+    import sys
+
+    print(f"==> {message}", file=sys.stderr, flush=True)
+
+
+def image_tag() -> str:
+    """The image's tag: the checkout's commit, so an unchanged checkout deploys an unchanged stack."""
+    import subprocess
+
+    from infra.cloudformation import REPO_ROOT
+
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                           capture_output=True, text=True)  # fmt: skip
+    if commit.returncode != 0:
+        raise RuntimeError("not a git checkout: give --image-tag")
+    return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def ensure_repository(ecr: Any, name: str) -> tuple[str, str]:
+    """The ECR repository (scanned on push; tags stay mutable: `prefect deploy` pushes its own build of the same
+    commit under the same tag, and a Docker build is not byte-for-byte repeatable); (its URI, created|exists)."""
+    try:
+        return ecr.describe_repositories(repositoryNames=[name])["repositories"][0]["repositoryUri"], "exists"
+    except ecr.exceptions.RepositoryNotFoundException:
+        made = ecr.create_repository(repositoryName=name, imageScanningConfiguration={"scanOnPush": True})
+        return made["repository"]["repositoryUri"], "created"
+
+
+def ensure_artifact_bucket(s3: Any, name: str) -> str:
+    """The bucket templates go through: private, encrypted; created|exists."""
+    if name in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        return "exists"
+    region = s3.meta.region_name
+    s3.create_bucket(Bucket=name, **({} if region == "us-east-1" else {
+        "CreateBucketConfiguration": {"LocationConstraint": region}}))  # fmt: skip
+    private = {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
+               "RestrictPublicBuckets": True}  # fmt: skip
+    s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=private)
+    s3.put_bucket_encryption(Bucket=name, ServerSideEncryptionConfiguration={
+        "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})  # fmt: skip
+    return "created"
+
+
+def build_and_push(ecr: Any, repository: str, tag: str) -> dict[str, Any]:
+    """The Dockerfile's image built for Fargate and pushed, by prefect.yaml's own steps (prefect-docker)."""
+    import base64
+
+    from prefect_docker.deployments.steps import build_docker_image, push_docker_image
+
+    from infra.cloudformation import REPO_ROOT
+
+    token = ecr.get_authorization_token()["authorizationData"][0]
+    username, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
+    built = build_docker_image(image_name=repository, tag=tag, dockerfile=str(REPO_ROOT / "Dockerfile"),
+                               platform="linux/amd64", path=str(REPO_ROOT))  # fmt: skip
+    credentials = {"username": username, "password": password, "registry_url": token["proxyEndpoint"]}
+    push_docker_image(image_name=built["image_name"], tag=built["tag"], credentials=credentials)
+    return {"image": built["image"]}
+
+
+def deploy_state_name(env: str) -> str:
+    """The Prefect variable remembering what the last deploy of ``env`` applied (its fingerprint)."""
+    return f"pipelines_aws_{env.replace('-', '_')}"
+
+
+def fingerprint(*parts: Any) -> str:
+    """A digest of what a deploy applies to the Prefect server (image, pool template, prefect.yaml)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def apply_prefect(
+    env: str, outputs: dict[str, str], parameters: dict[str, str], region: str, image: dict[str, str]
+) -> dict[str, str]:
+    """The aws-ecs pool with the stack's defaults, the blocks, then `prefect deploy --name ecs`; each skipped when
+    the server already holds it (a Prefect variable keeps the last deploy's fingerprint)."""
+    import os
+    import subprocess
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.variables import Variable
+
+    from blocks.core import DynamoTables, ObjectStorage
+    from deployments.local_stack import ECS_WORK_POOL, ecs_base_job_template
+    from infra import cloudformation as cfn
+
+    done: dict[str, str] = {}
+    template = pool_job_template(ecs_base_job_template(), outputs, parameters, region)
+    with get_client(sync_client=True) as client:
+        try:
+            pool = client.read_work_pool(ECS_WORK_POOL)
+            if pool.base_job_template != template:
+                client.update_work_pool(ECS_WORK_POOL, WorkPoolUpdate(base_job_template=template))
+                done["pool"] = "updated"
+            else:
+                done["pool"] = "unchanged"
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=ECS_WORK_POOL, type="ecs", base_job_template=template))
+            done["pool"] = "created"
+    renamed = {logical: name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()}
+    for block, wanted in ((DynamoTables, DynamoTables(env=env, names=renamed)),
+                          (ObjectStorage, ObjectStorage(base_url=outputs["BucketUrl"]))):  # fmt: skip
+        fields = set(block.model_fields) - {"aws_credentials"}  # none in AWS: the task role grants access
+        try:
+            saved = block.load("default", validate=False).model_dump(include=fields)
+        except ValueError:
+            saved = None
+        if saved == wanted.model_dump(include=fields):
+            done[block.__name__] = "unchanged"
+        else:
+            wanted.save("default", overwrite=True)
+            done[block.__name__] = "saved"
+    state = fingerprint(image, (cfn.REPO_ROOT / "prefect.yaml").read_text(), outputs)
+    if Variable.get(deploy_state_name(env), default=None) == state:
+        done["deployments"] = "unchanged"
+        return done
+    say("prefect deploy --name ecs")
+    repository, tag = image["image"].rsplit(":", 1)
+    variables = {"PIPELINES_IMAGE_REPOSITORY": repository, "PIPELINES_IMAGE_TAG": tag,
+                 "ECS_CLUSTER": outputs["EcsCluster"], "ECS_TASK_ROLE_ARN": outputs["EcsTaskRoleArn"],
+                 "ECS_EXECUTION_ROLE_ARN": outputs["EcsExecutionRoleArn"],
+                 "PIPELINES_BUCKET_URL": outputs["BucketUrl"],
+                 "PREFECT_API_URL": parameters["PrefectApiUrl"]}  # fmt: skip
+    command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "ecs"]
+    result = subprocess.run(command, cwd=cfn.REPO_ROOT, env={**os.environ, **variables}, capture_output=True,
+                            text=True)  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError("prefect deploy --name ecs failed: " + (result.stdout + result.stderr)[-2000:])
+    Variable.set(deploy_state_name(env), state, overwrite=True)
+    done["deployments"] = "deployed"
+    return done
+
+
+def deploy(
+    env: str,
+    region: str,
+    vpc: str,
+    subnets: list[str],
+    security_groups: list[str],
+    prefect_api_url: str,
+    bucket: str | None = None,
+    api_key_secret_arn: str = "",
+    tag: str | None = None,
+    assign_public_ip: str = "DISABLED",
+    dry_run: bool = False,
+    session: Any = None,
+) -> dict[str, Any]:
+    """`pipelines aws-stack deploy`: ECR repository, image, the stack by a change set through the artifact bucket, the
+    pool, blocks and deployments on the Prefect server. Idempotent: a second run with nothing changed changes
+    nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes)."""
+    import boto3
+
+    from infra import cloudformation as cfn
+
+    session = session or boto3.Session(region_name=region)
+    account = session.client("sts").get_caller_identity()["Account"]
+    stack, tag = f"pipelines-{env}", tag or image_tag()
+    parameters = {
+        "Env": env, "BucketName": bucket or f"pipelines-{account}-{env}", "ImageTag": tag,
+        "PrefectApiUrl": prefect_api_url, "PrefectApiKeySecretArn": api_key_secret_arn, "VpcId": vpc,
+        "Subnets": ",".join(subnets), "SecurityGroups": ",".join(security_groups), "AssignPublicIp": assign_public_ip,
+    }  # fmt: skip
+    result: dict[str, Any] = {"stack": stack, "parameters": parameters}
+    s3, ecr = session.client("s3"), session.client("ecr")
+    artifacts = f"pipelines-artifacts-{account}-{region}"
+    say(f"artifact bucket {artifacts}: {ensure_artifact_bucket(s3, artifacts)}")
+    template = template_argument(cfn.TEMPLATE_PATH.read_text(), env, s3, artifacts)
+    if dry_run:
+        result["change_set"] = change_set(session.client("cloudformation"), stack, template, parameters, dry_run=True)
+        say(f"change set of {stack}: {result['change_set']['action']}, {len(result['change_set']['changes'])} changes")
+        return result
+    repository, made = ensure_repository(ecr, "pipelines")
+    say(f"ECR repository {repository}: {made}")
+    image = {"image": f"{repository}:{tag}"}
+    pushed = {i.get("imageTag") for i in ecr.list_images(repositoryName="pipelines").get("imageIds", [])}
+    if tag in pushed:  # the tag names the checkout's commit: the image of this commit is there
+        result["image"] = "unchanged"
+    else:
+        say(f"build and push {repository}:{tag}")
+        image = build_and_push(ecr, repository, tag)
+        result["image"] = "pushed"
+    say(f"change set of {stack}")
+    result["change_set"] = change_set(session.client("cloudformation"), stack, template, parameters)
+    say(f"stack {stack}: {result['change_set']['action']} ({result['change_set']['status']})")
+    outputs = stack_outputs(session.client("cloudformation"), stack)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_api_url}):  # the server the stack's workers talk to
+        result["prefect"] = apply_prefect(env, outputs, parameters, region, image)
+    say(f"prefect: {result['prefect']}")
+    return result
+
+
+KEPT_WHY = (
+    "data: RetainExceptOnCreate keeps the tables and the bucket when the stack goes; delete them yourself "
+    "(aws dynamodb delete-table, aws s3 rb --force) once nothing needs them"
+)
+
+
+def destroy(env: str, region: str, session: Any = None) -> dict[str, Any]:
+    """`pipelines aws-stack destroy`: the stack (its data kept, and said so), the artifact bucket's templates, the ECR
+    repository (the image is rebuilt from the checkout) and the aws-ecs pool's deployments on the Prefect server."""
+    import boto3
+
+    session = session or boto3.Session(region_name=region)
+    cloudformation, s3, ecr = (session.client(s) for s in ("cloudformation", "s3", "ecr"))
+    account = session.client("sts").get_caller_identity()["Account"]
+    stack, deleted, kept = f"pipelines-{env}", [], {}
+    if stack_status(cloudformation, stack):
+        for resource in cloudformation.list_stack_resources(StackName=stack)["StackResourceSummaries"]:
+            if resource["ResourceType"] in ("AWS::DynamoDB::Table", "AWS::S3::Bucket"):
+                kept[f"{resource['ResourceType']} {resource['PhysicalResourceId']}"] = KEPT_WHY
+        say(f"delete stack {stack}")
+        cloudformation.delete_stack(StackName=stack)
+        if (final := wait_for(cloudformation, stack)) != "DELETE_COMPLETE":
+            raise RuntimeError(f"stack {stack} ended {final}: " + "; ".join(failure_reasons(cloudformation, stack)))
+        deleted.append(f"stack {stack}")
+    artifacts = f"pipelines-artifacts-{account}-{region}"
+    if artifacts in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        listed = s3.list_objects_v2(Bucket=artifacts, Prefix=f"templates/pipelines-{env}/").get("Contents", [])
+        for item in listed:
+            s3.delete_object(Bucket=artifacts, Key=item["Key"])
+        deleted.append(f"{len(listed)} templates in s3://{artifacts}")
+        if not s3.list_objects_v2(Bucket=artifacts).get("KeyCount"):
+            s3.delete_bucket(Bucket=artifacts)
+            deleted.append(f"bucket {artifacts}")
+    try:
+        ecr.delete_repository(repositoryName="pipelines", force=True)
+        deleted.append("ECR repository pipelines")
+    except ecr.exceptions.RepositoryNotFoundException:
+        pass
+    deleted += delete_ecs_deployments(env)
+    return {"deleted": deleted, "kept": kept}
+
+
+def delete_ecs_deployments(env: str) -> list[str]:
+    """The aws-ecs pool's deployments (no worker serves them once the stack is gone) and the deploy's variable."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+
+    from deployments.local_stack import ECS_WORK_POOL
+
+    with get_client(sync_client=True) as client:
+        pool = WorkPoolFilter(name=WorkPoolFilterName(any_=[ECS_WORK_POOL]))
+        deployments = client.read_deployments(work_pool_filter=pool)
+        for deployment in deployments:
+            client.delete_deployment(deployment.id)
+        variable = client.read_variable_by_name(deploy_state_name(env))
+        if variable is not None:
+            client.delete_variable_by_name(deploy_state_name(env))
+    return [f"{len(deployments)} deployments of the {ECS_WORK_POOL} pool"]

@@ -183,7 +183,7 @@ def test_each_ecs_deployment_registers_and_runs_on_ecs(ecs_pool, aws, deployment
 
 
 def test_a_flow_run_on_the_stacks_pool_gets_its_network_logs_api_key_secret_and_env(ecs_pool, aws):
-    """`pipelines aws deploy` sets the pool's defaults from the stack: the flow run's task runs in the stack's
+    """`pipelines aws-stack deploy` sets the pool's defaults from the stack: the flow run's task runs in the stack's
     subnets without a public IP, logs to its flow-run log group, reads the API key from Secrets Manager (no
     plaintext override) and gets the stack's env and renamed tables."""
     from deployments.aws import pool_job_template
