@@ -59,11 +59,9 @@ WORKER_HEALTH_CHECK = {
 }  # fmt: skip
 APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
 SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
-# a listener's service runs its flow in the container's own process, with the ecs deployment's parameters
-RUN_FLOW = (
-    "import json, sys; from prefect.flows import load_flow_from_entrypoint; "
-    "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))"
-)
+# a listener's service runs one run of its ecs deployment in the container (deployments/ecs_listener.py), so the
+# run is the deployment's (the UI and landing-listener-not-running see it) and ECS alone supervises it
+LISTENER_COMMAND = ["python", "-m", "deployments.ecs_listener"]
 
 
 def sub(text: str) -> dict[str, str]:
@@ -565,13 +563,7 @@ def ecs_resources() -> dict[str, Any]:
     }  # fmt: skip
     for pipeline, deployment in listener_deployments().items():
         family = deployment["entrypoint"].split(":")[1].replace("_", "-")
-        command = [
-            "python",
-            "-c",
-            RUN_FLOW,
-            deployment["entrypoint"],
-            json.dumps(deployment["parameters"], sort_keys=True),
-        ]
+        command = [*LISTENER_COMMAND, f"{landings()[pipeline].flow}/{deployment['name']}"]
         resources[logical_id(pipeline, "listener log group")] = log_group(family)
         resources[logical_id(pipeline, "listener task definition")] = task_definition(
             family, command, "TaskRole", logical_id(pipeline, "listener log group"), True

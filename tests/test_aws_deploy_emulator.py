@@ -10,8 +10,9 @@ What moto cannot do is bridged here, each step named:
   documents are set through the SQS and S3 APIs. moto's S3 evaluates the bucket policy: a put over plain HTTP
   is refused (TLS only), so the policy is checked, then removed, since the stand-ins here speak plain HTTP;
 - DynamoDB Local stands in for the tables: each is created there from the template's own properties;
-- no container runs: the listener's command runs as a process here, with the task definition's environment plus
-  the endpoints of the stand-ins, and the merge runs inline (`merge_deployment=None`) since no ECS worker can
+- no container runs: the listener's ecs deployment's flow runs as a process here (in AWS its service runs the
+  deployment's own run: deployments/ecs_listener.py), with the task definition's environment plus the endpoints of
+  the stand-ins, and the merge runs inline (`merge_deployment=None`) since no ECS worker can
   start the `ndjson-merge/ecs` deployment's task.
 """
 
@@ -216,7 +217,10 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     command, environment = container["command"], {e["name"]: e["value"] for e in container["environment"]}
     assert environment["OBJECT_STORE_BASE_URL"] == f"s3://{bucket}/pipelines" and environment["TABLE_ENV"] == env
     assert environment[sqs.queue_url_variable("etl")] == queue_url
-    parameters = json.loads(command[4]) | {"merge_deployment": None}  # no ECS worker here: the merge runs inline
+    assert command == [*cfn.LISTENER_COMMAND, "ndjson-listen/ecs"]  # in AWS: the ecs deployment's own run
+    # here the deployment's flow with its parameters, in a process (no deployment of it on the test server)
+    deployment = cfn.listener_deployments()["etl"]
+    parameters = deployment["parameters"] | {"merge_deployment": None}  # no ECS worker here: the merge runs inline
     scratch = {k: v.replace(cfn.SCRATCH, str(tmp_path)) for k, v in environment.items() if v.startswith(cfn.SCRATCH)}
     stand_ins = {
         "AWS_ENDPOINT_URL_S3": s3_endpoint, "AWS_ENDPOINT_URL_SQS": s3_endpoint,
@@ -225,8 +229,12 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     }  # fmt: skip
     base = {k: v for k, v in child_env().items() if not k.startswith(("TABLE_", "OBJECT_STORE", "PIPELINES_"))}
     log = open(tmp_path / "listener.log", "w")
+    run_flow = (
+        "import json, sys; from prefect.flows import load_flow_from_entrypoint; "
+        "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))"
+    )
     listener = subprocess.Popen(
-        [sys.executable, *command[1:4], json.dumps(parameters)],
+        [sys.executable, "-c", run_flow, deployment["entrypoint"], json.dumps(parameters)],
         cwd=REPO_ROOT,
         env={**base, **environment, **scratch, **stand_ins},
         stdout=log,

@@ -10,6 +10,7 @@ import pytest
 
 from infra import cloudformation as cfn
 from tasks.core.registry import Landing, Pipeline, QueueSpec, default_table_names, registered, table_specs
+from tasks.core.registry import landings as registry_landings
 from tasks.core.tables import Index, TableSpec, schema_differences
 from tasks.landing import sqs
 
@@ -122,10 +123,12 @@ def test_the_worker_and_each_listener_are_services_of_one_task_never_two():
         definition = RESOURCES[service["Properties"]["TaskDefinition"]["Ref"]]["Properties"]
         commands[service["Properties"]["ServiceName"]] = definition["ContainerDefinitions"][0]["Command"]
     assert commands["prefect-worker"][:4] == ["prefect", "worker", "start", "--pool"]
-    for deployment in listeners.values():
+    for pipeline, deployment in listeners.items():
         command = commands[deployment["entrypoint"].split(":")[1].replace("_", "-")]
-        assert command[3:] == [deployment["entrypoint"], json.dumps(deployment["parameters"], sort_keys=True)]
-        assert json.loads(command[4])["source"] == "sqs"
+        flow = registry_landings()[pipeline].flow
+        assert command == ["python", "-m", "deployments.ecs_listener", f"{flow}/ecs"]  # the deployment's own run
+        assert deployment["parameters"]["source"] == "sqs"
+        assert deployment["triggers"] == []  # ECS supervises it: no trigger starts a second listener
 
 
 def test_roles_name_their_resources():
