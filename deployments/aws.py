@@ -174,8 +174,10 @@ def flow_run_environment(env: str, outputs: dict[str, str], catalog_database: st
     """What every flow-run container is configured by, from the stack: its tables' env (and the tables the stack
     renames), the store, the Glue database; the same as the listeners' task definitions carry."""
     from infra import cloudformation as cfn
+    from tasks.health.cloudwatch import ENV_VARIABLE
 
-    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], "CATALOG_DATABASE": catalog_database}
+    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], "CATALOG_DATABASE": catalog_database,
+                 ENV_VARIABLE: env}  # fmt: skip
     variables |= {
         f"TABLE_{logical.upper()}": name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()
     }

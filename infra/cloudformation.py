@@ -27,6 +27,8 @@ from tasks.core import limits
 from tasks.core.registry import default_table_names, landings, table_specs
 from tasks.core.tables import _create_request
 from tasks.etl import keys
+from tasks.health import cloudwatch as health_metrics
+from tasks.health.checks import severity_of
 from tasks.landing import sqs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -274,6 +276,54 @@ def observer_resources() -> dict[str, Any]:
     return {"FlowRunEventsQueue": queue, "FlowRunEventsRule": rule, "FlowRunEventsQueuePolicy": policy}
 
 
+def alarm_names() -> list[str]:
+    """Every alarm pipeline-health reads (tasks/health/run.py's checks), in its order."""
+    from tasks.health.run import all_checks
+
+    return [name for names in all_checks().values() for name in names]
+
+
+def monitoring_resources() -> dict[str, Any]:
+    """The cloud dashboard over pipeline-health's readings (the numbers of its Prefect artifact), the landing queues'
+    ages and the services' running tasks; each seed alarm as a CloudWatch alarm with its severity, to a topic."""
+    names = alarm_names()
+    readings = [[health_metrics.NAMESPACE, name, "Env", "${Env}"] for name in names]
+    ages = [["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", spec.names(ENV)[0]]
+            for spec in sqs.landing_queues().values()]  # fmt: skip
+    services = ["prefect-worker", *(d["entrypoint"].split(":")[1].replace("_", "-")
+                                    for d in listener_deployments().values())]  # fmt: skip
+    running = [["ECS/ContainerInsights", "RunningTaskCount", "ClusterName", "pipelines-${Env}", "ServiceName", name]
+               for name in services]  # fmt: skip
+
+    def widget(title: str, metrics: list[list[str]], y: int, stat: str = "Maximum") -> dict[str, Any]:
+        return {"type": "metric", "x": 0, "y": y, "width": 24, "height": 8, "properties": {
+            "title": title, "metrics": metrics, "stat": stat, "period": 300, "region": "${AWS::Region}",
+            "view": "timeSeries"}}  # fmt: skip
+
+    body = {"widgets": [widget("pipeline-health readings (the Prefect artifact's numbers)", readings, 0),
+                        widget("landing queues: oldest message age (s)", ages, 8),
+                        widget("services: running tasks (1 each)", running, 16, "Minimum")]}  # fmt: skip
+    resources: dict[str, Any] = {
+        "AlarmTopic": {"Type": "AWS::SNS::Topic", "Properties": {
+            "TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": "alias/aws/sns"}},
+        "Dashboard": {"Type": "AWS::CloudWatch::Dashboard", "Properties": {
+            "DashboardName": sub("pipelines-${Env}"), "DashboardBody": sub(json.dumps(body, separators=(",", ":")))}},
+    }  # fmt: skip
+    for name in names:
+        severity = severity_of(name, 1)
+        resources[logical_id("alarm", name)] = {"Type": "AWS::CloudWatch::Alarm", "Properties": {
+            "AlarmName": sub(f"pipelines-${{Env}}-{name}"),
+            "AlarmDescription": f"{severity}: pipeline-health's {name} fires (its incident and notification are on "
+                                "the Prefect server)",
+            "Namespace": health_metrics.NAMESPACE, "MetricName": health_metrics.FIRING,
+            "Dimensions": [{"Name": "Env", "Value": ref("Env")}, {"Name": "Alarm", "Value": name}],
+            "Statistic": "Maximum", "Period": 300, "EvaluationPeriods": 1, "Threshold": 1,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "TreatMissingData": "notBreaching",  # pipeline-health runs every 5 minutes; no pass, no reading
+            "AlarmActions": [ref("AlarmTopic")], "OKActions": [ref("AlarmTopic")]}}  # fmt: skip
+    return resources
+
+
 def notified_prefix(pipeline: str) -> dict[str, str]:
     """The key prefix whose created objects notify ``pipeline``'s queue: the store prefix + its input prefix."""
     return sub(f"${{StorePrefix}}/{sqs.landing_queues()[pipeline].input_prefix}")
@@ -389,6 +439,9 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
         # the health checks read the DynamoDB throttle and SQS age metrics (tasks/etl/alarms.py,
         # tasks/health/listeners.py); GetMetricStatistics takes no resource ARN
         {"Sid": "ReadMetrics", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:GetMetricStatistics"},
+        # pipeline-health puts its readings in its own namespace only (tasks/health/cloudwatch.py)
+        {"Sid": "PublishReadings", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:PutMetricData",
+         "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}}},
         # the ETL merge registers each date's partition (tasks/etl/catalog.py): Glue authorizes a call on the
         # catalog, the database and the table together
         {"Sid": "Catalog", "Effect": "Allow", "Action": [
@@ -465,6 +518,7 @@ def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> l
     """What every container is configured by: the tables' env, the store, the Prefect API, the queues."""
     variables = {
         "TABLE_ENV": ref("Env"),
+        health_metrics.ENV_VARIABLE: ref("Env"),
         "CATALOG_DATABASE": ref("CatalogDatabase"),
         "OBJECT_STORE_BASE_URL": sub("s3://${BucketName}/${StorePrefix}"),
         "PREFECT_API_URL": ref("PrefectApiUrl"),
@@ -579,7 +633,7 @@ def template() -> dict[str, Any]:
     ecs = ecs_resources()
     log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
     resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs,
-                 **observer_resources()}  # fmt: skip
+                 **observer_resources(), **monitoring_resources()}  # fmt: skip
     for resource in resources.values():
         resource.update(KEEP_DATA if resource["Type"] in DATA_TYPES else REBUILT)
     outputs = {  # what `prefect deploy --name ecs` and the blocks need (docs/aws.md, "Image, template, deployments")
@@ -589,6 +643,8 @@ def template() -> dict[str, Any]:
         "BucketUrl": {"Value": sub("s3://${Bucket}/${StorePrefix}"), "Description": "PIPELINES_BUCKET_URL"},
         "FlowRunLogGroup": {"Value": ref("FlowRunLogGroup"), "Description": "log group for the flow-run tasks"},
         "VpcId": {"Value": ref("VpcId"), "Description": "the flow runs' vpc_id (the pool's default)"},
+        "Dashboard": {"Value": ref("Dashboard"), "Description": "the CloudWatch dashboard"},
+        "AlarmTopic": {"Value": ref("AlarmTopic"), "Description": "SNS topic of the alarms: subscribe to it"},
     }
     outputs |= {
         logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}

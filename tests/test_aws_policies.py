@@ -26,6 +26,7 @@ RECORDED_MODULES = (  # the emulator tests whose calls are evaluated: the worker
     "tests/test_health_service_alarms.py",
     "tests/test_landing_sqs.py",
     "tests/test_aws_s3.py",
+    "tests/test_aws_health_metrics.py",
 )
 RECORDED_SWEEP = ("tests/test_aws_observer.py",)  # the worker's observer reading its queue (a sweep test itself)
 # parliament's community auditors flag these on purpose; each is needed and scoped
@@ -119,6 +120,10 @@ def test_the_task_role_reads_metrics_and_registers_glue_partitions(world):
     assert evaluate(world, calls) == ([], 1 + 4 * 3 + 2)
     other = Request("glue:CreatePartition", "arn:aws:glue:us-east-1:123456789012:table/other_db/t")
     assert not decide(statements_of(world, "TaskRole"), other)[0]  # the catalog grant names its database
+    put = {"service": "cloudwatch", "operation": "PutMetricData", "role": "task", "where": "tasks/health/cloudwatch.py"}
+    assert evaluate(world, [{**put, "params": {"Namespace": "Pipelines", "MetricData": []}}]) == ([], 1)
+    denied, _ = evaluate(world, [{**put, "params": {"Namespace": "AWS/DynamoDB", "MetricData": []}}])
+    assert [d[1] for d in denied] == ["cloudwatch:PutMetricData"]  # only pipeline-health's own namespace
 
 
 def test_conditions_hold_as_iam_evaluates_them():
@@ -163,6 +168,7 @@ def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tm
         ("listener", "sqs:ReceiveMessage"),
         ("task", "dynamodb:TransactWriteItems"),
         ("task", "s3:PutObject"),
+        ("task", "cloudwatch:PutMetricData"),  # pipeline-health's readings
         ("worker", "sqs:ReceiveMessage"),  # the observer
         ("worker", "ecs:DescribeTasks"),
     } <= made

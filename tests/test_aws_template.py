@@ -141,7 +141,10 @@ def test_roles_name_their_resources():
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             assert not [a for a in actions if "*" in a], (name, actions)
             if name == "TaskRole" and statement["Resource"] == "*":  # only actions that take no resource ARN
-                assert actions == ["cloudwatch:GetMetricStatistics"], statement
+                assert actions in (["cloudwatch:GetMetricStatistics"], ["cloudwatch:PutMetricData"]), statement
+                assert actions[0].endswith("Statistics") or statement["Condition"] == {
+                    "StringEquals": {"cloudwatch:namespace": "Pipelines"}
+                }  # readings put only in pipeline-health's namespace
             elif name == "TaskRole":
                 assert "*" not in json.dumps(statement["Resource"]).replace("/*", "").replace("index/*", ""), statement
     trust = roles["TaskRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]
