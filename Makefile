@@ -7,7 +7,7 @@ export AWS_ACCESS_KEY_ID ?= local
 export AWS_SECRET_ACCESS_KEY ?= local
 export AWS_DEFAULT_REGION ?= us-east-1
 
-.PHONY: install lint-tools lint format up down status demo test test-sweep bench clean-data
+.PHONY: install lint-tools lint format up down status demo test test-sweep bench clean-data deploy-aws destroy-aws
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is missing: install it (pyenv install 3.11, or apt-get install python3.11)"; exit 1; }
@@ -66,6 +66,16 @@ test-sweep: install lint-tools
 
 bench: install
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# one environment in AWS (docs/aws.md): make deploy-aws ENV=dev VPC=vpc-… SUBNETS=subnet-…,subnet-… SECURITY_GROUPS=sg-…
+# (DRY_RUN=1 prints the change set; PREFECT_API_URL and AWS credentials from the environment)
+deploy-aws: install
+	$(PY) -m deployments.cli aws-stack deploy --env $(ENV) --vpc $(VPC) --subnets $(SUBNETS) \
+	  --security-groups $(SECURITY_GROUPS) $(if $(API_KEY_SECRET_ARN),--api-key-secret-arn $(API_KEY_SECRET_ARN)) \
+	  $(if $(DRY_RUN),--dry-run)
+
+destroy-aws: install
+	$(PY) -m deployments.cli aws-stack destroy --env $(ENV)
 
 clean-data: down
 	rm -rf .data

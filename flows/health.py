@@ -16,6 +16,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows.policies import HEAVY_RETRIES, pipeline_flow
 from tasks.core.redact import redact_logs
 from tasks.core.runtime import quick_heartbeat_exit
+from tasks.health.cloudwatch import publish_readings
 from tasks.health.dashboard import dashboard
 from tasks.health.run import check_health
 
@@ -24,6 +25,7 @@ redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never
 
 check_task = task(check_health, name="check-health", **HEAVY_RETRIES)
 dashboard_task = task(dashboard, name="dashboard", **HEAVY_RETRIES)
+publish_task = task(publish_readings, name="publish-readings", **HEAVY_RETRIES)  # CloudWatch, in AWS
 
 
 @pipeline_flow("pipeline-health")
@@ -39,6 +41,7 @@ def pipeline_health(notify_block: str | None = None) -> list[dict[str, Any]]:
     )
     markdown, _ = dashboard_task({r["name"]: r["value"] for r in rows})
     create_markdown_artifact(key="pipeline-dashboard", markdown=markdown, description="All pipelines, last 24 hours")
+    publish_task(rows)  # the cloud dashboard's numbers are the artifact's
     for row in firing:
         get_run_logger().warning(
             "%s %s: %s (incident %s, notified %s)",

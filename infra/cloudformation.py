@@ -19,12 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prefect_aws.observers.ecs import SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS
+from prefect_aws.settings import EcsObserverSqsSettings
 
 from blocks.etl import EtlSettings
 from tasks.core import limits
 from tasks.core.registry import default_table_names, landings, table_specs
 from tasks.core.tables import _create_request
 from tasks.etl import keys
+from tasks.health import cloudwatch as health_metrics
+from tasks.health.checks import severity_of
 from tasks.landing import sqs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -36,13 +40,30 @@ LOG_RETENTION_DAYS = limits.PREFECT_RETENTION_DAYS  # seed 001: log_retention_da
 OBJECT_RETENTION_DAYS = EtlSettings.model_fields["ttl_days"].default
 INCOMPLETE_UPLOAD_DAYS = 1  # a writer killed mid-upload leaves parts no reader sees but S3 bills
 NONCURRENT_VERSION_DAYS = 7  # an overwritten or deleted object can be restored for a week
+QUEUE_RETENTION_S = 4 * 24 * 3600  # SQS's default, stated: an arrival not taken in 4 days goes (its object stays)
+# what happens to a resource when the stack deletes or replaces it, chosen per kind:
+# - the data (tables, bucket): kept when the stack is deleted or the resource replaced, but removed when the stack's
+#   own first create rolls back (nothing was written yet), so a retried create does not collide with its leftovers
+# - everything else (queues, roles, logs kept 3 days, the cluster, services): rebuilt from this template, so deleted
+KEEP_DATA = {"DeletionPolicy": "RetainExceptOnCreate", "UpdateReplacePolicy": "Retain"}
+REBUILT = {"DeletionPolicy": "Delete", "UpdateReplacePolicy": "Delete"}
+DATA_TYPES = ("AWS::DynamoDB::Table", "AWS::S3::Bucket")
+# prefect-aws's ECS worker learns that a flow-run task stopped from ECS task state changes that an EventBridge rule
+# sends to this queue; its observer reads it (named by PREFECT_INTEGRATIONS_AWS_ECS_OBSERVER_SQS_QUEUE_NAME)
+OBSERVER_QUEUE = EcsObserverSqsSettings.model_fields["queue_name"].default + "-${Env}"
+OBSERVER_SETTINGS = "PREFECT_INTEGRATIONS_AWS_ECS_OBSERVER_SQS_"
+# the worker's own health server (`prefect worker start --with-healthcheck`, PREFECT_WORKER_WEBSERVER_PORT 8080)
+# answers 200 while its polling loop is alive: ECS replaces a worker that stops polling, not only one that exits
+WORKER_HEALTH_CHECK = {
+    "Command": ["CMD", "python", "-c",
+                "import urllib.request; urllib.request.urlopen('http://localhost:8080/health', timeout=5)"],
+    "Interval": 30, "Timeout": 10, "Retries": 3, "StartPeriod": 120,
+}  # fmt: skip
 APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
 SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
-# a listener's service runs its flow in the container's own process, with the ecs deployment's parameters
-RUN_FLOW = (
-    "import json, sys; from prefect.flows import load_flow_from_entrypoint; "
-    "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))"
-)
+# a listener's service runs one run of its ecs deployment in the container (deployments/ecs_listener.py), so the
+# run is the deployment's (the UI and landing-listener-not-running see it) and ECS alone supervises it
+LISTENER_COMMAND = ["python", "-m", "deployments.ecs_listener"]
 
 
 def sub(text: str) -> dict[str, str]:
@@ -55,9 +76,14 @@ def ref(name: str) -> dict[str, str]:
     return {"Ref": name}
 
 
+def get_att(logical: str, attribute: str) -> dict[str, list[str]]:
+    """``Fn::GetAtt [logical, attribute]``."""
+    return {"Fn::GetAtt": [logical, attribute]}
+
+
 def arn(logical: str) -> dict[str, list[str]]:
     """``Fn::GetAtt [logical, Arn]``."""
-    return {"Fn::GetAtt": [logical, "Arn"]}
+    return get_att(logical, "Arn")
 
 
 def logical_id(*parts: str) -> str:
@@ -127,10 +153,20 @@ def parameters() -> dict[str, Any]:
             "Default": "",
             "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)",
         },
-        "Subnets": {"Type": "List<AWS::EC2::Subnet::Id>", "Description": "Subnets of the worker and listener tasks"},
+        "VpcId": {"Type": "AWS::EC2::VPC::Id", "Description": "The VPC of the subnets (the flow runs' vpc_id)"},
+        "Subnets": {
+            "Type": "List<AWS::EC2::Subnet::Id>",
+            "Description": "Subnets of the worker, the listeners and the flow-run tasks",
+        },
         "SecurityGroups": {
             "Type": "List<AWS::EC2::SecurityGroup::Id>",
-            "Description": "Security groups of those tasks",
+            "Description": "Security groups of those tasks (the flow runs' too)",
+        },
+        "CatalogDatabase": {
+            "Type": "String",
+            "Default": EtlSettings.model_fields["catalog_database"].default,
+            "AllowedPattern": "[a-z0-9_]+",
+            "Description": "Glue database the ETL merge registers its Parquet partitions in (CATALOG_DATABASE)",
         },
         "AssignPublicIp": {
             "Type": "String",
@@ -144,22 +180,31 @@ def parameters() -> dict[str, Any]:
 # --------------------------------------------------------------------------- state: tables, bucket, queues
 
 
+def stack_table_names() -> dict[str, str]:
+    """Logical table -> its name in the stack, ``${Env}`` in every one: the seeds' env-suffixed names as they are,
+    the others (``granules``, ``ecs_task``, …) with ``-${Env}`` appended, so two environments share an account."""
+    return {logical: name if ENV in name else f"{name}-{ENV}" for logical, name in default_table_names(ENV).items()}
+
+
+def renamed_tables() -> dict[str, str]:
+    """The tables whose stack name is not the seed's ``{env}`` name: the containers get them as ``TABLE_<LOGICAL>``."""
+    seeds = default_table_names(ENV)
+    return {logical: name for logical, name in stack_table_names().items() if name != seeds[logical]}
+
+
 def table_resources() -> dict[str, Any]:
     """One AWS::DynamoDB::Table per table_specs() entry, keyed and indexed as ``ensure_tables`` creates it."""
-    names = default_table_names(ENV)
+    names = stack_table_names()
     resources = {}
     for logical, spec in table_specs().items():
         properties = _create_request(names[logical], spec)
-        properties["TableName"] = (
-            sub(properties["TableName"]) if ENV in properties["TableName"] else properties["TableName"]
-        )
+        properties["TableName"] = sub(properties["TableName"])
         properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
         properties["SSESpecification"] = {"SSEEnabled": True}
         if spec.ttl_attribute:
             properties["TimeToLiveSpecification"] = {"AttributeName": spec.ttl_attribute, "Enabled": True}
         resources[logical_id("table", logical)] = {
-            "Type": "AWS::DynamoDB::Table", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
-            "Properties": properties,
+            "Type": "AWS::DynamoDB::Table", "Properties": properties,
             "Metadata": skip(("CKV_AWS_119", "encrypted at rest with the AWS owned key (SSEEnabled); a customer key "
                                              "is a per-account choice this template leaves to its owner")),
         }  # fmt: skip
@@ -193,6 +238,7 @@ def queue_resources() -> dict[str, Any]:
         redrive["deadLetterTargetArn"] = arn(dlq_id)
         resources[queue_id] = {"Type": "AWS::SQS::Queue", "Properties": {
             "QueueName": sub(queue), **{k: int(v) for k, v in attributes.items()}, "RedrivePolicy": redrive,
+            "MessageRetentionPeriod": QUEUE_RETENTION_S,
             "SqsManagedSseEnabled": True}, "Metadata": encrypted}  # fmt: skip
         if spec.mode == sqs.OBJECTS:
             resources[logical_id(pipeline, "queue policy")] = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
@@ -202,6 +248,79 @@ def queue_resources() -> dict[str, Any]:
                     "Action": "sqs:SendMessage", "Resource": arn(queue_id),
                     "Condition": {"ArnLike": {"aws:SourceArn": sub("arn:${AWS::Partition}:s3:::${BucketName}")},
                                   "StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}}}]}}}  # fmt: skip
+    return resources
+
+
+def observer_resources() -> dict[str, Any]:
+    """The ECS task state changes of the cluster's tasks, sent by an EventBridge rule to the queue prefect-aws's
+    observer reads (in the worker): a stopped flow-run task's run is marked Crashed, as a process worker does."""
+    queue = {"Type": "AWS::SQS::Queue", "Properties": {
+        "QueueName": sub(OBSERVER_QUEUE), "VisibilityTimeout": SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS,
+        "ReceiveMessageWaitTimeSeconds": sqs.MAX_WAIT_S, "MessageRetentionPeriod": QUEUE_RETENTION_S,
+        "SqsManagedSseEnabled": True},
+        "Metadata": skip(("CKV_AWS_27", "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): EventBridge "
+                                        "sends to it without a KMS grant"))}  # fmt: skip
+    rule = {"Type": "AWS::Events::Rule", "Properties": {
+        "Name": sub("pipelines-${Env}-ecs-task-state"),
+        "Description": "ECS task state changes of the cluster, for prefect-aws's observer (crash detection)",
+        "State": "ENABLED",
+        "EventPattern": {"source": ["aws.ecs"], "detail-type": ["ECS Task State Change"],
+                         "detail": {"clusterArn": [arn("Cluster")]}},
+        "Targets": [{"Id": "prefect-ecs-observer", "Arn": arn("FlowRunEventsQueue")}]}}  # fmt: skip
+    policy = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
+        "Queues": [ref("FlowRunEventsQueue")],
+        "PolicyDocument": {"Version": "2012-10-17", "Statement": [{
+            "Sid": "RuleSendsTaskStateChanges", "Effect": "Allow", "Principal": {"Service": "events.amazonaws.com"},
+            "Action": "sqs:SendMessage", "Resource": arn("FlowRunEventsQueue"),
+            "Condition": {"ArnEquals": {"aws:SourceArn": arn("FlowRunEventsRule")}}}]}}}  # fmt: skip
+    return {"FlowRunEventsQueue": queue, "FlowRunEventsRule": rule, "FlowRunEventsQueuePolicy": policy}
+
+
+def alarm_names() -> list[str]:
+    """Every alarm pipeline-health reads (tasks/health/run.py's checks), in its order."""
+    from tasks.health.run import all_checks
+
+    return [name for names in all_checks().values() for name in names]
+
+
+def monitoring_resources() -> dict[str, Any]:
+    """The cloud dashboard over pipeline-health's readings (the numbers of its Prefect artifact), the landing queues'
+    ages and the services' running tasks; each seed alarm as a CloudWatch alarm with its severity, to a topic."""
+    names = alarm_names()
+    readings = [[health_metrics.NAMESPACE, name, "Env", "${Env}"] for name in names]
+    ages = [["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", spec.names(ENV)[0]]
+            for spec in sqs.landing_queues().values()]  # fmt: skip
+    services = ["prefect-worker", *(d["entrypoint"].split(":")[1].replace("_", "-")
+                                    for d in listener_deployments().values())]  # fmt: skip
+    running = [["ECS/ContainerInsights", "RunningTaskCount", "ClusterName", "pipelines-${Env}", "ServiceName", name]
+               for name in services]  # fmt: skip
+
+    def widget(title: str, metrics: list[list[str]], y: int, stat: str = "Maximum") -> dict[str, Any]:
+        return {"type": "metric", "x": 0, "y": y, "width": 24, "height": 8, "properties": {
+            "title": title, "metrics": metrics, "stat": stat, "period": 300, "region": "${AWS::Region}",
+            "view": "timeSeries"}}  # fmt: skip
+
+    body = {"widgets": [widget("pipeline-health readings (the Prefect artifact's numbers)", readings, 0),
+                        widget("landing queues: oldest message age (s)", ages, 8),
+                        widget("services: running tasks (1 each)", running, 16, "Minimum")]}  # fmt: skip
+    resources: dict[str, Any] = {
+        "AlarmTopic": {"Type": "AWS::SNS::Topic", "Properties": {
+            "TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": "alias/aws/sns"}},
+        "Dashboard": {"Type": "AWS::CloudWatch::Dashboard", "Properties": {
+            "DashboardName": sub("pipelines-${Env}"), "DashboardBody": sub(json.dumps(body, separators=(",", ":")))}},
+    }  # fmt: skip
+    for name in names:
+        severity = severity_of(name, 1)
+        resources[logical_id("alarm", name)] = {"Type": "AWS::CloudWatch::Alarm", "Properties": {
+            "AlarmName": sub(f"pipelines-${{Env}}-{name}"),
+            "AlarmDescription": f"{severity}: pipeline-health's {name} fires (its incident and notification are on "
+                                "the Prefect server)",
+            "Namespace": health_metrics.NAMESPACE, "MetricName": health_metrics.FIRING,
+            "Dimensions": [{"Name": "Env", "Value": ref("Env")}, {"Name": "Alarm", "Value": name}],
+            "Statistic": "Maximum", "Period": 300, "EvaluationPeriods": 1, "Threshold": 1,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+            "TreatMissingData": "notBreaching",  # pipeline-health runs every 5 minutes; no pass, no reading
+            "AlarmActions": [ref("AlarmTopic")], "OKActions": [ref("AlarmTopic")]}}  # fmt: skip
     return resources
 
 
@@ -239,7 +358,7 @@ def bucket_resources() -> dict[str, Any]:
         for name, prefix in expiring.items()
     ]
     bucket = {
-        "Type": "AWS::S3::Bucket", "DeletionPolicy": "Retain", "UpdateReplacePolicy": "Retain",
+        "Type": "AWS::S3::Bucket",
         "DependsOn": [logical_id(p, "queue policy") for p in object_pipelines],  # S3 checks it may send when configured
         "Properties": {
             "BucketName": ref("BucketName"),
@@ -317,22 +436,42 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
         {"Sid": "Arrivals", "Effect": "Allow", "Resource": queues + dead_letters, "Action": [
             "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes",
             "sqs:GetQueueUrl"]},
+        # the health checks read the DynamoDB throttle and SQS age metrics (tasks/etl/alarms.py,
+        # tasks/health/listeners.py); GetMetricStatistics takes no resource ARN
+        {"Sid": "ReadMetrics", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:GetMetricStatistics"},
+        # pipeline-health puts its readings in its own namespace only (tasks/health/cloudwatch.py)
+        {"Sid": "PublishReadings", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:PutMetricData",
+         "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}}},
+        # the ETL merge registers each date's partition (tasks/etl/catalog.py): Glue authorizes a call on the
+        # catalog, the database and the table together
+        {"Sid": "Catalog", "Effect": "Allow", "Action": [
+            "glue:GetDatabase", "glue:CreateDatabase", "glue:GetTable", "glue:CreateTable", "glue:UpdateTable",
+            "glue:GetPartition", "glue:CreatePartition", "glue:UpdatePartition"], "Resource": [
+            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:catalog"),
+            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:database/${CatalogDatabase}"),
+            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:table/${CatalogDatabase}/*")]},
     ]  # fmt: skip
     cluster_tasks = sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*")
     on_cluster = {"ArnEquals": {"ecs:cluster": arn("Cluster")}}
     worker = [
+        {"Sid": "RegisterTaskDefinitions", "Effect": "Allow", "Action": "ecs:RegisterTaskDefinition",
+         "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*")},
         {"Sid": "TaskDefinitions", "Effect": "Allow", "Resource": "*", "Action": [
-            "ecs:RegisterTaskDefinition", "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition",
-            "ecs:ListTaskDefinitions"]},
-        {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": ["ecs:RunTask", "ecs:TagResource"],
-         "Resource": [
-             sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"), cluster_tasks],
+            "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition", "ecs:ListTaskDefinitions"]},
+        {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": "ecs:RunTask",
+         "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"),
          "Condition": on_cluster},
+        # prefect-aws tags every task it runs; tag-on-create is authorized as ecs:TagResource, whose requests carry
+        # no ecs:cluster key (Service Authorization Reference): the task ARN names the cluster instead
+        {"Sid": "TagFlowRunsAtLaunch", "Effect": "Allow", "Action": "ecs:TagResource", "Resource": cluster_tasks,
+         "Condition": {"StringEquals": {"ecs:CreateAction": "RunTask"}}},
         {"Sid": "WatchFlowRuns", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
          "Resource": cluster_tasks, "Condition": on_cluster},
         {"Sid": "PassFlowRunRoles", "Effect": "Allow", "Action": "iam:PassRole",
          "Resource": [arn("TaskRole"), arn("ExecutionRole")],
          "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}},
+        {"Sid": "ObserveFlowRuns", "Effect": "Allow", "Resource": arn("FlowRunEventsQueue"), "Action": [
+            "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"]},
         {"Sid": "Network", "Effect": "Allow", "Resource": "*",
          "Action": ["ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"]},
         {"Sid": "FlowRunLogs", "Effect": "Allow", "Action": ["logs:GetLogEvents"],
@@ -341,8 +480,8 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
     wildcard_reasons = (
         (
             "CKV_AWS_111",
-            "ecs:RegisterTaskDefinition and ecs:DeregisterTaskDefinition take no resource ARN (AWS's "
-            "service authorization reference): the worker registers one per deployment version",
+            "ecs:DescribeTaskDefinition, DeregisterTaskDefinition and ListTaskDefinitions take no resource ARN "
+            "(AWS's service authorization reference): the worker reads and retires its own revisions",
         ),
         (
             "CKV_AWS_356",
@@ -375,10 +514,12 @@ def log_group(name: str) -> dict[str, Any]:
                             "server too"))}  # fmt: skip
 
 
-def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
+def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """What every container is configured by: the tables' env, the store, the Prefect API, the queues."""
     variables = {
         "TABLE_ENV": ref("Env"),
+        health_metrics.ENV_VARIABLE: ref("Env"),
+        "CATALOG_DATABASE": ref("CatalogDatabase"),
         "OBJECT_STORE_BASE_URL": sub("s3://${BucketName}/${StorePrefix}"),
         "PREFECT_API_URL": ref("PrefectApiUrl"),
         "AWS_DEFAULT_REGION": ref("AWS::Region"),
@@ -386,19 +527,28 @@ def environment(pipeline_queues: bool) -> list[dict[str, Any]]:
         "PREFECT_HOME": f"{SCRATCH}/prefect",
         "NUMBA_CACHE_DIR": f"{SCRATCH}/numba",
     }
+    variables |= {f"TABLE_{logical.upper()}": sub(name) for logical, name in renamed_tables().items()}
     if pipeline_queues:
         variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.landing_queues()}
+    variables |= extra or {}
     return [{"Name": name, "Value": value} for name, value in variables.items()]
 
 
 def task_definition(
-    family: str, command: list[str], role: str, log_group_id: str, pipeline_queues: bool
+    family: str,
+    command: list[str],
+    role: str,
+    log_group_id: str,
+    pipeline_queues: bool,
+    extra: dict[str, Any] | None = None,
+    health_check: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A Fargate task definition of the image running ``command`` as the image's non-root user."""
     container = {
         "Name": family,
         "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
-        "Essential": True, "Command": command, "WorkingDirectory": APP_DIR, "Environment": environment(pipeline_queues),
+        "Essential": True, "Command": command, "WorkingDirectory": APP_DIR,
+        "Environment": environment(pipeline_queues, extra),
         "Secrets": {"Fn::If": [
             "HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
             ref("AWS::NoValue")]},
@@ -406,6 +556,8 @@ def task_definition(
         "LogConfiguration": {"LogDriver": "awslogs", "Options": {
             "awslogs-group": ref(log_group_id), "awslogs-region": ref("AWS::Region"), "awslogs-stream-prefix": family}},
     }  # fmt: skip
+    if health_check:
+        container["HealthCheck"] = health_check
     return {"Type": "AWS::ECS::TaskDefinition", "Properties": {
         "Family": sub(f"pipelines-${{Env}}-{family}"), "RequiresCompatibilities": ["FARGATE"], "NetworkMode": "awsvpc",
         "Cpu": "1024", "Memory": "4096", "ExecutionRoleArn": arn("ExecutionRole"), "TaskRoleArn": arn(role),
@@ -441,6 +593,14 @@ def service(name: str, definition: str) -> dict[str, Any]:
     }
 
 
+def observer_environment() -> dict[str, Any]:
+    """The worker's settings naming its observer's queue (prefect-aws reads them when the worker starts)."""
+    return {
+        f"{OBSERVER_SETTINGS}QUEUE_NAME": get_att("FlowRunEventsQueue", "QueueName"),
+        f"{OBSERVER_SETTINGS}QUEUE_REGION": ref("AWS::Region"),
+    }
+
+
 def ecs_resources() -> dict[str, Any]:
     """The cluster, the Prefect worker of the ecs pool and one listener per seed queue, each a service of one task."""
     pool = prefect_config()["definitions"]["work_pools"]["ecs"]["name"]
@@ -451,19 +611,13 @@ def ecs_resources() -> dict[str, Any]:
         "FlowRunLogGroup": log_group("flow-runs"),
         "WorkerLogGroup": log_group("worker"),
         "WorkerTaskDefinition": task_definition(
-            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs"], "WorkerRole", "WorkerLogGroup",
-            False),
+            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs", "--with-healthcheck"],
+            "WorkerRole", "WorkerLogGroup", False, observer_environment(), WORKER_HEALTH_CHECK),
         "WorkerService": service("prefect-worker", "WorkerTaskDefinition"),
     }  # fmt: skip
     for pipeline, deployment in listener_deployments().items():
         family = deployment["entrypoint"].split(":")[1].replace("_", "-")
-        command = [
-            "python",
-            "-c",
-            RUN_FLOW,
-            deployment["entrypoint"],
-            json.dumps(deployment["parameters"], sort_keys=True),
-        ]
+        command = [*LISTENER_COMMAND, f"{landings()[pipeline].flow}/{deployment['name']}"]
         resources[logical_id(pipeline, "listener log group")] = log_group(family)
         resources[logical_id(pipeline, "listener task definition")] = task_definition(
             family, command, "TaskRole", logical_id(pipeline, "listener log group"), True
@@ -478,13 +632,19 @@ def template() -> dict[str, Any]:
     """The whole environment's CloudFormation template."""
     ecs = ecs_resources()
     log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
-    resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs}
+    resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs,
+                 **observer_resources(), **monitoring_resources()}  # fmt: skip
+    for resource in resources.values():
+        resource.update(KEEP_DATA if resource["Type"] in DATA_TYPES else REBUILT)
     outputs = {  # what `prefect deploy --name ecs` and the blocks need (docs/aws.md, "Image, template, deployments")
         "EcsCluster": {"Value": ref("Cluster"), "Description": "ECS_CLUSTER"},
         "EcsTaskRoleArn": {"Value": arn("TaskRole"), "Description": "ECS_TASK_ROLE_ARN"},
         "EcsExecutionRoleArn": {"Value": arn("ExecutionRole"), "Description": "ECS_EXECUTION_ROLE_ARN"},
         "BucketUrl": {"Value": sub("s3://${Bucket}/${StorePrefix}"), "Description": "PIPELINES_BUCKET_URL"},
         "FlowRunLogGroup": {"Value": ref("FlowRunLogGroup"), "Description": "log group for the flow-run tasks"},
+        "VpcId": {"Value": ref("VpcId"), "Description": "the flow runs' vpc_id (the pool's default)"},
+        "Dashboard": {"Value": ref("Dashboard"), "Description": "the CloudWatch dashboard"},
+        "AlarmTopic": {"Value": ref("AlarmTopic"), "Description": "SNS topic of the alarms: subscribe to it"},
     }
     outputs |= {
         logical_id(p, "queue url"): {"Value": ref(logical_id(p, "queue")), "Description": sqs.queue_url_variable(p)}

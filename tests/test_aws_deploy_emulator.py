@@ -10,8 +10,9 @@ What moto cannot do is bridged here, each step named:
   documents are set through the SQS and S3 APIs. moto's S3 evaluates the bucket policy: a put over plain HTTP
   is refused (TLS only), so the policy is checked, then removed, since the stand-ins here speak plain HTTP;
 - DynamoDB Local stands in for the tables: each is created there from the template's own properties;
-- no container runs: the listener's command runs as a process here, with the task definition's environment plus
-  the endpoints of the stand-ins, and the merge runs inline (`merge_deployment=None`) since no ECS worker can
+- no container runs: the listener's ecs deployment's flow runs as a process here (in AWS its service runs the
+  deployment's own run: deployments/ecs_listener.py), with the task definition's environment plus the endpoints of
+  the stand-ins, and the merge runs inline (`merge_deployment=None`) since no ECS worker can
   start the `ndjson-merge/ecs` deployment's task.
 """
 
@@ -40,6 +41,7 @@ from tests.helpers.crashpoints import REPO_ROOT, child_env
 DAY = "2026-02-01"
 ACCOUNT = "123456789012"  # moto's account
 POLICIES = ("AWS::SQS::QueuePolicy", "AWS::S3::BucketPolicy")  # types moto's CloudFormation leaves out
+LEFT_OUT = (*POLICIES, "AWS::CloudWatch::Alarm")  # likewise (tests/test_aws_health_metrics.py reads their metric)
 
 
 def client(service: str, endpoint: str):
@@ -97,6 +99,7 @@ def stack(s3_endpoint, monkeypatch):
     ec2 = client("ec2", s3_endpoint)
     parameters = {
         "Env": env, "BucketName": bucket, "ImageTag": "test", "PrefectApiUrl": PREFECT_API_URL.value(),
+        "VpcId": ec2.describe_subnets()["Subnets"][0]["VpcId"],
         "Subnets": ec2.describe_subnets()["Subnets"][0]["SubnetId"],
         "SecurityGroups": ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"],
     }  # fmt: skip
@@ -140,6 +143,8 @@ def physical_values(stack: dict, endpoint: str) -> dict[str, str]:
         if resource.get("ResourceType") == "AWS::SQS::Queue":
             attributes = sqs_client.get_queue_attributes(QueueUrl=physical, AttributeNames=["QueueArn"])["Attributes"]
             values[f"{logical}.Arn"] = attributes["QueueArn"]
+        elif resource.get("ResourceType") == "AWS::Events::Rule":
+            values[f"{logical}.Arn"] = client("events", endpoint).describe_rule(Name=physical)["Arn"]
     values["Bucket.Arn"] = f"arn:aws:s3:::{stack['bucket']}"
     return values
 
@@ -149,8 +154,9 @@ def physical_values(stack: dict, endpoint: str) -> dict[str, str]:
 def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack, s3_endpoint, tmp_path, monkeypatch):
     template = json.loads(cfn.TEMPLATE_PATH.read_text())
     policies = [n for n, r in template["Resources"].items() if r["Type"] in POLICIES]
+    left_out = [n for n, r in template["Resources"].items() if r["Type"] in LEFT_OUT]
     made = [r["LogicalResourceId"] for r in stack["resources"]]
-    assert sorted(made) == sorted([n for n in template["Resources"] if n not in policies] + [""] * len(policies))
+    assert sorted(made) == sorted([n for n in template["Resources"] if n not in left_out] + [""] * len(left_out))
     assert {r["ResourceStatus"] for r in stack["resources"]} == {"CREATE_COMPLETE"}
     values = physical_values(stack, s3_endpoint)
     env, bucket = stack["env"], stack["bucket"]
@@ -213,7 +219,10 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     command, environment = container["command"], {e["name"]: e["value"] for e in container["environment"]}
     assert environment["OBJECT_STORE_BASE_URL"] == f"s3://{bucket}/pipelines" and environment["TABLE_ENV"] == env
     assert environment[sqs.queue_url_variable("etl")] == queue_url
-    parameters = json.loads(command[4]) | {"merge_deployment": None}  # no ECS worker here: the merge runs inline
+    assert command == [*cfn.LISTENER_COMMAND, "ndjson-listen/ecs"]  # in AWS: the ecs deployment's own run
+    # here the deployment's flow with its parameters, in a process (no deployment of it on the test server)
+    deployment = cfn.listener_deployments()["etl"]
+    parameters = deployment["parameters"] | {"merge_deployment": None}  # no ECS worker here: the merge runs inline
     scratch = {k: v.replace(cfn.SCRATCH, str(tmp_path)) for k, v in environment.items() if v.startswith(cfn.SCRATCH)}
     stand_ins = {
         "AWS_ENDPOINT_URL_S3": s3_endpoint, "AWS_ENDPOINT_URL_SQS": s3_endpoint,
@@ -222,8 +231,12 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     }  # fmt: skip
     base = {k: v for k, v in child_env().items() if not k.startswith(("TABLE_", "OBJECT_STORE", "PIPELINES_"))}
     log = open(tmp_path / "listener.log", "w")
+    run_flow = (
+        "import json, sys; from prefect.flows import load_flow_from_entrypoint; "
+        "load_flow_from_entrypoint(sys.argv[1])(**json.loads(sys.argv[2]))"
+    )
     listener = subprocess.Popen(
-        [sys.executable, *command[1:4], json.dumps(parameters)],
+        [sys.executable, "-c", run_flow, deployment["entrypoint"], json.dumps(parameters)],
         cwd=REPO_ROOT,
         env={**base, **environment, **scratch, **stand_ins},
         stdout=log,

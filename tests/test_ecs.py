@@ -178,8 +178,43 @@ def test_each_ecs_deployment_registers_and_runs_on_ecs(ecs_pool, aws, deployment
     assert task["launchType"] == "FARGATE" and task["overrides"]["taskRoleArn"] == AWS_ENV["ECS_TASK_ROLE_ARN"]
     override = task["overrides"]["containerOverrides"][0]
     env = {e["name"]: e["value"] for e in override["environment"]}
-    assert env["TABLE_ENV"] == "prod" and env["OBJECT_STORE_BASE_URL"] == AWS_ENV["PIPELINES_BUCKET_URL"]
+    assert not {"TABLE_ENV", "OBJECT_STORE_BASE_URL"} & set(env)  # the stack's pool defaults carry them
     assert "PREFECT__FLOW_RUN_ID" in env and override["name"] == container["name"]
+
+
+def test_a_flow_run_on_the_stacks_pool_gets_its_network_logs_api_key_secret_and_env(ecs_pool, aws):
+    """`pipelines aws-stack deploy` sets the pool's defaults from the stack: the flow run's task runs in the stack's
+    subnets without a public IP, logs to its flow-run log group, reads the API key from Secrets Manager (no
+    plaintext override) and gets the stack's env and renamed tables."""
+    from deployments.aws import pool_job_template
+
+    outputs = {"EcsCluster": AWS_ENV["ECS_CLUSTER"], "EcsTaskRoleArn": AWS_ENV["ECS_TASK_ROLE_ARN"],
+               "EcsExecutionRoleArn": AWS_ENV["ECS_EXECUTION_ROLE_ARN"], "BucketUrl": "s3://pipelines-data-dev/pipelines",
+               "FlowRunLogGroup": "/pipelines/dev/flow-runs"}  # fmt: skip
+    secret = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:prefect-api-key-AbCdEf"
+    subnets = aws.client("ec2").describe_subnets()["Subnets"][:2]
+    parameters = {"Env": "dev", "VpcId": subnets[0]["VpcId"], "Subnets": ",".join(s["SubnetId"] for s in subnets),
+                  "SecurityGroups": "sg-1", "PrefectApiKeySecretArn": secret}  # fmt: skip
+    template = pool_job_template(ecs_pool.base_job_template, outputs, parameters, "us-east-1")
+    deployment = json.loads(json.dumps(ECS_DEPLOYMENTS[0]))
+    for name in ("cluster", "task_role_arn", "execution_role_arn"):  # what the pool holds is enough
+        deployment["work_pool"]["job_variables"].pop(name)
+    from prefect.settings import PREFECT_API_KEY, temporary_settings
+
+    with temporary_settings({PREFECT_API_KEY: "pnu_the_workers_own"}):  # the worker's, from its definition's secret
+        submitted = submit(ecs_pool.model_copy(update={"base_job_template": template}), deployment, aws)
+    task, container = submitted["task"], submitted["definition"]["containerDefinitions"][0]
+    network = task["attachments"][0]["details"]  # moto records the awsvpc configuration the worker sent
+    assert {d["value"] for d in network if d["name"] == "subnetId"} == {subnets[0]["SubnetId"]}
+    logs = container["logConfiguration"]
+    assert logs["logDriver"] == "awslogs" and logs["options"]["awslogs-group"] == "/pipelines/dev/flow-runs"
+    assert {"name": "PREFECT_API_KEY", "valueFrom": secret} in container["secrets"]
+    override = task["overrides"]["containerOverrides"][0]
+    env = {e["name"]: e["value"] for e in override["environment"]}
+    assert "PREFECT_API_KEY" not in env
+    assert env["TABLE_ENV"] == "dev" and env["TABLE_GRANULES"] == "granules-dev" and env["CATALOG_DATABASE"]
+    assert env["OBJECT_STORE_BASE_URL"] == "s3://pipelines-data-dev/pipelines"
+    assert submitted["cluster_arn"].endswith(f":cluster/{AWS_ENV['ECS_CLUSTER']}")
 
 
 @pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep

@@ -14,7 +14,7 @@ import io
 import json
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
@@ -30,11 +30,13 @@ class DockerStandin:
     builds: list[dict] = field(default_factory=list)
     tags: list[tuple[str, str]] = field(default_factory=list)
     pushes: list[tuple[str, str]] = field(default_factory=list)
+    logins: list[str] = field(default_factory=list)
 
 
 @contextlib.contextmanager
-def docker_standin() -> Iterator[DockerStandin]:
-    """Serve the stand-in on a free loopback port; yields it (``host`` is the DOCKER_HOST value)."""
+def docker_standin(on_push: Callable[[str, str], None] | None = None) -> Iterator[DockerStandin]:
+    """Serve the stand-in on a free loopback port; yields it (``host`` is the DOCKER_HOST value). ``on_push``
+    (repository, tag) is told each push, e.g. to put the image in an emulated registry."""
     record = DockerStandin()
 
     class Handler(BaseHTTPRequestHandler):
@@ -89,8 +91,13 @@ def docker_standin() -> Iterator[DockerStandin]:
             elif path.startswith("images/") and path.endswith("/tag"):
                 record.tags.append((query["repo"], query["tag"]))
                 self._send(201, {})
+            elif path == "auth":  # docker login: the registry's answer to good credentials
+                record.logins.append(json.loads(body or b"{}").get("serveraddress", ""))
+                self._send(200, {"Status": "Login Succeeded"})
             elif path.startswith("images/") and path.endswith("/push"):
                 record.pushes.append((path[len("images/") : -len("/push")], query.get("tag", "")))
+                if on_push is not None:
+                    on_push(*record.pushes[-1])
                 self._send(
                     200,
                     [{"status": "Pushed"}, {"aux": {"Tag": query.get("tag", ""), "Digest": "sha256:0"}}],

@@ -1,0 +1,487 @@
+"""One environment in AWS: the template checked against CloudFormation's quotas and passed as AWS takes it.
+
+CloudFormation takes a template inline only up to 51,200 bytes (the API refuses more, and `aws cloudformation
+deploy` refuses a bigger file unless ``--s3-bucket`` is given); a bigger one goes through an S3 object of at most
+1 MB named by ``TemplateURL``. ``template_argument`` does what the CLI does with ``--s3-bucket``: it uploads the
+template to the artifact bucket (content-addressed, so an unchanged template is one object) and names it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+INLINE_TEMPLATE_BYTES = 51_200  # TemplateBody in a request (and the CLI's limit without --s3-bucket)
+S3_TEMPLATE_BYTES = 1_000_000  # a template in an S3 object (TemplateURL): 1 MB
+# CloudFormation's quotas on one template (AWS CloudFormation User Guide, "Understand CloudFormation quotas")
+SECTION_LIMITS = {"Resources": 500, "Parameters": 200, "Outputs": 200, "Mappings": 200}
+NAME_LIMIT = 255  # a logical id, parameter, output or mapping name
+DESCRIPTION_BYTES = 1_024  # the template's Description
+INLINE_REFUSAL = (
+    "Templates with a size greater than 51,200 bytes must be deployed via an S3 Bucket. "
+    "Please add the --s3-bucket parameter to your command."
+)  # the AWS CLI's own words (awscli.customizations.cloudformation.exceptions.DeployBucketRequiredError)
+
+
+def quota_violations(body: str) -> list[str]:
+    """What CloudFormation would refuse in ``body`` (empty: nothing), each a sentence naming the quota."""
+    size = len(body.encode())
+    problems = [f"the template is {size:,} bytes; CloudFormation takes at most {S3_TEMPLATE_BYTES:,} (via S3)"]
+    problems = problems if size > S3_TEMPLATE_BYTES else []
+    try:
+        template = json.loads(body)
+    except json.JSONDecodeError as error:
+        return [*problems, f"the template is not JSON: {error}"]
+    for section, limit in SECTION_LIMITS.items():
+        names = template.get(section) or {}
+        if len(names) > limit:
+            problems.append(f"{len(names)} {section.lower()}; CloudFormation takes at most {limit}")
+        problems += [f"{section} name {n[:40]}… is over {NAME_LIMIT} characters" for n in names if len(n) > NAME_LIMIT]
+    if "Resources" not in template or not template["Resources"]:
+        problems.append("the template has no Resources")
+    if len(template.get("Description", "").encode()) > DESCRIPTION_BYTES:
+        problems.append(f"the Description is over {DESCRIPTION_BYTES:,} bytes")
+    return problems
+
+
+def template_key(body: str, env: str) -> str:
+    """The artifact bucket's key of ``body``: one object per distinct template, so an unchanged one is not re-sent."""
+    return f"templates/pipelines-{env}/{hashlib.sha256(body.encode()).hexdigest()[:16]}.json"
+
+
+def template_url(bucket: str, key: str, region: str) -> str:
+    """The virtual-hosted S3 URL of an uploaded template, as CloudFormation's TemplateURL takes it."""
+    return f"https://{bucket}.s3.{region}.amazonaws.com/{key}"
+
+
+def template_argument(body: str, env: str, s3: Any = None, bucket: str | None = None) -> dict[str, str]:
+    """``TemplateBody`` for a template within 51,200 bytes, else ``TemplateURL`` of its upload to ``bucket``;
+    a ValueError for a template CloudFormation would refuse either way, or a big one with no bucket to go through."""
+    problems = quota_violations(body)
+    if problems:
+        raise ValueError("CloudFormation would refuse the template: " + "; ".join(problems))
+    if len(body.encode()) <= INLINE_TEMPLATE_BYTES and bucket is None:
+        return {"TemplateBody": body}
+    if bucket is None or s3 is None:
+        raise ValueError(INLINE_REFUSAL)
+    key = template_key(body, env)
+    s3.put_object(Bucket=bucket, Key=key, Body=body.encode(), ContentType="application/json")
+    return {"TemplateURL": template_url(bucket, key, s3.meta.region_name)}
+
+
+# --------------------------------------------------------------------------- the stack, by change sets
+
+NO_CHANGES = ("didn't contain changes", "No updates are to be performed")  # CloudFormation's words for "nothing to do"
+GONE = ("REVIEW_IN_PROGRESS",)  # a stack only a never-executed CREATE change set made: create it again
+FAILED_CREATE = ("ROLLBACK_COMPLETE", "ROLLBACK_FAILED", "CREATE_FAILED")  # deleted before a retry (its data went)
+POLL_S = 2.0
+
+
+def stack_status(cloudformation: Any, stack: str) -> str | None:
+    """The stack's status, or None when there is no such stack."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return cloudformation.describe_stacks(StackName=stack)["Stacks"][0]["StackStatus"]
+    except ClientError as error:
+        if "does not exist" in str(error):
+            return None
+        raise
+
+
+def wait_for(cloudformation: Any, stack: str, timeout_s: float = 3600, poll_s: float = POLL_S) -> str:
+    """Wait until the stack is no longer IN_PROGRESS; its final status."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while (status := stack_status(cloudformation, stack) or "DELETE_COMPLETE").endswith("_IN_PROGRESS"):
+        if status in GONE:
+            return status
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"stack {stack} still {status} after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    return status
+
+
+def failure_reasons(cloudformation: Any, stack: str, limit: int = 5) -> list[str]:
+    """The latest failed events' reasons (what a person needs to fix a failed deploy)."""
+    events = cloudformation.describe_stack_events(StackName=stack)["StackEvents"]
+    failed = [e for e in events if e.get("ResourceStatus", "").endswith("FAILED")]
+    return [f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason', '')}" for e in failed[:limit]]
+
+
+def change_set(
+    cloudformation: Any,
+    stack: str,
+    template: dict[str, str],
+    parameters: dict[str, str],
+    dry_run: bool = False,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Create (or update) ``stack`` through a change set: with ``dry_run`` only the changes, else executed and
+    waited for. A stack whose first create failed is deleted first (its data resources went with the rollback).
+    Returns ``{"action": CREATE|UPDATE|NONE, "changes": [...], "status": ...}``."""
+    import time
+
+    status = stack_status(cloudformation, stack)
+    if status in FAILED_CREATE and not dry_run:
+        cloudformation.delete_stack(StackName=stack)
+        wait_for(cloudformation, stack)
+        status = None
+    kind = "UPDATE" if status and status not in GONE and status not in FAILED_CREATE else "CREATE"
+    name = name or f"pipelines-{time.strftime('%Y%m%d%H%M%S')}"
+    cloudformation.create_change_set(
+        StackName=stack, ChangeSetName=name, ChangeSetType=kind, Capabilities=["CAPABILITY_IAM"],
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in sorted(parameters.items())], **template,
+    )  # fmt: skip
+    while (described := cloudformation.describe_change_set(StackName=stack, ChangeSetName=name))["Status"] in (
+        "CREATE_PENDING",
+        "CREATE_IN_PROGRESS",
+    ):
+        time.sleep(POLL_S)
+    changes = [
+        {k: c["ResourceChange"].get(k) for k in ("Action", "LogicalResourceId", "ResourceType", "Replacement")}
+        for c in described.get("Changes", [])
+    ]
+    if described["Status"] == "FAILED":
+        cloudformation.delete_change_set(StackName=stack, ChangeSetName=name)
+        if any(words in described.get("StatusReason", "") for words in NO_CHANGES):
+            return {"action": "NONE", "changes": [], "status": status}
+        raise RuntimeError(f"change set of {stack} failed: {described.get('StatusReason')}")
+    if dry_run:  # leaves nothing behind: a CREATE change set's empty REVIEW_IN_PROGRESS stack goes too
+        cloudformation.delete_change_set(StackName=stack, ChangeSetName=name)
+        if kind == "CREATE" and stack_status(cloudformation, stack) in GONE:
+            cloudformation.delete_stack(StackName=stack)
+        return {"action": kind, "changes": changes, "status": status, "dry_run": True}
+    cloudformation.execute_change_set(StackName=stack, ChangeSetName=name)
+    final = wait_for(cloudformation, stack)
+    if final not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
+        raise RuntimeError(f"stack {stack} ended {final}: " + "; ".join(failure_reasons(cloudformation, stack)))
+    return {"action": kind, "changes": changes, "status": final}
+
+
+def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
+    """The stack's outputs by key."""
+    described = cloudformation.describe_stacks(StackName=stack)["Stacks"][0]
+    return {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+
+
+# --------------------------------------------------------------------------- the flow runs' pool
+
+
+def flow_run_environment(env: str, outputs: dict[str, str], catalog_database: str) -> dict[str, str]:
+    """What every flow-run container is configured by, from the stack: its tables' env (and the tables the stack
+    renames), the store, the Glue database; the same as the listeners' task definitions carry."""
+    from infra import cloudformation as cfn
+    from tasks.health.cloudwatch import ENV_VARIABLE
+
+    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], "CATALOG_DATABASE": catalog_database,
+                 ENV_VARIABLE: env}  # fmt: skip
+    variables |= {
+        f"TABLE_{logical.upper()}": name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()
+    }
+    return variables
+
+
+def pool_job_template(
+    base: dict[str, Any], outputs: dict[str, str], parameters: dict[str, str], region: str
+) -> dict[str, Any]:
+    """The ``aws-ecs`` pool's base job template with the stack's defaults: the cluster and roles, the flow runs'
+    network (the stack's subnets and security groups, no public IP unless asked), their containers' logs in the
+    stack's flow-run log group, the Prefect API key from Secrets Manager (never in plaintext overrides), and the
+    environment from the stack's ``Env``. A deployment's own job variables still win."""
+    import copy
+
+    from blocks.etl import EtlSettings
+
+    defaults: dict[str, Any] = {
+        "cluster": outputs["EcsCluster"],
+        "task_role_arn": outputs["EcsTaskRoleArn"],
+        "execution_role_arn": outputs["EcsExecutionRoleArn"],
+        "vpc_id": parameters["VpcId"],
+        "network_configuration": {
+            "subnets": parameters["Subnets"].split(","),
+            "securityGroups": parameters["SecurityGroups"].split(","),
+            "assignPublicIp": parameters.get("AssignPublicIp", "DISABLED"),
+        },
+        "configure_cloudwatch_logs": True,
+        "cloudwatch_logs_options": {
+            "awslogs-group": outputs["FlowRunLogGroup"],
+            "awslogs-region": region,
+            "awslogs-stream-prefix": "flow-run",
+        },
+        "env": flow_run_environment(
+            parameters["Env"],
+            outputs,
+            parameters.get("CatalogDatabase") or EtlSettings.model_fields["catalog_database"].default,
+        ),
+    }
+    if parameters.get("PrefectApiKeySecretArn"):
+        defaults["prefect_api_key_secret_arn"] = parameters["PrefectApiKeySecretArn"]
+    template = copy.deepcopy(base)
+    properties = template["variables"]["properties"]
+    for name, value in defaults.items():
+        properties[name]["default"] = value
+    return template
+
+
+# --------------------------------------------------------------------------- the one command
+
+
+def say(message: str) -> None:
+    """Progress, one line on stderr (stdout carries the command's JSON result)."""
+    import sys
+
+    print(f"==> {message}", file=sys.stderr, flush=True)
+
+
+def image_tag() -> str:
+    """The image's tag: the checkout's commit, so an unchanged checkout deploys an unchanged stack."""
+    import subprocess
+
+    from infra.cloudformation import REPO_ROOT
+
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                           capture_output=True, text=True)  # fmt: skip
+    if commit.returncode != 0:
+        raise RuntimeError("not a git checkout: give --image-tag")
+    return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def ensure_repository(ecr: Any, name: str) -> tuple[str, str]:
+    """The ECR repository (scanned on push; tags stay mutable: `prefect deploy` pushes its own build of the same
+    commit under the same tag, and a Docker build is not byte-for-byte repeatable); (its URI, created|exists)."""
+    try:
+        return ecr.describe_repositories(repositoryNames=[name])["repositories"][0]["repositoryUri"], "exists"
+    except ecr.exceptions.RepositoryNotFoundException:
+        made = ecr.create_repository(repositoryName=name, imageScanningConfiguration={"scanOnPush": True})
+        return made["repository"]["repositoryUri"], "created"
+
+
+def ensure_artifact_bucket(s3: Any, name: str) -> str:
+    """The bucket templates go through: private, encrypted; created|exists."""
+    if name in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        return "exists"
+    region = s3.meta.region_name
+    s3.create_bucket(Bucket=name, **({} if region == "us-east-1" else {
+        "CreateBucketConfiguration": {"LocationConstraint": region}}))  # fmt: skip
+    private = {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
+               "RestrictPublicBuckets": True}  # fmt: skip
+    s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=private)
+    s3.put_bucket_encryption(Bucket=name, ServerSideEncryptionConfiguration={
+        "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})  # fmt: skip
+    return "created"
+
+
+def build_and_push(ecr: Any, repository: str, tag: str) -> dict[str, Any]:
+    """The Dockerfile's image built for Fargate and pushed, by prefect.yaml's own steps (prefect-docker)."""
+    import base64
+
+    from prefect_docker.deployments.steps import build_docker_image, push_docker_image
+
+    from infra.cloudformation import REPO_ROOT
+
+    token = ecr.get_authorization_token()["authorizationData"][0]
+    username, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
+    built = build_docker_image(image_name=repository, tag=tag, dockerfile=str(REPO_ROOT / "Dockerfile"),
+                               platform="linux/amd64", path=str(REPO_ROOT))  # fmt: skip
+    credentials = {"username": username, "password": password, "registry_url": token["proxyEndpoint"]}
+    push_docker_image(image_name=built["image_name"], tag=built["tag"], credentials=credentials)
+    return {"image": built["image"]}
+
+
+def deploy_state_name(env: str) -> str:
+    """The Prefect variable remembering what the last deploy of ``env`` applied (its fingerprint)."""
+    return f"pipelines_aws_{env.replace('-', '_')}"
+
+
+def fingerprint(*parts: Any) -> str:
+    """A digest of what a deploy applies to the Prefect server (image, pool template, prefect.yaml)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def apply_prefect(
+    env: str, outputs: dict[str, str], parameters: dict[str, str], region: str, image: dict[str, str]
+) -> dict[str, str]:
+    """The aws-ecs pool with the stack's defaults, the blocks, then `prefect deploy --name ecs`; each skipped when
+    the server already holds it (a Prefect variable keeps the last deploy's fingerprint)."""
+    import os
+    import subprocess
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.variables import Variable
+
+    from blocks.core import DynamoTables, ObjectStorage
+    from deployments.local_stack import ECS_WORK_POOL, ecs_base_job_template
+    from infra import cloudformation as cfn
+
+    done: dict[str, str] = {}
+    template = pool_job_template(ecs_base_job_template(), outputs, parameters, region)
+    with get_client(sync_client=True) as client:
+        try:
+            pool = client.read_work_pool(ECS_WORK_POOL)
+            if pool.base_job_template != template:
+                client.update_work_pool(ECS_WORK_POOL, WorkPoolUpdate(base_job_template=template))
+                done["pool"] = "updated"
+            else:
+                done["pool"] = "unchanged"
+        except ObjectNotFound:
+            client.create_work_pool(WorkPoolCreate(name=ECS_WORK_POOL, type="ecs", base_job_template=template))
+            done["pool"] = "created"
+    renamed = {logical: name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()}
+    for block, wanted in ((DynamoTables, DynamoTables(env=env, names=renamed)),
+                          (ObjectStorage, ObjectStorage(base_url=outputs["BucketUrl"]))):  # fmt: skip
+        fields = set(block.model_fields) - {"aws_credentials"}  # none in AWS: the task role grants access
+        try:
+            saved = block.load("default", validate=False).model_dump(include=fields)
+        except ValueError:
+            saved = None
+        if saved == wanted.model_dump(include=fields):
+            done[block.__name__] = "unchanged"
+        else:
+            wanted.save("default", overwrite=True)
+            done[block.__name__] = "saved"
+    state = fingerprint(image, (cfn.REPO_ROOT / "prefect.yaml").read_text(), outputs)
+    if Variable.get(deploy_state_name(env), default=None) == state:
+        done["deployments"] = "unchanged"
+        return done
+    say("prefect deploy --name ecs")
+    repository, tag = image["image"].rsplit(":", 1)
+    variables = {"PIPELINES_IMAGE_REPOSITORY": repository, "PIPELINES_IMAGE_TAG": tag,
+                 "ECS_CLUSTER": outputs["EcsCluster"], "ECS_TASK_ROLE_ARN": outputs["EcsTaskRoleArn"],
+                 "ECS_EXECUTION_ROLE_ARN": outputs["EcsExecutionRoleArn"],
+                 "PIPELINES_BUCKET_URL": outputs["BucketUrl"],
+                 "PREFECT_API_URL": parameters["PrefectApiUrl"]}  # fmt: skip
+    command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "ecs"]
+    result = subprocess.run(command, cwd=cfn.REPO_ROOT, env={**os.environ, **variables}, capture_output=True,
+                            text=True)  # fmt: skip
+    if result.returncode != 0:
+        raise RuntimeError("prefect deploy --name ecs failed: " + (result.stdout + result.stderr)[-2000:])
+    Variable.set(deploy_state_name(env), state, overwrite=True)
+    done["deployments"] = "deployed"
+    return done
+
+
+def deploy(
+    env: str,
+    region: str,
+    vpc: str,
+    subnets: list[str],
+    security_groups: list[str],
+    prefect_api_url: str,
+    bucket: str | None = None,
+    api_key_secret_arn: str = "",
+    tag: str | None = None,
+    assign_public_ip: str = "DISABLED",
+    dry_run: bool = False,
+    session: Any = None,
+) -> dict[str, Any]:
+    """`pipelines aws-stack deploy`: ECR repository, image, the stack by a change set through the artifact bucket, the
+    pool, blocks and deployments on the Prefect server. Idempotent: a second run with nothing changed changes
+    nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes)."""
+    import boto3
+
+    from infra import cloudformation as cfn
+
+    session = session or boto3.Session(region_name=region)
+    account = session.client("sts").get_caller_identity()["Account"]
+    stack, tag = f"pipelines-{env}", tag or image_tag()
+    parameters = {
+        "Env": env, "BucketName": bucket or f"pipelines-{account}-{env}", "ImageTag": tag,
+        "PrefectApiUrl": prefect_api_url, "PrefectApiKeySecretArn": api_key_secret_arn, "VpcId": vpc,
+        "Subnets": ",".join(subnets), "SecurityGroups": ",".join(security_groups), "AssignPublicIp": assign_public_ip,
+    }  # fmt: skip
+    result: dict[str, Any] = {"stack": stack, "parameters": parameters}
+    s3, ecr = session.client("s3"), session.client("ecr")
+    artifacts = f"pipelines-artifacts-{account}-{region}"
+    say(f"artifact bucket {artifacts}: {ensure_artifact_bucket(s3, artifacts)}")
+    template = template_argument(cfn.TEMPLATE_PATH.read_text(), env, s3, artifacts)
+    if dry_run:
+        result["change_set"] = change_set(session.client("cloudformation"), stack, template, parameters, dry_run=True)
+        say(f"change set of {stack}: {result['change_set']['action']}, {len(result['change_set']['changes'])} changes")
+        return result
+    repository, made = ensure_repository(ecr, "pipelines")
+    say(f"ECR repository {repository}: {made}")
+    image = {"image": f"{repository}:{tag}"}
+    pushed = {i.get("imageTag") for i in ecr.list_images(repositoryName="pipelines").get("imageIds", [])}
+    if tag in pushed:  # the tag names the checkout's commit: the image of this commit is there
+        result["image"] = "unchanged"
+    else:
+        say(f"build and push {repository}:{tag}")
+        image = build_and_push(ecr, repository, tag)
+        result["image"] = "pushed"
+    say(f"change set of {stack}")
+    result["change_set"] = change_set(session.client("cloudformation"), stack, template, parameters)
+    say(f"stack {stack}: {result['change_set']['action']} ({result['change_set']['status']})")
+    outputs = stack_outputs(session.client("cloudformation"), stack)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_api_url}):  # the server the stack's workers talk to
+        result["prefect"] = apply_prefect(env, outputs, parameters, region, image)
+    say(f"prefect: {result['prefect']}")
+    return result
+
+
+KEPT_WHY = (
+    "data: RetainExceptOnCreate keeps the tables and the bucket when the stack goes; delete them yourself "
+    "(aws dynamodb delete-table, aws s3 rb --force) once nothing needs them"
+)
+
+
+def destroy(env: str, region: str, session: Any = None) -> dict[str, Any]:
+    """`pipelines aws-stack destroy`: the stack (its data kept, and said so), the artifact bucket's templates, the ECR
+    repository (the image is rebuilt from the checkout) and the aws-ecs pool's deployments on the Prefect server."""
+    import boto3
+
+    session = session or boto3.Session(region_name=region)
+    cloudformation, s3, ecr = (session.client(s) for s in ("cloudformation", "s3", "ecr"))
+    account = session.client("sts").get_caller_identity()["Account"]
+    stack, deleted, kept = f"pipelines-{env}", [], {}
+    if stack_status(cloudformation, stack):
+        for resource in cloudformation.list_stack_resources(StackName=stack)["StackResourceSummaries"]:
+            if resource["ResourceType"] in ("AWS::DynamoDB::Table", "AWS::S3::Bucket"):
+                kept[f"{resource['ResourceType']} {resource['PhysicalResourceId']}"] = KEPT_WHY
+        say(f"delete stack {stack}")
+        cloudformation.delete_stack(StackName=stack)
+        if (final := wait_for(cloudformation, stack)) != "DELETE_COMPLETE":
+            raise RuntimeError(f"stack {stack} ended {final}: " + "; ".join(failure_reasons(cloudformation, stack)))
+        deleted.append(f"stack {stack}")
+    artifacts = f"pipelines-artifacts-{account}-{region}"
+    if artifacts in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        listed = s3.list_objects_v2(Bucket=artifacts, Prefix=f"templates/pipelines-{env}/").get("Contents", [])
+        for item in listed:
+            s3.delete_object(Bucket=artifacts, Key=item["Key"])
+        deleted.append(f"{len(listed)} templates in s3://{artifacts}")
+        if not s3.list_objects_v2(Bucket=artifacts).get("KeyCount"):
+            s3.delete_bucket(Bucket=artifacts)
+            deleted.append(f"bucket {artifacts}")
+    try:
+        ecr.delete_repository(repositoryName="pipelines", force=True)
+        deleted.append("ECR repository pipelines")
+    except ecr.exceptions.RepositoryNotFoundException:
+        pass
+    deleted += delete_ecs_deployments(env)
+    return {"deleted": deleted, "kept": kept}
+
+
+def delete_ecs_deployments(env: str) -> list[str]:
+    """The aws-ecs pool's deployments (no worker serves them once the stack is gone) and the deploy's variable."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+
+    from deployments.local_stack import ECS_WORK_POOL
+
+    with get_client(sync_client=True) as client:
+        pool = WorkPoolFilter(name=WorkPoolFilterName(any_=[ECS_WORK_POOL]))
+        deployments = client.read_deployments(work_pool_filter=pool)
+        for deployment in deployments:
+            client.delete_deployment(deployment.id)
+        variable = client.read_variable_by_name(deploy_state_name(env))
+        if variable is not None:
+            client.delete_variable_by_name(deploy_state_name(env))
+    return [f"{len(deployments)} deployments of the {ECS_WORK_POOL} pool"]

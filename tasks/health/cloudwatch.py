@@ -1,0 +1,47 @@
+"""pipeline-health's readings as CloudWatch metrics, so the cloud dashboard shows the numbers the Prefect UI shows.
+
+In AWS (``PIPELINES_METRICS_ENV`` set by the stack: the containers' and the flow runs' environment) each pass puts,
+per alarm, its reading as the metric ``<alarm name>`` and whether it fires as ``Firing`` (dimension ``Alarm``), in
+the namespace ``Pipelines`` with the dimension ``Env``; the template's dashboard and CloudWatch alarms (with the
+seed's severities, to its SNS topic) read them. Locally the variable is unset and nothing is put.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import boto3
+
+NAMESPACE = "Pipelines"
+ENV_VARIABLE = "PIPELINES_METRICS_ENV"
+FIRING = "Firing"
+BATCH = 1000  # PutMetricData's most metrics per call
+
+
+def metric_data(rows: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
+    """Each alarm row (as the pipeline-health artifact holds it) as its reading and its Firing 0/1; an alarm whose
+    check failed (no reading) only fires."""
+    data = []
+    for row in rows:
+        if row["value"] is not None:
+            data.append({"MetricName": row["name"], "Dimensions": [{"Name": "Env", "Value": env}],
+                         "Value": float(row["value"]), "Unit": "Count"})  # fmt: skip
+        data.append({"MetricName": FIRING, "Dimensions": [{"Name": "Env", "Value": env},
+                                                          {"Name": "Alarm", "Value": row["name"]}],
+                     "Value": 0.0 if row["state"] == "OK" else 1.0, "Unit": "Count"})  # fmt: skip
+    return data
+
+
+def publish_readings(rows: list[dict[str, Any]]) -> int:
+    """Put the pass's readings to CloudWatch when the stack asks for it; how many metrics were put."""
+    env = os.environ.get(ENV_VARIABLE)
+    if not env:
+        return 0
+    from tasks.landing.sqs import aws_session
+
+    cloudwatch = (aws_session() or boto3.Session()).client("cloudwatch")
+    data = metric_data(rows, env)
+    for start in range(0, len(data), BATCH):
+        cloudwatch.put_metric_data(Namespace=NAMESPACE, MetricData=data[start : start + BATCH])
+    return len(data)

@@ -1,0 +1,352 @@
+"""Every AWS API call the code makes, recorded through botocore's event hooks with the role that makes it in AWS.
+
+With ``PIPELINES_AWS_CALL_LOG=<file>`` set, each botocore session (boto3's, the code's own, prefect-aws's) gets a
+``before-parameter-build`` handler (it sees the call's own parameters) that appends one JSON line per call:
+service, operation, parameters, and the role that would make it in AWS, read from the call's stack: prefect-aws's
+ECS worker → ``worker`` (the WorkerRole), tasks/landing/ (the listeners) → ``listener`` and the rest of tasks/,
+flows/, blocks/ → ``task`` (both the TaskRole). The test harness's own calls (tests/, moto's fixtures), the
+operator's (deployments/ and ``ensure_tables``: admin credentials) and the GPU and SageMaker backends' (not in the
+template: docs/aws.md, IAM) are left out. Child processes (workers, flow runs, listeners) record too:
+``install_in_children`` puts this module's ``sitecustomize`` on their PYTHONPATH. tests/test_aws_policies.py
+evaluates the lines against the template's roles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infra.policy_eval import Request
+
+LOG_VARIABLE = "PIPELINES_AWS_CALL_LOG"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SITE_DIR = Path(__file__).resolve().parent / "aws_calls_site"
+ROLES = (  # the innermost frame under one of these paths names the role
+    (f"{os.sep}prefect_aws{os.sep}workers{os.sep}", "worker"),
+    (f"{os.sep}prefect_aws{os.sep}observers{os.sep}", "worker"),  # the worker's observer (crash detection)
+    (str(REPO_ROOT / "tests") + os.sep, None),
+    (str(REPO_ROOT / "deployments") + os.sep, None),
+    (str(REPO_ROOT / "tasks" / "core" / "tables.py"), None),  # ensure_tables: make up's; the template makes them
+    (str(REPO_ROOT / "tasks" / "gpu" / "backends.py"), "gpu-backend"),  # not in the template (docs/aws.md, IAM)
+    (str(REPO_ROOT / "tasks" / "video" / "inference.py"), "gpu-backend"),  # the SageMaker backend: likewise
+    (str(REPO_ROOT / "tasks" / "landing") + os.sep, "listener"),
+    (str(REPO_ROOT / "tasks") + os.sep, "task"),
+    (str(REPO_ROOT / "flows") + os.sep, "task"),
+    (str(REPO_ROOT / "blocks") + os.sep, "task"),
+)
+_lock = threading.Lock()
+_installed = False
+
+
+def role_of_caller() -> tuple[str | None, str]:
+    """The role whose credentials make the current call, and the frame that decided it (file:line)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        for marker, role in ROLES if filename != __file__ else ():
+            if marker in filename:
+                return role, f"{Path(filename).relative_to(REPO_ROOT) if role != 'worker' else 'prefect_aws'}:" \
+                    f"{frame.f_lineno}"  # fmt: skip
+        frame = frame.f_back
+    return None, ""
+
+
+def jsonable(value: Any) -> Any:
+    """Call parameters as JSON: bytes and streams as their size, anything else as text."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{len(value)} bytes>"
+    return f"<{type(value).__name__}>"
+
+
+def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+    """botocore's ``before-parameter-build`` handler: one JSON line per call made by the code."""
+    role, where = role_of_caller()
+    if role is None:
+        return
+    line = {"service": model.service_model.service_name, "operation": model.name, "role": role, "where": where,
+            "params": jsonable(params), "pid": os.getpid()}  # fmt: skip
+    with _lock, open(os.environ[LOG_VARIABLE], "a") as log:
+        log.write(json.dumps(line, default=str) + "\n")
+
+
+def install() -> None:
+    """Register ``record`` on every botocore session created from now on in this process (once)."""
+    global _installed
+    if _installed or not os.environ.get(LOG_VARIABLE):
+        return
+    import botocore.session
+
+    original = botocore.session.Session.__init__
+
+    def recorded_init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.register("before-parameter-build", record)
+
+    botocore.session.Session.__init__ = recorded_init
+    _installed = True
+
+
+def install_in_children() -> None:
+    """Child processes record too: this module's sitecustomize leads their PYTHONPATH."""
+    paths = [str(SITE_DIR), str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """The recorded calls."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def pytest_configure(config) -> None:
+    """As a pytest plugin: record the session's calls and its children's when the log variable is set."""
+    if os.environ.get(LOG_VARIABLE):
+        install()
+        install_in_children()
+
+
+# --------------------------------------------------------------------------- calls as IAM authorizations
+
+ACCOUNT, REGION, ENV = "123456789012", "us-east-1", "test"
+TEMPLATE_ROLES = {"worker": "WorkerRole", "task": "TaskRole", "listener": "TaskRole"}
+GLOBAL_KEYS = ("aws:SecureTransport", "aws:CurrentTime", "aws:PrincipalArn", "aws:PrincipalAccount")
+SAR_SCRIPT = """
+import json, os, sys
+import parliament
+with open(os.path.join(os.path.dirname(parliament.__file__), "iam_definition.json")) as f:
+    services = {s["prefix"]: s for s in json.load(f)}
+out = {}
+for action in json.load(sys.stdin):
+    prefix, name = action.split(":")
+    service = services[prefix]
+    (privilege,) = [p for p in service["privileges"] if p["privilege"].lower() == name.lower()]
+    resources = {r["resource"]: r for r in service["resources"]}
+    keys = set()
+    for entry in privilege["resource_types"]:
+        keys |= set(entry["condition_keys"])
+        keys |= set(resources.get(entry["resource_type"].rstrip("*"), {}).get("condition_keys", []))
+    out[action] = sorted(keys)
+print(json.dumps(out))
+"""
+
+
+def supported_condition_keys(actions: set[str]) -> dict[str, set[str]]:
+    """Action -> the condition keys its requests carry (the Service Authorization Reference as parliament's
+    database in .venv-tools holds it: `make lint-tools`)."""
+    import subprocess
+
+    result = subprocess.run(
+        [str(REPO_ROOT / ".venv-tools" / "bin" / "python"), "-c", SAR_SCRIPT],
+        input=json.dumps(sorted(actions)), capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    return {action: set(keys) for action, keys in json.loads(result.stdout).items()}
+
+
+class StackWorld:
+    """The test world's names bound to one stack of the template (Env ``test``): each table, queue, bucket,
+    cluster and role a test's call names becomes the stack's resource of the same kind, as AWS would name it."""
+
+    def __init__(self) -> None:
+        from infra import cloudformation as cfn
+        from infra.policy_eval import stack_values
+        from tasks.core.registry import default_table_names
+        from tasks.landing import sqs
+
+        self.template = cfn.template()
+        self.parameters = {
+            "Env": ENV, "BucketName": f"pipelines-data-{ENV}", "ImageTag": "t", "PrefectApiUrl": "https://prefect/api",
+            "VpcId": "vpc-1", "Subnets": "subnet-1", "SecurityGroups": "sg-1",
+            "PrefectApiKeySecretArn": f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:prefect-api-key-AbCdEf",
+        }  # fmt: skip
+        self.values = stack_values(self.template, self.parameters, f"pipelines-{ENV}", ACCOUNT, REGION)
+        self.cfn, self.sqs = cfn, sqs
+        self.seed_tables = {name: logical for logical, name in default_table_names(ENV).items()}
+        self.task_definitions: dict[str, dict[str, Any]] = {}
+
+    def table(self, name: str) -> str | None:
+        """The stack's ARN of the table a test named (its fresh-table suffix dropped), or None if none is."""
+        seed = re.sub(r"-[0-9a-f]{8}$", "", name)
+        logical = self.seed_tables.get(seed) or self.seed_tables.get(name)
+        return self.values[f"{self.cfn.logical_id('table', logical)}.Arn"] if logical else None
+
+    def queue(self, url_or_name: str) -> str | None:
+        """The stack's ARN of the landing queue, dead-letter queue or observer queue a test named, in any env."""
+        name = url_or_name.rstrip("/").rsplit("/", 1)[-1]
+        observer = re.escape(self.cfn.OBSERVER_QUEUE).replace(re.escape("${Env}"), "[A-Za-z0-9_-]+")
+        if re.fullmatch(observer, name):
+            return self.values["FlowRunEventsQueue.Arn"]
+        for pipeline, spec in self.sqs.landing_queues().items():
+            for pattern, logical in zip(spec.names("{env}"), ("queue", "dead letter queue"), strict=True):
+                if re.fullmatch(re.escape(pattern).replace(r"\{env\}", "[A-Za-z0-9_-]+"), name):
+                    return self.values[f"{self.cfn.logical_id(pipeline, logical)}.Arn"]
+        return None
+
+    def bucket(self) -> str:
+        """The stack's bucket: every bucket a test's object store names stands for it."""
+        return self.values["Bucket"]
+
+    def cluster(self) -> str:
+        """The stack's cluster ARN."""
+        return self.values["Cluster.Arn"]
+
+    def role(self, role_arn: str) -> str:
+        """The stack's role a test's role ARN stands for (the flow runs' task and execution roles)."""
+        name = role_arn.rsplit("/", 1)[-1]
+        return self.values["ExecutionRole.Arn" if "execution" in name else "TaskRole.Arn"]
+
+
+def _ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
+    """ECS calls of the worker: RunTask with the tag-on-create TagResource and the PassRole of its roles."""
+    from infra.policy_eval import Request
+
+    base = f"arn:aws:ecs:{REGION}:{ACCOUNT}"
+    cluster = {"ecs:cluster": (world.cluster(),)}
+    tags = {f"aws:RequestTag/{t['key']}": (t["value"],) for t in params.get("tags", [])}
+    tags |= {"aws:TagKeys": tuple(t["key"] for t in params.get("tags", []))} if params.get("tags") else {}
+    if operation == "RegisterTaskDefinition":
+        world.task_definitions[params["family"]] = params
+        resource = f"{base}:task-definition/{params['family']}:1"
+        requests = [Request("ecs:RegisterTaskDefinition", resource, tags)]
+        if tags:  # tag-on-create is authorized as ecs:TagResource too
+            created = {**tags, "ecs:CreateAction": ("RegisterTaskDefinition",)}
+            requests.append(Request("ecs:TagResource", resource, created))
+        return requests
+    if operation == "RunTask":
+        definition = params["taskDefinition"]
+        family = definition.rsplit("/", 1)[-1].split(":")[0]
+        resource = definition if definition.startswith("arn:") else f"{base}:task-definition/{definition}"
+        resource = resource if ":" in resource.rsplit("/", 1)[-1] else f"{resource}:1"
+        requests = [Request("ecs:RunTask", resource, {**cluster, **tags})]
+        if tags:
+            task = f"{base}:task/{world.values['Cluster']}/0123456789abcdef"
+            requests.append(Request("ecs:TagResource", task, {**tags, "ecs:CreateAction": ("RunTask",)}))
+        registered = world.task_definitions.get(family, {})
+        roles = {params.get("overrides", {}).get(k) or registered.get(k) for k in ("taskRoleArn", "executionRoleArn")}
+        passed = {"iam:PassedToService": ("ecs-tasks.amazonaws.com",)}
+        return requests + [Request("iam:PassRole", world.role(r), passed) for r in sorted(filter(None, roles))]
+    if operation in ("DescribeTasks", "StopTask"):
+        tasks = params.get("tasks") or [params["task"]]
+        return [Request(f"ecs:{operation}", f"{base}:task/{world.values['Cluster']}/{t.rsplit('/', 1)[-1]}", cluster)
+                for t in tasks]  # fmt: skip
+    if operation in ("DescribeTaskDefinition", "DeregisterTaskDefinition", "ListTaskDefinitions"):
+        return [Request(f"ecs:{operation}", "*")]
+    raise LookupError(f"no IAM mapping for ecs:{operation}")
+
+
+def _dynamodb(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
+    """DynamoDB calls: each item of a batch or transaction as its own action on its table (and index)."""
+    from infra.policy_eval import Request
+
+    def on(action: str, table: str, index: str | None = None) -> Request:
+        resource = world.table(table) or f"unknown-table:{table}"
+        return Request(f"dynamodb:{action}", f"{resource}/index/{index}" if index else resource)
+
+    if operation in ("BatchGetItem", "BatchWriteItem"):
+        return [on(operation, table) for table in params["RequestItems"]]
+    if operation in ("TransactWriteItems", "TransactGetItems"):
+        kinds = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem", "Get": "GetItem",
+                 "ConditionCheck": "ConditionCheckItem"}  # fmt: skip
+        return [on(kinds[kind], body["TableName"]) for item in params["TransactItems"] for kind, body in item.items()]
+    return [on(operation, params["TableName"], params.get("IndexName"))]
+
+
+S3_ACTIONS = {
+    "GetObject": "s3:GetObject", "HeadObject": "s3:GetObject", "PutObject": "s3:PutObject",
+    "CreateMultipartUpload": "s3:PutObject", "UploadPart": "s3:PutObject", "CompleteMultipartUpload": "s3:PutObject",
+    "DeleteObject": "s3:DeleteObject", "AbortMultipartUpload": "s3:AbortMultipartUpload",
+    "ListParts": "s3:ListMultipartUploadParts", "ListObjectsV2": "s3:ListBucket", "ListObjects": "s3:ListBucket",
+    "HeadBucket": "s3:ListBucket", "ListMultipartUploads": "s3:ListBucketMultipartUploads",
+    "GetBucketLocation": "s3:GetBucketLocation", "DeleteObjects": "s3:DeleteObject",
+}  # fmt: skip
+
+
+def _s3(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
+    """S3 calls: object actions on bucket/key, listings on the bucket (its prefix as ``s3:prefix``)."""
+    from infra.policy_eval import Request
+
+    bucket = f"arn:aws:s3:::{world.bucket()}"
+    if operation in ("CopyObject", "UploadPartCopy"):
+        source = params["CopySource"]
+        source_key = source["Key"] if isinstance(source, dict) else source.split("/", 1)[1].split("?")[0]
+        return [Request("s3:GetObject", f"{bucket}/{source_key}"), Request("s3:PutObject", f"{bucket}/{params['Key']}")]
+    action = S3_ACTIONS.get(operation)
+    if action is None:
+        raise LookupError(f"no IAM mapping for s3:{operation}")
+    if operation == "DeleteObjects":
+        return [Request(action, f"{bucket}/{o['Key']}") for o in params["Delete"]["Objects"]]
+    if "Key" in params:
+        return [Request(action, f"{bucket}/{params['Key']}")]
+    return [Request(action, bucket, {"s3:prefix": (params.get("Prefix", ""),)})]
+
+
+def _sqs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
+    """SQS calls on the queue their URL (or GetQueueUrl's name) names; batches as their single action."""
+    from infra.policy_eval import Request
+
+    named = params.get("QueueUrl") or params.get("QueueName", "")
+    action = f"sqs:{operation.removesuffix('Batch')}"
+    return [Request(action, world.queue(named) or f"unknown-queue:{named}")]
+
+
+def _glue(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
+    """Glue Data Catalog calls: authorized on the catalog, the database and (for tables and partitions) the table."""
+    from infra.policy_eval import Request
+
+    base = f"arn:aws:glue:{REGION}:{ACCOUNT}"
+    table = params.get("TableName") or params.get("TableInput", {}).get("Name")
+    if operation == "GetTable":
+        table = params["Name"]
+    database = world.values["CatalogDatabase"]  # a test's own database stands for the stack's (CATALOG_DATABASE)
+    resources = [f"{base}:catalog", f"{base}:database/{database}"]
+    resources += [f"{base}:table/{database}/{table}"] if table else []
+    return [Request(f"glue:{operation}", r) for r in resources]
+
+
+def authorizations(world: StackWorld, call: dict[str, Any]) -> list[Request]:
+    """The IAM authorizations one recorded call needs in AWS, in the stack's names."""
+    from infra.policy_eval import Request
+
+    service, operation, params = call["service"], call["operation"], call["params"]
+    if service == "dynamodb":
+        return _dynamodb(world, operation, params)
+    if service == "s3":
+        return _s3(world, operation, params)
+    if service == "sqs":
+        return _sqs(world, operation, params)
+    if service == "glue":
+        return _glue(world, operation, params)
+    if service == "ecs":
+        return _ecs(world, operation, params)
+    if service in ("cloudwatch", "ec2"):  # these actions take no resource ARN
+        context = {"cloudwatch:namespace": (params["Namespace"],)} if "Namespace" in params else {}
+        return [Request(f"{service}:{operation}", "*", context)]
+    if service == "logs" and operation == "GetLogEvents":
+        group = world.values["FlowRunLogGroup"]
+        stream = params["logStreamName"]
+        return [Request("logs:GetLogEvents", f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{group}:log-stream:{stream}")]
+    raise LookupError(f"no IAM mapping for {service}:{operation}")
+
+
+def with_supported_keys(request: Request, supported: dict[str, set[str]]) -> Request:
+    """The request as IAM sees it: only the condition keys its action supports (plus the global ones)."""
+    from infra.policy_eval import Request
+
+    keys = supported.get(request.action, set())
+
+    def carried(key: str) -> bool:
+        generic = re.sub(r"/.*", "/${TagKey}", key)
+        return key in keys or generic in keys or key in GLOBAL_KEYS
+
+    context = {k: v for k, v in request.context.items() if carried(k)}
+    return Request(request.action, request.resource, {**context, "aws:SecureTransport": ("true",)})

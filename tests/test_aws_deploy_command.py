@@ -1,0 +1,159 @@
+"""`pipelines aws-stack deploy` end to end from a clean state, against moto's server (a thread of this process), the
+Docker API stand-in and the test's Prefect server: a dry run that changes nothing, the create, a second run that
+changes nothing, an update with a changed parameter, then `pipelines aws-stack destroy` saying what it keeps.
+
+Bridged here, each named: the stand-in's pushes are put in moto's ECR (a real push lands the image there); moto's
+change sets do not refresh a stack's outputs (``Stack.output_map``), done here from the change set's template as
+its `update_stack` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+
+import pytest
+
+from deployments import aws
+from tests.helpers.docker_standin import docker_standin
+
+moto = pytest.importorskip("moto")
+
+
+@pytest.fixture
+def moto_thread(monkeypatch):
+    """moto's server on a free loopback port in this process; every AWS client but DynamoDB's goes to it."""
+    from moto.cloudformation.models import ChangeSet
+    from moto.cloudformation.parsing import OutputMap
+    from moto.server import ThreadedMotoServer
+
+    from deployments.dynamodb_local import free_port
+
+    apply = ChangeSet.apply
+
+    def apply_and_refresh_outputs(self) -> None:
+        """moto's apply, then the stack's outputs recomputed as moto's own update does."""
+        apply(self)
+        self.stack.output_map = OutputMap(self.stack.resource_map, self.template_dict, self.stack.stack_id)
+
+    monkeypatch.setattr(ChangeSet, "apply", apply_and_refresh_outputs)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def prefect_side():
+    """The test server's aws-ecs pool and default blocks put back as they were after the test."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolUpdate
+    from prefect.exceptions import ObjectNotFound
+
+    from blocks.base import clear_cache
+    from deployments.local_stack import ECS_WORK_POOL, ecs_base_job_template
+
+    with get_client(sync_client=True) as client:
+        before = {slug: _block_id(client, slug) for slug in ("pipeline-dynamodb-tables", "pipeline-object-storage")}
+    yield
+    with get_client(sync_client=True) as client:
+        try:
+            client.update_work_pool(ECS_WORK_POOL, WorkPoolUpdate(base_job_template=ecs_base_job_template()))
+        except ObjectNotFound:
+            pass
+        for slug, existed in before.items():
+            made = _block_id(client, slug)
+            if made and not existed:
+                client.delete_block_document(made)
+    clear_cache()
+
+
+def _block_id(client, slug: str):
+    """The id of the ``default`` block document of a block type, or None."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        return client.read_block_document_by_name("default", slug).id
+    except ObjectNotFound:
+        return None
+
+
+@pytest.mark.sweep  # three deploys with `prefect deploy --name ecs` and a destroy: `make test-sweep`
+@pytest.mark.timeout(900)
+def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroys(moto_thread, prefect_side):
+    import boto3
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    from deployments.local_stack import ECS_WORK_POOL
+
+    session = boto3.Session(region_name="us-east-1")
+    ecr = session.client("ecr")
+
+    def into_ecr(repository: str, tag: str) -> None:
+        """A push lands in the registry, as ECR receives it."""
+        config = {"digest": f"sha256:{hashlib.sha256(tag.encode()).hexdigest()}", "size": 1,
+                  "mediaType": "application/vnd.docker.container.image.v1+json"}  # fmt: skip
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                    "config": config, "layers": []}  # fmt: skip
+        name = repository.rsplit("/", 1)[-1]
+        if tag not in {i.get("imageTag") for i in ecr.list_images(repositoryName=name)["imageIds"]}:
+            ecr.put_image(repositoryName=name, imageManifest=json.dumps(manifest), imageTag=tag)  # a re-push: as is
+
+    ec2 = session.client("ec2")
+    subnet = ec2.describe_subnets()["Subnets"][0]
+    group = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
+    env = f"c{uuid.uuid4().hex[:6]}"
+    arguments = dict(env=env, region="us-east-1", vpc=subnet["VpcId"], subnets=[subnet["SubnetId"]],
+                     security_groups=[group], prefect_api_url=PREFECT_API_URL.value(), tag="1.0")  # fmt: skip
+    with docker_standin(on_push=into_ecr) as docker:
+        import os
+
+        os.environ["DOCKER_HOST"] = docker.host
+        try:
+            planned = aws.deploy(**arguments, dry_run=True, session=session)
+            assert planned["change_set"]["action"] == "CREATE" and len(planned["change_set"]["changes"]) > 40
+            assert aws.stack_status(session.client("cloudformation"), f"pipelines-{env}") is None
+            assert ecr.describe_repositories()["repositories"] == []  # nothing but the template object
+
+            created = aws.deploy(**arguments, session=session)
+            assert created["image"] == "pushed" and created["change_set"]["status"] == "CREATE_COMPLETE"
+            assert created["prefect"]["deployments"] == "deployed"
+            assert created["prefect"]["DynamoTables"] == created["prefect"]["ObjectStorage"] == "saved"
+            builds = len(docker.builds)
+            assert builds >= 1 and (f"{ecr.describe_repositories()['repositories'][0]['repositoryUri']}", "1.0") in [
+                (r, t) for r, t in docker.pushes
+            ]
+            with get_client(sync_client=True) as client:
+                pool = client.read_work_pool(ECS_WORK_POOL).base_job_template["variables"]["properties"]
+                assert pool["network_configuration"]["default"]["subnets"] == [subnet["SubnetId"]]
+                assert pool["env"]["default"]["TABLE_ENV"] == env
+                assert pool["env"]["default"]["TABLE_GRANULES"] == f"granules-{env}"
+                assert pool["cloudwatch_logs_options"]["default"]["awslogs-group"] == f"/pipelines/{env}/flow-runs"
+
+            again = aws.deploy(**arguments, session=session)
+            assert again["image"] == "unchanged" and again["change_set"]["action"] == "NONE"
+            assert set(again["prefect"].values()) == {"unchanged"}, again["prefect"]
+            assert len(docker.builds) == builds  # nothing built, nothing pushed
+
+            updated = aws.deploy(**{**arguments, "assign_public_ip": "ENABLED"}, session=session)
+            assert updated["change_set"]["action"] == "UPDATE" and updated["change_set"]["status"] == "UPDATE_COMPLETE"
+            assert updated["image"] == "unchanged" and updated["prefect"]["pool"] == "updated"
+            with get_client(sync_client=True) as client:
+                pool = client.read_work_pool(ECS_WORK_POOL).base_job_template["variables"]["properties"]
+                assert pool["network_configuration"]["default"]["assignPublicIp"] == "ENABLED"
+
+            removed = aws.destroy(env, "us-east-1", session=session)
+            assert f"stack pipelines-{env}" in removed["deleted"] and "ECR repository pipelines" in removed["deleted"]
+            kept = sorted(removed["kept"])
+            assert len(kept) == 14 and f"AWS::S3::Bucket pipelines-123456789012-{env}" in kept
+            assert all("RetainExceptOnCreate" in why for why in removed["kept"].values())
+            assert aws.stack_status(session.client("cloudformation"), f"pipelines-{env}") is None
+        finally:
+            os.environ.pop("DOCKER_HOST", None)
