@@ -85,6 +85,7 @@ TASKS: dict[str, dict[str, tuple]] = {
     "health": {
         "check-health": (2, [5, 30], "CompoundCachePolicy", None, None),
         "dashboard": (2, [5, 30], "CompoundCachePolicy", None, None),
+        "publish-readings": (2, [5, 30], "CompoundCachePolicy", None, None),
     },
     "phspectra_catalog": {"survey-status": NONE, "build-survey-catalog": NONE},
     "phspectra_survey": {
