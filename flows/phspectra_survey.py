@@ -184,7 +184,7 @@ def phspectra_survey(
             raise ValueError(f"no run {run_id} to resume; a new run needs cube_url and survey" if run_id
                              else "a new run needs cube_url and survey (a resume needs only run_id)")  # fmt: skip
         if not (dask_address or dask_workers):
-            warm_up()  # the fitting fork server starts while the cube is split
+            warm_up(fitting_slots(workers))  # the fitting fork server starts while the cube is split
         run_id = run_id or str(uuid.uuid4())
         split = split_cube_task(run_id, survey, cube_url, chunk_size or ph.DEFAULT_CHUNK_SIZE, fit_params, output_url)
         starts, slow_starts, take_expired = split["starts"], [], False

@@ -690,3 +690,27 @@ def test_a_stopped_fit_kills_every_fitting_process_of_its_chunk_and_leaves_the_o
     while server.children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert server.children() == [], "a fitting process outlived its stopped fit"
+
+
+def _server_environ(pid: int) -> dict[str, str]:
+    """A process's environment as it started."""
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode().split("=", 1) for p in pairs if b"=" in p)
+
+
+def test_each_fitting_process_gets_the_cores_shared_among_the_slots_in_blas_threads(monkeypatch):
+    from tasks.phspectra import worker
+
+    assert [worker.threads_per_fit(s, cores=16) for s in (1, 4, 16, 32)] == [16, 4, 1, 1]
+    for name in worker.THREAD_VARIABLES:  # (a Dask cluster of an earlier test may have set some here)
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(worker, "_server", None)  # one started before under other variables serves its own fits
+    cores = worker.caller_cores()
+    for slots in (cores, 1):  # a new slot count starts a server sized for it, before it imports numpy
+        worker.start_fork_server(slots)
+        environ = _server_environ(worker._fork_server().process.pid)
+        assert {n: environ.get(n) for n in worker.THREAD_VARIABLES} == dict.fromkeys(
+            worker.THREAD_VARIABLES, str(max(1, cores // slots))
+        )
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own choice is kept, and no other variable is added
+    assert worker.thread_environment(1, os.environ) == {}

@@ -416,3 +416,25 @@ def test_the_run_that_wins_the_trigger_reassembles_in_its_own_process(tables, st
     assert (final.stat().st_ino, final.stat().st_mtime_ns) == written  # no second final.mp4
     assert v.get_job(job_id) == job  # no second transition: completed_at, final_* as the process run wrote them
     assert state_store.to_plain(state_store.get_item(tables["video_reassembly_locks"], {"job_id": job_id})) == lock
+
+
+def test_concat_retimes_the_parts_in_one_ffmpeg_call_a_batch_and_keeps_every_frame(tmp_path, monkeypatch):
+    from tasks.video import ffmpeg as video_ffmpeg
+
+    source = make_test_video(tmp_path / "source.mp4", 6.0, 10, "160x120", 1.0)
+    parts = video_ffmpeg.segment(source, tmp_path / "parts", 1.0)
+    for part in parts[::2]:  # every other part re-encoded, as a backend's output is
+        video_ffmpeg.transform(part, part.with_name(part.stem + "-gray.mp4"), "grayscale")
+    parts = [part.with_name(part.stem + "-gray.mp4") if n % 2 == 0 else part for n, part in enumerate(parts)]
+    assert len(parts) == 6
+    commands: list[list[str]] = []
+    run = video_ffmpeg.run
+    monkeypatch.setattr(video_ffmpeg, "run", lambda stream: (commands.append(stream.compile()), run(stream))[1])
+    monkeypatch.setattr(video_ffmpeg, "RETIME_BATCH", 4)
+    video_ffmpeg.concat(parts, tmp_path / "final.mp4")
+    assert len(commands) == 3  # parts 0-3 and 4-5 retimed, one call each, then the concat itself
+    assert [command.count("-i") for command in commands[:2]] == [4, 2]
+    final = probe(tmp_path / "final.mp4")
+    assert final.frames == 60 and abs(final.duration - 6.0) < 1e-6
+    for part in parts:  # the packets' span is what the full probe measures
+        assert video_ffmpeg.video_span(part) == probe(part).duration

@@ -462,7 +462,7 @@ def fit_chunk(
     lease is renewed while the fit runs; once it is lost the fit is stopped and nothing is published.
     ``fit_slots``: fitting processes this process runs at once, shared by the chunks it fits (its cores).
     """
-    start_fork_server()  # before the claim: a lease is not spent waiting for the fitting processes' server
+    start_fork_server(fit_slots)  # before the claim: a lease is not spent waiting for the fitting processes' server
     claimed = claim_chunk(run_id, start, take_expired, lease_seconds)
     if claimed is None:
         current = state_store.get_item(runs_table(), chunk_key(run_id, start)) or {}

@@ -8,7 +8,10 @@ A chunk is fitted in child processes (the seed's worker Lambda), so that:
 
 Children are forked by a small fork server (a clean ``python -m tasks.phspectra.worker`` process per
 caller process, with numpy/scipy/phspectra already imported, so a child costs milliseconds). It is a
-plain subprocess, so it works from Dask's daemonic worker processes too.
+plain subprocess, so it works from Dask's daemonic worker processes too. Its BLAS/OpenMP thread pools are sized
+before numpy loads, as a careful user would: the caller's cores shared among its fitting slots (at least one
+thread each), so ``slots`` fitting processes never run more threads than there are cores; thread variables the
+environment sets already (``OPENBLAS_NUM_THREADS``, ``OMP_NUM_THREADS``, ...) are the user's choice and kept.
 
 A caller process has ``slots`` fitting processes at a time (its cores), shared by every chunk it fits: each
 free slot forks a child for the next piece of the oldest chunk, pieces shrinking as the work left does
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import inspect
 import os
 import pickle
@@ -56,6 +60,37 @@ MIN_PIECE = 4  # spectra: the smallest piece a slot forks a child for (the bare 
 TIMED_OUT = -1  # n_components of a spectrum whose fit exceeded the time limit (refitted by the slow lane)
 DEFAULT_BETA = inspect.signature(phspectra.fit_gaussians).parameters["beta"].default
 FIT_PARAM_NAMES = tuple(p for p in inspect.signature(phspectra.fit_gaussians).parameters if p != "signal")
+
+
+# the thread pools a fitting process's numpy/scipy may start: OpenBLAS (numpy's and scipy's), OpenMP, MKL, BLIS, ...
+THREAD_VARIABLES = (
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+
+
+def caller_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's cpuset), at least 1."""
+    with contextlib.suppress(AttributeError, OSError):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def threads_per_fit(slots: int, cores: int | None = None) -> int:
+    """BLAS/OpenMP threads per fitting process: the cores shared among ``slots`` fitting processes, at least 1."""
+    return max(1, (cores or caller_cores()) // max(1, slots))
+
+
+def thread_environment(threads: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The thread variables a fork server starts with: ``threads`` each, unless ``environ`` sets one (then none
+    changes: the user chose)."""
+    if any(environ.get(name) for name in THREAD_VARIABLES):
+        return {}
+    return dict.fromkeys(THREAD_VARIABLES, str(threads))
 
 
 class SpectrumTimeout(Exception):
@@ -161,13 +196,15 @@ class _ForkServer:
     fit's seconds. A child killed mid-fit closes the connection without them (EOFError for the caller).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int) -> None:
+        self.threads = threads  # BLAS/OpenMP threads of each fitting process (unless the environment chose)
         self.folder = tempfile.mkdtemp(prefix="phspectra-forkserver-")
         self.address = os.path.join(self.folder, "socket")
         self.authkey = os.urandom(16)
         self.owner = os.getpid()
         env = {
             **os.environ,
+            **thread_environment(threads, os.environ),  # before the server imports numpy: pools are sized at load
             "PHSPECTRA_FORKSERVER_KEY": self.authkey.hex(),
             "PHSPECTRA_FORKSERVER_PARENT": str(self.owner),
         }
@@ -199,24 +236,43 @@ _server_lock = threading.Lock()
 _server: _ForkServer | None = None
 
 
-def start_fork_server() -> None:
-    """Start this process's fork server now, waiting until it serves (it runs already: nothing to do)."""
+def start_fork_server(slots: int = 1) -> None:
+    """Start this process's fork server for ``slots`` fitting slots now, waiting until it serves (it runs
+    already: nothing to do)."""
+    _slots.resize(slots)
     _fork_server()
 
 
 def _fork_server() -> _ForkServer:
-    """This process's fork server, started on first use (and again if it died)."""
+    """This process's fork server, started on first use (again if it died, or if the slots now call for another
+    thread count: the old one serves its children to the end and goes at exit)."""
     global _server
+    threads = threads_per_fit(_slots.capacity)
     with _server_lock:
-        if _server is None or _server.process.poll() is not None or _server.owner != os.getpid():
-            _server = _ForkServer()
+        if (
+            _server is None
+            or _server.process.poll() is not None
+            or _server.owner != os.getpid()
+            or _server.threads != threads
+        ):
+            _server = _ForkServer(threads)
             atexit.register(_server.close)
         return _server
 
 
-def warm_up() -> None:
-    """Start this process's fork server in the background (it imports numpy/scipy/phspectra once)."""
+def warm_up(slots: int = 1) -> None:
+    """Start this process's fork server for ``slots`` fitting slots in the background (it imports
+    numpy/scipy/phspectra once)."""
+    _slots.resize(slots)
     threading.Thread(target=_fork_server, name="phspectra-forkserver-warm-up", daemon=True).start()
+
+
+def warm_fit() -> None:
+    """Fit one small spectrum, so what numpy/scipy set up on first use is there before any child is forked."""
+    channels = np.arange(64, dtype=np.float64)
+    spectrum = np.exp(-0.5 * ((channels - 32.0) / 3.0) ** 2) + 0.01 * np.sin(channels)
+    with contextlib.suppress(Exception):  # a warm-up only: a fit's real errors surface in the children
+        fit_one(spectrum, {})
 
 
 def serve(address: str) -> None:
@@ -229,6 +285,9 @@ def serve(address: str) -> None:
     listener = Listener(
         address + ".tmp", family="AF_UNIX", authkey=bytes.fromhex(os.environ["PHSPECTRA_FORKSERVER_KEY"])
     )
+    warm_fit()
+    # the imported modules' objects leave the collector's view: a child's collections never touch (and copy) them
+    gc.freeze()
     os.replace(address + ".tmp", address)  # the socket appears only once it listens
     while True:
         try:

@@ -428,6 +428,39 @@ def transform(source: Path, target: Path, mode: str, encoder: str | None = None)
     run(stream.output(str(target), **options))
 
 
+RETIME_BATCH = 32  # parts one ffmpeg call remuxes at once (its open files and command line stay bounded)
+
+
+def retime(parts: list[Path], folder: Path) -> list[Path]:
+    """Each part's first video stream remuxed (stream copy) onto the one ``TIMESCALE`` time base, as
+    ``folder/00000.mp4``, ...: one ffmpeg call for up to ``RETIME_BATCH`` parts (a process start per part cost
+    more than its remux)."""
+    retimed = [folder / f"{index:05d}.mp4" for index in range(len(parts))]
+    for lo in range(0, len(parts), RETIME_BATCH):
+        outputs = [
+            ffmpeg.input(str(part))["v:0"].output(str(out), c="copy", video_track_timescale=TIMESCALE)
+            for part, out in zip(parts[lo : lo + RETIME_BATCH], retimed[lo : lo + RETIME_BATCH])
+        ]
+        run(ffmpeg.merge_outputs(*outputs))
+    return retimed
+
+
+def video_span(path: Path) -> float:
+    """Seconds from a file's first video frame to the end of its last, as ``probe`` counts them, from the video
+    packets alone (no decoding, no checks: for files this module just wrote)."""
+    import av
+
+    with av.open(str(path)) as container:
+        video = container.streams.video[0]
+        packets = [
+            (float(packet.pts * packet.time_base), float((packet.duration or 0) * packet.time_base))
+            for packet in container.demux(video)
+            if packet.size and packet.pts is not None
+        ]
+    start, end = _span(packets) or (0.0, 0.0)
+    return end - start
+
+
 def concat(parts: list[Path], target: Path, audio: Path | None = None) -> None:
     """Join the video of ``parts`` in order (stream copy), then add ``audio``'s first audio track whole, where it
     starts there against that file's video (copied when mp4 takes its codec, else AAC).
@@ -438,13 +471,11 @@ def concat(parts: list[Path], target: Path, audio: Path | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix=".concat-", dir=target.parent) as tmp:
         listing = Path(tmp) / "concat.txt"
         lines = []
-        for index, part in enumerate(parts):
-            retimed = Path(tmp) / f"{index:05d}.mp4"
-            run(ffmpeg.input(str(part)).output(str(retimed), c="copy", map="0:v:0", video_track_timescale=TIMESCALE))
+        for retimed in retime(parts, Path(tmp)):
             # each part placed after the frames before it, not after its container's duration (which counts a
             # reordering delay in, so parts drifted apart where the frame rate changes)
             escaped = str(retimed).replace("'", r"'\''")
-            lines.append(f"file '{escaped}'\nduration {probe(retimed).duration:.6f}\n")
+            lines.append(f"file '{escaped}'\nduration {video_span(retimed):.6f}\n")
         listing.write_text("".join(lines))
         streams = [ffmpeg.input(str(listing), f="concat", safe=0)["v:0"]]
         options: dict = {"c:v": "copy", "movflags": "+faststart", "video_track_timescale": TIMESCALE}
