@@ -72,7 +72,8 @@ bench: install
 deploy-aws: install
 	$(PY) -m deployments.cli aws-stack deploy --env $(ENV) --vpc $(VPC) --subnets $(SUBNETS) \
 	  --security-groups $(SECURITY_GROUPS) $(if $(API_KEY_SECRET_ARN),--api-key-secret-arn $(API_KEY_SECRET_ARN)) \
-	  $(if $(DRY_RUN),--dry-run)
+	  $(if $(GPU_CLUSTER),--gpu-cluster $(GPU_CLUSTER)) \
+	  $(if $(VIDEO_ENDPOINT_PREFIX),--video-endpoint-prefix $(VIDEO_ENDPOINT_PREFIX)) $(if $(DRY_RUN),--dry-run)
 
 destroy-aws: install
 	$(PY) -m deployments.cli aws-stack destroy --env $(ENV)

@@ -380,6 +380,8 @@ def deploy(
     assign_public_ip: str = "DISABLED",
     dry_run: bool = False,
     session: Any = None,
+    gpu_cluster: str = "",
+    video_endpoint_prefix: str = "",
 ) -> dict[str, Any]:
     """`pipelines aws-stack deploy`: ECR repository, image, the stack by a change set through the artifact bucket, the
     pool, blocks and deployments on the Prefect server. Idempotent: a second run with nothing changed changes
@@ -395,6 +397,7 @@ def deploy(
         "Env": env, "BucketName": bucket or f"pipelines-{account}-{env}", "ImageTag": tag,
         "PrefectApiUrl": prefect_api_url, "PrefectApiKeySecretArn": api_key_secret_arn, "VpcId": vpc,
         "Subnets": ",".join(subnets), "SecurityGroups": ",".join(security_groups), "AssignPublicIp": assign_public_ip,
+        "GpuClusterName": gpu_cluster, "VideoEndpointPrefix": video_endpoint_prefix,  # the task role's grants on them
     }  # fmt: skip
     result: dict[str, Any] = {"stack": stack, "parameters": parameters}
     s3, ecr = session.client("s3"), session.client("ecr")

@@ -168,6 +168,20 @@ def parameters() -> dict[str, Any]:
             "AllowedPattern": "[a-z0-9_]+",
             "Description": "Glue database the ETL merge registers its Parquet partitions in (CATALOG_DATABASE)",
         },
+        "GpuClusterName": {
+            "Type": "String",
+            "Default": "",
+            "AllowedPattern": "[A-Za-z0-9_-]{0,255}",
+            "Description": "ECS cluster of your GPU instances (GpuCompute.cluster_name, the gpu pipeline's ecs "
+            "backend); empty: the task role gets no GPU-cluster permissions",
+        },
+        "VideoEndpointPrefix": {
+            "Type": "String",
+            "Default": "",
+            "AllowedPattern": "[a-z0-9-]{0,63}",
+            "Description": "Name prefix of your SageMaker async endpoints (VideoInference.endpoint_name, the video "
+            "pipeline's sagemaker backend); empty: the task role may invoke none",
+        },
         "AssignPublicIp": {
             "Type": "String",
             "Default": "DISABLED",
@@ -405,6 +419,42 @@ def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
     return {"PolicyName": name, "PolicyDocument": {"Version": "2012-10-17", "Statement": statements}}
 
 
+PREFIX_ARN = "arn:${{AWS::Partition}}:{service}:${{AWS::Region}}:${{AWS::AccountId}}"
+
+
+def when(condition: str, statement: dict[str, Any]) -> dict[str, Any]:
+    """A statement the policy holds only when the template's ``condition`` is true."""
+    return {"Fn::If": [condition, statement, ref("AWS::NoValue")]}
+
+
+def gpu_cluster_statements() -> list[dict[str, Any]]:
+    """The gpu pipeline's ecs backend on your GPU cluster (tasks/gpu/backends.py ``EcsBackend``): list and describe
+    its container instances, start tasks pinned to them (tagged at launch), find, describe and stop them, read the
+    instances' private IPs and reboot an unhealthy one."""
+    ecs = PREFIX_ARN.format(service="ecs")
+    on_gpu_cluster = {"ArnEquals": {"ecs:cluster": sub(f"{ecs}:cluster/${{GpuClusterName}}")}}
+    gpu_tasks = sub(f"{ecs}:task/${{GpuClusterName}}/*")
+    return [
+        {"Sid": "GpuClusterNodes", "Effect": "Allow", "Action": "ecs:ListContainerInstances",
+         "Resource": sub(f"{ecs}:cluster/${{GpuClusterName}}")},
+        {"Sid": "GpuClusterInstances", "Effect": "Allow", "Condition": on_gpu_cluster,
+         "Action": ["ecs:DescribeContainerInstances", "ecs:ListTasks"],
+         "Resource": sub(f"{ecs}:container-instance/${{GpuClusterName}}/*")},
+        {"Sid": "GpuStartTasks", "Effect": "Allow", "Action": "ecs:StartTask", "Condition": on_gpu_cluster,
+         "Resource": sub(f"{ecs}:task-definition/*")},
+        # start_task tags each attempt at launch; TagResource requests carry no ecs:cluster key: the ARN names it
+        {"Sid": "GpuTagTasksAtLaunch", "Effect": "Allow", "Action": "ecs:TagResource", "Resource": gpu_tasks,
+         "Condition": {"StringEquals": {"ecs:CreateAction": "StartTask"}}},
+        {"Sid": "GpuWatchTasks", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
+         "Resource": gpu_tasks, "Condition": on_gpu_cluster},
+        # DescribeInstances takes no resource ARN; a container instance's EC2 instance is not named by the cluster,
+        # so a reboot is scoped to this account's and region's instances
+        {"Sid": "GpuInstances", "Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
+        {"Sid": "GpuRebootInstances", "Effect": "Allow", "Action": "ec2:RebootInstances",
+         "Resource": sub(f"{PREFIX_ARN.format(service='ec2')}:instance/*")},
+    ]  # fmt: skip
+
+
 def iam_resources(log_groups: list[str]) -> dict[str, Any]:
     """The execution role (pull the image, write logs, read the API key), the pipelines' task role (their tables,
     bucket and queues, nothing else) and the worker's task role (run flow-run tasks on the cluster)."""
@@ -451,6 +501,12 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
             sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:database/${CatalogDatabase}"),
             sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:table/${CatalogDatabase}/*")]},
     ]  # fmt: skip
+    pipelines += [when("HasGpuCluster", s) for s in gpu_cluster_statements()]
+    # the video pipeline's sagemaker backend invokes your async endpoints (tasks/video/inference.py); their outputs
+    # are read from the S3 output path you give them (docs/aws.md: under the store's prefix)
+    pipelines.append(when("HasVideoEndpoints", {
+        "Sid": "InvokeVideoEndpoints", "Effect": "Allow", "Action": "sagemaker:InvokeEndpointAsync",
+        "Resource": sub(f"{PREFIX_ARN.format(service='sagemaker')}:endpoint/${{VideoEndpointPrefix}}*")}))  # fmt: skip
     cluster_tasks = sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*")
     on_cluster = {"ArnEquals": {"ecs:cluster": arn("Cluster")}}
     worker = [
@@ -655,7 +711,14 @@ def template() -> dict[str, Any]:
         "Description": "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
         "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)",
         "Parameters": parameters(),
-        "Conditions": {"HasPrefectApiKey": {"Fn::Not": [{"Fn::Equals": [ref("PrefectApiKeySecretArn"), ""]}]}},
+        "Conditions": {
+            condition: {"Fn::Not": [{"Fn::Equals": [ref(parameter), ""]}]}
+            for condition, parameter in (
+                ("HasPrefectApiKey", "PrefectApiKeySecretArn"),
+                ("HasGpuCluster", "GpuClusterName"),
+                ("HasVideoEndpoints", "VideoEndpointPrefix"),
+            )
+        },  # fmt: skip
         "Resources": resources,
         "Outputs": outputs,
     }

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from infra import cloudformation as cfn
-from infra.policy_eval import Request, condition_holds, decide, role_statements
+from infra.policy_eval import Request, condition_holds, decide, role_statements, stack_values
 from tests.helpers import aws_calls
 
 TOOLS = cfn.REPO_ROOT / ".venv-tools" / "bin"
@@ -27,8 +27,16 @@ RECORDED_MODULES = (  # the emulator tests whose calls are evaluated: the worker
     "tests/test_landing_sqs.py",
     "tests/test_aws_s3.py",
     "tests/test_aws_health_metrics.py",
+    "tests/test_aws_listener_service.py",
+    "tests/test_gpu_backends.py::test_ecs_backend_api_shapes_against_moto",  # the GPU cluster's ECS and EC2 calls
+    "tests/test_video_model.py::test_video_process_through_the_async_endpoint",  # SageMaker's runtime, stand-in
+    "tests/test_video_model.py::test_an_endpoint_failure_fails_the_segment_with_its_reason",
 )
-RECORDED_SWEEP = ("tests/test_aws_observer.py",)  # the worker's observer reading its queue (a sweep test itself)
+RECORDED_SWEEP = (  # sweep tests themselves
+    "tests/test_aws_observer.py",  # the worker's observer reading its queue
+    "tests/test_aws_trigger.py",  # the trigger's records-prefect-state run, on a process worker
+    "tests/test_aws_dask.py",  # flow runs and their Dask workers (run them with the task role) on S3
+)
 # parliament's community auditors flag these on purpose; each is needed and scoped
 JUSTIFIED = {
     ("ExecutionRole", "CREDENTIALS_EXPOSURE"): "ecr:GetAuthorizationToken is how ECS pulls the image from ECR",
@@ -149,7 +157,35 @@ def test_parliament_finds_nothing_in_any_role_but_what_is_justified(world):
     assert {(role, issue) for role, issue, _, _ in findings} <= set(JUSTIFIED), findings
 
 
-@pytest.mark.sweep  # runs five emulator test modules with their AWS calls recorded: `make test-sweep`
+def test_the_task_role_drives_the_gpu_cluster_and_invokes_the_endpoints_its_parameters_name(world):
+    gpu = {"service": "ecs", "role": "task", "where": "tasks/gpu/backends.py:0"}
+    instance = f"{world.gpu_cluster().replace(':cluster/', ':container-instance/')}/c1"
+    calls = [
+        {**gpu, "operation": "ListContainerInstances", "params": {"cluster": "gpu"}},
+        {**gpu, "operation": "ListTasks", "params": {"cluster": "gpu", "containerInstance": instance}},
+        {**gpu, "operation": "StartTask", "params": {"cluster": "gpu", "taskDefinition": "train",
+                                                     "tags": [{"key": "gpu-task", "value": "a"}]}},
+        {**gpu, "operation": "StopTask", "params": {"cluster": "gpu", "task": "t1"}},
+        {**gpu, "service": "ec2", "operation": "RebootInstances", "params": {"InstanceIds": ["i-1"]}},
+        {"service": "sagemaker-runtime", "operation": "InvokeEndpointAsync", "role": "task",
+         "where": "tasks/video/inference.py:0", "params": {"EndpointName": "text-redact"}},
+    ]  # fmt: skip
+    assert evaluate(world, calls) == ([], 7)  # StartTask with its tag-on-create TagResource
+    task_role = statements_of(world, "TaskRole")
+    pipelines_cluster = Request("ecs:StopTask", f"{world.values['Cluster.Arn'].replace(':cluster/', ':task/')}/t1",
+                                {"ecs:cluster": (world.values["Cluster.Arn"],)})  # fmt: skip
+    other_endpoint = Request("sagemaker:InvokeEndpointAsync", world.endpoint("x").replace("pipelines-video-", "a-"))
+    assert not decide(task_role, pipelines_cluster)[0] and not decide(task_role, other_endpoint)[0]
+    unset = {**world.parameters, "GpuClusterName": "", "VideoEndpointPrefix": ""}  # the defaults: none granted
+    values = stack_values(world.template, unset, "pipelines-test", aws_calls.ACCOUNT, aws_calls.REGION)
+    sids = {statement["Sid"] for statement in role_statements(world.template, "TaskRole", values)}
+    assert not {sid for sid in sids if sid.startswith("Gpu") or "Endpoint" in sid}
+    assert {sid for sid in (s["Sid"] for s in task_role) if sid.startswith("Gpu") or "Endpoint" in sid} == {
+        "GpuClusterNodes", "GpuClusterInstances", "GpuStartTasks", "GpuTagTasksAtLaunch", "GpuWatchTasks",
+        "GpuInstances", "GpuRebootInstances", "InvokeVideoEndpoints"}  # fmt: skip
+
+
+@pytest.mark.sweep  # runs the emulator tests above with their AWS calls recorded: `make test-sweep`
 @pytest.mark.timeout(1800)
 def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tmp_path):
     log = tmp_path / "aws-calls.jsonl"
@@ -171,6 +207,9 @@ def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tm
         ("task", "cloudwatch:PutMetricData"),  # pipeline-health's readings
         ("worker", "sqs:ReceiveMessage"),  # the observer
         ("worker", "ecs:DescribeTasks"),
+        ("task", "ecs:StartTask"),  # the GPU backend on its cluster
+        ("task", "ec2:RebootInstances"),
+        ("task", "sagemaker-runtime:InvokeEndpointAsync"),  # the video pipeline's endpoint
     } <= made
     denied, decided = evaluate(world, calls)
     assert denied == [], "\n".join(map(str, denied))

@@ -24,6 +24,8 @@ def register(subparsers) -> None:
     deploy.add_argument("--bucket", help="the data bucket's name (default pipelines-ACCOUNT-ENV)")
     deploy.add_argument("--image-tag", help="the image's tag (default: the checkout's commit)")
     deploy.add_argument("--assign-public-ip", default="DISABLED", choices=("ENABLED", "DISABLED"))
+    deploy.add_argument("--gpu-cluster", default="", help="ECS cluster of your GPU instances (the gpu ecs backend)")
+    deploy.add_argument("--video-endpoint-prefix", default="", help="name prefix of your SageMaker async endpoints")
     deploy.add_argument("--dry-run", action="store_true", help="print the change set; change nothing")
     deploy.set_defaults(handler=run_deploy)
     destroy = commands.add_parser("destroy", help="remove the stack and its artifacts; the data is kept")
@@ -39,5 +41,6 @@ def run_deploy(args) -> dict:
     return aws.deploy(
         args.env, args.region, args.vpc, args.subnets.split(","), args.security_groups.split(","),
         args.prefect_api_url, bucket=args.bucket, api_key_secret_arn=args.api_key_secret_arn, tag=args.image_tag,
-        assign_public_ip=args.assign_public_ip, dry_run=args.dry_run,
+        assign_public_ip=args.assign_public_ip, dry_run=args.dry_run, gpu_cluster=args.gpu_cluster,
+        video_endpoint_prefix=args.video_endpoint_prefix,
     )  # fmt: skip

@@ -5,8 +5,9 @@ With ``PIPELINES_AWS_CALL_LOG=<file>`` set, each botocore session (boto3's, the 
 service, operation, parameters, and the role that would make it in AWS, read from the call's stack: prefect-aws's
 ECS worker → ``worker`` (the WorkerRole), tasks/landing/ (the listeners) → ``listener`` and the rest of tasks/,
 flows/, blocks/ → ``task`` (both the TaskRole). The test harness's own calls (tests/, moto's fixtures), the
-operator's (deployments/ and ``ensure_tables``: admin credentials) and the GPU and SageMaker backends' (not in the
-template: docs/aws.md, IAM) are left out. Child processes (workers, flow runs, listeners) record too:
+operator's (deployments/ and ``ensure_tables``: admin credentials) are left out. The GPU backend's ECS and EC2 calls
+(on your GPU cluster, ``GpuClusterName``) and the SageMaker backend's (your endpoints, ``VideoEndpointPrefix``) are
+the flow runs' own: the task role's. Child processes (workers, flow runs, listeners) record too:
 ``install_in_children`` puts this module's ``sitecustomize`` on their PYTHONPATH. tests/test_aws_policies.py
 evaluates the lines against the template's roles.
 """
@@ -33,8 +34,6 @@ ROLES = (  # the innermost frame under one of these paths names the role
     (str(REPO_ROOT / "tests") + os.sep, None),
     (str(REPO_ROOT / "deployments") + os.sep, None),
     (str(REPO_ROOT / "tasks" / "core" / "tables.py"), None),  # ensure_tables: make up's; the template makes them
-    (str(REPO_ROOT / "tasks" / "gpu" / "backends.py"), "gpu-backend"),  # not in the template (docs/aws.md, IAM)
-    (str(REPO_ROOT / "tasks" / "video" / "inference.py"), "gpu-backend"),  # the SageMaker backend: likewise
     (str(REPO_ROOT / "tasks" / "landing") + os.sep, "listener"),
     (str(REPO_ROOT / "tasks") + os.sep, "task"),
     (str(REPO_ROOT / "flows") + os.sep, "task"),
@@ -119,6 +118,8 @@ def pytest_configure(config) -> None:
 # --------------------------------------------------------------------------- calls as IAM authorizations
 
 ACCOUNT, REGION, ENV = "123456789012", "us-east-1", "test"
+GPU_CLUSTER, VIDEO_ENDPOINT_PREFIX = "gpu-test", "pipelines-video-"  # the test stack's GPU cluster and endpoints
+GPU_BACKEND = str(Path("tasks") / "gpu" / "backends.py")  # its ECS calls are on the GPU cluster, not the stack's
 TEMPLATE_ROLES = {"worker": "WorkerRole", "task": "TaskRole", "listener": "TaskRole"}
 GLOBAL_KEYS = ("aws:SecureTransport", "aws:CurrentTime", "aws:PrincipalArn", "aws:PrincipalAccount")
 SAR_SCRIPT = """
@@ -168,6 +169,7 @@ class StackWorld:
             "Env": ENV, "BucketName": f"pipelines-data-{ENV}", "ImageTag": "t", "PrefectApiUrl": "https://prefect/api",
             "VpcId": "vpc-1", "Subnets": "subnet-1", "SecurityGroups": "sg-1",
             "PrefectApiKeySecretArn": f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:prefect-api-key-AbCdEf",
+            "GpuClusterName": GPU_CLUSTER, "VideoEndpointPrefix": VIDEO_ENDPOINT_PREFIX,
         }  # fmt: skip
         self.values = stack_values(self.template, self.parameters, f"pipelines-{ENV}", ACCOUNT, REGION)
         self.cfn, self.sqs = cfn, sqs
@@ -200,10 +202,24 @@ class StackWorld:
         """The stack's cluster ARN."""
         return self.values["Cluster.Arn"]
 
+    def gpu_cluster(self) -> str:
+        """The GPU cluster's ARN (``GpuClusterName``): every cluster the GPU backend's tests name stands for it."""
+        return f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{self.values['GpuClusterName']}"
+
+    def endpoint(self, name: str) -> str:
+        """The ARN of the endpoint a test named, as the stack's endpoints are named (``VideoEndpointPrefix``)."""
+        return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/{self.values['VideoEndpointPrefix']}{name}".lower()
+
     def role(self, role_arn: str) -> str:
         """The stack's role a test's role ARN stands for (the flow runs' task and execution roles)."""
         name = role_arn.rsplit("/", 1)[-1]
         return self.values["ExecutionRole.Arn" if "execution" in name else "TaskRole.Arn"]
+
+
+def launch_tags(params: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The request-tag condition keys of an ECS call that tags what it creates."""
+    tags = {f"aws:RequestTag/{t['key']}": (t["value"],) for t in params.get("tags", [])}
+    return tags | ({"aws:TagKeys": tuple(t["key"] for t in params["tags"])} if tags else {})
 
 
 def _ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
@@ -212,8 +228,7 @@ def _ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Requ
 
     base = f"arn:aws:ecs:{REGION}:{ACCOUNT}"
     cluster = {"ecs:cluster": (world.cluster(),)}
-    tags = {f"aws:RequestTag/{t['key']}": (t["value"],) for t in params.get("tags", [])}
-    tags |= {"aws:TagKeys": tuple(t["key"] for t in params.get("tags", []))} if params.get("tags") else {}
+    tags = launch_tags(params)
     if operation == "RegisterTaskDefinition":
         world.task_definitions[params["family"]] = params
         resource = f"{base}:task-definition/{params['family']}:1"
@@ -242,6 +257,33 @@ def _ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Requ
     if operation in ("DescribeTaskDefinition", "DeregisterTaskDefinition", "ListTaskDefinitions"):
         return [Request(f"ecs:{operation}", "*")]
     raise LookupError(f"no IAM mapping for ecs:{operation}")
+
+
+def _gpu_ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
+    """ECS calls of the GPU backend (tasks/gpu/backends.py) on the GPU cluster: StartTask with its tag-on-create."""
+    from infra.policy_eval import Request
+
+    cluster_arn = world.gpu_cluster()
+    base, name = cluster_arn.rsplit(":cluster/", 1)
+    cluster = {"ecs:cluster": (cluster_arn,)}
+    if operation == "ListContainerInstances":
+        return [Request("ecs:ListContainerInstances", cluster_arn)]
+    if operation in ("DescribeContainerInstances", "ListTasks"):
+        instances = params.get("containerInstances") or [params.get("containerInstance", "*")]
+        return [Request(f"ecs:{operation}", f"{base}:container-instance/{name}/{i.rsplit('/', 1)[-1]}", cluster)
+                for i in instances]  # fmt: skip
+    if operation == "StartTask":
+        tags = launch_tags(params)
+        definition = params["taskDefinition"].rsplit("/", 1)[-1]
+        definition = definition if ":" in definition else f"{definition}:1"
+        requests = [Request("ecs:StartTask", f"{base}:task-definition/{definition}", {**cluster, **tags})]
+        created = {**tags, "ecs:CreateAction": ("StartTask",)}
+        tagged = [Request("ecs:TagResource", f"{base}:task/{name}/0123456789abcdef", created)] if tags else []
+        return requests + tagged
+    if operation in ("DescribeTasks", "StopTask"):
+        tasks = params.get("tasks") or [params["task"]]
+        return [Request(f"ecs:{operation}", f"{base}:task/{name}/{t.rsplit('/', 1)[-1]}", cluster) for t in tasks]
+    raise LookupError(f"no IAM mapping for the GPU backend's ecs:{operation}")
 
 
 def _dynamodb(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
@@ -326,8 +368,15 @@ def authorizations(world: StackWorld, call: dict[str, Any]) -> list[Request]:
         return _sqs(world, operation, params)
     if service == "glue":
         return _glue(world, operation, params)
+    if service == "ecs" and call["where"].startswith(GPU_BACKEND):
+        return _gpu_ecs(world, operation, params)
     if service == "ecs":
         return _ecs(world, operation, params)
+    if service == "ec2" and operation == "RebootInstances":
+        return [Request("ec2:RebootInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}")
+                for i in params["InstanceIds"]]  # fmt: skip
+    if service == "sagemaker-runtime":  # the runtime API's actions are authorized as sagemaker:
+        return [Request(f"sagemaker:{operation}", world.endpoint(params["EndpointName"]))]
     if service in ("cloudwatch", "ec2"):  # these actions take no resource ARN
         context = {"cloudwatch:namespace": (params["Namespace"],)} if "Namespace" in params else {}
         return [Request(f"{service}:{operation}", "*", context)]
