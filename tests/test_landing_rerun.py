@@ -26,6 +26,9 @@ def test_every_listener_is_rerun_on_crashed_or_failed_after_a_delay_under_a_minu
     deployments = listener_deployments()
     assert sorted({d["entrypoint"].split(":")[1] for d in deployments}) == sorted(LISTENERS)
     for deployment in deployments:
+        if deployment["name"] == "ecs":  # in AWS the listener's ECS service keeps one run going (ecs_listener.py)
+            assert deployment["triggers"] == [], "a trigger would start a second listener beside the service's"
+            continue
         trigger, ended = deployment["triggers"]
         assert ended["expect"] == ["prefect.flow-run.Completed"] and ended.get("schedule_after", 0) == 0
         assert ended["match_related"] == trigger["match_related"]
