@@ -28,10 +28,15 @@ LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
 _CHILDREN: dict[str, subprocess.Popen] = {}  # launchers started by this process, so poll() can reap them
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat``'s fields from field 3 (the state) on: those after ``(comm)``; OSError without it."""
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[-1].split()
+
+
 def _start_ticks(pid: int) -> str:
     """Process ``pid``'s start time in clock ticks after boot (``/proc/<pid>/stat`` field 22); OSError without it."""
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()  # fields after "(comm)" begin at field 3
+    fields = _stat_fields(pid)
     if len(fields) < 20:
         raise OSError(f"/proc/{pid}/stat has no start time")
     return fields[19]
@@ -72,9 +77,8 @@ def pid_alive(pid: int, identity: str | None = None) -> bool:
     except PermissionError:
         pass  # it exists, under another user
     try:
-        with open(f"/proc/{pid}/stat") as handle:
-            if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
+        if _stat_fields(pid)[0] == "Z":
+            return False
     except (FileNotFoundError, IndexError):
         return os.name != "posix" or not Path("/proc/self").exists()
     return not pid_reused(pid, identity)
