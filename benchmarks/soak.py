@@ -441,6 +441,7 @@ def main() -> int:
         help="seconds after a kill to run `local_stack up` (0, the default: the stack's supervisor alone)",
     )
     parser.add_argument("--drain", type=float, default=600, help="seconds to wait after the feed for the backlog")
+    parser.add_argument("--memory-every", type=float, default=600.0, help="seconds between memory samples")
     parser.add_argument("--tick", type=float, default=15, help="seconds between backlog samples")
     parser.add_argument("--quick", action="store_true", help="1.5 minutes, ETL 1 file/s, a video, records, a cube")
     args = parser.parse_args()
@@ -511,6 +512,7 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
             flush=True,
         )
         backlog = []
+        memory_samples = [(0.0, memory_start)]  # whether memory levels off: a sample every --memory-every s
         next_tick, flushed, stopped = began, False, False
         while True:
             now = time.monotonic() - began
@@ -528,6 +530,8 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
             while recoveries and now >= recoveries[0]:
                 recoveries.pop(0)
                 threading.Thread(target=recover, args=(env, began), daemon=True).start()  # the samples go on meanwhile
+            if now >= memory_samples[-1][0] + args.memory_every:
+                memory_samples.append((now, memory(data)))
             try:
                 feeders.check()
             except Exception as error:  # noqa: BLE001 - a busy stack answering late is a figure, not a crash
@@ -546,6 +550,7 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
             next_tick = max(next_tick + args.tick, time.monotonic())  # a slow check skips samples, never bunches them
             time.sleep(max(0.0, next_tick - time.monotonic()))
         memory_end, db_end = memory(data), database_mb(data)
+        memory_samples.append((time.monotonic() - began, memory_end))
         doubles, rows, expected_rows = feeders.etl_duplicates() if feeders.ledgers["etl"].arrived else (0, 0, 0)
 
     print(f"\n{'pipeline':10} {'arrived':>7} {'done':>6} {'failed':>6} {'left':>5} {'lost':>5}  arrival -> done")
@@ -578,9 +583,9 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         span = max(etl.done.values()) - min(etl.arrived.values())
         print(f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = "
               f"{len(etl.done) / span:.2f} files/s (offered {args.etl_rate:g}/s)")  # fmt: skip
-    print(f"\nmemory (RSS MB)   {'start':>8} {'end':>8}")
-    for name in sorted(set(memory_start) | set(memory_end)):
-        print(f"  {name:28} {memory_start.get(name, float('nan')):8.0f} {memory_end.get(name, float('nan')):8.0f}")
+    print("\nmemory (RSS MB) at t (min) " + "".join(f"{t / 60:7.0f}" for t, _ in memory_samples))
+    for name in sorted({name for _, sample in memory_samples for name in sample}):
+        print(f"  {name:26}" + "".join(f"{sample.get(name, float('nan')):7.0f}" for _, sample in memory_samples))
     landed = sum(len(ledger.arrived) for ledger in feeders.ledgers.values())
     print(
         f"Prefect database: {db_start:.1f} -> {db_end:.1f} MB (+{db_end - db_start:.1f} MB for {landed} items landed, "

@@ -129,6 +129,29 @@ def test_a_folder_renamed_within_the_prefix_while_no_listener_runs_offers_its_fi
     assert offered(make_source(), 3, until=1) == [(f"{INPUT}2026-01-02/a/f.ndjson", 3)]
 
 
+def test_a_folder_renamed_under_a_file_still_settling_holds_up_neither_the_file_nor_the_watermark(
+    tmp_path, make_source
+):
+    """The watch reports only the folder: the file's old key, gone with it, is settled at once, not taken for
+    another user's file (a lease check on a gone path) that keeps the watermark back for a minute."""
+    held = land(tmp_path, f"{INPUT}2026-01-01/held.ndjson", b"")
+    source = make_source(settle_seconds=2.0)
+    with open(held, "ab") as writer:
+        writer.write(b"{}")
+        writer.flush()
+        assert receive_all(source, 0.5) == []  # listed and watched while a writer holds it
+        writer.write(b"\n")
+    assert receive_all(source, 0.5) == []  # the last write seen; the file settles for 2 s
+    os.rename(tmp_path / INPUT / "2026-01-01", tmp_path / INPUT / "2026-01-02")
+    take_everything(source, 1)
+    past_the_watermark()
+    source._next_rescan = 0.0
+    assert receive_all(source, 0.5) == []
+    renamed = tmp_path / INPUT / "2026-01-02" / "held.ndjson"
+    assert watch.read_watermark(source.folder).at > os.stat(renamed).st_ctime
+    assert backlog(tmp_path) == []
+
+
 # ------------------------------------------------------------------ 4. the same invalid name twice
 
 

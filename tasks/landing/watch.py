@@ -86,11 +86,12 @@ def ignored_name(name: str) -> bool:
 
 def open_for_writing(path: Path) -> bool | None:
     """Whether any process has ``path`` open for writing (Linux read lease); None when the kernel cannot say (a
-    file another user owns: only its owner, or root, may take a lease)."""
+    file another user owns: only its owner, or root, may take a lease). A path that is gone or no longer a file
+    (its folder renamed, a link put there) is open nowhere: the caller's stat finds what lies there now."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError:
-        return None
+    except OSError as error:
+        return None if error.errno in (errno.EACCES, errno.EPERM) else False
     try:
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
         fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
@@ -518,9 +519,10 @@ class LocalWatchSource:
             dirty, self._dirty = self._dirty, {}
         for key, written in dirty.items():
             stat = self._stat(key)
-            if stat is None:
-                self._looks.pop(key, None)
-                self._settled(key)
+            if stat is None:  # gone; a folder moved away is reported alone: what was under it went with it
+                for gone in [key, *(k for k in self._looks if k.startswith(f"{key}/"))]:
+                    self._looks.pop(gone, None)
+                    self._settled(gone)
                 continue
             path = self._path(key)
             if S_ISDIR(stat.st_mode):  # a new folder: files may have landed in it before the watch covered it
