@@ -88,7 +88,8 @@ def started(_: int) -> int:
 
 @contextlib.contextmanager
 def cluster_of(n: int):
-    """A LocalCluster of ``n`` worker processes × 1 thread, each warmed; its scheduler address."""
+    """A LocalCluster of ``n`` worker processes × 1 thread, each warmed; its scheduler address and the seconds the
+    warming took (a fresh worker's first merge pays it once: the merge's modules, Prefect among them, and kernels)."""
     from distributed import Client, LocalCluster
 
     with (
@@ -98,8 +99,9 @@ def cluster_of(n: int):
         Client(cluster) as client,
     ):
         client.wait_for_workers(n)
+        start = time.perf_counter()
         client.run(warm_worker)
-        yield cluster.scheduler_address
+        yield cluster.scheduler_address, time.perf_counter() - start
 
 
 def measure(n: int, urls: list[str], target_mb: float, repeats: int, work: Path) -> dict[str, list[float]]:
@@ -108,7 +110,8 @@ def measure(n: int, urls: list[str], target_mb: float, repeats: int, work: Path)
     from distributed import Client
 
     times: dict[str, list[float]] = {"ours": [], "pool": [], "rows": [], "pool rows": [], "connect": []}
-    with cluster_of(n) as address, ProcessPoolExecutor(n, initializer=one_arrow_thread) as pool:
+    with cluster_of(n) as (address, warming), ProcessPoolExecutor(n, initializer=one_arrow_thread) as pool:
+        times["warming"] = [warming]
         start = time.perf_counter()
         with Client(address):  # what run_dask pays a manifest before its parts start
             times["connect"].append(time.perf_counter() - start)
@@ -166,7 +169,8 @@ def main() -> int:
             runs = {name: ", ".join(f"{t:.2f}" for t in times[name]) for name in ("ours", "pool")}
             print(
                 f"  {n:3d} workers: ours {best[n]['ours']:7.1f} MB/s (runs {runs['ours']} s; a Client's connect "
-                f"{times['connect'][0]:.2f} s of it) | pool {best[n]['pool']:7.1f} MB/s (runs {runs['pool']} s)",
+                f"{times['connect'][0]:.2f} s of it) | pool {best[n]['pool']:7.1f} MB/s (runs {runs['pool']} s); "
+                f"before them, the workers' first load (once a worker): {times['warming'][0]:.1f} s",
                 flush=True,
             )
         print(f"\n{'workers':>7} {'ours MB/s':>10} {'speedup':>8} {'of linear':>9} {'pool MB/s':>10} {'speedup':>8} "
