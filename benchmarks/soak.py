@@ -3,8 +3,9 @@
 A whole local stack of its own (``deployments.local_stack up`` in a temporary data folder on free loopback ports:
 DynamoDB Local, the Prefect server, the process worker, the listeners, every deployment and its schedules), then
 feeders, each on its own thread, writing into the stack's object store the way users and upstream systems do:
-- ETL: NDJSON files of ~150 KB under ``pipeline/input/{yesterday}/`` (renamed in whole) at ``--etl-rate`` files/s
-  (the seed's average: 3.9/s); done = the file's tracking record ``completed`` (merged);
+- ETL: NDJSON files of ~150 KB (or, with ``--etl-mb 10``, the seed's ~10 MB ± 99% each: ``--etl-mb-spread``)
+  under ``pipeline/input/{yesterday}/`` (renamed in whole) at ``--etl-rate`` files/s (the seed's average: 3.9/s);
+  done = the file's tracking record ``completed`` (merged); the report gives MB/s offered and merged;
 - video: a job created, then its 6 s clip at the upload target, every ``--video-every`` s; done = job completed;
 - records: a message file of ``--records`` granules (one ``completed`` message each) every ``--records-every`` s;
   done = the granule's record written;
@@ -26,6 +27,7 @@ or duplicated data (never on a slow run).
     .venv/bin/python benchmarks/soak.py --minutes 15 [--etl-rate 3.9] [--kill-listener-at 300] [--kill-worker-at 600]
         [--kill-dynamodb-at 120 --kill-postgres-at 240 --kill-server-at 360]
     .venv/bin/python benchmarks/soak.py --quick     # 1.5 minutes at low rates, no kills (make test-sweep)
+    .venv/bin/python benchmarks/soak.py --minutes 15 --etl-mb 10 --etl-delete-merged   # the seed's 39 MB/s
     PREFECT_SERVER_DB=postgres .venv/bin/python benchmarks/soak.py ...   # the server on PostgreSQL
 """
 
@@ -35,6 +37,7 @@ import argparse
 import collections
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -151,11 +154,63 @@ def quarter_figures(ledger: Ledger) -> str:
 # --------------------------------------------------------------------------- feeders
 
 
+class EtlFiles:
+    """The ETL feeder's files: each ``lines`` lines (``--etl-lines``), or, with ``--etl-mb``, a size drawn from
+    ``mb`` ± ``spread`` (a seeded draw per file, kept within the sizes the stack accepts), cut from a pool of
+    pre-generated line blocks so that writing tens of MB/s costs a memory copy, not JSON encoding."""
+
+    BLOCKS, BLOCK_BYTES = 8, 1 << 20  # the pool: 8 different blocks of ~1 MiB of whole lines
+
+    def __init__(self, lines: int, mb: float = 0.0, spread: float = 0.99, bounds: tuple[float, float] | None = None):
+        from deployments.samples import etl as etl_sample
+
+        rng = random.Random(1)
+        self.mb, self.spread, self.sizes = mb, spread, random.Random(40)
+        if not mb:
+            self.fixed = ("\n".join(etl_sample._records(rng, lines)) + "\n").encode()
+            return
+        low, high = mb * (1 - spread) * 2**20, mb * (1 + spread) * 2**20
+        if bounds:  # the stack quarantines a file outside expected size ± tolerance: stay inside
+            low, high = max(low, bounds[0]), min(high, bounds[1])
+        self.low, self.high = math.ceil(low), math.floor(high)
+        self.blocks: list[bytes] = []
+        self.line_ends: list[list[int]] = []  # each block's cumulative byte offsets after each line
+        for _ in range(self.BLOCKS):
+            records = etl_sample._records(rng, self.BLOCK_BYTES // 100)
+            ends, total = [], 0
+            for record in records:
+                total += len(record) + 1
+                if total > self.BLOCK_BYTES:
+                    break
+                ends.append(total)
+            self.blocks.append(("\n".join(records[: len(ends)]) + "\n").encode())
+            self.line_ends.append(ends)
+
+    def make(self, n: int) -> tuple[bytes, int]:
+        """File ``n``'s bytes and its line count (deterministic in ``n``'s order of calls)."""
+        import bisect
+
+        if not self.mb:
+            return self.fixed, self.fixed.count(b"\n")
+        target = self.sizes.randint(self.low, self.high)
+        pieces, lines, size, b = [], 0, 0, n % self.BLOCKS
+        while size + len(self.blocks[b]) <= target:
+            pieces.append(self.blocks[b])
+            lines, size, b = lines + len(self.line_ends[b]), size + len(self.blocks[b]), (b + 1) % self.BLOCKS
+        ends = self.line_ends[b]
+        cut = bisect.bisect_right(ends, target - size)  # whole lines up to the target
+        if size + (ends[cut - 1] if cut else 0) < self.low:  # one more line, never below the accepted size
+            cut += 1
+        if cut:
+            pieces.append(memoryview(self.blocks[b])[: ends[cut - 1]])
+            lines += cut
+        return b"".join(pieces), lines
+
+
 class Feeders:
     """The four feeders and the checks of what they fed, on the stack whose environment this process has."""
 
     def __init__(self, work: Path, args) -> None:
-        from deployments.samples import etl as etl_sample
         from tasks.core.config import object_store
 
         self.work, self.args = work, args
@@ -164,10 +219,8 @@ class Feeders:
         self.stop = threading.Event()
         self.date = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%d")  # the flush closes it
         self.tag = datetime.now(UTC).strftime("%H%M%S")
-        lines = etl_sample._records(random.Random(1), args.etl_lines)
-        self.etl_lines = len(lines)
-        self.etl_template = work / "etl-template.ndjson"
-        self.etl_template.write_text("\n".join(lines) + "\n")
+        self.etl_files = EtlFiles(args.etl_lines, args.etl_mb, args.etl_mb_spread, etl_size_bounds())
+        self.etl_busy_s, self.etl_bytes = 0.0, 0  # the ETL feeder's own time writing, and what it wrote
 
     def paced(self, every_s: float, feed) -> None:
         """Call ``feed(n)`` every ``every_s`` seconds (catching up after a slow call, never bunching) until stopped."""
@@ -183,9 +236,13 @@ class Feeders:
     def feed_etl(self, n: int) -> None:
         from tasks.etl import keys as etl_keys
 
+        start = time.perf_counter()
         name = f"soak-{self.tag}-{n:07d}.ndjson"
-        self.store.put_file(etl_keys.input_key(self.date, name), self.etl_template)
-        self.ledgers["etl"].arrive(name)
+        data, lines = self.etl_files.make(n)
+        self.store.put_bytes(etl_keys.input_key(self.date, name), data)  # renamed in whole, as an upload lands
+        self.ledgers["etl"].arrive(name, lines=lines, size=len(data))
+        self.etl_busy_s += time.perf_counter() - start
+        self.etl_bytes += len(data)
 
     def feed_video(self, n: int) -> None:
         from deployments.samples import video as video_sample
@@ -237,6 +294,7 @@ class Feeders:
         """Mark what is done (or failed) since the last check, each with the time it was seen."""
         from tasks.core import config, state_store
         from tasks.etl import ingest as etl
+        from tasks.etl import keys as etl_keys
         from tasks.phspectra import survey as ph
         from tasks.video import jobs as video
 
@@ -251,6 +309,8 @@ class Feeders:
                 status = etl.base_status(item)
                 if status == etl.COMPLETED:
                     etl_ledger.finish(item["file_key"], now)
+                    if self.args.etl_delete_merged:  # the disk holds the backlog only (39 MB/s fills it)
+                        self.store.delete(etl_keys.input_key(self.date, item["file_key"]))
                 elif status in (etl.FAILED, etl.QUARANTINED):
                     etl_ledger.finish(item["file_key"], now, f"{status}: {item.get('error_message', '')}")
         for job_id in self.ledgers["video"].waiting():
@@ -286,7 +346,34 @@ class Feeders:
         rows = 0
         for part in self.store.path(etl_keys.merged_output_prefix(self.date) + "x").parent.glob("*.parquet"):
             rows += pq.read_metadata(part).num_rows
-        return sum(n - 1 for n in listed.values() if n > 1), rows, len(self.ledgers["etl"].done) * self.etl_lines
+        ledger = self.ledgers["etl"]
+        expected = sum(ledger.info[name]["lines"] for name in ledger.done)  # each file's own line count
+        return sum(n - 1 for n in listed.values() if n > 1), rows, expected
+
+    def etl_rates(self, feed_s: float) -> str:
+        """The ETL's MB/s offered (over the feed) and merged (from the first arrival to the last merge), and what the
+        feeder could write on its own (its bytes over its own busy time): the feed is not its own bottleneck."""
+        ledger = self.ledgers["etl"]
+        merged = sum(ledger.info[name]["size"] for name in ledger.done) / 2**20
+        span = max(ledger.done.values(), default=0) - min(ledger.arrived.values(), default=0)
+        return (
+            f"ETL MB/s: offered {self.etl_bytes / 2**20 / feed_s:.1f} ({self.etl_bytes / 2**20:.0f} MB in "
+            f"{len(ledger.arrived)} files, {self.etl_bytes / 2**20 / max(len(ledger.arrived), 1):.1f} MB each); merged "
+            f"{merged / span if span > 0 else float('nan'):.1f} ({merged:.0f} MB); the feeder alone: "
+            f"{self.etl_bytes / 2**20 / self.etl_busy_s if self.etl_busy_s else float('nan'):.0f} MB/s "
+            f"({self.etl_busy_s:.1f} s of writing)"
+        )
+
+
+def etl_size_bounds() -> tuple[float, float] | None:
+    """The file sizes the stack's ETL accepts (expected ± tolerance, bytes); None when its settings cannot be read."""
+    try:
+        from tasks.etl.ingest import settings
+
+        return settings().size_bounds_bytes()
+    except Exception as error:  # noqa: BLE001 - the draw is then only the --etl-mb spread
+        print(f"(the ETL's size bounds not read: {type(error).__name__}: {error})", flush=True)
+        return None
 
 
 # --------------------------------------------------------------------------- the stack's processes
@@ -424,6 +511,18 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=15)
     parser.add_argument("--etl-rate", type=float, default=3.9, help="ETL files per second (the seed's average: 3.9)")
     parser.add_argument("--etl-lines", type=int, default=1200, help="lines per ETL file (1200: ~150 KB)")
+    parser.add_argument(
+        "--etl-mb",
+        type=float,
+        default=0,
+        help="ETL files of MB ± --etl-mb-spread each, drawn per file (the seed's: 10), instead of --etl-lines",
+    )
+    parser.add_argument("--etl-mb-spread", type=float, default=0.99, help="the seed's tolerance: 0.99 (± 99%%)")
+    parser.add_argument(
+        "--etl-delete-merged",
+        action="store_true",
+        help="delete each ETL file once merged (at 39 MB/s the inputs would fill the disk: it holds the backlog only)",
+    )
     parser.add_argument("--video-every", type=float, default=90)
     parser.add_argument("--records-every", type=float, default=30)
     parser.add_argument("--records", type=int, default=20, help="granules per records message file")
@@ -458,7 +557,8 @@ def main() -> int:
     for name in ("AWS_ENDPOINT_URL_DYNAMODB", "PREFECT_API_URL", "OBJECT_STORE_BASE_URL"):
         env.pop(name, None)
     database = os.environ.get("PREFECT_SERVER_DB") or "make up's default (PostgreSQL where installed)"
-    print(f"soak: {args.minutes:g} min; ETL {args.etl_rate:g} files/s of {args.etl_lines} lines, a video every "
+    sizes = f"{args.etl_mb:g} MB ± {args.etl_mb_spread:.0%}" if args.etl_mb else f"{args.etl_lines} lines"
+    print(f"soak: {args.minutes:g} min; ETL {args.etl_rate:g} files/s of {sizes}, a video every "
           f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every "
           f"{args.cube_every:g} s; Prefect server on {database}; machine: {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f} at start",
@@ -583,6 +683,8 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         span = max(etl.done.values()) - min(etl.arrived.values())
         print(f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = "
               f"{len(etl.done) / span:.2f} files/s (offered {args.etl_rate:g}/s)")  # fmt: skip
+    if etl.arrived:
+        print(feeders.etl_rates(feed_s))
     print("\nmemory (RSS MB) at t (min) " + "".join(f"{t / 60:7.0f}" for t, _ in memory_samples))
     for name in sorted({name for _, sample in memory_samples for name in sample}):
         print(f"  {name:26}" + "".join(f"{sample.get(name, float('nan')):7.0f}" for _, sample in memory_samples))

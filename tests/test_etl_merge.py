@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -593,3 +595,35 @@ def test_a_timed_out_merge_leaves_the_manifest_another_run_took_as_that_run_made
     assert file_statuses(table) == {"completed": 5}
     assert_merged_exactly_once(root, urls)  # the other run's output still published
     assert etl_merge.published(DAY, name) is not None
+
+
+def test_a_part_on_a_one_thread_dask_worker_reads_its_files_one_at_a_time(tmp_path, monkeypatch):
+    """Issue 40: a Dask worker of 1 thread read a part's files on every core of its machine, so n such workers ran
+    n × cores readers and a merge could not scale by adding workers; it reads with the threads it was given."""
+    from distributed import LocalCluster
+
+    root = tmp_path / "objects"
+    urls = [write_input(root, DAY, f"t-{f}.ndjson", [{"id": f"{f}-{k}"} for k in range(3)]) for f in range(4)]
+    reading, most = [0], [0]
+    lock, real = threading.Lock(), etl_merge.read_ndjson
+
+    def counted(url):
+        with lock:
+            reading[0] += 1
+            most[0] = max(most[0], reading[0])
+        time.sleep(0.1)  # long enough for a second reader thread, were there one, to start another file
+        try:
+            return real(url)
+        finally:
+            with lock:
+                reading[0] -= 1
+
+    monkeypatch.setattr(etl_merge, "read_ndjson", counted)
+    monkeypatch.setattr(etl_merge.os, "cpu_count", lambda: 4)  # a machine of 4 cores, whatever runs the test
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        summary = etl_merge.merge_manifest(
+            DAY, "batch-0001.json", urls, root.as_uri(), scheduler=cluster.scheduler_address
+        )
+    assert summary["rows"] == 12 and summary["files_failed"] == 0
+    assert most[0] == 1
+    assert etl_merge.reader_threads(8) == 4  # the local threaded scheduler keeps every core

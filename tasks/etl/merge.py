@@ -275,13 +275,25 @@ def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Tabl
     return target.url_for(key)
 
 
+def reader_threads(files: int) -> int:
+    """Threads reading one part's files: on a Dask cluster's worker its own thread count (the cores it was given, so
+    n workers of 1 thread use n cores, not n times every core), elsewhere this machine's cores; at most ``files``."""
+    try:
+        from distributed import get_worker
+
+        threads = get_worker().state.nthreads
+    except (ImportError, ValueError):  # not inside a distributed worker: the local threaded scheduler
+        threads = os.cpu_count() or 1
+    return max(1, min(files, threads))
+
+
 def merge_part(part: int, urls: list[str], staging_prefix: str, output_url: str, processed_at: str) -> dict[str, Any]:
-    """Read a group of files (in parallel), add the metadata columns, write one staged Parquet part (a Dask task);
-    each file's rows are written while the files after it are still being read."""
+    """Read a group of files (in parallel: ``reader_threads``), add the metadata columns, write one staged Parquet
+    part (a Dask task); each file's rows are written while the files after it are still being read."""
     results: list[FileResult] = []
 
     def parsed_tables() -> Iterator[pa.Table]:
-        with ThreadPoolExecutor(min(len(urls), os.cpu_count() or 1) or 1) as pool:
+        with ThreadPoolExecutor(reader_threads(len(urls))) as pool:
             for r in pool.map(read_ndjson, urls):  # in file order, each as soon as it and those before it are read
                 results.append(r)
                 if r.table is not None and r.rows:
