@@ -27,6 +27,7 @@ from tasks.core import limits
 from tasks.core.registry import default_table_names, landings, table_specs
 from tasks.core.tables import _create_request
 from tasks.etl import keys
+from tasks.gpu.backends import GPU_CLUSTER_TAG
 from tasks.health import cloudwatch as health_metrics
 from tasks.health.checks import severity_of
 from tasks.landing import sqs
@@ -448,10 +449,11 @@ def gpu_cluster_statements() -> list[dict[str, Any]]:
         {"Sid": "GpuWatchTasks", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
          "Resource": gpu_tasks, "Condition": on_gpu_cluster},
         # DescribeInstances takes no resource ARN; a container instance's EC2 instance is not named by the cluster,
-        # so a reboot is scoped to this account's and region's instances
+        # so a reboot is scoped by the tag the GPU cluster's instances carry (docs/aws.md)
         {"Sid": "GpuInstances", "Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
         {"Sid": "GpuRebootInstances", "Effect": "Allow", "Action": "ec2:RebootInstances",
-         "Resource": sub(f"{PREFIX_ARN.format(service='ec2')}:instance/*")},
+         "Resource": sub(f"{PREFIX_ARN.format(service='ec2')}:instance/*"),
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{GPU_CLUSTER_TAG}": ref("GpuClusterName")}}},
     ]  # fmt: skip
 
 
