@@ -27,6 +27,8 @@ def read_deployment(client: Any, name: str, wait_s: float = WAIT_FOR_DEPLOYMENT_
     """The deployment ``flow/deployment``, waited for (not failed on: ECS would restart the task in a loop)."""
     from prefect.exceptions import ObjectNotFound
 
+    from tasks.landing.heartbeat import Heartbeat
+
     tried = 0
     while True:
         try:
@@ -36,6 +38,8 @@ def read_deployment(client: Any, name: str, wait_s: float = WAIT_FOR_DEPLOYMENT_
             if attempts is not None and tried >= attempts:
                 raise
             print(f"deployment {name} is not on the server yet; waiting {wait_s:.0f} s", file=sys.stderr, flush=True)
+            # waiting for `prefect deploy` is alive, not stuck: a replaced task would wait the same
+            Heartbeat.from_env().beat()
             time.sleep(wait_s)
 
 

@@ -27,9 +27,11 @@ from tasks.core import limits
 from tasks.core.registry import default_table_names, landings, table_specs
 from tasks.core.tables import _create_request
 from tasks.etl import keys
+from tasks.gpu.backends import GPU_CLUSTER_TAG
 from tasks.health import cloudwatch as health_metrics
 from tasks.health.checks import severity_of
 from tasks.landing import sqs
+from tasks.landing.heartbeat import HEARTBEAT_VARIABLE
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE_PATH = REPO_ROOT / "infra" / "pipelines.template.json"
@@ -52,15 +54,29 @@ DATA_TYPES = ("AWS::DynamoDB::Table", "AWS::S3::Bucket")
 # sends to this queue; its observer reads it (named by PREFECT_INTEGRATIONS_AWS_ECS_OBSERVER_SQS_QUEUE_NAME)
 OBSERVER_QUEUE = EcsObserverSqsSettings.model_fields["queue_name"].default + "-${Env}"
 OBSERVER_SETTINGS = "PREFECT_INTEGRATIONS_AWS_ECS_OBSERVER_SQS_"
-# the worker's own health server (`prefect worker start --with-healthcheck`, PREFECT_WORKER_WEBSERVER_PORT 8080)
-# answers 200 while its polling loop is alive: ECS replaces a worker that stops polling, not only one that exits
-WORKER_HEALTH_CHECK = {
-    "Command": ["CMD", "python", "-c",
-                "import urllib.request; urllib.request.urlopen('http://localhost:8080/health', timeout=5)"],
-    "Interval": 30, "Timeout": 10, "Retries": 3, "StartPeriod": 120,
-}  # fmt: skip
 APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
 SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
+
+
+def health_check(command: list[str]) -> dict[str, Any]:
+    """A container health check running ``command`` every 30 s: 3 failures in a row after a 2-minute start make
+    the task unhealthy, and its service replaces it."""
+    return {"Command": ["CMD", *command], "Interval": 30, "Timeout": 10, "Retries": 3, "StartPeriod": 120}
+
+
+# the worker's own health server (`prefect worker start --with-healthcheck`, PREFECT_WORKER_WEBSERVER_PORT 8080)
+# answers 200 while its polling loop is alive: ECS replaces a worker that stops polling, not only one that exits
+WORKER_HEALTH_CHECK = health_check(
+    ["python", "-c", "import urllib.request; urllib.request.urlopen('http://localhost:8080/health', timeout=5)"]
+)
+# a listener's receive loop touches this file (tasks/landing/heartbeat.py, at most every 5 s); one that has not
+# received for 2 minutes (a receive waits at most 20 s, a failing source is tried again within a minute) is stuck
+# or cannot reach its queue: ECS replaces a listener that stops receiving, not only one that exits
+LISTENER_HEARTBEAT = f"{SCRATCH}/listener-heartbeat"
+LISTENER_STALE_S = 120
+LISTENER_HEALTH_CHECK = health_check(
+    ["python", "-m", "tasks.landing.heartbeat", LISTENER_HEARTBEAT, str(LISTENER_STALE_S)]
+)
 # a listener's service runs one run of its ecs deployment in the container (deployments/ecs_listener.py), so the
 # run is the deployment's (the UI and landing-listener-not-running see it) and ECS alone supervises it
 LISTENER_COMMAND = ["python", "-m", "deployments.ecs_listener"]
@@ -448,10 +464,11 @@ def gpu_cluster_statements() -> list[dict[str, Any]]:
         {"Sid": "GpuWatchTasks", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
          "Resource": gpu_tasks, "Condition": on_gpu_cluster},
         # DescribeInstances takes no resource ARN; a container instance's EC2 instance is not named by the cluster,
-        # so a reboot is scoped to this account's and region's instances
+        # so a reboot is scoped by the tag the GPU cluster's instances carry (docs/aws.md)
         {"Sid": "GpuInstances", "Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
         {"Sid": "GpuRebootInstances", "Effect": "Allow", "Action": "ec2:RebootInstances",
-         "Resource": sub(f"{PREFIX_ARN.format(service='ec2')}:instance/*")},
+         "Resource": sub(f"{PREFIX_ARN.format(service='ec2')}:instance/*"),
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{GPU_CLUSTER_TAG}": ref("GpuClusterName")}}},
     ]  # fmt: skip
 
 
@@ -676,8 +693,9 @@ def ecs_resources() -> dict[str, Any]:
         command = [*LISTENER_COMMAND, f"{landings()[pipeline].flow}/{deployment['name']}"]
         resources[logical_id(pipeline, "listener log group")] = log_group(family)
         resources[logical_id(pipeline, "listener task definition")] = task_definition(
-            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True
-        )
+            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True,
+            {HEARTBEAT_VARIABLE: LISTENER_HEARTBEAT}, LISTENER_HEALTH_CHECK,
+        )  # fmt: skip
         resources[logical_id(pipeline, "listener service")] = service(
             family, logical_id(pipeline, "listener task definition")
         )

@@ -57,10 +57,18 @@ def test_the_service_task_runs_the_deployments_own_run_and_takes_over_from_a_dea
         assert client.read_flow_run(again).state.is_pending()
 
 
-def test_a_task_started_before_its_deployment_exists_waits_for_it():
+def test_a_task_started_before_its_deployment_exists_waits_for_it(tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
+
+    from tasks.landing.heartbeat import HEARTBEAT_VARIABLE
 
     with pytest.raises(ObjectNotFound):
         ecs_listener.start_run(f"no-such-listen-{uuid.uuid4().hex[:6]}/ecs", attempts=1)
+    beat = tmp_path / "listener-heartbeat"
+    monkeypatch.setenv(HEARTBEAT_VARIABLE, str(beat))
+    with get_client(sync_client=True) as client, pytest.raises(ObjectNotFound):
+        ecs_listener.read_deployment(client, f"no-such-listen-{uuid.uuid4().hex[:6]}/ecs", wait_s=0, attempts=2)
+    assert beat.exists()  # waiting for `prefect deploy` keeps the container healthy
     with pytest.raises(SystemExit, match="usage"):
         ecs_listener.main(["no-slash"])

@@ -7,8 +7,11 @@ events, so the test puts on EventBridge the "ECS Task State Change" event ECS se
 documents them, the container's exit code 137 of a killed process); from there it is the real path: the template's
 rule matches it (moto's EventBridge evaluates the rule's pattern, the cluster ARN included) and sends it to the
 template's queue, and prefect-aws's observer, configured by the worker task definition's own environment, reads it,
-reads the task's tags (DescribeTasks) and proposes Crashed to the Prefect server. Not shown here: the queue policy
-(moto's CloudFormation does not apply it; tests/test_aws_policies.py covers the worker's side) and ECS's own event.
+reads the task's tags (DescribeTasks) and proposes Crashed to the Prefect server. The run is one of the merge
+deployment, and the Crashed state's event fires prefect.yaml's trigger on it (the breaker's announce trigger, the
+ecs breaker's own but for the deployment's name), deployed with `prefect deploy`: the test server's trigger and
+action services create the breaker's run with the trigger's parameters. Not shown here: the queue policy (moto's
+CloudFormation does not apply it; tests/test_aws_policies.py covers the worker's side) and ECS's own event.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import json
 import uuid
 
 import pytest
+import yaml
 
 from infra import cloudformation as cfn
 from tests.helpers.aws_stack import deploy_template, stack_parameters
+from tests.helpers.prefect_runs import _to_copies, deploy_from_prefect_yaml, wait_for
 
 FLOW_RUN_TAG = "prefect.io/flow-run-id"  # prefect-aws's tag on every task it runs (ECSWorker)
 
@@ -35,8 +40,8 @@ def cloud(s3_endpoint, monkeypatch):
     return boto3.Session(region_name="us-east-1")
 
 
-def running_flow_run():
-    """A flow run in Running on the test's Prefect server."""
+def running_flow_run(deployment: str | None = None, parameters: dict | None = None):
+    """A flow run in Running on the test's Prefect server: of ``deployment`` (``flow/name``) when given."""
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.states import Running
@@ -46,9 +51,31 @@ def running_flow_run():
         """A flow whose run an ECS task runs."""
 
     with get_client(sync_client=True) as client:
-        run = client.create_flow_run(observed)
+        if deployment:
+            deployment_id = client.read_deployment_by_name(deployment).id
+            run = client.create_flow_run_from_deployment(deployment_id, parameters=parameters)
+        else:
+            run = client.create_flow_run(observed)
         client.set_flow_run_state(run.id, Running(), force=True)
         return run.id
+
+
+def breaker_triggers(name: str) -> list[dict]:
+    """prefect.yaml's triggers of the merge breaker's deployment ``name``."""
+    config = yaml.safe_load((cfn.REPO_ROOT / "prefect.yaml").read_text())
+    (deployment,) = [d for d in config["deployments"]
+                     if d["entrypoint"].endswith(":ndjson_merge_breaker") and d["name"] == name]  # fmt: skip
+    return deployment["triggers"]
+
+
+def runs_of(deployment: str) -> list:
+    """The flow runs of ``deployment``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        deployment_id = client.read_deployment_by_name(deployment).id
+        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
 
 
 def flow_run_state(run_id: uuid.UUID):
@@ -90,9 +117,17 @@ async def observe_until(settings, done, timeout_s: float = 30) -> None:
 
 
 @pytest.mark.sweep  # a stack on moto's server and the observer's long polls: `make test-sweep`
-@pytest.mark.timeout(240)
-def test_a_stopped_flow_run_task_has_its_run_marked_crashed_by_the_observer(cloud, monkeypatch):
+@pytest.mark.timeout(480)
+def test_a_stopped_flow_run_task_has_its_run_marked_crashed_by_the_observer(cloud, monkeypatch, tmp_path):
+    from prefect.client.orchestration import get_client
+
     env = f"o{uuid.uuid4().hex[:6]}"
+    # the merge deployment and its breaker, prefect.yaml's (the ecs set's triggers are the local ones renamed),
+    # deployed as `{flow}/{env}` with `prefect deploy`: no worker runs what the trigger starts
+    assert _to_copies(breaker_triggers("local"), "ecs") == breaker_triggers("ecs")
+    deployed = deploy_from_prefect_yaml(tmp_path, {"ndjson-merge", "ndjson-merge-breaker"}, f"pool-{env}", env)
+    merge, breaker = deployed["ndjson-merge"], deployed["ndjson-merge-breaker"]
+    assert runs_of(breaker) == []
     deployed = deploy_template(cloud, env, stack_parameters(cloud, env))
     assert deployed["status"] == "CREATE_COMPLETE"
     formation, ecs = cloud.client("cloudformation"), cloud.client("ecs")
@@ -112,7 +147,7 @@ def test_a_stopped_flow_run_task_has_its_run_marked_crashed_by_the_observer(clou
     settings = EcsObserverSettings()
     assert settings.sqs.queue_name == f"prefect-ecs-tasks-events-{env}"
 
-    run_id = running_flow_run()
+    run_id = running_flow_run(merge, {"date_prefix": "2026-04-01", "manifest_name": "observed"})
     cluster = resources["Cluster"]
     container = {"name": "prefect", "image": "pipelines:1", "memory": 512}
     family, network = f"prefect_observed-{env}", stack_parameters(cloud, env)
@@ -137,3 +172,14 @@ def test_a_stopped_flow_run_task_has_its_run_marked_crashed_by_the_observer(clou
     queue = cloud.client("sqs").get_queue_url(QueueName=settings.sqs.queue_name)["QueueUrl"]
     left = cloud.client("sqs").get_queue_attributes(QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessages"])
     assert left["Attributes"]["ApproximateNumberOfMessages"] == "0"  # the observer acknowledged the event
+
+    # the run's Crashed event fires the breaker's announce trigger: the server's action creates the breaker's run
+    try:
+        (fired,) = wait_for(lambda: runs_of(breaker), timeout=120, what="the breaker run the Crashed trigger creates")
+        assert fired.parameters == {"merge_deployment": merge, "action": "check", "announce_after_seconds": 0}
+        with get_client(sync_client=True) as client:
+            assert client.read_flow_run(run_id).state.is_crashed()  # the same run, still Crashed
+    finally:
+        with get_client(sync_client=True) as client:  # and their triggers: later crashes in the session start nothing
+            for name in (breaker, merge):
+                client.delete_deployment(client.read_deployment_by_name(name).id)

@@ -17,6 +17,7 @@ import pytest
 
 from infra import cloudformation as cfn
 from infra.policy_eval import Request, condition_holds, decide, role_statements, stack_values
+from tasks.gpu.backends import GPU_CLUSTER_TAG
 from tests.helpers import aws_calls
 
 TOOLS = cfn.REPO_ROOT / ".venv-tools" / "bin"
@@ -159,6 +160,7 @@ def test_parliament_finds_nothing_in_any_role_but_what_is_justified(world):
 
 def test_the_task_role_drives_the_gpu_cluster_and_invokes_the_endpoints_its_parameters_name(world):
     gpu = {"service": "ecs", "role": "task", "where": "tasks/gpu/backends.py:0"}
+    world.resource_tags = {"i-1": {GPU_CLUSTER_TAG: "gpu"}}  # the instance of the cluster the calls name
     instance = f"{world.gpu_cluster().replace(':cluster/', ':container-instance/')}/c1"
     calls = [
         {**gpu, "operation": "ListContainerInstances", "params": {"cluster": "gpu"}},
@@ -185,6 +187,44 @@ def test_the_task_role_drives_the_gpu_cluster_and_invokes_the_endpoints_its_para
         "GpuInstances", "GpuRebootInstances", "InvokeVideoEndpoints"}  # fmt: skip
 
 
+def test_a_reboot_is_allowed_only_on_an_instance_tagged_as_the_gpu_clusters(world, tmp_path, monkeypatch):
+    """IAM reads the instance's own tags: the tag the test's launch gave it reaches the request's context."""
+    import boto3
+    import botocore.session
+    import moto
+
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv(aws_calls.LOG_VARIABLE, str(log))
+    monkeypatch.setattr(aws_calls, "_installed", False)
+    monkeypatch.setattr(botocore.session.Session, "__init__", botocore.session.Session.__init__)  # restored after
+    aws_calls.install()
+    with moto.mock_aws():
+        ec2 = boto3.client("ec2", region_name=aws_calls.REGION)
+        image = ec2.describe_images()["Images"][0]["ImageId"]
+
+        def launch(tags: dict[str, str]) -> str:
+            spec = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}]
+            kwargs = {"TagSpecifications": spec} if tags else {}
+            return ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1, **kwargs)["Instances"][0]["InstanceId"]
+
+        tagged, untagged, other = launch({GPU_CLUSTER_TAG: "gpu"}), launch({}), launch({GPU_CLUSTER_TAG: "etl"})
+        ec2.create_tags(Resources=[untagged], Tags=[{"Key": "team", "Value": "gpu"}])
+    world.resource_tags = aws_calls.read_resource_tags(log)
+    assert world.resource_tags[tagged] == {GPU_CLUSTER_TAG: "gpu"} and world.resource_tags[untagged] == {"team": "gpu"}
+    gpu = {"service": "ecs", "role": "task", "where": "tasks/gpu/backends.py:0"}
+    calls = [{**gpu, "operation": "ListContainerInstances", "params": {"cluster": "gpu"}}] + [
+        {**gpu, "service": "ec2", "operation": "RebootInstances", "params": {"InstanceIds": [i]}}
+        for i in (tagged, untagged, other)]  # fmt: skip
+    denied, decided = evaluate(world, calls)
+    arn = f"arn:aws:ec2:{aws_calls.REGION}:{aws_calls.ACCOUNT}:instance/"
+    assert decided == 4 and [(d[1], d[2], d[3]) for d in denied] == sorted(
+        ("ec2:RebootInstances", arn + i, "no statement allows it (implicit deny)") for i in (untagged, other)
+    )
+    reboot = Request("ec2:RebootInstances", arn + tagged, world.instance_tags(tagged))
+    assert reboot.context == {f"aws:ResourceTag/{GPU_CLUSTER_TAG}": (aws_calls.GPU_CLUSTER,)}
+    assert decide(statements_of(world, "TaskRole"), reboot) == (True, "allowed by GpuRebootInstances")
+
+
 @pytest.mark.sweep  # runs the emulator tests above with their AWS calls recorded: `make test-sweep`
 @pytest.mark.timeout(1800)
 def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tmp_path):
@@ -196,6 +236,7 @@ def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tm
                                 timeout=1700)  # fmt: skip
         assert result.returncode == 0, result.stdout[-3000:]
     calls = [c for c in aws_calls.read(log) if c["role"] in aws_calls.TEMPLATE_ROLES]
+    world.resource_tags = aws_calls.read_resource_tags(log)  # the GPU test's instance carries the cluster's tag
     made = {(c["role"], f"{c['service']}:{c['operation']}") for c in calls}
     assert {
         ("worker", "ecs:RunTask"),

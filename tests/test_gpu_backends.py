@@ -6,7 +6,7 @@ import pytest
 
 from blocks.gpu import GpuCompute
 from tasks.gpu import health as gpu_health
-from tasks.gpu.backends import BackendError, EcsBackend, TaskSpec
+from tasks.gpu.backends import GPU_CLUSTER_TAG, BackendError, EcsBackend, TaskSpec
 
 
 def test_nvml_without_a_gpu_says_no_gpu_not_healthy():
@@ -85,8 +85,9 @@ def test_ecs_backend_api_shapes_against_moto(monkeypatch):
                 containerDefinitions=[{"name": "main", "image": "nvcr.io/nvidia/pytorch", "memory": 128, "cpu": 1}],
             )
         image = ec2.describe_images()["Images"][0]["ImageId"]
+        tags = [{"ResourceType": "instance", "Tags": [{"Key": GPU_CLUSTER_TAG, "Value": "gpu"}]}]  # docs/aws.md
         instance = boto3.resource("ec2", region_name="us-east-1").create_instances(
-            ImageId=image, MinCount=1, MaxCount=1
+            ImageId=image, MinCount=1, MaxCount=1, TagSpecifications=tags
         )[0]
         document = ec2_utils.generate_instance_identity_document(instance)
         import json

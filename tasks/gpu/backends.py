@@ -380,6 +380,9 @@ class LocalBackend:
 
 
 RENDEZVOUS_PORT = 29500  # torch.distributed's default MASTER_PORT; ECS jobs use it + retry
+# the tag every EC2 instance of your GPU cluster carries, its value the cluster's name (GpuCompute.cluster_name):
+# a container instance's EC2 instance names nothing of its cluster, so the task role may reboot only those tagged
+GPU_CLUSTER_TAG = "pipelines:gpu-cluster"
 
 
 class EcsBackend:

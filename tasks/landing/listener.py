@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.landing.heartbeat import Heartbeat
 from tasks.landing.sources import Arrival, EventSource
 
 LOG = logging.getLogger(__name__)
@@ -118,9 +119,12 @@ def pump(
     wait_seconds: float = 20.0,
     should_stop: Callable[[], bool] = lambda: False,
     stats: PumpStats | None = None,
+    heartbeat: Heartbeat | None = None,
 ) -> PumpStats:
-    """Receive until ``should_stop()``, handing arrivals to ``handler`` in batches bounded by count and age."""
+    """Receive until ``should_stop()``, handing arrivals to ``handler`` in batches bounded by count and age;
+    each receive that returns (arrivals or none) beats ``heartbeat``."""
     stats = stats if stats is not None else PumpStats()
+    heartbeat = heartbeat or Heartbeat(None)
     batch: list[Arrival] = []
     first_at = 0.0
     failures = 0
@@ -132,6 +136,7 @@ def pump(
         try:
             received = source.receive(max_items=max(1, min(10, batch_size - len(batch))), wait_seconds=wait)
             failures = 0
+            heartbeat.beat()
         except Exception as exc:  # noqa: BLE001 - a network blip or a throttle: try again, never stop listening
             failures += 1
             stats.errors += 1
@@ -265,7 +270,8 @@ def listen(
 ) -> PumpStats:
     """A listener deployment's body: pump until ``max_runtime_seconds`` elapse or nothing arrived for
     ``idle_exit_seconds`` (0: never), then close the source. ``source`` may be a function that opens it,
-    called again (with backoff) while it raises."""
+    called again (with backoff) while it raises. Each receive beats the heartbeat ``PIPELINES_LISTENER_HEARTBEAT``
+    names (its ECS container's health check)."""
     stats = PumpStats()
     started = time.monotonic()
     last = {"seen": (-1, -1), "at": started}
@@ -290,6 +296,7 @@ def listen(
             wait_seconds=min(wait_seconds, idle_exit_seconds or wait_seconds),
             should_stop=should_stop,
             stats=stats,
+            heartbeat=Heartbeat.from_env(),
         )
     finally:
         source.close()

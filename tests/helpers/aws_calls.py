@@ -8,8 +8,10 @@ flows/, blocks/ → ``task`` (both the TaskRole). The test harness's own calls (
 operator's (deployments/ and ``ensure_tables``: admin credentials) are left out. The GPU backend's ECS and EC2 calls
 (on your GPU cluster, ``GpuClusterName``) and the SageMaker backend's (your endpoints, ``VideoEndpointPrefix``) are
 the flow runs' own: the task role's. Child processes (workers, flow runs, listeners) record too:
-``install_in_children`` puts this module's ``sitecustomize`` on their PYTHONPATH. tests/test_aws_policies.py
-evaluates the lines against the template's roles.
+``install_in_children`` puts this module's ``sitecustomize`` on their PYTHONPATH. The tags EC2 instances are
+launched or tagged with (by anyone, the tests included) are logged too (``read_resource_tags``): IAM reads an
+instance's own tags (``aws:ResourceTag/...``) when a call acts on it. tests/test_aws_policies.py evaluates the lines
+against the template's roles.
 """
 
 from __future__ import annotations
@@ -76,8 +78,29 @@ def record(model: Any, params: dict[str, Any], **_: Any) -> None:
         return
     line = {"service": model.service_model.service_name, "operation": model.name, "role": role, "where": where,
             "params": jsonable(params), "pid": os.getpid()}  # fmt: skip
+    _write(line)
+
+
+def _write(line: dict[str, Any]) -> None:
+    """Append one JSON line to the log."""
     with _lock, open(os.environ[LOG_VARIABLE], "a") as log:
         log.write(json.dumps(line, default=str) + "\n")
+
+
+def record_instance_tags(parsed: dict[str, Any], model: Any, **_: Any) -> None:
+    """botocore's ``after-call`` handler on EC2: the tags each launched instance carries, whoever launched it (the
+    tests' instances included), since IAM reads a resource's own tags (``aws:ResourceTag/...``) when it is acted on."""
+    if model.name != "RunInstances":
+        return
+    tags = {i["InstanceId"]: {t["Key"]: t["Value"] for t in i.get("Tags", [])} for i in parsed.get("Instances", [])}
+    _write({"resource_tags": tags, "pid": os.getpid()})
+
+
+def record_created_tags(params: dict[str, Any], model: Any, **_: Any) -> None:
+    """botocore's ``before-parameter-build`` handler on EC2 ``CreateTags``: the tags added to existing resources."""
+    if model.name == "CreateTags":
+        tags = {t["Key"]: t.get("Value", "") for t in params.get("Tags", [])}
+        _write({"resource_tags": dict.fromkeys(params.get("Resources", []), tags), "pid": os.getpid()})
 
 
 def install() -> None:
@@ -92,6 +115,8 @@ def install() -> None:
     def recorded_init(self, *args, **kwargs):
         original(self, *args, **kwargs)
         self.register("before-parameter-build", record)
+        self.register("before-parameter-build.ec2", record_created_tags)
+        self.register("after-call.ec2", record_instance_tags)
 
     botocore.session.Session.__init__ = recorded_init
     _installed = True
@@ -103,9 +128,23 @@ def install_in_children() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
 
 
+def _lines(path: Path) -> list[dict[str, Any]]:
+    """The log's lines."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
 def read(path: Path) -> list[dict[str, Any]]:
     """The recorded calls."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [line for line in _lines(path) if "operation" in line]
+
+
+def read_resource_tags(path: Path) -> dict[str, dict[str, str]]:
+    """Resource id -> the tags it carries, as the log's launches and CreateTags calls left them."""
+    tags: dict[str, dict[str, str]] = {}
+    for line in _lines(path):
+        for resource, added in line.get("resource_tags", {}).items():
+            tags[resource] = {**tags.get(resource, {}), **added}
+    return tags
 
 
 def pytest_configure(config) -> None:
@@ -175,6 +214,8 @@ class StackWorld:
         self.cfn, self.sqs = cfn, sqs
         self.seed_tables = {name: logical for logical, name in default_table_names(ENV).items()}
         self.task_definitions: dict[str, dict[str, Any]] = {}
+        self.resource_tags: dict[str, dict[str, str]] = {}  # instance id -> its tags (``read_resource_tags``)
+        self.gpu_clusters_named: set[str] = set()  # the clusters the GPU backend's calls named
 
     def table(self, name: str) -> str | None:
         """The stack's ARN of the table a test named (its fresh-table suffix dropped), or None if none is."""
@@ -205,6 +246,18 @@ class StackWorld:
     def gpu_cluster(self) -> str:
         """The GPU cluster's ARN (``GpuClusterName``): every cluster the GPU backend's tests name stands for it."""
         return f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{self.values['GpuClusterName']}"
+
+    def instance_tags(self, instance_id: str) -> dict[str, tuple[str, ...]]:
+        """The ``aws:ResourceTag/...`` keys of a reboot of the instance: its tags, a GPU-cluster tag naming a cluster
+        the GPU backend drives standing for the stack's GPU cluster (as its cluster ARN does)."""
+        from tasks.gpu.backends import GPU_CLUSTER_TAG
+
+        def value(key: str, given: str) -> str:
+            names_gpu_cluster = key == GPU_CLUSTER_TAG and given in self.gpu_clusters_named
+            return self.values["GpuClusterName"] if names_gpu_cluster else given
+
+        tags = self.resource_tags.get(instance_id, {})
+        return {f"aws:ResourceTag/{k}": (value(k, v),) for k, v in tags.items()}
 
     def endpoint(self, name: str) -> str:
         """The ARN of the endpoint a test named, as the stack's endpoints are named (``VideoEndpointPrefix``)."""
@@ -266,6 +319,7 @@ def _gpu_ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[
     cluster_arn = world.gpu_cluster()
     base, name = cluster_arn.rsplit(":cluster/", 1)
     cluster = {"ecs:cluster": (cluster_arn,)}
+    world.gpu_clusters_named.add(params.get("cluster", ""))
     if operation == "ListContainerInstances":
         return [Request("ecs:ListContainerInstances", cluster_arn)]
     if operation in ("DescribeContainerInstances", "ListTasks"):
@@ -373,7 +427,7 @@ def authorizations(world: StackWorld, call: dict[str, Any]) -> list[Request]:
     if service == "ecs":
         return _ecs(world, operation, params)
     if service == "ec2" and operation == "RebootInstances":
-        return [Request("ec2:RebootInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}")
+        return [Request("ec2:RebootInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}", world.instance_tags(i))
                 for i in params["InstanceIds"]]  # fmt: skip
     if service == "sagemaker-runtime":  # the runtime API's actions are authorized as sagemaker:
         return [Request(f"sagemaker:{operation}", world.endpoint(params["EndpointName"]))]
