@@ -13,8 +13,7 @@ from infra import cloudformation as cfn
 from tasks.landing import heartbeat, listener
 from tasks.landing.heartbeat import HEARTBEAT_VARIABLE, Heartbeat
 from tasks.landing.listener import Outcome
-from tests.helpers.landing import ListSource
-from tests.test_landing_listener import arrivals
+from tests.helpers.landing import ListSource, arrivals
 
 STALE_S = 1.0  # the test's threshold: the listener beats every 0.1 s here
 

@@ -6,15 +6,7 @@ import itertools
 
 from tasks.landing import listener
 from tasks.landing.listener import Outcome, PumpStats, pump
-from tasks.landing.sources import Arrival
-from tests.helpers.landing import ListSource
-
-
-def arrivals(n):
-    return [
-        Arrival(url=f"file:///in/{i}", key=f"in/{i}", size=1, event_time="2024-01-01T00:00:00Z", event_id=str(i))
-        for i in range(n)
-    ]
+from tests.helpers.landing import ListSource, arrivals
 
 
 def test_batches_by_count_and_acks_only_what_is_durable():

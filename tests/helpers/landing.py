@@ -58,6 +58,14 @@ def record_messages(first: int, count: int) -> list[dict]:
     ]
 
 
+def arrivals(n: int) -> list[Arrival]:
+    """``n`` one-byte arrivals ``in/0`` … (a list source's feed)."""
+    return [
+        Arrival(url=f"file:///in/{i}", key=f"in/{i}", size=1, event_time="2024-01-01T00:00:00Z", event_id=str(i))
+        for i in range(n)
+    ]
+
+
 class ListSource:
     """An event source over a list: the smallest real implementation of the interface."""
 
