@@ -279,6 +279,21 @@ def test_ops_remediate_follows_the_manifest_or_releases_dead_claims(etl_env):
     assert main(["etl", "status"]) == 2  # a clear error, no trace
 
 
+def test_ops_remediate_gives_the_files_of_a_failed_manifest_its_reason(etl_env):
+    root, table = etl_env["root"], etl_env["table"]
+    config = etl.settings()
+    urls = [write_input(root, DAY, f"w-{i}.ndjson", good_lines(1, i)) for i in range(3)]
+    etl.track_files(etl.validate_files(urls, config), config)
+    (ref,) = etl.create_manifests(DAY, 3, config)
+    key = {"date_prefix": DAY, "file_key": etl_keys.manifest_record_key(ref.manifest_name)}
+    # what the reconciler does to a manifest whose merge run crashed: failed with the reason, files left behind
+    state_store.transition(table, key, "pending", "failed", set={"error_message": "its flow run Crashed"})
+    assert etl_ops.remediate_manifested(DAY)["moved"] == 3
+    files = [v for k, v in records(table).items() if k[1].endswith(".ndjson")]
+    assert sorted(f["status"].split("#")[0] for f in files) == ["failed"] * 3
+    assert {f["error_message"] for f in files} == {f"its manifest {ref.manifest_path} failed: its flow run Crashed"}
+
+
 @pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_four_ingest_runs_at_once_put_every_file_in_exactly_one_manifest(etl_env, monkeypatch):
     """Four ndjson-ingest flow runs in threads over 1,020 files on 3 dates, with redelivered events."""

@@ -97,6 +97,9 @@ def remediate_manifested(
         if manifest is not None and manifest["status"] in (COMPLETED, FAILED):
             new = with_shard(manifest["status"], item["status"])
             sets = {"updated_at": now_iso(), f"{manifest['status']}_time": now_iso(), "remediated_at": now_iso()}
+            if manifest["status"] == FAILED:  # a failed file says why, as one its merge failed itself does
+                why = manifest.get("error_message") or "no reason recorded"
+                sets["error_message"] = f"its manifest {manifest['manifest_path']} failed: {why}"[:1000]
         elif manifest is None and datetime.fromisoformat(item.get("updated_at", now_iso())) < cutoff:
             new = with_shard(PENDING, item["status"])
             sets = {"updated_at": now_iso(), "manifest_path": "", "remediated_at": now_iso()}
