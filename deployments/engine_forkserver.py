@@ -18,7 +18,8 @@ Only the standard library is imported at the top: ``run`` starts in milliseconds
 
 The stack's supervisor (``deployments/supervisor.py``) runs the server and the worker as two programs and starts
 either again when it dies. The runs are forks of the server, not of the worker: a worker that dies leaves them
-running. The server ends on SIGTERM (``make down``) once its runs, which get the SIGTERM too, have ended.
+running, and their output, which the worker read through pipes, is relayed by a thread of theirs that drops it once
+the worker is gone (rich would end the run at its next log line on the broken pipe). The server ends on SIGTERM (``make down``) once its runs, which get the SIGTERM too, have ended.
 
 A run hands over its whole environment (secrets included) and its streams, so both ends check the other: the socket
 lives in a private folder (0700, this user's: ``tasks/core/private_folder.py``; the server refuses any other), ``run``
@@ -152,6 +153,38 @@ def _set_parent_death_signal(signum: int = signal.SIGKILL) -> None:
         pass
 
 
+def _relay_pipes() -> list:
+    """Stream 1 and 2, where they are pipes (the worker reads them), become pipes of this process that a thread
+    each drains into them; once the worker that read one is gone (EPIPE), the rest is dropped. Written to directly,
+    a dead worker's pipe would crash the run at its next log line (rich exits on a broken pipe), while the run
+    itself, a fork of the server, goes on and its logs reach the API as before. The threads, to join at exit."""
+    import threading
+
+    def drain(read_fd: int, out_fd: int) -> None:
+        broken = False
+        while chunk := os.read(read_fd, 65536):
+            while chunk and not broken:
+                try:
+                    chunk = chunk[os.write(out_fd, chunk) :]
+                except OSError:  # the reader is gone: nobody will read the rest
+                    broken = True
+        os.close(read_fd)
+        os.close(out_fd)
+
+    relays = []
+    for target in (1, 2):
+        if not stat.S_ISFIFO(os.fstat(target).st_mode):  # a terminal or a file never breaks this way
+            continue
+        read_fd, write_fd = os.pipe()
+        out_fd = os.dup(target)
+        os.dup2(write_fd, target)
+        os.close(write_fd)
+        relay = threading.Thread(target=drain, args=(read_fd, out_fd), name=f"relay {target}", daemon=True)
+        relay.start()
+        relays.append(relay)
+    return relays
+
+
 def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
     """In the forked child: take the caller's streams, folder, environment and path; run the engine; exit."""
     import atexit
@@ -165,18 +198,19 @@ def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    sys.path[:] = request["path"]
-    sys.argv = ["-m", *request["argv"]]
-    import prefect.context
-    import prefect.logging.configuration
-
-    prefect.context.refresh_global_settings_context()  # the settings Prefect read at import: from the run's env
-    prefect.logging.configuration.setup_logging(incremental=False)
+    relays = _relay_pipes()
     code = 0
     try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[:] = request["path"]
+        sys.argv = ["-m", *request["argv"]]
+        import prefect.context
+        import prefect.logging.configuration
+
+        prefect.context.refresh_global_settings_context()  # the settings Prefect read at import: from the run's env
+        prefect.logging.configuration.setup_logging(incremental=False)
         sys.modules.pop("prefect.engine", None)  # run as __main__, not the preloaded module (runpy warns otherwise)
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
@@ -185,7 +219,7 @@ def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
         else:
             print(exit_.code, file=sys.stderr)
             code = 1
-    except BaseException:  # noqa: BLE001 - the run's child reports any failure and exits 1, never unwinds
+    except BaseException:  # noqa: BLE001 - the run's child reports any failure (a folder gone) and exits 1
         traceback.print_exc()
         code = 1
     # what the interpreter does at exit (wait for threads, atexit: Prefect flushes its logs to the API), without
@@ -199,6 +233,10 @@ def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed or broken stream must not keep the child from exiting
                 pass
+        for target in (1, 2):  # the relays' end of file (a process the run started may still hold them open)
+            os.close(target)
+        for relay in relays:
+            relay.join(timeout=2)
         os._exit(code)
 
 

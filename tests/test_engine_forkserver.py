@@ -33,6 +33,7 @@ def probe(out: str, sleep_s: float = 0.0) -> int:
     }))
     print("probe says hello")
     time.sleep(sleep_s)
+    print("probe says goodbye")
     return 1
 """
 
@@ -178,6 +179,19 @@ def test_killing_the_run_command_kills_its_run_at_once(fork_server, probe_deploy
     command.wait()
     assert gone(child)  # no flow run outlives the process its worker watches
     mark_crashed(run_id)  # what the worker does when its process is killed (else later tests find it Running)
+
+
+def test_a_run_outlives_the_worker_that_read_its_output(fork_server, probe_deployment, tmp_path):
+    """The worker dies (SIGKILL): the pipes it read its runs' output from have no reader. The run, a fork of the
+    server, logs on and completes (its logs reach the API), its output beyond that point dropped."""
+    out = tmp_path / "probe.json"
+    flow_run_id = probe_deployment(out, sleep_s=2.0)
+    command = start_run(fork_server, flow_run_id, tmp_path)
+    wait_for(out)
+    command.stdout.close()  # what the worker's death does to the pipes' reading ends
+    command.stderr.close()
+    assert command.wait(60) == 0
+    assert run_state(flow_run_id).is_completed(), run_state(flow_run_id)
 
 
 def test_sigterm_to_the_run_command_reaches_the_run_and_the_command_ends_as_it_did(
