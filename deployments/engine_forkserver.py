@@ -19,7 +19,8 @@ Only the standard library is imported at the top: ``run`` starts in milliseconds
 The stack's supervisor (``deployments/supervisor.py``) runs the server and the worker as two programs and starts
 either again when it dies. The runs are forks of the server, not of the worker: a worker that dies leaves them
 running, and their output, which the worker read through pipes, is relayed by a thread of theirs that drops it once
-the worker is gone (rich would end the run at its next log line on the broken pipe). The server ends on SIGTERM (``make down``) once its runs, which get the SIGTERM too, have ended.
+the worker is gone (rich would end the run at its next log line on the broken pipe). The server ends on SIGTERM
+(``make down``) once its runs, which get the SIGTERM too, have ended.
 
 A run hands over its whole environment (secrets included) and its streams, so both ends check the other: the socket
 lives in a private folder (0700, this user's: ``tasks/core/private_folder.py``; the server refuses any other), ``run``
