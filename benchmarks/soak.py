@@ -10,6 +10,8 @@ feeders, each on its own thread, writing into the stack's object store the way u
 - records: a message file of ``--records`` granules (one ``completed`` message each) every ``--records-every`` s;
   done = the granule's record written;
 - phspectra: a small cube and its survey manifest every ``--cube-every`` s; done = the survey's run ended.
+Each done time is the one its record carries (``completed_time``, ``completed_at``, the granule's ``timestamp``),
+not the check's.
 Optionally the ndjson listener, the worker, DynamoDB Local, PostgreSQL and the Prefect server (``--kill-listener-at
 S``, ``--kill-worker-at``, ``--kill-dynamodb-at``, ``--kill-postgres-at``, ``--kill-server-at``) are SIGKILLed S
 seconds into the feed; the stack's supervisor brings each back (``--recover-after R`` also runs ``local_stack up`` R
@@ -38,6 +40,7 @@ import collections
 import contextlib
 import json
 import math
+import numbers
 import os
 import random
 import shutil
@@ -89,6 +92,18 @@ class Ledger:
             ordered = sorted(self.arrived.items(), key=lambda kv: kv[1])
             chosen = ordered[part]
             return [self.done[i] - t for i, t in chosen if i in self.done]
+
+
+def record_time(value: object, seen: float) -> float:
+    """When a record says its outcome was written (ISO 8601, or epoch ms), else when the check saw it: a check every
+    ``--tick`` s would otherwise add up to a tick to every latency."""
+    try:
+        if isinstance(value, numbers.Number):
+            return min(float(value) / 1000, seen)
+        at = datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        return seen
+    return min(at, seen)
 
 
 class ApiProbe:
@@ -308,7 +323,7 @@ class Feeders:
             for item in found:
                 status = etl.base_status(item)
                 if status == etl.COMPLETED:
-                    etl_ledger.finish(item["file_key"], now)
+                    etl_ledger.finish(item["file_key"], record_time(item.get("completed_time"), now))
                     if self.args.etl_delete_merged:  # the disk holds the backlog only (39 MB/s fills it)
                         self.store.delete(etl_keys.input_key(self.date, item["file_key"]))
                 elif status in (etl.FAILED, etl.QUARANTINED):
@@ -316,17 +331,17 @@ class Feeders:
         for job_id in self.ledgers["video"].waiting():
             job = video.get_job(job_id)
             if job["status"] == video.COMPLETED:
-                self.ledgers["video"].finish(job_id, now)
+                self.ledgers["video"].finish(job_id, record_time(job.get("completed_at"), now))
             elif job["status"] == video.FAILED:
                 self.ledgers["video"].finish(job_id, now, str(job.get("failure_reason")))
         waiting = self.ledgers["records"].waiting()
         if waiting:
             for item in state_store.get_many(config.table_name("granules"), [{"granuleId": g} for g in waiting]):
-                self.ledgers["records"].finish(item["granuleId"], now)
+                self.ledgers["records"].finish(item["granuleId"], record_time(item.get("timestamp"), now))
         for survey in self.ledgers["phspectra"].waiting():
             run = ph.latest_run(survey)
             if run and run["status"] == ph.RUN_COMPLETED:
-                self.ledgers["phspectra"].finish(survey, now)
+                self.ledgers["phspectra"].finish(survey, record_time(run.get("completed_at"), now))
             elif run and run["status"] == ph.RUN_FAILED:
                 self.ledgers["phspectra"].finish(survey, now, str(run.get("error")))
 
