@@ -521,6 +521,18 @@ def flush_orphans() -> str:
 # --------------------------------------------------------------------------- main
 
 
+STOP_EARLY = threading.Event()
+
+
+def stop_early(signum: int, frame) -> None:  # signal handler signature
+    """SIGINT/SIGTERM: end the feed now and report what is done (no drain); a second one tears the stack down at once
+    (``main``'s ``finally`` stops it either way: a stopped soak leaves no stack running)."""
+    if STOP_EARLY.is_set():
+        raise SystemExit(128 + signum)
+    STOP_EARLY.set()
+    print(f"-- signal {signum}: stopping the feed; the report follows (again: stop now)", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=15)
@@ -580,6 +592,8 @@ def main() -> int:
           flush=True)  # fmt: skip
     t0 = time.monotonic()
     failed_exit = 0
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop_early)
     try:
         stack("up", env)
         chosen = data / "run" / "prefect-server.database"  # what `up` started the server on
@@ -631,13 +645,14 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         next_tick, flushed, stopped = began, False, False
         while True:
             now = time.monotonic() - began
-            if not stopped and now >= feed_s:
+            if not stopped and (now >= feed_s or STOP_EARLY.is_set()):
                 feeders.stop.set()
                 probe.stop.set()
                 for thread in threads:
                     thread.join(60)
                 stopped = True
-                print(f"-- feed stopped at {now:.0f} s; draining (at most {args.drain:g} s)", flush=True)
+                drain = "no drain (stopped early)" if STOP_EARLY.is_set() else f"draining (at most {args.drain:g} s)"
+                print(f"-- feed stopped at {now:.0f} s; {drain}", flush=True)
             while kills and now >= kills[0][0]:
                 print(f"-- {now:.0f} s: {kill(data, kills.pop(0)[1])}", flush=True)
                 if args.recover_after:
@@ -657,10 +672,11 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
             backlog.append((now, {p: a - d - f for p, (a, d, f) in counts.items()}))
             print(f"{now:6.0f} " + " ".join(f"{f'{a - d - f} ({d}/{a})':>17}" for p, (a, d, f) in counts.items())
                   + f" {os.getloadavg()[0]:5.1f} {database_mb(data):7.1f}", flush=True)  # fmt: skip
-            if stopped and not flushed and feeders.ledgers["etl"].arrived:
+            if stopped and not flushed and not STOP_EARLY.is_set() and feeders.ledgers["etl"].arrived:
                 print(f"-- the hourly ndjson-flush-orphans, started now: run {flush_orphans()}", flush=True)
                 flushed = True
-            if stopped and (all(b == 0 for b in backlog[-1][1].values()) or now > feed_s + args.drain):
+            drained = all(b == 0 for b in backlog[-1][1].values())
+            if stopped and (drained or now > feed_s + args.drain or STOP_EARLY.is_set()):
                 break
             next_tick = max(next_tick + args.tick, time.monotonic())  # a slow check skips samples, never bunches them
             time.sleep(max(0.0, next_tick - time.monotonic()))
