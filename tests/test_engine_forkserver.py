@@ -29,7 +29,7 @@ from prefect.settings import get_current_settings
 def probe(out: str, sleep_s: float = 0.0) -> int:
     Path(out).write_text(json.dumps({
         "pid": os.getpid(), "env": os.environ.get("FORK_PROBE"), "cwd": os.getcwd(), "path": sys.path,
-        "level": get_current_settings().logging.level,
+        "level": get_current_settings().logging.level, "av_loaded": "av" in sys.modules,
     }))
     print("probe says hello")
     time.sleep(sleep_s)
@@ -156,6 +156,7 @@ def test_a_run_through_the_fork_server_has_its_own_environment_settings_folder_a
     seen = wait_for(tmp_path / "probe.json")
     assert seen["pid"] != command.pid  # a fork of the server, not the command's own process
     assert (seen["env"], seen["level"]) == ("run-42", "DEBUG")  # the run's environment and settings, not the server's
+    assert seen["av_loaded"]  # PyAV comes preloaded: a video run's first probe does not import it
     assert seen["cwd"] == str(tmp_path / "source")  # the pull step's folder
     assert str(tmp_path) in seen["path"] and str(local_stack.REPO_ROOT / "deployments") not in seen["path"]  # as -m's
     assert "probe says hello" in stdout + stderr  # the run's streams are the command's

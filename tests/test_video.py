@@ -276,6 +276,25 @@ time.sleep(120)
 """
 
 
+def test_a_segment_that_does_not_finish_the_job_reads_the_job_once(tables, store_root, source_video, monkeypatch):
+    job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
+    v.start_chunking(job_id)
+    segment_keys = v.chunk_source(job_id, SEGMENT, "identity")
+    job_reads = []
+    get_item = state_store.get_item
+    monkeypatch.setattr(
+        state_store, "get_item", lambda table, *a, **k: job_reads.append(table) or get_item(table, *a, **k)
+    )
+    triggered = []
+    for key in segment_keys:
+        job_reads.clear()
+        triggered.append(v.infer_segment(key, backend="ffmpeg")["triggered"])
+        triggered.append(job_reads.count(tables["video_jobs"]))
+    # each segment reads the job once (its status, frames); the trigger reads it again only at the last completion
+    assert triggered == [False, 1] * 4 + [True, 2]
+    assert v.trigger_on_write(job_id, 5) is False  # the lock is taken: no second winner
+
+
 def test_a_rerun_reassembles_when_the_worker_died_after_the_trigger(tables, store_root, source_video):
     job_id = _upload(store_root, source_video.read_bytes(), mode="identity")
     v.start_chunking(job_id)

@@ -448,13 +448,21 @@ def record_completion(segment: video_keys.SegmentKey, output_key: str) -> Outcom
     return state_store.create_if_absent(_completions(), item, ["job_id", "segment_index"]).outcome
 
 
-def trigger_on_write(job_id: str) -> bool:
+def trigger_on_write(job_id: str, total: int | None = None) -> bool:
     """After a completion put: if chunking_complete and all segments are done, create the lock. True for the one
-    winner."""
+    winner.
+
+    ``total``: the job's ``total_segments`` as the caller read it at ``chunking_complete`` (a segment's task): the
+    count comes first and the job is read only once it reaches ``total``, so every segment but the last skips that
+    read; the job read still decides (status and total as they are now).
+    """
+    counted = None if total is None else count_completions(job_id)
+    if counted is not None and counted != total:
+        return False
     job = state_store.get_item(_jobs(), _key(job_id))
     if job is None or job.get("status") != CHUNKED:
         return False
-    if count_completions(job_id) != int(job["total_segments"]):
+    if (count_completions(job_id) if counted is None else counted) != int(job["total_segments"]):
         return False
     lock = {"job_id": job_id, "triggered_at": now_iso(), **prefect_ids()}
     return state_store.create_if_absent(_locks(), lock, ["job_id"]).applied
@@ -528,7 +536,7 @@ def infer_segment(segment_key: str, backend: str | None = None, mode: str | None
         "segment_index": segment.segment_index,
         "output_key": output,
         "completion": outcome.value,
-        "triggered": trigger_on_write(segment.job_id),
+        "triggered": trigger_on_write(segment.job_id, int(job["total_segments"])),
     }
 
 
