@@ -14,6 +14,8 @@ what that makes of a 128 MB manifest merged at this run's speed (orchestration s
     .venv/bin/python benchmarks/etl_merge.py --nested   # records with a nested object and a list too
     .venv/bin/python benchmarks/etl_merge.py --flow     # also the flow on a 128 MB manifest: its share measured
     .venv/bin/python benchmarks/etl_merge.py --no-flow  # the merge ratios only (no Prefect server)
+    .venv/bin/python benchmarks/etl_merge.py --drain 30 # one warm run draining 30 pending manifests of small files
+    .venv/bin/python benchmarks/etl_merge.py --drain 30 --profile drain.prof  # the same under cProfile
 """
 
 from __future__ import annotations
@@ -249,6 +251,50 @@ def flow_share(urls: list[str], work: Path, runs: int = 3) -> None:
     print(f"  measured orchestration share: {(1 - merge_s / flow_s) * 100:.1f}% (goal <= 5%)")
 
 
+def drain(root: Path, manifests: int, files_each: int, kb_each: float, profile: str | None) -> dict[str, float]:
+    """One ``ndjson-merge`` run draining ``manifests`` pending manifests of ``files_each`` small files (as a warm
+    run of the deployment does: ``more_manifests``), against plain pyarrow on the same files in the same run: the
+    seconds a manifest of each, their ratio and the difference (the merge's fixed cost a manifest)."""
+    import cProfile
+    import os
+    import pstats
+
+    from flows.etl import ndjson_ingest, ndjson_merge
+
+    urls = make_files(root, (manifests + 1) * files_each, kb_each / 1024, nested=False)
+    os.environ.update({"MAX_FILES_PER_MANIFEST": str(files_each), "EXPECTED_FILE_SIZE_MB": str(kb_each / 1024)})
+    made = ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")["manifests"]
+    assert len(made) == manifests + 1, made
+    ndjson_merge(date_prefix=DATE, manifest_name=made[0])  # loads the flow's modules: left out
+    profiler = cProfile.Profile() if profile else None
+    start = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    summary = ndjson_merge(date_prefix=DATE, manifest_name=made[1], more_manifests=manifests - 1, more_seconds=3600)
+    if profiler:
+        profiler.disable()
+    wall = time.perf_counter() - start
+    merged = [m for m in summary["merged"] if m["status"] == etl_merge.COMPLETED]
+    assert len(merged) == manifests, summary["merged"]
+    out = root.parent / "drain-baseline"
+    out.mkdir()
+    start = time.perf_counter()
+    baseline(urls[files_each:], out)  # the same files: read and written by pyarrow, one Parquet file each
+    plain = time.perf_counter() - start
+    shutil.rmtree(out)
+    per, plain_per = wall / manifests, plain / manifests
+    print(
+        f"drain: one ndjson-merge run, {manifests} manifests of {files_each} files of {kb_each:.0f} KB: {wall:.2f} s, "
+        f"{per:.3f} s a manifest; plain pyarrow on the same files {plain_per:.3f} s a manifest; RATIO flow/pyarrow "
+        f"{per / plain_per:.1f}; fixed cost a manifest (flow − pyarrow) {per - plain_per:.3f} s (goal <= 0.1 s: "
+        f"{'met' if per - plain_per <= 0.1 else 'NOT met'})"
+    )
+    if profiler:
+        profiler.dump_stats(profile)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+    return {"per_manifest": per, "pyarrow": plain_per}
+
+
 def _copy_as(url: str, suffix: str) -> str:
     """A copy of a local input file next to it, its name ending in ``suffix``."""
     source = Path(url[len("file://") :])
@@ -277,7 +323,21 @@ def main() -> int:
         help="also run the flow on a 128 MB manifest of these files "
         "(3 runs) and measure its orchestration share directly",
     )
+    parser.add_argument(
+        "--drain", type=int, metavar="N", help="only: one warm run draining N pending manifests of small files"
+    )
+    parser.add_argument("--drain-files", type=int, default=10, help="files a drained manifest (default 10)")
+    parser.add_argument("--drain-kb", type=float, default=150, help="KB a drained file (default 150)")
+    parser.add_argument("--profile", metavar="FILE", help="with --drain: cProfile the draining run into FILE")
     args = parser.parse_args()
+    if args.drain:
+        work = Path(tempfile.mkdtemp(prefix="etl-merge-drain-"))
+        try:
+            with merge_stack(work / "in"):
+                drain(work / "in", args.drain, args.drain_files, args.drain_kb, args.profile)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     files = args.files or (3 if args.quick else 20)
     repeats = args.repeats or (2 if args.quick else 3)
     work = Path(tempfile.mkdtemp(prefix="etl-merge-bench-"))
