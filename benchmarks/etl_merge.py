@@ -14,6 +14,9 @@ what that makes of a 128 MB manifest merged at this run's speed (orchestration s
     .venv/bin/python benchmarks/etl_merge.py --nested   # records with a nested object and a list too
     .venv/bin/python benchmarks/etl_merge.py --flow     # also the flow on a 128 MB manifest: its share measured
     .venv/bin/python benchmarks/etl_merge.py --no-flow  # the merge ratios only (no Prefect server)
+    .venv/bin/python benchmarks/etl_merge.py --drain 30 # one warm run draining 30 pending manifests of small files
+    .venv/bin/python benchmarks/etl_merge.py --drain 30 --profile drain.prof  # the same under cProfile
+    .venv/bin/python benchmarks/etl_merge.py --drain 30 --parts-before 1000  # a date hours into the seed's rate
 """
 
 from __future__ import annotations
@@ -31,22 +34,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import pyarrow as pa
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from tasks.etl import keys
 from tasks.etl import merge as etl_merge
+from tasks.etl.merge import PROCESSING_TIMESTAMP, SOURCE_FILE
 
 DATE = "2026-01-01"
 SHARE_MB = 128  # the manifest size the orchestration share goal is stated for
 
 
-def make_files(root: Path, files: int, mb_each: float, nested: bool) -> list[str]:
+def make_files(root: Path, files: int, mb_each: float, nested: bool, stem: str = "bench") -> list[str]:
     """NDJSON files of about ``mb_each`` MB under pipeline/input/{DATE}/ with a realistic mix of types."""
     rng = random.Random(7)
     urls = []
     for f in range(files):
-        path = root / keys.input_key(DATE, f"bench-{f:04d}.ndjson")
+        path = root / keys.input_key(DATE, f"{stem}-{f:04d}.ndjson")
         path.parent.mkdir(parents=True, exist_ok=True)
         lines, size, i = [], 0, 0
         while size < mb_each * 1024 * 1024:
@@ -249,6 +254,64 @@ def flow_share(urls: list[str], work: Path, runs: int = 3) -> None:
     print(f"  measured orchestration share: {(1 - merge_s / flow_s) * 100:.1f}% (goal <= 5%)")
 
 
+def earlier_parts(root: Path, parts: int) -> None:
+    """``parts`` one-row Parquet parts already published in the date (as hours of earlier manifests leave them)."""
+    table = pa.table({"id": ["0"], PROCESSING_TIMESTAMP: ["t"], SOURCE_FILE: ["f"]})
+    for n in range(parts):
+        path = root / keys.merged_part_key(DATE, f"batch-{n:04d}-20250101-000000.json", 0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, path)
+
+
+def drain(
+    root: Path, manifests: int, files_each: int, kb_each: float, profile: str | None, parts_before: int = 0
+) -> dict[str, float]:
+    """One ``ndjson-merge`` run draining ``manifests`` pending manifests of ``files_each`` small files (as a warm
+    run of the deployment does: ``more_manifests``), against plain pyarrow on the same files in the same run: the
+    seconds a manifest of each, their ratio and the difference (the merge's fixed cost a manifest); with
+    ``parts_before`` parts already published in the date (a date hours into the seed's rate)."""
+    import cProfile
+    import os
+    import pstats
+
+    from flows.etl import ndjson_ingest, ndjson_merge
+
+    earlier_parts(root, parts_before)
+    urls = make_files(root, (manifests + 1) * files_each, kb_each / 1024, nested=False, stem="drain")
+    os.environ.update({"MAX_FILES_PER_MANIFEST": str(files_each), "EXPECTED_FILE_SIZE_MB": str(kb_each / 1024)})
+    made = ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")["manifests"]
+    assert len(made) == manifests + 1, made
+    ndjson_merge(date_prefix=DATE, manifest_name=made[0])  # loads the flow's modules: left out
+    profiler = cProfile.Profile() if profile else None
+    start = time.perf_counter()
+    if profiler:
+        profiler.enable()
+    summary = ndjson_merge(date_prefix=DATE, manifest_name=made[1], more_manifests=manifests - 1, more_seconds=3600)
+    if profiler:
+        profiler.disable()
+    wall = time.perf_counter() - start
+    merged = [m for m in summary["merged"] if m["status"] == etl_merge.COMPLETED]
+    assert len(merged) == manifests, summary["merged"]
+    out = root.parent / "drain-baseline"
+    out.mkdir()
+    start = time.perf_counter()
+    baseline(urls[files_each:], out)  # the same files: read and written by pyarrow, one Parquet file each
+    plain = time.perf_counter() - start
+    shutil.rmtree(out)
+    per, plain_per = wall / manifests, plain / manifests
+    print(
+        f"drain: one ndjson-merge run, {manifests} manifests of {files_each} files of {kb_each:.0f} KB "
+        f"({parts_before} parts in the date before): {wall:.2f} s, "
+        f"{per:.3f} s a manifest; plain pyarrow on the same files {plain_per:.3f} s a manifest; RATIO flow/pyarrow "
+        f"{per / plain_per:.1f}; fixed cost a manifest (flow − pyarrow) {per - plain_per:.3f} s (goal <= 0.1 s: "
+        f"{'met' if per - plain_per <= 0.1 else 'NOT met'})"
+    )
+    if profiler:
+        profiler.dump_stats(profile)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(40)
+    return {"per_manifest": per, "pyarrow": plain_per}
+
+
 def _copy_as(url: str, suffix: str) -> str:
     """A copy of a local input file next to it, its name ending in ``suffix``."""
     source = Path(url[len("file://") :])
@@ -277,7 +340,24 @@ def main() -> int:
         help="also run the flow on a 128 MB manifest of these files "
         "(3 runs) and measure its orchestration share directly",
     )
+    parser.add_argument(
+        "--drain", type=int, metavar="N", help="only: one warm run draining N pending manifests of small files"
+    )
+    parser.add_argument("--drain-files", type=int, default=10, help="files a drained manifest (default 10)")
+    parser.add_argument("--drain-kb", type=float, default=150, help="KB a drained file (default 150)")
+    parser.add_argument("--profile", metavar="FILE", help="with --drain: cProfile the draining run into FILE")
+    parser.add_argument(
+        "--parts-before", type=int, default=0, help="with --drain: parts already published in the date (default 0)"
+    )
     args = parser.parse_args()
+    if args.drain:
+        work = Path(tempfile.mkdtemp(prefix="etl-merge-drain-"))
+        try:
+            with merge_stack(work / "in"):
+                drain(work / "in", args.drain, args.drain_files, args.drain_kb, args.profile, args.parts_before)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     files = args.files or (3 if args.quick else 20)
     repeats = args.repeats or (2 if args.quick else 3)
     work = Path(tempfile.mkdtemp(prefix="etl-merge-bench-"))
@@ -341,6 +421,8 @@ def main() -> int:
                     f"(goal <= 5%: {'met' if share <= 0.05 else 'NOT met'}); without Prefect's own flow run "
                     f"{(cost['fixed'] - cost['floor']) / (cost['fixed'] + merge_s) * 100:.1f}%"
                 )
+                if args.quick:  # the drain mode too, small, so it cannot rot
+                    drain(work / "in", 3, 5, 20, None)
                 if args.flow:
                     sized = [
                         u

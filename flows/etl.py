@@ -172,6 +172,7 @@ def _finish_best_effort(
             listed=summary["listed"],
             metric=metric,
             holder=holder,
+            records=summary.get("records"),
         )
     except Exception as error:  # noqa: BLE001 - the output is published; the reconciler writes the statuses
         message = (
@@ -378,7 +379,8 @@ def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: A
         f"{' (published before: merge skipped)' if summary['already_published'] else ''}, "
         f"{summary['rejected_lines']} rejected lines, {statuses['files_completed']} files completed"
     )
-    return {"manifest": manifest_name, "date_prefix": date_prefix, **summary, **statuses}
+    kept = {k: v for k, v in summary.items() if k != "records"}  # finish_manifest's, not the run's outcome
+    return {"manifest": manifest_name, "date_prefix": date_prefix, **kept, **statuses}
 
 
 class _PendingQueue:

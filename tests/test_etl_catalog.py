@@ -177,3 +177,29 @@ def test_a_merge_on_s3_registers_its_partition_in_glue_once(etl_env, s3_base, s3
     assert skipped["already_published"] is True and skipped["partition"]["glue"]["created"] is False
     assert len(glue.get_partitions(DatabaseName=database, TableName="merged_parquet")["Partitions"]) == 1
     assert sorted(r["id"] for r in catalog.open_table().to_table().to_pylist()) == ["0", "1", "2"]
+
+
+def test_a_publish_reads_only_its_own_parts_schemas_unless_they_bring_a_new_column(etl_env, monkeypatch):
+    """Issue 40 item 3: registering the date after a publish read every part of the date (a cost that grew with each
+    manifest of the day); it reads the parts just published, and the whole date only when they add a column."""
+    root, day = etl_env["root"], DAYS[0]
+    read: list[list[str]] = []
+    real = catalog._schema
+    monkeypatch.setattr(catalog, "_schema", lambda target, files: read.append(list(files)) or real(target, files))
+
+    def merge(n: int, record: dict) -> dict:
+        urls = [write_input(root, day, f"m{n}-{i}.ndjson", [dict(record, id=f"{n}-{i}")]) for i in range(2)]
+        read.clear()
+        return etl_merge.merge_manifest(day, f"batch-{n:04d}-20260301-000000.json", urls)
+
+    def part(n: int) -> str:
+        return etl_keys.merged_part_key(day, f"batch-{n:04d}-20260301-000000.json", 0)
+
+    for n in (1, 2, 3):
+        merge(n, {"v": "x"})
+    assert read == [[part(3)]]  # the date's two earlier parts not read again
+    assert catalog.registered_partitions()[0]["columns"] == ["v", "id", "_processing_timestamp", "_source_file"]
+    merge(4, {"v": "x", "late": "y"})  # a new column: the entry rebuilt from every part
+    assert read == [[part(4)], [part(n) for n in (1, 2, 3, 4)]]
+    assert "late" in catalog.registered_partitions()[0]["columns"]
+    assert catalog.register_partition(day)["changed"] is False  # what a whole rebuild makes of it

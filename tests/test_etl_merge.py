@@ -627,3 +627,54 @@ def test_a_part_on_a_one_thread_dask_worker_reads_its_files_one_at_a_time(tmp_pa
     assert summary["rows"] == 12 and summary["files_failed"] == 0
     assert most[0] == 1
     assert etl_merge.reader_threads(8) == 4  # the local threaded scheduler keeps every core
+
+
+@pytest.mark.parametrize("moved_since_read", [False, True])
+def test_a_merged_manifest_finishes_in_one_request_and_a_file_moved_since_the_merge_read_it_falls_back(
+    etl_env, moved_since_read
+):
+    """Issue 40 item 3: the MANIFEST, its metric row and its files move in ONE transaction when the records the merge
+    read still stand (one DynamoDB request, not four); a file whose record changed since makes it write nothing, and
+    the item-by-item path then finishes every file, the metric row still once."""
+    from tasks.core import state_store
+    from tasks.core.config import table_name
+    from tasks.etl.ingest import TRACKING, tracking_key
+
+    root, table = etl_env["root"], etl_env["table"]
+    urls = write_five_inputs(root, "once")
+    ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked, manifest left pending
+    (key,) = manifests(table)
+    name = keys.manifest_name_from_record_key(key)
+    path = etl_merge.start_processing(DAY, name)["manifest_path"]
+    summary = etl_merge.merge_listed(DAY, name, path)
+    assert sorted(r["file_path"] for r in summary["records"]) == sorted(urls)
+    if moved_since_read:  # e.g. a reconciler's write between the merge's read and its status update
+        first = summary["records"][0]
+        moved = first["status"].replace("manifested", "failed")
+        assert state_store.transition(
+            table_name(TRACKING), tracking_key(DAY, first["file_key"]), first["status"], moved
+        )
+    calls: list[str] = []
+    events = state_store.client().meta.events
+    count = lambda model, **_: calls.append(model.name)  # noqa: E731
+    events.register("before-call.dynamodb", count, unique_id="count-finish")
+    try:
+        finished = etl_merge.finish_manifest(
+            DAY,
+            name,
+            summary,
+            manifest_path=path,
+            listed=summary["listed"],
+            metric={"manifest": name},
+            records=summary["records"],
+        )
+    finally:
+        events.unregister("before-call.dynamodb", unique_id="count-finish")
+    assert finished == {"manifest_status": "completed", "files_completed": 5, "files_failed": 0}
+    if moved_since_read:  # the one transaction refused, then the MANIFEST, the files read back, the files
+        assert calls == ["TransactWriteItems", "TransactWriteItems", "BatchGetItem", "TransactWriteItems"]
+    else:
+        assert calls == ["TransactWriteItems"]
+    assert manifests(table)[key]["status"] == "completed" and file_statuses(table) == {"completed": 5}
+    merge_rows = [m for m in state_store.scan_all(etl_env["tables"]["etl_metrics"]) if m["metric_type"] == "merge"]
+    assert len(merge_rows) == 1

@@ -42,3 +42,19 @@ def test_a_local_folders_hidden_files_are_its_bookkeeping_and_never_listed(tmp_p
     assert [o.key for o in store.list_objects("in/")] == ["in/a.json", "in/sub/b.json"]
     assert store.delete_prefix("in/") == 2
     assert not (tmp_path / "in" / ".c.json.123.part").exists()  # unfinished writes still go with their prefix
+
+
+def test_a_local_prefix_ending_inside_a_name_lists_the_names_and_folders_starting_with_it(tmp_path):
+    """A manifest's parts (``…/batch-0001-part-``) among a date's thousands of files: the same keys as a full walk."""
+    store = LocalStore(tmp_path)
+    for key in ("out/ab-1.parquet", "out/abc/d.json", "out/x/ab.json", "out/b.json", "out/ab"):
+        store.put_bytes(key, b"{}")
+    (tmp_path / "out" / ".ab-2.parquet.123.part").write_text("{")  # an unfinished write of a part
+    (tmp_path / "out" / ".b.json.456.part").write_text("{")
+    assert list(store.list("out/ab")) == ["out/ab", "out/ab-1.parquet", "out/abc/d.json"]
+    assert store.delete_prefix("out/ab") == 3
+    assert not (tmp_path / "out" / ".ab-2.parquet.123.part").exists()  # it went with its prefix
+    assert (tmp_path / "out" / ".b.json.456.part").exists() and list(store.list("out/")) == [
+        "out/b.json",
+        "out/x/ab.json",
+    ]

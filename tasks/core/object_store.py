@@ -295,11 +295,17 @@ class LocalStore(ObjectStore):
         folder = base if prefix.endswith("/") or not prefix else base.parent
         if not folder.exists():
             return
+        # a prefix ending inside a name (a manifest's parts): in the top folder only names starting with it can match,
+        # so thousands of other files there cost a string check each, not a path each
+        stem = "" if folder == base else base.name
         for dirpath, dirs, files in os.walk(folder):
+            stem_here = stem if dirpath == os.fspath(folder) else ""
             dirs[:] = [
-                name for name in dirs if not name.startswith(".")
+                name for name in dirs if not name.startswith(".") and name.startswith(stem_here)
             ]  # scratch folders (a concat's) hold no objects
             for name in sorted(files):
+                if stem_here and not name.startswith((stem_here, "." + stem_here)):
+                    continue
                 key = Path(dirpath, name).relative_to(self.root).as_posix()
                 unfinished = name.startswith(".") and name.endswith(".part")
                 if name.startswith(".") and not unfinished:

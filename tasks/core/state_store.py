@@ -771,6 +771,17 @@ def transition_many(
     written with change ``i`` in one transaction, so they land once with it (a retried transition that finds
     itself done writes them no second time).
     """
+    return _run_each(_transition_entries(table_name, changes, status_attr, remove, conditions), Outcome.STALE, also)
+
+
+def _transition_entries(
+    table_name: str,
+    changes: Sequence[tuple[Mapping[str, Any], str | Sequence[str] | None, str | None, Mapping[str, Any] | None]],
+    status_attr: str = "status",
+    remove: Sequence[str] = (),
+    conditions: Sequence[Condition | None] = (),
+) -> list[dict[str, Any]]:
+    """The guarded TransactItems Updates of ``transition_many``'s changes, in order."""
     operations = []
     for i, (key, expected, new, sets) in enumerate(changes):
         all_sets = dict(sets or {})
@@ -781,7 +792,25 @@ def transition_many(
         extra = conditions[i] if i < len(conditions) else None
         guard = expr.with_condition(extra, expr.status_condition(status_attr, expected, key))
         operations.append({"Update": expr.entry(table_name, key, guard, update)})
-    return _run_each(operations, Outcome.STALE, also)
+    return operations
+
+
+def transition_all(
+    table_name: str,
+    changes: Sequence[tuple[Mapping[str, Any], str | Sequence[str] | None, str | None, Mapping[str, Any] | None]],
+    *,
+    also: Sequence[Mapping[str, Any]] = (),
+    conditions: Sequence[Condition | None] = (),
+) -> bool:
+    """``transition_many``'s changes and the ``also`` entries in ONE transaction: all land or none does (one
+    request where ``transition_many`` may need several). True when they landed; False when any condition failed
+    and nothing was written (the caller learns no more: it reads what stands and goes on item by item).
+    Raises ValueError past one transaction's ``TRANSACTION_LIMIT`` entries."""
+    entries = [*_transition_entries(table_name, changes, conditions=conditions), *also]
+    if len(entries) > TRANSACTION_LIMIT:
+        raise ValueError(f"{len(entries)} entries do not fit one transaction ({TRANSACTION_LIMIT})")
+    (reasons,) = transact_groups([entries])
+    return reasons is None
 
 
 def put_entry(table_name: str, item: Mapping[str, Any]) -> dict[str, Any]:

@@ -53,19 +53,29 @@ def _schema(target: ObjectStore, files: list[str]) -> pa.Schema:
 # --------------------------------------------------------------------------- registering a date
 
 
-def register_partition(date_prefix: str, output_url: str = "") -> dict[str, Any]:
-    """Record the date's merged output as a partition (local catalog entry; Glue too on S3); idempotent."""
+def register_partition(date_prefix: str, output_url: str = "", added: list[str] | None = None) -> dict[str, Any]:
+    """Record the date's merged output as a partition (local catalog entry; Glue too on S3); idempotent.
+
+    ``added``: the part keys a publish just added. When they bring no column the date's entry lacks, the entry
+    stands and only they are read, so a publish costs the same on a date's ten-thousandth manifest as on its first
+    (reading every part's schema grows with the date); otherwise, and without ``added``, every part of the date is
+    read, so the entry is rebuilt whole whenever it changes (``etl register`` rebuilds it on demand)."""
     config = settings()
     target = store(output_url or config.output_store_url)
     table = config.catalog_table
     location = target.url_for(etl_keys.merged_output_prefix(date_prefix))
-    columns = _schema(target, partition_files(target, date_prefix)).names
-    entry = {"table": table, PARTITION_KEY: date_prefix, "location": location, "columns": columns}
     key = etl_keys.catalog_partition_key(table, date_prefix)
     try:
-        changed = json.loads(target.get_bytes(key)) != entry
+        before = json.loads(target.get_bytes(key))
     except ObjectNotFound:
-        changed = True
+        before = None
+    known = before is not None and added is not None and before.get("location") == location
+    if known and set(_schema(target, sorted(added)).names) <= set(before["columns"]):
+        columns = before["columns"]
+    else:
+        columns = _schema(target, partition_files(target, date_prefix)).names
+    entry = {"table": table, PARTITION_KEY: date_prefix, "location": location, "columns": columns}
+    changed = before != entry
     if changed:
         target.put_bytes(key, json.dumps(entry, indent=2).encode())
     glue = (
@@ -76,11 +86,11 @@ def register_partition(date_prefix: str, output_url: str = "") -> dict[str, Any]
     return {**entry, "changed": changed, "glue": glue}
 
 
-def register_logged(date_prefix: str, output_url: str = "") -> dict[str, Any]:
+def register_logged(date_prefix: str, output_url: str = "", added: list[str] | None = None) -> dict[str, Any]:
     """``register_partition``, its failure logged and returned rather than raised: the output is published either
     way, and ``etl register`` (or the date's next merge) registers it again."""
     try:
-        return register_partition(date_prefix, output_url)
+        return register_partition(date_prefix, output_url, added)
     except Exception as error:  # noqa: BLE001 - a catalog outage must not fail (and so unpublish) a merged manifest
         log.warning("partition %s not registered: %s: %s", date_prefix, type(error).__name__, error)
         return {PARTITION_KEY: date_prefix, "error": f"{type(error).__name__}: {error}"}

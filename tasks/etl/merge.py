@@ -364,7 +364,7 @@ def publish(
     elif target.exists(rejects_key):
         target.delete(rejects_key)
     target.put_bytes(etl_keys.merged_published_key(date_prefix, manifest_name), json.dumps(summary).encode())
-    return {**summary, "partition": catalog.register_logged(date_prefix, output_url)}
+    return {**summary, "partition": catalog.register_logged(date_prefix, output_url, sorted(written))}
 
 
 def unpublish(date_prefix: str, manifest_name: str, output_url: str = "") -> int:
@@ -393,14 +393,20 @@ def listed_file_records(date_prefix: str, urls: list[str]) -> list[dict[str, Any
     return state_store.get_many(table_name(TRACKING), (tracking_key(date, name) for name in sorted(names)))
 
 
-def attached_files(date_prefix: str, manifest_path: str, urls: list[str]) -> list[str]:
-    """The manifest's files whose records still belong to it (a reprocessed file has moved on to another manifest)."""
+def attached_records(date_prefix: str, manifest_path: str, urls: list[str]) -> list[dict[str, str]]:
+    """The tracking records (key, path, status) of the manifest's files that still belong to it (a reprocessed file
+    has moved on to another manifest), in ``urls`` order."""
     mine = {
-        item["file_path"]
+        item["file_path"]: {k: item[k] for k in ("file_key", "file_path", "status", "manifest_path")}
         for item in listed_file_records(date_prefix, urls)
         if item.get("manifest_path") == manifest_path
     }
-    return [url for url in urls if url in mine]
+    return [mine[url] for url in urls if url in mine]
+
+
+def attached_files(date_prefix: str, manifest_path: str, urls: list[str]) -> list[str]:
+    """The manifest's files whose records still belong to it (a reprocessed file has moved on to another manifest)."""
+    return [record["file_path"] for record in attached_records(date_prefix, manifest_path, urls)]
 
 
 def merge_manifest(
@@ -450,10 +456,13 @@ def merge_listed(
     scheduler: str = "threads",
 ) -> dict[str, Any]:
     """Read the manifest JSON, keep the files still in it, merge them (``merge_manifest``): the summary, with the
-    manifest's ``listed`` files (what ``finish_manifest`` reads back)."""
+    manifest's ``listed`` files and its files' ``records`` as read before the merge (what ``finish_manifest``
+    moves in one transaction, or reads back when they changed since)."""
     listed = manifest_files(manifest_path)
-    urls = attached_files(date_prefix, manifest_path, listed)
-    return {**merge_manifest(date_prefix, manifest_name, urls, output_url, target_file_mb, scheduler), "listed": listed}
+    records = attached_records(date_prefix, manifest_path, listed)
+    urls = [record["file_path"] for record in records]
+    summary = merge_manifest(date_prefix, manifest_name, urls, output_url, target_file_mb, scheduler)
+    return {**summary, "listed": listed, "records": records}
 
 
 # --------------------------------------------------------------------------- status after the merge
@@ -464,67 +473,19 @@ def _held_by(holder: str | None) -> state_store.Condition | None:
     return None if holder is None else state_store.unchanged({"prefect_flow_run_id": holder}, tag="h")
 
 
-def finish_manifest(
+def _file_changes(
     date_prefix: str,
-    manifest_name: str,
-    summary: dict[str, Any] | None,
-    error: str | None = None,
-    manifest_path: str | None = None,
-    listed: list[str] | None = None,
-    metric: dict[str, Any] | None = None,
-    holder: str | None = None,
-) -> dict[str, Any]:
-    """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
-
-    ``holder``: the flow run that must hold the manifest (``processing`` under its id) for anything to change; a
-    manifest another run took is left alone, its output and files too. Files move only once the MANIFEST's own
-    guarded transition applied (or had: a retry finds it done under the same holder), and a failed manifest's
-    output is removed only then, before its files are failed (a crash in between leaves it ``failed`` with its
-    output: ``etl reprocess`` removes that output before its files go anywhere).
-
-    Files are the records whose ``manifest_path`` is the manifest's, among the ``listed`` files of its JSON
-    (read by key) or, when the JSON could not be read, among every record of the date (a query); a file that could not
-    be read fails on its own with its reason while the others complete. A
-    re-run moves the files an earlier run left ``failed#N`` too; a failed run fails its files whatever an earlier
-    run made of them, so `etl reprocess` can take them all.
-    ``manifest_path`` (from the record ``start_processing`` returned) saves reading the record again.
-
-    The MANIFEST and the ``metric`` row (values of a ``merge`` metric, written only with the MANIFEST's own
-    transition, so never twice) go in one transaction; the files then in one TransactWriteItems per 100 items.
-    """
-    if manifest_path is None:
-        manifest_path = manifest_record(date_prefix, manifest_name)["manifest_path"]
-    table = table_name(TRACKING)
-    outcome = FAILED if summary is None else COMPLETED
-    stamp = now_iso()
-    ids = prefect_ids()
-    sets: dict[str, Any] = {"updated_at": stamp, f"{outcome}_time": stamp}
-    if summary is not None:
-        sets.update(
-            rows=summary["rows"],
-            rejected_lines=summary["rejected_lines"],
-            files_failed=summary["files_failed"],
-            parts=summary["parts"],
-            rejects_path=summary["rejects_path"] or "",
-        )
-    if error:
-        sets["error_message"] = error[:1000]
-    manifest_key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
-    with_manifest = [state_store.put_entry(table_name(METRICS), metric_item("merge", metric))] if metric else []
-    (manifest_result,) = state_store.transition_many(
-        table, [(manifest_key, PROCESSING, outcome, sets)], also=[with_manifest], conditions=[_held_by(holder)]
-    )
-    current = manifest_result.item or {}
-    done_before = current.get("status") == outcome and holder in (None, current.get("prefect_flow_run_id"))
-    if not (manifest_result.applied or done_before):  # another run has it (or had it): not this run's to finish
-        log.warning("%s: %s, not this run's to finish; left as it is", manifest_name, current.get("status"))
-        return {"manifest_status": current.get("status"), "files_completed": 0, "files_failed": 0, "left": True}
-    if outcome == FAILED:
-        unpublish(date_prefix, manifest_name, settings().output_store_url)
-
-    per_file = {f["url"]: f for f in (summary or {}).get("files", [])}
+    candidates: Iterable[dict[str, Any]],
+    manifest_path: str,
+    outcome: str,
+    per_file: dict[str, dict[str, Any]],
+    error: str | None,
+    stamp: str,
+) -> list[tuple[dict[str, Any], str, str, dict[str, Any]]]:
+    """The guarded file transitions that finish a manifest ``outcome``: each of its files (``manifest_path``) still
+    movable → ``completed#N`` or ``failed#N`` (its own error, the manifest's, or not merged by this run)."""
     movable = (MANIFESTED, FAILED) if outcome == COMPLETED else (MANIFESTED, COMPLETED)
-    candidates = listed_file_records(date_prefix, listed) if listed is not None else file_records(date_prefix)
+    ids = prefect_ids()
     changes = []
     for item in candidates:
         if item.get("manifest_path") != manifest_path or base_status(item) not in movable:
@@ -544,6 +505,85 @@ def finish_manifest(
         changes.append(
             (tracking_key(date_prefix, item["file_key"]), item["status"], with_shard(new, item["status"]), file_sets)
         )
+    return changes
+
+
+def finish_manifest(
+    date_prefix: str,
+    manifest_name: str,
+    summary: dict[str, Any] | None,
+    error: str | None = None,
+    manifest_path: str | None = None,
+    listed: list[str] | None = None,
+    metric: dict[str, Any] | None = None,
+    holder: str | None = None,
+    records: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """MANIFEST ``processing → completed/failed``, then every file of it → ``completed#N/failed#N``.
+
+    ``holder``: the flow run that must hold the manifest (``processing`` under its id) for anything to change; a
+    manifest another run took is left alone, its output and files too. Files move only once the MANIFEST's own
+    guarded transition applied (or had: a retry finds it done under the same holder), and a failed manifest's
+    output is removed only then, before its files are failed (a crash in between leaves it ``failed`` with its
+    output: ``etl reprocess`` removes that output before its files go anywhere).
+
+    Files are the records whose ``manifest_path`` is the manifest's, among the ``listed`` files of its JSON
+    (read by key) or, when the JSON could not be read, among every record of the date (a query); a file that could not
+    be read fails on its own with its reason while the others complete. A
+    re-run moves the files an earlier run left ``failed#N`` too; a failed run fails its files whatever an earlier
+    run made of them, so `etl reprocess` can take them all.
+    ``manifest_path`` (from the record ``start_processing`` returned) saves reading the record again.
+
+    The MANIFEST and the ``metric`` row (values of a ``merge`` metric, written only with the MANIFEST's own
+    transition, so never twice) go in one transaction; the files then in one TransactWriteItems per 100 items.
+    A completed manifest whose file ``records`` the merge read (``merge_listed``) tries everything in ONE
+    transaction first (MANIFEST, metric, files, each still guarded as above: all or nothing, so files still move
+    only with the MANIFEST); any condition failing there (a retry, a file moved since) writes nothing and the steps
+    above run as they are.
+    """
+    if manifest_path is None:
+        manifest_path = manifest_record(date_prefix, manifest_name)["manifest_path"]
+    table = table_name(TRACKING)
+    outcome = FAILED if summary is None else COMPLETED
+    stamp = now_iso()
+    sets: dict[str, Any] = {"updated_at": stamp, f"{outcome}_time": stamp}
+    if summary is not None:
+        sets.update(
+            rows=summary["rows"],
+            rejected_lines=summary["rejected_lines"],
+            files_failed=summary["files_failed"],
+            parts=summary["parts"],
+            rejects_path=summary["rejects_path"] or "",
+        )
+    if error:
+        sets["error_message"] = error[:1000]
+    manifest_key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
+    with_manifest = [state_store.put_entry(table_name(METRICS), metric_item("merge", metric))] if metric else []
+    manifest_change = (manifest_key, PROCESSING, outcome, sets)
+    per_file = {f["url"]: f for f in (summary or {}).get("files", [])}
+    if records is not None and outcome == COMPLETED:
+        changes = _file_changes(date_prefix, records, manifest_path, outcome, per_file, error, stamp)
+        if len(changes) + 1 + len(with_manifest) <= state_store.TRANSACTION_LIMIT and state_store.transition_all(
+            table, [manifest_change, *changes], also=with_manifest, conditions=[_held_by(holder)]
+        ):
+            return {
+                "manifest_status": outcome,
+                "files_completed": sum(1 for c in changes if c[2].startswith(COMPLETED)),
+                "files_failed": sum(1 for c in changes if c[2].startswith(FAILED)),
+            }
+    (manifest_result,) = state_store.transition_many(
+        table, [manifest_change], also=[with_manifest], conditions=[_held_by(holder)]
+    )
+    current = manifest_result.item or {}
+    done_before = current.get("status") == outcome and holder in (None, current.get("prefect_flow_run_id"))
+    if not (manifest_result.applied or done_before):  # another run has it (or had it): not this run's to finish
+        log.warning("%s: %s, not this run's to finish; left as it is", manifest_name, current.get("status"))
+        return {"manifest_status": current.get("status"), "files_completed": 0, "files_failed": 0, "left": True}
+    if outcome == FAILED:
+        unpublish(date_prefix, manifest_name, settings().output_store_url)
+
+    candidates = listed_file_records(date_prefix, listed) if listed is not None else file_records(date_prefix)
+    changes = _file_changes(date_prefix, candidates, manifest_path, outcome, per_file, error, stamp)
     results = state_store.transition_many(table, changes) if changes else []
     moved = [change[2] for change, r in zip(changes, results) if r.applied]
     return {
