@@ -33,8 +33,7 @@ from flows.policies import TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.core import limits
 from tasks.core.notify import notify_on_failure
 from tasks.core.object_store import ObjectNotFound
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import quick_heartbeat_exit, today_iso, utc_now
+from tasks.core.runtime import today_iso, utc_now
 from tasks.etl import breaker as etl_breaker
 from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
@@ -44,9 +43,6 @@ from tasks.etl import reports as etl_reports
 from tasks.etl.ingest import ManifestRef
 from tasks.etl.keys import INPUT_PREFIX
 from tasks.landing.listener import listen, open_source
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 # --------------------------------------------------------------------------- tasks
 

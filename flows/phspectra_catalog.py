@@ -17,12 +17,8 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.policies import pipeline_flow
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import artifact_key, quick_heartbeat_exit, run_logger
+from tasks.core.runtime import artifact_key, run_logger
 from tasks.phspectra import catalog, survey_status
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()
 
 survey_status_task = task(survey_status.survey_status, name="survey-status", cache_policy=NO_CACHE)
 build_catalog_task = task(catalog.build_catalog, name="build-survey-catalog", cache_policy=NO_CACHE)

@@ -41,16 +41,12 @@ from flows.phspectra_catalog import survey_progress
 from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow
 from tasks import reconcile
 from tasks.core import limits
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
+from tasks.core.runtime import artifact_key, iso_ago
 from tasks.landing.listener import listen_report, open_source
 from tasks.phspectra import keys
 from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 # no cpu-heavy tag: a chunk's fit runs on its process's fitting slots (``fitting_slots``), not on a core of its own,

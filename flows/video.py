@@ -19,18 +19,12 @@ from prefect.futures import as_completed
 from blocks import VideoInference, load_config
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow
 from tasks.core import keys, limits
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import quick_heartbeat_exit
 from tasks.landing.listener import listen_report, open_source
 from tasks.video import inference as video_inference
 from tasks.video import jobs as v
 from tasks.video import keys as video_keys
 from tasks.video import landing as video_landing
 from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
-
 
 FINAL_ERRORS = (
     InvalidMedia,
