@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,10 @@ import yaml
 from prefect_aws.observers.ecs import SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS
 from prefect_aws.settings import EcsObserverSqsSettings
 
-from blocks.etl import EtlSettings
 from tasks.core import limits
-from tasks.core.registry import default_table_names, landings, table_specs
-from tasks.core.tables import _create_request
-from tasks.etl import keys
-from tasks.gpu.backends import GPU_CLUSTER_TAG
+from tasks.core.aws_template import AwsParts, ref, sub
+from tasks.core.registry import default_table_names, hooks, landings, table_specs
+from tasks.core.tables import create_request
 from tasks.health import cloudwatch as health_metrics
 from tasks.health.checks import severity_of
 from tasks.landing import sqs
@@ -37,9 +34,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE_PATH = REPO_ROOT / "infra" / "pipelines.template.json"
 ENV = "${Env}"  # default_names/QueueSpec.names fill {env} with it: Fn::Sub turns it into the stack's Env
 LOG_RETENTION_DAYS = limits.PREFECT_RETENTION_DAYS  # seed 001: log_retention_days = 3
-# seed 001: records expire 30 days after they end (TTL_DAYS); the objects that explain them (a manifest, its run
-# reports, a quarantined file with its reason) are kept as long
-OBJECT_RETENTION_DAYS = EtlSettings.model_fields["ttl_days"].default
 INCOMPLETE_UPLOAD_DAYS = 1  # a writer killed mid-upload leaves parts no reader sees but S3 bills
 NONCURRENT_VERSION_DAYS = 7  # an overwritten or deleted object can be restored for a week
 QUEUE_RETENTION_S = 4 * 24 * 3600  # SQS's default, stated: an arrival not taken in 4 days goes (its object stays)
@@ -80,16 +74,6 @@ LISTENER_HEALTH_CHECK = health_check(
 # a listener's service runs one run of its ecs deployment in the container (deployments/ecs_listener.py), so the
 # run is the deployment's (the UI and landing-listener-not-running see it) and ECS alone supervises it
 LISTENER_COMMAND = ["python", "-m", "deployments.ecs_listener"]
-
-
-def sub(text: str) -> dict[str, str]:
-    """``Fn::Sub`` of ``text``."""
-    return {"Fn::Sub": text}
-
-
-def ref(name: str) -> dict[str, str]:
-    """``Ref`` of a parameter or resource."""
-    return {"Ref": name}
 
 
 def get_att(logical: str, attribute: str) -> dict[str, list[str]]:
@@ -134,9 +118,14 @@ def listener_deployments() -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- parameters
 
 
+def pipeline_parts() -> list[AwsParts]:
+    """Each pipeline's own parts of the stack (``Pipeline.aws``), in seed order."""
+    return [parts for _, parts in hooks("aws")]
+
+
 def parameters() -> dict[str, Any]:
-    """The stack's inputs: environment, image, network, the Prefect API."""
-    return {
+    """The stack's inputs: environment, image, network, the Prefect API, then each pipeline's own."""
+    common = {
         "Env": {
             "Type": "String",
             "Default": "prod",
@@ -178,32 +167,18 @@ def parameters() -> dict[str, Any]:
             "Type": "List<AWS::EC2::SecurityGroup::Id>",
             "Description": "Security groups of those tasks (the flow runs' too)",
         },
-        "CatalogDatabase": {
-            "Type": "String",
-            "Default": EtlSettings.model_fields["catalog_database"].default,
-            "AllowedPattern": "[a-z0-9_]+",
-            "Description": "Glue database the ETL merge registers its Parquet partitions in (CATALOG_DATABASE)",
-        },
-        "GpuClusterName": {
-            "Type": "String",
-            "Default": "",
-            "AllowedPattern": "[A-Za-z0-9_-]{0,255}",
-            "Description": "ECS cluster of your GPU instances (GpuCompute.cluster_name, the gpu pipeline's ecs "
-            "backend); empty: the task role gets no GPU-cluster permissions",
-        },
-        "VideoEndpointPrefix": {
-            "Type": "String",
-            "Default": "",
-            "AllowedPattern": "[a-z0-9-]{0,63}",
-            "Description": "Name prefix of your SageMaker async endpoints (VideoInference.endpoint_name, the video "
-            "pipeline's sagemaker backend); empty: the task role may invoke none",
-        },
         "AssignPublicIp": {
             "Type": "String",
             "Default": "DISABLED",
             "AllowedValues": ["ENABLED", "DISABLED"],
             "Description": "ENABLED only in public subnets without a NAT gateway (to reach ECR and Prefect)",
         },
+    }
+    assign = common.pop("AssignPublicIp")  # stays last, after the pipelines' own
+    return {
+        **common,
+        **{k: v for parts in pipeline_parts() for k, v in parts.parameters.items()},
+        "AssignPublicIp": assign,
     }
 
 
@@ -227,7 +202,7 @@ def table_resources() -> dict[str, Any]:
     names = stack_table_names()
     resources = {}
     for logical, spec in table_specs().items():
-        properties = _create_request(names[logical], spec)
+        properties = create_request(names[logical], spec)
         properties["TableName"] = sub(properties["TableName"])
         properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
         properties["SSESpecification"] = {"SSEEnabled": True}
@@ -362,13 +337,6 @@ def notified_prefix(pipeline: str) -> dict[str, str]:
 def bucket_resources() -> dict[str, Any]:
     """The pipelines' bucket: private, encrypted, versioned, its arrivals notifying the queues, with lifecycle rules."""
     object_pipelines = [p for p, spec in sqs.landing_queues().items() if spec.mode == sqs.OBJECTS]
-    expiring = {  # what the pipelines write to explain a record, kept as long as the record (TTL_DAYS)
-        "quarantine": "quarantine/",  # refused input files and their .reason.json (keys.quarantine_key)
-        "manifests": "manifests/",  # keys.manifest_key
-        "reports": "logs/",  # the run reports (keys.run_report_key)
-    }
-    assert keys.quarantine_key("2026-01-01", "a.ndjson").startswith(expiring["quarantine"])
-    assert keys.run_report_key("glue", datetime(2026, 1, 1), "r").startswith(expiring["reports"])
     rules = [
         {
             "Id": "abort-incomplete-multipart-uploads",
@@ -383,9 +351,10 @@ def bucket_resources() -> dict[str, Any]:
             "Id": f"expire-{name}",
             "Status": "Enabled",
             "Prefix": sub(f"${{StorePrefix}}/{prefix}"),
-            "ExpirationInDays": OBJECT_RETENTION_DAYS,
+            "ExpirationInDays": parts.expiring_days,
         }
-        for name, prefix in expiring.items()
+        for parts in pipeline_parts()  # what a pipeline writes to explain a record, kept as long as the record
+        for name, prefix in parts.expiring.items()
     ]
     bucket = {
         "Type": "AWS::S3::Bucket",
@@ -435,43 +404,6 @@ def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
     return {"PolicyName": name, "PolicyDocument": {"Version": "2012-10-17", "Statement": statements}}
 
 
-PREFIX_ARN = "arn:${{AWS::Partition}}:{service}:${{AWS::Region}}:${{AWS::AccountId}}"
-
-
-def when(condition: str, statement: dict[str, Any]) -> dict[str, Any]:
-    """A statement the policy holds only when the template's ``condition`` is true."""
-    return {"Fn::If": [condition, statement, ref("AWS::NoValue")]}
-
-
-def gpu_cluster_statements() -> list[dict[str, Any]]:
-    """The gpu pipeline's ecs backend on your GPU cluster (tasks/gpu/backends.py ``EcsBackend``): list and describe
-    its container instances, start tasks pinned to them (tagged at launch), find, describe and stop them, read the
-    instances' private IPs and reboot an unhealthy one."""
-    ecs = PREFIX_ARN.format(service="ecs")
-    on_gpu_cluster = {"ArnEquals": {"ecs:cluster": sub(f"{ecs}:cluster/${{GpuClusterName}}")}}
-    gpu_tasks = sub(f"{ecs}:task/${{GpuClusterName}}/*")
-    return [
-        {"Sid": "GpuClusterNodes", "Effect": "Allow", "Action": "ecs:ListContainerInstances",
-         "Resource": sub(f"{ecs}:cluster/${{GpuClusterName}}")},
-        {"Sid": "GpuClusterInstances", "Effect": "Allow", "Condition": on_gpu_cluster,
-         "Action": ["ecs:DescribeContainerInstances", "ecs:ListTasks"],
-         "Resource": sub(f"{ecs}:container-instance/${{GpuClusterName}}/*")},
-        {"Sid": "GpuStartTasks", "Effect": "Allow", "Action": "ecs:StartTask", "Condition": on_gpu_cluster,
-         "Resource": sub(f"{ecs}:task-definition/*")},
-        # start_task tags each attempt at launch; TagResource requests carry no ecs:cluster key: the ARN names it
-        {"Sid": "GpuTagTasksAtLaunch", "Effect": "Allow", "Action": "ecs:TagResource", "Resource": gpu_tasks,
-         "Condition": {"StringEquals": {"ecs:CreateAction": "StartTask"}}},
-        {"Sid": "GpuWatchTasks", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
-         "Resource": gpu_tasks, "Condition": on_gpu_cluster},
-        # DescribeInstances takes no resource ARN; a container instance's EC2 instance is not named by the cluster,
-        # so a reboot is scoped by the tag the GPU cluster's instances carry (docs/aws.md)
-        {"Sid": "GpuInstances", "Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
-        {"Sid": "GpuRebootInstances", "Effect": "Allow", "Action": "ec2:RebootInstances",
-         "Resource": sub(f"{PREFIX_ARN.format(service='ec2')}:instance/*"),
-         "Condition": {"StringEquals": {f"aws:ResourceTag/{GPU_CLUSTER_TAG}": ref("GpuClusterName")}}},
-    ]  # fmt: skip
-
-
 def iam_resources(log_groups: list[str]) -> dict[str, Any]:
     """The execution role (pull the image, write logs, read the API key), the pipelines' task role (their tables,
     bucket and queues, nothing else) and the worker's task role (run flow-run tasks on the cluster)."""
@@ -509,21 +441,8 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
         # pipeline-health puts its readings in its own namespace only (tasks/health/cloudwatch.py)
         {"Sid": "PublishReadings", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:PutMetricData",
          "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}}},
-        # the ETL merge registers each date's partition (tasks/etl/catalog.py): Glue authorizes a call on the
-        # catalog, the database and the table together
-        {"Sid": "Catalog", "Effect": "Allow", "Action": [
-            "glue:GetDatabase", "glue:CreateDatabase", "glue:GetTable", "glue:CreateTable", "glue:UpdateTable",
-            "glue:GetPartition", "glue:CreatePartition", "glue:UpdatePartition"], "Resource": [
-            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:catalog"),
-            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:database/${CatalogDatabase}"),
-            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:table/${CatalogDatabase}/*")]},
     ]  # fmt: skip
-    pipelines += [when("HasGpuCluster", s) for s in gpu_cluster_statements()]
-    # the video pipeline's sagemaker backend invokes your async endpoints (tasks/video/inference.py); their outputs
-    # are read from the S3 output path you give them (docs/aws.md: under the store's prefix)
-    pipelines.append(when("HasVideoEndpoints", {
-        "Sid": "InvokeVideoEndpoints", "Effect": "Allow", "Action": "sagemaker:InvokeEndpointAsync",
-        "Resource": sub(f"{PREFIX_ARN.format(service='sagemaker')}:endpoint/${{VideoEndpointPrefix}}*")}))  # fmt: skip
+    pipelines += [statement for parts in pipeline_parts() for statement in parts.statements]
     cluster_tasks = sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*")
     on_cluster = {"ArnEquals": {"ecs:cluster": arn("Cluster")}}
     worker = [
@@ -733,8 +652,7 @@ def template() -> dict[str, Any]:
             condition: {"Fn::Not": [{"Fn::Equals": [ref(parameter), ""]}]}
             for condition, parameter in (
                 ("HasPrefectApiKey", "PrefectApiKeySecretArn"),
-                ("HasGpuCluster", "GpuClusterName"),
-                ("HasVideoEndpoints", "VideoEndpointPrefix"),
+                *(item for parts in pipeline_parts() for item in parts.conditions.items()),
             )
         },  # fmt: skip
         "Resources": resources,

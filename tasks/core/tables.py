@@ -47,7 +47,7 @@ class SchemaMismatch(RuntimeError):
     """A table exists with other keys than the project's; it is left untouched."""
 
 
-def _create_request(name: str, spec: TableSpec) -> dict:
+def create_request(name: str, spec: TableSpec) -> dict:
     attrs = {k: spec.key_types.get(k, "S") for k, _ in spec.key_schema()}
     gsis = []
     for index in spec.gsis:
@@ -104,7 +104,7 @@ def ensure_table(name: str, spec: TableSpec) -> str:
         if error.response["Error"]["Code"] != "ResourceNotFoundException":
             raise
         try:
-            client.create_table(**_create_request(name, spec))
+            client.create_table(**create_request(name, spec))
         except ClientError as create_error:  # another process created it first
             if create_error.response["Error"]["Code"] != "ResourceInUseException":
                 raise
