@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import pkgutil
 from types import ModuleType
+
+# this folder under another sys.path entry joins the package: a pipeline's modules kept elsewhere (docs/design.md)
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 
 def pipeline_module(package: str, pipeline: str) -> ModuleType | None:
