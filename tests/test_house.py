@@ -3,38 +3,49 @@
     deployments ─▶ flows ─▶ tasks/<pipeline> ─▶ tasks/{reconcile,health,retention} ─▶ tasks/landing ─▶ tasks/core ─▶
     blocks
 
+The rooms are found, not listed: every package under tasks/ other than the shared ones is a pipeline's, wherever its
+folder lies (the same folder under another sys.path entry joins the package).
+
 Imports inside functions count too: a circle hidden in a function is still a circle.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PIPELINES = ("phspectra", "etl", "gpu", "video", "records")
+TOPS = ("blocks", "tasks", "flows", "deployments")
 SHARED = ("reconcile", "health", "retention")
-# floor of each room: a module may import its own room, or rooms on a lower floor (the shared upkeep packages may
-# import one another: health reads retention's rules type)
-FLOORS = {
-    "blocks": 0,
-    "tasks.core": 1,
-    "tasks.landing": 2,
-    **{f"tasks.{s}": 3 for s in SHARED},
-    **{f"tasks.{p}": 4 for p in PIPELINES},
-    "flows": 5,
-    "deployments": 6,
-}
+BELOW_PIPELINES = {"blocks": 0, "tasks.core": 1, "tasks.landing": 2, **{f"tasks.{s}": 3 for s in SHARED}}
+
+
+def _folders(top: str) -> list[Path]:
+    """The folders of package ``top``: the repository's, and the same folder under any other sys.path entry (a
+    pipeline kept elsewhere joins the package)."""
+    return [Path(folder) for folder in importlib.import_module(top).__path__]
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for top in ("blocks", "tasks", "flows", "deployments"):
-        for path in (ROOT / top).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            found[name] = path
+    for top in TOPS:
+        for folder in _folders(top):
+            for path in folder.rglob("*.py"):
+                name = ".".join((top, *path.relative_to(folder).with_suffix("").parts)).removesuffix(".__init__")
+                found[name] = path
     return found
+
+
+def pipeline_packages() -> list[str]:
+    """Every package under tasks/ that is no shared room: a pipeline's, wherever it lies."""
+    rooms = {path.name for folder in _folders("tasks") for path in folder.iterdir() if (path / "__init__.py").is_file()}
+    return sorted(room for room in rooms if f"tasks.{room}" not in BELOW_PIPELINES)
+
+
+# floor of each room: a module may import its own room, or rooms on a lower floor (the shared upkeep packages may
+# import one another: health reads retention's rules type); every pipeline package sits on floor 4
+FLOORS = {**BELOW_PIPELINES, **{f"tasks.{p}": 4 for p in pipeline_packages()}, "flows": 5, "deployments": 6}
 
 
 def _imports() -> dict[str, set[str]]:
@@ -119,10 +130,14 @@ def test_only_the_records_flow_imports_the_records_pipeline():
     assert importers == {"flows.records"}
 
 
+def test_every_module_sits_in_a_room_with_a_floor():
+    assert sorted(m for m in _modules() if _room(m) is None and m not in TOPS) == []
+
+
 def test_every_pipeline_package_declares_itself_and_its_keys():
     from tasks.core import registry
 
     declared = {p.name for p in registry.pipelines()}
-    assert set(PIPELINES) <= declared
-    for name in PIPELINES:
-        assert (ROOT / "tasks" / name / "pipeline.py").is_file() and (ROOT / "tasks" / name / "keys.py").is_file()
+    assert pipeline_packages() and set(pipeline_packages()) <= declared
+    for name in pipeline_packages():
+        assert {"tasks." + name + ".pipeline", "tasks." + name + ".keys"} <= set(_modules()), name
