@@ -6,7 +6,6 @@ import ast
 import dataclasses
 import importlib
 import logging
-import pkgutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,9 @@ from prefect.utilities.importtools import load_script_as_module
 import flows
 from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.core.redact import REDACTED_LOGGERS, RedactingFilter
+from tests.helpers.house import flow_modules
 
-# every module of flows/ (the shared policies aside), wherever the flows package is found: a new pipeline's is here
-FLOW_MODULES = tuple(sorted(m.name for m in pkgutil.iter_modules(flows.__path__) if m.name != "policies"))
+FLOW_MODULES = flow_modules()  # wherever the flows package's folders lie: a new pipeline's is here too
 NOTIFY = ("notify_on_failure",)
 
 # flow name -> (class, timeout_seconds, on_failure, on_crashed, on_cancellation hook names)

@@ -4,7 +4,8 @@ repository is (``tasks/toy/``, ``flows/toy.py``, ``deployments/ops/toy.py``, ``d
 
 This is docs/design.md's "How to add a pipeline", step by step; only prefect.yaml (the deploy manifest, the one
 shared file the recipe appends to) is a copy with the toy's deployments added. A child process imports the project
-with the folder on its path, as a process started from a checkout holding the new files would. What the visiting
+with the folder on its path, as a process started from a checkout holding the new files would; it loads the toy's
+flow module by path first, as a worker does, and reads the house with ``tests/helpers/house.py``. What the visiting
 machinery then does with a declared pipeline (tables created, records stamped, alarms raised, records repaired) is
 ``tests/test_pipeline_registry.py``'s.
 """
@@ -162,12 +163,24 @@ FILES = {
 
 # what the child reports: each shared part's view of the pipelines, read through its own functions
 PROBE = """
-import contextlib, io, json, sys
+import contextlib, io, json, logging, sys
 from pathlib import Path
+
+from prefect import flow_engine
+from prefect.utilities.importtools import load_script_as_module
+
+from tasks.core.redact import REDACTED_LOGGERS, RedactingFilter
+
+# first, before anything declares a flow: its flow module loaded by path, as a worker loads it, runs the preamble
+load_script_as_module(str(Path(sys.argv[2]) / "flows" / "toy.py"))
+preamble = getattr(flow_engine._send_heartbeats, "quick_exit", False) and all(
+    any(isinstance(f, RedactingFilter) for f in logging.getLogger(name).filters) for name in REDACTED_LOGGERS
+)
 
 import yaml
 
 import blocks
+import deployments.ops.gpu
 from deployments import cli, demo, local_stack
 from infra import cloudformation as cfn
 from tasks import reconcile
@@ -176,23 +189,20 @@ from tasks.health.checks import severity_of
 from tasks.health.run import all_checks
 from tasks.landing import sqs
 from tasks.retention.sweep import rules
-
-sys.path.insert(0, str(Path(cfn.REPO_ROOT / "tests")))
-import test_flow_policies
-import test_house
+from tests.helpers import house
 
 cfn.prefect_config = lambda: yaml.safe_load(Path(sys.argv[1]).read_text())  # the copy with the toy's deployments
 template = cfn.template()
 printed = io.StringIO()
-import deployments.ops.gpu
 deployments.ops.gpu.local_setup = lambda: {}  # its nodes need the tables: the toy's setup is the one looked at
 with contextlib.redirect_stdout(printed):
     local_stack.register_extras()
 policy = template["Resources"]["TaskRole"]["Properties"]["Policies"]
-imports = test_house._imports()
-lifecycle = template["Resources"]["Bucket"]["Properties"]["LifecycleConfiguration"]
 statements = [s for p in policy for s in p["PolicyDocument"]["Statement"]]
+imports = house.imports()
+lifecycle = template["Resources"]["Bucket"]["Properties"]["LifecycleConfiguration"]
 print(json.dumps({
+    "preamble": preamble,
     "pipelines": [p.name for p in registry.pipelines()],
     "tables": sorted(registry.table_specs()),
     "maintenance": list(limits.maintenance_flows()),
@@ -208,10 +218,10 @@ print(json.dumps({
     "deployed": demo.deployed_samples(),
     "indirect": demo.indirect_flows(),
     "blocks": hasattr(blocks, "ToySettings"),
-    "floors": {room: floor for room, floor in test_house.FLOORS.items() if "toy" in room},
+    "floors": {room: floor for room, floor in house.FLOORS.items() if "toy" in room},
     "toy_imports": sorted(f"{m} -> {t}" for m, ts in imports.items() for t in ts if "toy" in m),
-    "wrong": sorted(f"{m} -> {t}" for m, ts in imports.items() for t in ts if test_house._up_or_across(m, t)),
-    "flow_modules": list(test_flow_policies.FLOW_MODULES),
+    "wrong": sorted(f"{m} -> {t}" for m, ts in imports.items() for t in ts if house.up_or_across(m, t)),
+    "flow_modules": list(house.flow_modules()),
     "template_resources": sorted(r for r in template["Resources"] if "Toy" in r),
     "template_parameters": [p for p in template["Parameters"] if "Toy" in p],
     "template_conditions": [c for c in template["Conditions"] if "Toy" in c],
@@ -238,7 +248,7 @@ def _probe(root: Path) -> dict:
     (root / "prefect.yaml").write_text(yaml.safe_dump(manifest))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(root)])}
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, str(root / "prefect.yaml")],
+        [sys.executable, "-c", PROBE, str(root / "prefect.yaml"), str(root)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -265,7 +275,8 @@ def test_a_pipeline_package_kept_in_another_folder_is_picked_up_by_every_shared_
     assert seen["floors"] == {"tasks.toy": 4}
     assert "tasks.toy.pipeline -> tasks.core.registry" in seen["toy_imports"]
     assert seen["wrong"] == ["tasks.toy.upward -> flows", "tasks.toy.upward -> flows.toy"]
-    assert "toy" in seen["flow_modules"]
+    # its flows: loaded by path, as a worker does, they run the flow modules' preamble; the policies' pins see them
+    assert seen["preamble"] and "toy" in seen["flow_modules"]
     # the template: its table, queues and listener service, its parameter, condition, statement and lifecycle rule
     assert seen["template_resources"] == [
         "AlarmToyItemsStuck",  # its health alarm
