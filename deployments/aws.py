@@ -170,14 +170,17 @@ def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- the flow runs' pool
 
 
-def flow_run_environment(env: str, outputs: dict[str, str], catalog_database: str) -> dict[str, str]:
+def flow_run_environment(env: str, outputs: dict[str, str], parameters: dict[str, str]) -> dict[str, str]:
     """What every flow-run container is configured by, from the stack: its tables' env (and the tables the stack
-    renames), the store, the Glue database; the same as the listeners' task definitions carry."""
+    renames), the store, each pipeline's parameters its containers read; the same as the listeners' task
+    definitions carry."""
     from infra import cloudformation as cfn
     from tasks.health.cloudwatch import ENV_VARIABLE
 
-    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], "CATALOG_DATABASE": catalog_database,
-                 ENV_VARIABLE: env}  # fmt: skip
+    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], ENV_VARIABLE: env}
+    for parts in cfn.pipeline_parts():
+        given = parts.parameter_defaults() | {k: v for k, v in parameters.items() if k in parts.parameters and v}
+        variables |= {variable: given[parameter] for variable, parameter in parts.environment.items()}
     variables |= {
         f"TABLE_{logical.upper()}": name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()
     }
@@ -192,8 +195,6 @@ def pool_job_template(
     stack's flow-run log group, the Prefect API key from Secrets Manager (never in plaintext overrides), and the
     environment from the stack's ``Env``. A deployment's own job variables still win."""
     import copy
-
-    from blocks.etl import EtlSettings
 
     defaults: dict[str, Any] = {
         "cluster": outputs["EcsCluster"],
@@ -211,11 +212,7 @@ def pool_job_template(
             "awslogs-region": region,
             "awslogs-stream-prefix": "flow-run",
         },
-        "env": flow_run_environment(
-            parameters["Env"],
-            outputs,
-            parameters.get("CatalogDatabase") or EtlSettings.model_fields["catalog_database"].default,
-        ),
+        "env": flow_run_environment(parameters["Env"], outputs, parameters),
     }
     if parameters.get("PrefectApiKeySecretArn"):
         defaults["prefect_api_key_secret_arn"] = parameters["PrefectApiKeySecretArn"]
@@ -367,6 +364,18 @@ def apply_prefect(
     return done
 
 
+def pipelines_parameters(given: dict[str, str]) -> dict[str, str]:
+    """Every pipeline's own stack parameter: its value in ``given``, else its default; a name no pipeline declares
+    is refused (a typo would otherwise deploy the default silently)."""
+    from infra import cloudformation as cfn
+
+    values = {name: value for parts in cfn.pipeline_parts() for name, value in parts.parameter_defaults().items()}
+    unknown = sorted(set(given) - set(values))
+    if unknown:
+        raise ValueError(f"no pipeline declares the stack parameter(s) {unknown}; known: {sorted(values)}")
+    return values | given
+
+
 def deploy(
     env: str,
     region: str,
@@ -380,16 +389,18 @@ def deploy(
     assign_public_ip: str = "DISABLED",
     dry_run: bool = False,
     session: Any = None,
-    gpu_cluster: str = "",
-    video_endpoint_prefix: str = "",
+    pipeline_parameters: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`pipelines aws-stack deploy`: ECR repository, image, the stack by a change set through the artifact bucket, the
     pool, blocks and deployments on the Prefect server. Idempotent: a second run with nothing changed changes
-    nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes)."""
+    nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes).
+    ``pipeline_parameters``: values of the pipelines' own stack parameters (``Pipeline.aws``); the others take their
+    defaults."""
     import boto3
 
     from infra import cloudformation as cfn
 
+    pipelines = pipelines_parameters(pipeline_parameters or {})
     session = session or boto3.Session(region_name=region)
     account = session.client("sts").get_caller_identity()["Account"]
     stack, tag = f"pipelines-{env}", tag or image_tag()
@@ -397,8 +408,8 @@ def deploy(
         "Env": env, "BucketName": bucket or f"pipelines-{account}-{env}", "ImageTag": tag,
         "PrefectApiUrl": prefect_api_url, "PrefectApiKeySecretArn": api_key_secret_arn, "VpcId": vpc,
         "Subnets": ",".join(subnets), "SecurityGroups": ",".join(security_groups), "AssignPublicIp": assign_public_ip,
-        "GpuClusterName": gpu_cluster, "VideoEndpointPrefix": video_endpoint_prefix,  # the task role's grants on them
     }  # fmt: skip
+    parameters |= pipelines
     result: dict[str, Any] = {"stack": stack, "parameters": parameters}
     s3, ecr = session.client("s3"), session.client("ecr")
     artifacts = f"pipelines-artifacts-{account}-{region}"

@@ -511,7 +511,7 @@ def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> l
     variables = {
         "TABLE_ENV": ref("Env"),
         health_metrics.ENV_VARIABLE: ref("Env"),
-        "CATALOG_DATABASE": ref("CatalogDatabase"),
+        **{variable: ref(parameter) for parts in pipeline_parts() for variable, parameter in parts.environment.items()},
         "OBJECT_STORE_BASE_URL": sub("s3://${BucketName}/${StorePrefix}"),
         "PREFECT_API_URL": ref("PrefectApiUrl"),
         "AWS_DEFAULT_REGION": ref("AWS::Region"),

@@ -135,6 +135,7 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
                 assert pool["network_configuration"]["default"]["subnets"] == [subnet["SubnetId"]]
                 assert pool["env"]["default"]["TABLE_ENV"] == env
                 assert pool["env"]["default"]["TABLE_GRANULES"] == f"granules-{env}"
+                assert pool["env"]["default"]["CATALOG_DATABASE"] == "ndjson_parquet"  # the ETL's parameter's default
                 assert pool["cloudwatch_logs_options"]["default"]["awslogs-group"] == f"/pipelines/{env}/flow-runs"
 
             again = aws.deploy(**arguments, session=session)
@@ -142,12 +143,14 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
             assert set(again["prefect"].values()) == {"unchanged"}, again["prefect"]
             assert len(docker.builds) == builds  # nothing built, nothing pushed
 
-            updated = aws.deploy(**{**arguments, "assign_public_ip": "ENABLED"}, session=session)
+            lake = {"CatalogDatabase": "lake"}  # a pipeline's own parameter (Pipeline.aws), given by name
+            updated = aws.deploy(**arguments, assign_public_ip="ENABLED", pipeline_parameters=lake, session=session)
             assert updated["change_set"]["action"] == "UPDATE" and updated["change_set"]["status"] == "UPDATE_COMPLETE"
             assert updated["image"] == "unchanged" and updated["prefect"]["pool"] == "updated"
             with get_client(sync_client=True) as client:
                 pool = client.read_work_pool(ECS_WORK_POOL).base_job_template["variables"]["properties"]
                 assert pool["network_configuration"]["default"]["assignPublicIp"] == "ENABLED"
+                assert pool["env"]["default"]["CATALOG_DATABASE"] == "lake"
 
             removed = aws.destroy(env, "us-east-1", session=session)
             assert f"stack pipelines-{env}" in removed["deleted"] and "ECR repository pipelines" in removed["deleted"]
@@ -157,3 +160,16 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
             assert aws.stack_status(session.client("cloudformation"), f"pipelines-{env}") is None
         finally:
             os.environ.pop("DOCKER_HOST", None)
+
+
+def test_a_stack_parameter_no_pipeline_declares_is_refused_before_anything_is_deployed():
+    """A typo (``GpuCluster``) would otherwise deploy the default silently; the named ones keep their values."""
+    from deployments import cli
+
+    known = aws.pipelines_parameters({"GpuClusterName": "gpu"})
+    assert known == {"CatalogDatabase": "ndjson_parquet", "GpuClusterName": "gpu", "VideoEndpointPrefix": ""}
+    with pytest.raises(ValueError, match=r"\['GpuCluster'\]; known: \['CatalogDatabase', 'GpuClusterName'"):
+        aws.deploy("dev", "us-east-1", "vpc-1", ["s"], ["g"], "http://api", pipeline_parameters={"GpuCluster": "gpu"})
+    with pytest.raises(SystemExit):  # NAME=VALUE or nothing
+        command = "aws-stack deploy --env e --vpc v --subnets s --security-groups g --parameter GpuClusterName"
+        cli.build_parser().parse_args(command.split())

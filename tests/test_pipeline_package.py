@@ -94,6 +94,7 @@ FILES = {
                                              "Resource": sub("${ToyTopic}")})],
             expiring={"toy-notes": "toy/notes/"},
             expiring_days=7,
+            environment={"TOY_TOPIC": "ToyTopic"},
         )
     ''',
     "flows/toy.py": '''
@@ -181,7 +182,7 @@ import yaml
 
 import blocks
 import deployments.ops.gpu
-from deployments import cli, demo, local_stack
+from deployments import aws, cli, demo, local_stack
 from infra import cloudformation as cfn
 from tasks import reconcile
 from tasks.core import limits, registry
@@ -201,6 +202,9 @@ policy = template["Resources"]["TaskRole"]["Properties"]["Policies"]
 statements = [s for p in policy for s in p["PolicyDocument"]["Statement"]]
 imports = house.imports()
 lifecycle = template["Resources"]["Bucket"]["Properties"]["LifecycleConfiguration"]
+listener = template["Resources"]["ToyListenerTaskDefinition"]["Properties"]["ContainerDefinitions"][0]
+deploy_args = ["aws-stack", "deploy", "--env", "e", "--vpc", "v", "--subnets", "s", "--security-groups", "g"]
+given = dict(cli.build_parser().parse_args([*deploy_args, "--parameter", "ToyTopic=arn:toy"]).parameter)
 print(json.dumps({
     "preamble": preamble,
     "pipelines": [p.name for p in registry.pipelines()],
@@ -227,6 +231,9 @@ print(json.dumps({
     "template_conditions": [c for c in template["Conditions"] if "Toy" in c],
     "template_statements": {s.get("Sid", "when"): json.dumps(s) for s in statements if "Toy" in json.dumps(s)},
     "template_rules": [r["Id"] for r in lifecycle["Rules"]],
+    "template_env": [e for e in listener["Environment"] if e["Name"] == "TOY_TOPIC"],
+    "deploy_parameters": {k: v for k, v in aws.pipelines_parameters(given).items() if "Toy" in k},
+    "flow_run_env": aws.flow_run_environment("e", {"BucketUrl": "s3://b/p"}, given)["TOY_TOPIC"],
 }))
 """
 
@@ -293,3 +300,6 @@ def test_a_pipeline_package_kept_in_another_folder_is_picked_up_by_every_shared_
     assert set(statements) == {"Tables", "Arrivals", "when"} and "ToyPublish" in statements["when"]
     assert "TableToyItems" in statements["Tables"] and "ToyQueue" in statements["Arrivals"]
     assert "expire-toy-notes" in seen["template_rules"]
+    # its containers read the parameter; `aws-stack deploy --parameter` sets it, and its flow runs get it too
+    assert seen["template_env"] == [{"Name": "TOY_TOPIC", "Value": {"Ref": "ToyTopic"}}]
+    assert seen["deploy_parameters"] == {"ToyTopic": "arn:toy"} and seen["flow_run_env"] == "arn:toy"

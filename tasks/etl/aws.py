@@ -41,4 +41,5 @@ PARTS = AwsParts(
     statements=[CATALOG],
     expiring=EXPLAINING,
     expiring_days=EtlSettings.model_fields["ttl_days"].default,  # seed 001: records expire 30 days after they end
+    environment={"CATALOG_DATABASE": "CatalogDatabase"},  # EtlSettings.catalog_database in every container
 )
