@@ -170,17 +170,20 @@ def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- the flow runs' pool
 
 
-def flow_run_environment(env: str, outputs: dict[str, str], catalog_database: str) -> dict[str, str]:
+def flow_run_environment(env: str, outputs: dict[str, str], parameters: dict[str, str]) -> dict[str, str]:
     """What every flow-run container is configured by, from the stack: its tables' env (and the tables the stack
-    renames), the store, the Glue database; the same as the listeners' task definitions carry."""
+    renames), the store, the pipelines' own parameters (``AwsParts.environment``: the stack's value, else the
+    parameter's default); the same as the listeners' task definitions carry."""
     from infra import cloudformation as cfn
     from tasks.health.cloudwatch import ENV_VARIABLE
 
-    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], "CATALOG_DATABASE": catalog_database,
-                 ENV_VARIABLE: env}  # fmt: skip
+    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], ENV_VARIABLE: env}
     variables |= {
         f"TABLE_{logical.upper()}": name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()
     }
+    for parts in cfn.pipeline_parts():
+        for name, parameter in parts.environment.items():
+            variables[name] = parameters.get(parameter) or parts.parameters[parameter]["Default"]
     return variables
 
 
@@ -192,8 +195,6 @@ def pool_job_template(
     stack's flow-run log group, the Prefect API key from Secrets Manager (never in plaintext overrides), and the
     environment from the stack's ``Env``. A deployment's own job variables still win."""
     import copy
-
-    from blocks.etl import EtlSettings
 
     defaults: dict[str, Any] = {
         "cluster": outputs["EcsCluster"],
@@ -211,11 +212,7 @@ def pool_job_template(
             "awslogs-region": region,
             "awslogs-stream-prefix": "flow-run",
         },
-        "env": flow_run_environment(
-            parameters["Env"],
-            outputs,
-            parameters.get("CatalogDatabase") or EtlSettings.model_fields["catalog_database"].default,
-        ),
+        "env": flow_run_environment(parameters["Env"], outputs, parameters),
     }
     if parameters.get("PrefectApiKeySecretArn"):
         defaults["prefect_api_key_secret_arn"] = parameters["PrefectApiKeySecretArn"]

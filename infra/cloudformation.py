@@ -507,11 +507,11 @@ def log_group(name: str) -> dict[str, Any]:
 
 
 def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """What every container is configured by: the tables' env, the store, the Prefect API, the queues."""
+    """What every container is configured by: the tables' env, the store, the Prefect API, the pipelines' own
+    parameters (``AwsParts.environment``), the queues."""
     variables = {
         "TABLE_ENV": ref("Env"),
         health_metrics.ENV_VARIABLE: ref("Env"),
-        "CATALOG_DATABASE": ref("CatalogDatabase"),
         "OBJECT_STORE_BASE_URL": sub("s3://${BucketName}/${StorePrefix}"),
         "PREFECT_API_URL": ref("PrefectApiUrl"),
         "AWS_DEFAULT_REGION": ref("AWS::Region"),
@@ -520,6 +520,7 @@ def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> l
         "NUMBA_CACHE_DIR": f"{SCRATCH}/numba",
     }
     variables |= {f"TABLE_{logical.upper()}": sub(name) for logical, name in renamed_tables().items()}
+    variables |= {name: ref(parameter) for parts in pipeline_parts() for name, parameter in parts.environment.items()}
     if pipeline_queues:
         variables |= {sqs.queue_url_variable(p): ref(logical_id(p, "queue")) for p in sqs.landing_queues()}
     variables |= extra or {}

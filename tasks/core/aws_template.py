@@ -2,7 +2,8 @@
 few intrinsic functions it is written with.
 
     tasks/<pipeline>/aws.py: PARTS = AwsParts(...) ──Pipeline.aws──▶ infra/cloudformation.py: its stack parameters,
-        the conditions on them, its statements in the pipelines' task role, its objects' lifecycle rules
+        the conditions on them, its statements in the pipelines' task role, its objects' lifecycle rules, the
+        variables its containers and flow runs read its parameters from
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class AwsParts:
     statements: Sequence[Mapping[str, Any]] = ()  # the pipelines' task role's statements (``when`` for a condition)
     expiring: Mapping[str, str] = field(default_factory=dict)  # lifecycle rule name -> the key prefix it expires
     expiring_days: int = 0  # how long objects under ``expiring`` are kept
+    environment: Mapping[str, str] = field(default_factory=dict)  # containers' variable -> the parameter it carries
 
 
 def sub(text: str) -> dict[str, str]:
