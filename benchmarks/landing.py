@@ -37,7 +37,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PIPELINES_USE_BLOCKS"] = "0"  # settings from defaults + env, no Prefect API needed
 os.environ["PREFECT_API_KEY"] = "benchmark-sends-no-events"  # with no API URL: emit_event sends nothing
-os.environ.update(EXPECTED_FILE_SIZE_MB="0.001", SIZE_TOLERANCE_PERCENT="99")
+os.environ.update(ETL_EXPECTED_FILE_SIZE_MB="0.001", ETL_SIZE_TOLERANCE_PERCENT="99")
 
 from benchmarks._common import dynamodb_local, ensure_table
 
@@ -232,7 +232,7 @@ def main() -> int:
     if args.quick:
         args.seconds = min(args.seconds, 10)
     args.kills = args.kills if args.kills is not None else (1 if args.quick else 0)
-    os.environ["MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
+    os.environ["ETL_MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
     work = Path(tempfile.mkdtemp(prefix="landing-bench-"))
     os.environ["OBJECT_STORE_BASE_URL"] = work.as_uri()
     from tasks.etl import ingest as etl

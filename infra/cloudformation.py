@@ -507,7 +507,8 @@ def log_group(name: str) -> dict[str, Any]:
 
 
 def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """What every container is configured by: the tables' env, the store, the Prefect API, the queues."""
+    """What every container is configured by: the tables' env, the store, the Prefect API, the pipelines' own
+    parameters (``AwsParts.environment``), the queues."""
     variables = {
         "TABLE_ENV": ref("Env"),
         health_metrics.ENV_VARIABLE: ref("Env"),

@@ -121,8 +121,12 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
     from tasks.phspectra import survey as ph
     from tests.helpers.phspectra_survey import direct_rows
 
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "4",
-                        "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
+    for name, value in {
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "4",
+        "ETL_NUM_STATUS_SHARDS": "2",
+    }.items():
         monkeypatch.setenv(name, value)
     store, name = ObjectStore.from_url(s3_base), f"dask-{uuid.uuid4().hex[:6]}"
     deployments = deploy_from_prefect_yaml(tmp_path, {"phspectra-survey", "ndjson-merge"}, f"pool-{name}", name)

@@ -135,7 +135,7 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
                 assert pool["network_configuration"]["default"]["subnets"] == [subnet["SubnetId"]]
                 assert pool["env"]["default"]["TABLE_ENV"] == env
                 assert pool["env"]["default"]["TABLE_GRANULES"] == f"granules-{env}"
-                assert pool["env"]["default"]["CATALOG_DATABASE"] == "ndjson_parquet"  # the ETL's parameter's default
+                assert pool["env"]["default"]["ETL_CATALOG_DATABASE"] == "ndjson_parquet"  # its default
                 assert pool["cloudwatch_logs_options"]["default"]["awslogs-group"] == f"/pipelines/{env}/flow-runs"
 
             again = aws.deploy(**arguments, session=session)
@@ -150,7 +150,7 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
             with get_client(sync_client=True) as client:
                 pool = client.read_work_pool(ECS_WORK_POOL).base_job_template["variables"]["properties"]
                 assert pool["network_configuration"]["default"]["assignPublicIp"] == "ENABLED"
-                assert pool["env"]["default"]["CATALOG_DATABASE"] == "lake"
+                assert pool["env"]["default"]["ETL_CATALOG_DATABASE"] == "lake"
 
             removed = aws.destroy(env, "us-east-1", session=session)
             assert f"stack pipelines-{env}" in removed["deleted"] and "ECR repository pipelines" in removed["deleted"]

@@ -226,7 +226,7 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     scratch = {k: v.replace(cfn.SCRATCH, str(tmp_path)) for k, v in environment.items() if v.startswith(cfn.SCRATCH)}
     stand_ins = {
         "AWS_ENDPOINT_URL_S3": s3_endpoint, "AWS_ENDPOINT_URL_SQS": s3_endpoint,
-        "EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "2",
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001", "ETL_SIZE_TOLERANCE_PERCENT": "99", "ETL_MAX_FILES_PER_MANIFEST": "2",
         **{f"TABLE_{logical.upper()}": name for logical, name in names.items()},
     }  # fmt: skip
     base = {k: v for k, v in child_env().items() if not k.startswith(("TABLE_", "OBJECT_STORE", "PIPELINES_"))}

@@ -300,10 +300,15 @@ ETL_DAY, ETL_LATE_DAY, ETL_TODAY = "2026-02-01", "2026-02-02", "2026-02-10"
 @pytest.fixture
 def etl_s3(tables, s3_base, monkeypatch):
     """ETL settings for small files: 1 KiB ± 99%, 4 files per manifest."""
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "4",
-                        "MIN_FILES_FOR_PARTIAL_BATCH": "1", "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
+    for name, value in {
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "4",
+        "ETL_MIN_FILES_FOR_PARTIAL_BATCH": "1",
+        "ETL_NUM_STATUS_SHARDS": "2",
+    }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NOTIFY_BLOCK", raising=False)
+    monkeypatch.delenv("ETL_NOTIFY_BLOCK", raising=False)
     return ObjectStore.from_url(s3_base)
 
 

@@ -31,8 +31,12 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
     from flows.etl import ndjson_ingest
     from flows.phspectra_survey import phspectra_survey
 
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "2",
-                        "NUM_STATUS_SHARDS": "1"}.items():  # fmt: skip
+    for name, value in {
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "2",
+        "ETL_NUM_STATUS_SHARDS": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     name, survey_run = f"trigger-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
     deployments = deploy_from_prefect_yaml(tmp_path, {"records-prefect-state"}, f"pool-{name}", name)

@@ -212,7 +212,7 @@ def test_a_flow_run_on_the_stacks_pool_gets_its_network_logs_api_key_secret_and_
     override = task["overrides"]["containerOverrides"][0]
     env = {e["name"]: e["value"] for e in override["environment"]}
     assert "PREFECT_API_KEY" not in env
-    assert env["TABLE_ENV"] == "dev" and env["TABLE_GRANULES"] == "granules-dev" and env["CATALOG_DATABASE"]
+    assert env["TABLE_ENV"] == "dev" and env["TABLE_GRANULES"] == "granules-dev" and env["ETL_CATALOG_DATABASE"]
     assert env["OBJECT_STORE_BASE_URL"] == "s3://pipelines-data-dev/pipelines"
     assert submitted["cluster_arn"].endswith(f":cluster/{AWS_ENV['ECS_CLUSTER']}")
 

@@ -279,7 +279,7 @@ def _fail_second_part(monkeypatch):
 @pytest.mark.parametrize("where", ["writing a part", "publishing"])
 def test_a_merge_failing_midway_then_reprocess_writes_every_line_exactly_once(etl_env, monkeypatch, where):
     root, table = etl_env["root"], etl_env["table"]
-    monkeypatch.setenv("TARGET_FILE_MB", "0")  # one part per file
+    monkeypatch.setenv("ETL_TARGET_FILE_MB", "0")  # one part per file
     urls = write_five_inputs(root, "p")
     with monkeypatch.context() as patch:
         if where == "writing a part":
@@ -310,7 +310,7 @@ def faults_at_third_rename(real, *args):
 
 def test_rerunning_a_failed_manifest_completes_its_files_and_a_later_reprocess_duplicates_nothing(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
-    monkeypatch.setenv("TARGET_FILE_MB", "0")
+    monkeypatch.setenv("ETL_TARGET_FILE_MB", "0")
     urls = write_five_inputs(root, "r")
     with monkeypatch.context() as patch:
         _fail_second_part(patch)
@@ -431,7 +431,7 @@ ISSUE_23_LINES = ['{"a"}', '{"a" "b"}', '{"foo":"bar","a"}', '{"\\ud800x":2}', '
 def test_lines_the_reader_once_raised_on_are_rejects_and_every_file_of_the_manifest_completes(etl_env, monkeypatch):
     """Issue 23: ten files with one such line each ended failed#N and the manifest failed, at every re-run."""
     root, table = etl_env["root"], etl_env["table"]
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "10")
     urls = []
     for i in range(10):
         bad = ISSUE_23_LINES[i % len(ISSUE_23_LINES)]
@@ -466,7 +466,7 @@ def test_lines_the_reader_once_raised_on_are_rejects_and_every_file_of_the_manif
 
 def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exactly_once(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "10")
     urls = [write_input(root, DAY, f"t-{i}.ndjson", [{"id": f"t{i}-{k}", "v": k} for k in range(3)]) for i in range(10)]
     ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked and in a manifest, not merged yet
     (key,) = manifests(table)

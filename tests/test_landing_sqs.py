@@ -63,8 +63,12 @@ def receive_until(source: SqsSource, n: int, deadline_s: float = 30) -> list:
 @pytest.fixture
 def small_files(monkeypatch):
     """ETL settings for small files: 1 KiB ± 99%, 2 files per manifest."""
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "2",
-                        "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
+    for name, value in {
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "2",
+        "ETL_NUM_STATUS_SHARDS": "2",
+    }.items():
         monkeypatch.setenv(name, value)
 
 
@@ -332,7 +336,7 @@ def test_ndjson_ingest_over_an_s3_landing_prefix_validates_with_the_listing_size
 ):
     from flows.etl import ndjson_ingest
 
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")  # 3 files: no full batch, so no merge to start
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "10")  # 3 files: no full batch, so no merge to start
     store = ObjectStore.from_url(os.environ["OBJECT_STORE_BASE_URL"])
     for i in range(3):
         store.put_bytes(keys.input_key(DAY, f"part-{i}.ndjson"), b'{"id": 1}\n' * 40)

@@ -148,15 +148,18 @@ FILES = {
     "blocks/toy.py": '''
         """The toy's settings."""
 
+        from typing import ClassVar
+
         from blocks.base import ConfigBlock
 
         __all__ = ["ToySettings"]
 
 
         class ToySettings(ConfigBlock):
-            """The toy's settings."""
+            """The toy's settings (env ``TOY_<FIELD>``)."""
 
             _block_type_name = "Toy Settings"
+            _env_prefix: ClassVar[str] = "TOY_"
 
             size: int = 1
     ''',

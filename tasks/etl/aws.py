@@ -10,7 +10,7 @@ CATALOG_DATABASE = {
     "Type": "String",
     "Default": EtlSettings.model_fields["catalog_database"].default,
     "AllowedPattern": "[a-z0-9_]+",
-    "Description": "Glue database the ETL merge registers its Parquet partitions in (CATALOG_DATABASE)",
+    "Description": "Glue database the ETL merge registers its Parquet partitions in (ETL_CATALOG_DATABASE)",
 }
 GLUE = "arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}"
 # Glue authorizes a call on the catalog, the database and the table together
@@ -41,5 +41,5 @@ PARTS = AwsParts(
     statements=[CATALOG],
     expiring=EXPLAINING,
     expiring_days=EtlSettings.model_fields["ttl_days"].default,  # seed 001: records expire 30 days after they end
-    environment={"CATALOG_DATABASE": "CatalogDatabase"},  # EtlSettings.catalog_database in every container
+    environment={EtlSettings.env_name("catalog_database"): "CatalogDatabase"},
 )

@@ -403,7 +403,7 @@ def _glue(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Req
     table = params.get("TableName") or params.get("TableInput", {}).get("Name")
     if operation == "GetTable":
         table = params["Name"]
-    database = world.values["CatalogDatabase"]  # a test's own database stands for the stack's (CATALOG_DATABASE)
+    database = world.values["CatalogDatabase"]  # a test's own database stands for the stack's (ETL_CATALOG_DATABASE)
     resources = [f"{base}:catalog", f"{base}:database/{database}"]
     resources += [f"{base}:table/{database}/{table}"] if table else []
     return [Request(f"glue:{operation}", r) for r in resources]
