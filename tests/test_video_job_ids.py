@@ -49,14 +49,14 @@ def test_a_raw_bad_id_is_refused_at_every_edge(tables, store_root, bad):
     for builder in (video_keys.source_key, video_keys.input_prefix, video_keys.final_key, video_keys.segments_prefix):
         with pytest.raises(InvalidKey, match="invalid job_id"):
             builder(bad)  # a raw string handed to a builder still goes through the one check
-    assert LocalStore(store_root).list("") == [] and list(state_store.scan_all(tables["video_jobs"])) == []
+    assert list(LocalStore(store_root).list("")) == [] and list(state_store.scan_all(tables["video_jobs"])) == []
 
 
 def test_every_flow_parameter_is_an_edge(tables, store_root):
     for flow in (video_process, video_reassemble, video_delete_cleanup):
         with pytest.raises(InvalidKey, match="invalid job_id '../escape'"):
             flow(job_id="../escape")
-    assert LocalStore(store_root).list("") == [] and list(state_store.scan_all(tables["video_jobs"])) == []
+    assert list(LocalStore(store_root).list("")) == [] and list(state_store.scan_all(tables["video_jobs"])) == []
 
 
 def test_builders_and_job_steps_take_a_job_id():
