@@ -63,6 +63,7 @@ def _locks() -> str:
 
 
 def _key(job_id: JobId) -> dict[str, str]:
+    """The job's key in every video table (a JobId is not checked again; a plain string from a script is, here)."""
     return {"job_id": parse_job_id(job_id)}
 
 
