@@ -2,8 +2,8 @@
 
 Every key of this pipeline is built and parsed here; nothing else formats them by hand. A job id is validated
 once, where it comes in (a flow parameter, an upload or segment key, a new job, an id read back from the store),
-by ``parse_job_id``, the one place that calls the shared ``safe_id``; what it returns is a ``JobId``, and a JobId
-is passed inward and never checked again. So no input can write outside its prefix.
+by ``parse_job_id``; what it returns is a ``JobId`` (whose constructor is the one caller of the shared ``safe_id``),
+and a JobId is passed inward and never checked again. So no input can write outside its prefix.
 """
 
 from __future__ import annotations
