@@ -795,6 +795,18 @@ def _transition_entries(
     return operations
 
 
+def transition_entry(
+    table_name: str,
+    key: Mapping[str, Any],
+    expected: str | Sequence[str] | None,
+    new: str | None,
+    sets: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One change as a guarded TransactItems Update (``transition``'s guard), to land with another table's change
+    in one transaction (``transition_all``'s ``also``)."""
+    return _transition_entries(table_name, [(key, expected, new, sets)])[0]
+
+
 def transition_all(
     table_name: str,
     changes: Sequence[tuple[Mapping[str, Any], str | Sequence[str] | None, str | None, Mapping[str, Any] | None]],
