@@ -20,6 +20,7 @@ from prefect.artifacts import create_table_artifact
 
 from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks import reconcile
+from tasks.core.errors import RefusedInput
 from tasks.core.runtime import utc_now
 from tasks.landing.listener import listen_report, open_source
 from tasks.records import keys
@@ -33,7 +34,7 @@ JSON_INTS = (-(2**63), 2**64 - 1)
 PARAMETERS_BYTES = 512 * 1024
 
 
-class UnservableParameters(ValueError):
+class UnservableParameters(RefusedInput):
     """Flow-run parameters the Prefect server could not serve back: refused before the run is created."""
 
 

@@ -18,24 +18,17 @@ from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow
-from tasks.core import keys, limits
+from tasks.core import limits
+from tasks.core.errors import RefusedInput
 from tasks.landing.listener import listen_report, open_source
 from tasks.video import inference as video_inference
 from tasks.video import jobs as v
 from tasks.video import keys as video_keys
 from tasks.video import landing as video_landing
-from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
 from tasks.video.keys import JobId
 
-FINAL_ERRORS = (
-    InvalidMedia,
-    FfmpegRefused,
-    video_inference.InferenceRefused,
-    keys.InvalidKey,
-    LookupError,
-    ValueError,
-    v.JobFailed,
-)
+# RefusedInput: bad media, a bad id, ffmpeg's or the backend's refusal of the input
+FINAL_ERRORS = (RefusedInput, LookupError, ValueError, v.JobFailed)
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from botocore.exceptions import ClientError
 
 from tasks.core import state_store
+from tasks.core.errors import PipelineError
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TableSpec:
         return schema
 
 
-class SchemaMismatch(RuntimeError):
+class SchemaMismatch(PipelineError, RuntimeError):
     """A table exists with other keys than the project's; it is left untouched."""
 
 

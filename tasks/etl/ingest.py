@@ -23,6 +23,7 @@ from blocks import load_config
 from blocks.etl import EtlSettings
 from tasks.core import keys, state_store
 from tasks.core.config import object_store, table_name
+from tasks.core.errors import Unavailable
 from tasks.core.object_store import ListedObject, ObjectNotFound, ObjectStore, copy_url, object_version, open_url
 from tasks.core.runtime import now_iso, prefect_ids, utc_now
 from tasks.etl import keys as etl_keys
@@ -685,7 +686,7 @@ Launcher = Callable[[ManifestRef], Any]
 MANIFEST_READY = "manifest.ready"  # seed 001's ManifestReady: prefect.yaml's merge trigger starts the merge from it
 
 
-class MergesHeld(RuntimeError):
+class MergesHeld(Unavailable, RuntimeError):
     """The merge deployment is paused (its circuit breaker is open): the manifest waits ``pending``."""
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from tasks.core.errors import Unavailable
 from tasks.core.processes import pid_alive, pid_reused, process_identity
 from tasks.gpu import keys
 from tasks.gpu.health import UNKNOWN, HealthResult, command_check, run_check
@@ -29,7 +30,7 @@ LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
 _CHILDREN: dict[str, subprocess.Popen] = {}  # launchers started by this process, so poll() can reap them
 
 
-class BackendError(RuntimeError):
+class BackendError(Unavailable, RuntimeError):
     """The backend could not do what was asked (command cannot start, API unreachable): a clear reason."""
 
 

@@ -27,6 +27,7 @@ import boto3
 from blocks import DynamoTables, ObjectStorage, load_config
 from tasks.core import keys, registry
 from tasks.core.config import object_store
+from tasks.core.errors import RefusedInput
 from tasks.core.registry import MESSAGES, OBJECTS, QueueSpec
 from tasks.core.state_store import BOTO_CONFIG
 from tasks.landing.sources import Arrival
@@ -101,7 +102,7 @@ def object_url(bucket: str, key: str) -> str:
     return f"s3://{bucket}/{key}"
 
 
-class PoisonMessage(ValueError):
+class PoisonMessage(RefusedInput):
     """A message whose body is not what the queue should carry."""
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from tasks.core import keys, state_store
 from tasks.core.config import object_store
+from tasks.core.errors import RefusedInput
 from tasks.core.object_store import ObjectNotFound, open_url
 from tasks.core.runtime import now_iso, run_logger
 from tasks.landing.listener import Outcome
@@ -37,7 +38,7 @@ MAX_CUBES = 1000
 MAX_MANIFEST_BYTES = 1024 * 1024
 
 
-class InvalidManifest(ValueError):
+class InvalidManifest(RefusedInput):
     """A survey manifest that cannot start runs; the message says why."""
 
 

@@ -38,6 +38,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tasks.core.errors import LostRace, PipelineError, Unavailable
+
 
 def _exit_with_parent(parent: int) -> None:
     """Exit this process once ``parent`` is no longer its parent (checked every 0.5 s)."""
@@ -93,15 +95,15 @@ def thread_environment(threads: int, environ: Mapping[str, str]) -> dict[str, st
     return dict.fromkeys(THREAD_VARIABLES, str(threads))
 
 
-class SpectrumTimeout(Exception):
+class SpectrumTimeout(PipelineError):
     """A spectrum's fit ran past its time limit."""
 
 
-class WorkerDied(RuntimeError):
+class WorkerDied(Unavailable, RuntimeError):
     """The fitting process ended without results (killed, out of memory, crashed)."""
 
 
-class FitStopped(RuntimeError):
+class FitStopped(LostRace, RuntimeError):
     """The caller stopped the fit (its claim on the chunk was lost); its fitting processes were killed."""
 
 

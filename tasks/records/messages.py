@@ -33,6 +33,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from jsonschema import Draft202012Validator
 
+from tasks.core.errors import RefusedInput
 from tasks.core.object_store import open_url
 from tasks.records import cmr, dead_letter, flow_runs
 from tasks.records import rules as records
@@ -148,7 +149,7 @@ MESSAGE_SCHEMA: dict[str, Any] = {
 _validator = Draft202012Validator(MESSAGE_SCHEMA)
 
 
-class MessageError(ValueError):
+class MessageError(RefusedInput):
     """A message that cannot be written: unparsable, schema-invalid, or against a write constraint."""
 
     def __init__(self, kind: str, message: str):

@@ -43,6 +43,7 @@ from typing import Any
 from boto3.dynamodb.types import TypeSerializer
 
 from tasks.core import config, state_store
+from tasks.core.errors import RefusedInput
 from tasks.core.runtime import run_logger
 
 QUEUED, RUNNING, COMPLETED, FAILED = "queued", "running", "completed", "failed"
@@ -162,7 +163,7 @@ CUT_MARK = "…[cut {cut} of {total} bytes]"
 _serializer = TypeSerializer()
 
 
-class Unwritable(ValueError):
+class Unwritable(RefusedInput):
     """A record DynamoDB cannot store: a number out of its range, a key too long, or too large even when cut."""
 
 

@@ -23,6 +23,7 @@ from boto3.dynamodb.conditions import Key
 from blocks import VideoInference, load_config
 from tasks.core import faults, state_store
 from tasks.core.config import object_store, table_name
+from tasks.core.errors import PipelineError, RefusedInput
 from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore, open_url
 from tasks.core.redact import redact, url_secrets
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids
@@ -42,11 +43,11 @@ ACTIVE = (CREATED, CHUNKING, CHUNKED)
 DELETABLE = (COMPLETED, FAILED)
 
 
-class JobFailed(RuntimeError):
+class JobFailed(PipelineError, RuntimeError):
     """The job was marked failed; the message is the recorded reason."""
 
 
-class SourceRefused(ValueError):
+class SourceRefused(RefusedInput):
     """A ``source_url`` outside the VideoInference block's ``source_prefixes`` allow-list."""
 
 
