@@ -31,7 +31,7 @@ import numpy as np
 _HERE = [p for p in sys.path if Path(p or ".").resolve() == Path(__file__).resolve().parent]
 sys.path[:] = [p for p in sys.path if p not in _HERE] + _HERE[:1]
 
-from _common import dynamodb_local, rate  # noqa: E402 - after the path above: phspectra is the package, not this file
+from _common import dynamodb_local, rate  # noqa: E402 - after the path above puts this folder last
 
 from tasks.core.runtime import now_iso  # noqa: E402 - the repository root is on the path once _common is imported
 
