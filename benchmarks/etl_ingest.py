@@ -107,21 +107,33 @@ def run_baseline(urls: list[str]) -> dict:
             shard = int(hashlib.md5(name.encode()).hexdigest(), 16) % shards
             keyed.append((date, name, shard))
             try:
-                client.put_item(TableName=table, ConditionExpression="attribute_not_exists(file_key)", Item={
-                    "date_prefix": {"S": date}, "file_key": {"S": name}, "status": {"S": f"pending#{shard}"},
-                    "file_size": {"N": str(path.stat().st_size)}, "file_path": {"S": url},
-                })  # fmt: skip
+                client.put_item(
+                    TableName=table,
+                    ConditionExpression="attribute_not_exists(file_key)",
+                    Item={
+                        "date_prefix": {"S": date},
+                        "file_key": {"S": name},
+                        "status": {"S": f"pending#{shard}"},
+                        "file_size": {"N": str(path.stat().st_size)},
+                        "file_path": {"S": url},
+                    },
+                )
             except client.exceptions.ConditionalCheckFailedException:
                 pass
         for date, name, shard in keyed:
             try:
                 client.update_item(
-                    TableName=table, Key={"date_prefix": {"S": date}, "file_key": {"S": name}},
-                    ConditionExpression="#s = :pending", UpdateExpression="SET #s = :manifested, manifest_path = :m",
+                    TableName=table,
+                    Key={"date_prefix": {"S": date}, "file_key": {"S": name}},
+                    ConditionExpression="#s = :pending",
+                    UpdateExpression="SET #s = :manifested, manifest_path = :m",
                     ExpressionAttributeNames={"#s": "status"},
-                    ExpressionAttributeValues={":pending": {"S": f"pending#{shard}"},
-                                               ":manifested": {"S": f"manifested#{shard}"}, ":m": {"S": "baseline"}},
-                )  # fmt: skip
+                    ExpressionAttributeValues={
+                        ":pending": {"S": f"pending#{shard}"},
+                        ":manifested": {"S": f"manifested#{shard}"},
+                        ":m": {"S": "baseline"},
+                    },
+                )
                 won += 1
             except client.exceptions.ConditionalCheckFailedException:
                 pass

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import random
 import shutil
@@ -128,9 +129,7 @@ class Spark:
 
 
 def start_spark() -> Spark | None:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pyspark") is None:
         print("  (pyspark not installed: no Spark baseline; `pip install -e '.[bench]'`)")
         return None
     return Spark()

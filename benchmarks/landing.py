@@ -66,7 +66,11 @@ def listener(root: str, batch_size: int, batch_seconds: float, ready: str) -> No
     from tasks.landing.watch import LocalWatchSource
 
     config = etl.settings()
-    launch = lambda made: etl.launch_merges(made, lambda ref: None)  # noqa: E731 - merges: the flush's job here
+
+    def launch(made: list) -> list[dict]:
+        """Merges are the flush's job here: the listener only makes manifests."""
+        return etl.launch_merges(made, lambda ref: None)
+
     source = LocalWatchSource(root, INPUT)
     Path(ready).touch()
     listen(
@@ -134,7 +138,10 @@ def percentiles(values: list[float]) -> str:
     values = sorted(values)
     if not values:
         return "n/a"
-    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+
+    def pick(q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))]
+
     return f"p50 {pick(0.5) * 1000:7.0f} ms, p95 {pick(0.95) * 1000:7.0f} ms, max {values[-1] * 1000:7.0f} ms"
 
 
@@ -168,7 +175,10 @@ def sustained(root: Path, args) -> dict:
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=60)
     found = records()  # again, now that nothing changes them (a last batch may have claimed more)
-    stamp = lambda item, field: datetime.fromisoformat(item[field]).timestamp()  # noqa: E731
+
+    def stamp(item: dict, field: str) -> float:
+        return datetime.fromisoformat(item[field]).timestamp()
+
     ends = [ready.stat().st_mtime if ready.exists() else None for _, ready in restarts]  # None: killed before ready
     down = [(at, next((end for end in ends[n:] if end is not None), drained)) for n, (at, _) in enumerate(restarts)]
     steady = [i for i in found if not any(a <= arrived[i["file_key"]] <= b for a, b in down)]

@@ -132,9 +132,13 @@ def change_set(
     kind = "UPDATE" if status and status not in GONE and status not in FAILED_CREATE else "CREATE"
     name = name or f"pipelines-{time.strftime('%Y%m%d%H%M%S')}"
     cloudformation.create_change_set(
-        StackName=stack, ChangeSetName=name, ChangeSetType=kind, Capabilities=["CAPABILITY_IAM"],
-        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in sorted(parameters.items())], **template,
-    )  # fmt: skip
+        StackName=stack,
+        ChangeSetName=name,
+        ChangeSetType=kind,
+        Capabilities=["CAPABILITY_IAM"],
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in sorted(parameters.items())],
+        **template,
+    )
     while (described := cloudformation.describe_change_set(StackName=stack, ChangeSetName=name))["Status"] in (
         "CREATE_PENDING",
         "CREATE_IN_PROGRESS",
@@ -240,8 +244,9 @@ def image_tag() -> str:
     from infra.cloudformation import REPO_ROOT
 
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                           capture_output=True, text=True)  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     if commit.returncode != 0:
         raise RuntimeError("not a git checkout: give --image-tag")
     return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
@@ -262,13 +267,22 @@ def ensure_artifact_bucket(s3: Any, name: str) -> str:
     if name in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
         return "exists"
     region = s3.meta.region_name
-    s3.create_bucket(Bucket=name, **({} if region == "us-east-1" else {
-        "CreateBucketConfiguration": {"LocationConstraint": region}}))  # fmt: skip
-    private = {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
-               "RestrictPublicBuckets": True}  # fmt: skip
+    s3.create_bucket(
+        Bucket=name, **({} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}})
+    )
+    private = {
+        "BlockPublicAcls": True,
+        "IgnorePublicAcls": True,
+        "BlockPublicPolicy": True,
+        "RestrictPublicBuckets": True,
+    }
     s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=private)
-    s3.put_bucket_encryption(Bucket=name, ServerSideEncryptionConfiguration={
-        "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})  # fmt: skip
+    s3.put_bucket_encryption(
+        Bucket=name,
+        ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+        },
+    )
     return "created"
 
 
@@ -282,8 +296,13 @@ def build_and_push(ecr: Any, repository: str, tag: str) -> dict[str, Any]:
 
     token = ecr.get_authorization_token()["authorizationData"][0]
     username, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
-    built = build_docker_image(image_name=repository, tag=tag, dockerfile=str(REPO_ROOT / "Dockerfile"),
-                               platform="linux/amd64", path=str(REPO_ROOT))  # fmt: skip
+    built = build_docker_image(
+        image_name=repository,
+        tag=tag,
+        dockerfile=str(REPO_ROOT / "Dockerfile"),
+        platform="linux/amd64",
+        path=str(REPO_ROOT),
+    )
     credentials = {"username": username, "password": password, "registry_url": token["proxyEndpoint"]}
     push_docker_image(image_name=built["image_name"], tag=built["tag"], credentials=credentials)
     return {"image": built["image"]}
@@ -331,8 +350,10 @@ def apply_prefect(
             client.create_work_pool(WorkPoolCreate(name=ECS_WORK_POOL, type="ecs", base_job_template=template))
             done["pool"] = "created"
     renamed = {logical: name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()}
-    for block, wanted in ((DynamoTables, DynamoTables(env=env, names=renamed)),
-                          (ObjectStorage, ObjectStorage(base_url=outputs["BucketUrl"]))):  # fmt: skip
+    for block, wanted in (
+        (DynamoTables, DynamoTables(env=env, names=renamed)),
+        (ObjectStorage, ObjectStorage(base_url=outputs["BucketUrl"])),
+    ):
         fields = set(block.model_fields) - {"aws_credentials"}  # none in AWS: the task role grants access
         try:
             saved = block.load("default", validate=False).model_dump(include=fields)
@@ -349,14 +370,17 @@ def apply_prefect(
         return done
     say("prefect deploy --name ecs")
     repository, tag = image["image"].rsplit(":", 1)
-    variables = {"PIPELINES_IMAGE_REPOSITORY": repository, "PIPELINES_IMAGE_TAG": tag,
-                 "ECS_CLUSTER": outputs["EcsCluster"], "ECS_TASK_ROLE_ARN": outputs["EcsTaskRoleArn"],
-                 "ECS_EXECUTION_ROLE_ARN": outputs["EcsExecutionRoleArn"],
-                 "PIPELINES_BUCKET_URL": outputs["BucketUrl"],
-                 "PREFECT_API_URL": parameters["PrefectApiUrl"]}  # fmt: skip
+    variables = {
+        "PIPELINES_IMAGE_REPOSITORY": repository,
+        "PIPELINES_IMAGE_TAG": tag,
+        "ECS_CLUSTER": outputs["EcsCluster"],
+        "ECS_TASK_ROLE_ARN": outputs["EcsTaskRoleArn"],
+        "ECS_EXECUTION_ROLE_ARN": outputs["EcsExecutionRoleArn"],
+        "PIPELINES_BUCKET_URL": outputs["BucketUrl"],
+        "PREFECT_API_URL": parameters["PrefectApiUrl"],
+    }
     command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "ecs"]
-    result = subprocess.run(command, cwd=cfn.REPO_ROOT, env={**os.environ, **variables}, capture_output=True,
-                            text=True)  # fmt: skip
+    result = subprocess.run(command, cwd=cfn.REPO_ROOT, env={**os.environ, **variables}, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError("prefect deploy --name ecs failed: " + (result.stdout + result.stderr)[-2000:])
     Variable.set(deploy_state_name(env), state, overwrite=True)
@@ -405,10 +429,16 @@ def deploy(
     account = session.client("sts").get_caller_identity()["Account"]
     stack, tag = f"pipelines-{env}", tag or image_tag()
     parameters = {
-        "Env": env, "BucketName": bucket or f"pipelines-{account}-{env}", "ImageTag": tag,
-        "PrefectApiUrl": prefect_api_url, "PrefectApiKeySecretArn": api_key_secret_arn, "VpcId": vpc,
-        "Subnets": ",".join(subnets), "SecurityGroups": ",".join(security_groups), "AssignPublicIp": assign_public_ip,
-    }  # fmt: skip
+        "Env": env,
+        "BucketName": bucket or f"pipelines-{account}-{env}",
+        "ImageTag": tag,
+        "PrefectApiUrl": prefect_api_url,
+        "PrefectApiKeySecretArn": api_key_secret_arn,
+        "VpcId": vpc,
+        "Subnets": ",".join(subnets),
+        "SecurityGroups": ",".join(security_groups),
+        "AssignPublicIp": assign_public_ip,
+    }
     parameters |= pipelines
     result: dict[str, Any] = {"stack": stack, "parameters": parameters}
     s3, ecr = session.client("s3"), session.client("ecr")

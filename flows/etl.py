@@ -631,7 +631,9 @@ def ndjson_listen(
             rescan_seconds=rescan_seconds,
         )
 
-    launch = lambda made: _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)  # noqa: E731
+    def launch(made: list[ManifestRef]) -> list[dict[str, Any]]:
+        return _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)
+
     print(
         f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s"
     )

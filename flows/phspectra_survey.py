@@ -99,9 +99,14 @@ def fit_chunks(
     """
     logger = get_run_logger()
     futures = fit_chunk_task.map(
-        unmapped(run_id), starts, output_url=unmapped(output_url), time_limit_s=unmapped(time_limit_s),
-        take_expired=unmapped(take_expired), lease_seconds=unmapped(lease_seconds), fit_slots=unmapped(fit_slots),
-    )  # fmt: skip
+        unmapped(run_id),
+        starts,
+        output_url=unmapped(output_url),
+        time_limit_s=unmapped(time_limit_s),
+        take_expired=unmapped(take_expired),
+        lease_seconds=unmapped(lease_seconds),
+        fit_slots=unmapped(fit_slots),
+    )
     results: list[dict[str, Any]] = []
     for done, future in enumerate(as_completed(futures), start=1):
         result = future.result(raise_on_failure=False)
@@ -177,8 +182,11 @@ def phspectra_survey(
         logger.info("resuming run %s: %d chunk(s) to fit, %d for the slow lane", run_id, len(starts), len(slow_starts))
     else:
         if not (cube_url and survey):
-            raise ValueError(f"no run {run_id} to resume; a new run needs cube_url and survey" if run_id
-                             else "a new run needs cube_url and survey (a resume needs only run_id)")  # fmt: skip
+            raise ValueError(
+                f"no run {run_id} to resume; a new run needs cube_url and survey"
+                if run_id
+                else "a new run needs cube_url and survey (a resume needs only run_id)"
+            )
         if not (dask_address or dask_workers):
             warm_up(fitting_slots(workers))  # the fitting fork server starts while the cube is split
         run_id = run_id or str(uuid.uuid4())
@@ -336,9 +344,16 @@ def phspectra_listen(
     ``source``: "local" watches the object store's ``surveys/incoming/``, "sqs" reads its S3 notifications.
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)  # noqa: E731
+
+    def events():
+        return open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)
+
     return listen_report(
-        "phspectra-listen", events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds,
-        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
-    )  # fmt: skip
+        "phspectra-listen",
+        events,
+        lambda batch: ph_landing.handle_landings(batch, survey_deployment),
+        batch_size=batch_size,
+        batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds,
+        wait_seconds=wait_seconds,
+    )

@@ -140,10 +140,14 @@ def records_listen(
         )
 
     return listen_report(
-        "records-listen", events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
-        batch_size=batch_size, batch_seconds=batch_seconds,
-        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
-    )  # fmt: skip
+        "records-listen",
+        events,
+        lambda batch: records_landing.handle_messages(batch, ingest_batch),
+        batch_size=batch_size,
+        batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds,
+        wait_seconds=wait_seconds,
+    )
 
 
 @pipeline_flow("records-replay-dla", flow_class=CheckedFlow)

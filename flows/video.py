@@ -237,9 +237,16 @@ def video_listen(
     over at once (the user waits for their video, not for a batch to fill).
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(source, video_landing.PIPELINE, None, video_keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
+
+    def events():
+        return open_source(source, video_landing.PIPELINE, None, video_keys.VIDEO_INPUT_PREFIX, [".mp4"])
+
     return listen_report(
-        "video-listen", events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds,
-        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
-    )  # fmt: skip
+        "video-listen",
+        events,
+        lambda batch: video_landing.handle_uploads(batch, process_deployment),
+        batch_size=batch_size,
+        batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds,
+        wait_seconds=wait_seconds,
+    )

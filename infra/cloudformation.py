@@ -209,10 +209,16 @@ def table_resources() -> dict[str, Any]:
         if spec.ttl_attribute:
             properties["TimeToLiveSpecification"] = {"AttributeName": spec.ttl_attribute, "Enabled": True}
         resources[logical_id("table", logical)] = {
-            "Type": "AWS::DynamoDB::Table", "Properties": properties,
-            "Metadata": skip(("CKV_AWS_119", "encrypted at rest with the AWS owned key (SSEEnabled); a customer key "
-                                             "is a per-account choice this template leaves to its owner")),
-        }  # fmt: skip
+            "Type": "AWS::DynamoDB::Table",
+            "Properties": properties,
+            "Metadata": skip(
+                (
+                    "CKV_AWS_119",
+                    "encrypted at rest with the AWS owned key (SSEEnabled); a customer key "
+                    "is a per-account choice this template leaves to its owner",
+                )
+            ),
+        }
     return resources
 
 
@@ -241,43 +247,96 @@ def queue_resources() -> dict[str, Any]:
         attributes = sqs.queue_attributes(spec, "DEAD_LETTER_ARN")
         redrive = json.loads(attributes.pop("RedrivePolicy"))
         redrive["deadLetterTargetArn"] = arn(dlq_id)
-        resources[queue_id] = {"Type": "AWS::SQS::Queue", "Properties": {
-            "QueueName": sub(queue), **{k: int(v) for k, v in attributes.items()}, "RedrivePolicy": redrive,
-            "MessageRetentionPeriod": QUEUE_RETENTION_S,
-            "SqsManagedSseEnabled": True}, "Metadata": encrypted}  # fmt: skip
+        resources[queue_id] = {
+            "Type": "AWS::SQS::Queue",
+            "Properties": {
+                "QueueName": sub(queue),
+                **{k: int(v) for k, v in attributes.items()},
+                "RedrivePolicy": redrive,
+                "MessageRetentionPeriod": QUEUE_RETENTION_S,
+                "SqsManagedSseEnabled": True,
+            },
+            "Metadata": encrypted,
+        }
         if spec.mode == sqs.OBJECTS:
-            resources[logical_id(pipeline, "queue policy")] = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
-                "Queues": [ref(queue_id)],
-                "PolicyDocument": {"Version": "2012-10-17", "Statement": [{
-                    "Sid": "BucketSendsObjectCreated", "Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"},
-                    "Action": "sqs:SendMessage", "Resource": arn(queue_id),
-                    "Condition": {"ArnLike": {"aws:SourceArn": sub("arn:${AWS::Partition}:s3:::${BucketName}")},
-                                  "StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}}}]}}}  # fmt: skip
+            resources[logical_id(pipeline, "queue policy")] = {
+                "Type": "AWS::SQS::QueuePolicy",
+                "Properties": {
+                    "Queues": [ref(queue_id)],
+                    "PolicyDocument": {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {
+                                "Sid": "BucketSendsObjectCreated",
+                                "Effect": "Allow",
+                                "Principal": {"Service": "s3.amazonaws.com"},
+                                "Action": "sqs:SendMessage",
+                                "Resource": arn(queue_id),
+                                "Condition": {
+                                    "ArnLike": {"aws:SourceArn": sub("arn:${AWS::Partition}:s3:::${BucketName}")},
+                                    "StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")},
+                                },
+                            }
+                        ],
+                    },
+                },
+            }
     return resources
 
 
 def observer_resources() -> dict[str, Any]:
     """The ECS task state changes of the cluster's tasks, sent by an EventBridge rule to the queue prefect-aws's
     observer reads (in the worker): a stopped flow-run task's run is marked Crashed, as a process worker does."""
-    queue = {"Type": "AWS::SQS::Queue", "Properties": {
-        "QueueName": sub(OBSERVER_QUEUE), "VisibilityTimeout": SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS,
-        "ReceiveMessageWaitTimeSeconds": sqs.MAX_WAIT_S, "MessageRetentionPeriod": QUEUE_RETENTION_S,
-        "SqsManagedSseEnabled": True},
-        "Metadata": skip(("CKV_AWS_27", "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): EventBridge "
-                                        "sends to it without a KMS grant"))}  # fmt: skip
-    rule = {"Type": "AWS::Events::Rule", "Properties": {
-        "Name": sub("pipelines-${Env}-ecs-task-state"),
-        "Description": "ECS task state changes of the cluster, for prefect-aws's observer (crash detection)",
-        "State": "ENABLED",
-        "EventPattern": {"source": ["aws.ecs"], "detail-type": ["ECS Task State Change"],
-                         "detail": {"clusterArn": [arn("Cluster")]}},
-        "Targets": [{"Id": "prefect-ecs-observer", "Arn": arn("FlowRunEventsQueue")}]}}  # fmt: skip
-    policy = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
-        "Queues": [ref("FlowRunEventsQueue")],
-        "PolicyDocument": {"Version": "2012-10-17", "Statement": [{
-            "Sid": "RuleSendsTaskStateChanges", "Effect": "Allow", "Principal": {"Service": "events.amazonaws.com"},
-            "Action": "sqs:SendMessage", "Resource": arn("FlowRunEventsQueue"),
-            "Condition": {"ArnEquals": {"aws:SourceArn": arn("FlowRunEventsRule")}}}]}}}  # fmt: skip
+    queue = {
+        "Type": "AWS::SQS::Queue",
+        "Properties": {
+            "QueueName": sub(OBSERVER_QUEUE),
+            "VisibilityTimeout": SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS,
+            "ReceiveMessageWaitTimeSeconds": sqs.MAX_WAIT_S,
+            "MessageRetentionPeriod": QUEUE_RETENTION_S,
+            "SqsManagedSseEnabled": True,
+        },
+        "Metadata": skip(
+            (
+                "CKV_AWS_27",
+                "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): EventBridge "
+                "sends to it without a KMS grant",
+            )
+        ),
+    }
+    rule = {
+        "Type": "AWS::Events::Rule",
+        "Properties": {
+            "Name": sub("pipelines-${Env}-ecs-task-state"),
+            "Description": "ECS task state changes of the cluster, for prefect-aws's observer (crash detection)",
+            "State": "ENABLED",
+            "EventPattern": {
+                "source": ["aws.ecs"],
+                "detail-type": ["ECS Task State Change"],
+                "detail": {"clusterArn": [arn("Cluster")]},
+            },
+            "Targets": [{"Id": "prefect-ecs-observer", "Arn": arn("FlowRunEventsQueue")}],
+        },
+    }
+    policy = {
+        "Type": "AWS::SQS::QueuePolicy",
+        "Properties": {
+            "Queues": [ref("FlowRunEventsQueue")],
+            "PolicyDocument": {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Sid": "RuleSendsTaskStateChanges",
+                        "Effect": "Allow",
+                        "Principal": {"Service": "events.amazonaws.com"},
+                        "Action": "sqs:SendMessage",
+                        "Resource": arn("FlowRunEventsQueue"),
+                        "Condition": {"ArnEquals": {"aws:SourceArn": arn("FlowRunEventsRule")}},
+                    }
+                ],
+            },
+        },
+    }
     return {"FlowRunEventsQueue": queue, "FlowRunEventsRule": rule, "FlowRunEventsQueuePolicy": policy}
 
 
@@ -293,39 +352,79 @@ def monitoring_resources() -> dict[str, Any]:
     ages and the services' running tasks; each seed alarm as a CloudWatch alarm with its severity, to a topic."""
     names = alarm_names()
     readings = [[health_metrics.NAMESPACE, name, "Env", "${Env}"] for name in names]
-    ages = [["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", spec.names(ENV)[0]]
-            for spec in sqs.landing_queues().values()]  # fmt: skip
-    services = ["prefect-worker", *(d["entrypoint"].split(":")[1].replace("_", "-")
-                                    for d in listener_deployments().values())]  # fmt: skip
-    running = [["ECS/ContainerInsights", "RunningTaskCount", "ClusterName", "pipelines-${Env}", "ServiceName", name]
-               for name in services]  # fmt: skip
+    ages = [
+        ["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", spec.names(ENV)[0]]
+        for spec in sqs.landing_queues().values()
+    ]
+    services = [
+        "prefect-worker",
+        *(d["entrypoint"].split(":")[1].replace("_", "-") for d in listener_deployments().values()),
+    ]
+    running = [
+        ["ECS/ContainerInsights", "RunningTaskCount", "ClusterName", "pipelines-${Env}", "ServiceName", name]
+        for name in services
+    ]
 
     def widget(title: str, metrics: list[list[str]], y: int, stat: str = "Maximum") -> dict[str, Any]:
-        return {"type": "metric", "x": 0, "y": y, "width": 24, "height": 8, "properties": {
-            "title": title, "metrics": metrics, "stat": stat, "period": 300, "region": "${AWS::Region}",
-            "view": "timeSeries"}}  # fmt: skip
+        return {
+            "type": "metric",
+            "x": 0,
+            "y": y,
+            "width": 24,
+            "height": 8,
+            "properties": {
+                "title": title,
+                "metrics": metrics,
+                "stat": stat,
+                "period": 300,
+                "region": "${AWS::Region}",
+                "view": "timeSeries",
+            },
+        }
 
-    body = {"widgets": [widget("pipeline-health readings (the Prefect artifact's numbers)", readings, 0),
-                        widget("landing queues: oldest message age (s)", ages, 8),
-                        widget("services: running tasks (1 each)", running, 16, "Minimum")]}  # fmt: skip
+    body = {
+        "widgets": [
+            widget("pipeline-health readings (the Prefect artifact's numbers)", readings, 0),
+            widget("landing queues: oldest message age (s)", ages, 8),
+            widget("services: running tasks (1 each)", running, 16, "Minimum"),
+        ]
+    }
     resources: dict[str, Any] = {
-        "AlarmTopic": {"Type": "AWS::SNS::Topic", "Properties": {
-            "TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": "alias/aws/sns"}},
-        "Dashboard": {"Type": "AWS::CloudWatch::Dashboard", "Properties": {
-            "DashboardName": sub("pipelines-${Env}"), "DashboardBody": sub(json.dumps(body, separators=(",", ":")))}},
-    }  # fmt: skip
+        "AlarmTopic": {
+            "Type": "AWS::SNS::Topic",
+            "Properties": {"TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": "alias/aws/sns"},
+        },
+        "Dashboard": {
+            "Type": "AWS::CloudWatch::Dashboard",
+            "Properties": {
+                "DashboardName": sub("pipelines-${Env}"),
+                "DashboardBody": sub(json.dumps(body, separators=(",", ":"))),
+            },
+        },
+    }
     for name in names:
         severity = severity_of(name, 1)
-        resources[logical_id("alarm", name)] = {"Type": "AWS::CloudWatch::Alarm", "Properties": {
-            "AlarmName": sub(f"pipelines-${{Env}}-{name}"),
-            "AlarmDescription": f"{severity}: pipeline-health's {name} fires (its incident and notification are on "
-                                "the Prefect server)",
-            "Namespace": health_metrics.NAMESPACE, "MetricName": health_metrics.FIRING,
-            "Dimensions": [{"Name": "Env", "Value": ref("Env")}, {"Name": "Alarm", "Value": name}],
-            "Statistic": "Maximum", "Period": 300, "EvaluationPeriods": 1, "Threshold": 1,
-            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
-            "TreatMissingData": "notBreaching",  # pipeline-health runs every 5 minutes; no pass, no reading
-            "AlarmActions": [ref("AlarmTopic")], "OKActions": [ref("AlarmTopic")]}}  # fmt: skip
+        resources[logical_id("alarm", name)] = {
+            "Type": "AWS::CloudWatch::Alarm",
+            "Properties": {
+                "AlarmName": sub(f"pipelines-${{Env}}-{name}"),
+                "AlarmDescription": (
+                    f"{severity}: pipeline-health's {name} fires (its incident and notification are on the Prefect "
+                    "server)"
+                ),
+                "Namespace": health_metrics.NAMESPACE,
+                "MetricName": health_metrics.FIRING,
+                "Dimensions": [{"Name": "Env", "Value": ref("Env")}, {"Name": "Alarm", "Value": name}],
+                "Statistic": "Maximum",
+                "Period": 300,
+                "EvaluationPeriods": 1,
+                "Threshold": 1,
+                "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+                "TreatMissingData": "notBreaching",  # pipeline-health runs every 5 minutes; no pass, no reading
+                "AlarmActions": [ref("AlarmTopic")],
+                "OKActions": [ref("AlarmTopic")],
+            },
+        }
     return resources
 
 
@@ -361,31 +460,62 @@ def bucket_resources() -> dict[str, Any]:
         "DependsOn": [logical_id(p, "queue policy") for p in object_pipelines],  # S3 checks it may send when configured
         "Properties": {
             "BucketName": ref("BucketName"),
-            "BucketEncryption": {"ServerSideEncryptionConfiguration": [
-                {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
-            "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True,
-                                               "IgnorePublicAcls": True, "RestrictPublicBuckets": True},
+            "BucketEncryption": {
+                "ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+            },
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True,
+                "BlockPublicPolicy": True,
+                "IgnorePublicAcls": True,
+                "RestrictPublicBuckets": True,
+            },
             "OwnershipControls": {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]},
             "VersioningConfiguration": {"Status": "Enabled"},
             "LifecycleConfiguration": {"Rules": rules},
-            "NotificationConfiguration": {"QueueConfigurations": [
-                {"Event": "s3:ObjectCreated:*", "Queue": arn(logical_id(p, "queue")),
-                 "Filter": {"S3Key": {"Rules": [{"Name": "prefix", "Value": notified_prefix(p)}]}}}
-                for p in object_pipelines]},
+            "NotificationConfiguration": {
+                "QueueConfigurations": [
+                    {
+                        "Event": "s3:ObjectCreated:*",
+                        "Queue": arn(logical_id(p, "queue")),
+                        "Filter": {"S3Key": {"Rules": [{"Name": "prefix", "Value": notified_prefix(p)}]}},
+                    }
+                    for p in object_pipelines
+                ]
+            },
         },
         "Metadata": skip(
-            ("CKV_AWS_18", "S3 server access logs would need a second bucket; CloudTrail data events are the "
-                           "account's audit trail, configured outside this environment"),
-            ("CKV_AWS_144", "one environment in one region: cross-region replication is a disaster-recovery choice "
-                            "outside this template"),
+            (
+                "CKV_AWS_18",
+                "S3 server access logs would need a second bucket; CloudTrail data events are the "
+                "account's audit trail, configured outside this environment",
+            ),
+            (
+                "CKV_AWS_144",
+                "one environment in one region: cross-region replication is a disaster-recovery choice "
+                "outside this template",
+            ),
             ("CKV_AWS_145", "SSE-S3 (AES256): the queues' S3 notifications and the tasks need no KMS grants"),
         ),
-    }  # fmt: skip
-    tls_only = {"Type": "AWS::S3::BucketPolicy", "Properties": {"Bucket": ref("Bucket"), "PolicyDocument": {
-        "Version": "2012-10-17", "Statement": [{
-            "Sid": "TlsOnly", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
-            "Resource": [arn("Bucket"), sub("${Bucket.Arn}/*")],
-            "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}}}  # fmt: skip
+    }
+    tls_only = {
+        "Type": "AWS::S3::BucketPolicy",
+        "Properties": {
+            "Bucket": ref("Bucket"),
+            "PolicyDocument": {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Sid": "TlsOnly",
+                        "Effect": "Deny",
+                        "Principal": "*",
+                        "Action": "s3:*",
+                        "Resource": [arn("Bucket"), sub("${Bucket.Arn}/*")],
+                        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                    }
+                ],
+            },
+        },
+    }
     return {"Bucket": bucket, "BucketPolicy": tls_only}
 
 
@@ -394,9 +524,17 @@ def bucket_resources() -> dict[str, Any]:
 
 def assume_ecs_tasks() -> dict[str, Any]:
     """The trust policy of a role ECS tasks take, from this account only."""
-    return {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": "ecs-tasks.amazonaws.com"}, "Action": "sts:AssumeRole",
-        "Condition": {"StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}}}]}  # fmt: skip
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "ecs-tasks.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+                "Condition": {"StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}},
+            }
+        ],
+    }
 
 
 def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
@@ -412,63 +550,158 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
     queues = [arn(logical_id(p, "queue")) for p in sqs.landing_queues()]
     dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.landing_queues()]
     execution = [
-        {"Sid": "PullImage", "Effect": "Allow", "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
-                                                           "ecr:BatchCheckLayerAvailability"],
-         "Resource": sub("arn:${AWS::Partition}:ecr:${AWS::Region}:${AWS::AccountId}:repository/${ImageRepository}")},
+        {
+            "Sid": "PullImage",
+            "Effect": "Allow",
+            "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+            "Resource": sub("arn:${AWS::Partition}:ecr:${AWS::Region}:${AWS::AccountId}:repository/${ImageRepository}"),
+        },
         {"Sid": "RegistryLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
-        {"Sid": "WriteLogs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-         "Resource": [sub(f"${{{group}.Arn}}") for group in log_groups]},
-        {"Fn::If": ["HasPrefectApiKey", {"Sid": "ReadPrefectApiKey", "Effect": "Allow",
-                                         "Action": "secretsmanager:GetSecretValue",
-                                         "Resource": ref("PrefectApiKeySecretArn")}, ref("AWS::NoValue")]},
-    ]  # fmt: skip
+        {
+            "Sid": "WriteLogs",
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+            "Resource": [sub(f"${{{group}.Arn}}") for group in log_groups],
+        },
+        {
+            "Fn::If": [
+                "HasPrefectApiKey",
+                {
+                    "Sid": "ReadPrefectApiKey",
+                    "Effect": "Allow",
+                    "Action": "secretsmanager:GetSecretValue",
+                    "Resource": ref("PrefectApiKeySecretArn"),
+                },
+                ref("AWS::NoValue"),
+            ]
+        },
+    ]
     pipelines = [  # a transaction is authorized as its items' own actions (PutItem, UpdateItem, ConditionCheckItem)
-        {"Sid": "Tables", "Effect": "Allow", "Resource": tables + table_indexes, "Action": [
-            "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:PutItem",
-            "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem", "dynamodb:ConditionCheckItem",
-            "dynamodb:DescribeTable", "dynamodb:DescribeTimeToLive"]},
-        {"Sid": "ListBucket", "Effect": "Allow", "Resource": arn("Bucket"),
-         "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetBucketLocation"]},
-        {"Sid": "Objects", "Effect": "Allow", "Resource": sub("${Bucket.Arn}/${StorePrefix}/*"), "Action": [
-            "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-            "s3:ListMultipartUploadParts"]},
-        {"Sid": "Arrivals", "Effect": "Allow", "Resource": queues + dead_letters, "Action": [
-            "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes",
-            "sqs:GetQueueUrl"]},
+        {
+            "Sid": "Tables",
+            "Effect": "Allow",
+            "Resource": tables + table_indexes,
+            "Action": [
+                "dynamodb:GetItem",
+                "dynamodb:BatchGetItem",
+                "dynamodb:Query",
+                "dynamodb:Scan",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+                "dynamodb:BatchWriteItem",
+                "dynamodb:ConditionCheckItem",
+                "dynamodb:DescribeTable",
+                "dynamodb:DescribeTimeToLive",
+            ],
+        },
+        {
+            "Sid": "ListBucket",
+            "Effect": "Allow",
+            "Resource": arn("Bucket"),
+            "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetBucketLocation"],
+        },
+        {
+            "Sid": "Objects",
+            "Effect": "Allow",
+            "Resource": sub("${Bucket.Arn}/${StorePrefix}/*"),
+            "Action": [
+                "s3:GetObject",
+                "s3:PutObject",
+                "s3:DeleteObject",
+                "s3:AbortMultipartUpload",
+                "s3:ListMultipartUploadParts",
+            ],
+        },
+        {
+            "Sid": "Arrivals",
+            "Effect": "Allow",
+            "Resource": queues + dead_letters,
+            "Action": [
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:GetQueueAttributes",
+                "sqs:GetQueueUrl",
+            ],
+        },
         # the health checks read the DynamoDB throttle and SQS age metrics (tasks/etl/alarms.py,
         # tasks/health/listeners.py); GetMetricStatistics takes no resource ARN
         {"Sid": "ReadMetrics", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:GetMetricStatistics"},
         # pipeline-health puts its readings in its own namespace only (tasks/health/cloudwatch.py)
-        {"Sid": "PublishReadings", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:PutMetricData",
-         "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}}},
-    ]  # fmt: skip
+        {
+            "Sid": "PublishReadings",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": "cloudwatch:PutMetricData",
+            "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}},
+        },
+    ]
     pipelines += [statement for parts in pipeline_parts() for statement in parts.statements]
     cluster_tasks = sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*")
     on_cluster = {"ArnEquals": {"ecs:cluster": arn("Cluster")}}
     worker = [
-        {"Sid": "RegisterTaskDefinitions", "Effect": "Allow", "Action": "ecs:RegisterTaskDefinition",
-         "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*")},
-        {"Sid": "TaskDefinitions", "Effect": "Allow", "Resource": "*", "Action": [
-            "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition", "ecs:ListTaskDefinitions"]},
-        {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": "ecs:RunTask",
-         "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"),
-         "Condition": on_cluster},
+        {
+            "Sid": "RegisterTaskDefinitions",
+            "Effect": "Allow",
+            "Action": "ecs:RegisterTaskDefinition",
+            "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"),
+        },
+        {
+            "Sid": "TaskDefinitions",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": ["ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition", "ecs:ListTaskDefinitions"],
+        },
+        {
+            "Sid": "RunFlowRuns",
+            "Effect": "Allow",
+            "Action": "ecs:RunTask",
+            "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"),
+            "Condition": on_cluster,
+        },
         # prefect-aws tags every task it runs; tag-on-create is authorized as ecs:TagResource, whose requests carry
         # no ecs:cluster key (Service Authorization Reference): the task ARN names the cluster instead
-        {"Sid": "TagFlowRunsAtLaunch", "Effect": "Allow", "Action": "ecs:TagResource", "Resource": cluster_tasks,
-         "Condition": {"StringEquals": {"ecs:CreateAction": "RunTask"}}},
-        {"Sid": "WatchFlowRuns", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
-         "Resource": cluster_tasks, "Condition": on_cluster},
-        {"Sid": "PassFlowRunRoles", "Effect": "Allow", "Action": "iam:PassRole",
-         "Resource": [arn("TaskRole"), arn("ExecutionRole")],
-         "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}},
-        {"Sid": "ObserveFlowRuns", "Effect": "Allow", "Resource": arn("FlowRunEventsQueue"), "Action": [
-            "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"]},
-        {"Sid": "Network", "Effect": "Allow", "Resource": "*",
-         "Action": ["ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"]},
-        {"Sid": "FlowRunLogs", "Effect": "Allow", "Action": ["logs:GetLogEvents"],
-         "Resource": sub("${FlowRunLogGroup.Arn}")},
-    ]  # fmt: skip
+        {
+            "Sid": "TagFlowRunsAtLaunch",
+            "Effect": "Allow",
+            "Action": "ecs:TagResource",
+            "Resource": cluster_tasks,
+            "Condition": {"StringEquals": {"ecs:CreateAction": "RunTask"}},
+        },
+        {
+            "Sid": "WatchFlowRuns",
+            "Effect": "Allow",
+            "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
+            "Resource": cluster_tasks,
+            "Condition": on_cluster,
+        },
+        {
+            "Sid": "PassFlowRunRoles",
+            "Effect": "Allow",
+            "Action": "iam:PassRole",
+            "Resource": [arn("TaskRole"), arn("ExecutionRole")],
+            "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
+        },
+        {
+            "Sid": "ObserveFlowRuns",
+            "Effect": "Allow",
+            "Resource": arn("FlowRunEventsQueue"),
+            "Action": ["sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"],
+        },
+        {
+            "Sid": "Network",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": ["ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"],
+        },
+        {
+            "Sid": "FlowRunLogs",
+            "Effect": "Allow",
+            "Action": ["logs:GetLogEvents"],
+            "Resource": sub("${FlowRunLogGroup.Arn}"),
+        },
+    ]
     wildcard_reasons = (
         (
             "CKV_AWS_111",
@@ -482,15 +715,30 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
         ),
     )
     return {
-        "ExecutionRole": {"Type": "AWS::IAM::Role", "Properties": {
-            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("pull-log-secret", execution)]},
-            "Metadata": skip(*wildcard_reasons)},
-        "TaskRole": {"Type": "AWS::IAM::Role", "Properties": {
-            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("pipelines-state", pipelines)]}},
-        "WorkerRole": {"Type": "AWS::IAM::Role", "Properties": {
-            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("run-flow-runs", worker)]},
-            "Metadata": skip(*wildcard_reasons)},
-    }  # fmt: skip
+        "ExecutionRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "AssumeRolePolicyDocument": assume_ecs_tasks(),
+                "Policies": [policy("pull-log-secret", execution)],
+            },
+            "Metadata": skip(*wildcard_reasons),
+        },
+        "TaskRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "AssumeRolePolicyDocument": assume_ecs_tasks(),
+                "Policies": [policy("pipelines-state", pipelines)],
+            },
+        },
+        "WorkerRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "AssumeRolePolicyDocument": assume_ecs_tasks(),
+                "Policies": [policy("run-flow-runs", worker)],
+            },
+            "Metadata": skip(*wildcard_reasons),
+        },
+    }
 
 
 # --------------------------------------------------------------------------- ECS
@@ -498,12 +746,17 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
 
 def log_group(name: str) -> dict[str, Any]:
     """A log group kept the seed's 3 days."""
-    return {"Type": "AWS::Logs::LogGroup", "Properties": {
-        "LogGroupName": sub(f"/pipelines/${{Env}}/{name}"), "RetentionInDays": LOG_RETENTION_DAYS},
+    return {
+        "Type": "AWS::Logs::LogGroup",
+        "Properties": {"LogGroupName": sub(f"/pipelines/${{Env}}/{name}"), "RetentionInDays": LOG_RETENTION_DAYS},
         "Metadata": skip(
             ("CKV_AWS_158", "CloudWatch Logs encrypts every log group at rest; a customer key is the account's choice"),
-            ("CKV_AWS_338", "the seed keeps logs 3 days (log_retention_days = 3); flow runs' logs are on the Prefect "
-                            "server too"))}  # fmt: skip
+            (
+                "CKV_AWS_338",
+                "the seed keeps logs 3 days (log_retention_days = 3); flow runs' logs are on the Prefect server too",
+            ),
+        ),
+    }
 
 
 def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -540,21 +793,44 @@ def task_definition(
     container = {
         "Name": family,
         "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
-        "Essential": True, "Command": command, "WorkingDirectory": APP_DIR,
+        "Essential": True,
+        "Command": command,
+        "WorkingDirectory": APP_DIR,
         "Environment": environment(pipeline_queues, extra),
-        "Secrets": {"Fn::If": [
-            "HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
-            ref("AWS::NoValue")]},
-        "ReadonlyRootFilesystem": True, "MountPoints": [{"SourceVolume": "scratch", "ContainerPath": SCRATCH}],
-        "LogConfiguration": {"LogDriver": "awslogs", "Options": {
-            "awslogs-group": ref(log_group_id), "awslogs-region": ref("AWS::Region"), "awslogs-stream-prefix": family}},
-    }  # fmt: skip
+        "Secrets": {
+            "Fn::If": [
+                "HasPrefectApiKey",
+                [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
+                ref("AWS::NoValue"),
+            ]
+        },
+        "ReadonlyRootFilesystem": True,
+        "MountPoints": [{"SourceVolume": "scratch", "ContainerPath": SCRATCH}],
+        "LogConfiguration": {
+            "LogDriver": "awslogs",
+            "Options": {
+                "awslogs-group": ref(log_group_id),
+                "awslogs-region": ref("AWS::Region"),
+                "awslogs-stream-prefix": family,
+            },
+        },
+    }
     if health_check:
         container["HealthCheck"] = health_check
-    return {"Type": "AWS::ECS::TaskDefinition", "Properties": {
-        "Family": sub(f"pipelines-${{Env}}-{family}"), "RequiresCompatibilities": ["FARGATE"], "NetworkMode": "awsvpc",
-        "Cpu": "1024", "Memory": "4096", "ExecutionRoleArn": arn("ExecutionRole"), "TaskRoleArn": arn(role),
-        "Volumes": [{"Name": "scratch"}], "ContainerDefinitions": [container]}}  # fmt: skip
+    return {
+        "Type": "AWS::ECS::TaskDefinition",
+        "Properties": {
+            "Family": sub(f"pipelines-${{Env}}-{family}"),
+            "RequiresCompatibilities": ["FARGATE"],
+            "NetworkMode": "awsvpc",
+            "Cpu": "1024",
+            "Memory": "4096",
+            "ExecutionRoleArn": arn("ExecutionRole"),
+            "TaskRoleArn": arn(role),
+            "Volumes": [{"Name": "scratch"}],
+            "ContainerDefinitions": [container],
+        },
+    }
 
 
 def service(name: str, definition: str) -> dict[str, Any]:
@@ -598,24 +874,39 @@ def ecs_resources() -> dict[str, Any]:
     """The cluster, the Prefect worker of the ecs pool and one listener per seed queue, each a service of one task."""
     pool = prefect_config()["definitions"]["work_pools"]["ecs"]["name"]
     resources: dict[str, Any] = {
-        "Cluster": {"Type": "AWS::ECS::Cluster", "Properties": {
-            "ClusterName": sub("pipelines-${Env}"),
-            "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]}},
+        "Cluster": {
+            "Type": "AWS::ECS::Cluster",
+            "Properties": {
+                "ClusterName": sub("pipelines-${Env}"),
+                "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}],
+            },
+        },
         "FlowRunLogGroup": log_group("flow-runs"),
         "WorkerLogGroup": log_group("worker"),
         "WorkerTaskDefinition": task_definition(
-            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs", "--with-healthcheck"],
-            "WorkerRole", "WorkerLogGroup", False, observer_environment(), WORKER_HEALTH_CHECK),
+            "worker",
+            ["prefect", "worker", "start", "--pool", pool, "--type", "ecs", "--with-healthcheck"],
+            "WorkerRole",
+            "WorkerLogGroup",
+            False,
+            observer_environment(),
+            WORKER_HEALTH_CHECK,
+        ),
         "WorkerService": service("prefect-worker", "WorkerTaskDefinition"),
-    }  # fmt: skip
+    }
     for pipeline, deployment in listener_deployments().items():
         family = deployment["entrypoint"].split(":")[1].replace("_", "-")
         command = [*LISTENER_COMMAND, f"{landings()[pipeline].flow}/{deployment['name']}"]
         resources[logical_id(pipeline, "listener log group")] = log_group(family)
         resources[logical_id(pipeline, "listener task definition")] = task_definition(
-            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True,
-            {HEARTBEAT_VARIABLE: LISTENER_HEARTBEAT}, LISTENER_HEALTH_CHECK,
-        )  # fmt: skip
+            family,
+            command,
+            "TaskRole",
+            logical_id(pipeline, "listener log group"),
+            True,
+            {HEARTBEAT_VARIABLE: LISTENER_HEARTBEAT},
+            LISTENER_HEALTH_CHECK,
+        )
         resources[logical_id(pipeline, "listener service")] = service(
             family, logical_id(pipeline, "listener task definition")
         )
@@ -626,8 +917,15 @@ def template() -> dict[str, Any]:
     """The whole environment's CloudFormation template."""
     ecs = ecs_resources()
     log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
-    resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs,
-                 **observer_resources(), **monitoring_resources()}  # fmt: skip
+    resources = {
+        **table_resources(),
+        **queue_resources(),
+        **bucket_resources(),
+        **iam_resources(log_groups),
+        **ecs,
+        **observer_resources(),
+        **monitoring_resources(),
+    }
     for resource in resources.values():
         resource.update(KEEP_DATA if resource["Type"] in DATA_TYPES else REBUILT)
     outputs = {  # what `prefect deploy --name ecs` and the blocks need (docs/aws.md, "Image, template, deployments")
@@ -646,8 +944,10 @@ def template() -> dict[str, Any]:
     }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
-        "Description": "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
-        "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)",
+        "Description": (
+            "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
+            "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)"
+        ),
         "Parameters": parameters(),
         "Conditions": {
             condition: {"Fn::Not": [{"Fn::Equals": [ref(parameter), ""]}]}
@@ -655,7 +955,7 @@ def template() -> dict[str, Any]:
                 ("HasPrefectApiKey", "PrefectApiKeySecretArn"),
                 *(item for parts in pipeline_parts() for item in parts.conditions.items()),
             )
-        },  # fmt: skip
+        },
         "Resources": resources,
         "Outputs": outputs,
     }

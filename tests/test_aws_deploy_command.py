@@ -98,10 +98,17 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
 
     def into_ecr(repository: str, tag: str) -> None:
         """A push lands in the registry, as ECR receives it."""
-        config = {"digest": f"sha256:{hashlib.sha256(tag.encode()).hexdigest()}", "size": 1,
-                  "mediaType": "application/vnd.docker.container.image.v1+json"}  # fmt: skip
-        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                    "config": config, "layers": []}  # fmt: skip
+        config = {
+            "digest": f"sha256:{hashlib.sha256(tag.encode()).hexdigest()}",
+            "size": 1,
+            "mediaType": "application/vnd.docker.container.image.v1+json",
+        }
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": config,
+            "layers": [],
+        }
         name = repository.rsplit("/", 1)[-1]
         if tag not in {i.get("imageTag") for i in ecr.list_images(repositoryName=name)["imageIds"]}:
             ecr.put_image(repositoryName=name, imageManifest=json.dumps(manifest), imageTag=tag)  # a re-push: as is
@@ -110,8 +117,15 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
     subnet = ec2.describe_subnets()["Subnets"][0]
     group = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
     env = f"c{uuid.uuid4().hex[:6]}"
-    arguments = dict(env=env, region="us-east-1", vpc=subnet["VpcId"], subnets=[subnet["SubnetId"]],
-                     security_groups=[group], prefect_api_url=PREFECT_API_URL.value(), tag="1.0")  # fmt: skip
+    arguments = dict(
+        env=env,
+        region="us-east-1",
+        vpc=subnet["VpcId"],
+        subnets=[subnet["SubnetId"]],
+        security_groups=[group],
+        prefect_api_url=PREFECT_API_URL.value(),
+        tag="1.0",
+    )
     with docker_standin(on_push=into_ecr) as docker:
         import os
 

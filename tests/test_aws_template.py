@@ -186,11 +186,23 @@ def test_every_checkov_suppression_gives_its_reason():
 
 def test_checkov_fails_no_check():
     result = subprocess.run(
-        [str(TOOLS / "checkov"), "-f", str(cfn.TEMPLATE_PATH), "--framework", "cloudformation", "--compact", "--quiet",
-         "--skip-download", "--output", "json"],
-        capture_output=True, text=True, timeout=600,
+        [
+            str(TOOLS / "checkov"),
+            "-f",
+            str(cfn.TEMPLATE_PATH),
+            "--framework",
+            "cloudformation",
+            "--compact",
+            "--quiet",
+            "--skip-download",
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={"PATH": str(TOOLS), "BC_SKIP_MAPPING": "TRUE", "HOME": "/tmp"},
-    )  # fmt: skip
+    )
     report = json.loads(result.stdout)
     summary = report["summary"]
     assert summary["failed"] == 0 and summary["parsing_errors"] == 0 and summary["passed"] > 40, summary

@@ -79,11 +79,15 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
             if crashed_run in json.dumps(r.parameters) or failed_run in json.dumps(r.parameters)
         ]  # only the events of this test's runs (another test's stray run cannot confuse it)
         assert [r.state_name for r in repairs] == ["Completed"] * 3, worker.tail()
-        events = {(r.parameters["event"]["event"],
-                   r.parameters["event"]["resource"]["prefect.resource.id"].split(".")[1])
-                  for r in repairs}  # fmt: skip
-        assert events == {("prefect.flow-run.Crashed", "flow-run"), ("prefect.flow-run.Failed", "flow-run"),
-                          ("prefect.task-run.Failed", "task-run")}  # fmt: skip
+        events = {
+            (r.parameters["event"]["event"], r.parameters["event"]["resource"]["prefect.resource.id"].split(".")[1])
+            for r in repairs
+        }
+        assert events == {
+            ("prefect.flow-run.Crashed", "flow-run"),
+            ("prefect.flow-run.Failed", "flow-run"),
+            ("prefect.task-run.Failed", "task-run"),
+        }
         crash_event = next(r.parameters["event"] for r in repairs if r.parameters["event"]["event"].endswith("Crashed"))
         assert crash_event["resource"]["prefect.resource.id"] == f"prefect.flow-run.{crashed_run}"
         print(f"crash and failure -> 3 records-prefect-state runs completed in {time.monotonic() - started:.1f} s")

@@ -250,7 +250,9 @@ def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
 
 
 def test_a_byte_order_mark_deep_nesting_and_refused_lines_get_clear_outcomes():
-    deep = lambda levels: '{"a":' + "[" * levels + "]" * levels + "}"  # noqa: E731
+    def deep(levels):
+        return '{"a":' + "[" * levels + "]" * levels + "}"
+
     data = (
         "\ufeff" + '{"a": 1}\n' + deep(600) + "\n" + deep(400) + '\n{"x": NaN}\n{"y":1}{"z":2}\n[1]\n{"a":01}\n'
     ).encode()
@@ -656,7 +658,10 @@ def test_a_merged_manifest_finishes_in_one_request_and_a_file_moved_since_the_me
         )
     calls: list[str] = []
     events = state_store.client().meta.events
-    count = lambda model, **_: calls.append(model.name)  # noqa: E731
+
+    def count(model, **_):
+        return calls.append(model.name)
+
     events.register("before-call.dynamodb", count, unique_id="count-finish")
     try:
         finished = etl_merge.finish_manifest(

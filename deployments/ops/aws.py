@@ -65,7 +65,16 @@ def run_deploy(args) -> dict:
     if not args.prefect_api_url:
         raise ValueError("give --prefect-api-url (or set PREFECT_API_URL)")
     return aws.deploy(
-        args.env, args.region, args.vpc, args.subnets.split(","), args.security_groups.split(","),
-        args.prefect_api_url, bucket=args.bucket, api_key_secret_arn=args.api_key_secret_arn, tag=args.image_tag,
-        assign_public_ip=args.assign_public_ip, dry_run=args.dry_run, pipeline_parameters=dict(args.parameter),
-    )  # fmt: skip
+        args.env,
+        args.region,
+        args.vpc,
+        args.subnets.split(","),
+        args.security_groups.split(","),
+        args.prefect_api_url,
+        bucket=args.bucket,
+        api_key_secret_arn=args.api_key_secret_arn,
+        tag=args.image_tag,
+        assign_public_ip=args.assign_public_ip,
+        dry_run=args.dry_run,
+        pipeline_parameters=dict(args.parameter),
+    )

@@ -461,7 +461,10 @@ def publish_batches(
     target = store(config.manifest_store_url)
     created = now_iso()
     ids = prefect_ids()
-    sets_for = lambda path: {"manifest_path": path, "updated_at": created, "manifested_at": created, **ids}  # noqa: E731
+
+    def sets_for(path: str) -> dict[str, Any]:
+        return {"manifest_path": path, "updated_at": created, "manifested_at": created, **ids}
+
     groups, refs = [], []
     for (name, path), batch in zip(slots, batches):
         urls = sorted(f.url if isinstance(f, FileCheck) else f["file_path"] for f in batch)

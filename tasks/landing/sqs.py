@@ -206,9 +206,11 @@ class SqsSource:
         taken, wait = 0, int(min(max(wait_seconds, 0), MAX_WAIT_S))
         while taken < max_items:
             request = dict(
-                QueueUrl=self.queue_url, MaxNumberOfMessages=min(MAX_BATCH, max_items - taken),
-                WaitTimeSeconds=wait, AttributeNames=SYSTEM_ATTRIBUTES,
-            )  # fmt: skip
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=min(MAX_BATCH, max_items - taken),
+                WaitTimeSeconds=wait,
+                AttributeNames=SYSTEM_ATTRIBUTES,
+            )
             if self.visibility_timeout_s is not None:
                 request["VisibilityTimeout"] = self.visibility_timeout_s
             messages = self._client.receive_message(**request).get("Messages", [])

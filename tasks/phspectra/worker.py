@@ -54,8 +54,8 @@ if __name__ == "__main__" and os.environ.get("PHSPECTRA_FORKSERVER_PARENT"):
         target=_exit_with_parent, args=(int(os.environ["PHSPECTRA_FORKSERVER_PARENT"]),), daemon=True
     ).start()
 
-import numpy as np  # noqa: E402
-import phspectra  # noqa: E402
+import numpy as np  # noqa: E402 - after the watcher above: a parent killed during these imports leaves no server
+import phspectra  # noqa: E402 - after the watcher above: a parent killed during these imports leaves no server
 
 STOP_POLL_S = 0.2  # how often a waiting caller checks whether it was asked to stop the fit
 MIN_PIECE = 4  # spectra: the smallest piece a slot forks a child for (the bare pool's chunksize)
@@ -313,8 +313,15 @@ def serve(address: str) -> None:
 class _Job:
     """One ``run_in_child`` call: its ``n`` spectra handed to the slots in pieces, rows gathered by piece."""
 
-    def __init__(self, path: str, n: int, params: dict[str, Any], time_limit: float | None, folder: str,
-                 on_start: Callable[[int], None] | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        n: int,
+        params: dict[str, Any],
+        time_limit: float | None,
+        folder: str,
+        on_start: Callable[[int], None] | None,
+    ) -> None:
         self.path, self.n, self.params, self.time_limit, self.folder = path, n, params, time_limit, folder
         self.on_start = on_start  # called with the first fitting process's pid
         self.handed = 0  # spectra [0, handed) are in pieces already

@@ -49,14 +49,26 @@ EPOCH_MS: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_EPOC
 # Cumulus's API granule schema (@cumulus/api lib/schemas.js, ``granule``), restated: the record a message's
 # granule becomes must match it, or the granule is marked failed and its message dead-lettered (seed 004)
 _TEXT, _INTEGER, _NUMBER = {"type": "string"}, {"type": "integer"}, {"type": "number"}
+_TEXT_FIELDS = (
+    "granuleId",
+    "pdrName",
+    "collectionId",
+    "execution",
+    "cmrLink",
+    "productVolume",
+    "provider",
+    "beginningDateTime",
+    "endingDateTime",
+    "processingStartDateTime",
+    "processingEndDateTime",
+    "lastUpdateDateTime",
+    "productionDateTime",
+)
 API_GRANULE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["granuleId", "collectionId", "status", "updatedAt"],
     "properties": {
-        **{name: _TEXT for name in (
-            "granuleId", "pdrName", "collectionId", "execution", "cmrLink", "productVolume", "provider",
-            "beginningDateTime", "endingDateTime", "processingStartDateTime", "processingEndDateTime",
-            "lastUpdateDateTime", "productionDateTime")},
+        **{name: _TEXT for name in _TEXT_FIELDS},
         "status": {"type": "string", "enum": STATUSES},
         "published": {"type": "boolean"},
         **{name: _NUMBER for name in ("duration", "timeToPreprocess", "timeToArchive")},
@@ -77,7 +89,7 @@ API_GRANULE_SCHEMA: dict[str, Any] = {
         "error": {"type": "object"},
         "queryFields": {"type": "object"},
     },
-}  # fmt: skip
+}
 # and what DynamoDB's keys and the stale-write rules need besides: a createdAt with an ISO date
 _granule_validator = Draft202012Validator({"allOf": [API_GRANULE_SCHEMA, {"properties": {"createdAt": EPOCH_MS}}]})
 

@@ -157,17 +157,25 @@ PROCESS_RUN = "process_run_id"  # the `video-process` run that claim started
 def claim_upload(job_id: JobId, event_id: str) -> state_store.WriteResult:
     """Mark the job's upload seen (only a ``created`` job whose upload was not seen yet): APPLIED once per job."""
     return state_store.transition(
-        _jobs(), _key(job_id), CREATED, None, set={UPLOAD_SEEN: now_iso(), "upload_event_id": event_id},
+        _jobs(),
+        _key(job_id),
+        CREATED,
+        None,
+        set={UPLOAD_SEEN: now_iso(), "upload_event_id": event_id},
         condition=Condition("attribute_not_exists(#seen)", {"#seen": UPLOAD_SEEN}),
-    )  # fmt: skip
+    )
 
 
 def note_process_run(job_id: JobId, flow_run_id: str) -> None:
     """Record on the job the `video-process` run its upload started (once; a second writer finds it there)."""
     state_store.transition(
-        _jobs(), _key(job_id), None, None, set={PROCESS_RUN: flow_run_id},
+        _jobs(),
+        _key(job_id),
+        None,
+        None,
+        set={PROCESS_RUN: flow_run_id},
         condition=Condition("attribute_not_exists(#run)", {"#run": PROCESS_RUN}),
-    )  # fmt: skip
+    )
 
 
 def _normal_url(url: str) -> str:
