@@ -433,9 +433,8 @@ def notified_prefix(pipeline: str) -> dict[str, str]:
     return sub(f"${{StorePrefix}}/{sqs.landing_queues()[pipeline].input_prefix}")
 
 
-def bucket_resources() -> dict[str, Any]:
-    """The pipelines' bucket: private, encrypted, versioned, its arrivals notifying the queues, with lifecycle rules."""
-    object_pipelines = [p for p, spec in sqs.landing_queues().items() if spec.mode == sqs.OBJECTS]
+def lifecycle_rules() -> list[dict[str, Any]]:
+    """Abandoned uploads and old versions go; what a pipeline declares expiring goes after its days."""
     rules = [
         {
             "Id": "abort-incomplete-multipart-uploads",
@@ -455,6 +454,12 @@ def bucket_resources() -> dict[str, Any]:
         for parts in pipeline_parts()  # what a pipeline writes to explain a record, kept as long as the record
         for name, prefix in parts.expiring.items()
     ]
+    return rules
+
+
+def bucket_resources() -> dict[str, Any]:
+    """The pipelines' bucket: private, encrypted, versioned, its arrivals notifying the queues, with lifecycle rules."""
+    object_pipelines = [p for p, spec in sqs.landing_queues().items() if spec.mode == sqs.OBJECTS]
     bucket = {
         "Type": "AWS::S3::Bucket",
         "DependsOn": [logical_id(p, "queue policy") for p in object_pipelines],  # S3 checks it may send when configured
@@ -471,7 +476,7 @@ def bucket_resources() -> dict[str, Any]:
             },
             "OwnershipControls": {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]},
             "VersioningConfiguration": {"Status": "Enabled"},
-            "LifecycleConfiguration": {"Rules": rules},
+            "LifecycleConfiguration": {"Rules": lifecycle_rules()},
             "NotificationConfiguration": {
                 "QueueConfigurations": [
                     {
@@ -542,14 +547,9 @@ def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
     return {"PolicyName": name, "PolicyDocument": {"Version": "2012-10-17", "Statement": statements}}
 
 
-def iam_resources(log_groups: list[str]) -> dict[str, Any]:
-    """The execution role (pull the image, write logs, read the API key), the pipelines' task role (their tables,
-    bucket and queues, nothing else) and the worker's task role (run flow-run tasks on the cluster)."""
-    tables = [arn(logical_id("table", t)) for t in table_specs()]
-    table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in table_specs().items() if s.gsis]
-    queues = [arn(logical_id(p, "queue")) for p in sqs.landing_queues()]
-    dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.landing_queues()]
-    execution = [
+def execution_statements(log_groups: list[str]) -> list[dict[str, Any]]:
+    """The execution role's: pull the image, write logs, read the API key."""
+    return [
         {
             "Sid": "PullImage",
             "Effect": "Allow",
@@ -576,6 +576,14 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
             ]
         },
     ]
+
+
+def pipeline_statements() -> list[dict[str, Any]]:
+    """The pipelines' task role's: their tables, bucket and queues, the metrics, and what each pipeline declares."""
+    tables = [arn(logical_id("table", t)) for t in table_specs()]
+    table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in table_specs().items() if s.gsis]
+    queues = [arn(logical_id(p, "queue")) for p in sqs.landing_queues()]
+    dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.landing_queues()]
     pipelines = [  # a transaction is authorized as its items' own actions (PutItem, UpdateItem, ConditionCheckItem)
         {
             "Sid": "Tables",
@@ -637,10 +645,14 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
             "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}},
         },
     ]
-    pipelines += [statement for parts in pipeline_parts() for statement in parts.statements]
+    return pipelines + [statement for parts in pipeline_parts() for statement in parts.statements]
+
+
+def worker_statements() -> list[dict[str, Any]]:
+    """The worker's task role's: run flow-run tasks on the cluster and watch them."""
     cluster_tasks = sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*")
     on_cluster = {"ArnEquals": {"ecs:cluster": arn("Cluster")}}
-    worker = [
+    return [
         {
             "Sid": "RegisterTaskDefinitions",
             "Effect": "Allow",
@@ -702,6 +714,10 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
             "Resource": sub("${FlowRunLogGroup.Arn}"),
         },
     ]
+
+
+def iam_resources(log_groups: list[str]) -> dict[str, Any]:
+    """The execution role, the pipelines' task role (nothing but their own parts) and the worker's task role."""
     wildcard_reasons = (
         (
             "CKV_AWS_111",
@@ -719,7 +735,7 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
             "Type": "AWS::IAM::Role",
             "Properties": {
                 "AssumeRolePolicyDocument": assume_ecs_tasks(),
-                "Policies": [policy("pull-log-secret", execution)],
+                "Policies": [policy("pull-log-secret", execution_statements(log_groups))],
             },
             "Metadata": skip(*wildcard_reasons),
         },
@@ -727,14 +743,14 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
             "Type": "AWS::IAM::Role",
             "Properties": {
                 "AssumeRolePolicyDocument": assume_ecs_tasks(),
-                "Policies": [policy("pipelines-state", pipelines)],
+                "Policies": [policy("pipelines-state", pipeline_statements())],
             },
         },
         "WorkerRole": {
             "Type": "AWS::IAM::Role",
             "Properties": {
                 "AssumeRolePolicyDocument": assume_ecs_tasks(),
-                "Policies": [policy("run-flow-runs", worker)],
+                "Policies": [policy("run-flow-runs", worker_statements())],
             },
             "Metadata": skip(*wildcard_reasons),
         },

@@ -524,42 +524,22 @@ def fit_chunk(
 
     try:
         with ChunkLease(run_id, start, started_at, lease_seconds) as lease:
-            run = get_run(run_id)
-            if run is None:
-                raise LookupError(f"run {run_id} has no RUN item")
-            store = object_store(output_url)
-            with store.local_copy(claimed["chunk_key"]) as path:
-
-                def on_start(pid: int) -> None:
-                    """The fitting process is the worker: the chunk's lease names its pid."""
-                    lease.renew(worker_pid=pid)
-
-                rows, fit_seconds, _ = run_in_child(
-                    path, run_params(run), time_limit_s, on_start=on_start, stop=lease.lost, slots=fit_slots
-                )
-                with np.load(path) as data:
-                    xs, ys = data["x"], data["y"]
-            if not lease.renew():  # published only under a lease just confirmed, so nobody else holds the chunk
-                raise FitStopped(f"chunk {start} of run {run_id} was taken from this fit")
-            output_key = phspectra_keys.decomposition_key(run["survey"], run_id, start)
-            write_parquet(store, output_key, rows_to_table(xs, ys, rows))
-        n_components = sum(r["n_components"] for r in rows if r["n_components"] != TIMED_OUT)
-        n_timed_out = sum(r["n_components"] == TIMED_OUT for r in rows)
+            rows, fit_seconds, output_key = _fit_under_lease(
+                run_id, start, claimed, lease, output_url, time_limit_s, fit_slots
+            )
+        counts = {
+            "n_spectra": len(rows),
+            "n_components": sum(r["n_components"] for r in rows if r["n_components"] != TIMED_OUT),
+            "n_timed_out": sum(r["n_components"] == TIMED_OUT for r in rows),
+        }
+        completed = {"completed_at": now_iso(), "duration_ms": elapsed_ms(), "fit_ms": int(fit_seconds * 1000)}
         done = state_store.transition(
             table,
             key,
             IN_PROGRESS,
             COMPLETED,
             condition=_mine(started_at),
-            set={
-                "completed_at": now_iso(),
-                "duration_ms": elapsed_ms(),
-                "fit_ms": int(fit_seconds * 1000),
-                "output_key": output_key,
-                "n_spectra": len(rows),
-                "n_components": n_components,
-                "n_timed_out": n_timed_out,
-            },
+            set={**completed, "output_key": output_key, **counts},
             increments=[Increment(table, increment_key, {"jobs_completed": 1})],
         )
     except FitStopped as stopped:
@@ -581,14 +561,40 @@ def fit_chunk(
         )
         raise
     outcome = "completed" if done.applied else "superseded"  # re-driven meanwhile: same output, not counted twice
-    return {
-        "start": start,
-        "outcome": outcome,
-        "n_spectra": len(rows),
-        "n_components": n_components,
-        "n_timed_out": n_timed_out,
-        "duration_ms": elapsed_ms(),
-    }
+    return {"start": start, "outcome": outcome, **counts, "duration_ms": elapsed_ms()}
+
+
+def _fit_under_lease(
+    run_id: str,
+    start: int,
+    claimed: Mapping[str, Any],
+    lease: ChunkLease,
+    output_url: str | None,
+    time_limit_s: float | None,
+    fit_slots: int,
+) -> tuple[list[dict[str, Any]], float, str]:
+    """Fit the claimed chunk in child processes and write its Parquet while ``lease`` still holds it: its rows, fit
+    seconds and output key."""
+    run = get_run(run_id)
+    if run is None:
+        raise LookupError(f"run {run_id} has no RUN item")
+    store = object_store(output_url)
+    with store.local_copy(claimed["chunk_key"]) as path:
+
+        def on_start(pid: int) -> None:
+            """The fitting process is the worker: the chunk's lease names its pid."""
+            lease.renew(worker_pid=pid)
+
+        rows, fit_seconds, _ = run_in_child(
+            path, run_params(run), time_limit_s, on_start=on_start, stop=lease.lost, slots=fit_slots
+        )
+        with np.load(path) as data:
+            xs, ys = data["x"], data["y"]
+    if not lease.renew():  # published only under a lease just confirmed, so nobody else holds the chunk
+        raise FitStopped(f"chunk {start} of run {run_id} was taken from this fit")
+    output_key = phspectra_keys.decomposition_key(run["survey"], run_id, start)
+    write_parquet(store, output_key, rows_to_table(xs, ys, rows))
+    return rows, fit_seconds, output_key
 
 
 # --------------------------------------------------------------------------- slow lane
