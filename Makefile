@@ -68,12 +68,12 @@ bench: install
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # one environment in AWS (docs/aws.md): make deploy-aws ENV=dev VPC=vpc-… SUBNETS=subnet-…,subnet-… SECURITY_GROUPS=sg-…
-# (DRY_RUN=1 prints the change set; PREFECT_API_URL and AWS credentials from the environment)
+# (DRY_RUN=1 prints the change set; PARAMETERS="GpuClusterName=gpu VideoEndpointPrefix=clips" sets the pipelines' own
+# stack parameters; PREFECT_API_URL and AWS credentials from the environment)
 deploy-aws: install
 	$(PY) -m deployments.cli aws-stack deploy --env $(ENV) --vpc $(VPC) --subnets $(SUBNETS) \
 	  --security-groups $(SECURITY_GROUPS) $(if $(API_KEY_SECRET_ARN),--api-key-secret-arn $(API_KEY_SECRET_ARN)) \
-	  $(if $(GPU_CLUSTER),--gpu-cluster $(GPU_CLUSTER)) \
-	  $(if $(VIDEO_ENDPOINT_PREFIX),--video-endpoint-prefix $(VIDEO_ENDPOINT_PREFIX)) $(if $(DRY_RUN),--dry-run)
+	  $(foreach p,$(PARAMETERS),--parameter $(p)) $(if $(DRY_RUN),--dry-run)
 
 destroy-aws: install
 	$(PY) -m deployments.cli aws-stack destroy --env $(ENV)

@@ -34,7 +34,7 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PIPELINES_USE_BLOCKS"] = "0"  # settings from defaults + env, no Prefect API needed
-os.environ.update(EXPECTED_FILE_SIZE_MB="0.001", SIZE_TOLERANCE_PERCENT="99")
+os.environ.update(ETL_EXPECTED_FILE_SIZE_MB="0.001", ETL_SIZE_TOLERANCE_PERCENT="99")
 
 from deployments import dynamodb_local
 
@@ -96,7 +96,7 @@ def run_baseline(urls: list[str]) -> dict:
 
     client = boto3.client("dynamodb", config=Config(max_pool_connections=WORKERS * 2))
     table = os.environ["TABLE_ETL_FILE_TRACKING"]
-    shards = int(os.environ.get("NUM_STATUS_SHARDS", "10"))
+    shards = int(os.environ.get("ETL_NUM_STATUS_SHARDS", "10"))
 
     def worker(batch: list[str]) -> int:
         won = 0
@@ -107,21 +107,33 @@ def run_baseline(urls: list[str]) -> dict:
             shard = int(hashlib.md5(name.encode()).hexdigest(), 16) % shards
             keyed.append((date, name, shard))
             try:
-                client.put_item(TableName=table, ConditionExpression="attribute_not_exists(file_key)", Item={
-                    "date_prefix": {"S": date}, "file_key": {"S": name}, "status": {"S": f"pending#{shard}"},
-                    "file_size": {"N": str(path.stat().st_size)}, "file_path": {"S": url},
-                })  # fmt: skip
+                client.put_item(
+                    TableName=table,
+                    ConditionExpression="attribute_not_exists(file_key)",
+                    Item={
+                        "date_prefix": {"S": date},
+                        "file_key": {"S": name},
+                        "status": {"S": f"pending#{shard}"},
+                        "file_size": {"N": str(path.stat().st_size)},
+                        "file_path": {"S": url},
+                    },
+                )
             except client.exceptions.ConditionalCheckFailedException:
                 pass
         for date, name, shard in keyed:
             try:
                 client.update_item(
-                    TableName=table, Key={"date_prefix": {"S": date}, "file_key": {"S": name}},
-                    ConditionExpression="#s = :pending", UpdateExpression="SET #s = :manifested, manifest_path = :m",
+                    TableName=table,
+                    Key={"date_prefix": {"S": date}, "file_key": {"S": name}},
+                    ConditionExpression="#s = :pending",
+                    UpdateExpression="SET #s = :manifested, manifest_path = :m",
                     ExpressionAttributeNames={"#s": "status"},
-                    ExpressionAttributeValues={":pending": {"S": f"pending#{shard}"},
-                                               ":manifested": {"S": f"manifested#{shard}"}, ":m": {"S": "baseline"}},
-                )  # fmt: skip
+                    ExpressionAttributeValues={
+                        ":pending": {"S": f"pending#{shard}"},
+                        ":manifested": {"S": f"manifested#{shard}"},
+                        ":m": {"S": "baseline"},
+                    },
+                )
                 won += 1
             except client.exceptions.ConditionalCheckFailedException:
                 pass
@@ -176,7 +188,7 @@ def main() -> int:
     global REDELIVERED
     REDELIVERED = args.redelivered
     count = args.files or (600 if args.quick else 2000)
-    os.environ["MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
+    os.environ["ETL_MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
     work = Path(tempfile.mkdtemp(prefix="etl-ingest-bench-"))
     port = dynamodb_local.free_port()
     process = dynamodb_local.start_private(port, db_path=None, log_path=work / "dynamodb.log")

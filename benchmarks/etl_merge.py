@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import random
 import shutil
@@ -128,9 +129,7 @@ class Spark:
 
 
 def start_spark() -> Spark | None:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pyspark") is None:
         print("  (pyspark not installed: no Spark baseline; `pip install -e '.[bench]'`)")
         return None
     return Spark()
@@ -162,11 +161,11 @@ def merge_stack(files_root: Path):
             {
                 "OBJECT_STORE_BASE_URL": files_root.as_uri(),
                 "PIPELINES_USE_BLOCKS": "0",
-                "SIZE_TOLERANCE_PERCENT": "99",
-                "MIN_FILES_FOR_PARTIAL_BATCH": "1",
+                "ETL_SIZE_TOLERANCE_PERCENT": "99",
+                "ETL_MIN_FILES_FOR_PARTIAL_BATCH": "1",
             }
         )
-        os.environ.pop("NOTIFY_BLOCK", None)
+        os.environ.pop("ETL_NOTIFY_BLOCK", None)
         with prefect_test_harness(server_startup_timeout=180):
             yield
 
@@ -187,8 +186,8 @@ def flow_against_merge(batches: list[list[str]], work: Path) -> tuple[list[float
     sizes = [Path(url[len("file://") :]).stat().st_size for url in batches[0]]
     os.environ.update(
         {
-            "MAX_FILES_PER_MANIFEST": str(len(batches[0])),  # a batch is one full manifest
-            "EXPECTED_FILE_SIZE_MB": str(statistics.mean(sizes) / 2**20),
+            "ETL_MAX_FILES_PER_MANIFEST": str(len(batches[0])),  # a batch is one full manifest
+            "ETL_EXPECTED_FILE_SIZE_MB": str(statistics.mean(sizes) / 2**20),
         }
     )
     manifests = []
@@ -278,7 +277,7 @@ def drain(
 
     earlier_parts(root, parts_before)
     urls = make_files(root, (manifests + 1) * files_each, kb_each / 1024, nested=False, stem="drain")
-    os.environ.update({"MAX_FILES_PER_MANIFEST": str(files_each), "EXPECTED_FILE_SIZE_MB": str(kb_each / 1024)})
+    os.environ.update({"ETL_MAX_FILES_PER_MANIFEST": str(files_each), "ETL_EXPECTED_FILE_SIZE_MB": str(kb_each / 1024)})
     made = ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")["manifests"]
     assert len(made) == manifests + 1, made
     ndjson_merge(date_prefix=DATE, manifest_name=made[0])  # loads the flow's modules: left out

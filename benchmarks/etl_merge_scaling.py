@@ -173,12 +173,16 @@ def main() -> int:
                 f"before them, the workers' first load (once a worker): {times['warming'][0]:.1f} s",
                 flush=True,
             )
-        print(f"\n{'workers':>7} {'ours MB/s':>10} {'speedup':>8} {'of linear':>9} {'pool MB/s':>10} {'speedup':>8} "
-              f"{'of linear':>9} {'ours/pool':>9}")  # fmt: skip
+        print(
+            f"\n{'workers':>7} {'ours MB/s':>10} {'speedup':>8} {'of linear':>9} {'pool MB/s':>10} {'speedup':>8} "
+            f"{'of linear':>9} {'ours/pool':>9}"
+        )
         for n, rates in best.items():
             ours, pool = rates["ours"] / best[1]["ours"], rates["pool"] / best[1]["pool"]
-            print(f"{n:7d} {rates['ours']:10.1f} {ours:8.2f} {ours / n:9.2f} {rates['pool']:10.1f} {pool:8.2f} "
-                  f"{pool / n:9.2f} {rates['ours'] / rates['pool']:9.2f}")  # fmt: skip
+            print(
+                f"{n:7d} {rates['ours']:10.1f} {ours:8.2f} {ours / n:9.2f} {rates['pool']:10.1f} {pool:8.2f} "
+                f"{pool / n:9.2f} {rates['ours'] / rates['pool']:9.2f}"
+            )
         linear = best[most]["ours"] / best[1]["ours"] / most
         print(
             f"ours at {most} workers: {linear:.2f} of linear (goal >= 0.8: {'met' if linear >= 0.8 else 'NOT met'}); "

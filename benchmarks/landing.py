@@ -37,7 +37,7 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PIPELINES_USE_BLOCKS"] = "0"  # settings from defaults + env, no Prefect API needed
 os.environ["PREFECT_API_KEY"] = "benchmark-sends-no-events"  # with no API URL: emit_event sends nothing
-os.environ.update(EXPECTED_FILE_SIZE_MB="0.001", SIZE_TOLERANCE_PERCENT="99")
+os.environ.update(ETL_EXPECTED_FILE_SIZE_MB="0.001", ETL_SIZE_TOLERANCE_PERCENT="99")
 
 from benchmarks._common import dynamodb_local, ensure_table
 
@@ -66,7 +66,11 @@ def listener(root: str, batch_size: int, batch_seconds: float, ready: str) -> No
     from tasks.landing.watch import LocalWatchSource
 
     config = etl.settings()
-    launch = lambda made: etl.launch_merges(made, lambda ref: None)  # noqa: E731 - merges: the flush's job here
+
+    def launch(made: list) -> list[dict]:
+        """Merges are the flush's job here: the listener only makes manifests."""
+        return etl.launch_merges(made, lambda ref: None)
+
     source = LocalWatchSource(root, INPUT)
     Path(ready).touch()
     listen(
@@ -134,7 +138,10 @@ def percentiles(values: list[float]) -> str:
     values = sorted(values)
     if not values:
         return "n/a"
-    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+
+    def pick(q: float) -> float:
+        return values[min(len(values) - 1, int(q * len(values)))]
+
     return f"p50 {pick(0.5) * 1000:7.0f} ms, p95 {pick(0.95) * 1000:7.0f} ms, max {values[-1] * 1000:7.0f} ms"
 
 
@@ -168,7 +175,10 @@ def sustained(root: Path, args) -> dict:
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=60)
     found = records()  # again, now that nothing changes them (a last batch may have claimed more)
-    stamp = lambda item, field: datetime.fromisoformat(item[field]).timestamp()  # noqa: E731
+
+    def stamp(item: dict, field: str) -> float:
+        return datetime.fromisoformat(item[field]).timestamp()
+
     ends = [ready.stat().st_mtime if ready.exists() else None for _, ready in restarts]  # None: killed before ready
     down = [(at, next((end for end in ends[n:] if end is not None), drained)) for n, (at, _) in enumerate(restarts)]
     steady = [i for i in found if not any(a <= arrived[i["file_key"]] <= b for a, b in down)]
@@ -232,7 +242,7 @@ def main() -> int:
     if args.quick:
         args.seconds = min(args.seconds, 10)
     args.kills = args.kills if args.kills is not None else (1 if args.quick else 0)
-    os.environ["MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
+    os.environ["ETL_MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
     work = Path(tempfile.mkdtemp(prefix="landing-bench-"))
     os.environ["OBJECT_STORE_BASE_URL"] = work.as_uri()
     from tasks.etl import ingest as etl

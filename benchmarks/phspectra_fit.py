@@ -31,9 +31,9 @@ import numpy as np
 _HERE = [p for p in sys.path if Path(p or ".").resolve() == Path(__file__).resolve().parent]
 sys.path[:] = [p for p in sys.path if p not in _HERE] + _HERE[:1]
 
-from _common import dynamodb_local, rate  # noqa: E402
+from _common import dynamodb_local, rate  # noqa: E402 - after the path above puts this folder last
 
-from tasks.core.runtime import now_iso  # noqa: E402
+from tasks.core.runtime import now_iso  # noqa: E402 - the repository root is on the path once _common is imported
 
 PARAMS: dict = {}
 
@@ -72,7 +72,10 @@ def flow_phases(run_id: str, start_iso: str, flow_s: float) -> dict[str, float]:
     from tasks.phspectra import survey as ph
 
     chunks, run = to_plain(ph.list_chunks(run_id)), to_plain(ph.get_run(run_id))
-    seconds = lambda a, b: (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()  # noqa: E731
+
+    def seconds(a: str, b: str) -> float:
+        return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
+
     before = seconds(start_iso, min(c["started_at"] for c in chunks))
     print(
         f"before the first fit: flow start -> RUN item (cube read) {seconds(start_iso, run['created_at']):.2f} s, "
@@ -158,8 +161,10 @@ def main() -> None:
     spectra = ph.prepare_spectra(cube)[0]
     n = len(spectra)
     chunk_size = math.ceil(n / (args.workers * args.chunks_per_worker))
-    print(f"cube {cube.shape}: {n} spectra x {args.channels} channels, {args.workers} workers, chunk_size {chunk_size}"
-          f" (~{per_spectrum * 1000:.0f} ms per spectrum on one core)")  # fmt: skip
+    print(
+        f"cube {cube.shape}: {n} spectra x {args.channels} channels, {args.workers} workers, chunk_size {chunk_size}"
+        f" (~{per_spectrum * 1000:.0f} ms per spectrum on one core)"
+    )
 
     workdir = Path(tempfile.mkdtemp(prefix="phspectra-bench-"))
     cube_path = workdir / "cube.npy"
@@ -200,9 +205,12 @@ def main() -> None:
             cpu_before = orchestration_cpu()
             start_iso, start = now_iso(), time.perf_counter()
             summary = phspectra_survey(
-                cube_url=cube_path.as_uri(), survey="bench", chunk_size=chunk_size, workers=args.workers,
+                cube_url=cube_path.as_uri(),
+                survey="bench",
+                chunk_size=chunk_size,
+                workers=args.workers,
                 dask_workers=args.workers if args.dask else 0,
-            )  # fmt: skip
+            )
             flow_s = time.perf_counter() - start
             cpu_after = orchestration_cpu()
             results[label] = rate(n, flow_s)

@@ -69,7 +69,7 @@ def one_run(code: Path, files: int, per_second: float, workdir: Path) -> dict[st
             **os.environ,
             "PREFECT_API_URL": api,
             "OBJECT_STORE_BASE_URL": root.as_uri(),
-            "MAX_FILES_PER_MANIFEST": "10",
+            "ETL_MAX_FILES_PER_MANIFEST": "10",
         }
         env.pop("PREFECT_API_KEY", None)
         setup = (

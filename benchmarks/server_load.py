@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from deployments.dynamodb_local import free_port  # run as a script: after the repository root is on the path
 
 # (sample module, deployment) of each pipeline: the load starts the pipelines' own deployments directly
 PIPELINES = [
@@ -36,7 +37,6 @@ PIPELINES = [
     ("gpu", "gpu-job/local"),
     ("records", "records-ingest/local"),
 ]
-from deployments.dynamodb_local import free_port  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}

@@ -270,8 +270,10 @@ class Feeders:
         from tasks.records import keys as records_keys
 
         granules = [f"SOAK{self.tag}.A{n:05d}.h{g:02d}v00.006" for g in range(self.args.records)]
-        bodies = [json.dumps(_message("completed", f"soak-{self.tag}-{n}-{g}", 1_700_000_000_000 + n, [granule]))
-                  for g, granule in enumerate(granules)]  # fmt: skip
+        bodies = [
+            json.dumps(_message("completed", f"soak-{self.tag}-{n}-{g}", 1_700_000_000_000 + n, [granule]))
+            for g, granule in enumerate(granules)
+        ]
         self.store.put_bytes(
             f"{records_keys.RECORDS_INCOMING_PREFIX}soak-{self.tag}-{n:05d}.ndjson", ("\n".join(bodies) + "\n").encode()
         )
@@ -294,8 +296,12 @@ class Feeders:
 
     def start(self) -> list[threading.Thread]:
         a = self.args
-        plan = [(1 / a.etl_rate, self.feed_etl), (a.video_every, self.feed_video), (a.records_every, self.feed_records),
-                (a.cube_every, self.feed_cube)]  # fmt: skip
+        plan = [
+            (1 / a.etl_rate, self.feed_etl),
+            (a.video_every, self.feed_video),
+            (a.records_every, self.feed_records),
+            (a.cube_every, self.feed_cube),
+        ]
         threads = [
             threading.Thread(target=self.paced, args=p, daemon=True) for p in plan if p[0] > 0 and p[0] != float("inf")
         ]
@@ -579,17 +585,24 @@ def main() -> int:
     if os.geteuid() == 0:  # PostgreSQL runs as `postgres`: it must be able to reach its folder
         root.chmod(0o755)
     data = root / "stack"
-    env = {**os.environ, "PIPELINES_DATA_DIR": str(data), "DYNAMODB_LOCAL_PORT": str(free_port()),
-           "PREFECT_SERVER_PORT": str(free_port()), "PREFECT_POSTGRES_PORT": str(free_port())}  # fmt: skip
+    env = {
+        **os.environ,
+        "PIPELINES_DATA_DIR": str(data),
+        "DYNAMODB_LOCAL_PORT": str(free_port()),
+        "PREFECT_SERVER_PORT": str(free_port()),
+        "PREFECT_POSTGRES_PORT": str(free_port()),
+    }
     for name in ("AWS_ENDPOINT_URL_DYNAMODB", "PREFECT_API_URL", "OBJECT_STORE_BASE_URL"):
         env.pop(name, None)
     database = os.environ.get("PREFECT_SERVER_DB") or "make up's default (PostgreSQL where installed)"
     sizes = f"{args.etl_mb:g} MB ± {args.etl_mb_spread:.0%}" if args.etl_mb else f"{args.etl_lines} lines"
-    print(f"soak: {args.minutes:g} min; ETL {args.etl_rate:g} files/s of {sizes}, a video every "
-          f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every "
-          f"{args.cube_every:g} s; Prefect server on {database}; machine: {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.1f} at start",
-          flush=True)  # fmt: skip
+    print(
+        f"soak: {args.minutes:g} min; ETL {args.etl_rate:g} files/s of {sizes}, a video every "
+        f"{args.video_every:g} s, {args.records} records every {args.records_every:g} s, a cube every "
+        f"{args.cube_every:g} s; Prefect server on {database}; machine: {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} at start",
+        flush=True,
+    )
     t0 = time.monotonic()
     failed_exit = 0
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -670,8 +683,12 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
                 p: (len(ledger.arrived), len(ledger.done), len(ledger.failed)) for p, ledger in feeders.ledgers.items()
             }
             backlog.append((now, {p: a - d - f for p, (a, d, f) in counts.items()}))
-            print(f"{now:6.0f} " + " ".join(f"{f'{a - d - f} ({d}/{a})':>17}" for p, (a, d, f) in counts.items())
-                  + f" {os.getloadavg()[0]:5.1f} {database_mb(data):7.1f}", flush=True)  # fmt: skip
+            print(
+                f"{now:6.0f} "
+                + " ".join(f"{f'{a - d - f} ({d}/{a})':>17}" for p, (a, d, f) in counts.items())
+                + f" {os.getloadavg()[0]:5.1f} {database_mb(data):7.1f}",
+                flush=True,
+            )
             if stopped and not flushed and not STOP_EARLY.is_set() and feeders.ledgers["etl"].arrived:
                 print(f"-- the hourly ndjson-flush-orphans, started now: run {flush_orphans()}", flush=True)
                 flushed = True
@@ -712,8 +729,10 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
     etl = feeders.ledgers["etl"]
     if etl.done:
         span = max(etl.done.values()) - min(etl.arrived.values())
-        print(f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = "
-              f"{len(etl.done) / span:.2f} files/s (offered {args.etl_rate:g}/s)")  # fmt: skip
+        print(
+            f"ETL throughput: {len(etl.done)} files merged in {span:.0f} s from the first arrival = "
+            f"{len(etl.done) / span:.2f} files/s (offered {args.etl_rate:g}/s)"
+        )
     if etl.arrived:
         print(feeders.etl_rates(feed_s))
     print("\nmemory (RSS MB) at t (min) " + "".join(f"{t / 60:7.0f}" for t, _ in memory_samples))

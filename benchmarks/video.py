@@ -50,17 +50,21 @@ def make_source(path: Path, seconds: float, size: str, fps: int, keyframe_second
     return make_test_video(path, seconds, fps, size, keyframe_seconds, "testsrc2", preset="ultrafast", **{"b:v": "12M"})
 
 
+# the plain script's grayscale of one part: libx264 veryfast, audio copied
+GRAYSCALE = tuple(
+    "-map 0 -vf format=gray,format=yuv420p -c:v libx264 -preset veryfast -crf 23 -pix_fmt yuv420p -c:a copy".split()
+)
+
+
 def raw_baseline(source: Path, work: Path, segment_seconds: float) -> float:
     """ffmpeg CLI segment + concat of the same file (stream copy), nothing else."""
     shutil.rmtree(work, ignore_errors=True)
     (work / "parts").mkdir(parents=True)
     start = time.perf_counter()
-    _ffmpeg("-i", str(source), "-map", "0", "-c", "copy", "-f", "segment", "-segment_time", f"{segment_seconds:g}",
-            "-reset_timestamps", "1", str(work / "parts" / "part-%05d.mp4"))  # fmt: skip
+    _split(source, work / "parts", segment_seconds)
     listing = work / "parts.txt"
     listing.write_text("".join(f"file '{p}'\n" for p in sorted((work / "parts").glob("part-*.mp4"))))
-    _ffmpeg("-f", "concat", "-safe", "0", "-i", str(listing), "-map", "0", "-c", "copy", "-movflags", "+faststart",
-            str(work / "final.mp4"))  # fmt: skip
+    _concat(listing, work / "final.mp4")
     return time.perf_counter() - start
 
 
@@ -115,6 +119,18 @@ def _ffmpeg(*args: str) -> None:
     subprocess.run([get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-y", *args], check=True)
 
 
+def _split(source: Path, parts: Path, segment_seconds: float) -> None:
+    """``source`` cut into ``parts``/part-NNNNN.mp4 by stream copy at keyframes near every ``segment_seconds``."""
+    copy = f"-map 0 -c copy -f segment -segment_time {segment_seconds:g} -reset_timestamps 1".split()
+    _ffmpeg("-i", str(source), *copy, str(parts / "part-%05d.mp4"))
+
+
+def _concat(listing: Path, output: Path) -> None:
+    """The parts ``listing`` names (ffmpeg's concat list) joined into ``output`` by stream copy."""
+    copy = "-map 0 -c copy -movflags +faststart".split()
+    _ffmpeg("-f", "concat", "-safe", "0", "-i", str(listing), *copy, str(output))
+
+
 def bare_grayscale(source: Path, work: Path, segment_seconds: float, workers: int) -> float:
     """A plain script with the ffmpeg CLI, none of the project's code: segment by stream copy, grayscale each part
     with libx264 veryfast (``workers`` ffmpeg processes at once), concat by stream copy; its seconds."""
@@ -123,18 +139,14 @@ def bare_grayscale(source: Path, work: Path, segment_seconds: float, workers: in
     shutil.rmtree(work, ignore_errors=True)
     (work / "parts").mkdir(parents=True)
     start = time.perf_counter()
-    _ffmpeg("-i", str(source), "-map", "0", "-c", "copy", "-f", "segment", "-segment_time", f"{segment_seconds:g}",
-            "-reset_timestamps", "1", str(work / "parts" / "part-%05d.mp4"))  # fmt: skip
+    _split(source, work / "parts", segment_seconds)
     parts = sorted((work / "parts").glob("part-*.mp4"))
     outputs = [p.with_name(p.stem + "-gray.mp4") for p in parts]
     with Pool(workers) as pool:
-        list(pool.map(lambda io: _ffmpeg("-i", str(io[0]), "-map", "0", "-vf", "format=gray,format=yuv420p",
-                                         "-c:v", "libx264", "-preset", "veryfast", "-crf", "23", "-pix_fmt", "yuv420p",
-                                         "-c:a", "copy", str(io[1])), zip(parts, outputs)))  # fmt: skip
+        list(pool.map(lambda io: _ffmpeg("-i", str(io[0]), *GRAYSCALE, str(io[1])), zip(parts, outputs)))
     listing = work / "parts.txt"
     listing.write_text("".join(f"file '{o}'\n" for o in outputs))
-    _ffmpeg("-f", "concat", "-safe", "0", "-i", str(listing), "-map", "0", "-c", "copy", "-movflags", "+faststart",
-            str(work / "final.mp4"))  # fmt: skip
+    _concat(listing, work / "final.mp4")
     return time.perf_counter() - start
 
 
@@ -256,11 +268,14 @@ def local_stack_pieces(work: Path):
     from deployments.dynamodb_local import free_port
 
     saved = dict(os.environ)
-    os.environ.update({
-        "PIPELINES_DATA_DIR": str(work / "stack"), "PREFECT_SERVER_PORT": str(free_port()),
-        "PREFECT_POSTGRES_PORT": str(free_port()),
-        "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
-    })  # fmt: skip
+    os.environ.update(
+        {
+            "PIPELINES_DATA_DIR": str(work / "stack"),
+            "PREFECT_SERVER_PORT": str(free_port()),
+            "PREFECT_POSTGRES_PORT": str(free_port()),
+            "DYNAMODB_LOCAL_PORT": str(urlparse(os.environ["AWS_ENDPOINT_URL_DYNAMODB"]).port),
+        }
+    )
     from deployments import local_stack as stack  # reads the folder and ports above
 
     try:
@@ -272,8 +287,8 @@ def local_stack_pieces(work: Path):
         os.environ.update(stack.local_env())
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
             stack.ensure_work_pools()
-            stack._prefect("--no-prompt", "deploy", "--name", "video-process/local", "--name", "video-reassemble/local",
-                           "--name", "video-listen/local", quiet=True)  # fmt: skip
+            names = ("video-process/local", "video-reassemble/local", "video-listen/local")
+            stack._prefect("--no-prompt", "deploy", *(arg for name in names for arg in ("--name", name)), quiet=True)
             stack.ensure_listeners(worker_restarted=True)
             print(
                 f"(server, pools, deployments, worker and video listener up in {time.perf_counter() - t0:.1f} s, "
@@ -291,8 +306,11 @@ def _run_of_job(client, job_id: str):
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
-    runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["video-process"])), limit=50,
-                                 sort=FlowRunSort.EXPECTED_START_TIME_DESC)  # fmt: skip
+    runs = client.read_flow_runs(
+        flow_filter=FlowFilter(name=FlowFilterName(any_=["video-process"])),
+        limit=50,
+        sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+    )
     return next((r for r in runs if (r.parameters or {}).get("job_id") == job_id), None)
 
 
@@ -393,10 +411,14 @@ def user_path_vs_bare(source: Path, work: Path, segment_seconds: float, repeat: 
         + ", ".join(f"{part} {median(u[part] for u in users):.2f}" for part in ("listener", "poll", "start", "body"))
     )
     names = sorted({name for u in users for name in u["tasks"]})
-    print("  task runs in the flow (median of runs: count x, seconds summed over its runs): " + ", ".join(
-        f"{name} {median(u['tasks'].get(name, (0, 0))[0] for u in users):g}x "
-        f"{median(u['tasks'].get(name, (0, 0))[1] for u in users):.2f}"
-        for name in names))  # fmt: skip
+    print(
+        "  task runs in the flow (median of runs: count x, seconds summed over its runs): "
+        + ", ".join(
+            f"{name} {median(u['tasks'].get(name, (0, 0))[0] for u in users):g}x "
+            f"{median(u['tasks'].get(name, (0, 0))[1] for u in users):.2f}"
+            for name in names
+        )
+    )
     best = min(u["elapsed"] for u in users) / min(bare)
     ratio = median(u["elapsed"] for u in users) / median(bare)
     print(

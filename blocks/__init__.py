@@ -11,6 +11,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+# this folder under another sys.path entry joins the package: a pipeline's modules kept elsewhere (docs/design.md)
+__path__ = pkgutil.extend_path(__path__, __name__)
+
 from blocks.base import ConfigBlock, load_config
 from blocks.core import DynamoTables, ObjectStorage
 

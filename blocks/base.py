@@ -3,26 +3,53 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar, get_args, get_origin
 
 from prefect.blocks.core import Block
 
 DEFAULT_BLOCK_NAME = "default"
 B = TypeVar("B", bound="ConfigBlock")
+logger = logging.getLogger(__name__)
 
 
 class ConfigBlock(Block):
-    """A block whose scalar fields can be overridden by environment variables ``<_env_prefix><FIELD>``."""
+    """A block whose scalar fields can be overridden by environment variables ``<_env_prefix><FIELD>``.
+
+    Each pipeline's block has its own prefix (``ETL_``, ``GPU_``, ...), so its names cannot collide with another
+    tool's. ``_env_aliases`` lists other names a field is also read from (a seed's own variable names, each spelled
+    out): the prefixed name wins when both are set, and a warning says so when they disagree."""
 
     _env_prefix: ClassVar[str] = ""
+    _env_aliases: ClassVar[Mapping[str, str]] = {}  # alias variable name -> the field it sets
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable that overrides ``field``: ``<_env_prefix><FIELD>``."""
+        return f"{cls._env_prefix}{field}".upper()
+
+    @classmethod
+    def env_raw(cls, field: str) -> str | None:
+        """The text the environment sets ``field`` to: its prefixed name, else its alias, else None."""
+        raw = os.environ.get(cls.env_name(field))
+        for alias in (alias for alias, target in cls._env_aliases.items() if target == field):
+            aliased = os.environ.get(alias)
+            if aliased is None:
+                continue
+            if raw is None:
+                return aliased
+            if aliased != raw:
+                logger.warning("%s=%r wins over its alias %s=%r", cls.env_name(field), raw, alias, aliased)
+        return raw
 
     @classmethod
     def env_overrides(cls) -> dict[str, Any]:
         """Field values set in the environment, converted to the field's type."""
         values: dict[str, Any] = {}
         for name, info in cls.model_fields.items():
-            raw = os.environ.get(f"{cls._env_prefix}{name}".upper())
+            raw = cls.env_raw(name)
             if raw is None:
                 continue
             annotation = info.annotation

@@ -1,7 +1,9 @@
-"""Configuration of the NDJSON→Parquet ETL (seed 001), with the seed's names; env variables override."""
+"""Configuration of the NDJSON→Parquet ETL (seed 001); env ``ETL_<FIELD>`` overrides, and the seed's Lambda variable
+names (``TTL_DAYS``, ...) still do, as aliases."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 from pydantic import Field
@@ -12,10 +14,19 @@ __all__ = ["EtlSettings"]
 
 
 class EtlSettings(ConfigBlock):
-    """Batching, validation and storage settings of the ETL (env ``MAX_FILES_PER_MANIFEST`` etc. override)."""
+    """Batching, validation and storage settings of the ETL (env ``ETL_MAX_FILES_PER_MANIFEST`` etc. override)."""
 
     _block_type_name = "ETL Settings"
-    _env_prefix: ClassVar[str] = ""  # the seed's own variable names: MAX_FILES_PER_MANIFEST, TTL_DAYS, ...
+    _env_prefix: ClassVar[str] = "ETL_"
+    # the names seed 001's manifest_builder Lambda reads; ETL_<FIELD> wins when both are set
+    _env_aliases: ClassVar[Mapping[str, str]] = {
+        "MAX_FILES_PER_MANIFEST": "max_files_per_manifest",
+        "EXPECTED_FILE_SIZE_MB": "expected_file_size_mb",
+        "SIZE_TOLERANCE_PERCENT": "size_tolerance_percent",
+        "MIN_FILES_FOR_PARTIAL_BATCH": "min_files_for_partial_batch",
+        "TTL_DAYS": "ttl_days",
+        "NUM_STATUS_SHARDS": "num_status_shards",
+    }
 
     max_files_per_manifest: int = Field(default=10, description="Files per batch threshold.")
     expected_file_size_mb: float = Field(default=10, description="File validation centre (MB).")

@@ -132,9 +132,13 @@ def change_set(
     kind = "UPDATE" if status and status not in GONE and status not in FAILED_CREATE else "CREATE"
     name = name or f"pipelines-{time.strftime('%Y%m%d%H%M%S')}"
     cloudformation.create_change_set(
-        StackName=stack, ChangeSetName=name, ChangeSetType=kind, Capabilities=["CAPABILITY_IAM"],
-        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in sorted(parameters.items())], **template,
-    )  # fmt: skip
+        StackName=stack,
+        ChangeSetName=name,
+        ChangeSetType=kind,
+        Capabilities=["CAPABILITY_IAM"],
+        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in sorted(parameters.items())],
+        **template,
+    )
     while (described := cloudformation.describe_change_set(StackName=stack, ChangeSetName=name))["Status"] in (
         "CREATE_PENDING",
         "CREATE_IN_PROGRESS",
@@ -170,14 +174,17 @@ def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
 # --------------------------------------------------------------------------- the flow runs' pool
 
 
-def flow_run_environment(env: str, outputs: dict[str, str], catalog_database: str) -> dict[str, str]:
+def flow_run_environment(env: str, outputs: dict[str, str], parameters: dict[str, str]) -> dict[str, str]:
     """What every flow-run container is configured by, from the stack: its tables' env (and the tables the stack
-    renames), the store, the Glue database; the same as the listeners' task definitions carry."""
+    renames), the store, each pipeline's parameters its containers read; the same as the listeners' task
+    definitions carry."""
     from infra import cloudformation as cfn
     from tasks.health.cloudwatch import ENV_VARIABLE
 
-    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], "CATALOG_DATABASE": catalog_database,
-                 ENV_VARIABLE: env}  # fmt: skip
+    variables = {"TABLE_ENV": env, "OBJECT_STORE_BASE_URL": outputs["BucketUrl"], ENV_VARIABLE: env}
+    for parts in cfn.pipeline_parts():
+        given = parts.parameter_defaults() | {k: v for k, v in parameters.items() if k in parts.parameters and v}
+        variables |= {variable: given[parameter] for variable, parameter in parts.environment.items()}
     variables |= {
         f"TABLE_{logical.upper()}": name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()
     }
@@ -192,8 +199,6 @@ def pool_job_template(
     stack's flow-run log group, the Prefect API key from Secrets Manager (never in plaintext overrides), and the
     environment from the stack's ``Env``. A deployment's own job variables still win."""
     import copy
-
-    from blocks.etl import EtlSettings
 
     defaults: dict[str, Any] = {
         "cluster": outputs["EcsCluster"],
@@ -211,11 +216,7 @@ def pool_job_template(
             "awslogs-region": region,
             "awslogs-stream-prefix": "flow-run",
         },
-        "env": flow_run_environment(
-            parameters["Env"],
-            outputs,
-            parameters.get("CatalogDatabase") or EtlSettings.model_fields["catalog_database"].default,
-        ),
+        "env": flow_run_environment(parameters["Env"], outputs, parameters),
     }
     if parameters.get("PrefectApiKeySecretArn"):
         defaults["prefect_api_key_secret_arn"] = parameters["PrefectApiKeySecretArn"]
@@ -243,8 +244,9 @@ def image_tag() -> str:
     from infra.cloudformation import REPO_ROOT
 
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                           capture_output=True, text=True)  # fmt: skip
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     if commit.returncode != 0:
         raise RuntimeError("not a git checkout: give --image-tag")
     return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
@@ -265,13 +267,22 @@ def ensure_artifact_bucket(s3: Any, name: str) -> str:
     if name in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
         return "exists"
     region = s3.meta.region_name
-    s3.create_bucket(Bucket=name, **({} if region == "us-east-1" else {
-        "CreateBucketConfiguration": {"LocationConstraint": region}}))  # fmt: skip
-    private = {"BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
-               "RestrictPublicBuckets": True}  # fmt: skip
+    s3.create_bucket(
+        Bucket=name, **({} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}})
+    )
+    private = {
+        "BlockPublicAcls": True,
+        "IgnorePublicAcls": True,
+        "BlockPublicPolicy": True,
+        "RestrictPublicBuckets": True,
+    }
     s3.put_public_access_block(Bucket=name, PublicAccessBlockConfiguration=private)
-    s3.put_bucket_encryption(Bucket=name, ServerSideEncryptionConfiguration={
-        "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})  # fmt: skip
+    s3.put_bucket_encryption(
+        Bucket=name,
+        ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+        },
+    )
     return "created"
 
 
@@ -285,8 +296,13 @@ def build_and_push(ecr: Any, repository: str, tag: str) -> dict[str, Any]:
 
     token = ecr.get_authorization_token()["authorizationData"][0]
     username, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
-    built = build_docker_image(image_name=repository, tag=tag, dockerfile=str(REPO_ROOT / "Dockerfile"),
-                               platform="linux/amd64", path=str(REPO_ROOT))  # fmt: skip
+    built = build_docker_image(
+        image_name=repository,
+        tag=tag,
+        dockerfile=str(REPO_ROOT / "Dockerfile"),
+        platform="linux/amd64",
+        path=str(REPO_ROOT),
+    )
     credentials = {"username": username, "password": password, "registry_url": token["proxyEndpoint"]}
     push_docker_image(image_name=built["image_name"], tag=built["tag"], credentials=credentials)
     return {"image": built["image"]}
@@ -334,8 +350,10 @@ def apply_prefect(
             client.create_work_pool(WorkPoolCreate(name=ECS_WORK_POOL, type="ecs", base_job_template=template))
             done["pool"] = "created"
     renamed = {logical: name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()}
-    for block, wanted in ((DynamoTables, DynamoTables(env=env, names=renamed)),
-                          (ObjectStorage, ObjectStorage(base_url=outputs["BucketUrl"]))):  # fmt: skip
+    for block, wanted in (
+        (DynamoTables, DynamoTables(env=env, names=renamed)),
+        (ObjectStorage, ObjectStorage(base_url=outputs["BucketUrl"])),
+    ):
         fields = set(block.model_fields) - {"aws_credentials"}  # none in AWS: the task role grants access
         try:
             saved = block.load("default", validate=False).model_dump(include=fields)
@@ -352,19 +370,34 @@ def apply_prefect(
         return done
     say("prefect deploy --name ecs")
     repository, tag = image["image"].rsplit(":", 1)
-    variables = {"PIPELINES_IMAGE_REPOSITORY": repository, "PIPELINES_IMAGE_TAG": tag,
-                 "ECS_CLUSTER": outputs["EcsCluster"], "ECS_TASK_ROLE_ARN": outputs["EcsTaskRoleArn"],
-                 "ECS_EXECUTION_ROLE_ARN": outputs["EcsExecutionRoleArn"],
-                 "PIPELINES_BUCKET_URL": outputs["BucketUrl"],
-                 "PREFECT_API_URL": parameters["PrefectApiUrl"]}  # fmt: skip
+    variables = {
+        "PIPELINES_IMAGE_REPOSITORY": repository,
+        "PIPELINES_IMAGE_TAG": tag,
+        "ECS_CLUSTER": outputs["EcsCluster"],
+        "ECS_TASK_ROLE_ARN": outputs["EcsTaskRoleArn"],
+        "ECS_EXECUTION_ROLE_ARN": outputs["EcsExecutionRoleArn"],
+        "PIPELINES_BUCKET_URL": outputs["BucketUrl"],
+        "PREFECT_API_URL": parameters["PrefectApiUrl"],
+    }
     command = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "ecs"]
-    result = subprocess.run(command, cwd=cfn.REPO_ROOT, env={**os.environ, **variables}, capture_output=True,
-                            text=True)  # fmt: skip
+    result = subprocess.run(command, cwd=cfn.REPO_ROOT, env={**os.environ, **variables}, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError("prefect deploy --name ecs failed: " + (result.stdout + result.stderr)[-2000:])
     Variable.set(deploy_state_name(env), state, overwrite=True)
     done["deployments"] = "deployed"
     return done
+
+
+def pipelines_parameters(given: dict[str, str]) -> dict[str, str]:
+    """Every pipeline's own stack parameter: its value in ``given``, else its default; a name no pipeline declares
+    is refused (a typo would otherwise deploy the default silently)."""
+    from infra import cloudformation as cfn
+
+    values = {name: value for parts in cfn.pipeline_parts() for name, value in parts.parameter_defaults().items()}
+    unknown = sorted(set(given) - set(values))
+    if unknown:
+        raise ValueError(f"no pipeline declares the stack parameter(s) {unknown}; known: {sorted(values)}")
+    return values | given
 
 
 def deploy(
@@ -380,25 +413,33 @@ def deploy(
     assign_public_ip: str = "DISABLED",
     dry_run: bool = False,
     session: Any = None,
-    gpu_cluster: str = "",
-    video_endpoint_prefix: str = "",
+    pipeline_parameters: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`pipelines aws-stack deploy`: ECR repository, image, the stack by a change set through the artifact bucket, the
     pool, blocks and deployments on the Prefect server. Idempotent: a second run with nothing changed changes
-    nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes)."""
+    nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes).
+    ``pipeline_parameters``: values of the pipelines' own stack parameters (``Pipeline.aws``); the others take their
+    defaults."""
     import boto3
 
     from infra import cloudformation as cfn
 
+    pipelines = pipelines_parameters(pipeline_parameters or {})
     session = session or boto3.Session(region_name=region)
     account = session.client("sts").get_caller_identity()["Account"]
     stack, tag = f"pipelines-{env}", tag or image_tag()
     parameters = {
-        "Env": env, "BucketName": bucket or f"pipelines-{account}-{env}", "ImageTag": tag,
-        "PrefectApiUrl": prefect_api_url, "PrefectApiKeySecretArn": api_key_secret_arn, "VpcId": vpc,
-        "Subnets": ",".join(subnets), "SecurityGroups": ",".join(security_groups), "AssignPublicIp": assign_public_ip,
-        "GpuClusterName": gpu_cluster, "VideoEndpointPrefix": video_endpoint_prefix,  # the task role's grants on them
-    }  # fmt: skip
+        "Env": env,
+        "BucketName": bucket or f"pipelines-{account}-{env}",
+        "ImageTag": tag,
+        "PrefectApiUrl": prefect_api_url,
+        "PrefectApiKeySecretArn": api_key_secret_arn,
+        "VpcId": vpc,
+        "Subnets": ",".join(subnets),
+        "SecurityGroups": ",".join(security_groups),
+        "AssignPublicIp": assign_public_ip,
+    }
+    parameters |= pipelines
     result: dict[str, Any] = {"stack": stack, "parameters": parameters}
     s3, ecr = session.client("s3"), session.client("ecr")
     artifacts = f"pipelines-artifacts-{account}-{region}"

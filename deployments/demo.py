@@ -10,7 +10,6 @@ keeps both runs' records.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -18,26 +17,39 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from deployments import pipeline_module
 from deployments.local_stack import DATA, REPO_ROOT, local_env
+from tasks.core import registry
 
-# (sample module, the listener that starts its work) in the order a person would try them: data lands
-LANDED = [
-    ("phspectra", "phspectra-listen/local"),
-    ("etl", "ndjson-listen/local"),
-    ("video", "video-listen/local"),
-    ("records", "records-listen/local"),
-]
-DEPLOYED = [("gpu", "gpu-job/local")]  # started by a person (seed 002 has no data arrival)
-PIPELINES = [pipeline for pipeline, _ in LANDED + DEPLOYED]
-# started by the listeners and the pipelines themselves
-INDIRECT_FLOWS = [
-    "phspectra-survey",
-    "ndjson-ingest",
-    "ndjson-merge",
-    "video-process",
-    "video-reassemble",
-    "records-ingest",
-]
+SAMPLES = "deployments.samples"  # a pipeline's sample: make(workdir), drop(workdir, store), landed(...), report(...)
+
+
+def landed_samples() -> list[tuple[str, str]]:
+    """(pipeline, the listener deployment that starts its work) for each registered pipeline with a landing and a
+    sample (``deployments/samples/<name>.py``), in seed order: data lands, as in their seeds."""
+    return [
+        (p.name, f"{p.landing.flow}/local")
+        for p in registry.pipelines()
+        if p.landing is not None and pipeline_module(SAMPLES, p.name) is not None
+    ]
+
+
+def deployed_samples() -> list[tuple[str, str]]:
+    """(pipeline, deployment) for each registered pipeline with a sample but no landing: a person starts it (seed 002
+    has no data arrival); its sample names the deployment (``DEPLOYMENT``)."""
+    return [
+        (p.name, module.DEPLOYMENT)
+        for p in registry.pipelines()
+        if p.landing is None and (module := pipeline_module(SAMPLES, p.name)) is not None
+    ]
+
+
+def indirect_flows() -> list[str]:
+    """The flows the listeners and the pipelines start by themselves: the landed pipelines' own flows."""
+    landed = {pipeline for pipeline, _ in landed_samples()}
+    return [flow for p in registry.pipelines() if p.name in landed for flow in p.flows]
+
+
 LANDING_TIMEOUT_S = 600
 
 
@@ -90,7 +102,7 @@ def wait_until_idle(since: datetime, timeout_s: float = 300) -> None:
     with get_client(sync_client=True) as client:
         while time.monotonic() < deadline:
             busy = client.read_flow_runs(
-                flow_filter=FlowFilter(name=FlowFilterName(any_=INDIRECT_FLOWS)),
+                flow_filter=FlowFilter(name=FlowFilterName(any_=indirect_flows())),
                 flow_run_filter=FlowRunFilter(
                     state=FlowRunFilterState(
                         type=FlowRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED])
@@ -112,14 +124,14 @@ def wait_for_landings(dropped: dict[str, dict], timeout_s: float = LANDING_TIMEO
             if pipeline in took:
                 continue
             try:
-                done = importlib.import_module(f"deployments.samples.{pipeline}").landed(**params)
+                done = pipeline_module(SAMPLES, pipeline).landed(**params)
             except LookupError:
                 done = False
             if done:
                 took[pipeline] = time.monotonic() - started
                 print(f"   {pipeline}: done by itself after {took[pipeline]:.0f} s")
         time.sleep(2)
-    for pipeline, listener in LANDED:
+    for pipeline, listener in landed_samples():
         if pipeline in dropped and pipeline not in took:
             print(f"   {pipeline}: not done after {timeout_s:.0f} s: is {listener} running? (`make up` starts it)")
     return took
@@ -136,28 +148,31 @@ def main() -> int:
     results = {}
     started = time.monotonic()
     since = datetime.now(UTC)
-    for pipeline, listener in LANDED:
-        results[pipeline] = importlib.import_module(f"deployments.samples.{pipeline}").drop(workdir, store)
+    landed, deployed = landed_samples(), deployed_samples()
+    for pipeline, listener in landed:
+        results[pipeline] = pipeline_module(SAMPLES, pipeline).drop(workdir, store)
         print(f"\n== {pipeline}: dropped into its landing place for {listener}: {results[pipeline]}")
-    for pipeline, deployment in DEPLOYED:
-        params = importlib.import_module(f"deployments.samples.{pipeline}").make(workdir)
+    for pipeline, deployment in deployed:
+        params = pipeline_module(SAMPLES, pipeline).make(workdir)
         print(f"\n== {deployment}")
         state, seconds = run_deployment(deployment, params)
         print(f"   {state}  ({seconds:.0f} s)")
         results[pipeline] = params
     print("\n== waiting for the landed data to be processed by itself")
-    wait_for_landings({pipeline: results[pipeline] for pipeline, _ in LANDED})
-    # the ETL sample's dates are past days: the scheduled flush (hourly) closes their partial batches; run it now
-    print("\n== ndjson-flush-orphans/local")
-    state, seconds = run_deployment("ndjson-flush-orphans/local", {})
-    print(f"   {state}  ({seconds:.0f} s)")
+    wait_for_landings({pipeline: results[pipeline] for pipeline, _ in landed})
+    # what a sample leaves to a scheduled run (the ETL's past days' partial batches: the hourly flush) is run now
+    for pipeline, _ in landed:
+        for deployment in getattr(pipeline_module(SAMPLES, pipeline), "FOLLOW_UPS", ()):
+            print(f"\n== {deployment}")
+            state, seconds = run_deployment(deployment, {})
+            print(f"   {state}  ({seconds:.0f} s)")
     print("\n== waiting for the flow runs started by those (surveys, merges, reassembly, records batches)")
     wait_until_idle(since)
 
     print("\n" + "=" * 72 + "\nReport, read back from DynamoDB with the seeds' access patterns\n" + "=" * 72)
-    for pipeline in PIPELINES:
+    for pipeline, _ in landed + deployed:
         try:
-            text = importlib.import_module(f"deployments.samples.{pipeline}").report(**results[pipeline])
+            text = pipeline_module(SAMPLES, pipeline).report(**results[pipeline])
         except Exception as error:  # noqa: BLE001 - a report must not hide the others, whatever it raises
             text = f"{pipeline}: could not read the report: {error}"
         print(f"\n[{pipeline}]\n{text}")

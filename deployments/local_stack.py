@@ -591,7 +591,7 @@ def run_process(run) -> str:
     host: not this machine's to judge) or 'unknown' (no pid recorded)."""
     from prefect.client.schemas.objects import StateType
 
-    from tasks.gpu.backends import pid_alive, process_started_at
+    from tasks.core.processes import pid_alive, process_started_at
 
     if _recorded_elsewhere(run.infrastructure_pid):
         return "elsewhere"
@@ -918,14 +918,15 @@ def up() -> None:
 
 
 def register_extras() -> None:
-    """Pipeline-specific setup for the local stack (e.g. the GPU pipeline's local nodes)."""
-    try:
-        from deployments.ops import gpu
-    except ImportError:
-        return
-    register = getattr(gpu, "register_local_nodes", None)
-    if register is not None:
-        print(f"gpu nodes        {register()}")
+    """Each registered pipeline's own setup for the local stack: ``local_setup()`` in its ``deployments/ops/<name>.py``
+    where it defines one (the GPU pipeline's local nodes), each result printed on its own line."""
+    from deployments import pipeline_module
+    from tasks.core import registry
+
+    for declared in registry.pipelines():
+        setup = getattr(pipeline_module("deployments.ops", declared.name), "local_setup", None)
+        for label, result in (setup() if setup is not None else {}).items():
+            print(f"{label:16} {result}")
 
 
 def _stop_pid_file(name: str) -> str:

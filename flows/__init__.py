@@ -1,1 +1,6 @@
 """One module per pipeline; each flow reads like its seed's diagram."""
+
+import pkgutil
+
+# this folder under another sys.path entry joins the package: a pipeline's modules kept elsewhere (docs/design.md)
+__path__ = pkgutil.extend_path(__path__, __name__)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from prefect import get_run_logger, task
@@ -33,8 +33,7 @@ from flows.policies import TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.core import limits
 from tasks.core.notify import notify_on_failure
 from tasks.core.object_store import ObjectNotFound
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import quick_heartbeat_exit, today_iso, utc_now
+from tasks.core.runtime import today_iso, utc_now
 from tasks.etl import breaker as etl_breaker
 from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
@@ -44,9 +43,6 @@ from tasks.etl import reports as etl_reports
 from tasks.etl.ingest import ManifestRef
 from tasks.etl.keys import INPUT_PREFIX
 from tasks.landing.listener import listen, open_source
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 # --------------------------------------------------------------------------- tasks
 
@@ -454,43 +450,80 @@ def ndjson_merge(
     if own is None:
         print(f"{manifest_name}: already taken by another run")
     here = parallel_manifests <= 1
-    in_flight: dict[PrefectFuture | _MergedHere, _Taken] = {}
-    if own is not None:
-        in_flight[_submit_merge(own, config, target_file_mb, dask_scheduler, here)] = own
+
+    def submit(taken: _Taken) -> PrefectFuture | _MergedHere:
+        """This run's merge of one manifest it took."""
+        return _submit_merge(taken, config, target_file_mb, dask_scheduler, here)
+
+    in_flight: dict[PrefectFuture | _MergedHere, _Taken] = {} if own is None else {submit(own): own}
     outcomes: list[dict[str, Any]] = []
-    queue, deadline, taken, stop = _PendingQueue(), time.monotonic() + more_seconds, 0, ""
+    more = _MoreManifests(more_manifests, time.monotonic() + more_seconds, deployment)
     while True:
-        while not stop and len(in_flight) < max(1, parallel_manifests):
-            if taken >= more_manifests or time.monotonic() >= deadline:
-                stop = "bound" if more_manifests > 0 else "single"
-                break
-            ref = queue.next()
-            if ref is None:
-                stop = "none pending" if not in_flight else ""
-                break
-            if deployment is not None and not etl_breaker.admits(
-                etl_breaker.load(deployment), ref.date_prefix, ref.manifest_name
-            ):
-                stop = "breaker"  # the held manifests stay pending; closing the breaker starts them
-                break
-            more = _take(ref.date_prefix, ref.manifest_name, own=False)
-            if more is not None:
-                taken += 1
-                in_flight[_submit_merge(more, config, target_file_mb, dask_scheduler, here)] = more
+        _take_more(in_flight, more, parallel_manifests, submit)
         if not in_flight:
             break
         done = next(iter(in_flight)) if here else next(as_completed(list(in_flight)))
         outcomes.append(_finish_merged(in_flight.pop(done), done, config))
         if outcomes[-1]["manifest_status"] == etl_merge.FAILED:
-            stop = "failed"  # the run fails after what is in flight: the breaker counts it, a next run goes on
-    if (
-        stop in ("bound", "failed")
-        and deployment is not None
-        and (left := pending_manifests_task(older_than_seconds=0))
-    ):
-        etl.launch_merges(left[:1], etl.deployment_launcher(deployment))  # the chain goes on in a new run
+            more.stop = "failed"  # the run fails after what is in flight: the breaker counts it, a next run goes on
+    _hand_on(more)
     if len(outcomes) > 1:
         _merge_summary_artifact(outcomes)
+    return _merge_result(outcomes, own, manifest_name)
+
+
+@dataclass
+class _MoreManifests:
+    """The further pending manifests a merge run takes: its bounds (how many, until when, the breaker's deployment),
+    what it took and why it stopped taking ("" while it goes on)."""
+
+    limit: int
+    deadline: float
+    deployment: str | None
+    queue: _PendingQueue = field(default_factory=_PendingQueue)
+    taken: int = 0
+    stop: str = ""
+
+
+def _take_more(
+    in_flight: dict[PrefectFuture | _MergedHere, _Taken],
+    more: _MoreManifests,
+    parallel_manifests: int,
+    submit: Callable[[_Taken], PrefectFuture | _MergedHere],
+) -> None:
+    """Take pending manifests (``pending → processing``) and submit their merges until ``parallel_manifests`` are in
+    flight, none is pending now, or the taking stops (its bound, its deadline, the breaker)."""
+    while not more.stop and len(in_flight) < max(1, parallel_manifests):
+        if more.taken >= more.limit or time.monotonic() >= more.deadline:
+            more.stop = "bound" if more.limit > 0 else "single"
+            return
+        ref = more.queue.next()
+        if ref is None:
+            more.stop = "none pending" if not in_flight else ""
+            return
+        if more.deployment is not None and not etl_breaker.admits(
+            etl_breaker.load(more.deployment), ref.date_prefix, ref.manifest_name
+        ):
+            more.stop = "breaker"  # the held manifests stay pending; closing the breaker starts them
+            return
+        taken = _take(ref.date_prefix, ref.manifest_name, own=False)
+        if taken is not None:
+            more.taken += 1
+            in_flight[submit(taken)] = taken
+
+
+def _hand_on(more: _MoreManifests) -> None:
+    """A run stopped by its bound or a failure with manifests still pending announces one: the next run takes them."""
+    if (
+        more.stop in ("bound", "failed")
+        and more.deployment is not None
+        and (left := pending_manifests_task(older_than_seconds=0))
+    ):
+        etl.launch_merges(left[:1], etl.deployment_launcher(more.deployment))  # the chain goes on in a new run
+
+
+def _merge_result(outcomes: list[dict[str, Any]], own: _Taken | None, manifest_name: str) -> dict[str, Any]:
+    """The run's answer: the first manifest's outcome with every manifest's status; raises when any failed."""
     failed = [o for o in outcomes if o["manifest_status"] == etl_merge.FAILED]
     if failed:
         raise RuntimeError(
@@ -598,7 +631,9 @@ def ndjson_listen(
             rescan_seconds=rescan_seconds,
         )
 
-    launch = lambda made: _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)  # noqa: E731
+    def launch(made: list[ManifestRef]) -> list[dict[str, Any]]:
+        return _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)
+
     print(
         f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s"
     )

@@ -33,15 +33,11 @@ from blocks import load_config
 from blocks.gpu import GpuCompute
 from flows.policies import pipeline_flow
 from tasks import reconcile
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import artifact_key, quick_heartbeat_exit
+from tasks.core.runtime import artifact_key
 from tasks.gpu import jobs as gpu
 from tasks.gpu import keys
 from tasks.gpu.backends import make_backend
 from tasks.gpu.health import HealthResult
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 DEFAULT_COMMAND = "python3 -c \"import os; print('hello from', os.environ['NODE_NAME'])\""
 

@@ -14,14 +14,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.policies import HEAVY_RETRIES, pipeline_flow
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import quick_heartbeat_exit
 from tasks.health.cloudwatch import publish_readings
 from tasks.health.dashboard import dashboard
 from tasks.health.run import check_health
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 check_task = task(check_health, name="check-health", **HEAVY_RETRIES)
 dashboard_task = task(dashboard, name="dashboard", **HEAVY_RETRIES)

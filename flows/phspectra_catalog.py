@@ -17,12 +17,8 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.policies import pipeline_flow
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import artifact_key, quick_heartbeat_exit, run_logger
+from tasks.core.runtime import artifact_key, run_logger
 from tasks.phspectra import catalog, survey_status
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()
 
 survey_status_task = task(survey_status.survey_status, name="survey-status", cache_policy=NO_CACHE)
 build_catalog_task = task(catalog.build_catalog, name="build-survey-catalog", cache_policy=NO_CACHE)
@@ -32,11 +28,15 @@ def publish_survey(status: dict[str, Any], built: dict[str, Any] | None = None) 
     """The survey's progress (tiles finished), its tile table and a markdown summary as artifacts keyed by survey."""
     survey = status["survey"]
     create_progress_artifact(
-        survey_status.progress_percent(status), key=artifact_key("phspectra-survey-progress", survey),
+        survey_status.progress_percent(status),
+        key=artifact_key("phspectra-survey-progress", survey),
         description=f"Tiles of survey {survey} finished",
-    )  # fmt: skip
-    create_table_artifact(key=artifact_key("phspectra-survey-tiles", survey), table=status["tiles"],
-                          description=f"Tiles of survey {survey}, each its newest run")  # fmt: skip
+    )
+    create_table_artifact(
+        key=artifact_key("phspectra-survey-tiles", survey),
+        table=status["tiles"],
+        description=f"Tiles of survey {survey}, each its newest run",
+    )
     finished = status["tiles_completed"] + status["tiles_failed"]
     markdown = (
         f"# PHSpectra survey `{survey}`: {finished} / {status['tiles_total']} tiles finished\n\n"
@@ -53,8 +53,11 @@ def publish_survey(status: dict[str, Any], built: dict[str, Any] | None = None) 
             + (f", no completed run for {', '.join(built['missing'])}" if built["missing"] else "")
             + "\n"
         )
-    create_markdown_artifact(key=artifact_key("phspectra-survey", survey), markdown=markdown,
-                             description=f"Survey {survey}: tiles and catalog")  # fmt: skip
+    create_markdown_artifact(
+        key=artifact_key("phspectra-survey", survey),
+        markdown=markdown,
+        description=f"Survey {survey}: tiles and catalog",
+    )
 
 
 def survey_progress(survey: str, catalog_url: str | None = None) -> dict[str, Any] | None:
@@ -70,8 +73,12 @@ def survey_progress(survey: str, catalog_url: str | None = None) -> dict[str, An
     except Exception as error:  # noqa: BLE001 - the survey view is redone by phspectra-survey-catalog
         run_logger(__name__).warning(
             "survey %s: progress or catalog not updated (%s: %s); run `prefect deployment run "
-            "'phspectra-survey-catalog/local' --param survey=%s`", survey, type(error).__name__, error, survey,
-        )  # fmt: skip
+            "'phspectra-survey-catalog/local' --param survey=%s`",
+            survey,
+            type(error).__name__,
+            error,
+            survey,
+        )
         return None
 
 

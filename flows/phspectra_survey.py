@@ -41,16 +41,12 @@ from flows.phspectra_catalog import survey_progress
 from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow
 from tasks import reconcile
 from tasks.core import limits
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import artifact_key, iso_ago, quick_heartbeat_exit
+from tasks.core.runtime import artifact_key, iso_ago
 from tasks.landing.listener import listen_report, open_source
 from tasks.phspectra import keys
 from tasks.phspectra import landing as ph_landing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
 
 split_cube_task = task(ph.split_cube, name="split-cube", cache_policy=NO_CACHE)
 # no cpu-heavy tag: a chunk's fit runs on its process's fitting slots (``fitting_slots``), not on a core of its own,
@@ -103,9 +99,14 @@ def fit_chunks(
     """
     logger = get_run_logger()
     futures = fit_chunk_task.map(
-        unmapped(run_id), starts, output_url=unmapped(output_url), time_limit_s=unmapped(time_limit_s),
-        take_expired=unmapped(take_expired), lease_seconds=unmapped(lease_seconds), fit_slots=unmapped(fit_slots),
-    )  # fmt: skip
+        unmapped(run_id),
+        starts,
+        output_url=unmapped(output_url),
+        time_limit_s=unmapped(time_limit_s),
+        take_expired=unmapped(take_expired),
+        lease_seconds=unmapped(lease_seconds),
+        fit_slots=unmapped(fit_slots),
+    )
     results: list[dict[str, Any]] = []
     for done, future in enumerate(as_completed(futures), start=1):
         result = future.result(raise_on_failure=False)
@@ -181,8 +182,11 @@ def phspectra_survey(
         logger.info("resuming run %s: %d chunk(s) to fit, %d for the slow lane", run_id, len(starts), len(slow_starts))
     else:
         if not (cube_url and survey):
-            raise ValueError(f"no run {run_id} to resume; a new run needs cube_url and survey" if run_id
-                             else "a new run needs cube_url and survey (a resume needs only run_id)")  # fmt: skip
+            raise ValueError(
+                f"no run {run_id} to resume; a new run needs cube_url and survey"
+                if run_id
+                else "a new run needs cube_url and survey (a resume needs only run_id)"
+            )
         if not (dask_address or dask_workers):
             warm_up(fitting_slots(workers))  # the fitting fork server starts while the cube is split
         run_id = run_id or str(uuid.uuid4())
@@ -236,7 +240,6 @@ def phspectra_sweep_stuck(
     lease) into the run's own ``output_url``, runs the slow lane and finalizes it. In a run still driven, only
     chunks whose lease expired are re-driven. Its own fits hold leases of ``lease_seconds``.
     """
-    logger = get_run_logger()
     swept: dict[str, Any] = {}
     runs = ph.active_runs(survey)
     drivers = reconcile.prefect_states([r.get("driver_flow_run_id") for r in runs], [])
@@ -244,61 +247,86 @@ def phspectra_sweep_stuck(
         run_id = run["PK"]
         driver = drivers.get(str(run.get("driver_flow_run_id")))
         if ph.orphaned(run, driver is not None and driver.type in reconcile.TERMINAL, iso_ago(quiet_minutes * 60)):
-            attempts = int(run.get("sweep_attempts", 0))
-            reason = None
-            if (
-                driver is not None and driver.type == "CANCELLED"
-            ):  # a person stopped it: finish it as FAILED, not re-drive
-                reason = (
-                    f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); "
-                    "resume with run_id"
-                )
-            elif attempts >= max_sweeps:
-                reason = f"gave up after {attempts} sweeps: {ph.unfinished(ph.summarize(run_id))}"
-            if reason:
-                summary = give_up_task(run_id, reason)
-                logger.error("run %s closed as %s: %s", run_id, summary.get("status"), reason)
-                publish_summary(summary)
-                swept[run_id] = {"redriven": [], "status": summary["status"]}
-                continue
-            if not ph.take_over(run):
-                continue  # another sweeper (or a resume) took it first
-            try:
-                complete_split_task(run_id)
-            except ValueError as error:
-                summary = give_up_task(run_id, str(error))
-                publish_summary(summary)
-                swept[run_id] = {"redriven": [], "status": summary["status"]}
-                continue
-            stuck, slow = ph.chunks_to_fit(run_id)  # the dead driver's IN_PROGRESS chunks too: their leases expired
-            why = f"driver {driver.name}" if driver is not None and driver.type in reconcile.TERMINAL else "quiet"
-            logger.warning(
-                "run %s orphaned (%s): re-driving %d chunk(s), slow lane %d", run_id, why, len(stuck), len(slow)
-            )
+            reason = _why_close(run, driver, max_sweeps)
+            work = _close_run(run_id, reason, logged=True) if reason else _take_orphan(run, driver)
         else:
-            stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_expired_task(run_id)]
-            slow = []
-            if not stuck:
-                continue
-            logger.warning("run %s: %d chunk(s) whose lease expired %s, re-driving", run_id, len(stuck), stuck)
-        results = []
-        if stuck or slow:
-            results = fit_chunks.with_options(task_runner=task_runner(workers))(
-                run_id,
-                stuck,
-                slow,
-                run.get("output_url"),
-                time_limit_s,
-                take_expired=True,
-                lease_seconds=lease_seconds,
-                fit_slots=fitting_slots(workers),
-            )
-        summary = aggregate_task(run_id)
-        if summary["status"] != ph.RUN_RUNNING:
-            publish_summary(summary)
-        swept[run_id] = {"redriven": sorted(r["start"] for r in results if r.get("outcome") == "completed"),
-                         "status": summary["status"]}  # fmt: skip
+            work = _expired_chunks(run_id)
+        if isinstance(work, dict):  # closed
+            swept[run_id] = work
+        elif work is not None:
+            swept[run_id] = _redrive(run, *work, time_limit_s, workers, lease_seconds)
     return swept
+
+
+def _why_close(run: dict[str, Any], driver: Any, max_sweeps: int) -> str | None:
+    """Why an orphaned run is closed, not re-driven: a person cancelled its flow run, or its sweeps ran out."""
+    run_id, attempts = run["PK"], int(run.get("sweep_attempts", 0))
+    if driver is not None and driver.type == "CANCELLED":  # a person stopped it: finish it as FAILED, not re-drive
+        return f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); resume with run_id"
+    if attempts >= max_sweeps:
+        return f"gave up after {attempts} sweeps: {ph.unfinished(ph.summarize(run_id))}"
+    return None
+
+
+def _close_run(run_id: str, reason: str, logged: bool = False) -> dict[str, Any]:
+    """Close the run with ``reason`` (the give-up task) and show its summary; the sweep's entry for it."""
+    summary = give_up_task(run_id, reason)
+    if logged:
+        get_run_logger().error("run %s closed as %s: %s", run_id, summary.get("status"), reason)
+    publish_summary(summary)
+    return {"redriven": [], "status": summary["status"]}
+
+
+def _take_orphan(run: dict[str, Any], driver: Any) -> tuple[list[int], list[int]] | dict[str, Any] | None:
+    """Take an orphaned run over and finish its split: the chunks to fit and its slow lane; the sweep's entry when
+    the split cannot finish (closed); None when another sweeper (or a resume) took it first."""
+    run_id = run["PK"]
+    if not ph.take_over(run):
+        return None
+    try:
+        complete_split_task(run_id)
+    except ValueError as error:
+        return _close_run(run_id, str(error))
+    stuck, slow = ph.chunks_to_fit(run_id)  # the dead driver's IN_PROGRESS chunks too: their leases expired
+    why = f"driver {driver.name}" if driver is not None and driver.type in reconcile.TERMINAL else "quiet"
+    get_run_logger().warning(
+        "run %s orphaned (%s): re-driving %d chunk(s), slow lane %d", run_id, why, len(stuck), len(slow)
+    )
+    return stuck, slow
+
+
+def _expired_chunks(run_id: str) -> tuple[list[int], list[int]] | None:
+    """In a run still driven: the chunks whose lease expired (no slow lane), or None when there are none."""
+    stuck = [ph.keys.chunk_start_from_sk(c["SK"]) for c in find_expired_task(run_id)]
+    if not stuck:
+        return None
+    get_run_logger().warning("run %s: %d chunk(s) whose lease expired %s, re-driving", run_id, len(stuck), stuck)
+    return stuck, []
+
+
+def _redrive(
+    run: dict[str, Any], stuck: list[int], slow: list[int], time_limit_s: float, workers: int, lease_seconds: float
+) -> dict[str, Any]:
+    """Fit the chunks and the slow lane again (own leases of ``lease_seconds``), aggregate: the run's sweep entry."""
+    run_id, results = run["PK"], []
+    if stuck or slow:
+        results = fit_chunks.with_options(task_runner=task_runner(workers))(
+            run_id,
+            stuck,
+            slow,
+            run.get("output_url"),
+            time_limit_s,
+            take_expired=True,
+            lease_seconds=lease_seconds,
+            fit_slots=fitting_slots(workers),
+        )
+    summary = aggregate_task(run_id)
+    if summary["status"] != ph.RUN_RUNNING:
+        publish_summary(summary)
+    return {
+        "redriven": sorted(r["start"] for r in results if r.get("outcome") == "completed"),
+        "status": summary["status"],
+    }
 
 
 @pipeline_flow("phspectra-listen")
@@ -316,9 +344,16 @@ def phspectra_listen(
     ``source``: "local" watches the object store's ``surveys/incoming/``, "sqs" reads its S3 notifications.
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)  # noqa: E731
+
+    def events():
+        return open_source(source, ph_landing.PIPELINE, None, keys.SURVEY_INCOMING_PREFIX, None)
+
     return listen_report(
-        "phspectra-listen", events, lambda batch: ph_landing.handle_landings(batch, survey_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds,
-        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
-    )  # fmt: skip
+        "phspectra-listen",
+        events,
+        lambda batch: ph_landing.handle_landings(batch, survey_deployment),
+        batch_size=batch_size,
+        batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds,
+        wait_seconds=wait_seconds,
+    )

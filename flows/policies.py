@@ -1,4 +1,5 @@
-"""What every pipeline flow shares: its failure alert and timeout (``pipeline_flow``) and its tasks' retries.
+"""What every pipeline flow shares: its failure alert and timeout (``pipeline_flow``), its tasks' retries, and the
+preamble every flow module needs when it loads (the heartbeat fix, redacted run logs), run by ``pipeline_flow``.
 
 Only the flows import this module (tasks/ stays free of Prefect flow settings).
 """
@@ -13,6 +14,8 @@ from prefect import Flow
 
 from tasks.core import limits
 from tasks.core.notify import notify_on_failure
+from tasks.core.redact import redact_logs
+from tasks.core.runtime import quick_heartbeat_exit
 
 Alert = Literal["failed-or-crashed", "crashed"] | None
 Hook = Callable[..., None]
@@ -49,7 +52,12 @@ def pipeline_flow(
 ) -> Callable[[Callable[..., Any]], Flow]:
     """``@flow(name=name, ...)`` as the pipelines run it: prints logged, the flow's timeout from ``limits`` (unless
     ``options`` gives one), ``alert``'s notify hooks after the flow's own ``on_failure``/``on_crashed`` hooks;
-    ``flow_class`` for a Flow subclass, further ``options`` as ``@flow`` takes them."""
+    ``flow_class`` for a Flow subclass, further ``options`` as ``@flow`` takes them.
+
+    Declaring a flow also runs the flow modules' preamble (once per process): a worker loads a flow's file by path,
+    not as a package, and every flow is declared here, so no flow module can load without it."""
+    quick_heartbeat_exit()  # sync flow runs end without waiting out the heartbeat thread's sleep
+    redact_logs()  # run logs (and Prefect's tracebacks) quote URLs, never their credentials
     alert_on_failure, alert_on_crashed = _alert_hooks(alert)
     options.setdefault("timeout_seconds", limits.flow_timeout(name))
     settings = dict(

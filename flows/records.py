@@ -20,16 +20,12 @@ from prefect.artifacts import create_table_artifact
 
 from flows.policies import HEAVY_RETRIES, TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks import reconcile
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import quick_heartbeat_exit, utc_now
+from tasks.core.errors import RefusedInput
+from tasks.core.runtime import utc_now
 from tasks.landing.listener import listen_report, open_source
 from tasks.records import keys
 from tasks.records import landing as records_landing
 from tasks.records import messages as records_messages
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
-
 
 # The Prefect server stores a flow run's parameters as given but serves them back through orjson, which refuses
 # integers beyond 64 bits: one such run makes every flow-run listing that includes it answer 500 (Prefect issue
@@ -38,7 +34,7 @@ JSON_INTS = (-(2**63), 2**64 - 1)
 PARAMETERS_BYTES = 512 * 1024
 
 
-class UnservableParameters(ValueError):
+class UnservableParameters(RefusedInput):
     """Flow-run parameters the Prefect server could not serve back: refused before the run is created."""
 
 
@@ -144,10 +140,14 @@ def records_listen(
         )
 
     return listen_report(
-        "records-listen", events, lambda batch: records_landing.handle_messages(batch, ingest_batch),
-        batch_size=batch_size, batch_seconds=batch_seconds,
-        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
-    )  # fmt: skip
+        "records-listen",
+        events,
+        lambda batch: records_landing.handle_messages(batch, ingest_batch),
+        batch_size=batch_size,
+        batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds,
+        wait_seconds=wait_seconds,
+    )
 
 
 @pipeline_flow("records-replay-dla", flow_class=CheckedFlow)

@@ -12,10 +12,7 @@ from typing import Any
 from prefect import task
 
 from flows.policies import pipeline_flow, retry_policy
-from tasks.core.runtime import quick_heartbeat_exit
 from tasks.retention.sweep import apply_retention
-
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
 
 # it walks every table and the store: a busy one gets a minute
 retention_task = task(apply_retention, name="apply-retention", **retry_policy(10, 60))

@@ -18,29 +18,17 @@ from prefect.futures import as_completed
 
 from blocks import VideoInference, load_config
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow
-from tasks.core import keys, limits
-from tasks.core.redact import redact_logs
-from tasks.core.runtime import quick_heartbeat_exit
+from tasks.core import limits
+from tasks.core.errors import RefusedInput
 from tasks.landing.listener import listen_report, open_source
 from tasks.video import inference as video_inference
 from tasks.video import jobs as v
 from tasks.video import keys as video_keys
 from tasks.video import landing as video_landing
-from tasks.video.ffmpeg import FfmpegRefused, InvalidMedia
+from tasks.video.keys import JobId
 
-quick_heartbeat_exit()  # in every flow module: a worker loads the file by path, not as a package
-redact_logs()  # likewise: run logs (and Prefect's tracebacks) quote URLs, never their credentials
-
-
-FINAL_ERRORS = (
-    InvalidMedia,
-    FfmpegRefused,
-    video_inference.InferenceRefused,
-    keys.InvalidKey,
-    LookupError,
-    ValueError,
-    v.JobFailed,
-)
+# RefusedInput: bad media, a bad id, ffmpeg's or the backend's refusal of the input
+FINAL_ERRORS = (RefusedInput, LookupError, ValueError, v.JobFailed)
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:
@@ -82,10 +70,10 @@ cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", **RETRIED
 @pipeline_flow("video-reassemble")
 def video_reassemble(job_id: str, stale_after_s: float = 900.0) -> dict[str, Any]:
     """Reassembly worker: claim the lock, concat from the completion store, final.mp4, job completed."""
-    return _reassemble(keys.safe_id(job_id, "job_id"), stale_after_s)
+    return _reassemble(video_keys.parse_job_id(job_id), stale_after_s)
 
 
-def _reassemble(job_id: str, stale_after_s: float) -> dict[str, Any]:
+def _reassemble(job_id: JobId, stale_after_s: float) -> dict[str, Any]:
     """The reassemble task in this flow run (it claims the lock first); a failure after retries fails the job."""
     try:
         result = reassemble_task(job_id, stale_after_s=stale_after_s)
@@ -97,7 +85,7 @@ def _reassemble(job_id: str, stale_after_s: float) -> dict[str, Any]:
     return result
 
 
-def start_reassembly(job_id: str, deployment: str | None, stale_after_s: float = 900.0) -> dict[str, Any]:
+def start_reassembly(job_id: JobId, deployment: str | None, stale_after_s: float = 900.0) -> dict[str, Any]:
     """Send the job to reassembly: a `video-reassemble` deployment run when named, else the flow in-process."""
     if deployment:
         from prefect.deployments import run_deployment
@@ -121,7 +109,7 @@ def _bounded_submit(task_, items: list[str], limit: int, **kwargs: Any) -> list:
     return futures
 
 
-def _fail(job_id: str, reason: str) -> None:
+def _fail(job_id: JobId, reason: str) -> None:
     reason = v.public_reason(reason)  # object keys, no secrets: the same text in the record, the log and alerts
     fail_job_task(job_id, reason)
     get_run_logger().error(f"video job {job_id} failed: {reason}")
@@ -160,7 +148,7 @@ def video_process(
             _fail(job_id, f"import of the source failed: {error}")
     if job_id is None:
         raise ValueError("give a job_id (source uploaded to input/{job_id}/source.mp4) or a source_url")
-    keys.safe_id(job_id, "job_id")
+    job_id = video_keys.parse_job_id(job_id)  # the one check: every step below gets the JobId
 
     if reopen_task(job_id):  # the documented re-run of a failed job: old attempt cleared, failed -> created
         print(f"video job {job_id} was failed: cleared and re-run")
@@ -225,7 +213,7 @@ def video_delete_cleanup(job_id: str | None = None) -> dict[str, dict[str, int]]
 
     With no ``job_id`` (the scheduled run) it sweeps every deleted job whose cleanup has not finished.
     """
-    job_ids = [keys.safe_id(job_id, "job_id")] if job_id else v.deleted_jobs_awaiting_cleanup()
+    job_ids = [video_keys.parse_job_id(job_id)] if job_id else v.deleted_jobs_awaiting_cleanup()
     removed = {}
     for one in job_ids:
         removed[one] = cleanup_task(one)
@@ -249,9 +237,16 @@ def video_listen(
     over at once (the user waits for their video, not for a batch to fill).
     Runs for ``max_runtime_seconds`` (0: until cancelled); the deployment restarts it.
     """
-    events = lambda: open_source(source, video_landing.PIPELINE, None, video_keys.VIDEO_INPUT_PREFIX, [".mp4"])  # noqa: E731
+
+    def events():
+        return open_source(source, video_landing.PIPELINE, None, video_keys.VIDEO_INPUT_PREFIX, [".mp4"])
+
     return listen_report(
-        "video-listen", events, lambda batch: video_landing.handle_uploads(batch, process_deployment),
-        batch_size=batch_size, batch_seconds=batch_seconds,
-        max_runtime_seconds=max_runtime_seconds, wait_seconds=wait_seconds,
-    )  # fmt: skip
+        "video-listen",
+        events,
+        lambda batch: video_landing.handle_uploads(batch, process_deployment),
+        batch_size=batch_size,
+        batch_seconds=batch_seconds,
+        max_runtime_seconds=max_runtime_seconds,
+        wait_seconds=wait_seconds,
+    )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,10 @@ import yaml
 from prefect_aws.observers.ecs import SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS
 from prefect_aws.settings import EcsObserverSqsSettings
 
-from blocks.etl import EtlSettings
 from tasks.core import limits
-from tasks.core.registry import default_table_names, landings, table_specs
-from tasks.core.tables import _create_request
-from tasks.etl import keys
-from tasks.gpu.backends import GPU_CLUSTER_TAG
+from tasks.core.aws_template import AwsParts, ref, sub
+from tasks.core.registry import default_table_names, hooks, landings, table_specs
+from tasks.core.tables import create_request
 from tasks.health import cloudwatch as health_metrics
 from tasks.health.checks import severity_of
 from tasks.landing import sqs
@@ -37,9 +34,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE_PATH = REPO_ROOT / "infra" / "pipelines.template.json"
 ENV = "${Env}"  # default_names/QueueSpec.names fill {env} with it: Fn::Sub turns it into the stack's Env
 LOG_RETENTION_DAYS = limits.PREFECT_RETENTION_DAYS  # seed 001: log_retention_days = 3
-# seed 001: records expire 30 days after they end (TTL_DAYS); the objects that explain them (a manifest, its run
-# reports, a quarantined file with its reason) are kept as long
-OBJECT_RETENTION_DAYS = EtlSettings.model_fields["ttl_days"].default
 INCOMPLETE_UPLOAD_DAYS = 1  # a writer killed mid-upload leaves parts no reader sees but S3 bills
 NONCURRENT_VERSION_DAYS = 7  # an overwritten or deleted object can be restored for a week
 QUEUE_RETENTION_S = 4 * 24 * 3600  # SQS's default, stated: an arrival not taken in 4 days goes (its object stays)
@@ -80,16 +74,6 @@ LISTENER_HEALTH_CHECK = health_check(
 # a listener's service runs one run of its ecs deployment in the container (deployments/ecs_listener.py), so the
 # run is the deployment's (the UI and landing-listener-not-running see it) and ECS alone supervises it
 LISTENER_COMMAND = ["python", "-m", "deployments.ecs_listener"]
-
-
-def sub(text: str) -> dict[str, str]:
-    """``Fn::Sub`` of ``text``."""
-    return {"Fn::Sub": text}
-
-
-def ref(name: str) -> dict[str, str]:
-    """``Ref`` of a parameter or resource."""
-    return {"Ref": name}
 
 
 def get_att(logical: str, attribute: str) -> dict[str, list[str]]:
@@ -134,9 +118,14 @@ def listener_deployments() -> dict[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- parameters
 
 
+def pipeline_parts() -> list[AwsParts]:
+    """Each pipeline's own parts of the stack (``Pipeline.aws``), in seed order."""
+    return [parts for _, parts in hooks("aws")]
+
+
 def parameters() -> dict[str, Any]:
-    """The stack's inputs: environment, image, network, the Prefect API."""
-    return {
+    """The stack's inputs: environment, image, network, the Prefect API, then each pipeline's own."""
+    common = {
         "Env": {
             "Type": "String",
             "Default": "prod",
@@ -178,32 +167,18 @@ def parameters() -> dict[str, Any]:
             "Type": "List<AWS::EC2::SecurityGroup::Id>",
             "Description": "Security groups of those tasks (the flow runs' too)",
         },
-        "CatalogDatabase": {
-            "Type": "String",
-            "Default": EtlSettings.model_fields["catalog_database"].default,
-            "AllowedPattern": "[a-z0-9_]+",
-            "Description": "Glue database the ETL merge registers its Parquet partitions in (CATALOG_DATABASE)",
-        },
-        "GpuClusterName": {
-            "Type": "String",
-            "Default": "",
-            "AllowedPattern": "[A-Za-z0-9_-]{0,255}",
-            "Description": "ECS cluster of your GPU instances (GpuCompute.cluster_name, the gpu pipeline's ecs "
-            "backend); empty: the task role gets no GPU-cluster permissions",
-        },
-        "VideoEndpointPrefix": {
-            "Type": "String",
-            "Default": "",
-            "AllowedPattern": "[a-z0-9-]{0,63}",
-            "Description": "Name prefix of your SageMaker async endpoints (VideoInference.endpoint_name, the video "
-            "pipeline's sagemaker backend); empty: the task role may invoke none",
-        },
         "AssignPublicIp": {
             "Type": "String",
             "Default": "DISABLED",
             "AllowedValues": ["ENABLED", "DISABLED"],
             "Description": "ENABLED only in public subnets without a NAT gateway (to reach ECR and Prefect)",
         },
+    }
+    assign = common.pop("AssignPublicIp")  # stays last, after the pipelines' own
+    return {
+        **common,
+        **{k: v for parts in pipeline_parts() for k, v in parts.parameters.items()},
+        "AssignPublicIp": assign,
     }
 
 
@@ -227,17 +202,23 @@ def table_resources() -> dict[str, Any]:
     names = stack_table_names()
     resources = {}
     for logical, spec in table_specs().items():
-        properties = _create_request(names[logical], spec)
+        properties = create_request(names[logical], spec)
         properties["TableName"] = sub(properties["TableName"])
         properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
         properties["SSESpecification"] = {"SSEEnabled": True}
         if spec.ttl_attribute:
             properties["TimeToLiveSpecification"] = {"AttributeName": spec.ttl_attribute, "Enabled": True}
         resources[logical_id("table", logical)] = {
-            "Type": "AWS::DynamoDB::Table", "Properties": properties,
-            "Metadata": skip(("CKV_AWS_119", "encrypted at rest with the AWS owned key (SSEEnabled); a customer key "
-                                             "is a per-account choice this template leaves to its owner")),
-        }  # fmt: skip
+            "Type": "AWS::DynamoDB::Table",
+            "Properties": properties,
+            "Metadata": skip(
+                (
+                    "CKV_AWS_119",
+                    "encrypted at rest with the AWS owned key (SSEEnabled); a customer key "
+                    "is a per-account choice this template leaves to its owner",
+                )
+            ),
+        }
     return resources
 
 
@@ -266,43 +247,96 @@ def queue_resources() -> dict[str, Any]:
         attributes = sqs.queue_attributes(spec, "DEAD_LETTER_ARN")
         redrive = json.loads(attributes.pop("RedrivePolicy"))
         redrive["deadLetterTargetArn"] = arn(dlq_id)
-        resources[queue_id] = {"Type": "AWS::SQS::Queue", "Properties": {
-            "QueueName": sub(queue), **{k: int(v) for k, v in attributes.items()}, "RedrivePolicy": redrive,
-            "MessageRetentionPeriod": QUEUE_RETENTION_S,
-            "SqsManagedSseEnabled": True}, "Metadata": encrypted}  # fmt: skip
+        resources[queue_id] = {
+            "Type": "AWS::SQS::Queue",
+            "Properties": {
+                "QueueName": sub(queue),
+                **{k: int(v) for k, v in attributes.items()},
+                "RedrivePolicy": redrive,
+                "MessageRetentionPeriod": QUEUE_RETENTION_S,
+                "SqsManagedSseEnabled": True,
+            },
+            "Metadata": encrypted,
+        }
         if spec.mode == sqs.OBJECTS:
-            resources[logical_id(pipeline, "queue policy")] = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
-                "Queues": [ref(queue_id)],
-                "PolicyDocument": {"Version": "2012-10-17", "Statement": [{
-                    "Sid": "BucketSendsObjectCreated", "Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"},
-                    "Action": "sqs:SendMessage", "Resource": arn(queue_id),
-                    "Condition": {"ArnLike": {"aws:SourceArn": sub("arn:${AWS::Partition}:s3:::${BucketName}")},
-                                  "StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}}}]}}}  # fmt: skip
+            resources[logical_id(pipeline, "queue policy")] = {
+                "Type": "AWS::SQS::QueuePolicy",
+                "Properties": {
+                    "Queues": [ref(queue_id)],
+                    "PolicyDocument": {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {
+                                "Sid": "BucketSendsObjectCreated",
+                                "Effect": "Allow",
+                                "Principal": {"Service": "s3.amazonaws.com"},
+                                "Action": "sqs:SendMessage",
+                                "Resource": arn(queue_id),
+                                "Condition": {
+                                    "ArnLike": {"aws:SourceArn": sub("arn:${AWS::Partition}:s3:::${BucketName}")},
+                                    "StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")},
+                                },
+                            }
+                        ],
+                    },
+                },
+            }
     return resources
 
 
 def observer_resources() -> dict[str, Any]:
     """The ECS task state changes of the cluster's tasks, sent by an EventBridge rule to the queue prefect-aws's
     observer reads (in the worker): a stopped flow-run task's run is marked Crashed, as a process worker does."""
-    queue = {"Type": "AWS::SQS::Queue", "Properties": {
-        "QueueName": sub(OBSERVER_QUEUE), "VisibilityTimeout": SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS,
-        "ReceiveMessageWaitTimeSeconds": sqs.MAX_WAIT_S, "MessageRetentionPeriod": QUEUE_RETENTION_S,
-        "SqsManagedSseEnabled": True},
-        "Metadata": skip(("CKV_AWS_27", "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): EventBridge "
-                                        "sends to it without a KMS grant"))}  # fmt: skip
-    rule = {"Type": "AWS::Events::Rule", "Properties": {
-        "Name": sub("pipelines-${Env}-ecs-task-state"),
-        "Description": "ECS task state changes of the cluster, for prefect-aws's observer (crash detection)",
-        "State": "ENABLED",
-        "EventPattern": {"source": ["aws.ecs"], "detail-type": ["ECS Task State Change"],
-                         "detail": {"clusterArn": [arn("Cluster")]}},
-        "Targets": [{"Id": "prefect-ecs-observer", "Arn": arn("FlowRunEventsQueue")}]}}  # fmt: skip
-    policy = {"Type": "AWS::SQS::QueuePolicy", "Properties": {
-        "Queues": [ref("FlowRunEventsQueue")],
-        "PolicyDocument": {"Version": "2012-10-17", "Statement": [{
-            "Sid": "RuleSendsTaskStateChanges", "Effect": "Allow", "Principal": {"Service": "events.amazonaws.com"},
-            "Action": "sqs:SendMessage", "Resource": arn("FlowRunEventsQueue"),
-            "Condition": {"ArnEquals": {"aws:SourceArn": arn("FlowRunEventsRule")}}}]}}}  # fmt: skip
+    queue = {
+        "Type": "AWS::SQS::Queue",
+        "Properties": {
+            "QueueName": sub(OBSERVER_QUEUE),
+            "VisibilityTimeout": SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS,
+            "ReceiveMessageWaitTimeSeconds": sqs.MAX_WAIT_S,
+            "MessageRetentionPeriod": QUEUE_RETENTION_S,
+            "SqsManagedSseEnabled": True,
+        },
+        "Metadata": skip(
+            (
+                "CKV_AWS_27",
+                "encrypted at rest with SQS-managed keys (SqsManagedSseEnabled): EventBridge "
+                "sends to it without a KMS grant",
+            )
+        ),
+    }
+    rule = {
+        "Type": "AWS::Events::Rule",
+        "Properties": {
+            "Name": sub("pipelines-${Env}-ecs-task-state"),
+            "Description": "ECS task state changes of the cluster, for prefect-aws's observer (crash detection)",
+            "State": "ENABLED",
+            "EventPattern": {
+                "source": ["aws.ecs"],
+                "detail-type": ["ECS Task State Change"],
+                "detail": {"clusterArn": [arn("Cluster")]},
+            },
+            "Targets": [{"Id": "prefect-ecs-observer", "Arn": arn("FlowRunEventsQueue")}],
+        },
+    }
+    policy = {
+        "Type": "AWS::SQS::QueuePolicy",
+        "Properties": {
+            "Queues": [ref("FlowRunEventsQueue")],
+            "PolicyDocument": {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Sid": "RuleSendsTaskStateChanges",
+                        "Effect": "Allow",
+                        "Principal": {"Service": "events.amazonaws.com"},
+                        "Action": "sqs:SendMessage",
+                        "Resource": arn("FlowRunEventsQueue"),
+                        "Condition": {"ArnEquals": {"aws:SourceArn": arn("FlowRunEventsRule")}},
+                    }
+                ],
+            },
+        },
+    }
     return {"FlowRunEventsQueue": queue, "FlowRunEventsRule": rule, "FlowRunEventsQueuePolicy": policy}
 
 
@@ -318,39 +352,79 @@ def monitoring_resources() -> dict[str, Any]:
     ages and the services' running tasks; each seed alarm as a CloudWatch alarm with its severity, to a topic."""
     names = alarm_names()
     readings = [[health_metrics.NAMESPACE, name, "Env", "${Env}"] for name in names]
-    ages = [["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", spec.names(ENV)[0]]
-            for spec in sqs.landing_queues().values()]  # fmt: skip
-    services = ["prefect-worker", *(d["entrypoint"].split(":")[1].replace("_", "-")
-                                    for d in listener_deployments().values())]  # fmt: skip
-    running = [["ECS/ContainerInsights", "RunningTaskCount", "ClusterName", "pipelines-${Env}", "ServiceName", name]
-               for name in services]  # fmt: skip
+    ages = [
+        ["AWS/SQS", "ApproximateAgeOfOldestMessage", "QueueName", spec.names(ENV)[0]]
+        for spec in sqs.landing_queues().values()
+    ]
+    services = [
+        "prefect-worker",
+        *(d["entrypoint"].split(":")[1].replace("_", "-") for d in listener_deployments().values()),
+    ]
+    running = [
+        ["ECS/ContainerInsights", "RunningTaskCount", "ClusterName", "pipelines-${Env}", "ServiceName", name]
+        for name in services
+    ]
 
     def widget(title: str, metrics: list[list[str]], y: int, stat: str = "Maximum") -> dict[str, Any]:
-        return {"type": "metric", "x": 0, "y": y, "width": 24, "height": 8, "properties": {
-            "title": title, "metrics": metrics, "stat": stat, "period": 300, "region": "${AWS::Region}",
-            "view": "timeSeries"}}  # fmt: skip
+        return {
+            "type": "metric",
+            "x": 0,
+            "y": y,
+            "width": 24,
+            "height": 8,
+            "properties": {
+                "title": title,
+                "metrics": metrics,
+                "stat": stat,
+                "period": 300,
+                "region": "${AWS::Region}",
+                "view": "timeSeries",
+            },
+        }
 
-    body = {"widgets": [widget("pipeline-health readings (the Prefect artifact's numbers)", readings, 0),
-                        widget("landing queues: oldest message age (s)", ages, 8),
-                        widget("services: running tasks (1 each)", running, 16, "Minimum")]}  # fmt: skip
+    body = {
+        "widgets": [
+            widget("pipeline-health readings (the Prefect artifact's numbers)", readings, 0),
+            widget("landing queues: oldest message age (s)", ages, 8),
+            widget("services: running tasks (1 each)", running, 16, "Minimum"),
+        ]
+    }
     resources: dict[str, Any] = {
-        "AlarmTopic": {"Type": "AWS::SNS::Topic", "Properties": {
-            "TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": "alias/aws/sns"}},
-        "Dashboard": {"Type": "AWS::CloudWatch::Dashboard", "Properties": {
-            "DashboardName": sub("pipelines-${Env}"), "DashboardBody": sub(json.dumps(body, separators=(",", ":")))}},
-    }  # fmt: skip
+        "AlarmTopic": {
+            "Type": "AWS::SNS::Topic",
+            "Properties": {"TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": "alias/aws/sns"},
+        },
+        "Dashboard": {
+            "Type": "AWS::CloudWatch::Dashboard",
+            "Properties": {
+                "DashboardName": sub("pipelines-${Env}"),
+                "DashboardBody": sub(json.dumps(body, separators=(",", ":"))),
+            },
+        },
+    }
     for name in names:
         severity = severity_of(name, 1)
-        resources[logical_id("alarm", name)] = {"Type": "AWS::CloudWatch::Alarm", "Properties": {
-            "AlarmName": sub(f"pipelines-${{Env}}-{name}"),
-            "AlarmDescription": f"{severity}: pipeline-health's {name} fires (its incident and notification are on "
-                                "the Prefect server)",
-            "Namespace": health_metrics.NAMESPACE, "MetricName": health_metrics.FIRING,
-            "Dimensions": [{"Name": "Env", "Value": ref("Env")}, {"Name": "Alarm", "Value": name}],
-            "Statistic": "Maximum", "Period": 300, "EvaluationPeriods": 1, "Threshold": 1,
-            "ComparisonOperator": "GreaterThanOrEqualToThreshold",
-            "TreatMissingData": "notBreaching",  # pipeline-health runs every 5 minutes; no pass, no reading
-            "AlarmActions": [ref("AlarmTopic")], "OKActions": [ref("AlarmTopic")]}}  # fmt: skip
+        resources[logical_id("alarm", name)] = {
+            "Type": "AWS::CloudWatch::Alarm",
+            "Properties": {
+                "AlarmName": sub(f"pipelines-${{Env}}-{name}"),
+                "AlarmDescription": (
+                    f"{severity}: pipeline-health's {name} fires (its incident and notification are on the Prefect "
+                    "server)"
+                ),
+                "Namespace": health_metrics.NAMESPACE,
+                "MetricName": health_metrics.FIRING,
+                "Dimensions": [{"Name": "Env", "Value": ref("Env")}, {"Name": "Alarm", "Value": name}],
+                "Statistic": "Maximum",
+                "Period": 300,
+                "EvaluationPeriods": 1,
+                "Threshold": 1,
+                "ComparisonOperator": "GreaterThanOrEqualToThreshold",
+                "TreatMissingData": "notBreaching",  # pipeline-health runs every 5 minutes; no pass, no reading
+                "AlarmActions": [ref("AlarmTopic")],
+                "OKActions": [ref("AlarmTopic")],
+            },
+        }
     return resources
 
 
@@ -359,16 +433,8 @@ def notified_prefix(pipeline: str) -> dict[str, str]:
     return sub(f"${{StorePrefix}}/{sqs.landing_queues()[pipeline].input_prefix}")
 
 
-def bucket_resources() -> dict[str, Any]:
-    """The pipelines' bucket: private, encrypted, versioned, its arrivals notifying the queues, with lifecycle rules."""
-    object_pipelines = [p for p, spec in sqs.landing_queues().items() if spec.mode == sqs.OBJECTS]
-    expiring = {  # what the pipelines write to explain a record, kept as long as the record (TTL_DAYS)
-        "quarantine": "quarantine/",  # refused input files and their .reason.json (keys.quarantine_key)
-        "manifests": "manifests/",  # keys.manifest_key
-        "reports": "logs/",  # the run reports (keys.run_report_key)
-    }
-    assert keys.quarantine_key("2026-01-01", "a.ndjson").startswith(expiring["quarantine"])
-    assert keys.run_report_key("glue", datetime(2026, 1, 1), "r").startswith(expiring["reports"])
+def lifecycle_rules() -> list[dict[str, Any]]:
+    """Abandoned uploads and old versions go; what a pipeline declares expiring goes after its days."""
     rules = [
         {
             "Id": "abort-incomplete-multipart-uploads",
@@ -383,40 +449,78 @@ def bucket_resources() -> dict[str, Any]:
             "Id": f"expire-{name}",
             "Status": "Enabled",
             "Prefix": sub(f"${{StorePrefix}}/{prefix}"),
-            "ExpirationInDays": OBJECT_RETENTION_DAYS,
+            "ExpirationInDays": parts.expiring_days,
         }
-        for name, prefix in expiring.items()
+        for parts in pipeline_parts()  # what a pipeline writes to explain a record, kept as long as the record
+        for name, prefix in parts.expiring.items()
     ]
+    return rules
+
+
+def bucket_resources() -> dict[str, Any]:
+    """The pipelines' bucket: private, encrypted, versioned, its arrivals notifying the queues, with lifecycle rules."""
+    object_pipelines = [p for p, spec in sqs.landing_queues().items() if spec.mode == sqs.OBJECTS]
     bucket = {
         "Type": "AWS::S3::Bucket",
         "DependsOn": [logical_id(p, "queue policy") for p in object_pipelines],  # S3 checks it may send when configured
         "Properties": {
             "BucketName": ref("BucketName"),
-            "BucketEncryption": {"ServerSideEncryptionConfiguration": [
-                {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]},
-            "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True,
-                                               "IgnorePublicAcls": True, "RestrictPublicBuckets": True},
+            "BucketEncryption": {
+                "ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+            },
+            "PublicAccessBlockConfiguration": {
+                "BlockPublicAcls": True,
+                "BlockPublicPolicy": True,
+                "IgnorePublicAcls": True,
+                "RestrictPublicBuckets": True,
+            },
             "OwnershipControls": {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]},
             "VersioningConfiguration": {"Status": "Enabled"},
-            "LifecycleConfiguration": {"Rules": rules},
-            "NotificationConfiguration": {"QueueConfigurations": [
-                {"Event": "s3:ObjectCreated:*", "Queue": arn(logical_id(p, "queue")),
-                 "Filter": {"S3Key": {"Rules": [{"Name": "prefix", "Value": notified_prefix(p)}]}}}
-                for p in object_pipelines]},
+            "LifecycleConfiguration": {"Rules": lifecycle_rules()},
+            "NotificationConfiguration": {
+                "QueueConfigurations": [
+                    {
+                        "Event": "s3:ObjectCreated:*",
+                        "Queue": arn(logical_id(p, "queue")),
+                        "Filter": {"S3Key": {"Rules": [{"Name": "prefix", "Value": notified_prefix(p)}]}},
+                    }
+                    for p in object_pipelines
+                ]
+            },
         },
         "Metadata": skip(
-            ("CKV_AWS_18", "S3 server access logs would need a second bucket; CloudTrail data events are the "
-                           "account's audit trail, configured outside this environment"),
-            ("CKV_AWS_144", "one environment in one region: cross-region replication is a disaster-recovery choice "
-                            "outside this template"),
+            (
+                "CKV_AWS_18",
+                "S3 server access logs would need a second bucket; CloudTrail data events are the "
+                "account's audit trail, configured outside this environment",
+            ),
+            (
+                "CKV_AWS_144",
+                "one environment in one region: cross-region replication is a disaster-recovery choice "
+                "outside this template",
+            ),
             ("CKV_AWS_145", "SSE-S3 (AES256): the queues' S3 notifications and the tasks need no KMS grants"),
         ),
-    }  # fmt: skip
-    tls_only = {"Type": "AWS::S3::BucketPolicy", "Properties": {"Bucket": ref("Bucket"), "PolicyDocument": {
-        "Version": "2012-10-17", "Statement": [{
-            "Sid": "TlsOnly", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
-            "Resource": [arn("Bucket"), sub("${Bucket.Arn}/*")],
-            "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]}}}  # fmt: skip
+    }
+    tls_only = {
+        "Type": "AWS::S3::BucketPolicy",
+        "Properties": {
+            "Bucket": ref("Bucket"),
+            "PolicyDocument": {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Sid": "TlsOnly",
+                        "Effect": "Deny",
+                        "Principal": "*",
+                        "Action": "s3:*",
+                        "Resource": [arn("Bucket"), sub("${Bucket.Arn}/*")],
+                        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                    }
+                ],
+            },
+        },
+    }
     return {"Bucket": bucket, "BucketPolicy": tls_only}
 
 
@@ -425,9 +529,17 @@ def bucket_resources() -> dict[str, Any]:
 
 def assume_ecs_tasks() -> dict[str, Any]:
     """The trust policy of a role ECS tasks take, from this account only."""
-    return {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Principal": {"Service": "ecs-tasks.amazonaws.com"}, "Action": "sts:AssumeRole",
-        "Condition": {"StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}}}]}  # fmt: skip
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": "ecs-tasks.amazonaws.com"},
+                "Action": "sts:AssumeRole",
+                "Condition": {"StringEquals": {"aws:SourceAccount": ref("AWS::AccountId")}},
+            }
+        ],
+    }
 
 
 def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
@@ -435,121 +547,177 @@ def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
     return {"PolicyName": name, "PolicyDocument": {"Version": "2012-10-17", "Statement": statements}}
 
 
-PREFIX_ARN = "arn:${{AWS::Partition}}:{service}:${{AWS::Region}}:${{AWS::AccountId}}"
-
-
-def when(condition: str, statement: dict[str, Any]) -> dict[str, Any]:
-    """A statement the policy holds only when the template's ``condition`` is true."""
-    return {"Fn::If": [condition, statement, ref("AWS::NoValue")]}
-
-
-def gpu_cluster_statements() -> list[dict[str, Any]]:
-    """The gpu pipeline's ecs backend on your GPU cluster (tasks/gpu/backends.py ``EcsBackend``): list and describe
-    its container instances, start tasks pinned to them (tagged at launch), find, describe and stop them, read the
-    instances' private IPs and reboot an unhealthy one."""
-    ecs = PREFIX_ARN.format(service="ecs")
-    on_gpu_cluster = {"ArnEquals": {"ecs:cluster": sub(f"{ecs}:cluster/${{GpuClusterName}}")}}
-    gpu_tasks = sub(f"{ecs}:task/${{GpuClusterName}}/*")
+def execution_statements(log_groups: list[str]) -> list[dict[str, Any]]:
+    """The execution role's: pull the image, write logs, read the API key."""
     return [
-        {"Sid": "GpuClusterNodes", "Effect": "Allow", "Action": "ecs:ListContainerInstances",
-         "Resource": sub(f"{ecs}:cluster/${{GpuClusterName}}")},
-        {"Sid": "GpuClusterInstances", "Effect": "Allow", "Condition": on_gpu_cluster,
-         "Action": ["ecs:DescribeContainerInstances", "ecs:ListTasks"],
-         "Resource": sub(f"{ecs}:container-instance/${{GpuClusterName}}/*")},
-        {"Sid": "GpuStartTasks", "Effect": "Allow", "Action": "ecs:StartTask", "Condition": on_gpu_cluster,
-         "Resource": sub(f"{ecs}:task-definition/*")},
-        # start_task tags each attempt at launch; TagResource requests carry no ecs:cluster key: the ARN names it
-        {"Sid": "GpuTagTasksAtLaunch", "Effect": "Allow", "Action": "ecs:TagResource", "Resource": gpu_tasks,
-         "Condition": {"StringEquals": {"ecs:CreateAction": "StartTask"}}},
-        {"Sid": "GpuWatchTasks", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
-         "Resource": gpu_tasks, "Condition": on_gpu_cluster},
-        # DescribeInstances takes no resource ARN; a container instance's EC2 instance is not named by the cluster,
-        # so a reboot is scoped by the tag the GPU cluster's instances carry (docs/aws.md)
-        {"Sid": "GpuInstances", "Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
-        {"Sid": "GpuRebootInstances", "Effect": "Allow", "Action": "ec2:RebootInstances",
-         "Resource": sub(f"{PREFIX_ARN.format(service='ec2')}:instance/*"),
-         "Condition": {"StringEquals": {f"aws:ResourceTag/{GPU_CLUSTER_TAG}": ref("GpuClusterName")}}},
-    ]  # fmt: skip
+        {
+            "Sid": "PullImage",
+            "Effect": "Allow",
+            "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+            "Resource": sub("arn:${AWS::Partition}:ecr:${AWS::Region}:${AWS::AccountId}:repository/${ImageRepository}"),
+        },
+        {"Sid": "RegistryLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
+        {
+            "Sid": "WriteLogs",
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+            "Resource": [sub(f"${{{group}.Arn}}") for group in log_groups],
+        },
+        {
+            "Fn::If": [
+                "HasPrefectApiKey",
+                {
+                    "Sid": "ReadPrefectApiKey",
+                    "Effect": "Allow",
+                    "Action": "secretsmanager:GetSecretValue",
+                    "Resource": ref("PrefectApiKeySecretArn"),
+                },
+                ref("AWS::NoValue"),
+            ]
+        },
+    ]
 
 
-def iam_resources(log_groups: list[str]) -> dict[str, Any]:
-    """The execution role (pull the image, write logs, read the API key), the pipelines' task role (their tables,
-    bucket and queues, nothing else) and the worker's task role (run flow-run tasks on the cluster)."""
+def pipeline_statements() -> list[dict[str, Any]]:
+    """The pipelines' task role's: their tables, bucket and queues, the metrics, and what each pipeline declares."""
     tables = [arn(logical_id("table", t)) for t in table_specs()]
     table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in table_specs().items() if s.gsis]
     queues = [arn(logical_id(p, "queue")) for p in sqs.landing_queues()]
     dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.landing_queues()]
-    execution = [
-        {"Sid": "PullImage", "Effect": "Allow", "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
-                                                           "ecr:BatchCheckLayerAvailability"],
-         "Resource": sub("arn:${AWS::Partition}:ecr:${AWS::Region}:${AWS::AccountId}:repository/${ImageRepository}")},
-        {"Sid": "RegistryLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
-        {"Sid": "WriteLogs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-         "Resource": [sub(f"${{{group}.Arn}}") for group in log_groups]},
-        {"Fn::If": ["HasPrefectApiKey", {"Sid": "ReadPrefectApiKey", "Effect": "Allow",
-                                         "Action": "secretsmanager:GetSecretValue",
-                                         "Resource": ref("PrefectApiKeySecretArn")}, ref("AWS::NoValue")]},
-    ]  # fmt: skip
     pipelines = [  # a transaction is authorized as its items' own actions (PutItem, UpdateItem, ConditionCheckItem)
-        {"Sid": "Tables", "Effect": "Allow", "Resource": tables + table_indexes, "Action": [
-            "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:Scan", "dynamodb:PutItem",
-            "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem", "dynamodb:ConditionCheckItem",
-            "dynamodb:DescribeTable", "dynamodb:DescribeTimeToLive"]},
-        {"Sid": "ListBucket", "Effect": "Allow", "Resource": arn("Bucket"),
-         "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetBucketLocation"]},
-        {"Sid": "Objects", "Effect": "Allow", "Resource": sub("${Bucket.Arn}/${StorePrefix}/*"), "Action": [
-            "s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-            "s3:ListMultipartUploadParts"]},
-        {"Sid": "Arrivals", "Effect": "Allow", "Resource": queues + dead_letters, "Action": [
-            "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueAttributes",
-            "sqs:GetQueueUrl"]},
+        {
+            "Sid": "Tables",
+            "Effect": "Allow",
+            "Resource": tables + table_indexes,
+            "Action": [
+                "dynamodb:GetItem",
+                "dynamodb:BatchGetItem",
+                "dynamodb:Query",
+                "dynamodb:Scan",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:DeleteItem",
+                "dynamodb:BatchWriteItem",
+                "dynamodb:ConditionCheckItem",
+                "dynamodb:DescribeTable",
+                "dynamodb:DescribeTimeToLive",
+            ],
+        },
+        {
+            "Sid": "ListBucket",
+            "Effect": "Allow",
+            "Resource": arn("Bucket"),
+            "Action": ["s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetBucketLocation"],
+        },
+        {
+            "Sid": "Objects",
+            "Effect": "Allow",
+            "Resource": sub("${Bucket.Arn}/${StorePrefix}/*"),
+            "Action": [
+                "s3:GetObject",
+                "s3:PutObject",
+                "s3:DeleteObject",
+                "s3:AbortMultipartUpload",
+                "s3:ListMultipartUploadParts",
+            ],
+        },
+        {
+            "Sid": "Arrivals",
+            "Effect": "Allow",
+            "Resource": queues + dead_letters,
+            "Action": [
+                "sqs:ReceiveMessage",
+                "sqs:DeleteMessage",
+                "sqs:ChangeMessageVisibility",
+                "sqs:GetQueueAttributes",
+                "sqs:GetQueueUrl",
+            ],
+        },
         # the health checks read the DynamoDB throttle and SQS age metrics (tasks/etl/alarms.py,
         # tasks/health/listeners.py); GetMetricStatistics takes no resource ARN
         {"Sid": "ReadMetrics", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:GetMetricStatistics"},
         # pipeline-health puts its readings in its own namespace only (tasks/health/cloudwatch.py)
-        {"Sid": "PublishReadings", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:PutMetricData",
-         "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}}},
-        # the ETL merge registers each date's partition (tasks/etl/catalog.py): Glue authorizes a call on the
-        # catalog, the database and the table together
-        {"Sid": "Catalog", "Effect": "Allow", "Action": [
-            "glue:GetDatabase", "glue:CreateDatabase", "glue:GetTable", "glue:CreateTable", "glue:UpdateTable",
-            "glue:GetPartition", "glue:CreatePartition", "glue:UpdatePartition"], "Resource": [
-            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:catalog"),
-            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:database/${CatalogDatabase}"),
-            sub("arn:${AWS::Partition}:glue:${AWS::Region}:${AWS::AccountId}:table/${CatalogDatabase}/*")]},
-    ]  # fmt: skip
-    pipelines += [when("HasGpuCluster", s) for s in gpu_cluster_statements()]
-    # the video pipeline's sagemaker backend invokes your async endpoints (tasks/video/inference.py); their outputs
-    # are read from the S3 output path you give them (docs/aws.md: under the store's prefix)
-    pipelines.append(when("HasVideoEndpoints", {
-        "Sid": "InvokeVideoEndpoints", "Effect": "Allow", "Action": "sagemaker:InvokeEndpointAsync",
-        "Resource": sub(f"{PREFIX_ARN.format(service='sagemaker')}:endpoint/${{VideoEndpointPrefix}}*")}))  # fmt: skip
+        {
+            "Sid": "PublishReadings",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": "cloudwatch:PutMetricData",
+            "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}},
+        },
+    ]
+    return pipelines + [statement for parts in pipeline_parts() for statement in parts.statements]
+
+
+def worker_statements() -> list[dict[str, Any]]:
+    """The worker's task role's: run flow-run tasks on the cluster and watch them."""
     cluster_tasks = sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task/${Cluster}/*")
     on_cluster = {"ArnEquals": {"ecs:cluster": arn("Cluster")}}
-    worker = [
-        {"Sid": "RegisterTaskDefinitions", "Effect": "Allow", "Action": "ecs:RegisterTaskDefinition",
-         "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*")},
-        {"Sid": "TaskDefinitions", "Effect": "Allow", "Resource": "*", "Action": [
-            "ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition", "ecs:ListTaskDefinitions"]},
-        {"Sid": "RunFlowRuns", "Effect": "Allow", "Action": "ecs:RunTask",
-         "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"),
-         "Condition": on_cluster},
+    return [
+        {
+            "Sid": "RegisterTaskDefinitions",
+            "Effect": "Allow",
+            "Action": "ecs:RegisterTaskDefinition",
+            "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"),
+        },
+        {
+            "Sid": "TaskDefinitions",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": ["ecs:DescribeTaskDefinition", "ecs:DeregisterTaskDefinition", "ecs:ListTaskDefinitions"],
+        },
+        {
+            "Sid": "RunFlowRuns",
+            "Effect": "Allow",
+            "Action": "ecs:RunTask",
+            "Resource": sub("arn:${AWS::Partition}:ecs:${AWS::Region}:${AWS::AccountId}:task-definition/*"),
+            "Condition": on_cluster,
+        },
         # prefect-aws tags every task it runs; tag-on-create is authorized as ecs:TagResource, whose requests carry
         # no ecs:cluster key (Service Authorization Reference): the task ARN names the cluster instead
-        {"Sid": "TagFlowRunsAtLaunch", "Effect": "Allow", "Action": "ecs:TagResource", "Resource": cluster_tasks,
-         "Condition": {"StringEquals": {"ecs:CreateAction": "RunTask"}}},
-        {"Sid": "WatchFlowRuns", "Effect": "Allow", "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
-         "Resource": cluster_tasks, "Condition": on_cluster},
-        {"Sid": "PassFlowRunRoles", "Effect": "Allow", "Action": "iam:PassRole",
-         "Resource": [arn("TaskRole"), arn("ExecutionRole")],
-         "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}},
-        {"Sid": "ObserveFlowRuns", "Effect": "Allow", "Resource": arn("FlowRunEventsQueue"), "Action": [
-            "sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"]},
-        {"Sid": "Network", "Effect": "Allow", "Resource": "*",
-         "Action": ["ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"]},
-        {"Sid": "FlowRunLogs", "Effect": "Allow", "Action": ["logs:GetLogEvents"],
-         "Resource": sub("${FlowRunLogGroup.Arn}")},
-    ]  # fmt: skip
+        {
+            "Sid": "TagFlowRunsAtLaunch",
+            "Effect": "Allow",
+            "Action": "ecs:TagResource",
+            "Resource": cluster_tasks,
+            "Condition": {"StringEquals": {"ecs:CreateAction": "RunTask"}},
+        },
+        {
+            "Sid": "WatchFlowRuns",
+            "Effect": "Allow",
+            "Action": ["ecs:DescribeTasks", "ecs:StopTask"],
+            "Resource": cluster_tasks,
+            "Condition": on_cluster,
+        },
+        {
+            "Sid": "PassFlowRunRoles",
+            "Effect": "Allow",
+            "Action": "iam:PassRole",
+            "Resource": [arn("TaskRole"), arn("ExecutionRole")],
+            "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
+        },
+        {
+            "Sid": "ObserveFlowRuns",
+            "Effect": "Allow",
+            "Resource": arn("FlowRunEventsQueue"),
+            "Action": ["sqs:GetQueueUrl", "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"],
+        },
+        {
+            "Sid": "Network",
+            "Effect": "Allow",
+            "Resource": "*",
+            "Action": ["ec2:DescribeVpcs", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"],
+        },
+        {
+            "Sid": "FlowRunLogs",
+            "Effect": "Allow",
+            "Action": ["logs:GetLogEvents"],
+            "Resource": sub("${FlowRunLogGroup.Arn}"),
+        },
+    ]
+
+
+def iam_resources(log_groups: list[str]) -> dict[str, Any]:
+    """The execution role, the pipelines' task role (nothing but their own parts) and the worker's task role."""
     wildcard_reasons = (
         (
             "CKV_AWS_111",
@@ -563,15 +731,30 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
         ),
     )
     return {
-        "ExecutionRole": {"Type": "AWS::IAM::Role", "Properties": {
-            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("pull-log-secret", execution)]},
-            "Metadata": skip(*wildcard_reasons)},
-        "TaskRole": {"Type": "AWS::IAM::Role", "Properties": {
-            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("pipelines-state", pipelines)]}},
-        "WorkerRole": {"Type": "AWS::IAM::Role", "Properties": {
-            "AssumeRolePolicyDocument": assume_ecs_tasks(), "Policies": [policy("run-flow-runs", worker)]},
-            "Metadata": skip(*wildcard_reasons)},
-    }  # fmt: skip
+        "ExecutionRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "AssumeRolePolicyDocument": assume_ecs_tasks(),
+                "Policies": [policy("pull-log-secret", execution_statements(log_groups))],
+            },
+            "Metadata": skip(*wildcard_reasons),
+        },
+        "TaskRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "AssumeRolePolicyDocument": assume_ecs_tasks(),
+                "Policies": [policy("pipelines-state", pipeline_statements())],
+            },
+        },
+        "WorkerRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "AssumeRolePolicyDocument": assume_ecs_tasks(),
+                "Policies": [policy("run-flow-runs", worker_statements())],
+            },
+            "Metadata": skip(*wildcard_reasons),
+        },
+    }
 
 
 # --------------------------------------------------------------------------- ECS
@@ -579,20 +762,26 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
 
 def log_group(name: str) -> dict[str, Any]:
     """A log group kept the seed's 3 days."""
-    return {"Type": "AWS::Logs::LogGroup", "Properties": {
-        "LogGroupName": sub(f"/pipelines/${{Env}}/{name}"), "RetentionInDays": LOG_RETENTION_DAYS},
+    return {
+        "Type": "AWS::Logs::LogGroup",
+        "Properties": {"LogGroupName": sub(f"/pipelines/${{Env}}/{name}"), "RetentionInDays": LOG_RETENTION_DAYS},
         "Metadata": skip(
             ("CKV_AWS_158", "CloudWatch Logs encrypts every log group at rest; a customer key is the account's choice"),
-            ("CKV_AWS_338", "the seed keeps logs 3 days (log_retention_days = 3); flow runs' logs are on the Prefect "
-                            "server too"))}  # fmt: skip
+            (
+                "CKV_AWS_338",
+                "the seed keeps logs 3 days (log_retention_days = 3); flow runs' logs are on the Prefect server too",
+            ),
+        ),
+    }
 
 
 def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """What every container is configured by: the tables' env, the store, the Prefect API, the queues."""
+    """What every container is configured by: the tables' env, the store, the Prefect API, the pipelines' own
+    parameters (``AwsParts.environment``), the queues."""
     variables = {
         "TABLE_ENV": ref("Env"),
         health_metrics.ENV_VARIABLE: ref("Env"),
-        "CATALOG_DATABASE": ref("CatalogDatabase"),
+        **{variable: ref(parameter) for parts in pipeline_parts() for variable, parameter in parts.environment.items()},
         "OBJECT_STORE_BASE_URL": sub("s3://${BucketName}/${StorePrefix}"),
         "PREFECT_API_URL": ref("PrefectApiUrl"),
         "AWS_DEFAULT_REGION": ref("AWS::Region"),
@@ -620,21 +809,44 @@ def task_definition(
     container = {
         "Name": family,
         "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
-        "Essential": True, "Command": command, "WorkingDirectory": APP_DIR,
+        "Essential": True,
+        "Command": command,
+        "WorkingDirectory": APP_DIR,
         "Environment": environment(pipeline_queues, extra),
-        "Secrets": {"Fn::If": [
-            "HasPrefectApiKey", [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
-            ref("AWS::NoValue")]},
-        "ReadonlyRootFilesystem": True, "MountPoints": [{"SourceVolume": "scratch", "ContainerPath": SCRATCH}],
-        "LogConfiguration": {"LogDriver": "awslogs", "Options": {
-            "awslogs-group": ref(log_group_id), "awslogs-region": ref("AWS::Region"), "awslogs-stream-prefix": family}},
-    }  # fmt: skip
+        "Secrets": {
+            "Fn::If": [
+                "HasPrefectApiKey",
+                [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
+                ref("AWS::NoValue"),
+            ]
+        },
+        "ReadonlyRootFilesystem": True,
+        "MountPoints": [{"SourceVolume": "scratch", "ContainerPath": SCRATCH}],
+        "LogConfiguration": {
+            "LogDriver": "awslogs",
+            "Options": {
+                "awslogs-group": ref(log_group_id),
+                "awslogs-region": ref("AWS::Region"),
+                "awslogs-stream-prefix": family,
+            },
+        },
+    }
     if health_check:
         container["HealthCheck"] = health_check
-    return {"Type": "AWS::ECS::TaskDefinition", "Properties": {
-        "Family": sub(f"pipelines-${{Env}}-{family}"), "RequiresCompatibilities": ["FARGATE"], "NetworkMode": "awsvpc",
-        "Cpu": "1024", "Memory": "4096", "ExecutionRoleArn": arn("ExecutionRole"), "TaskRoleArn": arn(role),
-        "Volumes": [{"Name": "scratch"}], "ContainerDefinitions": [container]}}  # fmt: skip
+    return {
+        "Type": "AWS::ECS::TaskDefinition",
+        "Properties": {
+            "Family": sub(f"pipelines-${{Env}}-{family}"),
+            "RequiresCompatibilities": ["FARGATE"],
+            "NetworkMode": "awsvpc",
+            "Cpu": "1024",
+            "Memory": "4096",
+            "ExecutionRoleArn": arn("ExecutionRole"),
+            "TaskRoleArn": arn(role),
+            "Volumes": [{"Name": "scratch"}],
+            "ContainerDefinitions": [container],
+        },
+    }
 
 
 def service(name: str, definition: str) -> dict[str, Any]:
@@ -678,24 +890,39 @@ def ecs_resources() -> dict[str, Any]:
     """The cluster, the Prefect worker of the ecs pool and one listener per seed queue, each a service of one task."""
     pool = prefect_config()["definitions"]["work_pools"]["ecs"]["name"]
     resources: dict[str, Any] = {
-        "Cluster": {"Type": "AWS::ECS::Cluster", "Properties": {
-            "ClusterName": sub("pipelines-${Env}"),
-            "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}]}},
+        "Cluster": {
+            "Type": "AWS::ECS::Cluster",
+            "Properties": {
+                "ClusterName": sub("pipelines-${Env}"),
+                "ClusterSettings": [{"Name": "containerInsights", "Value": "enabled"}],
+            },
+        },
         "FlowRunLogGroup": log_group("flow-runs"),
         "WorkerLogGroup": log_group("worker"),
         "WorkerTaskDefinition": task_definition(
-            "worker", ["prefect", "worker", "start", "--pool", pool, "--type", "ecs", "--with-healthcheck"],
-            "WorkerRole", "WorkerLogGroup", False, observer_environment(), WORKER_HEALTH_CHECK),
+            "worker",
+            ["prefect", "worker", "start", "--pool", pool, "--type", "ecs", "--with-healthcheck"],
+            "WorkerRole",
+            "WorkerLogGroup",
+            False,
+            observer_environment(),
+            WORKER_HEALTH_CHECK,
+        ),
         "WorkerService": service("prefect-worker", "WorkerTaskDefinition"),
-    }  # fmt: skip
+    }
     for pipeline, deployment in listener_deployments().items():
         family = deployment["entrypoint"].split(":")[1].replace("_", "-")
         command = [*LISTENER_COMMAND, f"{landings()[pipeline].flow}/{deployment['name']}"]
         resources[logical_id(pipeline, "listener log group")] = log_group(family)
         resources[logical_id(pipeline, "listener task definition")] = task_definition(
-            family, command, "TaskRole", logical_id(pipeline, "listener log group"), True,
-            {HEARTBEAT_VARIABLE: LISTENER_HEARTBEAT}, LISTENER_HEALTH_CHECK,
-        )  # fmt: skip
+            family,
+            command,
+            "TaskRole",
+            logical_id(pipeline, "listener log group"),
+            True,
+            {HEARTBEAT_VARIABLE: LISTENER_HEARTBEAT},
+            LISTENER_HEALTH_CHECK,
+        )
         resources[logical_id(pipeline, "listener service")] = service(
             family, logical_id(pipeline, "listener task definition")
         )
@@ -706,8 +933,15 @@ def template() -> dict[str, Any]:
     """The whole environment's CloudFormation template."""
     ecs = ecs_resources()
     log_groups = [name for name, resource in ecs.items() if resource["Type"] == "AWS::Logs::LogGroup"]
-    resources = {**table_resources(), **queue_resources(), **bucket_resources(), **iam_resources(log_groups), **ecs,
-                 **observer_resources(), **monitoring_resources()}  # fmt: skip
+    resources = {
+        **table_resources(),
+        **queue_resources(),
+        **bucket_resources(),
+        **iam_resources(log_groups),
+        **ecs,
+        **observer_resources(),
+        **monitoring_resources(),
+    }
     for resource in resources.values():
         resource.update(KEEP_DATA if resource["Type"] in DATA_TYPES else REBUILT)
     outputs = {  # what `prefect deploy --name ecs` and the blocks need (docs/aws.md, "Image, template, deployments")
@@ -726,17 +960,18 @@ def template() -> dict[str, Any]:
     }
     return {
         "AWSTemplateFormatVersion": "2010-09-09",
-        "Description": "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
-        "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)",
+        "Description": (
+            "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
+            "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)"
+        ),
         "Parameters": parameters(),
         "Conditions": {
             condition: {"Fn::Not": [{"Fn::Equals": [ref(parameter), ""]}]}
             for condition, parameter in (
                 ("HasPrefectApiKey", "PrefectApiKeySecretArn"),
-                ("HasGpuCluster", "GpuClusterName"),
-                ("HasVideoEndpoints", "VideoEndpointPrefix"),
+                *(item for parts in pipeline_parts() for item in parts.conditions.items()),
             )
-        },  # fmt: skip
+        },
         "Resources": resources,
         "Outputs": outputs,
     }

@@ -79,7 +79,7 @@ def template_conditions(template: dict[str, Any], values: dict[str, Any]) -> dic
 
     def evaluate(expression: Any) -> Any:
         if isinstance(expression, dict) and len(expression) == 1:
-            (function, arguments), = expression.items()  # fmt: skip
+            [(function, arguments)] = expression.items()
             if function == "Fn::Equals":
                 left, right = (evaluate(a) for a in arguments)
                 return left == right
@@ -106,8 +106,13 @@ def stack_values(
         name: spec["Default"] for name, spec in template.get("Parameters", {}).items() if "Default" in spec
     }
     values |= parameters
-    values |= {"AWS::AccountId": account, "AWS::Region": region, "AWS::Partition": "aws",
-               "AWS::URLSuffix": "amazonaws.com", "AWS::StackName": stack}  # fmt: skip
+    values |= {
+        "AWS::AccountId": account,
+        "AWS::Region": region,
+        "AWS::Partition": "aws",
+        "AWS::URLSuffix": "amazonaws.com",
+        "AWS::StackName": stack,
+    }
     for logical, resource in template["Resources"].items():
         kind, properties = resource["Type"], resource.get("Properties", {})
         name = NAME_PROPERTIES.get(kind)

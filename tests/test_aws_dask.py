@@ -64,14 +64,31 @@ class DaskCluster:
     def _start(self, name: str, args: list[str], extra: dict[str, str] | None = None) -> None:
         with open(self.folder / f"{name}.log", "ab") as log:
             self.processes[name] = subprocess.Popen(
-                args, cwd=REPO_ROOT, env={**self.env, **(extra or {})}, stdout=log, stderr=subprocess.STDOUT,
+                args,
+                cwd=REPO_ROOT,
+                env={**self.env, **(extra or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
 
     def add_worker(self, name: str, extra: dict[str, str] | None = None, preload: bool = False) -> None:
         """One single-threaded worker process with a small memory limit."""
-        args = [DASK, "worker", self.address, "--name", name, "--nthreads", "1", "--no-nanny",
-                "--memory-limit", "1GiB", "--no-dashboard", "--local-directory", str(self.folder / name)]  # fmt: skip
+        args = [
+            DASK,
+            "worker",
+            self.address,
+            "--name",
+            name,
+            "--nthreads",
+            "1",
+            "--no-nanny",
+            "--memory-limit",
+            "1GiB",
+            "--no-dashboard",
+            "--local-directory",
+            str(self.folder / name),
+        ]
         if preload:
             args += ["--preload", str(Path(__file__).resolve())]
         self._start(name, args, extra)
@@ -106,9 +123,12 @@ def deployment_run(deployment: str, parameters: dict) -> str:
 
     result = subprocess.run(
         [sys.executable, "-m", "prefect", "deployment", "run", deployment, "--params", json.dumps(parameters)],
-        cwd=REPO_ROOT, env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return result.stdout
 
@@ -121,8 +141,12 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
     from tasks.phspectra import survey as ph
     from tests.helpers.phspectra_survey import direct_rows
 
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "4",
-                        "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
+    for name, value in {
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "4",
+        "ETL_NUM_STATUS_SHARDS": "2",
+    }.items():
         monkeypatch.setenv(name, value)
     store, name = ObjectStore.from_url(s3_base), f"dask-{uuid.uuid4().hex[:6]}"
     deployments = deploy_from_prefect_yaml(tmp_path, {"phspectra-survey", "ndjson-merge"}, f"pool-{name}", name)
@@ -136,10 +160,17 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
         store.put_file("cubes/cube.fits", write_fits(synthetic_cube(ny=3, nx=4, n_channels=64), tmp_path / "cube.fits"))
         cube_url, params = store.url_for("cubes/cube.fits"), {"beta": 3.0, "max_refine_iter": 2}
         run_id = str(uuid.uuid4())
-        deployment_run(deployments["phspectra-survey"], {
-            "cube_url": cube_url, "survey": "dask-s3", "chunk_size": 3, "fit_params": params, "run_id": run_id,
-            "dask_address": cluster.address,
-        })  # fmt: skip
+        deployment_run(
+            deployments["phspectra-survey"],
+            {
+                "cube_url": cube_url,
+                "survey": "dask-s3",
+                "chunk_size": 3,
+                "fit_params": params,
+                "run_id": run_id,
+                "dask_address": cluster.address,
+            },
+        )
         [survey_run] = wait_for_runs(deployments["phspectra-survey"], 1, worker=worker)
         assert cluster.processes["doomed"].wait(timeout=30) == -signal.SIGKILL, cluster.log("doomed")
         assert survey_run.state_name == "Completed", worker.tail() + cluster.log("steady")
@@ -155,10 +186,15 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
         [manifest] = ndjson_ingest(file_urls=urls, merge_deployment="ndjson-merge/not-deployed")["manifests"]
         cluster.add_worker("doomed-too", {KILL_ON_TASK: "merge_part"}, preload=True)
         cluster.wait_workers({"doomed-too", "steady"})
-        deployment_run(deployments["ndjson-merge"], {
-            "date_prefix": "2026-03-01", "manifest_name": manifest, "dask_scheduler": cluster.address,
-            "target_file_mb": 0.00001,  # one part per file: both Dask workers get parts
-        })  # fmt: skip
+        deployment_run(
+            deployments["ndjson-merge"],
+            {
+                "date_prefix": "2026-03-01",
+                "manifest_name": manifest,
+                "dask_scheduler": cluster.address,
+                "target_file_mb": 0.00001,  # one part per file: both Dask workers get parts
+            },
+        )
         [merge_run] = wait_for_runs(deployments["ndjson-merge"], 1, worker=worker)
         assert cluster.processes["doomed-too"].wait(timeout=30) == -signal.SIGKILL, cluster.log("doomed-too")
         assert merge_run.state_name == "Completed", worker.tail() + cluster.log("steady")

@@ -98,10 +98,17 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
 
     def into_ecr(repository: str, tag: str) -> None:
         """A push lands in the registry, as ECR receives it."""
-        config = {"digest": f"sha256:{hashlib.sha256(tag.encode()).hexdigest()}", "size": 1,
-                  "mediaType": "application/vnd.docker.container.image.v1+json"}  # fmt: skip
-        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                    "config": config, "layers": []}  # fmt: skip
+        config = {
+            "digest": f"sha256:{hashlib.sha256(tag.encode()).hexdigest()}",
+            "size": 1,
+            "mediaType": "application/vnd.docker.container.image.v1+json",
+        }
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": config,
+            "layers": [],
+        }
         name = repository.rsplit("/", 1)[-1]
         if tag not in {i.get("imageTag") for i in ecr.list_images(repositoryName=name)["imageIds"]}:
             ecr.put_image(repositoryName=name, imageManifest=json.dumps(manifest), imageTag=tag)  # a re-push: as is
@@ -110,8 +117,15 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
     subnet = ec2.describe_subnets()["Subnets"][0]
     group = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
     env = f"c{uuid.uuid4().hex[:6]}"
-    arguments = dict(env=env, region="us-east-1", vpc=subnet["VpcId"], subnets=[subnet["SubnetId"]],
-                     security_groups=[group], prefect_api_url=PREFECT_API_URL.value(), tag="1.0")  # fmt: skip
+    arguments = dict(
+        env=env,
+        region="us-east-1",
+        vpc=subnet["VpcId"],
+        subnets=[subnet["SubnetId"]],
+        security_groups=[group],
+        prefect_api_url=PREFECT_API_URL.value(),
+        tag="1.0",
+    )
     with docker_standin(on_push=into_ecr) as docker:
         import os
 
@@ -135,6 +149,7 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
                 assert pool["network_configuration"]["default"]["subnets"] == [subnet["SubnetId"]]
                 assert pool["env"]["default"]["TABLE_ENV"] == env
                 assert pool["env"]["default"]["TABLE_GRANULES"] == f"granules-{env}"
+                assert pool["env"]["default"]["ETL_CATALOG_DATABASE"] == "ndjson_parquet"  # its default
                 assert pool["cloudwatch_logs_options"]["default"]["awslogs-group"] == f"/pipelines/{env}/flow-runs"
 
             again = aws.deploy(**arguments, session=session)
@@ -142,12 +157,14 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
             assert set(again["prefect"].values()) == {"unchanged"}, again["prefect"]
             assert len(docker.builds) == builds  # nothing built, nothing pushed
 
-            updated = aws.deploy(**{**arguments, "assign_public_ip": "ENABLED"}, session=session)
+            lake = {"CatalogDatabase": "lake"}  # a pipeline's own parameter (Pipeline.aws), given by name
+            updated = aws.deploy(**arguments, assign_public_ip="ENABLED", pipeline_parameters=lake, session=session)
             assert updated["change_set"]["action"] == "UPDATE" and updated["change_set"]["status"] == "UPDATE_COMPLETE"
             assert updated["image"] == "unchanged" and updated["prefect"]["pool"] == "updated"
             with get_client(sync_client=True) as client:
                 pool = client.read_work_pool(ECS_WORK_POOL).base_job_template["variables"]["properties"]
                 assert pool["network_configuration"]["default"]["assignPublicIp"] == "ENABLED"
+                assert pool["env"]["default"]["ETL_CATALOG_DATABASE"] == "lake"
 
             removed = aws.destroy(env, "us-east-1", session=session)
             assert f"stack pipelines-{env}" in removed["deleted"] and "ECR repository pipelines" in removed["deleted"]
@@ -157,3 +174,16 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
             assert aws.stack_status(session.client("cloudformation"), f"pipelines-{env}") is None
         finally:
             os.environ.pop("DOCKER_HOST", None)
+
+
+def test_a_stack_parameter_no_pipeline_declares_is_refused_before_anything_is_deployed():
+    """A typo (``GpuCluster``) would otherwise deploy the default silently; the named ones keep their values."""
+    from deployments import cli
+
+    known = aws.pipelines_parameters({"GpuClusterName": "gpu"})
+    assert known == {"CatalogDatabase": "ndjson_parquet", "GpuClusterName": "gpu", "VideoEndpointPrefix": ""}
+    with pytest.raises(ValueError, match=r"\['GpuCluster'\]; known: \['CatalogDatabase', 'GpuClusterName'"):
+        aws.deploy("dev", "us-east-1", "vpc-1", ["s"], ["g"], "http://api", pipeline_parameters={"GpuCluster": "gpu"})
+    with pytest.raises(SystemExit):  # NAME=VALUE or nothing
+        command = "aws-stack deploy --env e --vpc v --subnets s --security-groups g --parameter GpuClusterName"
+        cli.build_parser().parse_args(command.split())

@@ -73,11 +73,25 @@ def resolve(value, values: dict[str, str]):
 def apply_bucket_configuration(s3, bucket: str, properties: dict) -> None:
     """The template's bucket notifications and lifecycle rules through the S3 API (what AWS's CloudFormation
     does with them and moto's does not)."""
-    s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={"QueueConfigurations": [
-        {"QueueArn": c["Queue"], "Events": [c["Event"]],
-         "Filter": {"Key": {"FilterRules": [{"Name": r["Name"], "Value": r["Value"]}
-                                            for r in c["Filter"]["S3Key"]["Rules"]]}}}
-        for c in properties["NotificationConfiguration"]["QueueConfigurations"]]})  # fmt: skip
+    s3.put_bucket_notification_configuration(
+        Bucket=bucket,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {
+                    "QueueArn": c["Queue"],
+                    "Events": [c["Event"]],
+                    "Filter": {
+                        "Key": {
+                            "FilterRules": [
+                                {"Name": r["Name"], "Value": r["Value"]} for r in c["Filter"]["S3Key"]["Rules"]
+                            ]
+                        }
+                    },
+                }
+                for c in properties["NotificationConfiguration"]["QueueConfigurations"]
+            ]
+        },
+    )
     rules = []
     for rule in properties["LifecycleConfiguration"]["Rules"]:
         api = {"ID": rule["Id"], "Status": rule["Status"], "Filter": {"Prefix": rule["Prefix"]}}
@@ -98,11 +112,14 @@ def stack(s3_endpoint, monkeypatch):
     env, bucket = f"t{uuid.uuid4().hex[:8]}", f"pipelines-{uuid.uuid4().hex[:12]}"
     ec2 = client("ec2", s3_endpoint)
     parameters = {
-        "Env": env, "BucketName": bucket, "ImageTag": "test", "PrefectApiUrl": PREFECT_API_URL.value(),
+        "Env": env,
+        "BucketName": bucket,
+        "ImageTag": "test",
+        "PrefectApiUrl": PREFECT_API_URL.value(),
         "VpcId": ec2.describe_subnets()["Subnets"][0]["VpcId"],
         "Subnets": ec2.describe_subnets()["Subnets"][0]["SubnetId"],
         "SecurityGroups": ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"],
-    }  # fmt: skip
+    }
     formation = client("cloudformation", s3_endpoint)
     name = f"pipelines-{env}"
     formation.create_stack(
@@ -134,8 +151,15 @@ def physical_values(stack: dict, endpoint: str) -> dict[str, str]:
     defaults = {
         k: p["Default"] for k, p in json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"].items() if "Default" in p
     }
-    values = {**defaults, **stack["parameters"], "AWS::Region": "us-east-1", "AWS::AccountId": ACCOUNT,
-              "AWS::Partition": "aws", "AWS::URLSuffix": "amazonaws.com", "AWS::NoValue": None}  # fmt: skip
+    values = {
+        **defaults,
+        **stack["parameters"],
+        "AWS::Region": "us-east-1",
+        "AWS::AccountId": ACCOUNT,
+        "AWS::Partition": "aws",
+        "AWS::URLSuffix": "amazonaws.com",
+        "AWS::NoValue": None,
+    }
     sqs_client = client("sqs", endpoint)
     for resource in stack["resources"]:
         logical, physical = resource["LogicalResourceId"], resource["PhysicalResourceId"]
@@ -225,10 +249,13 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
     parameters = deployment["parameters"] | {"merge_deployment": None}  # no ECS worker here: the merge runs inline
     scratch = {k: v.replace(cfn.SCRATCH, str(tmp_path)) for k, v in environment.items() if v.startswith(cfn.SCRATCH)}
     stand_ins = {
-        "AWS_ENDPOINT_URL_S3": s3_endpoint, "AWS_ENDPOINT_URL_SQS": s3_endpoint,
-        "EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "2",
+        "AWS_ENDPOINT_URL_S3": s3_endpoint,
+        "AWS_ENDPOINT_URL_SQS": s3_endpoint,
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "2",
         **{f"TABLE_{logical.upper()}": name for logical, name in names.items()},
-    }  # fmt: skip
+    }
     base = {k: v for k, v in child_env().items() if not k.startswith(("TABLE_", "OBJECT_STORE", "PIPELINES_"))}
     log = open(tmp_path / "listener.log", "w")
     run_flow = (
@@ -266,9 +293,16 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
             for r in merged
         ), merged
         deadline = time.monotonic() + 60  # the listener deletes each message once its files are tracked
-        while (left := client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=[
-                "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]) and \
-                any(v != "0" for v in left.values()) and time.monotonic() < deadline:  # fmt: skip
+        while (
+            (
+                left := client("sqs", s3_endpoint).get_queue_attributes(
+                    QueueUrl=queue_url,
+                    AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+                )["Attributes"]
+            )
+            and any(v != "0" for v in left.values())
+            and time.monotonic() < deadline
+        ):
             time.sleep(1)
         assert set(left.values()) == {"0"}, left
     finally:

@@ -49,21 +49,44 @@ def test_a_health_pass_puts_the_artifacts_numbers_where_the_dashboard_reads_them
     cloudwatch = boto3.client("cloudwatch", endpoint_url=s3_endpoint, region_name="us-east-1")
     metrics = dashboard_readings(env)
     assert {m[1] for m in metrics} == set(cfn.alarm_names()) >= set(shown)
-    queries = [{"Id": f"m{i}", "MetricStat": {"Metric": {"Namespace": namespace, "MetricName": name,
-                "Dimensions": [{"Name": key, "Value": value}]}, "Period": 300, "Stat": "Maximum"}}
-               for i, (namespace, name, key, value) in enumerate(metrics)]  # fmt: skip
+    queries = [
+        {
+            "Id": f"m{i}",
+            "MetricStat": {
+                "Metric": {"Namespace": namespace, "MetricName": name, "Dimensions": [{"Name": key, "Value": value}]},
+                "Period": 300,
+                "Stat": "Maximum",
+            },
+        }
+        for i, (namespace, name, key, value) in enumerate(metrics)
+    ]
     now = datetime.now(UTC)
-    answer = cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=now - timedelta(minutes=10),
-                                        EndTime=now + timedelta(minutes=1))["MetricDataResults"]  # fmt: skip
+    answer = cloudwatch.get_metric_data(
+        MetricDataQueries=queries, StartTime=now - timedelta(minutes=10), EndTime=now + timedelta(minutes=1)
+    )["MetricDataResults"]
     read = {metrics[int(r["Id"][1:])][1]: r["Values"][0] for r in answer if r["Values"]}
     assert read == {name: float(value) for name, value in shown.items() if value is not None}
     firing = cloudwatch.get_metric_data(
-        MetricDataQueries=[{"Id": "f", "MetricStat": {"Metric": {
-            "Namespace": health_metrics.NAMESPACE, "MetricName": health_metrics.FIRING,
-            "Dimensions": [{"Name": "Env", "Value": env}, {"Name": "Alarm", "Value": "records-dead-letter-archive"}]},
-            "Period": 300, "Stat": "Maximum"}}],
-        StartTime=now - timedelta(minutes=10), EndTime=now + timedelta(minutes=1),
-    )["MetricDataResults"][0]["Values"]  # fmt: skip
+        MetricDataQueries=[
+            {
+                "Id": "f",
+                "MetricStat": {
+                    "Metric": {
+                        "Namespace": health_metrics.NAMESPACE,
+                        "MetricName": health_metrics.FIRING,
+                        "Dimensions": [
+                            {"Name": "Env", "Value": env},
+                            {"Name": "Alarm", "Value": "records-dead-letter-archive"},
+                        ],
+                    },
+                    "Period": 300,
+                    "Stat": "Maximum",
+                },
+            }
+        ],
+        StartTime=now - timedelta(minutes=10),
+        EndTime=now + timedelta(minutes=1),
+    )["MetricDataResults"][0]["Values"]
     assert firing == [1.0]  # the template's CloudWatch alarm of that name reads this
 
 
@@ -71,6 +94,10 @@ def test_locally_nothing_is_put(monkeypatch):
     monkeypatch.delenv(health_metrics.ENV_VARIABLE, raising=False)
     assert health_metrics.publish_readings([{"name": "x", "value": 1, "state": "ALARM"}]) == 0
     assert health_metrics.metric_data([{"name": "x", "value": None, "state": "ERROR"}], "dev") == [
-        {"MetricName": "Firing", "Dimensions": [{"Name": "Env", "Value": "dev"}, {"Name": "Alarm", "Value": "x"}],
-         "Value": 1.0, "Unit": "Count"}
-    ]  # fmt: skip
+        {
+            "MetricName": "Firing",
+            "Dimensions": [{"Name": "Env", "Value": "dev"}, {"Name": "Alarm", "Value": "x"}],
+            "Value": 1.0,
+            "Unit": "Count",
+        }
+    ]

@@ -80,8 +80,10 @@ def test_multi_stage_the_runtime_copies_the_built_venv_and_runs_as_a_non_root_us
     build_name = all_stages[0][0]["value"].split()[-1]
     runtime = all_stages[-1]
     assert " AS " in all_stages[0][0]["value"].upper() and build_name not in runtime[0]["value"].split()[0]
-    assert any(i["instruction"] == "COPY" and f"--from={build_name}" in i["value"] and "/opt/venv" in i["value"]
-               for i in runtime)  # fmt: skip
+    assert any(
+        i["instruction"] == "COPY" and f"--from={build_name}" in i["value"] and "/opt/venv" in i["value"]
+        for i in runtime
+    )
     users = [i["value"].split(":")[0] for i in runtime if i["instruction"] == "USER"]
     assert users and users[-1] not in ("root", "0"), users
     assert runtime[-1]["instruction"] in ("CMD", "ENTRYPOINT") and runtime[-2]["instruction"] == "USER"

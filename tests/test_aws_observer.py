@@ -63,8 +63,9 @@ def running_flow_run(deployment: str | None = None, parameters: dict | None = No
 def breaker_triggers(name: str) -> list[dict]:
     """prefect.yaml's triggers of the merge breaker's deployment ``name``."""
     config = yaml.safe_load((cfn.REPO_ROOT / "prefect.yaml").read_text())
-    (deployment,) = [d for d in config["deployments"]
-                     if d["entrypoint"].endswith(":ndjson_merge_breaker") and d["name"] == name]  # fmt: skip
+    (deployment,) = [
+        d for d in config["deployments"] if d["entrypoint"].endswith(":ndjson_merge_breaker") and d["name"] == name
+    ]
     return deployment["triggers"]
 
 
@@ -89,14 +90,30 @@ def flow_run_state(run_id: uuid.UUID):
 def task_state_change(task: dict, exit_code: int) -> dict:
     """The EventBridge entry ECS sends when ``task`` stops with its container exited ``exit_code``."""
     detail = {
-        "taskArn": task["taskArn"], "clusterArn": task["clusterArn"], "taskDefinitionArn": task["taskDefinitionArn"],
-        "lastStatus": "STOPPED", "desiredStatus": "STOPPED", "stopCode": "EssentialContainerExited",
-        "stoppedReason": "Essential container in task exited", "launchType": "FARGATE",
-        "containers": [{"name": "prefect", "exitCode": exit_code, "lastStatus": "STOPPED",
-                        "containerArn": f"{task['taskArn']}/prefect", "taskArn": task["taskArn"]}],
-    }  # fmt: skip
-    return {"Source": "aws.ecs", "DetailType": "ECS Task State Change", "Resources": [task["taskArn"]],
-            "Detail": json.dumps(detail)}  # fmt: skip
+        "taskArn": task["taskArn"],
+        "clusterArn": task["clusterArn"],
+        "taskDefinitionArn": task["taskDefinitionArn"],
+        "lastStatus": "STOPPED",
+        "desiredStatus": "STOPPED",
+        "stopCode": "EssentialContainerExited",
+        "stoppedReason": "Essential container in task exited",
+        "launchType": "FARGATE",
+        "containers": [
+            {
+                "name": "prefect",
+                "exitCode": exit_code,
+                "lastStatus": "STOPPED",
+                "containerArn": f"{task['taskArn']}/prefect",
+                "taskArn": task["taskArn"],
+            }
+        ],
+    }
+    return {
+        "Source": "aws.ecs",
+        "DetailType": "ECS Task State Change",
+        "Resources": [task["taskArn"]],
+        "Detail": json.dumps(detail),
+    }
 
 
 async def observe_until(settings, done, timeout_s: float = 30) -> None:
@@ -151,13 +168,22 @@ def test_a_stopped_flow_run_task_has_its_run_marked_crashed_by_the_observer(clou
     cluster = resources["Cluster"]
     container = {"name": "prefect", "image": "pipelines:1", "memory": 512}
     family, network = f"prefect_observed-{env}", stack_parameters(cloud, env)
-    ecs.register_task_definition(family=family, requiresCompatibilities=["FARGATE"], networkMode="awsvpc",
-                                 cpu="256", memory="512", containerDefinitions=[container])  # fmt: skip
+    ecs.register_task_definition(
+        family=family,
+        requiresCompatibilities=["FARGATE"],
+        networkMode="awsvpc",
+        cpu="256",
+        memory="512",
+        containerDefinitions=[container],
+    )
     awsvpc = {"subnets": [network["Subnets"]], "securityGroups": [network["SecurityGroups"]]}
-    (task,) = ecs.run_task(cluster=cluster, taskDefinition=family, launchType="FARGATE",
-                           tags=[{"key": FLOW_RUN_TAG, "value": str(run_id)},
-                                 {"key": "prefect.io/flow-run-name", "value": "observed"}],
-                           networkConfiguration={"awsvpcConfiguration": awsvpc})["tasks"]  # fmt: skip
+    (task,) = ecs.run_task(
+        cluster=cluster,
+        taskDefinition=family,
+        launchType="FARGATE",
+        tags=[{"key": FLOW_RUN_TAG, "value": str(run_id)}, {"key": "prefect.io/flow-run-name", "value": "observed"}],
+        networkConfiguration={"awsvpcConfiguration": awsvpc},
+    )["tasks"]
     ecs.stop_task(cluster=cluster, task=task["taskArn"], reason="the container was killed")
     other = running_flow_run()  # a run whose task exits 0 is left alone
     sent = cloud.client("events").put_events(Entries=[task_state_change(task, 137)])

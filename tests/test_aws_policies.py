@@ -84,12 +84,18 @@ def run_task_as_prefect_aws(world: aws_calls.StackWorld) -> list[dict]:
     ones): register the task definition, run it on the cluster with the flow run's tags, passing the two roles."""
     roles = {"taskRoleArn": world.values["TaskRole.Arn"], "executionRoleArn": world.values["ExecutionRole.Arn"]}
     register = {"family": "prefect_ndjson-merge", "containerDefinitions": [], **roles}
-    run = {"cluster": world.values["Cluster"], "taskDefinition": "prefect_ndjson-merge:1", "launchType": "FARGATE",
-           "tags": [{"key": "prefect.io/flow-run-id", "value": "0f"}],
-           "overrides": {"taskRoleArn": roles["taskRoleArn"]}}  # fmt: skip
+    run = {
+        "cluster": world.values["Cluster"],
+        "taskDefinition": "prefect_ndjson-merge:1",
+        "launchType": "FARGATE",
+        "tags": [{"key": "prefect.io/flow-run-id", "value": "0f"}],
+        "overrides": {"taskRoleArn": roles["taskRoleArn"]},
+    }
     worker = {"service": "ecs", "role": "worker", "where": "prefect_aws:0"}
-    return [{**worker, "operation": "RegisterTaskDefinition", "params": register},
-            {**worker, "operation": "RunTask", "params": run}]  # fmt: skip
+    return [
+        {**worker, "operation": "RegisterTaskDefinition", "params": register},
+        {**worker, "operation": "RunTask", "params": run},
+    ]
 
 
 def test_the_worker_may_launch_a_tagged_flow_run_on_its_cluster(world):
@@ -100,12 +106,23 @@ def test_tag_resource_under_an_ecs_cluster_condition_is_denied_as_aws_denies_it(
     """The worker role's earlier statement: TagResource requests carry no ``ecs:cluster`` key, so it never held."""
     keys = aws_calls.supported_condition_keys({"ecs:TagResource", "ecs:RunTask"})
     assert "ecs:cluster" not in keys["ecs:TagResource"] and "ecs:cluster" in keys["ecs:RunTask"]
-    earlier = [{"Sid": "RunFlowRuns", "Effect": "Allow", "Action": ["ecs:RunTask", "ecs:TagResource"],
-                "Resource": ["arn:aws:ecs:us-east-1:123456789012:task-definition/*",
-                             "arn:aws:ecs:us-east-1:123456789012:task/pipelines-test/*"],
-                "Condition": {"ArnEquals": {"ecs:cluster": world.values["Cluster.Arn"]}}}]  # fmt: skip
-    tag = Request("ecs:TagResource", "arn:aws:ecs:us-east-1:123456789012:task/pipelines-test/1",
-                  {"ecs:cluster": (world.values["Cluster.Arn"],), "ecs:CreateAction": ("RunTask",)})  # fmt: skip
+    earlier = [
+        {
+            "Sid": "RunFlowRuns",
+            "Effect": "Allow",
+            "Action": ["ecs:RunTask", "ecs:TagResource"],
+            "Resource": [
+                "arn:aws:ecs:us-east-1:123456789012:task-definition/*",
+                "arn:aws:ecs:us-east-1:123456789012:task/pipelines-test/*",
+            ],
+            "Condition": {"ArnEquals": {"ecs:cluster": world.values["Cluster.Arn"]}},
+        }
+    ]
+    tag = Request(
+        "ecs:TagResource",
+        "arn:aws:ecs:us-east-1:123456789012:task/pipelines-test/1",
+        {"ecs:cluster": (world.values["Cluster.Arn"],), "ecs:CreateAction": ("RunTask",)},
+    )
     assert decide(earlier, aws_calls.with_supported_keys(tag, keys)) == (
         False,
         "no statement allows it (implicit deny)",
@@ -118,14 +135,31 @@ def test_tag_resource_under_an_ecs_cluster_condition_is_denied_as_aws_denies_it(
 
 def test_the_task_role_reads_metrics_and_registers_glue_partitions(world):
     calls = [
-        {"service": "cloudwatch", "operation": "GetMetricStatistics", "role": "task", "where": "tasks/etl/alarms.py",
-         "params": {"Namespace": "AWS/DynamoDB", "MetricName": "ReadThrottleEvents"}},
-        *({"service": "glue", "operation": operation, "role": "task", "where": "tasks/etl/catalog.py",
-           "params": {"DatabaseName": "ndjson_parquet", "TableName": "merged_parquet", "Name": "merged_parquet"}}
-          for operation in ("GetTable", "CreatePartition", "GetPartition", "UpdatePartition")),
-        {"service": "glue", "operation": "CreateDatabase", "role": "task", "where": "tasks/etl/catalog.py",
-         "params": {"DatabaseInput": {"Name": "ndjson_parquet"}}},
-    ]  # fmt: skip
+        {
+            "service": "cloudwatch",
+            "operation": "GetMetricStatistics",
+            "role": "task",
+            "where": "tasks/etl/alarms.py",
+            "params": {"Namespace": "AWS/DynamoDB", "MetricName": "ReadThrottleEvents"},
+        },
+        *(
+            {
+                "service": "glue",
+                "operation": operation,
+                "role": "task",
+                "where": "tasks/etl/catalog.py",
+                "params": {"DatabaseName": "ndjson_parquet", "TableName": "merged_parquet", "Name": "merged_parquet"},
+            }
+            for operation in ("GetTable", "CreatePartition", "GetPartition", "UpdatePartition")
+        ),
+        {
+            "service": "glue",
+            "operation": "CreateDatabase",
+            "role": "task",
+            "where": "tasks/etl/catalog.py",
+            "params": {"DatabaseInput": {"Name": "ndjson_parquet"}},
+        },
+    ]
     assert evaluate(world, calls) == ([], 1 + 4 * 3 + 2)
     other = Request("glue:CreatePartition", "arn:aws:glue:us-east-1:123456789012:table/other_db/t")
     assert not decide(statements_of(world, "TaskRole"), other)[0]  # the catalog grant names its database
@@ -151,8 +185,14 @@ def test_parliament_finds_nothing_in_any_role_but_what_is_justified(world):
         role: {"Version": "2012-10-17", "Statement": statements_of(world, role)}
         for role in ("ExecutionRole", "TaskRole", "WorkerRole")
     }
-    result = subprocess.run([str(TOOLS / "python"), "-c", PARLIAMENT], input=json.dumps(roles), capture_output=True,
-                            text=True, timeout=120, check=True)  # fmt: skip
+    result = subprocess.run(
+        [str(TOOLS / "python"), "-c", PARLIAMENT],
+        input=json.dumps(roles),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     findings = [json.loads(line) for line in result.stdout.splitlines()]
     assert [f for f in findings if not f[3]] == []  # parliament's own auditors: nothing
     assert {(role, issue) for role, issue, _, _ in findings} <= set(JUSTIFIED), findings
@@ -165,17 +205,28 @@ def test_the_task_role_drives_the_gpu_cluster_and_invokes_the_endpoints_its_para
     calls = [
         {**gpu, "operation": "ListContainerInstances", "params": {"cluster": "gpu"}},
         {**gpu, "operation": "ListTasks", "params": {"cluster": "gpu", "containerInstance": instance}},
-        {**gpu, "operation": "StartTask", "params": {"cluster": "gpu", "taskDefinition": "train",
-                                                     "tags": [{"key": "gpu-task", "value": "a"}]}},
+        {
+            **gpu,
+            "operation": "StartTask",
+            "params": {"cluster": "gpu", "taskDefinition": "train", "tags": [{"key": "gpu-task", "value": "a"}]},
+        },
         {**gpu, "operation": "StopTask", "params": {"cluster": "gpu", "task": "t1"}},
         {**gpu, "service": "ec2", "operation": "RebootInstances", "params": {"InstanceIds": ["i-1"]}},
-        {"service": "sagemaker-runtime", "operation": "InvokeEndpointAsync", "role": "task",
-         "where": "tasks/video/inference.py:0", "params": {"EndpointName": "text-redact"}},
-    ]  # fmt: skip
+        {
+            "service": "sagemaker-runtime",
+            "operation": "InvokeEndpointAsync",
+            "role": "task",
+            "where": "tasks/video/inference.py:0",
+            "params": {"EndpointName": "text-redact"},
+        },
+    ]
     assert evaluate(world, calls) == ([], 7)  # StartTask with its tag-on-create TagResource
     task_role = statements_of(world, "TaskRole")
-    pipelines_cluster = Request("ecs:StopTask", f"{world.values['Cluster.Arn'].replace(':cluster/', ':task/')}/t1",
-                                {"ecs:cluster": (world.values["Cluster.Arn"],)})  # fmt: skip
+    pipelines_cluster = Request(
+        "ecs:StopTask",
+        f"{world.values['Cluster.Arn'].replace(':cluster/', ':task/')}/t1",
+        {"ecs:cluster": (world.values["Cluster.Arn"],)},
+    )
     other_endpoint = Request("sagemaker:InvokeEndpointAsync", world.endpoint("x").replace("pipelines-video-", "a-"))
     assert not decide(task_role, pipelines_cluster)[0] and not decide(task_role, other_endpoint)[0]
     unset = {**world.parameters, "GpuClusterName": "", "VideoEndpointPrefix": ""}  # the defaults: none granted
@@ -183,8 +234,15 @@ def test_the_task_role_drives_the_gpu_cluster_and_invokes_the_endpoints_its_para
     sids = {statement["Sid"] for statement in role_statements(world.template, "TaskRole", values)}
     assert not {sid for sid in sids if sid.startswith("Gpu") or "Endpoint" in sid}
     assert {sid for sid in (s["Sid"] for s in task_role) if sid.startswith("Gpu") or "Endpoint" in sid} == {
-        "GpuClusterNodes", "GpuClusterInstances", "GpuStartTasks", "GpuTagTasksAtLaunch", "GpuWatchTasks",
-        "GpuInstances", "GpuRebootInstances", "InvokeVideoEndpoints"}  # fmt: skip
+        "GpuClusterNodes",
+        "GpuClusterInstances",
+        "GpuStartTasks",
+        "GpuTagTasksAtLaunch",
+        "GpuWatchTasks",
+        "GpuInstances",
+        "GpuRebootInstances",
+        "InvokeVideoEndpoints",
+    }
 
 
 def test_a_reboot_is_allowed_only_on_an_instance_tagged_as_the_gpu_clusters(world, tmp_path, monkeypatch):
@@ -214,7 +272,8 @@ def test_a_reboot_is_allowed_only_on_an_instance_tagged_as_the_gpu_clusters(worl
     gpu = {"service": "ecs", "role": "task", "where": "tasks/gpu/backends.py:0"}
     calls = [{**gpu, "operation": "ListContainerInstances", "params": {"cluster": "gpu"}}] + [
         {**gpu, "service": "ec2", "operation": "RebootInstances", "params": {"InstanceIds": [i]}}
-        for i in (tagged, untagged, other)]  # fmt: skip
+        for i in (tagged, untagged, other)
+    ]
     denied, decided = evaluate(world, calls)
     arn = f"arn:aws:ec2:{aws_calls.REGION}:{aws_calls.ACCOUNT}:instance/"
     assert decided == 4 and [(d[1], d[2], d[3]) for d in denied] == sorted(
@@ -232,8 +291,9 @@ def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tm
     env = {**os.environ, aws_calls.LOG_VARIABLE: str(log)}
     pytest_run = [sys.executable, "-m", "pytest", "-p", "tests.helpers.aws_calls", "-q", "-p", "no:cacheprovider", "-x"]
     for selection in ([*RECORDED_MODULES, "-m", "not sweep"], list(RECORDED_SWEEP)):
-        result = subprocess.run([*pytest_run, *selection], cwd=cfn.REPO_ROOT, env=env, capture_output=True, text=True,
-                                timeout=1700)  # fmt: skip
+        result = subprocess.run(
+            [*pytest_run, *selection], cwd=cfn.REPO_ROOT, env=env, capture_output=True, text=True, timeout=1700
+        )
         assert result.returncode == 0, result.stdout[-3000:]
     calls = [c for c in aws_calls.read(log) if c["role"] in aws_calls.TEMPLATE_ROLES]
     world.resource_tags = aws_calls.read_resource_tags(log)  # the GPU test's instance carries the cluster's tag

@@ -115,15 +115,23 @@ def test_large_objects_go_up_in_multipart_and_stream_both_ways(s3_base, tmp_path
     assert parts_of(store, "small.json") == 1 and store.get_bytes("small.json") == b"{}"
     bucket = s3_base.split("/")[2]
     assert object_keys(os.environ["AWS_ENDPOINT_URL_S3"], bucket) == [
-        "pipelines/small.json", "pipelines/video/big.bin", "pipelines/video/copy.bin", "pipelines/video/generated.bin"
-    ]  # fmt: skip
+        "pipelines/small.json",
+        "pipelines/video/big.bin",
+        "pipelines/video/copy.bin",
+        "pipelines/video/generated.bin",
+    ]
     assert store.incomplete_uploads() == []
 
 
 def test_odd_input_on_s3_gets_clear_errors(s3_base, tmp_path):
     store = ObjectStore.from_url(s3_base)
-    for call in (store.get_bytes, store.open, store.size, lambda k: store.download(k, tmp_path / "x"),
-                 lambda k: store.copy(k, "elsewhere")):  # fmt: skip
+    for call in (
+        store.get_bytes,
+        store.open,
+        store.size,
+        lambda k: store.download(k, tmp_path / "x"),
+        lambda k: store.copy(k, "elsewhere"),
+    ):
         with pytest.raises(ObjectNotFound, match=f"{s3_base}/missing/key"):
             call("missing/key")
     for bad in ("../escape", "/abs", "a/../../b", ""):
@@ -136,9 +144,11 @@ def test_odd_input_on_s3_gets_clear_errors(s3_base, tmp_path):
         ObjectStore.from_url("s3:///prefix")
     # a presigned PUT from a client that has no credentials lands where the pipeline reads it
     request = urllib.request.Request(
-        store.presign_put("input/up.bin"), data=b"uploaded", method="PUT",
+        store.presign_put("input/up.bin"),
+        data=b"uploaded",
+        method="PUT",
         headers={"Content-Type": "application/octet-stream"},  # urllib's default form type makes moto drop the body
-    )  # fmt: skip
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.status == 200
     assert store.get_bytes("input/up.bin") == b"uploaded"
@@ -241,8 +251,9 @@ def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_ba
     job = v.create_job(mode="grayscale", segment_seconds=1.0)
     job_id = job["job_id"]
     assert job["upload_target"].startswith(os.environ["AWS_ENDPOINT_URL_S3"])  # a presigned PUT, as in the seed
-    request = urllib.request.Request(job["upload_target"], data=source.read_bytes(), method="PUT",
-                                     headers={"Content-Type": "video/mp4"})  # fmt: skip
+    request = urllib.request.Request(
+        job["upload_target"], data=source.read_bytes(), method="PUT", headers={"Content-Type": "video/mp4"}
+    )
     urllib.request.urlopen(request, timeout=30).close()
 
     done = video_process(job_id=job_id, segment_seconds=1.0, mode="grayscale", segment_retry_delays=[0, 0])
@@ -253,8 +264,9 @@ def test_video_chunk_inference_reassembly_and_delete_cleanup_on_s3(tables, s3_ba
     records = v.completions(job_id)
     assert set(store.list("")) == (
         {video_keys.source_key(job_id), video_keys.final_key(job_id)}
-        | {r["segment_key"] for r in records} | {r["output_key"] for r in records}
-    )  # fmt: skip
+        | {r["segment_key"] for r in records}
+        | {r["output_key"] for r in records}
+    )
 
     assert v.request_delete(job_id)["status"] == "deleted"
     assert video_delete_cleanup() == {job_id: {"objects": 1 + 3 + 3 + 1, "completion_records": 3, "locks": 1}}
@@ -300,10 +312,15 @@ ETL_DAY, ETL_LATE_DAY, ETL_TODAY = "2026-02-01", "2026-02-02", "2026-02-10"
 @pytest.fixture
 def etl_s3(tables, s3_base, monkeypatch):
     """ETL settings for small files: 1 KiB ± 99%, 4 files per manifest."""
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "4",
-                        "MIN_FILES_FOR_PARTIAL_BATCH": "1", "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
+    for name, value in {
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "4",
+        "ETL_MIN_FILES_FOR_PARTIAL_BATCH": "1",
+        "ETL_NUM_STATUS_SHARDS": "2",
+    }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NOTIFY_BLOCK", raising=False)
+    monkeypatch.delenv("ETL_NOTIFY_BLOCK", raising=False)
     return ObjectStore.from_url(s3_base)
 
 

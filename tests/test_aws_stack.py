@@ -125,9 +125,12 @@ def test_every_resource_has_the_deletion_policy_of_its_kind():
 
 def test_every_named_resource_carries_the_env_so_two_environments_share_an_account():
     names = {
-        "AWS::DynamoDB::Table": "TableName", "AWS::SQS::Queue": "QueueName", "AWS::ECS::Cluster": "ClusterName",
-        "AWS::Logs::LogGroup": "LogGroupName", "AWS::ECS::TaskDefinition": "Family",
-    }  # fmt: skip
+        "AWS::DynamoDB::Table": "TableName",
+        "AWS::SQS::Queue": "QueueName",
+        "AWS::ECS::Cluster": "ClusterName",
+        "AWS::Logs::LogGroup": "LogGroupName",
+        "AWS::ECS::TaskDefinition": "Family",
+    }
     seen = 0
     for name, resource in cfn.template()["Resources"].items():
         if resource["Type"] in names:

@@ -95,6 +95,20 @@ def test_the_bucket_notifies_each_object_queue_and_expires_what_the_seeds_let_ex
     assert not any(p.startswith("${StorePrefix}/pipeline/") for p in expiring), "inputs and outputs never expire"
 
 
+def test_the_etl_expires_the_prefixes_its_keys_write_what_explains_a_record_under():
+    from datetime import datetime
+
+    from tasks.etl import aws, keys
+
+    written = {
+        "quarantine": keys.quarantine_key("2026-01-01", "a.ndjson"),
+        "manifests": keys.manifest_key("2026-01-01", "batch-0001-20260101-000000.json"),
+        "reports": keys.run_report_key("glue", datetime(2026, 1, 1), "r"),
+    }
+    assert written.keys() == aws.EXPLAINING.keys()
+    assert all(written[name].startswith(prefix) for name, prefix in aws.EXPLAINING.items())
+
+
 def test_logs_are_kept_the_seeds_three_days():
     groups = of_type("AWS::Logs::LogGroup")
     assert groups and {g["Properties"]["RetentionInDays"] for g in groups.values()} == {3}
@@ -172,11 +186,23 @@ def test_every_checkov_suppression_gives_its_reason():
 
 def test_checkov_fails_no_check():
     result = subprocess.run(
-        [str(TOOLS / "checkov"), "-f", str(cfn.TEMPLATE_PATH), "--framework", "cloudformation", "--compact", "--quiet",
-         "--skip-download", "--output", "json"],
-        capture_output=True, text=True, timeout=600,
+        [
+            str(TOOLS / "checkov"),
+            "-f",
+            str(cfn.TEMPLATE_PATH),
+            "--framework",
+            "cloudformation",
+            "--compact",
+            "--quiet",
+            "--skip-download",
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={"PATH": str(TOOLS), "BC_SKIP_MAPPING": "TRUE", "HOME": "/tmp"},
-    )  # fmt: skip
+    )
     report = json.loads(result.stdout)
     summary = report["summary"]
     assert summary["failed"] == 0 and summary["parsing_errors"] == 0 and summary["passed"] > 40, summary

@@ -31,8 +31,12 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
     from flows.etl import ndjson_ingest
     from flows.phspectra_survey import phspectra_survey
 
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "2",
-                        "NUM_STATUS_SHARDS": "1"}.items():  # fmt: skip
+    for name, value in {
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "2",
+        "ETL_NUM_STATUS_SHARDS": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     name, survey_run = f"trigger-{uuid.uuid4().hex[:6]}", str(uuid.uuid4())
     deployments = deploy_from_prefect_yaml(tmp_path, {"records-prefect-state"}, f"pool-{name}", name)
@@ -75,11 +79,15 @@ def test_crashed_and_failed_pipeline_runs_trigger_records_prefect_state_and_the_
             if crashed_run in json.dumps(r.parameters) or failed_run in json.dumps(r.parameters)
         ]  # only the events of this test's runs (another test's stray run cannot confuse it)
         assert [r.state_name for r in repairs] == ["Completed"] * 3, worker.tail()
-        events = {(r.parameters["event"]["event"],
-                   r.parameters["event"]["resource"]["prefect.resource.id"].split(".")[1])
-                  for r in repairs}  # fmt: skip
-        assert events == {("prefect.flow-run.Crashed", "flow-run"), ("prefect.flow-run.Failed", "flow-run"),
-                          ("prefect.task-run.Failed", "task-run")}  # fmt: skip
+        events = {
+            (r.parameters["event"]["event"], r.parameters["event"]["resource"]["prefect.resource.id"].split(".")[1])
+            for r in repairs
+        }
+        assert events == {
+            ("prefect.flow-run.Crashed", "flow-run"),
+            ("prefect.flow-run.Failed", "flow-run"),
+            ("prefect.task-run.Failed", "task-run"),
+        }
         crash_event = next(r.parameters["event"] for r in repairs if r.parameters["event"]["event"].endswith("Crashed"))
         assert crash_event["resource"]["prefect.resource.id"] == f"prefect.flow-run.{crashed_run}"
         print(f"crash and failure -> 3 records-prefect-state runs completed in {time.monotonic() - started:.1f} s")

@@ -34,8 +34,14 @@ def test_every_benchmark_has_a_quick_mode():
 def test_quick_run_ends_without_a_wrong_result(name):
     env = {k: v for k, v in os.environ.items() if not SESSION_ENV.match(k)}
     timeout = QUICK_TIMEOUT_S.get(name, 600)
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), "--quick"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
     if name in GPU_ONLY and result.returncode == 2:
         pytest.skip(f"no usable GPU: {tail.splitlines()[-1] if tail else ''}")

@@ -81,7 +81,7 @@ def _check(root: Path, table: str, date: str, urls: list[str]) -> None:
 
 @pytest.mark.timeout(1800)  # ~13 s a point on a quiet machine, 30 s on a loaded one: the full sweep has 29 writes
 def test_etl_crash_points(etl_env, monkeypatch, tmp_path):
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "2")
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "2")
     root, table = etl_env["root"], etl_env["table"]
     start = dt.date(2026, 3, 1)
     # a first run over fresh tables and store makes writes no later run makes (e.g. the catalog's first entry):
@@ -177,7 +177,7 @@ def test_etl_timeout_hook_crash_points(etl_env, monkeypatch, tmp_path):
     failed, its output removed, its files failed; for each manifest the run held), the product's maintenance ends
     every manifest and file (a manifest left `failed` with its output and files `manifested`: `etl remediate`
     fails the files, `etl reprocess` removes the output and the flush merges them again)."""
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "2")
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "2")
     root, table = etl_env["root"], etl_env["table"]
     start = dt.date(2026, 6, 1)
     files = 2 * 2  # two manifests of two files

@@ -20,10 +20,15 @@ from tests.helpers.retention import aged, make_records
 
 pytestmark = pytest.mark.crashpoints  # `make test-sweep` takes every write; by hand 3 sampled points
 
-TABLES = {"phspectra_runs": ("PK", "SK"), "video_jobs": ("job_id",),
-          "video_segment_completions": ("job_id", "segment_index"), "video_reassembly_locks": ("job_id",),
-          "ecs_job": ("job_id",), "ecs_task": ("ecs_task_id",),
-          "health_incidents": ("alarm",)}  # fmt: skip
+TABLES = {
+    "phspectra_runs": ("PK", "SK"),
+    "video_jobs": ("job_id",),
+    "video_segment_completions": ("job_id", "segment_index"),
+    "video_reassembly_locks": ("job_id",),
+    "ecs_job": ("job_id",),
+    "ecs_task": ("ecs_task_id",),
+    "health_incidents": ("alarm",),
+}
 
 
 def retention_pass(now: str) -> dict:
@@ -71,10 +76,13 @@ def test_retention_survives_a_crash_at_every_write(etl_env, tmp_path):
     assert {k: v for k, v in expected["items"].items() if v[0] is not None} == {
         ("phspectra_runs", "run-done", phspectra_keys.RUN_SK): (ttl, False),
         ("phspectra_runs", "run-done", phspectra_keys.chunk_sk(0)): (ttl, False),
-        ("video_jobs", "v-done"): (ttl, False), ("video_segment_completions", "v-done", "0"): (ttl, False),
-        ("video_reassembly_locks", "v-done"): (ttl, False), ("ecs_job", "g-done"): (ttl, False),
-        ("ecs_task", "t-1"): (ttl, False), ("health_incidents", "cleared"): (ttl, False),
-    }  # fmt: skip
+        ("video_jobs", "v-done"): (ttl, False),
+        ("video_segment_completions", "v-done", "0"): (ttl, False),
+        ("video_reassembly_locks", "v-done"): (ttl, False),
+        ("ecs_job", "g-done"): (ttl, False),
+        ("ecs_task", "t-1"): (ttl, False),
+        ("health_incidents", "cleared"): (ttl, False),
+    }
     assert not any(pending for _, pending in expected["items"].values())
     kept = {k for k, days in _objects().items() if "live" in k or "m-waiting" in k or "m-new" in k}
     assert set(expected["objects"]) == kept

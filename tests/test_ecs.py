@@ -188,13 +188,22 @@ def test_a_flow_run_on_the_stacks_pool_gets_its_network_logs_api_key_secret_and_
     plaintext override) and gets the stack's env and renamed tables."""
     from deployments.aws import pool_job_template
 
-    outputs = {"EcsCluster": AWS_ENV["ECS_CLUSTER"], "EcsTaskRoleArn": AWS_ENV["ECS_TASK_ROLE_ARN"],
-               "EcsExecutionRoleArn": AWS_ENV["ECS_EXECUTION_ROLE_ARN"], "BucketUrl": "s3://pipelines-data-dev/pipelines",
-               "FlowRunLogGroup": "/pipelines/dev/flow-runs"}  # fmt: skip
+    outputs = {
+        "EcsCluster": AWS_ENV["ECS_CLUSTER"],
+        "EcsTaskRoleArn": AWS_ENV["ECS_TASK_ROLE_ARN"],
+        "EcsExecutionRoleArn": AWS_ENV["ECS_EXECUTION_ROLE_ARN"],
+        "BucketUrl": "s3://pipelines-data-dev/pipelines",
+        "FlowRunLogGroup": "/pipelines/dev/flow-runs",
+    }
     secret = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:prefect-api-key-AbCdEf"
     subnets = aws.client("ec2").describe_subnets()["Subnets"][:2]
-    parameters = {"Env": "dev", "VpcId": subnets[0]["VpcId"], "Subnets": ",".join(s["SubnetId"] for s in subnets),
-                  "SecurityGroups": "sg-1", "PrefectApiKeySecretArn": secret}  # fmt: skip
+    parameters = {
+        "Env": "dev",
+        "VpcId": subnets[0]["VpcId"],
+        "Subnets": ",".join(s["SubnetId"] for s in subnets),
+        "SecurityGroups": "sg-1",
+        "PrefectApiKeySecretArn": secret,
+    }
     template = pool_job_template(ecs_pool.base_job_template, outputs, parameters, "us-east-1")
     deployment = json.loads(json.dumps(ECS_DEPLOYMENTS[0]))
     for name in ("cluster", "task_role_arn", "execution_role_arn"):  # what the pool holds is enough
@@ -212,7 +221,7 @@ def test_a_flow_run_on_the_stacks_pool_gets_its_network_logs_api_key_secret_and_
     override = task["overrides"]["containerOverrides"][0]
     env = {e["name"]: e["value"] for e in override["environment"]}
     assert "PREFECT_API_KEY" not in env
-    assert env["TABLE_ENV"] == "dev" and env["TABLE_GRANULES"] == "granules-dev" and env["CATALOG_DATABASE"]
+    assert env["TABLE_ENV"] == "dev" and env["TABLE_GRANULES"] == "granules-dev" and env["ETL_CATALOG_DATABASE"]
     assert env["OBJECT_STORE_BASE_URL"] == "s3://pipelines-data-dev/pipelines"
     assert submitted["cluster_arn"].endswith(f":cluster/{AWS_ENV['ECS_CLUSTER']}")
 

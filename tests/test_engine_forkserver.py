@@ -133,7 +133,7 @@ def wait_for(path: Path, seconds: float = 60) -> dict:
 
 
 def gone(pid: int, seconds: float = 10) -> bool:
-    from tasks.gpu.backends import pid_alive
+    from tasks.core.processes import pid_alive
 
     deadline = time.monotonic() + seconds
     while pid_alive(pid):

@@ -23,7 +23,7 @@ from tests.helpers.etl import DAY, MISSING_DEPLOYMENT, TODAY, good_lines, record
 
 
 def test_settings_use_the_seed_names_and_env_overrides(monkeypatch):
-    for name in ("MAX_FILES_PER_MANIFEST", "NUM_STATUS_SHARDS", "EXPECTED_FILE_SIZE_MB"):
+    for name in ("ETL_MAX_FILES_PER_MANIFEST", "ETL_NUM_STATUS_SHARDS", "ETL_EXPECTED_FILE_SIZE_MB"):
         monkeypatch.delenv(name, raising=False)
     config = load_config(EtlSettings)
     assert (
@@ -34,8 +34,8 @@ def test_settings_use_the_seed_names_and_env_overrides(monkeypatch):
         config.ttl_days,
         config.num_status_shards,
     ) == (10, 10, 99, 1, 30, 10)
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "25")
-    monkeypatch.setenv("NUM_STATUS_SHARDS", "3")
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "25")
+    monkeypatch.setenv("ETL_NUM_STATUS_SHARDS", "3")
     config = load_config(EtlSettings)
     assert (config.max_files_per_manifest, config.num_status_shards) == (25, 3)
 
@@ -299,7 +299,7 @@ def test_four_ingest_runs_at_once_put_every_file_in_exactly_one_manifest(etl_env
     """Four ndjson-ingest flow runs in threads over 1,020 files on 3 dates, with redelivered events."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "10")
     root, table = etl_env["root"], etl_env["table"]
     dates = ["2026-01-01", "2026-01-02", "2026-01-03"]
     urls = [write_input(root, dates[i % 3], f"c-{i:04d}.ndjson", [{"i": i, "pad": "x" * 20}]) for i in range(1020)]

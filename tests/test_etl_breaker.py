@@ -408,8 +408,10 @@ def _left_to_a_queued_run(etl_env, merge: str, prefix: str) -> tuple[str, list[s
     manifests = []
     run_id = None
     for batch in range(2):
-        urls = [write_input(root, DAY, f"{prefix}{batch}-{i}.ndjson", [{"id": f"{batch}{i}", "pad": "x" * 40}])
-                for i in range(5)]  # fmt: skip
+        urls = [
+            write_input(root, DAY, f"{prefix}{batch}-{i}.ndjson", [{"id": f"{batch}{i}", "pad": "x" * 40}])
+            for i in range(5)
+        ]
         summary = ndjson_ingest(file_urls=urls, merge_deployment=merge)
         assert summary["launched"] == 1
         manifests += summary["manifests"]

@@ -132,7 +132,7 @@ def test_a_failed_merge_leaves_a_failed_report_and_no_partition(etl_env):
 def test_a_report_that_cannot_be_written_is_logged_and_the_run_goes_on(tmp_path, monkeypatch, caplog):
     blocked = tmp_path / "not-a-folder"
     blocked.write_text("a file where the manifest store should be")
-    monkeypatch.setenv("MANIFEST_STORE_URL", blocked.as_uri())
+    monkeypatch.setenv("ETL_MANIFEST_STORE_URL", blocked.as_uri())
     assert reports.write_run_report("glue", datetime.now(UTC), {"status": "completed"}) is None
     assert "glue report of run" in caplog.text and "not written" in caplog.text
     with pytest.raises(keys.InvalidKey):
@@ -142,7 +142,7 @@ def test_a_report_that_cannot_be_written_is_logged_and_the_run_goes_on(tmp_path,
 def test_a_merge_on_s3_registers_its_partition_in_glue_once(etl_env, s3_base, s3_endpoint, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_GLUE", s3_endpoint)
     database = f"db_{uuid.uuid4().hex[:8]}"  # moto's server is shared by the session's tests
-    monkeypatch.setenv("CATALOG_DATABASE", database)
+    monkeypatch.setenv("ETL_CATALOG_DATABASE", database)
     store = ObjectStore.from_url(s3_base)
     day = DAYS[0]
     urls = [

@@ -48,7 +48,7 @@ def _consistent(table: str, root: Path, date: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("batch, n", [(5, 12), (100, 100)])  # one transaction per batch; too big for one
 def test_create_manifests_raising_at_any_write_leaves_no_claim_without_its_manifest(etl_env, monkeypatch, batch, n):
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", str(batch))
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", str(batch))
     root, table = etl_env["root"], etl_env["table"]
     config = etl.settings()
     log = root / "writes.log"
@@ -172,7 +172,7 @@ def test_a_quarantined_file_uploaded_again_with_the_same_size_is_validated_again
     url = write_input(root, TODAY, "same-size.ndjson", good_lines(40, 1))
     size = Path(root / "pipeline" / "input" / TODAY / "same-size.ndjson").stat().st_size
     assert ndjson_ingest(file_urls=[url], merge_deployment=MISSING_DEPLOYMENT)["quarantined"] == 1
-    monkeypatch.setenv("EXPECTED_FILE_SIZE_MB", str(size / (1024 * 1024)))  # the settings are fixed
+    monkeypatch.setenv("ETL_EXPECTED_FILE_SIZE_MB", str(size / (1024 * 1024)))  # the settings are fixed
     unchanged = ndjson_ingest(file_urls=[url], merge_deployment=MISSING_DEPLOYMENT)  # the same version again
     assert unchanged["revalidated"] == 0 and records(table)[(TODAY, "same-size.ndjson")]["status"].startswith(
         "quarantined#"
@@ -204,7 +204,7 @@ def test_release_quarantine_after_the_settings_are_fixed(etl_env, monkeypatch, c
         "q-1.ndjson": "quarantined",
     }
 
-    monkeypatch.setenv("EXPECTED_FILE_SIZE_MB", "0.01")  # the settings are fixed
+    monkeypatch.setenv("ETL_EXPECTED_FILE_SIZE_MB", "0.01")  # the settings are fixed
     assert main(["etl", "release-quarantine", "--date", TODAY, "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out)["would_release"] == ["q-0.ndjson", "q-1.ndjson"]
     out = etl_ops.release_quarantine(TODAY, ["q-0.ndjson"], dry_run=True)

@@ -250,7 +250,9 @@ def test_random_odd_files_parse_as_an_independent_reading_of_the_rules_says():
 
 
 def test_a_byte_order_mark_deep_nesting_and_refused_lines_get_clear_outcomes():
-    deep = lambda levels: '{"a":' + "[" * levels + "]" * levels + "}"  # noqa: E731
+    def deep(levels):
+        return '{"a":' + "[" * levels + "]" * levels + "}"
+
     data = (
         "\ufeff" + '{"a": 1}\n' + deep(600) + "\n" + deep(400) + '\n{"x": NaN}\n{"y":1}{"z":2}\n[1]\n{"a":01}\n'
     ).encode()
@@ -279,7 +281,7 @@ def _fail_second_part(monkeypatch):
 @pytest.mark.parametrize("where", ["writing a part", "publishing"])
 def test_a_merge_failing_midway_then_reprocess_writes_every_line_exactly_once(etl_env, monkeypatch, where):
     root, table = etl_env["root"], etl_env["table"]
-    monkeypatch.setenv("TARGET_FILE_MB", "0")  # one part per file
+    monkeypatch.setenv("ETL_TARGET_FILE_MB", "0")  # one part per file
     urls = write_five_inputs(root, "p")
     with monkeypatch.context() as patch:
         if where == "writing a part":
@@ -310,7 +312,7 @@ def faults_at_third_rename(real, *args):
 
 def test_rerunning_a_failed_manifest_completes_its_files_and_a_later_reprocess_duplicates_nothing(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
-    monkeypatch.setenv("TARGET_FILE_MB", "0")
+    monkeypatch.setenv("ETL_TARGET_FILE_MB", "0")
     urls = write_five_inputs(root, "r")
     with monkeypatch.context() as patch:
         _fail_second_part(patch)
@@ -431,7 +433,7 @@ ISSUE_23_LINES = ['{"a"}', '{"a" "b"}', '{"foo":"bar","a"}', '{"\\ud800x":2}', '
 def test_lines_the_reader_once_raised_on_are_rejects_and_every_file_of_the_manifest_completes(etl_env, monkeypatch):
     """Issue 23: ten files with one such line each ended failed#N and the manifest failed, at every re-run."""
     root, table = etl_env["root"], etl_env["table"]
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "10")
     urls = []
     for i in range(10):
         bad = ISSUE_23_LINES[i % len(ISSUE_23_LINES)]
@@ -466,7 +468,7 @@ def test_lines_the_reader_once_raised_on_are_rejects_and_every_file_of_the_manif
 
 def test_a_file_the_reader_cannot_read_fails_alone_and_the_other_nine_merge_exactly_once(etl_env, monkeypatch):
     root, table = etl_env["root"], etl_env["table"]
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "10")
     urls = [write_input(root, DAY, f"t-{i}.ndjson", [{"id": f"t{i}-{k}", "v": k} for k in range(3)]) for i in range(10)]
     ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked and in a manifest, not merged yet
     (key,) = manifests(table)
@@ -656,7 +658,10 @@ def test_a_merged_manifest_finishes_in_one_request_and_a_file_moved_since_the_me
         )
     calls: list[str] = []
     events = state_store.client().meta.events
-    count = lambda model, **_: calls.append(model.name)  # noqa: E731
+
+    def count(model, **_):
+        return calls.append(model.name)
+
     events.register("before-call.dynamodb", count, unique_id="count-finish")
     try:
         finished = etl_merge.finish_manifest(

@@ -3,80 +3,24 @@
     deployments ─▶ flows ─▶ tasks/<pipeline> ─▶ tasks/{reconcile,health,retention} ─▶ tasks/landing ─▶ tasks/core ─▶
     blocks
 
+The rooms are found, not listed: every package under tasks/ other than the shared ones is a pipeline's, wherever its
+folder lies (the same folder under another sys.path entry joins the package).
+
 Imports inside functions count too: a circle hidden in a function is still a circle.
 """
 
 from __future__ import annotations
 
-import ast
-from collections import defaultdict
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-PIPELINES = ("phspectra", "etl", "gpu", "video", "records")
-SHARED = ("reconcile", "health", "retention")
-# floor of each room: a module may import its own room, or rooms on a lower floor (the shared upkeep packages may
-# import one another: health reads retention's rules type)
-FLOORS = {
-    "blocks": 0,
-    "tasks.core": 1,
-    "tasks.landing": 2,
-    **{f"tasks.{s}": 3 for s in SHARED},
-    **{f"tasks.{p}": 4 for p in PIPELINES},
-    "flows": 5,
-    "deployments": 6,
-}
-
-
-def _modules() -> dict[str, Path]:
-    found = {}
-    for top in ("blocks", "tasks", "flows", "deployments"):
-        for path in (ROOT / top).rglob("*.py"):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            found[name] = path
-    return found
-
-
-def _imports() -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports (``from a import b`` counts ``a.b`` when that is a module)."""
-    modules = _modules()
-    edges: dict[str, set[str]] = defaultdict(set)
-    for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-            elif isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            else:
-                continue
-            edges[name] |= {t for t in targets if t in modules and t != name}
-    return edges
-
-
-def _room(module: str) -> str | None:
-    parts = module.split(".")
-    for size in (2, 1):
-        if ".".join(parts[:size]) in FLOORS:
-            return ".".join(parts[:size])
-    return None
-
-
-def _up_or_across(module: str, target: str) -> bool:
-    """Whether ``module`` importing ``target`` goes up a floor, or across to another room of its floor (two
-    pipelines); the shared upkeep packages (floor 3) may import one another."""
-    room, other = _room(module), _room(target)
-    if room is None or other is None or room == other:
-        return False
-    return FLOORS[other] > FLOORS[room] or (FLOORS[other] == FLOORS[room] != 3)
+from tests.helpers.house import TOPS, imports, modules, pipeline_packages, room_of, up_or_across
 
 
 def test_no_module_imports_a_room_above_its_own_or_another_pipeline():
-    wrong = sorted(f"{m} -> {t}" for m, targets in _imports().items() for t in targets if _up_or_across(m, t))
+    wrong = sorted(f"{m} -> {t}" for m, targets in imports().items() for t in targets if up_or_across(m, t))
     assert wrong == []
 
 
 def test_no_import_circle():
-    edges = _imports()
+    edges = imports()
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -104,7 +48,7 @@ def test_no_import_circle():
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for module in list(_modules()):
+    for module in list(modules()):
         if module not in index:
             visit(module)
     assert circles == []
@@ -113,16 +57,20 @@ def test_no_import_circle():
 def test_only_the_records_flow_imports_the_records_pipeline():
     importers = {
         module
-        for module, targets in _imports().items()
+        for module, targets in imports().items()
         if module.startswith("flows.") and any(t == "tasks.records" or t.startswith("tasks.records.") for t in targets)
     }
     assert importers == {"flows.records"}
+
+
+def test_every_module_sits_in_a_room_with_a_floor():
+    assert sorted(m for m in modules() if room_of(m) is None and m not in TOPS) == []
 
 
 def test_every_pipeline_package_declares_itself_and_its_keys():
     from tasks.core import registry
 
     declared = {p.name for p in registry.pipelines()}
-    assert set(PIPELINES) <= declared
-    for name in PIPELINES:
-        assert (ROOT / "tasks" / name / "pipeline.py").is_file() and (ROOT / "tasks" / name / "keys.py").is_file()
+    assert pipeline_packages() and set(pipeline_packages()) <= declared
+    for name in pipeline_packages():
+        assert {"tasks." + name + ".pipeline", "tasks." + name + ".keys"} <= set(modules()), name

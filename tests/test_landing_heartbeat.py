@@ -79,8 +79,15 @@ def test_the_check_passes_while_the_listener_receives_and_fails_once_its_loop_is
         return Outcome(done=batch)
 
     def run() -> None:
-        listener.pump(source, handler, batch_size=1, batch_seconds=0, wait_seconds=0.05,
-                      should_stop=stop.is_set, heartbeat=Heartbeat.from_env())  # fmt: skip
+        listener.pump(
+            source,
+            handler,
+            batch_size=1,
+            batch_seconds=0,
+            wait_seconds=0.05,
+            should_stop=stop.is_set,
+            heartbeat=Heartbeat.from_env(),
+        )
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

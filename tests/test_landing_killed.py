@@ -59,7 +59,10 @@ def test_a_killed_video_listener_started_again_starts_each_upload_once(tables, s
     job_ids = [jobs.create_job()["job_id"] for _ in range(INPUTS)]
     for job_id in job_ids:
         _drop(store_root, video_keys.source_key(job_id), b"an upload the listener does not decode")
-    with_run = lambda: sum(1 for j in job_ids if jobs.get_job(j).get(jobs.PROCESS_RUN))  # noqa: E731
+
+    def with_run():
+        return sum(1 for j in job_ids if jobs.get_job(j).get(jobs.PROCESS_RUN))
+
     at_kill = kill_mid_batch_and_restart(
         "flows.video:video_listen", {**LISTEN, "process_deployment": deployment}, with_run, tmp_path / "listener.log"
     )
@@ -82,7 +85,9 @@ def test_a_killed_phspectra_listener_started_again_starts_each_cube_once(tables,
     def landings() -> list[dict]:
         return [i for i in state_store.scan_all(ph.runs_table()) if i["SK"] == phspectra_keys.LANDING_SK]
 
-    started = lambda: sum(1 for i in landings() if i["status"] == landing.STARTED)  # noqa: E731
+    def started():
+        return sum(1 for i in landings() if i["status"] == landing.STARTED)
+
     at_kill = kill_mid_batch_and_restart(
         "flows.phspectra_survey:phspectra_listen",
         {**LISTEN, "survey_deployment": deployment},
@@ -108,7 +113,10 @@ def test_a_killed_records_listener_started_again_writes_each_file_once(tables, s
             store_root, f"{records_keys.RECORDS_INCOMING_PREFIX}{name}", json.dumps(record_messages(5 * i, 5)).encode()
         )
     granules = [f"LAND.G{i:03d}" for i in range(5 * INPUTS)]
-    written = lambda: len(state_store.get_many(tables["granules"], [{"granuleId": g} for g in granules]))  # noqa: E731
+
+    def written():
+        return len(state_store.get_many(tables["granules"], [{"granuleId": g} for g in granules]))
+
     at_kill = kill_mid_batch_and_restart(
         "flows.records:records_listen", {**LISTEN, "batch_size": 10}, written, tmp_path / "listener.log"
     )

@@ -96,7 +96,10 @@ def test_a_failing_source_is_tried_again_after_growing_pauses_and_nothing_is_los
 
     stats = PumpStats()
     ticks = itertools.count()
-    stop = lambda: len(source.acked) == 6 or next(ticks) > 200  # noqa: E731
+
+    def stop():
+        return len(source.acked) == 6 or next(ticks) > 200
+
     opened = listener.open_with_retries(open_source, stop, stats)
     pump(opened, handler, batch_size=3, batch_seconds=0, wait_seconds=0, should_stop=stop, stats=stats)
 

@@ -189,20 +189,38 @@ def test_a_manifest_starts_one_survey_run_per_cube_once_and_a_cube_its_own(table
     assert len(runs_of(deployment)) == 3
 
 
-@pytest.mark.parametrize("body, folder, reason", [
-    (b"{not json", "grs-15", "the manifest is not JSON"),
-    (json.dumps({"survey": "grs-15", "cubes": []}).encode(), "grs-15",
-     "cubes must be a list of 1 to 1000 cubes, got []"),
-    (json.dumps({"survey": "orion", "cubes": ["a.fits"]}).encode(), "grs-15",
-     "the manifest names survey 'orion' but landed in the folder of 'grs-15'"),
-    (json.dumps({"survey": "../up", "cubes": ["a.fits"]}).encode(), None, "invalid survey '../up'"),
-    (json.dumps({"survey": "grs-15", "cubes": ["../../etc/passwd"]}).encode(), None,
-     "cube '../../etc/passwd': invalid object key"),
-    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "fit_params": {"gamma": 1}}).encode(), None,
-     "unknown fit_params key(s) ['gamma']"),
-    (json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "owner": "x"}).encode(), None,
-     "unknown manifest field(s) ['owner']"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, folder, reason",
+    [
+        (b"{not json", "grs-15", "the manifest is not JSON"),
+        (
+            json.dumps({"survey": "grs-15", "cubes": []}).encode(),
+            "grs-15",
+            "cubes must be a list of 1 to 1000 cubes, got []",
+        ),
+        (
+            json.dumps({"survey": "orion", "cubes": ["a.fits"]}).encode(),
+            "grs-15",
+            "the manifest names survey 'orion' but landed in the folder of 'grs-15'",
+        ),
+        (json.dumps({"survey": "../up", "cubes": ["a.fits"]}).encode(), None, "invalid survey '../up'"),
+        (
+            json.dumps({"survey": "grs-15", "cubes": ["../../etc/passwd"]}).encode(),
+            None,
+            "cube '../../etc/passwd': invalid object key",
+        ),
+        (
+            json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "fit_params": {"gamma": 1}}).encode(),
+            None,
+            "unknown fit_params key(s) ['gamma']",
+        ),
+        (
+            json.dumps({"survey": "grs-15", "cubes": ["a.fits"], "owner": "x"}).encode(),
+            None,
+            "unknown manifest field(s) ['owner']",
+        ),
+    ],
+)
 def test_a_bad_manifest_is_rejected_with_its_reason_and_starts_nothing(
     tables, store_root, deployed, caplog, body, folder, reason
 ):
@@ -309,7 +327,9 @@ def test_the_demo_drops_its_samples_where_the_listeners_start_them(tables, store
     dropped = {
         sample.__name__.rsplit(".", 1)[1]: sample.drop(tmp_path, store) for sample in (etl, phspectra, records, video)
     }
-    landed = lambda prefix: [arrive(store_root, k, (store_root / k).read_bytes()) for k in sorted(store.list(prefix))]  # noqa: E731
+
+    def landed(prefix):
+        return [arrive(store_root, k, (store_root / k).read_bytes()) for k in sorted(store.list(prefix))]
 
     (manifest,) = landed(phspectra_keys.SURVEY_INCOMING_PREFIX)
     assert manifest.url == dropped["phspectra"]["manifest_url"]
@@ -382,10 +402,16 @@ def test_queue_messages_are_written_in_batches_of_ten_with_nothing_to_move(table
 
     queue = "https://sqs.us-east-1.amazonaws.com/123456789012/workflow-messages"
     arrivals = [
-        Arrival(url=queue, key="", size=None, event_time="2026-01-01T00:00:00+00:00", event_id=f"m-{n}",
-                body=json.dumps(message))
+        Arrival(
+            url=queue,
+            key="",
+            size=None,
+            event_time="2026-01-01T00:00:00+00:00",
+            event_id=f"m-{n}",
+            body=json.dumps(message),
+        )
         for n, message in enumerate(record_messages(200, 12))
-    ]  # fmt: skip
+    ]
     sizes = []
     outcome = landing.handle_messages(
         arrivals, lambda bodies: (sizes.append(len(bodies)), landing.ingest_in_process(bodies))[1]

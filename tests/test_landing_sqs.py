@@ -63,8 +63,12 @@ def receive_until(source: SqsSource, n: int, deadline_s: float = 30) -> list:
 @pytest.fixture
 def small_files(monkeypatch):
     """ETL settings for small files: 1 KiB ± 99%, 2 files per manifest."""
-    for name, value in {"EXPECTED_FILE_SIZE_MB": "0.001", "SIZE_TOLERANCE_PERCENT": "99", "MAX_FILES_PER_MANIFEST": "2",
-                        "NUM_STATUS_SHARDS": "2"}.items():  # fmt: skip
+    for name, value in {
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "2",
+        "ETL_NUM_STATUS_SHARDS": "2",
+    }.items():
         monkeypatch.setenv(name, value)
 
 
@@ -72,7 +76,10 @@ def small_files(monkeypatch):
 def s3_requests():
     """Counts S3 requests by operation, of every client the code makes meanwhile (boto3's default session)."""
     requests, events = Counter(), boto3._get_default_session().events
-    count = lambda model, **_: requests.update([model.name])  # noqa: E731
+
+    def count(model, **_):
+        return requests.update([model.name])
+
     events.register("before-call.s3", count)
     try:
         yield requests
@@ -84,9 +91,14 @@ def s3_event(bucket: str, *events: tuple[str, str]) -> str:
     """An S3 notification body with one record per (event name, key) (keys URL-encoded, as S3 sends them)."""
     from urllib.parse import quote_plus
 
-    records = [{"eventName": name, "eventTime": "2026-02-01T00:00:00.000Z",
-                "s3": {"bucket": {"name": bucket}, "object": {"key": quote_plus(k), "size": 3, "sequencer": f"0{n}"}}}
-               for n, (name, k) in enumerate(events)]  # fmt: skip
+    records = [
+        {
+            "eventName": name,
+            "eventTime": "2026-02-01T00:00:00.000Z",
+            "s3": {"bucket": {"name": bucket}, "object": {"key": quote_plus(k), "size": 3, "sequencer": f"0{n}"}},
+        }
+        for n, (name, k) in enumerate(events)
+    ]
     return json.dumps({"Records": records})
 
 
@@ -97,17 +109,22 @@ def test_setup_creates_queue_dead_letter_queue_and_notification_and_twice_change
     bucket, s3 = aws, s3_client(os.environ["AWS_ENDPOINT_URL_S3"])
     other = sqs().create_queue(QueueName=f"other-{uuid.uuid4().hex[:8]}")["QueueUrl"]
     other_arn = sqs().get_queue_attributes(QueueUrl=other, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    theirs = {"Id": "someone-else", "QueueArn": other_arn, "Events": ["s3:ObjectCreated:*"],
-              "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "elsewhere/"}]}}}  # fmt: skip
+    theirs = {
+        "Id": "someone-else",
+        "QueueArn": other_arn,
+        "Events": ["s3:ObjectCreated:*"],
+        "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "elsewhere/"}]}},
+    }
     s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={"QueueConfigurations": [theirs]})
 
     first = setup("etl", capsys)
     env = os.environ["TABLE_ENV"]
     assert first["changed"] == [
-        f"created queue ndjson-parquet-dlq-{env}", f"created queue ndjson-parquet-file-events-{env}",
+        f"created queue ndjson-parquet-dlq-{env}",
+        f"created queue ndjson-parquet-file-events-{env}",
         f"queue policy: {bucket} may send",
         f"s3://{bucket}/pipelines/pipeline/input/: objects created notify the queue",
-    ]  # fmt: skip
+    ]
     assert (first["bucket"], first["prefix"], first["visibility_timeout_s"]) == (
         bucket,
         "pipelines/pipeline/input/",
@@ -211,8 +228,13 @@ def test_a_message_with_several_records_is_deleted_once_all_are_acked(aws, capsy
     source = SqsSource.for_pipeline("etl", visibility_timeout_s=60, release_backoff_s=(0,))
     assert source.receive(wait_seconds=1) == []  # the test event
     created, removed = "ObjectCreated:Put", "ObjectRemoved:Delete"
-    body = s3_event(bucket, (created, "pipelines/a.ndjson"), (created, "pipelines/b c.ndjson"),
-                    (created, "elsewhere/x"), (removed, "pipelines/old.ndjson"))  # fmt: skip
+    body = s3_event(
+        bucket,
+        (created, "pipelines/a.ndjson"),
+        (created, "pipelines/b c.ndjson"),
+        (created, "elsewhere/x"),
+        (removed, "pipelines/old.ndjson"),
+    )
     sqs().send_message(QueueUrl=made["queue_url"], MessageBody=json.dumps({"Type": "Notification", "Message": body}))
 
     # S3 → SNS → SQS: an arrival per object created in the store; none for the one outside it or the removal
@@ -270,8 +292,9 @@ def test_a_listener_killed_mid_batch_loses_nothing(aws, capsys, tmp_path):
         "print(' '.join(sorted(a.event_id for a in got)), flush=True)\ntime.sleep(600)\n"
     )
     log = open(tmp_path / "listener.log", "w")
-    process = subprocess.Popen([sys.executable, "-c", child], env=child_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                               stderr=log, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-c", child], env=child_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True
+    )
     try:
         taken = process.stdout.readline().split()
         assert len(taken) == 4, (tmp_path / "listener.log").read_text()[-3000:]
@@ -332,7 +355,7 @@ def test_ndjson_ingest_over_an_s3_landing_prefix_validates_with_the_listing_size
 ):
     from flows.etl import ndjson_ingest
 
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "10")  # 3 files: no full batch, so no merge to start
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "10")  # 3 files: no full batch, so no merge to start
     store = ObjectStore.from_url(os.environ["OBJECT_STORE_BASE_URL"])
     for i in range(3):
         store.put_bytes(keys.input_key(DAY, f"part-{i}.ndjson"), b'{"id": 1}\n' * 40)

@@ -103,13 +103,23 @@ def test_a_sigkilled_listener_is_back_within_a_minute_and_nothing_is_lost(tables
             with get_client(sync_client=True) as client:
                 deployment = client.read_deployment_by_name("records-listen/local")
                 only = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
-                runs = lambda: client.read_flow_runs(deployment_filter=only)  # noqa: E731
+
+                def runs():
+                    return client.read_flow_runs(deployment_filter=only)
+
                 client.create_flow_run_from_deployment(deployment.id)
                 names = _drop(store_root, 0, FILES // 2)
                 granules = [f"LAND.G{i:03d}" for i in range(5 * FILES)]
-                written = lambda: len(state_store.get_many(tables["granules"], [{"granuleId": g} for g in granules]))  # noqa: E731
+
+                def written():
+                    return len(state_store.get_many(tables["granules"], [{"granuleId": g} for g in granules]))
+
                 _wait(lambda: written() > 0, 300, "the listener to write some records")
-                forked = lambda: [p for p in _children(server.pid) if "engine_forkserver" in _cmdline(p)]  # noqa: E731 - runs: forks of the server
+
+                # runs: forks of the server
+                def forked():
+                    return [p for p in _children(server.pid) if "engine_forkserver" in _cmdline(p)]
+
                 (listener_pid,) = _wait(forked, 30, "the listener's process")
                 (first,) = [r for r in runs() if r.state_type.value == "RUNNING"]
                 os.kill(listener_pid, signal.SIGKILL)  # the flow process itself, mid-stream

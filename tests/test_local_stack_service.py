@@ -18,7 +18,7 @@ import pytest
 
 from deployments import dynamodb_local, local_stack, postgres_local
 from deployments.supervisor import Supervisor, uptime
-from tasks.gpu.backends import pid_alive
+from tasks.core.processes import pid_alive
 from tests.helpers.other_user import as_nobody_python
 from tests.helpers.prefect_runs import wait_for
 

@@ -46,8 +46,13 @@ def test_every_spectrum_equals_a_direct_fit_and_records_agree(tables, store_root
 
     run = to_plain(ph.get_run(run_id))
     assert {k: run[k] for k in ("jobs_total", "jobs_completed", "jobs_failed", "n_spectra", "n_chunks", "status")} == {
-        "jobs_total": 4, "jobs_completed": 4, "jobs_failed": 0, "n_spectra": 24, "n_chunks": 4, "status": "COMPLETED"
-    }  # fmt: skip
+        "jobs_total": 4,
+        "jobs_completed": 4,
+        "jobs_failed": 0,
+        "n_spectra": 24,
+        "n_chunks": 4,
+        "status": "COMPLETED",
+    }
     assert run["n_nan_channels"] == 3 and json.loads(run["params"]) == params
     assert (run["GSI1_PK"], run["GSI1_SK"]) == ("grs-15", run["created_at"])
     chunks = chunk_items(run_id)
@@ -247,8 +252,15 @@ def test_a_fitter_that_lost_its_claim_stops_and_publishes_nothing(tables, store_
     run_id, survey, lease = "superseded", "grs-superseded", 2.0
     ph.split_cube(run_id, survey, fits_cube(tmp_path, ny=6, nx=20, n_channels=424, nan_channels=0), chunk_size=120)
     call = child_command("tasks.phspectra.survey:fit_chunk", {"run_id": run_id, "start": 0, "lease_seconds": lease})
-    fitter = subprocess.Popen(call, env=child_env(), cwd=REPO, start_new_session=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    fitter = subprocess.Popen(
+        call,
+        env=child_env(),
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         chunk = wait_for_worker(tables["phspectra_runs"], run_id, fitter)
         os.killpg(fitter.pid, signal.SIGSTOP)  # the fitter, its fork server and its fitting process pause
@@ -378,24 +390,37 @@ def test_the_five_access_patterns_match_the_seed_cli_queries(tables, store_root,
 
     client, name = boto3.client("dynamodb"), tables["phspectra_runs"]  # a raw client, typed like the aws CLI
 
-    plain = lambda items: [  # noqa: E731 - the state store's write token is its bookkeeping, hidden from its reads
-        {k: TypeDeserializer().deserialize(v) for k, v in i.items() if k != state_store.WRITE_TOKEN} for i in items
-    ]
-    chunks_cli = {":pk": {"S": "new-run"}, ":prefix": {"S": "CHUNK#"}}
+    def plain(items: list[dict]) -> list[dict]:
+        """The items as Python values, less the state store's write token (its bookkeeping, hidden from its reads)."""
+        return [
+            {k: TypeDeserializer().deserialize(v) for k, v in i.items() if k != state_store.WRITE_TOKEN} for i in items
+        ]
+
+    run_key = {"PK": {"S": "new-run"}, "SK": {"S": "RUN"}}
+    chunks_of_run = {
+        "TableName": name,
+        "KeyConditionExpression": "PK = :pk AND begins_with(SK, :prefix)",
+        "ExpressionAttributeValues": {":pk": {"S": "new-run"}, ":prefix": {"S": "CHUNK#"}},
+    }
+    in_progress = {
+        "FilterExpression": "#s = :status",
+        "ExpressionAttributeNames": {"#s": "status"},
+        "ExpressionAttributeValues": {**chunks_of_run["ExpressionAttributeValues"], ":status": {"S": "IN_PROGRESS"}},
+    }
+    newest_of_survey = {
+        "TableName": name,
+        "IndexName": "GSI1",
+        "KeyConditionExpression": "GSI1_PK = :survey",
+        "ExpressionAttributeValues": {":survey": {"S": "grs-ap"}},
+        "ScanIndexForward": False,
+        "Limit": 1,
+    }
     seed = {  # the seed's `aws dynamodb ...` commands, as the same requests
-        "get-run": plain([client.get_item(TableName=name,
-                                          Key={"PK": {"S": "new-run"}, "SK": {"S": "RUN"}})["Item"]])[0],
-        "list-chunks": plain(client.query(TableName=name,
-                                          KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
-                                          ExpressionAttributeValues=chunks_cli)["Items"]),
-        "stuck": plain(client.query(TableName=name, KeyConditionExpression="PK = :pk AND begins_with(SK, :prefix)",
-                                    FilterExpression="#s = :status", ExpressionAttributeNames={"#s": "status"},
-                                    ExpressionAttributeValues={**chunks_cli,
-                                                               ":status": {"S": "IN_PROGRESS"}})["Items"]),
-        "latest": plain(client.query(TableName=name, IndexName="GSI1", KeyConditionExpression="GSI1_PK = :survey",
-                                     ExpressionAttributeValues={":survey": {"S": "grs-ap"}},
-                                     ScanIndexForward=False, Limit=1)["Items"]),
-    }  # fmt: skip
+        "get-run": plain([client.get_item(TableName=name, Key=run_key)["Item"]])[0],
+        "list-chunks": plain(client.query(**chunks_of_run)["Items"]),
+        "stuck": plain(client.query(**chunks_of_run | in_progress)["Items"]),
+        "latest": plain(client.query(**newest_of_survey)["Items"]),
+    }
     assert ph.get_run("new-run") == seed["get-run"]
     assert ph.list_chunks("new-run") == seed["list-chunks"] and len(seed["list-chunks"]) == 3
     assert ph.stuck_chunks("new-run") == seed["stuck"] and [c["SK"] for c in seed["stuck"]] == [
@@ -541,9 +566,22 @@ def test_chunk_starts_past_ten_million_parse_sort_and_resume(tables, store_root)
         with pytest.raises(keys.InvalidKey):
             phspectra_keys.chunk_start_from_sk(bad)
     table = tables["phspectra_runs"]
-    run = {**ph.run_key("wide"), "GSI1_PK": "grs-wide", "GSI1_SK": now_iso(), "survey": "grs-wide", "status": "RUNNING",
-           "created_at": now_iso(), "jobs_total": 4, "jobs_completed": 3, "jobs_failed": 0, "n_spectra": 15_000_001,
-           "n_chunks": 4, "chunk_size": 5_000_000, "n_channels": 8, "cube_url": "file:///nowhere.npy"}  # fmt: skip
+    run = {
+        **ph.run_key("wide"),
+        "GSI1_PK": "grs-wide",
+        "GSI1_SK": now_iso(),
+        "survey": "grs-wide",
+        "status": "RUNNING",
+        "created_at": now_iso(),
+        "jobs_total": 4,
+        "jobs_completed": 3,
+        "jobs_failed": 0,
+        "n_spectra": 15_000_001,
+        "n_chunks": 4,
+        "chunk_size": 5_000_000,
+        "n_channels": 8,
+        "cube_url": "file:///nowhere.npy",
+    }
     state_store.create_if_absent(table, run, ["PK", "SK"])
     for start in starts:
         status = "PENDING" if start == 15_000_000 else "COMPLETED"
@@ -565,9 +603,13 @@ def _driven_then_abandoned(run_id: str, cube_url: str, survey: str) -> None:
         ph.fit_chunk(run_id, 0)
         ph.claim_chunk(run_id, 4)
         state_store.transition(
-            ph.runs_table(), ph.chunk_key(run_id, 4), "IN_PROGRESS", "FAILED", set={"error": "reconciled: crashed"},
+            ph.runs_table(),
+            ph.chunk_key(run_id, 4),
+            "IN_PROGRESS",
+            "FAILED",
+            set={"error": "reconciled: crashed"},
             increments=[state_store.Increment(ph.runs_table(), ph.run_key(run_id), {"jobs_failed": 1})],
-        )  # fmt: skip
+        )
 
     abandoned()
 
@@ -670,8 +712,10 @@ def test_a_stopped_fit_kills_every_fitting_process_of_its_chunk_and_leaves_the_o
         except Exception as error:  # noqa: BLE001 - asserted below
             outcome[name] = error
 
-    fitters = [threading.Thread(target=fit, args=("stopped",), kwargs={"on_start": started.append, "stop": stop}),
-               threading.Thread(target=fit, args=("other",))]  # fmt: skip
+    fitters = [
+        threading.Thread(target=fit, args=("stopped",), kwargs={"on_start": started.append, "stop": stop}),
+        threading.Thread(target=fit, args=("other",)),
+    ]
     fitters[0].start()
     while not started:
         time.sleep(0.01)

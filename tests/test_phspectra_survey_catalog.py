@@ -113,12 +113,30 @@ def test_a_manifest_of_three_tiles_ends_as_one_survey_in_the_ui_the_cli_and_one_
     # survey progress 3/3, the same in the UI's artifacts and through the CLI (DynamoDB)
     code, status = cli(capsys, "survey-status", "--survey", survey)
     assert code == 0
-    assert {k: status[k] for k in ("tiles_total", "tiles_completed", "tiles_failed", "tiles_running", "tiles_pending",
-                                   "spectra_fitted", "n_spectra", "n_components", "finished")} == {
-        "tiles_total": 3, "tiles_completed": 3, "tiles_failed": 0, "tiles_running": 0, "tiles_pending": 0,
-        "spectra_fitted": 18, "n_spectra": 18, "n_components": sum(s["n_components"] for s in summaries),
+    assert {
+        k: status[k]
+        for k in (
+            "tiles_total",
+            "tiles_completed",
+            "tiles_failed",
+            "tiles_running",
+            "tiles_pending",
+            "spectra_fitted",
+            "n_spectra",
+            "n_components",
+            "finished",
+        )
+    } == {
+        "tiles_total": 3,
+        "tiles_completed": 3,
+        "tiles_failed": 0,
+        "tiles_running": 0,
+        "tiles_pending": 0,
+        "spectra_fitted": 18,
+        "n_spectra": 18,
+        "n_components": sum(s["n_components"] for s in summaries),
         "finished": True,
-    }  # fmt: skip
+    }
     assert [(t["tile"], t["run_id"]) for t in status["tiles"]] == [(t, s["run_id"]) for t, s in zip(TILES, summaries)]
     assert Artifact.get(f"phspectra-survey-progress-{survey}").data == 100.0
     markdown = Artifact.get(f"phspectra-survey-{survey}").data
@@ -196,15 +214,18 @@ def test_a_rerun_of_one_tile_replaces_only_its_partition_and_a_rebuild_changes_n
     assert {r["run_id"] for r in catalog.query_catalog(survey, tile="t-a")} == {"run-a2"}
 
 
-@pytest.mark.parametrize("args, error", [
-    (["survey-status", "--survey", "grs-nobody"], "error: no run for survey grs-nobody"),
-    (["survey-status", "--survey", "../grs"], "error: invalid survey '../grs'"),
-    (["catalog", "--survey", "grs-nobody"], "error: no catalog for survey grs-nobody"),
-    (["catalog", "--survey", "grs-bad", "--tile", "a/b"], "error: invalid tile 'a/b'"),
-    (["catalog", "--survey", "grs-bad", "--tile", ".."], "error: invalid tile '..'"),
-    (["catalog", "--survey", "grs-bad", "--tile", "a=b"], "error: invalid tile 'a=b': no '='"),
-    (["build-catalog", "--survey", "grs-nobody"], "error: no run for survey grs-nobody"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, error",
+    [
+        (["survey-status", "--survey", "grs-nobody"], "error: no run for survey grs-nobody"),
+        (["survey-status", "--survey", "../grs"], "error: invalid survey '../grs'"),
+        (["catalog", "--survey", "grs-nobody"], "error: no catalog for survey grs-nobody"),
+        (["catalog", "--survey", "grs-bad", "--tile", "a/b"], "error: invalid tile 'a/b'"),
+        (["catalog", "--survey", "grs-bad", "--tile", ".."], "error: invalid tile '..'"),
+        (["catalog", "--survey", "grs-bad", "--tile", "a=b"], "error: invalid tile 'a=b': no '='"),
+        (["build-catalog", "--survey", "grs-nobody"], "error: no run for survey grs-nobody"),
+    ],
+)
 def test_bad_survey_or_tile_names_fail_clearly(tables, store_root, capsys, args, error):
     code, message = cli(capsys, *args)
     assert code == 2 and message.startswith(error), message
@@ -262,8 +283,16 @@ def test_a_manifest_runs_end_to_end_on_a_worker_and_the_catalog_deployment_rebui
             t["tile"]: [t["run_id"]] * t["n_components"] for t in status["tiles"]
         }
 
-        prefect_cli("deployment", "run", deployments["phspectra-survey-catalog"], "--param", f"survey={survey}",
-                    "--param", "force=true", timeout=120)  # fmt: skip
+        prefect_cli(
+            "deployment",
+            "run",
+            deployments["phspectra-survey-catalog"],
+            "--param",
+            f"survey={survey}",
+            "--param",
+            "force=true",
+            timeout=120,
+        )
         (rebuild,) = wait_for_runs(deployments["phspectra-survey-catalog"], 1, worker=worker)
         assert rebuild.state_name == "Completed", worker.tail()
         assert catalog_components(store_root, survey) == built  # every tile rewritten, the same dataset

@@ -24,7 +24,7 @@ from tests.helpers.records_cumulus import (
     new_id,
     pdr,
     ported,
-)  # fmt: skip
+)
 
 WE = "packages/api/tests/lib/writeRecords/test-write-execution.js"
 ME = "packages/db/tests/models/test-execution-model.js"
@@ -38,8 +38,14 @@ TASKS = {"task1": {"key": "value"}}
 
 def workflow_message(status: str, name: str, start: int = START, **extra) -> dict:
     """The tests' cumulusMessage: workflow name and tasks in meta, a payload, no granules."""
-    msg = message(status, name, start, meta={"workflow_name": "TestWorkflow", "workflow_tasks": TASKS},
-                  payload={"foo": "bar"}, cumulus_meta={"cumulus_version": "9.0.0"})  # fmt: skip
+    msg = message(
+        status,
+        name,
+        start,
+        meta={"workflow_name": "TestWorkflow", "workflow_tasks": TASKS},
+        payload={"foo": "bar"},
+        cumulus_meta={"cumulus_version": "9.0.0"},
+    )
     for where, values in extra.items():
         msg[where].update(values) if where in ("cumulus_meta", "meta") else msg.__setitem__(where, values)
     return msg
@@ -50,11 +56,21 @@ def test_build_execution_record_for_running_execution():
     name = new_id("E")
     record, _, _ = records_messages.derive(workflow_message("running", name), NOW)
     assert {k: v for k, v in record.items() if v is not None} == {
-        "arn": arn(name), "name": name, "status": "running", "type": "TestWorkflow", "tasks": TASKS,
-        "originalPayload": {"granules": [], "foo": "bar"}, "cumulusVersion": "9.0.0", "duration": 0, "error": {},
-        "collectionId": COLLECTION_ID, "createdAt": START, "timestamp": NOW, "updatedAt": NOW,
+        "arn": arn(name),
+        "name": name,
+        "status": "running",
+        "type": "TestWorkflow",
+        "tasks": TASKS,
+        "originalPayload": {"granules": [], "foo": "bar"},
+        "cumulusVersion": "9.0.0",
+        "duration": 0,
+        "error": {},
+        "collectionId": COLLECTION_ID,
+        "createdAt": START,
+        "timestamp": NOW,
+        "updatedAt": NOW,
         "processingStartDateTime": "2023-11-14T22:13:20.000+00:00",
-    }  # fmt: skip
+    }
 
 
 def test_build_execution_record_payload_for_non_running_execution():
@@ -92,7 +108,7 @@ def test_write_execution_saves_the_execution():
     "and finalPayload on subsequent write",
     "writeExecutionRecordFromMessage() correctly sets both original_payload and final_payload in postgres "
     "when execution records are run in sequence",
-)  # fmt: skip
+)
 def test_original_then_final_payload(title):
     """WE: the test named in ``title``."""
     name = new_id("E")
@@ -205,9 +221,13 @@ def test_execution_duration_is_stop_minus_start_and_zero_without_stop():
 
 def pdr_message(status: str, name: str, pdr_name: str, start: int = START, running=(), completed=(), failed=()) -> dict:
     """The PDR tests' cumulusMessage: the PDR and its executions by state in the payload."""
-    return message(status, name, start, pdr=pdr_name,
-                   payload={"running": list(running), "completed": list(completed),
-                            "failed": list(failed)})  # fmt: skip
+    return message(
+        status,
+        name,
+        start,
+        pdr=pdr_name,
+        payload={"running": list(running), "completed": list(completed), "failed": list(failed)},
+    )
 
 
 def test_generate_pdr_record():
@@ -216,11 +236,20 @@ def test_generate_pdr_record():
     msg = pdr_message("running", name, pdr_name, running=["arn3", "arn4"], completed=["arn1", "arn2"])
     msg["payload"]["pdr"].update(PANSent=False, PANmessage="test")
     assert records_messages.derive_pdr(msg, START + 3500) == {
-        "pdrName": pdr_name, "status": "running", "PANSent": False, "PANmessage": "test",
-        "stats": {"processing": 2, "completed": 2, "failed": 0, "total": 4}, "progress": 50, "execution": arn(name),
-        "collectionId": COLLECTION_ID, "provider": "prov", "createdAt": START, "updatedAt": START + 3500,
-        "timestamp": START + 3500, "duration": 3.5,
-    }  # fmt: skip
+        "pdrName": pdr_name,
+        "status": "running",
+        "PANSent": False,
+        "PANmessage": "test",
+        "stats": {"processing": 2, "completed": 2, "failed": 0, "total": 4},
+        "progress": 50,
+        "execution": arn(name),
+        "collectionId": COLLECTION_ID,
+        "provider": "prov",
+        "createdAt": START,
+        "updatedAt": START + 3500,
+        "timestamp": START + 3500,
+        "duration": 3.5,
+    }
 
 
 def test_no_pdr_on_the_message_writes_none():
@@ -278,21 +307,45 @@ def test_write_pdr_saves_the_pdr():
 # (Cumulus test title, first (status, execution, progress), second (status, execution, progress, createdAt offset),
 #  whether the second write applies)
 PDR_UPSERTS = [
-    ("does not update record with same execution if progress is less than current",
-     ("running", "A", 3), ("running", "A", 2, 0), False),
-    ("overwrites record with same execution if progress is greater than current",
-     ("running", "A", 1), ("running", "A", 4, 0), True),
-    ("updates a \"completed\" record to \"running\" if execution is different and created_at is newer",
-     ("completed", "A", 4), ("running", "B", 1, 10_000), True),
-    ("does not update a \"completed\" record to \"running\" if execution is different and created_at is older",
-     ("completed", "A", 4), ("running", "B", 1, -10_000), False),
-    ("does not update a final (failed) record to a final state (completed) "
-     "if execution is different but created_at is older",
-     ("failed", "A", 4), ("completed", "B", 4, -10_000), False),
-    ("does update a final (failed) record to a final state (completed) "
-     "if execution is different but created_at is newer",
-     ("failed", "A", 4), ("completed", "B", 4, 100_000), True),
-]  # fmt: skip
+    (
+        "does not update record with same execution if progress is less than current",
+        ("running", "A", 3),
+        ("running", "A", 2, 0),
+        False,
+    ),
+    (
+        "overwrites record with same execution if progress is greater than current",
+        ("running", "A", 1),
+        ("running", "A", 4, 0),
+        True,
+    ),
+    (
+        'updates a "completed" record to "running" if execution is different and created_at is newer',
+        ("completed", "A", 4),
+        ("running", "B", 1, 10_000),
+        True,
+    ),
+    (
+        'does not update a "completed" record to "running" if execution is different and created_at is older',
+        ("completed", "A", 4),
+        ("running", "B", 1, -10_000),
+        False,
+    ),
+    (
+        "does not update a final (failed) record to a final state (completed) "
+        "if execution is different but created_at is older",
+        ("failed", "A", 4),
+        ("completed", "B", 4, -10_000),
+        False,
+    ),
+    (
+        "does update a final (failed) record to a final state (completed) "
+        "if execution is different but created_at is newer",
+        ("failed", "A", 4),
+        ("completed", "B", 4, 100_000),
+        True,
+    ),
+]
 
 
 @pytest.mark.parametrize("title, first, second, applies", PDR_UPSERTS, ids=[t[0] for t in PDR_UPSERTS])
@@ -355,9 +408,20 @@ def test_a_completed_message_with_exception_none_stores_no_error():
 ALLOWED_NAMES = ["run.2024-01-01", "a+b", "ingest-ü-日本-éñ", "x" * 80, "'quoted'", "(1)=@!"]
 # and what it refuses: empty, too long, white space, brackets, wildcards, special and control characters
 REFUSED_NAMES = [
-    "", "x" * 81, "a b", "a\tb", "a\u00a0b", "trailing\n", *(f"a{c}b" for c in "<>{}[]?*\"#%\\^|~`$&,;:/"),
-    "a\x00b", "a\x1fb", "a\x7fb", "a\x85b", "a\x9fb", "a\ufffeb",
-]  # fmt: skip
+    "",
+    "x" * 81,
+    "a b",
+    "a\tb",
+    "a\u00a0b",
+    "trailing\n",
+    *(f"a{c}b" for c in '<>{}[]?*"#%\\^|~`$&,;:/'),
+    "a\x00b",
+    "a\x1fb",
+    "a\x7fb",
+    "a\x85b",
+    "a\x9fb",
+    "a\ufffeb",
+]
 
 
 @pytest.mark.parametrize("name", ALLOWED_NAMES)

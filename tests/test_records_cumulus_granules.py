@@ -22,7 +22,7 @@ from tests.helpers.records_cumulus import (
     new_id,
     ported,
     put_execution,
-)  # fmt: skip
+)
 
 W = "packages/api/tests/lib/writeRecords/test-write-granules.js"
 M = "packages/db/tests/models/test-granule-model.js"
@@ -102,11 +102,19 @@ NULLABLE = [
 def full_granule(granule_id: str) -> dict:
     """The tests' completeGranule: every nullable field set."""
     return completed_granule(
-        granule_id, beginningDateTime="2017-01-01T00:00:00.000Z", endingDateTime="2017-01-02T00:00:00.000Z",
-        lastUpdateDateTime="2017-01-03T00:00:00.000Z", productionDateTime="2017-01-04T00:00:00.000Z",
-        cmrLink="example.com", published=True, duration=1000, productVolume="1000", timeToArchive=1000,
-        timeToPreprocess=1000, queryFields={"queryFieldsKey": "queryFieldsValue"},
-    )  # fmt: skip
+        granule_id,
+        beginningDateTime="2017-01-01T00:00:00.000Z",
+        endingDateTime="2017-01-02T00:00:00.000Z",
+        lastUpdateDateTime="2017-01-03T00:00:00.000Z",
+        productionDateTime="2017-01-04T00:00:00.000Z",
+        cmrLink="example.com",
+        published=True,
+        duration=1000,
+        productVolume="1000",
+        timeToArchive=1000,
+        timeToPreprocess=1000,
+        queryFields={"queryFieldsKey": "queryFieldsValue"},
+    )
 
 
 def test_rewrite_with_nulls_removes_what_the_message_nulls():
@@ -197,7 +205,7 @@ def test_published_defaults_to_false(published):
     "if granule.createdAt is undefined",
     "writeGranulesFromMessage() falls back to workflow_start_time "
     "if granule.createdAt is not provided in cumulus_message for a granule",
-)  # fmt: skip
+)
 def test_created_at_defaults_to_workflow_start_time(title):
     """W: the two tests named in ``title``."""
     g = new_id("G")
@@ -209,7 +217,7 @@ def test_created_at_defaults_to_workflow_start_time(title):
     "writeGranulesFromMessage() allows overwrite of createdAt and uses granule.createdAt value for written granule "
     "if defined",
     "writeGranulesFromMessage() honors granule.createdAt time if provided in cumulus_message",
-)  # fmt: skip
+)
 def test_workflow_start_time_wins_over_granule_created_at(title):
     """W: the two tests named in ``title``. Seed-decided: Cumulus writes the granule's own createdAt; the seed's
     table: "createdAt: Defaults to cumulus_meta.workflow_start_time, else payload.granule.createdAt"."""
@@ -319,11 +327,20 @@ def test_schema_violation_marks_the_granule_failed_and_archives_the_message():
     in a final state": a file with an integer checksum breaks Cumulus's API granule schema."""
     g, ex = new_id("G"), new_id("E")
     ingest(message("queued", ex, START, completed_granule(g)))
-    bad = completed_granule(g, files=[
-        {"path": "MYD13Q1.006", "size": 170459659, "name": "MYD13Q1.A2017281.hdf", "type": "data",
-         "checksumType": "CKSUM", "checksum": 3129208208},
-        {"path": "MYD13Q1.006", "size": 46399, "name": "MYD13Q1.A2017281.hdf.met", "type": "metadata"},
-    ])  # fmt: skip
+    bad = completed_granule(
+        g,
+        files=[
+            {
+                "path": "MYD13Q1.006",
+                "size": 170459659,
+                "name": "MYD13Q1.A2017281.hdf",
+                "type": "data",
+                "checksumType": "CKSUM",
+                "checksum": 3129208208,
+            },
+            {"path": "MYD13Q1.006", "size": 46399, "name": "MYD13Q1.A2017281.hdf.met", "type": "metadata"},
+        ],
+    )
     report = ingest(
         message("completed", ex, START, bad, exception={"Error": "Original Error", "Cause": {"Error": "Cause"}})
     )
@@ -363,13 +380,22 @@ def test_running_or_queued_stores_no_files(status):
     assert granule(g)["status"] == status and "files" not in granule(g)
 
 
-@pytest.mark.parametrize("title, same_files", [
-    ("writeGranulesFromMessage() on re-write with the same granule values and files with \"completed\" status saves "
-     "granule records to PostgreSQL/Elasticsearch with updated product volume, expected values, and files", True),
-    ("writeGranulesFromMessage() on re-write with the same granule values but different files with \"completed\" "
-     "status saves granule records to PostgreSQL/Elasticsearch with updated product volume, expected values, and "
-     "replaces the files", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "title, same_files",
+    [
+        (
+            'writeGranulesFromMessage() on re-write with the same granule values and files with "completed" status '
+            "saves granule records to PostgreSQL/Elasticsearch with updated product volume, expected values, and files",
+            True,
+        ),
+        (
+            'writeGranulesFromMessage() on re-write with the same granule values but different files with "completed" '
+            "status saves granule records to PostgreSQL/Elasticsearch with updated product volume, expected values, "
+            "and replaces the files",
+            False,
+        ),
+    ],
+)
 def test_completed_rewrite_saves_values_and_files(title, same_files):
     """W: the test named in ``title`` (its DynamoDB-era twin in the same file too)."""
     g, ex = new_id("G"), new_id("E")
@@ -397,18 +423,27 @@ def _complete_then(status: str, new_execution: bool, start: int) -> tuple[dict, 
     return before, granule(g), writer
 
 
-@pytest.mark.parametrize("status, new_execution, start", [
-    ("running", False, START), ("queued", False, START), ("queued", True, START + 1000),
-    ("running", True, START - 86_400_000), ("queued", True, START - 86_400_000),
-    ("completed", False, START - 86_400_000),
-], ids=[
-    'update changing granule status to "running", with different files and the same execution, does not update',
-    'update changing granule status to "queued", with different files and the same execution, does not update',
-    'update changing granule status to "queued", with different files and a new execution, does not update',
-    'update changing granule status to "running", with different files, a new execution, and a stale granule createdAt',
-    'update changing granule status to "queued", with different files, a new execution, and a stale granule createdAt',
-    'update with "completed" status and stale granule createdAt, does not persist',
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "status, new_execution, start",
+    [
+        ("running", False, START),
+        ("queued", False, START),
+        ("queued", True, START + 1000),
+        ("running", True, START - 86_400_000),
+        ("queued", True, START - 86_400_000),
+        ("completed", False, START - 86_400_000),
+    ],
+    ids=[
+        'update changing granule status to "running", with different files and the same execution, does not update',
+        'update changing granule status to "queued", with different files and the same execution, does not update',
+        'update changing granule status to "queued", with different files and a new execution, does not update',
+        'update changing granule status to "running", with different files, a new execution, and a '
+        "stale granule createdAt",
+        'update changing granule status to "queued", with different files, a new execution, and a '
+        "stale granule createdAt",
+        'update with "completed" status and stale granule createdAt, does not persist',
+    ],
+)
 def test_update_that_does_not_apply_leaves_values_and_files(status, new_execution, start):
     """W: "writeGranulesFromMessage() on <id> the granule values or files ..." (each with its DynamoDB-era twin):
     the pre-existing values and files persist."""
@@ -440,48 +475,142 @@ T = START
 TRANSITIONS = [
     ("creates a new running granule if writeConstraints is set to true", None, None, ("running", "A", T), "running", T),
     ("creates a new completed granule", None, None, ("completed", "A", T), "completed", T),
-    ("will overwrite allowed fields of a running granule for a different execution if writeConstraints is set to true",
-     ("running", "A"), "running", ("running", "B", T + 1000), "running", T + 1000),
-    ("will allow a completed status to replace a running status for same execution if writeConstraints is set to true",
-     ("running", "A"), "running", ("completed", "A", T), "completed", T),
-    ("will not allow a running status to replace a completed status for same execution "
-     "if writeConstraints is set to true",
-     ("completed", "A"), "completed", ("running", "A", T), "completed", T),
-    ("will allow a running status to replace a non-running status for different execution "
-     "if writeConstraints is set to true",
-     ("completed", "A"), "running", ("running", "B", T), "running", T),
-    ("will allow a newer running status to replace an older non-running status for different execution "
-     "if writeConstraints is set to true",
-     ("completed", "A"), "running", ("running", "B", T + 5), "running", T + 5),
-    ("will not allow an older running status to replace a newer non-running status for different execution "
-     "if writeConstraints is set to true",
-     ("completed", "A"), "running", ("running", "B", 1), "completed", T),
-    ("will not allow a queued status to replace a completed status for same execution "
-     "if writeConstraints is set to true",
-     ("completed", "A"), "completed", ("queued", "A", T), "completed", T),
-    ("will not allow a queued status to replace a running status for same execution if writeConstraints is set to true",
-     ("running", "A"), "running", ("queued", "A", T), "running", T),
-    ("will allow a queued status to replace a non-queued status for a different execution "
-     "if writeConstraints is set to true",
-     ("completed", "A"), None, ("queued", "B", T), "queued", T),
-    ("will allow a completed status to replace a queued status for the same execution "
-     "if writeConstraints is set to true",
-     ("queued", "A"), None, ("completed", "A", T), "completed", T),
-    ("will allow a running granule status to replace a queued status for the same execution "
-     "if writeConstraints is set to true",
-     ("queued", "A"), None, ("running", "A", T), "running", T),
-    ("will not allow a final granule status from an older completed execution to overwrite the completed granule "
-     "status from a newer execution if writeConstraints is set to true",
-     ("completed", "A"), "completed", ("failed", "B", T - 100000), "completed", T),
-    ("will not allow a running granule linked to a completed execution to overwrite "
-     "and writeConstraints is set to true",
-     ("completed", "A"), "failed", ("running", "B", T + 1), "completed", T),
-    ("will not allow a running granule linked to a completed execution with default writeConstraints set",
-     ("completed", "A"), "failed", ("running", "B", T + 1), "completed", T),
-    ("will not allow a running state granule referencing completed state execution to overwrite an existing "
-     "completed state granule referencing a different completed state execution when writeConstraints is set to true",
-     ("completed", "A"), "completed", ("running", "B", T), "completed", T),
-]  # fmt: skip
+    (
+        "will overwrite allowed fields of a running granule for a different execution "
+        "if writeConstraints is set to true",
+        ("running", "A"),
+        "running",
+        ("running", "B", T + 1000),
+        "running",
+        T + 1000,
+    ),
+    (
+        "will allow a completed status to replace a running status for same execution "
+        "if writeConstraints is set to true",
+        ("running", "A"),
+        "running",
+        ("completed", "A", T),
+        "completed",
+        T,
+    ),
+    (
+        "will not allow a running status to replace a completed status for same execution "
+        "if writeConstraints is set to true",
+        ("completed", "A"),
+        "completed",
+        ("running", "A", T),
+        "completed",
+        T,
+    ),
+    (
+        "will allow a running status to replace a non-running status for different execution "
+        "if writeConstraints is set to true",
+        ("completed", "A"),
+        "running",
+        ("running", "B", T),
+        "running",
+        T,
+    ),
+    (
+        "will allow a newer running status to replace an older non-running status for different execution "
+        "if writeConstraints is set to true",
+        ("completed", "A"),
+        "running",
+        ("running", "B", T + 5),
+        "running",
+        T + 5,
+    ),
+    (
+        "will not allow an older running status to replace a newer non-running status for different execution "
+        "if writeConstraints is set to true",
+        ("completed", "A"),
+        "running",
+        ("running", "B", 1),
+        "completed",
+        T,
+    ),
+    (
+        "will not allow a queued status to replace a completed status for same execution "
+        "if writeConstraints is set to true",
+        ("completed", "A"),
+        "completed",
+        ("queued", "A", T),
+        "completed",
+        T,
+    ),
+    (
+        "will not allow a queued status to replace a running status for same execution "
+        "if writeConstraints is set to true",
+        ("running", "A"),
+        "running",
+        ("queued", "A", T),
+        "running",
+        T,
+    ),
+    (
+        "will allow a queued status to replace a non-queued status for a different execution "
+        "if writeConstraints is set to true",
+        ("completed", "A"),
+        None,
+        ("queued", "B", T),
+        "queued",
+        T,
+    ),
+    (
+        "will allow a completed status to replace a queued status for the same execution "
+        "if writeConstraints is set to true",
+        ("queued", "A"),
+        None,
+        ("completed", "A", T),
+        "completed",
+        T,
+    ),
+    (
+        "will allow a running granule status to replace a queued status for the same execution "
+        "if writeConstraints is set to true",
+        ("queued", "A"),
+        None,
+        ("running", "A", T),
+        "running",
+        T,
+    ),
+    (
+        "will not allow a final granule status from an older completed execution to overwrite the completed granule "
+        "status from a newer execution if writeConstraints is set to true",
+        ("completed", "A"),
+        "completed",
+        ("failed", "B", T - 100000),
+        "completed",
+        T,
+    ),
+    (
+        "will not allow a running granule linked to a completed execution to overwrite "
+        "and writeConstraints is set to true",
+        ("completed", "A"),
+        "failed",
+        ("running", "B", T + 1),
+        "completed",
+        T,
+    ),
+    (
+        "will not allow a running granule linked to a completed execution with default writeConstraints set",
+        ("completed", "A"),
+        "failed",
+        ("running", "B", T + 1),
+        "completed",
+        T,
+    ),
+    (
+        "will not allow a running state granule referencing completed state execution to overwrite an existing "
+        "completed state granule referencing a different completed state execution when "
+        "writeConstraints is set to true",
+        ("completed", "A"),
+        "completed",
+        ("running", "B", T),
+        "completed",
+        T,
+    ),
+]
 
 
 @pytest.mark.parametrize("title, first, state, second, status, created", TRANSITIONS, ids=[t[0] for t in TRANSITIONS])
@@ -504,8 +633,15 @@ def test_granule_upsert_running_keeps_every_other_field():
     ingest(message("completed", old, T, completed_granule(g)))
     before = granule(g)
     put_execution(new, "running")
-    changed = {"granuleId": g, "files": files(100), "published": True, "cmrLink": "testvalue", "producerGranuleId": "p",
-               "sync_granule_duration": 100, "post_to_cmr_duration": 100}  # fmt: skip
+    changed = {
+        "granuleId": g,
+        "files": files(100),
+        "published": True,
+        "cmrLink": "testvalue",
+        "producerGranuleId": "p",
+        "sync_granule_duration": 100,
+        "post_to_cmr_duration": 100,
+    }
     ingest(message("running", new, T + 1000, changed, meta={"granule": {"queryFields": {}}}), now=NOW + 1000)
     after = granule(g)
     assert {k for k in after if after[k] != before.get(k)} == {"status", "createdAt", "timestamp", "updatedAt"}

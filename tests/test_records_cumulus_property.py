@@ -59,9 +59,13 @@ def to_message(event: Event, names: dict[str, str], granule_id: str, pdr_name: s
     if event.cmr_link != "omitted":
         given["cmrLink"] = None if event.cmr_link == "null" else f"https://cmr/{event.execution}"
     return message(
-        event.status, names[event.execution], STARTS[event.execution], given, pdr=pdr_name,
+        event.status,
+        names[event.execution],
+        STARTS[event.execution],
+        given,
+        pdr=pdr_name,
         payload={"running": ["r"] * (4 - event.done), "completed": ["c"] * event.done},
-    )  # fmt: skip
+    )
 
 
 class Reference:
@@ -87,9 +91,10 @@ class Reference:
         current = self.executions.get(ex_arn)
         if current is None:
             self.executions[ex_arn] = {
-                "status": status, "createdAt": start,
+                "status": status,
+                "createdAt": start,
                 ("originalPayload" if status == "running" else "finalPayload"): payload,
-            }  # fmt: skip
+            }
         elif status == "running":
             current.update(createdAt=start, originalPayload=payload)
         else:

@@ -122,11 +122,14 @@ def test_next_batch_packs_by_bytes_and_keeps_one_oversized_group_alone():
     assert state_store._next_batch([4], groups) == [4]  # too big for any transaction: sent alone, DynamoDB says why
 
 
-@pytest.mark.parametrize("size, shown, error", [
-    ("1e200", "1e+200", "UnwritableRecord"),
-    (str(10**40), str(10**40), "UnwritableRecord"),
-    ("NaN", "nan", "SchemaValidationError"),  # Cumulus's API granule schema: a file size is an integer
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "size, shown, error",
+    [
+        ("1e200", "1e+200", "UnwritableRecord"),
+        (str(10**40), str(10**40), "UnwritableRecord"),
+        ("NaN", "nan", "SchemaValidationError"),  # Cumulus's API granule schema: a file size is an integer
+    ],
+)
 def test_a_number_dynamodb_cannot_hold_rejects_only_its_message(tables, store_root, size, shown, error):
     odd = json.dumps(message("completed", "exec-odd", 1000, granule="G1")).replace('"size": 100', f'"size": {size}')
     assert repr(json.loads(odd)["payload"]["granules"][0]["files"][0]["size"]) == shown

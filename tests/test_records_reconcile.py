@@ -62,9 +62,9 @@ if __name__ == "__main__":  # the worker subprocess
 
 import pytest  # noqa: E402 - run as a script, the worker above needs none of the tests' imports
 
-from flows.records import records_prefect_state, records_reconcile  # noqa: E402
-from tasks import reconcile  # noqa: E402
-from tests.helpers.prefect_runs import crash_event, task_run_state, wait_for  # noqa: E402
+from flows.records import records_prefect_state, records_reconcile  # noqa: E402 - after the worker, as pytest is
+from tasks import reconcile  # noqa: E402 - after the worker, as pytest is
+from tests.helpers.prefect_runs import crash_event, task_run_state, wait_for  # noqa: E402 - after the worker, as pytest is
 
 
 def _seed_run(table: str, run_id: str, chunks: dict[int, str], completed: int = 0, failed: int = 0) -> None:
@@ -516,10 +516,13 @@ def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_
     time.sleep(3)  # the dead fitter's lease (2 s) lapses: the reconciler never takes a chunk whose lease is live
     findings = records_prefect_state(crash_event(survey.id))
     assert [(f["record"], f["problem"], f["outcome"]) for f in findings] == [
-        (f"crash-event/{chunk_sk(s)}", f"IN_PROGRESS while Prefect Crashed (with its parent flow run {survey.id})",
-         "applied")
+        (
+            f"crash-event/{chunk_sk(s)}",
+            f"IN_PROGRESS while Prefect Crashed (with its parent flow run {survey.id})",
+            "applied",
+        )
         for s in held
-    ]  # fmt: skip
+    ]
     assert {s: _item(table, "crash-event", chunk_sk(s))["status"] for s in (0, 6)} == {
         s: "FAILED" if s in held else before[s] for s in (0, 6)
     }  # the others untouched

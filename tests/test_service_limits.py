@@ -114,7 +114,7 @@ def slot_holder(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    monkeypatch.setenv("CPU_SLOTS_DIR", str(tmp_path / "slots"))
+    monkeypatch.setenv("PIPELINES_CPU_SLOTS_DIR", str(tmp_path / "slots"))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     started: list[subprocess.Popen] = []
 
@@ -166,8 +166,8 @@ def test_cpu_heavy_tasks_of_a_flow_hold_the_machines_cpu_slots(tmp_path, monkeyp
     from prefect import flow, task
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    monkeypatch.setenv("CPU_SLOTS_DIR", str(tmp_path / "slots"))
-    monkeypatch.setenv("CPU_HEAVY_SLOTS", "2")
+    monkeypatch.setenv("PIPELINES_CPU_SLOTS_DIR", str(tmp_path / "slots"))
+    monkeypatch.setenv("PIPELINES_CPU_HEAVY_SLOTS", "2")
     spans: list[tuple[float, float]] = []
     lock = threading.Lock()
 
@@ -323,7 +323,7 @@ def test_make_up_drops_the_cpu_heavy_tag_limit_an_older_version_created(monkeypa
 
 
 def test_the_cpu_slots_live_in_a_private_folder_of_their_user(tmp_path, monkeypatch):
-    monkeypatch.delenv("CPU_SLOTS_DIR", raising=False)
+    monkeypatch.delenv("PIPELINES_CPU_SLOTS_DIR", raising=False)
     monkeypatch.setenv("PIPELINES_RUNTIME_DIR", str(tmp_path / "runtime"))
     with limits.cpu_slot(1):
         folder = limits.cpu_slots_dir()
@@ -339,7 +339,7 @@ def test_a_slot_folder_others_may_reach_is_refused(tmp_path, monkeypatch, mode):
     folder = tmp_path / "slots"
     folder.mkdir()
     folder.chmod(mode)  # pre-created by someone who would hold every slot
-    monkeypatch.setenv("CPU_SLOTS_DIR", str(folder))
+    monkeypatch.setenv("PIPELINES_CPU_SLOTS_DIR", str(folder))
     with pytest.raises(NotPrivate, match="others may reach it"):
         with limits.cpu_slot(1):
             pass
@@ -354,7 +354,7 @@ def test_a_slot_folder_another_user_owns_is_refused(tmp_path, monkeypatch):
     folder = tmp_path / "slots"
     folder.mkdir(mode=0o700)
     os.chown(folder, 65534, 65534)
-    monkeypatch.setenv("CPU_SLOTS_DIR", str(folder))
+    monkeypatch.setenv("PIPELINES_CPU_SLOTS_DIR", str(folder))
     with pytest.raises(NotPrivate, match="belongs to uid 65534"):
         limits.cpu_slots_dir()
 

@@ -20,7 +20,7 @@ import pytest
 from benchmarks.server_load import stack
 from deployments import dynamodb_local, postgres_local
 from deployments.supervisor import Supervisor, socket_for
-from tasks.gpu.backends import pid_alive
+from tasks.core.processes import pid_alive
 from tests.helpers.crashpoints import REPO_ROOT
 from tests.helpers.landing import record_messages
 from tests.helpers.other_user import as_nobody_python, as_nobody_run

@@ -339,8 +339,8 @@ def test_cause_lines_keep_the_first_and_the_last_error_lines():
 
 def test_remote_backends_wait_without_holding_a_cpu_slot(tables, store_root, corpus, http_backend, monkeypatch):
     """With one CPU slot on the machine, three segments still wait on the http endpoint at once."""
-    monkeypatch.setenv("CPU_HEAVY_SLOTS", "1")
-    monkeypatch.setenv("CPU_SLOTS_DIR", str(store_root.parent / "slots"))
+    monkeypatch.setenv("PIPELINES_CPU_HEAVY_SLOTS", "1")
+    monkeypatch.setenv("PIPELINES_CPU_SLOTS_DIR", str(store_root.parent / "slots"))
     barrier = threading.Barrier(3, timeout=20)
     waited = []
     post = http_backend.do_POST

@@ -35,8 +35,17 @@ uploads = st.fixed_dictionaries(
 
 # found by the sweep: the encoder rounded a frame-rate change's timestamps to whole average frames, so the denoised
 # segment 0 (12 frames, 1.007 s) came out 1.128 s long and the job failed
-VFR_DENOISE = {"width": 2, "height": 1, "fps": 12.5, "second_fps": 8, "seconds": 1.5, "segment_seconds": 1.0,
-               "audio_start": None, "rotation": 0, "mode": "denoise"}  # fmt: skip
+VFR_DENOISE = {
+    "width": 2,
+    "height": 1,
+    "fps": 12.5,
+    "second_fps": 8,
+    "seconds": 1.5,
+    "segment_seconds": 1.0,
+    "audio_start": None,
+    "rotation": 0,
+    "mode": "denoise",
+}
 
 
 def _check(draw: dict, store_root, folder) -> None:

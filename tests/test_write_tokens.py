@@ -93,8 +93,15 @@ def test_a_retried_transaction_is_applied_once(tables, many):
         if many:
             results = state_store.transition_many(table, [(c, "IN_PROGRESS", "COMPLETED", None) for c in chunks])
         else:
-            results = [state_store.transition(table, chunks[0], "IN_PROGRESS", "COMPLETED",
-                                              increments=[Increment(table, run, {"jobs_completed": 1})])]  # fmt: skip
+            results = [
+                state_store.transition(
+                    table,
+                    chunks[0],
+                    "IN_PROGRESS",
+                    "COMPLETED",
+                    increments=[Increment(table, run, {"jobs_completed": 1})],
+                )
+            ]
     assert [r.outcome for r in results] == [Outcome.APPLIED] * len(results)
     done = chunks if many else chunks[:1]
     assert [to_plain(state_store.get_item(table, c))["status"] for c in done] == ["COMPLETED"] * len(done)

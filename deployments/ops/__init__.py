@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import pkgutil
+
+# this folder under another sys.path entry joins the package: a pipeline's modules kept elsewhere (docs/design.md)
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 
 class Parser(argparse.ArgumentParser):

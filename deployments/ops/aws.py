@@ -4,6 +4,7 @@ The group is ``aws-stack``, not ``aws``: a documented line starting with ``aws``
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from deployments import aws
@@ -24,8 +25,14 @@ def register(subparsers) -> None:
     deploy.add_argument("--bucket", help="the data bucket's name (default pipelines-ACCOUNT-ENV)")
     deploy.add_argument("--image-tag", help="the image's tag (default: the checkout's commit)")
     deploy.add_argument("--assign-public-ip", default="DISABLED", choices=("ENABLED", "DISABLED"))
-    deploy.add_argument("--gpu-cluster", default="", help="ECS cluster of your GPU instances (the gpu ecs backend)")
-    deploy.add_argument("--video-endpoint-prefix", default="", help="name prefix of your SageMaker async endpoints")
+    deploy.add_argument(
+        "--parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=stack_parameter,
+        help=f"a pipeline's own stack parameter, repeatable: {pipeline_parameter_help()}",
+    )
     deploy.add_argument("--dry-run", action="store_true", help="print the change set; change nothing")
     deploy.set_defaults(handler=run_deploy)
     destroy = commands.add_parser("destroy", help="remove the stack and its artifacts; the data is kept")
@@ -34,13 +41,40 @@ def register(subparsers) -> None:
     destroy.set_defaults(handler=lambda a: aws.destroy(a.env, a.region))
 
 
+def stack_parameter(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` of ``--parameter``."""
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=VALUE")
+    return name, value
+
+
+def pipeline_parameter_help() -> str:
+    """The pipelines' own stack parameters, each with what it is for (from the pipelines' declarations)."""
+    from infra import cloudformation as cfn
+
+    return "; ".join(
+        f"{name} ({declaration.get('Description', '')})"
+        for parts in cfn.pipeline_parts()
+        for name, declaration in parts.parameters.items()
+    )
+
+
 def run_deploy(args) -> dict:
     """The deploy command's arguments to ``aws.deploy``."""
     if not args.prefect_api_url:
         raise ValueError("give --prefect-api-url (or set PREFECT_API_URL)")
     return aws.deploy(
-        args.env, args.region, args.vpc, args.subnets.split(","), args.security_groups.split(","),
-        args.prefect_api_url, bucket=args.bucket, api_key_secret_arn=args.api_key_secret_arn, tag=args.image_tag,
-        assign_public_ip=args.assign_public_ip, dry_run=args.dry_run, gpu_cluster=args.gpu_cluster,
-        video_endpoint_prefix=args.video_endpoint_prefix,
-    )  # fmt: skip
+        args.env,
+        args.region,
+        args.vpc,
+        args.subnets.split(","),
+        args.security_groups.split(","),
+        args.prefect_api_url,
+        bucket=args.bucket,
+        api_key_secret_arn=args.api_key_secret_arn,
+        tag=args.image_tag,
+        assign_public_ip=args.assign_public_ip,
+        dry_run=args.dry_run,
+        pipeline_parameters=dict(args.parameter),
+    )

@@ -59,9 +59,13 @@ def allow_bucket(client, url: str, arn: str, bucket: str, changed: list[str]) ->
     """Add (or correct) the queue policy statement that lets ``bucket`` send its notifications; others kept."""
     sid = f"s3-{bucket}-sends"
     statement = {
-        "Sid": sid, "Effect": "Allow", "Principal": {"Service": "s3.amazonaws.com"}, "Action": "sqs:SendMessage",
-        "Resource": arn, "Condition": {"ArnLike": {"aws:SourceArn": f"arn:aws:s3:::{bucket}"}},
-    }  # fmt: skip
+        "Sid": sid,
+        "Effect": "Allow",
+        "Principal": {"Service": "s3.amazonaws.com"},
+        "Action": "sqs:SendMessage",
+        "Resource": arn,
+        "Condition": {"ArnLike": {"aws:SourceArn": f"arn:aws:s3:::{bucket}"}},
+    }
     current = client.get_queue_attributes(QueueUrl=url, AttributeNames=["Policy"]).get("Attributes", {}).get("Policy")
     policy = json.loads(current) if current else {"Version": "2012-10-17", "Statement": []}
     statements = policy.get("Statement", [])
@@ -84,9 +88,11 @@ def notify_queue(s3, bucket: str, prefix: str, arn: str, pipeline: str, changed:
     current = s3.get_bucket_notification_configuration(Bucket=bucket)
     current.pop("ResponseMetadata", None)
     ours = {
-        "Id": f"pipelines-{pipeline}-arrivals", "QueueArn": arn, "Events": OBJECT_CREATED,
+        "Id": f"pipelines-{pipeline}-arrivals",
+        "QueueArn": arn,
+        "Events": OBJECT_CREATED,
         "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": prefix}]}},
-    }  # fmt: skip
+    }
     queues = current.get("QueueConfigurations", [])
     if any(
         q["QueueArn"] == arn and sorted(q["Events"]) == OBJECT_CREATED and _rules(q) == {"prefix": prefix}

@@ -59,7 +59,7 @@ def register(subparsers) -> None:
     rows.add_argument("--date", action="append", dest="dates", help="only this date (repeatable)")
     rows.add_argument("--columns", type=lambda v: v.split(","), help="comma-separated columns (default: all)")
     rows.add_argument("--limit", type=int, help="at most this many rows")
-    rows.add_argument("--sql", help="a DuckDB query over the table (named as CATALOG_TABLE, default merged_parquet)")
+    rows.add_argument("--sql", help="a DuckDB query over the table (named as ETL_CATALOG_TABLE: merged_parquet)")
     rows.set_defaults(handler=lambda a: etl_catalog.query(a.dates, a.columns, a.limit, a.sql))
 
     register = group.add_parser("register", help="register a date's merged output as a partition again (idempotent)")

@@ -21,6 +21,11 @@ def register_local_nodes(count: int | None = None) -> dict[str, str]:
     return gpu.register_nodes(runner.backend, config.cluster_name)
 
 
+def local_setup() -> dict[str, dict[str, str]]:
+    """What `make up` prints for this pipeline (``deployments.local_stack.register_extras``): the nodes registered."""
+    return {"gpu nodes": register_local_nodes()}
+
+
 def _register_nodes(args) -> dict:
     return register_local_nodes(args.nodes)
 

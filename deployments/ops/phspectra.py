@@ -81,8 +81,11 @@ def register(subparsers) -> None:
         "a survey's tiles: completed / failed / running, spectra fitted",
     )
     status.add_argument("--survey", required=True)
-    query = command("catalog", lambda a: catalog.query_catalog(a.survey, a.tile, a.min_amplitude, a.limit or None),
-                    "components of a survey's catalog")  # fmt: skip
+    query = command(
+        "catalog",
+        lambda a: catalog.query_catalog(a.survey, a.tile, a.min_amplitude, a.limit or None),
+        "components of a survey's catalog",
+    )
     query.add_argument("--survey", required=True)
     query.add_argument("--tile", default=None, help="only this tile's components")
     query.add_argument("--min-amplitude", type=float, default=None, help="only components at least this bright")

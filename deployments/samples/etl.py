@@ -10,7 +10,9 @@ import random
 from pathlib import Path
 
 DATES = ["2026-01-01", "2026-01-02"]
-FILES_PER_DATE = 12  # one full batch of MAX_FILES_PER_MANIFEST=10 per date, 2 left for the orphan flush
+FILES_PER_DATE = 12  # one full batch of max_files_per_manifest (10) per date, 2 left for the orphan flush
+# the dates are past days: the scheduled flush (hourly) closes their partial batches; the demo runs it at once
+FOLLOW_UPS = ("ndjson-flush-orphans/local",)
 
 
 def _records(rng: random.Random, count: int) -> list[str]:

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+DEPLOYMENT = "gpu-job/local"  # the demo starts it (seed 002 has no data arrival)
 TRAIN = """\
 import os, sys, time
 print(f"node {os.environ['NODE_NAME']} index {os.environ['NODE_INDEX']} of {os.environ['GPU_JOB_NUM_NODES']}, "

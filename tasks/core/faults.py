@@ -23,12 +23,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tasks.core.errors import PipelineError
+
 ENV = "PIPELINES_FAULT"
 STALL_SECONDS = 3600.0
 LOG_ENV = "PIPELINES_FAULT_LOG"
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(PipelineError, RuntimeError):
     """The fault a test asked for (mode ``raise``): a crash at a write, as an exception."""
 
 

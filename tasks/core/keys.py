@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 from datetime import date
 
+from tasks.core.errors import RefusedInput
+
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
-class InvalidKey(ValueError):
+class InvalidKey(RefusedInput):
     """An identifier or key that could escape its prefix, or does not parse."""
 
 

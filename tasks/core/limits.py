@@ -61,14 +61,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def cpu_heavy_slots() -> int:
-    """How many CPU-heavy tasks may run at once on a worker machine (``CPU_HEAVY_SLOTS``, default: its cores)."""
-    return int(os.environ.get("CPU_HEAVY_SLOTS") or os.cpu_count() or 1)
+    """How many CPU-heavy tasks may run at once on a machine (``PIPELINES_CPU_HEAVY_SLOTS``, default: its cores)."""
+    return int(os.environ.get("PIPELINES_CPU_HEAVY_SLOTS") or os.cpu_count() or 1)
 
 
 def cpu_slots_dir() -> Path:
-    """The folder of this machine's CPU slot files (``CPU_SLOTS_DIR``, default: ``cpu-slots`` in the user's private
-    runtime folder): created 0700, refused if another user owns it or may reach it (they could hold every slot)."""
-    configured = os.environ.get("CPU_SLOTS_DIR")
+    """The folder of this machine's CPU slot files (``PIPELINES_CPU_SLOTS_DIR``, default: ``cpu-slots`` in the
+    user's private runtime folder): created 0700, refused if another user owns it or may reach it (they could hold
+    every slot)."""
+    configured = os.environ.get("PIPELINES_CPU_SLOTS_DIR")
     return private_folder(Path(configured) if configured else runtime_folder() / "cpu-slots")
 
 

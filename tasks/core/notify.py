@@ -12,6 +12,7 @@ import logging
 import os
 import urllib.parse
 
+from tasks.core.errors import Unavailable
 from tasks.core.redact import redact
 
 logger = logging.getLogger("pipelines.notify")
@@ -19,7 +20,7 @@ logger = logging.getLogger("pipelines.notify")
 NOTIFY_BLOCK_ENV = "PIPELINES_NOTIFY_BLOCK"  # e.g. "slack-webhook/on-call"
 
 
-class DeliveryError(RuntimeError):
+class DeliveryError(Unavailable, RuntimeError):
     """A notification block did not deliver; the message says why, without any URL path, query or secret."""
 
 

@@ -35,6 +35,7 @@ from urllib.parse import quote, unquote, urlparse
 import boto3
 
 from tasks.core import faults
+from tasks.core.errors import PipelineError
 from tasks.core.keys import InvalidKey, safe_key
 from tasks.core.runtime import utc_now
 from tasks.core.state_store import BOTO_CONFIG
@@ -68,7 +69,7 @@ def _write_point(method: Callable[..., Any]) -> Callable[..., Any]:
     return write
 
 
-class ObjectNotFound(FileNotFoundError):
+class ObjectNotFound(PipelineError, FileNotFoundError):
     """No object at that key."""
 
 

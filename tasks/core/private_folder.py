@@ -8,8 +8,10 @@ import stat
 import tempfile
 from pathlib import Path
 
+from tasks.core.errors import PipelineError
 
-class NotPrivate(PermissionError):
+
+class NotPrivate(PipelineError, PermissionError):
     """A folder (or socket) another user owns or may reach: refused, never used."""
 
 

@@ -80,6 +80,7 @@ class Pipeline:
     object_retention: str | None = None  # hook: (RetentionWindow) -> {area: objects deleted}
     reconcile_adapters: str | None = None  # hook: Sequence[tasks.reconcile.Adapter]
     dashboard: str | None = None  # hook: (DashboardWindow) -> tasks.health.dashboard.Figures
+    aws: str | None = None  # hook: tasks.core.aws_template.AwsParts, its own parts of the CloudFormation template
 
     def hook(self, attribute: str) -> Any:
         """The object a hook field names, imported on first use; None when the pipeline declares none."""

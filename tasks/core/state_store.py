@@ -652,6 +652,14 @@ def _next_batch(pending: list[int], groups: Sequence[Sequence[Mapping[str, Any]]
     return batch
 
 
+def _tokened(entry: Mapping[str, Any], token: str) -> dict[str, Any]:
+    """The TransactItems entry with ``token`` on its Update or conditional Put (an append-only Put needs none)."""
+    return {
+        kind: with_token(body, token) if kind == "Update" or kind == "Put" and "ConditionExpression" in body else body
+        for kind, body in entry.items()
+    }
+
+
 def transact_groups(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[dict[str, Any]] | None]:
     """Apply groups of TransactItems entries (Put/Update/Delete/ConditionCheck), each group all-or-nothing.
 
@@ -661,12 +669,7 @@ def transact_groups(groups: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[
     applied, else its cancellation reasons (each with the item as it stands, ``ALL_OLD``, raw).
     """
     tokens = [[new_token() for _ in group] for group in groups]
-    groups = [
-        [{kind: with_token(body, token) if kind == "Update" or "ConditionExpression" in body and kind == "Put" else body
-          for kind, body in entry.items()}  # an unconditional Put (an append-only row) needs no token
-         for entry, token in zip(group, group_tokens)]
-        for group, group_tokens in zip(groups, tokens)
-    ]  # fmt: skip
+    groups = [[_tokened(entry, token) for entry, token in zip(group, ts)] for group, ts in zip(groups, tokens)]
 
     def landed(index: int, reasons: Sequence[Mapping[str, Any]]) -> bool:
         """Whether group ``index``'s write had landed (a retry found its own token): then it was applied."""
@@ -793,6 +796,18 @@ def _transition_entries(
         guard = expr.with_condition(extra, expr.status_condition(status_attr, expected, key))
         operations.append({"Update": expr.entry(table_name, key, guard, update)})
     return operations
+
+
+def transition_entry(
+    table_name: str,
+    key: Mapping[str, Any],
+    expected: str | Sequence[str] | None,
+    new: str | None,
+    sets: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One change as a guarded TransactItems Update (``transition``'s guard), to land with another table's change
+    in one transaction (``transition_all``'s ``also``)."""
+    return _transition_entries(table_name, [(key, expected, new, sets)])[0]
 
 
 def transition_all(

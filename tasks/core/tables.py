@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from botocore.exceptions import ClientError
 
 from tasks.core import state_store
+from tasks.core.errors import PipelineError
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,11 @@ class TableSpec:
         return schema
 
 
-class SchemaMismatch(RuntimeError):
+class SchemaMismatch(PipelineError, RuntimeError):
     """A table exists with other keys than the project's; it is left untouched."""
 
 
-def _create_request(name: str, spec: TableSpec) -> dict:
+def create_request(name: str, spec: TableSpec) -> dict:
     attrs = {k: spec.key_types.get(k, "S") for k, _ in spec.key_schema()}
     gsis = []
     for index in spec.gsis:
@@ -104,7 +105,7 @@ def ensure_table(name: str, spec: TableSpec) -> str:
         if error.response["Error"]["Code"] != "ResourceNotFoundException":
             raise
         try:
-            client.create_table(**_create_request(name, spec))
+            client.create_table(**create_request(name, spec))
         except ClientError as create_error:  # another process created it first
             if create_error.response["Error"]["Code"] != "ResourceInUseException":
                 raise

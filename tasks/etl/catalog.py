@@ -135,7 +135,7 @@ def query(
     output_url: str = "",
 ) -> list[dict[str, Any]]:
     """Rows of the table: ``columns`` of ``dates`` (all by default), at most ``limit``; or a DuckDB ``sql`` over it
-    (the table named as ``CATALOG_TABLE``; needs the ``duckdb`` package)."""
+    (the table named as ``ETL_CATALOG_TABLE``; needs the ``duckdb`` package)."""
     for date in dates or []:
         keys.safe_date(date)
     dataset = open_table(output_url, dates)

@@ -23,6 +23,7 @@ from blocks import load_config
 from blocks.etl import EtlSettings
 from tasks.core import keys, state_store
 from tasks.core.config import object_store, table_name
+from tasks.core.errors import Unavailable
 from tasks.core.object_store import ListedObject, ObjectNotFound, ObjectStore, copy_url, object_version, open_url
 from tasks.core.runtime import now_iso, prefect_ids, utc_now
 from tasks.etl import keys as etl_keys
@@ -460,7 +461,10 @@ def publish_batches(
     target = store(config.manifest_store_url)
     created = now_iso()
     ids = prefect_ids()
-    sets_for = lambda path: {"manifest_path": path, "updated_at": created, "manifested_at": created, **ids}  # noqa: E731
+
+    def sets_for(path: str) -> dict[str, Any]:
+        return {"manifest_path": path, "updated_at": created, "manifested_at": created, **ids}
+
     groups, refs = [], []
     for (name, path), batch in zip(slots, batches):
         urls = sorted(f.url if isinstance(f, FileCheck) else f["file_path"] for f in batch)
@@ -685,7 +689,7 @@ Launcher = Callable[[ManifestRef], Any]
 MANIFEST_READY = "manifest.ready"  # seed 001's ManifestReady: prefect.yaml's merge trigger starts the merge from it
 
 
-class MergesHeld(RuntimeError):
+class MergesHeld(Unavailable, RuntimeError):
     """The merge deployment is paused (its circuit breaker is open): the manifest waits ``pending``."""
 
 

@@ -546,17 +546,7 @@ def finish_manifest(
     table = table_name(TRACKING)
     outcome = FAILED if summary is None else COMPLETED
     stamp = now_iso()
-    sets: dict[str, Any] = {"updated_at": stamp, f"{outcome}_time": stamp}
-    if summary is not None:
-        sets.update(
-            rows=summary["rows"],
-            rejected_lines=summary["rejected_lines"],
-            files_failed=summary["files_failed"],
-            parts=summary["parts"],
-            rejects_path=summary["rejects_path"] or "",
-        )
-    if error:
-        sets["error_message"] = error[:1000]
+    sets = _manifest_sets(outcome, stamp, summary, error)
     manifest_key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
     with_manifest = [state_store.put_entry(table_name(METRICS), metric_item("merge", metric))] if metric else []
     manifest_change = (manifest_key, PROCESSING, outcome, sets)
@@ -566,11 +556,7 @@ def finish_manifest(
         if len(changes) + 1 + len(with_manifest) <= state_store.TRANSACTION_LIMIT and state_store.transition_all(
             table, [manifest_change, *changes], also=with_manifest, conditions=[_held_by(holder)]
         ):
-            return {
-                "manifest_status": outcome,
-                "files_completed": sum(1 for c in changes if c[2].startswith(COMPLETED)),
-                "files_failed": sum(1 for c in changes if c[2].startswith(FAILED)),
-            }
+            return _finished(outcome, [change[2] for change in changes])
     (manifest_result,) = state_store.transition_many(
         table, [manifest_change], also=[with_manifest], conditions=[_held_by(holder)]
     )
@@ -585,7 +571,27 @@ def finish_manifest(
     candidates = listed_file_records(date_prefix, listed) if listed is not None else file_records(date_prefix)
     changes = _file_changes(date_prefix, candidates, manifest_path, outcome, per_file, error, stamp)
     results = state_store.transition_many(table, changes) if changes else []
-    moved = [change[2] for change, r in zip(changes, results) if r.applied]
+    return _finished(outcome, [change[2] for change, r in zip(changes, results) if r.applied])
+
+
+def _manifest_sets(outcome: str, stamp: str, summary: dict[str, Any] | None, error: str | None) -> dict[str, Any]:
+    """What the MANIFEST records with its outcome: the times, the merge's figures (completed), the error (failed)."""
+    sets: dict[str, Any] = {"updated_at": stamp, f"{outcome}_time": stamp}
+    if summary is not None:
+        sets.update(
+            rows=summary["rows"],
+            rejected_lines=summary["rejected_lines"],
+            files_failed=summary["files_failed"],
+            parts=summary["parts"],
+            rejects_path=summary["rejects_path"] or "",
+        )
+    if error:
+        sets["error_message"] = error[:1000]
+    return sets
+
+
+def _finished(outcome: str, moved: list[str]) -> dict[str, Any]:
+    """``finish_manifest``'s answer: the MANIFEST's outcome and how many files it moved to completed and failed."""
     return {
         "manifest_status": outcome,
         "files_completed": sum(1 for s in moved if s.startswith(COMPLETED)),

@@ -351,8 +351,23 @@ def _gather(
     past the last), whether it is dense, and the rows of each sparse column's slots (``sparse_row`` from
     ``sparse_first[c]`` to ``sparse_first[c + 1]``).
     """
+    first, order = _by_column(column, columns)
+    dense = _dense_columns(first, rows, len(column), cells_per_member)
+    slot_first, sparse_first = _slots(first, order, line_of, dense, rows)
+    offsets, valid, sparse_row = _offsets(
+        first, order, line_of, start, end, null, dense, slot_first, sparse_first, rows
+    )
+    data = _copy_values(
+        first, order, line_of, start, end, null, dense, slot_first, offsets, source, buf, packed, decoded
+    )
+    return offsets, valid, data, slot_first, dense, sparse_first, sparse_row
+
+
+@njit(**_COMPILED)
+def _by_column(column: np.ndarray, columns: int):
+    """Members sorted by column, stably (so by line within a column): each column's first position and the order."""
     m = len(column)
-    first = np.zeros(columns + 1, np.int64)  # members sorted by column, stably (so by line within a column)
+    first = np.zeros(columns + 1, np.int64)
     for j in range(m):
         first[column[j] + 1] += 1
     for c in range(columns):
@@ -362,14 +377,30 @@ def _gather(
     for j in range(m):
         order[fill[column[j]]] = j
         fill[column[j]] += 1
+    return first, order
+
+
+@njit(**_COMPILED)
+def _dense_columns(first: np.ndarray, rows: int, members: int, cells_per_member: int):
+    """Which columns get a slot per row: all, unless rows × columns passes ``cells_per_member`` per member; then the
+    columns with the fewest values are sparse until it does not."""
+    columns = len(first) - 1
     dense = np.ones(columns, np.bool_)
     cells = columns * rows
-    if cells > cells_per_member * m:
+    if cells > cells_per_member * members:
         for c in np.argsort(first[1:] - first[:-1], kind="mergesort"):  # the sparsest first
-            if cells <= cells_per_member * m:
+            if cells <= cells_per_member * members:
                 break
             dense[c] = False
             cells -= rows
+    return dense
+
+
+@njit(**_COMPILED)
+def _slots(first: np.ndarray, order: np.ndarray, line_of: np.ndarray, dense: np.ndarray, rows: int):
+    """Each column's first slot (a dense one: a slot per row; a sparse one: a slot per line that has the key) and
+    each sparse column's first position in ``sparse_row``."""
+    columns = len(dense)
     slot_first = np.zeros(columns + 1, np.int64)
     sparse_first = np.zeros(columns + 1, np.int64)
     for c in range(columns):
@@ -379,6 +410,31 @@ def _gather(
                 values += k + 1 == first[c + 1] or line_of[order[k + 1]] != line_of[order[k]]
         slot_first[c + 1] = slot_first[c] + (rows if dense[c] else values)
         sparse_first[c + 1] = sparse_first[c] + values
+    return slot_first, sparse_first
+
+
+@njit(**_COMPILED)
+def _replaced(k: int, column_end: int, order: np.ndarray, line_of: np.ndarray) -> bool:
+    """Whether member ``order[k]`` is not the last value of its key in its line (a key repeated: the last wins)."""
+    return k + 1 < column_end and line_of[order[k + 1]] == line_of[order[k]]
+
+
+@njit(**_COMPILED)
+def _offsets(
+    first: np.ndarray,
+    order: np.ndarray,
+    line_of: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    null: np.ndarray,
+    dense: np.ndarray,
+    slot_first: np.ndarray,
+    sparse_first: np.ndarray,
+    rows: int,
+):
+    """Every slot's offset in the data (one more than slots, the last is the data's size), its validity, and the
+    row of each sparse slot; a key repeated in a line: the last value wins."""
+    columns = len(dense)
     slots = slot_first[columns]
     offsets = np.empty(slots + 1, np.int64)
     valid = np.zeros(slots, np.bool_)
@@ -399,22 +455,43 @@ def _gather(
             continue
         slot = 0
         for k in range(first[c], first[c + 1]):
+            if _replaced(k, first[c + 1], order, line_of):
+                continue
             j = order[k]
-            if k + 1 < first[c + 1] and line_of[order[k + 1]] == line_of[j]:
-                continue  # not the last value of its key in the line
             valid[s + slot] = not null[j]
             offsets[s + slot] = total
             sparse_row[sparse_first[c] + slot] = line_of[j]
             total += 0 if null[j] else end[j] - start[j]
             slot += 1
     offsets[slots] = total
-    data = np.empty(total, np.uint8)
-    for c in range(columns):
+    return offsets, valid, sparse_row
+
+
+@njit(**_COMPILED)
+def _copy_values(
+    first: np.ndarray,
+    order: np.ndarray,
+    line_of: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    null: np.ndarray,
+    dense: np.ndarray,
+    slot_first: np.ndarray,
+    offsets: np.ndarray,
+    source: np.ndarray,
+    buf: np.ndarray,
+    packed: np.ndarray,
+    decoded: np.ndarray,
+):
+    """The data: each slot's value copied from ``buf``, ``packed`` or ``decoded`` (``source`` 0, 1, 2) to its
+    offset; nulls and values a later one of the same key in the line replaces are skipped."""
+    data = np.empty(offsets[len(offsets) - 1], np.uint8)
+    for c in range(len(dense)):
         slot = slot_first[c] - 1
         for k in range(first[c], first[c + 1]):
+            if _replaced(k, first[c + 1], order, line_of):
+                continue
             j = order[k]
-            if k + 1 < first[c + 1] and line_of[order[k + 1]] == line_of[j]:
-                continue  # not the last value of its key in the line
             slot = slot_first[c] + line_of[j] if dense[c] else slot + 1
             if null[j]:
                 continue
@@ -428,7 +505,7 @@ def _gather(
             else:
                 for i in range(start[j], end[j]):
                     data[at + i] = decoded[i]
-    return offsets, valid, data, slot_first, dense, sparse_first, sparse_row
+    return data
 
 
 def _line_error(line: bytes, problem: int = NOT_JSON) -> str:

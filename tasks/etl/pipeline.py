@@ -58,4 +58,5 @@ PIPELINE = Pipeline(
     object_retention="tasks.etl.retention:age_out_staging",
     reconcile_adapters="tasks.etl.reconcile:ADAPTERS",
     dashboard="tasks.etl.alarms:figures",
+    aws="tasks.etl.aws:PARTS",
 )

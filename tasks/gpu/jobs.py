@@ -27,6 +27,7 @@ from typing import Any
 
 from tasks.core import state_store
 from tasks.core.config import table_name
+from tasks.core.errors import Unavailable
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger
 from tasks.core.state_store import Condition
 from tasks.gpu import keys
@@ -52,7 +53,7 @@ RUN_IDS = ("prefect_flow_run_id", "prefect_task_run_id")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
-class NotEnoughNodes(RuntimeError):
+class NotEnoughNodes(Unavailable, RuntimeError):
     """Fewer AVAILABLE nodes than the job needs (and no waiting, or the wait timed out)."""
 
 

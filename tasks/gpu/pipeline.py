@@ -21,4 +21,5 @@ PIPELINE = Pipeline(
     retention_rules="tasks.gpu.retention:RULES",
     reconcile_adapters="tasks.gpu.reconcile:ADAPTERS",
     dashboard="tasks.gpu.alarms:figures",
+    aws="tasks.gpu.aws:PARTS",
 )

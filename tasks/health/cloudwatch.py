@@ -25,11 +25,22 @@ def metric_data(rows: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
     data = []
     for row in rows:
         if row["value"] is not None:
-            data.append({"MetricName": row["name"], "Dimensions": [{"Name": "Env", "Value": env}],
-                         "Value": float(row["value"]), "Unit": "Count"})  # fmt: skip
-        data.append({"MetricName": FIRING, "Dimensions": [{"Name": "Env", "Value": env},
-                                                          {"Name": "Alarm", "Value": row["name"]}],
-                     "Value": 0.0 if row["state"] == "OK" else 1.0, "Unit": "Count"})  # fmt: skip
+            data.append(
+                {
+                    "MetricName": row["name"],
+                    "Dimensions": [{"Name": "Env", "Value": env}],
+                    "Value": float(row["value"]),
+                    "Unit": "Count",
+                }
+            )
+        data.append(
+            {
+                "MetricName": FIRING,
+                "Dimensions": [{"Name": "Env", "Value": env}, {"Name": "Alarm", "Value": row["name"]}],
+                "Value": 0.0 if row["state"] == "OK" else 1.0,
+                "Unit": "Count",
+            }
+        )
     return data
 
 

@@ -66,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no heartbeat at {path}: the listener has not received yet", file=sys.stderr)
         return 1
     if age > max_age_s:
-        print(f"heartbeat {path} is {age:.0f} s old (over {max_age_s:.0f} s): the listener stopped receiving",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"heartbeat {path} is {age:.0f} s old (over {max_age_s:.0f} s): the listener stopped receiving",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

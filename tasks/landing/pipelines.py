@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tasks.core.keys import InvalidKey
+from tasks.core.errors import RefusedInput
 from tasks.core.runtime import run_logger
 from tasks.landing.listener import Landed, Outcome, emit_landed
 from tasks.landing.sources import Arrival
@@ -34,14 +34,14 @@ def start_deployment_run(deployment: str, parameters: dict[str, Any], idempotenc
 
 def handle_each(arrivals: list[Arrival], pipeline: str, start: Callable[[Arrival], tuple[str, list[str]]]) -> Outcome:
     """A handler from a per-arrival ``start`` (what happened, the runs it started): one event per outcome naming
-    its arrivals and runs, done when ``start`` returned or refused the key (one log line), offered again when it raised
-    anything else (DynamoDB or the Prefect server down)."""
+    its arrivals and runs, done when ``start`` returned or refused the input (a ``RefusedInput``: one log line), offered
+    again when it raised anything else (DynamoDB or the Prefect server down)."""
     outcome = Outcome()
     landed: list[Landed] = []
     for arrival in arrivals:
         try:
             what, flow_run_ids = start(arrival)
-        except InvalidKey as error:  # outside the pipeline's landing keys: a redelivery cannot change that
+        except RefusedInput as error:  # e.g. a key outside the landing keys: a redelivery cannot change it
             run_logger(__name__).warning("ignored %s: %s", arrival.url, error)
             what, flow_run_ids = "ignored", []
         except Exception as error:  # noqa: BLE001 - offered again later, never lost

@@ -27,6 +27,7 @@ import boto3
 from blocks import DynamoTables, ObjectStorage, load_config
 from tasks.core import keys, registry
 from tasks.core.config import object_store
+from tasks.core.errors import RefusedInput
 from tasks.core.registry import MESSAGES, OBJECTS, QueueSpec
 from tasks.core.state_store import BOTO_CONFIG
 from tasks.landing.sources import Arrival
@@ -101,7 +102,7 @@ def object_url(bucket: str, key: str) -> str:
     return f"s3://{bucket}/{key}"
 
 
-class PoisonMessage(ValueError):
+class PoisonMessage(RefusedInput):
     """A message whose body is not what the queue should carry."""
 
 
@@ -205,9 +206,11 @@ class SqsSource:
         taken, wait = 0, int(min(max(wait_seconds, 0), MAX_WAIT_S))
         while taken < max_items:
             request = dict(
-                QueueUrl=self.queue_url, MaxNumberOfMessages=min(MAX_BATCH, max_items - taken),
-                WaitTimeSeconds=wait, AttributeNames=SYSTEM_ATTRIBUTES,
-            )  # fmt: skip
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=min(MAX_BATCH, max_items - taken),
+                WaitTimeSeconds=wait,
+                AttributeNames=SYSTEM_ATTRIBUTES,
+            )
             if self.visibility_timeout_s is not None:
                 request["VisibilityTimeout"] = self.visibility_timeout_s
             messages = self._client.receive_message(**request).get("Messages", [])

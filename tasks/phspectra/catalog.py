@@ -53,8 +53,12 @@ def components(spectra: pa.Table, run_id: str) -> pa.Table:
     index = np.arange(len(parents)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     per_spectrum = spectra.select(list(SPECTRUM_COLUMNS)).take(pa.array(parents, pa.int64()))
     flat = {name: pc.list_flatten(spectra[f"component_{name}s"]) for name in ("amplitude", "mean", "stddev")}
-    columns = {"run_id": pa.array([run_id] * len(parents), pa.string()), "component": pa.array(index, pa.int32()),
-               **flat, **{name: per_spectrum[name] for name in SPECTRUM_COLUMNS}}  # fmt: skip
+    columns = {
+        "run_id": pa.array([run_id] * len(parents), pa.string()),
+        "component": pa.array(index, pa.int32()),
+        **flat,
+        **{name: per_spectrum[name] for name in SPECTRUM_COLUMNS},
+    }
     return pa.table({name: columns[name] for name in COMPONENT_SCHEMA.names}, schema=COMPONENT_SCHEMA)
 
 
@@ -111,8 +115,14 @@ def build_catalog(survey: str, catalog_url: str | None = None, force: bool = Fal
             continue
         written[tile] = write_partition(store, survey, tile, run)
     kept = sorted(set(catalog_tiles(store, survey)) - set(tiles))
-    return {"survey": survey, "catalog_url": store.url_for(phspectra_keys.survey_catalog_prefix(survey)),
-            "written": written, "unchanged": unchanged, "missing": missing, "kept": kept}  # fmt: skip
+    return {
+        "survey": survey,
+        "catalog_url": store.url_for(phspectra_keys.survey_catalog_prefix(survey)),
+        "written": written,
+        "unchanged": unchanged,
+        "missing": missing,
+        "kept": kept,
+    }
 
 
 def catalog_tiles(store: ObjectStore, survey: str) -> list[str]:
@@ -138,10 +148,12 @@ def open_catalog(survey: str, catalog_url: str | None = None):
         )
     prefix = phspectra_keys.survey_catalog_prefix(survey)
     return ds.dataset(
-        [store.arrow_path(phspectra_keys.survey_catalog_key(survey, tile)) for tile in tiles], format="parquet",
-        filesystem=store.arrow_filesystem(), partition_base_dir=store.arrow_path(prefix).rstrip("/"),
+        [store.arrow_path(phspectra_keys.survey_catalog_key(survey, tile)) for tile in tiles],
+        format="parquet",
+        filesystem=store.arrow_filesystem(),
+        partition_base_dir=store.arrow_path(prefix).rstrip("/"),
         partitioning=ds.partitioning(pa.schema([("tile", pa.string())]), flavor="hive"),
-    )  # fmt: skip
+    )
 
 
 def query_catalog(

@@ -20,6 +20,7 @@ from typing import Any
 
 from tasks.core import keys, state_store
 from tasks.core.config import object_store
+from tasks.core.errors import RefusedInput
 from tasks.core.object_store import ObjectNotFound, open_url
 from tasks.core.runtime import now_iso, run_logger
 from tasks.landing.listener import Outcome
@@ -37,7 +38,7 @@ MAX_CUBES = 1000
 MAX_MANIFEST_BYTES = 1024 * 1024
 
 
-class InvalidManifest(ValueError):
+class InvalidManifest(RefusedInput):
     """A survey manifest that cannot start runs; the message says why."""
 
 
@@ -161,10 +162,18 @@ def object_arrived(arrival: Arrival, deployment: str = SURVEY_DEPLOYMENT) -> tup
         flow_run_ids.append(start_deployment_run(deployment, parameters, f"phspectra-landing:{pk}:{index}"))
         run_ids.append(run_id)
     state_store.transition(
-        ph.runs_table(), landing_key(arrival), STARTING, STARTED,
-        set={"survey": survey, "run_ids": run_ids, "tiles": tiles_of(cubes), "flow_run_ids": flow_run_ids,
-             "started_at": now_iso()},
-    )  # fmt: skip
+        ph.runs_table(),
+        landing_key(arrival),
+        STARTING,
+        STARTED,
+        set={
+            "survey": survey,
+            "run_ids": run_ids,
+            "tiles": tiles_of(cubes),
+            "flow_run_ids": flow_run_ids,
+            "started_at": now_iso(),
+        },
+    )
     log.info("%s started %d %s run(s) for survey %s: %s", arrival.url, len(cubes), deployment, survey, run_ids)
     return "started", flow_run_ids
 

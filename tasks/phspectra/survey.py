@@ -180,16 +180,31 @@ def record_failed_run(run_id: str, survey: str, cube_url: str, error: str) -> No
     """The RUN item of a run that failed before its chunks were written, with the reason."""
     now = now_iso()
     item = {
-        **run_key(run_id), "GSI1_PK": survey, "GSI1_SK": now, "survey": survey, "created_at": now,
-        "jobs_total": 0, "jobs_completed": 0, "jobs_failed": 0, "n_spectra": 0, "n_chunks": 0,
-        "status": RUN_FAILED, "error": truncate_error(error), "cube_url": cube_url, "completed_at": now,
-    }  # fmt: skip
+        **run_key(run_id),
+        "GSI1_PK": survey,
+        "GSI1_SK": now,
+        "survey": survey,
+        "created_at": now,
+        "jobs_total": 0,
+        "jobs_completed": 0,
+        "jobs_failed": 0,
+        "n_spectra": 0,
+        "n_chunks": 0,
+        "status": RUN_FAILED,
+        "error": truncate_error(error),
+        "cube_url": cube_url,
+        "completed_at": now,
+    }
     if not state_store.create_if_absent(runs_table(), item, ["PK", "SK"]).applied:
         # only a run that itself failed before its chunks existed takes the new reason; a real run is untouched
         state_store.transition(
-            runs_table(), run_key(run_id), RUN_FAILED, RUN_FAILED, set={"error": truncate_error(error)},
+            runs_table(),
+            run_key(run_id),
+            RUN_FAILED,
+            RUN_FAILED,
+            set={"error": truncate_error(error)},
             condition=Condition("#total = :zero", {"#total": "jobs_total"}, {":zero": 0}),
-        )  # fmt: skip
+        )
 
 
 def _npz_bytes(**arrays: np.ndarray) -> bytes:
@@ -226,10 +241,15 @@ def _write_chunks(
         )
     now = now_iso()
     chunk_items = [
-        {**chunk_key(run_id, start), "status": PENDING, "chunk_key": phspectra_keys.chunk_npz_key(run_id, start),
-         "n_spectra": min(chunk_size, len(spectra) - start), "created_at": now}
+        {
+            **chunk_key(run_id, start),
+            "status": PENDING,
+            "chunk_key": phspectra_keys.chunk_npz_key(run_id, start),
+            "n_spectra": min(chunk_size, len(spectra) - start),
+            "created_at": now,
+        }
         for start in starts
-    ]  # fmt: skip
+    ]
     state_store.create_many_if_absent(runs_table(), chunk_items, ["PK", "SK"])
 
 
@@ -258,12 +278,23 @@ def split_cube(
     starts = chunk_starts(len(spectra), chunk_size)
     now = now_iso()
     run_item = {
-        **run_key(run_id), "GSI1_PK": survey, "GSI1_SK": now, "survey": survey, "created_at": now,
-        "jobs_total": len(starts), "jobs_completed": 0, "jobs_failed": 0,
-        "n_spectra": len(spectra), "n_chunks": len(starts), "status": RUN_RUNNING,
-        "cube_url": cube_url, "chunk_size": chunk_size, "n_channels": spectra.shape[1], "n_nan_channels": n_nan,
+        **run_key(run_id),
+        "GSI1_PK": survey,
+        "GSI1_SK": now,
+        "survey": survey,
+        "created_at": now,
+        "jobs_total": len(starts),
+        "jobs_completed": 0,
+        "jobs_failed": 0,
+        "n_spectra": len(spectra),
+        "n_chunks": len(starts),
+        "status": RUN_RUNNING,
+        "cube_url": cube_url,
+        "chunk_size": chunk_size,
+        "n_channels": spectra.shape[1],
+        "n_nan_channels": n_nan,
         **driver_claim(),
-    }  # fmt: skip
+    }
     if params:
         run_item["params"] = json.dumps(params, sort_keys=True)
     if output_url:
@@ -272,8 +303,15 @@ def split_cube(
     if not created.applied:
         raise ValueError(f"run {run_id} already exists: pass it as run_id to resume it")
     _write_chunks(run_id, spectra, xs, ys, starts, chunk_size, object_store(output_url))
-    return {"run_id": run_id, "survey": survey, "n_spectra": len(spectra), "n_chunks": len(starts),
-            "n_nan_channels": n_nan, "starts": starts, "params": params}  # fmt: skip
+    return {
+        "run_id": run_id,
+        "survey": survey,
+        "n_spectra": len(spectra),
+        "n_chunks": len(starts),
+        "n_nan_channels": n_nan,
+        "starts": starts,
+        "params": params,
+    }
 
 
 def complete_split(run_id: str) -> list[int]:
@@ -341,9 +379,13 @@ class ChunkLease:
         """Extend the lease (setting ``extra`` too) while this claim holds the chunk; False once it is lost."""
         self._tried_at = time.monotonic()
         renewed = state_store.transition(
-            runs_table(), self.key, IN_PROGRESS, None,
-            set={"lease_expires_at": lease_until(self.lease_seconds), **extra}, condition=_mine(self.started_at),
-        ).applied  # fmt: skip
+            runs_table(),
+            self.key,
+            IN_PROGRESS,
+            None,
+            set={"lease_expires_at": lease_until(self.lease_seconds), **extra},
+            condition=_mine(self.started_at),
+        ).applied
         if not renewed:
             self.lost.set()
         return renewed
@@ -404,9 +446,15 @@ def claim_chunk(
             return None
         if status == FAILED:
             result = state_store.transition(
-                table, key, FAILED, IN_PROGRESS, set=claim, add={"attempts": 1}, remove=["error", "failed_at"],
+                table,
+                key,
+                FAILED,
+                IN_PROGRESS,
+                set=claim,
+                add={"attempts": 1},
+                remove=["error", "failed_at"],
                 increments=[Increment(table, run_key(run_id), {"jobs_failed": -1})],
-            )  # fmt: skip
+            )
         elif status == IN_PROGRESS:
             seen = _mine(current.get("started_at", ""))
             if ids.get("prefect_task_run_id") and current.get("prefect_task_run_id") == ids["prefect_task_run_id"]:
@@ -476,44 +524,77 @@ def fit_chunk(
 
     try:
         with ChunkLease(run_id, start, started_at, lease_seconds) as lease:
-            run = get_run(run_id)
-            if run is None:
-                raise LookupError(f"run {run_id} has no RUN item")
-            store = object_store(output_url)
-            with store.local_copy(claimed["chunk_key"]) as path:
-                on_start = lambda pid: lease.renew(worker_pid=pid)  # noqa: E731 - the fitting process is the worker
-                rows, fit_seconds, _ = run_in_child(
-                    path, run_params(run), time_limit_s, on_start=on_start, stop=lease.lost, slots=fit_slots
-                )
-                with np.load(path) as data:
-                    xs, ys = data["x"], data["y"]
-            if not lease.renew():  # published only under a lease just confirmed, so nobody else holds the chunk
-                raise FitStopped(f"chunk {start} of run {run_id} was taken from this fit")
-            output_key = phspectra_keys.decomposition_key(run["survey"], run_id, start)
-            write_parquet(store, output_key, rows_to_table(xs, ys, rows))
-        n_components = sum(r["n_components"] for r in rows if r["n_components"] != TIMED_OUT)
-        n_timed_out = sum(r["n_components"] == TIMED_OUT for r in rows)
+            rows, fit_seconds, output_key = _fit_under_lease(
+                run_id, start, claimed, lease, output_url, time_limit_s, fit_slots
+            )
+        counts = {
+            "n_spectra": len(rows),
+            "n_components": sum(r["n_components"] for r in rows if r["n_components"] != TIMED_OUT),
+            "n_timed_out": sum(r["n_components"] == TIMED_OUT for r in rows),
+        }
+        completed = {"completed_at": now_iso(), "duration_ms": elapsed_ms(), "fit_ms": int(fit_seconds * 1000)}
         done = state_store.transition(
-            table, key, IN_PROGRESS, COMPLETED, condition=_mine(started_at),
-            set={"completed_at": now_iso(), "duration_ms": elapsed_ms(), "fit_ms": int(fit_seconds * 1000),
-                 "output_key": output_key, "n_spectra": len(rows), "n_components": n_components,
-                 "n_timed_out": n_timed_out},
+            table,
+            key,
+            IN_PROGRESS,
+            COMPLETED,
+            condition=_mine(started_at),
+            set={**completed, "output_key": output_key, **counts},
             increments=[Increment(table, increment_key, {"jobs_completed": 1})],
-        )  # fmt: skip
+        )
     except FitStopped as stopped:
         run_logger(__name__).warning("%s; its new claim finishes it", stopped)
         return {"start": start, "outcome": "superseded", "duration_ms": elapsed_ms()}
     except Exception as error:
         state_store.transition(
-            table, key, IN_PROGRESS, FAILED, condition=_mine(started_at),
-            set={"error": truncate_error(f"{type(error).__name__}: {error}"), "failed_at": now_iso(),
-                 "duration_ms": elapsed_ms()},
+            table,
+            key,
+            IN_PROGRESS,
+            FAILED,
+            condition=_mine(started_at),
+            set={
+                "error": truncate_error(f"{type(error).__name__}: {error}"),
+                "failed_at": now_iso(),
+                "duration_ms": elapsed_ms(),
+            },
             increments=[Increment(table, increment_key, {"jobs_failed": 1})],
-        )  # fmt: skip
+        )
         raise
     outcome = "completed" if done.applied else "superseded"  # re-driven meanwhile: same output, not counted twice
-    return {"start": start, "outcome": outcome, "n_spectra": len(rows), "n_components": n_components,
-            "n_timed_out": n_timed_out, "duration_ms": elapsed_ms()}  # fmt: skip
+    return {"start": start, "outcome": outcome, **counts, "duration_ms": elapsed_ms()}
+
+
+def _fit_under_lease(
+    run_id: str,
+    start: int,
+    claimed: Mapping[str, Any],
+    lease: ChunkLease,
+    output_url: str | None,
+    time_limit_s: float | None,
+    fit_slots: int,
+) -> tuple[list[dict[str, Any]], float, str]:
+    """Fit the claimed chunk in child processes and write its Parquet while ``lease`` still holds it: its rows, fit
+    seconds and output key."""
+    run = get_run(run_id)
+    if run is None:
+        raise LookupError(f"run {run_id} has no RUN item")
+    store = object_store(output_url)
+    with store.local_copy(claimed["chunk_key"]) as path:
+
+        def on_start(pid: int) -> None:
+            """The fitting process is the worker: the chunk's lease names its pid."""
+            lease.renew(worker_pid=pid)
+
+        rows, fit_seconds, _ = run_in_child(
+            path, run_params(run), time_limit_s, on_start=on_start, stop=lease.lost, slots=fit_slots
+        )
+        with np.load(path) as data:
+            xs, ys = data["x"], data["y"]
+    if not lease.renew():  # published only under a lease just confirmed, so nobody else holds the chunk
+        raise FitStopped(f"chunk {start} of run {run_id} was taken from this fit")
+    output_key = phspectra_keys.decomposition_key(run["survey"], run_id, start)
+    write_parquet(store, output_key, rows_to_table(xs, ys, rows))
+    return rows, fit_seconds, output_key
 
 
 # --------------------------------------------------------------------------- slow lane
@@ -539,10 +620,13 @@ def refit_timed_out(run_id: str, start: int, output_url: str | None = None, fit_
     write_parquet(store, chunk["output_key"], pa.Table.from_pylist(output, schema=PARQUET_SCHEMA))
     n_components = sum(row["n_components"] for row in output)
     state_store.transition(
-        table, key, COMPLETED, None,
+        table,
+        key,
+        COMPLETED,
+        None,
         set={"n_timed_out": 0, "n_slow_refit": len(slow), "n_components": n_components, "slow_lane_at": now_iso()},
         condition=Condition("#t = :seen", {"#t": "n_timed_out"}, {":seen": chunk["n_timed_out"]}),
-    )  # fmt: skip
+    )
     return {"start": start, "refitted": len(slow)}
 
 
@@ -585,23 +669,31 @@ def reopen_run(
     conflicts = [
         f"{name}={asked[name]!r} "
         f"(the run's: {'the default object store' if stored[name] is None else repr(stored[name])})"
-        for name in asked if asked[name] is not None and asked[name] != stored[name]
-    ]  # fmt: skip
+        for name in asked
+        if asked[name] is not None and asked[name] != stored[name]
+    ]
     if conflicts:
         raise ValueError(
             f"run {run_id} resumes with the parameters it was started with, and these differ: {'; '.join(conflicts)}. "
             "Leave them out (run_id is enough) or start a new run"
         )
     state_store.transition(
-        runs_table(), run_key(run_id), [RUN_RUNNING, RUN_COMPLETED, RUN_FAILED], RUN_RUNNING,
-        set={**driver_claim(), "sweep_attempts": 0}, remove=["error", "ttl"],  # live again: no retention
-    )  # fmt: skip
+        runs_table(),
+        run_key(run_id),
+        [RUN_RUNNING, RUN_COMPLETED, RUN_FAILED],
+        RUN_RUNNING,
+        set={**driver_claim(), "sweep_attempts": 0},
+        remove=["error", "ttl"],  # live again: no retention
+    )
     return run
 
 
 def active_runs(survey: str | None = None) -> list[dict[str, Any]]:
     """RUNNING runs: of one survey through GSI1, or of every survey (a maintenance Scan, RUN items kept in code)."""
-    running = lambda item: item.get("status") == RUN_RUNNING  # noqa: E731
+
+    def running(item: Mapping[str, Any]) -> bool:
+        return item.get("status") == RUN_RUNNING
+
     if survey:
         condition = Key("GSI1_PK").eq(keys.safe_id(survey, "survey"))
         return list(
@@ -619,23 +711,34 @@ def summarize(run_id: str) -> dict[str, Any]:
     statuses = Counter(c.get("status") for c in chunks)
     done = [c for c in chunks if c.get("status") == COMPLETED]
     return {
-        "run_id": run_id, "survey": run.get("survey"), "status": run.get("status"),
-        "jobs_total": run.get("jobs_total", 0), "jobs_completed": run.get("jobs_completed", 0),
-        "jobs_failed": run.get("jobs_failed", 0), "n_spectra": run.get("n_spectra", 0),
+        "run_id": run_id,
+        "survey": run.get("survey"),
+        "status": run.get("status"),
+        "jobs_total": run.get("jobs_total", 0),
+        "jobs_completed": run.get("jobs_completed", 0),
+        "jobs_failed": run.get("jobs_failed", 0),
+        "n_spectra": run.get("n_spectra", 0),
         "spectra_fitted": sum(c.get("n_spectra", 0) for c in done),
         "n_components": sum(c.get("n_components", 0) for c in done),
         "n_timed_out": sum(c.get("n_timed_out", 0) for c in done),
         "n_slow_refit": sum(c.get("n_slow_refit", 0) for c in done),
-        "n_chunk_items": len(chunks), "chunk_statuses": dict(statuses),
+        "n_chunk_items": len(chunks),
+        "chunk_statuses": dict(statuses),
         "fit_seconds": sum(c.get("duration_ms", 0) for c in chunks) / 1000,
         "chunks": [
-            {"chunk": c["SK"].removeprefix(phspectra_keys.CHUNK_SK_PREFIX), "status": c.get("status"),
-             "n_spectra": c.get("n_spectra"), "n_components": c.get("n_components"),
-             "n_timed_out": c.get("n_timed_out"), "duration_ms": c.get("duration_ms"),
-             "attempts": c.get("attempts"), "error": c.get("error")}
+            {
+                "chunk": c["SK"].removeprefix(phspectra_keys.CHUNK_SK_PREFIX),
+                "status": c.get("status"),
+                "n_spectra": c.get("n_spectra"),
+                "n_components": c.get("n_components"),
+                "n_timed_out": c.get("n_timed_out"),
+                "duration_ms": c.get("duration_ms"),
+                "attempts": c.get("attempts"),
+                "error": c.get("error"),
+            }
             for c in chunks
         ],
-    }  # fmt: skip
+    }
 
 
 def finalize_run(run_id: str) -> dict[str, Any]:
@@ -682,9 +785,14 @@ def take_over(run: Mapping[str, Any]) -> bool:
     """Become the driver of an orphaned run, counting one sweep; False if another sweeper or a resume was first."""
     seen = {a: run.get(a) for a in ("driver_flow_run_id", "driven_at")}
     return state_store.transition(
-        runs_table(), run_key(run["PK"]), RUN_RUNNING, None, set=driver_claim(), add={"sweep_attempts": 1},
+        runs_table(),
+        run_key(run["PK"]),
+        RUN_RUNNING,
+        None,
+        set=driver_claim(),
+        add={"sweep_attempts": 1},
         condition=state_store.unchanged(seen),
-    ).applied  # fmt: skip
+    ).applied
 
 
 def give_up(run_id: str, reason: str) -> dict[str, Any]:

@@ -81,10 +81,17 @@ def tile_runs(survey: str) -> dict[str, list[dict[str, Any]]]:
 
 def tile_row(tile: str, run: dict[str, Any]) -> dict[str, Any]:
     """One tile's line: its newest run's status, chunks, spectra fitted of total and components."""
-    row = {"tile": tile, "run_id": run["PK"], "status": run.get("status"),
-           "chunks_completed": run.get("jobs_completed", 0), "chunks_failed": run.get("jobs_failed", 0),
-           "chunks_total": run.get("jobs_total", 0), "n_spectra": run.get("n_spectra", 0),
-           "created_at": run.get("created_at"), "error": run.get("error")}  # fmt: skip
+    row = {
+        "tile": tile,
+        "run_id": run["PK"],
+        "status": run.get("status"),
+        "chunks_completed": run.get("jobs_completed", 0),
+        "chunks_failed": run.get("jobs_failed", 0),
+        "chunks_total": run.get("jobs_total", 0),
+        "n_spectra": run.get("n_spectra", 0),
+        "created_at": run.get("created_at"),
+        "error": run.get("error"),
+    }
     if run.get("status") == ph.RUN_COMPLETED:
         return {**row, "spectra_fitted": row["n_spectra"], "n_components": run.get("n_components", 0)}
     if run.get("status") == PENDING:
@@ -99,14 +106,18 @@ def survey_status(survey: str) -> dict[str, Any]:
     rows = [tile_row(tile, runs[0]) for tile, runs in tile_runs(survey).items()]
     statuses = Counter(row["status"] for row in rows)
     return {
-        "survey": survey, "tiles_total": len(rows), "tiles_completed": statuses[ph.RUN_COMPLETED],
-        "tiles_failed": statuses[ph.RUN_FAILED], "tiles_running": statuses[ph.RUN_RUNNING],
+        "survey": survey,
+        "tiles_total": len(rows),
+        "tiles_completed": statuses[ph.RUN_COMPLETED],
+        "tiles_failed": statuses[ph.RUN_FAILED],
+        "tiles_running": statuses[ph.RUN_RUNNING],
         "tiles_pending": statuses[PENDING],
         "spectra_fitted": sum(row["spectra_fitted"] for row in rows),
         "n_spectra": sum(row["n_spectra"] for row in rows),
         "n_components": sum(row["n_components"] for row in rows),
-        "finished": not (statuses[ph.RUN_RUNNING] or statuses[PENDING]), "tiles": rows,
-    }  # fmt: skip
+        "finished": not (statuses[ph.RUN_RUNNING] or statuses[PENDING]),
+        "tiles": rows,
+    }
 
 
 def progress_percent(status: dict[str, Any]) -> float:

@@ -38,6 +38,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tasks.core.errors import LostRace, PipelineError, Unavailable
+
 
 def _exit_with_parent(parent: int) -> None:
     """Exit this process once ``parent`` is no longer its parent (checked every 0.5 s)."""
@@ -52,8 +54,8 @@ if __name__ == "__main__" and os.environ.get("PHSPECTRA_FORKSERVER_PARENT"):
         target=_exit_with_parent, args=(int(os.environ["PHSPECTRA_FORKSERVER_PARENT"]),), daemon=True
     ).start()
 
-import numpy as np  # noqa: E402
-import phspectra  # noqa: E402
+import numpy as np  # noqa: E402 - after the watcher above: a parent killed during these imports leaves no server
+import phspectra  # noqa: E402 - after the watcher above: a parent killed during these imports leaves no server
 
 STOP_POLL_S = 0.2  # how often a waiting caller checks whether it was asked to stop the fit
 MIN_PIECE = 4  # spectra: the smallest piece a slot forks a child for (the bare pool's chunksize)
@@ -93,15 +95,15 @@ def thread_environment(threads: int, environ: Mapping[str, str]) -> dict[str, st
     return dict.fromkeys(THREAD_VARIABLES, str(threads))
 
 
-class SpectrumTimeout(Exception):
+class SpectrumTimeout(PipelineError):
     """A spectrum's fit ran past its time limit."""
 
 
-class WorkerDied(RuntimeError):
+class WorkerDied(Unavailable, RuntimeError):
     """The fitting process ended without results (killed, out of memory, crashed)."""
 
 
-class FitStopped(RuntimeError):
+class FitStopped(LostRace, RuntimeError):
     """The caller stopped the fit (its claim on the chunk was lost); its fitting processes were killed."""
 
 
@@ -311,8 +313,15 @@ def serve(address: str) -> None:
 class _Job:
     """One ``run_in_child`` call: its ``n`` spectra handed to the slots in pieces, rows gathered by piece."""
 
-    def __init__(self, path: str, n: int, params: dict[str, Any], time_limit: float | None, folder: str,
-                 on_start: Callable[[int], None] | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        n: int,
+        params: dict[str, Any],
+        time_limit: float | None,
+        folder: str,
+        on_start: Callable[[int], None] | None,
+    ) -> None:
         self.path, self.n, self.params, self.time_limit, self.folder = path, n, params, time_limit, folder
         self.on_start = on_start  # called with the first fitting process's pid
         self.handed = 0  # spectra [0, handed) are in pieces already

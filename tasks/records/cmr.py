@@ -27,6 +27,7 @@ from typing import Any
 from xml.parsers import expat
 
 from tasks.core import config
+from tasks.core.errors import RefusedInput
 from tasks.core.object_store import LocalStore, open_url
 from tasks.core.runtime import run_logger
 
@@ -35,7 +36,7 @@ TEMPORAL_ATTRS = ("beginningDateTime", "endingDateTime", "productionDateTime", "
 UPDATE_TYPES = ("Update", "Insert", "Create")
 
 
-class CmrFileError(ValueError):
+class CmrFileError(RefusedInput):
     """A CMR file that gives no temporal values: why."""
 
 

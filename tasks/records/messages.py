@@ -33,6 +33,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 from jsonschema import Draft202012Validator
 
+from tasks.core.errors import RefusedInput
 from tasks.core.object_store import open_url
 from tasks.records import cmr, dead_letter, flow_runs
 from tasks.records import rules as records
@@ -48,14 +49,26 @@ EPOCH_MS: dict[str, Any] = {"type": "integer", "minimum": 0, "maximum": MAX_EPOC
 # Cumulus's API granule schema (@cumulus/api lib/schemas.js, ``granule``), restated: the record a message's
 # granule becomes must match it, or the granule is marked failed and its message dead-lettered (seed 004)
 _TEXT, _INTEGER, _NUMBER = {"type": "string"}, {"type": "integer"}, {"type": "number"}
+_TEXT_FIELDS = (
+    "granuleId",
+    "pdrName",
+    "collectionId",
+    "execution",
+    "cmrLink",
+    "productVolume",
+    "provider",
+    "beginningDateTime",
+    "endingDateTime",
+    "processingStartDateTime",
+    "processingEndDateTime",
+    "lastUpdateDateTime",
+    "productionDateTime",
+)
 API_GRANULE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["granuleId", "collectionId", "status", "updatedAt"],
     "properties": {
-        **{name: _TEXT for name in (
-            "granuleId", "pdrName", "collectionId", "execution", "cmrLink", "productVolume", "provider",
-            "beginningDateTime", "endingDateTime", "processingStartDateTime", "processingEndDateTime",
-            "lastUpdateDateTime", "productionDateTime")},
+        **{name: _TEXT for name in _TEXT_FIELDS},
         "status": {"type": "string", "enum": STATUSES},
         "published": {"type": "boolean"},
         **{name: _NUMBER for name in ("duration", "timeToPreprocess", "timeToArchive")},
@@ -76,7 +89,7 @@ API_GRANULE_SCHEMA: dict[str, Any] = {
         "error": {"type": "object"},
         "queryFields": {"type": "object"},
     },
-}  # fmt: skip
+}
 # and what DynamoDB's keys and the stale-write rules need besides: a createdAt with an ISO date
 _granule_validator = Draft202012Validator({"allOf": [API_GRANULE_SCHEMA, {"properties": {"createdAt": EPOCH_MS}}]})
 
@@ -148,7 +161,7 @@ MESSAGE_SCHEMA: dict[str, Any] = {
 _validator = Draft202012Validator(MESSAGE_SCHEMA)
 
 
-class MessageError(ValueError):
+class MessageError(RefusedInput):
     """A message that cannot be written: unparsable, schema-invalid, or against a write constraint."""
 
     def __init__(self, kind: str, message: str):

@@ -43,6 +43,7 @@ from typing import Any
 from boto3.dynamodb.types import TypeSerializer
 
 from tasks.core import config, state_store
+from tasks.core.errors import RefusedInput
 from tasks.core.runtime import run_logger
 
 QUEUED, RUNNING, COMPLETED, FAILED = "queued", "running", "completed", "failed"
@@ -115,13 +116,22 @@ class RecordKind:
 
 NOT_QUEUED = {RUNNING: "running", COMPLETED: "completed", FAILED: "failed"}  # executions and PDRs are never queued
 EXECUTION = RecordKind(
-    "execution", "executions", ("arn",), statuses=NOT_QUEUED, upsert=Upsert.EXECUTION,
+    "execution",
+    "executions",
+    ("arn",),
+    statuses=NOT_QUEUED,
+    upsert=Upsert.EXECUTION,
     light_attrs=("timestamp", "updatedAt", "originalPayload"),
-)  # fmt: skip
+)
 GRANULE = RecordKind(
-    "granule", "granules", ("granuleId",), scope_attr="collectionId", execution_attr="execution",
-    execution_kind=EXECUTION, upsert=Upsert.GRANULE,
-)  # fmt: skip
+    "granule",
+    "granules",
+    ("granuleId",),
+    scope_attr="collectionId",
+    execution_attr="execution",
+    execution_kind=EXECUTION,
+    upsert=Upsert.GRANULE,
+)
 # a PDR name is not tied to one collection (no scope); its running writes compare executions and progress
 PDR = RecordKind("pdr", "pdrs", ("pdrName",), statuses=NOT_QUEUED, execution_attr="execution", upsert=Upsert.PDR)
 
@@ -162,7 +172,7 @@ CUT_MARK = "…[cut {cut} of {total} bytes]"
 _serializer = TypeSerializer()
 
 
-class Unwritable(ValueError):
+class Unwritable(RefusedInput):
     """A record DynamoDB cannot store: a number out of its range, a key too long, or too large even when cut."""
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import ffmpeg
 
+from tasks.core.errors import PipelineError, RefusedInput
+
 # mode -> video filter chain (None: stream copy). Every mode keeps frames, timestamps and audio as they are.
 FILTERS: dict[str, str | None] = {
     "identity": None,
@@ -30,15 +32,15 @@ FILTERS: dict[str, str | None] = {
 }
 
 
-class InvalidMedia(ValueError):
+class InvalidMedia(RefusedInput):
     """The input is not a playable video (empty, not a video, truncated or corrupt)."""
 
 
-class FfmpegError(RuntimeError):
+class FfmpegError(PipelineError, RuntimeError):
     """ffmpeg exited with an error; the message carries its own cause lines."""
 
 
-class FfmpegRefused(FfmpegError):
+class FfmpegRefused(FfmpegError, RefusedInput):
     """ffmpeg refused the input or the options: the same call fails the same way, so it is not retried."""
 
 

@@ -20,6 +20,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from tasks.core.errors import PipelineError, RefusedInput, Unavailable
 from tasks.core.redact import public_url, redact, url_secrets
 from tasks.video import ffmpeg as video_ffmpeg
 
@@ -27,11 +28,11 @@ BACKENDS = ("ffmpeg", "http", "gpu", "text-redact", "sagemaker")
 REMOTE_BACKENDS = ("http", "sagemaker")  # they wait on the network: no CPU slot of this machine is held for them
 
 
-class InferenceError(RuntimeError):
+class InferenceError(PipelineError, RuntimeError):
     """The backend failed on a segment (error status, timeout, unreachable, bad output)."""
 
 
-class InferenceRefused(InferenceError):
+class InferenceRefused(InferenceError, RefusedInput):
     """ffmpeg refused the segment or the options: the same call fails the same way, so it is not retried."""
 
 
@@ -41,7 +42,7 @@ def _ffmpeg_failure(backend: str, error: video_ffmpeg.FfmpegError) -> InferenceE
     return kind(f"{backend} backend: {error}")
 
 
-class GpuUnavailable(InferenceError):
+class GpuUnavailable(InferenceError, Unavailable):
     """The gpu backend was asked for on a machine without an NVIDIA GPU / NVENC."""
 
 
@@ -62,7 +63,7 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     )
 
 
-class _RedirectRefused(Exception):
+class _RedirectRefused(PipelineError):
     """A redirect that would lose the segment (the POST turned into a GET)."""
 
 

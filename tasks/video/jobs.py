@@ -13,6 +13,7 @@ import re
 import tempfile
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -20,8 +21,9 @@ from urllib.parse import unquote, urlparse
 from boto3.dynamodb.conditions import Key
 
 from blocks import VideoInference, load_config
-from tasks.core import faults, keys, state_store
+from tasks.core import faults, state_store
 from tasks.core.config import object_store, table_name
+from tasks.core.errors import PipelineError, RefusedInput
 from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore, open_url
 from tasks.core.redact import redact, url_secrets
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids
@@ -29,6 +31,7 @@ from tasks.core.state_store import Condition, Outcome
 from tasks.video import ffmpeg as video_ffmpeg
 from tasks.video import inference as video_inference
 from tasks.video import keys as video_keys
+from tasks.video.keys import JobId, parse_job_id
 
 CREATED = "created"
 CHUNKING = "chunking_in_progress"
@@ -40,11 +43,11 @@ ACTIVE = (CREATED, CHUNKING, CHUNKED)
 DELETABLE = (COMPLETED, FAILED)
 
 
-class JobFailed(RuntimeError):
+class JobFailed(PipelineError, RuntimeError):
     """The job was marked failed; the message is the recorded reason."""
 
 
-class SourceRefused(ValueError):
+class SourceRefused(RefusedInput):
     """A ``source_url`` outside the VideoInference block's ``source_prefixes`` allow-list."""
 
 
@@ -60,8 +63,9 @@ def _locks() -> str:
     return table_name("video_reassembly_locks")
 
 
-def _key(job_id: str) -> dict[str, str]:
-    return {"job_id": keys.safe_id(job_id, "job_id")}
+def _key(job_id: JobId) -> dict[str, str]:
+    """The job's key in every video table (a JobId is not checked again; a plain string from a script is, here)."""
+    return {"job_id": parse_job_id(job_id)}
 
 
 @contextlib.contextmanager
@@ -131,7 +135,7 @@ def create_job(
     job_id: str | None = None, mode: str | None = None, segment_seconds: float | None = None
 ) -> dict[str, Any]:
     """Create a job (status ``created``); returns its id and the upload target for ``input/{job_id}/source.mp4``."""
-    job_id = keys.safe_id(uuid.uuid4().hex if job_id is None else job_id, "job_id")
+    job_id = parse_job_id(uuid.uuid4().hex if job_id is None else job_id)
     if mode is not None and mode not in video_ffmpeg.FILTERS:
         raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(video_ffmpeg.FILTERS)}")
     item = {"job_id": job_id, "status": CREATED, "created_at": now_iso(), "source_key": video_keys.source_key(job_id)}
@@ -150,20 +154,28 @@ UPLOAD_SEEN = "upload_seen_at"  # set once, when the upload's first event claims
 PROCESS_RUN = "process_run_id"  # the `video-process` run that claim started
 
 
-def claim_upload(job_id: str, event_id: str) -> state_store.WriteResult:
+def claim_upload(job_id: JobId, event_id: str) -> state_store.WriteResult:
     """Mark the job's upload seen (only a ``created`` job whose upload was not seen yet): APPLIED once per job."""
     return state_store.transition(
-        _jobs(), _key(job_id), CREATED, None, set={UPLOAD_SEEN: now_iso(), "upload_event_id": event_id},
+        _jobs(),
+        _key(job_id),
+        CREATED,
+        None,
+        set={UPLOAD_SEEN: now_iso(), "upload_event_id": event_id},
         condition=Condition("attribute_not_exists(#seen)", {"#seen": UPLOAD_SEEN}),
-    )  # fmt: skip
+    )
 
 
-def note_process_run(job_id: str, flow_run_id: str) -> None:
+def note_process_run(job_id: JobId, flow_run_id: str) -> None:
     """Record on the job the `video-process` run its upload started (once; a second writer finds it there)."""
     state_store.transition(
-        _jobs(), _key(job_id), None, None, set={PROCESS_RUN: flow_run_id},
+        _jobs(),
+        _key(job_id),
+        None,
+        None,
+        set={PROCESS_RUN: flow_run_id},
         condition=Condition("attribute_not_exists(#run)", {"#run": PROCESS_RUN}),
-    )  # fmt: skip
+    )
 
 
 def _normal_url(url: str) -> str:
@@ -195,7 +207,7 @@ def check_source_allowed(source_url: str, prefixes: list[str] | None = None) -> 
     )
 
 
-def import_source(job_id: str, source_url: str) -> str:
+def import_source(job_id: JobId, source_url: str) -> str:
     """Copy a source under the allow-list (file://, s3://, path) to ``input/{job_id}/source.mp4``; returns its key."""
     check_source_allowed(source_url)
     store = object_store()
@@ -208,7 +220,7 @@ def import_source(job_id: str, source_url: str) -> str:
     return video_keys.source_key(job_id)
 
 
-def get_job(job_id: str) -> dict[str, Any]:
+def get_job(job_id: JobId) -> dict[str, Any]:
     """The job record; LookupError when it does not exist or was deleted (a deleted job is never served)."""
     item = state_store.get_item(_jobs(), _key(job_id))
     if item is None or item.get("status") == DELETED:
@@ -241,7 +253,7 @@ def public_reason(reason: str) -> str:
     return redact(reason, secrets + url_secrets(config.endpoint_url))[:2000]
 
 
-def fail_job(job_id: str, reason: str) -> str | None:
+def fail_job(job_id: JobId, reason: str) -> str | None:
     """Move an active job to ``failed`` with the (public) reason; returns it, or None when the job was not active."""
     reason = public_reason(reason)
     result = state_store.transition(
@@ -280,7 +292,7 @@ _ATTEMPT_ATTRS = (
 )
 
 
-def clear_job_outputs(job_id: str) -> dict[str, int]:
+def clear_job_outputs(job_id: JobId) -> dict[str, int]:
     """Remove a job's segments, outputs, completion records and lock (its input stays)."""
     store = object_store()
     objects = sum(
@@ -294,7 +306,7 @@ def clear_job_outputs(job_id: str) -> dict[str, int]:
     return {"objects": objects, "completion_records": records, "locks": int(lock)}
 
 
-def reopen_failed_job(job_id: str) -> bool:
+def reopen_failed_job(job_id: JobId) -> bool:
     """A re-run of a failed job: clear its old segments, outputs, completions and lock, then failed -> created.
 
     Clearing comes first and is idempotent, so a crash in between leaves the job failed and the next re-run
@@ -323,7 +335,7 @@ def reopen_failed_job(job_id: str) -> bool:
 # --------------------------------------------------------------------------- chunking
 
 
-def start_chunking(job_id: str) -> dict[str, Any]:
+def start_chunking(job_id: JobId) -> dict[str, Any]:
     """created -> chunking_in_progress (a retry finds it already there), recording the Prefect run ids."""
     result = state_store.transition(
         _jobs(), _key(job_id), (CREATED, CHUNKING), CHUNKING, set={"chunking_started_at": now_iso(), **prefect_ids()}
@@ -344,7 +356,7 @@ def segment_keys_of(job: dict[str, Any]) -> list[str]:
     return [video_keys.segment_key(job["job_id"], i, total, job["mode"]) for i in range(total)]
 
 
-def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
+def chunk_source(job_id: JobId, segment_seconds: float, mode: str) -> list[str]:
     """Split the source into segments (stream copy), upload them, then set total_segments + chunking_complete at
     once."""
     if mode not in video_ffmpeg.FILTERS:
@@ -417,17 +429,17 @@ def chunk_source(job_id: str, segment_seconds: float, mode: str) -> list[str]:
 # --------------------------------------------------------------------------- segments and the trigger
 
 
-def count_completions(job_id: str) -> int:
+def count_completions(job_id: JobId) -> int:
     """count(SegmentCompletions) for the job: Query with Select=COUNT, strongly consistent, all pages."""
     return state_store.count(
-        _completions(), KeyConditionExpression=Key("job_id").eq(keys.safe_id(job_id, "job_id")), ConsistentRead=True
+        _completions(), KeyConditionExpression=Key("job_id").eq(parse_job_id(job_id)), ConsistentRead=True
     )
 
 
-def completions(job_id: str) -> list[dict[str, Any]]:
+def completions(job_id: JobId) -> list[dict[str, Any]]:
     """The job's SegmentCompletion records in segment order (strongly consistent)."""
     items = state_store.query_all(
-        _completions(), KeyConditionExpression=Key("job_id").eq(keys.safe_id(job_id, "job_id")), ConsistentRead=True
+        _completions(), KeyConditionExpression=Key("job_id").eq(parse_job_id(job_id)), ConsistentRead=True
     )
     return [state_store.to_plain(i) for i in items]
 
@@ -448,7 +460,7 @@ def record_completion(segment: video_keys.SegmentKey, output_key: str) -> Outcom
     return state_store.create_if_absent(_completions(), item, ["job_id", "segment_index"]).outcome
 
 
-def trigger_on_write(job_id: str, total: int | None = None) -> bool:
+def trigger_on_write(job_id: JobId, total: int | None = None) -> bool:
     """After a completion put: if chunking_complete and all segments are done, create the lock. True for the one
     winner.
 
@@ -543,7 +555,7 @@ def infer_segment(segment_key: str, backend: str | None = None, mode: str | None
 # --------------------------------------------------------------------------- reassembly
 
 
-def claim_reassembly(job_id: str, owner: str, stale_after_s: float = 900.0) -> state_store.WriteResult:
+def claim_reassembly(job_id: JobId, owner: str, stale_after_s: float = 900.0) -> state_store.WriteResult:
     """Set ``reassembly_started_at`` on the lock only if unset (or ours, or stale): one worker reassembles."""
     stale = iso_ago(stale_after_s)
     return state_store.transition(
@@ -560,7 +572,7 @@ def claim_reassembly(job_id: str, owner: str, stale_after_s: float = 900.0) -> s
     )
 
 
-def reassembly_pending(job_id: str) -> bool:
+def reassembly_pending(job_id: JobId) -> bool:
     """The trigger fired but no reassembly finished (e.g. the worker died): a re-run should reassemble."""
     job = state_store.get_item(_jobs(), _key(job_id))
     lock = state_store.get_item(_locks(), _key(job_id))
@@ -601,73 +613,106 @@ def _valid_final(store: ObjectStore, key: str, job: dict[str, Any]) -> video_ffm
             info = video_ffmpeg.probe(path, key)
         except video_ffmpeg.InvalidMedia:
             return None
-    return None if final_problems(info, state_store.to_plain(job)) else info
+    return None if final_problems(info, job) else info
 
 
-def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900.0) -> dict[str, Any]:
-    """Claim the lock, concat the outputs listed by the completion store, write final.mp4, mark the job completed."""
-    job = state_store.get_item(_jobs(), _key(job_id))
-    if job is None:
+@dataclass(frozen=True)
+class ReassemblyWork:
+    """What a reassembly works from once it holds the lock: the job as read (plain values) and its completions."""
+
+    job_id: JobId
+    job: dict[str, Any]
+    completions: list[dict[str, Any]]
+
+    @property
+    def total(self) -> int:
+        """The job's ``total_segments``."""
+        return int(self.job["total_segments"])
+
+
+def take_reassembly(job_id: JobId, owner: str, stale_after_s: float) -> ReassemblyWork | dict[str, Any]:
+    """Read the job, claim the lock, read the completions (in that order: they are read only once the lock is held);
+    the work, or the answer when there is none (already completed, another worker holds the lock)."""
+    item = state_store.get_item(_jobs(), _key(job_id))
+    if item is None:
         raise LookupError(f"video job {job_id!r} not found")
-    final = video_keys.final_key(job_id)
+    job = state_store.to_plain(item)
     if job["status"] == COMPLETED:
-        return {"job_id": job_id, "status": COMPLETED, "final_key": final, "reassembled": False}
+        return {"job_id": job_id, "status": COMPLETED, "final_key": video_keys.final_key(job_id), "reassembled": False}
     if job["status"] != CHUNKED:
         raise ValueError(f"video job {job_id!r} is {job['status']}: nothing to reassemble")
-    owner = owner or prefect_ids().get("prefect_flow_run_id") or uuid.uuid4().hex
     claim = claim_reassembly(job_id, owner, stale_after_s)
     if not claim.applied:
         if claim.item is None:
             raise LookupError(f"video job {job_id!r} has no reassembly lock: the trigger has not fired")
         return {"job_id": job_id, "status": CHUNKED, "reassembled": False, "skipped": "another worker holds the lock"}
-    total = int(job["total_segments"])
-    records = completions(job_id)
-    indices = [r["segment_index"] for r in records]
-    if indices != list(range(total)):
-        raise RuntimeError(f"video job {job_id!r}: completions {indices} do not cover segments 0..{total - 1}")
-    store = object_store()
-    plain = state_store.to_plain(job)
-    info = _valid_final(store, final, job)
+    work = ReassemblyWork(job_id, job, completions(job_id))
+    indices = [r["segment_index"] for r in work.completions]
+    if indices != list(range(work.total)):
+        raise RuntimeError(f"video job {job_id!r}: completions {indices} do not cover segments 0..{work.total - 1}")
+    return work
+
+
+def _write_final(store: ObjectStore, final: str, work: ReassemblyWork) -> video_ffmpeg.MediaInfo:
+    """Concat the completed outputs (with the source's own audio) into ``final``, checked against the source;
+    bad media cannot get better by retrying, so it fails the job with the reason (JobFailed)."""
+    try:
+        with scratch_dir(store, "video-concat-") as tmp, contextlib.ExitStack() as stack:
+            parts = [stack.enter_context(local_path(store, r["output_key"])) for r in work.completions]
+            # the source's own audio track, whole, onto the joined picture (segments carry no audio)
+            audio = (
+                stack.enter_context(local_path(store, video_keys.source_key(work.job_id)))
+                if work.job.get("source_has_audio")
+                else None
+            )
+            target = tmp / "final.mp4"
+            video_ffmpeg.concat(parts, target, audio)
+            info = video_ffmpeg.probe(target, final)
+            problems = final_problems(info, work.job)
+            if problems:
+                raise video_ffmpeg.InvalidMedia(f"{final} does not match the source: it has {'; '.join(problems)}")
+            put_finished_file(store, final, target)
+    except (video_ffmpeg.FfmpegError, video_ffmpeg.InvalidMedia, ObjectNotFound) as error:
+        reason = fail_job(work.job_id, f"reassembly failed: {error}")
+        raise JobFailed(f"video job {work.job_id} failed: {reason or public_reason(str(error))}") from None
+    return info
+
+
+def finish_reassembly(job_id: JobId, final: str, info: video_ffmpeg.MediaInfo) -> None:
+    """chunking_complete -> completed with the final's figures, and the lock marked done, in one transaction; when
+    it cannot land (the job moved, the lock is gone) the two writes go one by one, as each stands."""
+    done = {
+        "final_key": final,
+        "completed_at": now_iso(),
+        "final_duration": info.duration,
+        "final_frames": info.frames,
+        "final_size": "{}x{}".format(*info.display_size),
+        "final_audio_duration": round(info.audio_duration, 6),
+    }
+    lock_done = {"reassembly_completed_at": now_iso()}
+    lock_entry = state_store.transition_entry(_locks(), _key(job_id), None, None, lock_done)
+    if state_store.transition_all(_jobs(), [(_key(job_id), CHUNKED, COMPLETED, done)], also=[lock_entry]):
+        return
+    moved = state_store.transition(_jobs(), _key(job_id), CHUNKED, COMPLETED, set=done)
+    if not moved.applied and (moved.item or {}).get("status") != COMPLETED:
+        raise RuntimeError(
+            f"video job {job_id!r} left chunking_complete during reassembly ({(moved.item or {}).get('status')})"
+        )
+    state_store.transition(_locks(), _key(job_id), None, None, set=lock_done)
+
+
+def reassemble(job_id: JobId, owner: str | None = None, stale_after_s: float = 900.0) -> dict[str, Any]:
+    """Claim the lock, concat the outputs listed by the completion store, write final.mp4, mark the job completed."""
+    owner = owner or prefect_ids().get("prefect_flow_run_id") or uuid.uuid4().hex
+    work = take_reassembly(job_id, owner, stale_after_s)
+    if not isinstance(work, ReassemblyWork):
+        return work
+    store, final = object_store(), video_keys.final_key(job_id)
+    info = _valid_final(store, final, work.job)
     reused = info is not None
     if info is None:
-        try:  # bad media here cannot get better by retrying: the job fails with the reason
-            with scratch_dir(store, "video-concat-") as tmp, contextlib.ExitStack() as stack:
-                parts = [stack.enter_context(local_path(store, r["output_key"])) for r in records]
-                # the source's own audio track, whole, onto the joined picture (segments carry no audio)
-                audio = (
-                    stack.enter_context(local_path(store, video_keys.source_key(job_id)))
-                    if plain.get("source_has_audio")
-                    else None
-                )
-                target = tmp / "final.mp4"
-                video_ffmpeg.concat(parts, target, audio)
-                info = video_ffmpeg.probe(target, final)
-                problems = final_problems(info, plain)
-                if problems:
-                    raise video_ffmpeg.InvalidMedia(f"{final} does not match the source: it has {'; '.join(problems)}")
-                put_finished_file(store, final, target)
-        except (video_ffmpeg.FfmpegError, video_ffmpeg.InvalidMedia, ObjectNotFound) as error:
-            reason = fail_job(job_id, f"reassembly failed: {error}")
-            raise JobFailed(f"video job {job_id} failed: {reason or public_reason(str(error))}") from None
-    done = state_store.transition(
-        _jobs(),
-        _key(job_id),
-        CHUNKED,
-        COMPLETED,
-        set={
-            "final_key": final,
-            "completed_at": now_iso(),
-            "final_duration": info.duration,
-            "final_frames": info.frames,
-            "final_size": "{}x{}".format(*info.display_size),
-            "final_audio_duration": round(info.audio_duration, 6),
-        },
-    )
-    if not done.applied and (done.item or {}).get("status") != COMPLETED:
-        raise RuntimeError(
-            f"video job {job_id!r} left chunking_complete during reassembly ({(done.item or {}).get('status')})"
-        )
-    state_store.transition(_locks(), _key(job_id), None, None, set={"reassembly_completed_at": now_iso()})
+        info = _write_final(store, final, work)
+    finish_reassembly(job_id, final, info)
     return {
         "job_id": job_id,
         "status": COMPLETED,
@@ -675,14 +720,14 @@ def reassemble(job_id: str, owner: str | None = None, stale_after_s: float = 900
         "reassembled": not reused,
         "duration": info.duration,
         "frames": info.frames,
-        "segments": total,
+        "segments": work.total,
     }
 
 
 # --------------------------------------------------------------------------- removal
 
 
-def request_delete(job_id: str) -> dict[str, Any]:
+def request_delete(job_id: JobId) -> dict[str, Any]:
     """Soft delete: completed/failed -> deleted. A running job is refused; a deleted one is not found."""
     result = state_store.transition(_jobs(), _key(job_id), DELETABLE, DELETED, set={"deleted_at": now_iso()})
     if result.applied:
@@ -693,7 +738,7 @@ def request_delete(job_id: str) -> dict[str, Any]:
     raise ValueError(f"video job {job_id!r} is {status}: only completed or failed jobs can be deleted")
 
 
-def cleanup_deleted_job(job_id: str) -> dict[str, int]:
+def cleanup_deleted_job(job_id: JobId) -> dict[str, int]:
     """Remove a deleted job's input, segments, outputs, completion and lock records; the job row stays."""
     job = state_store.get_item(_jobs(), _key(job_id))
     if job is None or job.get("status") != DELETED:
@@ -706,18 +751,18 @@ def cleanup_deleted_job(job_id: str) -> dict[str, int]:
     return {**removed, "objects": removed["objects"] + inputs}
 
 
-def deleted_jobs_awaiting_cleanup() -> list[str]:
+def deleted_jobs_awaiting_cleanup() -> list[JobId]:
     """Ids of soft-deleted jobs whose cleanup has not finished (the scheduled sweep's work list)."""
     items = state_store.scan_all(
         _jobs(), keep=lambda item: item.get("status") == DELETED and not item.get("cleaned_up_at")
     )
-    return sorted(item["job_id"] for item in items)
+    return sorted(parse_job_id(item["job_id"]) for item in items)
 
 
 # --------------------------------------------------------------------------- stuck jobs
 
 
-def note_reassembly_run(job_id: str, flow_run_id: str) -> None:
+def note_reassembly_run(job_id: JobId, flow_run_id: str) -> None:
     """Record on the lock the `video-reassemble` run that was queued, so the stuck-job sweep knows it is alive."""
     state_store.transition(_locks(), _key(job_id), None, None, set={"reassembly_flow_run_id": flow_run_id})
 
@@ -740,10 +785,12 @@ def stuck_candidates(older_than_s: float) -> list[dict[str, Any]]:
     )
     jobs = sorted(items, key=lambda i: i["job_id"])
     locks = {lock["job_id"]: lock for lock in state_store.get_many(_locks(), (_key(job["job_id"]) for job in jobs))}
-    return [{"job_id": job["job_id"], "flow_run_ids": holders(job, locks.get(job["job_id"]))} for job in jobs]
+    return [
+        {"job_id": parse_job_id(job["job_id"]), "flow_run_ids": holders(job, locks.get(job["job_id"]))} for job in jobs
+    ]
 
 
-def redrive_run(job_id: str, ended_run_id: str) -> str | None:
+def redrive_run(job_id: JobId, ended_run_id: str) -> str | None:
     """A new run of the deployment whose run ``ended_run_id`` held the job, with that run's parameters for this job;
     its id, or None when that run had no deployment. Idempotent: a second call for the same ended run gets the
     same new run (so two handlers of one crash start one run)."""
@@ -767,7 +814,7 @@ def redrive_run(job_id: str, ended_run_id: str) -> str | None:
 
 
 def recover_stuck_job(
-    job_id: str, owner: str | None = None, why: str = "", max_redrives: int = MAX_REDRIVES
+    job_id: JobId, owner: str | None = None, why: str = "", max_redrives: int = MAX_REDRIVES
 ) -> dict[str, Any]:
     """A job left chunking (or ``chunking_complete``) with no live run: reassemble when every segment is done, else
     re-drive it (a new run of its deployment, at most ``max_redrives`` times), else fail it with the reason.

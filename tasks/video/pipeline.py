@@ -33,4 +33,5 @@ PIPELINE = Pipeline(
     retention_rules="tasks.video.retention:RULES",
     reconcile_adapters="tasks.video.reconcile:ADAPTERS",
     dashboard="tasks.video.alarms:figures",
+    aws="tasks.video.aws:PARTS",
 )

@@ -52,8 +52,10 @@ def role_of_caller() -> tuple[str | None, str]:
         filename = frame.f_code.co_filename
         for marker, role in ROLES if filename != __file__ else ():
             if marker in filename:
-                return role, f"{Path(filename).relative_to(REPO_ROOT) if role != 'worker' else 'prefect_aws'}:" \
-                    f"{frame.f_lineno}"  # fmt: skip
+                return (
+                    role,
+                    f"{Path(filename).relative_to(REPO_ROOT) if role != 'worker' else 'prefect_aws'}:{frame.f_lineno}",
+                )
         frame = frame.f_back
     return None, ""
 
@@ -76,8 +78,14 @@ def record(model: Any, params: dict[str, Any], **_: Any) -> None:
     role, where = role_of_caller()
     if role is None:
         return
-    line = {"service": model.service_model.service_name, "operation": model.name, "role": role, "where": where,
-            "params": jsonable(params), "pid": os.getpid()}  # fmt: skip
+    line = {
+        "service": model.service_model.service_name,
+        "operation": model.name,
+        "role": role,
+        "where": where,
+        "params": jsonable(params),
+        "pid": os.getpid(),
+    }
     _write(line)
 
 
@@ -188,8 +196,12 @@ def supported_condition_keys(actions: set[str]) -> dict[str, set[str]]:
 
     result = subprocess.run(
         [str(REPO_ROOT / ".venv-tools" / "bin" / "python"), "-c", SAR_SCRIPT],
-        input=json.dumps(sorted(actions)), capture_output=True, text=True, check=True, timeout=120,
-    )  # fmt: skip
+        input=json.dumps(sorted(actions)),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     return {action: set(keys) for action, keys in json.loads(result.stdout).items()}
 
 
@@ -205,11 +217,17 @@ class StackWorld:
 
         self.template = cfn.template()
         self.parameters = {
-            "Env": ENV, "BucketName": f"pipelines-data-{ENV}", "ImageTag": "t", "PrefectApiUrl": "https://prefect/api",
-            "VpcId": "vpc-1", "Subnets": "subnet-1", "SecurityGroups": "sg-1",
+            "Env": ENV,
+            "BucketName": f"pipelines-data-{ENV}",
+            "ImageTag": "t",
+            "PrefectApiUrl": "https://prefect/api",
+            "VpcId": "vpc-1",
+            "Subnets": "subnet-1",
+            "SecurityGroups": "sg-1",
             "PrefectApiKeySecretArn": f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:prefect-api-key-AbCdEf",
-            "GpuClusterName": GPU_CLUSTER, "VideoEndpointPrefix": VIDEO_ENDPOINT_PREFIX,
-        }  # fmt: skip
+            "GpuClusterName": GPU_CLUSTER,
+            "VideoEndpointPrefix": VIDEO_ENDPOINT_PREFIX,
+        }
         self.values = stack_values(self.template, self.parameters, f"pipelines-{ENV}", ACCOUNT, REGION)
         self.cfn, self.sqs = cfn, sqs
         self.seed_tables = {name: logical for logical, name in default_table_names(ENV).items()}
@@ -305,8 +323,10 @@ def _ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Requ
         return requests + [Request("iam:PassRole", world.role(r), passed) for r in sorted(filter(None, roles))]
     if operation in ("DescribeTasks", "StopTask"):
         tasks = params.get("tasks") or [params["task"]]
-        return [Request(f"ecs:{operation}", f"{base}:task/{world.values['Cluster']}/{t.rsplit('/', 1)[-1]}", cluster)
-                for t in tasks]  # fmt: skip
+        return [
+            Request(f"ecs:{operation}", f"{base}:task/{world.values['Cluster']}/{t.rsplit('/', 1)[-1]}", cluster)
+            for t in tasks
+        ]
     if operation in ("DescribeTaskDefinition", "DeregisterTaskDefinition", "ListTaskDefinitions"):
         return [Request(f"ecs:{operation}", "*")]
     raise LookupError(f"no IAM mapping for ecs:{operation}")
@@ -324,8 +344,10 @@ def _gpu_ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[
         return [Request("ecs:ListContainerInstances", cluster_arn)]
     if operation in ("DescribeContainerInstances", "ListTasks"):
         instances = params.get("containerInstances") or [params.get("containerInstance", "*")]
-        return [Request(f"ecs:{operation}", f"{base}:container-instance/{name}/{i.rsplit('/', 1)[-1]}", cluster)
-                for i in instances]  # fmt: skip
+        return [
+            Request(f"ecs:{operation}", f"{base}:container-instance/{name}/{i.rsplit('/', 1)[-1]}", cluster)
+            for i in instances
+        ]
     if operation == "StartTask":
         tags = launch_tags(params)
         definition = params["taskDefinition"].rsplit("/", 1)[-1]
@@ -351,20 +373,34 @@ def _dynamodb(world: StackWorld, operation: str, params: dict[str, Any]) -> list
     if operation in ("BatchGetItem", "BatchWriteItem"):
         return [on(operation, table) for table in params["RequestItems"]]
     if operation in ("TransactWriteItems", "TransactGetItems"):
-        kinds = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem", "Get": "GetItem",
-                 "ConditionCheck": "ConditionCheckItem"}  # fmt: skip
+        kinds = {
+            "Put": "PutItem",
+            "Update": "UpdateItem",
+            "Delete": "DeleteItem",
+            "Get": "GetItem",
+            "ConditionCheck": "ConditionCheckItem",
+        }
         return [on(kinds[kind], body["TableName"]) for item in params["TransactItems"] for kind, body in item.items()]
     return [on(operation, params["TableName"], params.get("IndexName"))]
 
 
 S3_ACTIONS = {
-    "GetObject": "s3:GetObject", "HeadObject": "s3:GetObject", "PutObject": "s3:PutObject",
-    "CreateMultipartUpload": "s3:PutObject", "UploadPart": "s3:PutObject", "CompleteMultipartUpload": "s3:PutObject",
-    "DeleteObject": "s3:DeleteObject", "AbortMultipartUpload": "s3:AbortMultipartUpload",
-    "ListParts": "s3:ListMultipartUploadParts", "ListObjectsV2": "s3:ListBucket", "ListObjects": "s3:ListBucket",
-    "HeadBucket": "s3:ListBucket", "ListMultipartUploads": "s3:ListBucketMultipartUploads",
-    "GetBucketLocation": "s3:GetBucketLocation", "DeleteObjects": "s3:DeleteObject",
-}  # fmt: skip
+    "GetObject": "s3:GetObject",
+    "HeadObject": "s3:GetObject",
+    "PutObject": "s3:PutObject",
+    "CreateMultipartUpload": "s3:PutObject",
+    "UploadPart": "s3:PutObject",
+    "CompleteMultipartUpload": "s3:PutObject",
+    "DeleteObject": "s3:DeleteObject",
+    "AbortMultipartUpload": "s3:AbortMultipartUpload",
+    "ListParts": "s3:ListMultipartUploadParts",
+    "ListObjectsV2": "s3:ListBucket",
+    "ListObjects": "s3:ListBucket",
+    "HeadBucket": "s3:ListBucket",
+    "ListMultipartUploads": "s3:ListBucketMultipartUploads",
+    "GetBucketLocation": "s3:GetBucketLocation",
+    "DeleteObjects": "s3:DeleteObject",
+}
 
 
 def _s3(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
@@ -403,7 +439,7 @@ def _glue(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Req
     table = params.get("TableName") or params.get("TableInput", {}).get("Name")
     if operation == "GetTable":
         table = params["Name"]
-    database = world.values["CatalogDatabase"]  # a test's own database stands for the stack's (CATALOG_DATABASE)
+    database = world.values["CatalogDatabase"]  # a test's own database stands for the stack's (ETL_CATALOG_DATABASE)
     resources = [f"{base}:catalog", f"{base}:database/{database}"]
     resources += [f"{base}:table/{database}/{table}"] if table else []
     return [Request(f"glue:{operation}", r) for r in resources]
@@ -427,8 +463,10 @@ def authorizations(world: StackWorld, call: dict[str, Any]) -> list[Request]:
     if service == "ecs":
         return _ecs(world, operation, params)
     if service == "ec2" and operation == "RebootInstances":
-        return [Request("ec2:RebootInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}", world.instance_tags(i))
-                for i in params["InstanceIds"]]  # fmt: skip
+        return [
+            Request("ec2:RebootInstances", f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{i}", world.instance_tags(i))
+            for i in params["InstanceIds"]
+        ]
     if service == "sagemaker-runtime":  # the runtime API's actions are authorized as sagemaker:
         return [Request(f"sagemaker:{operation}", world.endpoint(params["EndpointName"]))]
     if service in ("cloudwatch", "ec2"):  # these actions take no resource ARN

@@ -15,10 +15,15 @@ def stack_parameters(session: Any, env: str, **overrides: str) -> dict[str, str]
     ec2 = session.client("ec2")
     subnet = ec2.describe_subnets()["Subnets"][0]
     return {
-        "Env": env, "BucketName": f"pipelines-data-{env}", "ImageTag": "1", "PrefectApiUrl": "http://prefect/api",
-        "VpcId": subnet["VpcId"], "Subnets": subnet["SubnetId"],
-        "SecurityGroups": ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"], **overrides,
-    }  # fmt: skip
+        "Env": env,
+        "BucketName": f"pipelines-data-{env}",
+        "ImageTag": "1",
+        "PrefectApiUrl": "http://prefect/api",
+        "VpcId": subnet["VpcId"],
+        "Subnets": subnet["SubnetId"],
+        "SecurityGroups": ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"],
+        **overrides,
+    }
 
 
 def deploy_template(session: Any, env: str, parameters: dict[str, str], dry_run: bool = False) -> dict[str, Any]:

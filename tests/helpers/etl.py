@@ -21,15 +21,15 @@ MISSING_DEPLOYMENT = "ndjson-merge/not-deployed"
 def etl_env(tables, store_root, monkeypatch):
     """Fresh tables and store; small files are the norm here (1 KiB ± 99%), 5 files per manifest, 4 shards."""
     for name, value in {
-        "EXPECTED_FILE_SIZE_MB": "0.001",
-        "SIZE_TOLERANCE_PERCENT": "99",
-        "MAX_FILES_PER_MANIFEST": "5",
-        "MIN_FILES_FOR_PARTIAL_BATCH": "1",
-        "NUM_STATUS_SHARDS": "4",
-        "TTL_DAYS": "30",
+        "ETL_EXPECTED_FILE_SIZE_MB": "0.001",
+        "ETL_SIZE_TOLERANCE_PERCENT": "99",
+        "ETL_MAX_FILES_PER_MANIFEST": "5",
+        "ETL_MIN_FILES_FOR_PARTIAL_BATCH": "1",
+        "ETL_NUM_STATUS_SHARDS": "4",
+        "ETL_TTL_DAYS": "30",
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NOTIFY_BLOCK", raising=False)
+    monkeypatch.delenv("ETL_NOTIFY_BLOCK", raising=False)
     return {"tables": tables, "root": store_root, "table": tables["etl_file_tracking"]}
 
 

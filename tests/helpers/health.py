@@ -27,7 +27,7 @@ def health(tables, store_root, monkeypatch, record_alarms_only):
     """Fresh tables and store; thresholds from the environment; notifications captured in a list."""
     monkeypatch.setenv("PIPELINES_USE_BLOCKS", "0")
     monkeypatch.setenv("HEALTH_PENDING_FILES_MAX", "1")  # the seed's depth is 1000; two files are enough here
-    monkeypatch.setenv("MAX_FILES_PER_MANIFEST", "2")  # two pending files of a date are a full batch (iterator age)
+    monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", "2")  # two pending files of a date are a full batch (iterator age)
     sent: list[tuple[str, str]] = []
     monkeypatch.setattr(incidents, "deliver", lambda subject, body, block=None: sent.append((subject, body)) or "test")
     return sent

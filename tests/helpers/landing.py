@@ -21,9 +21,12 @@ def arrive(store_root: Path, key: str, data: bytes) -> Arrival:
     path.write_bytes(data)
     stat = path.stat()
     return Arrival(
-        url=LocalStore(store_root).url_for(key), key=key, size=stat.st_size,
-        event_time="2026-01-01T00:00:00+00:00", event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}",
-    )  # fmt: skip
+        url=LocalStore(store_root).url_for(key),
+        key=key,
+        size=stat.st_size,
+        event_time="2026-01-01T00:00:00+00:00",
+        event_id=f"{key}:{stat.st_size}:{stat.st_mtime_ns}",
+    )
 
 
 @pytest.fixture(scope="module")

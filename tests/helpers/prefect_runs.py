@@ -73,9 +73,16 @@ def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: s
         if deployment["name"] != "local" or flow_name(deployment["entrypoint"]) not in flows:
             continue
         parameters = _to_copies(deployment.get("parameters") or {}, name)
-        chosen.append({**deployment, "name": name, "work_pool": {"name": pool, "work_queue_name": "default"},
-                       "parameters": parameters, "schedules": [],
-                       "triggers": _to_copies(deployment.get("triggers") or [], name)})  # fmt: skip
+        chosen.append(
+            {
+                **deployment,
+                "name": name,
+                "work_pool": {"name": pool, "work_queue_name": "default"},
+                "parameters": parameters,
+                "schedules": [],
+                "triggers": _to_copies(deployment.get("triggers") or [], name),
+            }
+        )
     assert {flow_name(d["entrypoint"]) for d in chosen} == flows
     document = {key: config[key] for key in ("name", "prefect-version", "build", "push", "pull")}
     path = tmp_path / "prefect-test.yaml"
@@ -102,8 +109,12 @@ class Worker:
         with open(log, "ab") as handle:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process"],
-                cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def stop(self) -> None:
         """Stop the worker and whatever flow runs it still has (its process group)."""

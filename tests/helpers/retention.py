@@ -16,7 +16,10 @@ ENDED = "2026-01-01T00:00:00.000000+00:00"  # when every finished record of make
 
 def make_records(tables: dict) -> None:
     """A finished and a live record of each kind retention knows, ended (or created) at ``ENDED``."""
-    put = lambda logical, it: state_store.put(tables[logical], it)  # noqa: E731
+
+    def put(logical, it):
+        return state_store.put(tables[logical], it)
+
     put("phspectra_runs", {"PK": "run-done", "SK": keys.RUN_SK, "status": survey.RUN_COMPLETED, "completed_at": ENDED})
     put("phspectra_runs", {"PK": "run-done", "SK": keys.chunk_sk(0), "status": "COMPLETED"})
     put("phspectra_runs", {"PK": "run-live", "SK": keys.RUN_SK, "status": survey.RUN_RUNNING, "created_at": ENDED})

@@ -30,8 +30,10 @@ def moto_server(log_path: Path) -> Iterator[str]:
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 60
         while not port_open(HOST, port):
