@@ -29,6 +29,7 @@ EXPECTED = {
     "tasks.core.tables.SchemaMismatch": (None, RuntimeError),
     "tasks.etl.ingest.MergesHeld": (Unavailable, RuntimeError),
     "tasks.gpu.backends.BackendError": (Unavailable, RuntimeError),
+    "tasks.gpu.backends.CommandRefused": (RefusedInput, ValueError),
     "tasks.gpu.jobs.NotEnoughNodes": (Unavailable, RuntimeError),
     "tasks.landing.sqs.PoisonMessage": (RefusedInput, ValueError),
     "tasks.phspectra.landing.InvalidManifest": (RefusedInput, ValueError),

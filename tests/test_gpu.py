@@ -10,8 +10,9 @@ import pytest
 
 from flows.gpu import PLAIN, advance, watch
 from tasks.core import keys
+from tasks.core.errors import RefusedInput
 from tasks.gpu import jobs as gpu
-from tasks.gpu.backends import BackendError
+from tasks.gpu.backends import BackendError, CommandRefused
 from tests.helpers.gpu import EXIT0, FAIL_FIRST, FAIL_ONE_HANG_OTHERS, HANG, alive, statuses
 
 
@@ -220,6 +221,26 @@ def test_bad_input_gets_a_clear_reason_and_consistent_rows(gpu_env):
         gpu.launch_job(gpu_env, "../etc", 1, EXIT0)
     with pytest.raises(ValueError, match="exists already"):
         gpu.launch_job(gpu_env, "job-nocmd", 1, EXIT0)
+
+
+def test_a_command_that_cannot_parse_is_refused_before_any_node_is_held_or_waited_for(gpu_env):
+    gpu.assign_nodes("holder", 3, "local")  # every node busy: a wait would last the whole timeout
+    started = time.monotonic()
+    with pytest.raises(CommandRefused, match="command cannot be parsed: No closing quotation") as refused:
+        gpu.launch_job(gpu_env, "job-open-quote", 1, "python3 -c 'print(1)", wait=True, timeout_s=30)
+    assert isinstance(refused.value, RefusedInput) and time.monotonic() - started < 5
+    job = gpu.get_job("job-open-quote")
+    assert job["job_status"] == "FAILED" and job["assigned_nodes"] == []
+    assert job["failure_reason"] == "command cannot be parsed: No closing quotation"
+    assert statuses("node", ["local-0", "local-1", "local-2"]) == dict.fromkeys(
+        ["local-0", "local-1", "local-2"], "ASSIGNED"
+    )
+    assert gpu.release_nodes("holder", ["local-0", "local-1", "local-2"]) == ["local-0", "local-1", "local-2"]
+    with pytest.raises(CommandRefused, match="command is empty"):
+        gpu.launch_job(gpu_env, "job-empty", 1, "   ")
+    job = gpu.get_job("job-empty")
+    assert job["job_status"] == "FAILED" and job["failure_reason"].startswith("task cannot start: command is empty")
+    assert statuses("node", ["local-0"]) == {"local-0": "AVAILABLE"}
 
 
 def test_user_stop_from_the_cli_ends_a_hanging_job(gpu_env):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tasks.core.errors import Unavailable
+from tasks.core.errors import RefusedInput, Unavailable
 from tasks.core.processes import pid_alive, pid_reused, process_identity
 from tasks.gpu import keys
 from tasks.gpu.health import UNKNOWN, HealthResult, command_check, run_check
@@ -32,6 +32,19 @@ _CHILDREN: dict[str, subprocess.Popen] = {}  # launchers started by this process
 
 class BackendError(Unavailable, RuntimeError):
     """The backend could not do what was asked (command cannot start, API unreachable): a clear reason."""
+
+
+class CommandRefused(RefusedInput):
+    """The job's command cannot be run as given: it does not parse as a shell command line, or is empty where the
+    backend has no command of its own."""
+
+
+def command_argv(command: str) -> list[str]:
+    """The command line as argv, split as a shell would; CommandRefused if it does not parse (an open quote)."""
+    try:
+        return shlex.split(command)
+    except ValueError as error:
+        raise CommandRefused(f"command cannot be parsed: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,8 @@ class ComputeBackend(Protocol):
         """The rendezvous port for a job attempt whose rank 0 runs on ``node``."""
 
     def start_task(self, spec: TaskSpec) -> StartedTask:
-        """Start ``spec``'s task on its node; BackendError if it cannot start."""
+        """Start ``spec``'s task on its node; BackendError if it cannot start, CommandRefused if its command cannot
+        run as given."""
 
     def poll(self, task_id: str) -> TaskExit | None:
         """How the task stopped, or None while it still runs (any process may ask: the sweep, the reconciler)."""
@@ -177,14 +191,11 @@ class LocalBackend:
     # tasks
     def start_task(self, spec: TaskSpec) -> StartedTask:
         """Start the command under the launcher (reused if this attempt's task was started before); BackendError if it
-        cannot."""
+        cannot, CommandRefused if the command is empty or does not parse."""
         task_id = keys.gpu_local_task_id(spec.job_id, spec.retry, spec.node_index)
-        try:
-            argv = shlex.split(spec.command)
-        except ValueError as error:
-            raise BackendError(f"command cannot be parsed: {error}") from None
+        argv = command_argv(spec.command)
         if not argv:
-            raise BackendError("command is empty")
+            raise CommandRefused("command is empty (the local backend has no default command)")
         env = self.command_env(spec)
         if shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None:
             raise BackendError(
@@ -446,10 +457,7 @@ class EcsBackend:
         """Start ``task_definition`` pinned to the node's container instance, with the spec's command and env."""
         if not self.config.task_definition:
             raise BackendError("GpuCompute.task_definition is not set for the ecs backend")
-        try:
-            argv = shlex.split(spec.command)
-        except ValueError as error:
-            raise BackendError(f"command cannot be parsed: {error}") from None
+        argv = command_argv(spec.command)
         attempt = keys.gpu_local_task_id(spec.job_id, spec.retry, spec.node_index)
         task = self._started_before(spec.node, attempt) or self._start(
             self.config.task_definition, spec.node, argv or None, task_env(spec), attempt

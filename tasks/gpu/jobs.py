@@ -31,7 +31,16 @@ from tasks.core.errors import Unavailable
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger
 from tasks.core.state_store import Condition
 from tasks.gpu import keys
-from tasks.gpu.backends import BackendError, ComputeBackend, TaskExit, TaskSpec, make_backend, pid_alive
+from tasks.gpu.backends import (
+    BackendError,
+    CommandRefused,
+    ComputeBackend,
+    TaskExit,
+    TaskSpec,
+    command_argv,
+    make_backend,
+    pid_alive,
+)
 from tasks.gpu.health import HEALTHY, UNHEALTHY, UNKNOWN, HealthResult
 
 # task_status
@@ -51,6 +60,7 @@ NODE_REBOOTING, NODE_FAILED = "REBOOTING", "FAILED"
 NODE_HELD = (NODE_ASSIGNED, NODE_IN_PROGRESS, NODE_PENDING, NODE_PENDING_HEALTHCHECK)  # held by a job
 RUN_IDS = ("prefect_flow_run_id", "prefect_task_run_id")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+CANNOT_START = (BackendError, CommandRefused)  # why a task does not start: the backend, or its command as given
 
 
 class NotEnoughNodes(Unavailable, RuntimeError):
@@ -504,7 +514,7 @@ def start_tasks(runner: Runner, job_id: str, expected: str, start_task=None) -> 
     try:
         for index, node_name in enumerate(job["assigned_nodes"]):
             started.append(start_task(runner, job, node_name, index, retry))
-    except BackendError as error:
+    except CANNOT_START as error:
         reason = f"task cannot start: {error}"
         terminate_tasks(runner, [t["ecs_task_id"] for t in started], reason)
         fail_job(runner, job_id, expected, reason, notify_user=False)
@@ -559,6 +569,7 @@ def launch_job(
     timeout_s = config.node_wait_timeout_s if timeout_s is None else timeout_s
     try:
         env = check_env(env)
+        command_argv(command)  # a command that cannot parse is refused before any node is held or waited for
         assigned = assign_nodes(
             job_id, num_nodes, config.cluster_name, nodes, wait, timeout_s, config.poll_interval_s, runner
         )
@@ -897,7 +908,7 @@ def resume_start(runner: Runner, job: dict[str, Any], start_task=None) -> dict[s
     expected = JOB_RESTARTING if job["job_status"] == JOB_RESTARTING else JOB_IN_PROGRESS
     try:
         started = start_tasks(runner, job["job_id"], expected, start_task)
-    except BackendError as error:
+    except CANNOT_START as error:
         return {"action": "restart_failed", "job_id": job["job_id"], "reason": str(error)}
     return {
         "action": "restarted" if expected == JOB_RESTARTING else "started",
