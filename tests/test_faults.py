@@ -75,7 +75,28 @@ def test_crash_points_are_exhaustive_when_few_else_a_sample_with_the_ends_of_eac
     assert chosen == crash_points(many, limit=10, seed=1)
 
 
-@pytest.mark.parametrize("value", ["0:kill:before", "3:explode:before", "3:kill:during", "kill"])
+def test_a_plan_of_one_kind_counts_only_that_kind_of_write(tables, tmp_path):
+    table = tables["video_jobs"]
+    store = LocalStore(tmp_path / "objects")
+    kind = f"dynamodb:put:{table}"
+    with faults.inject(at=2, mode="raise", when="after", kind=kind):
+        store.put_bytes("videos/a", b"a")
+        _create(table, 1)
+        store.put_bytes("videos/b", b"b")
+        store.put_bytes("videos/c", b"c")
+        with pytest.raises(faults.InjectedFault, match=f"write 5 \\(after put {table}\\)"):
+            _create(table, 2)  # the fifth write, the second put to the table
+        store.put_bytes("videos/d", b"d")
+        _create(table, 3)  # the third of the kind: nothing fires again
+        assert faults.writes() == 7
+    assert _items(table) == {"job-1", "job-2", "job-3"}
+    assert faults.Plan.parse(f"2:kill:after:{kind}") == faults.Plan(2, "kill", "after", None, kind)
+    assert faults.write_kind("objects", "put_bytes", "decompositions/run/0.json") == "objects:put_bytes:decompositions"
+
+
+@pytest.mark.parametrize(
+    "value", ["0:kill:before", "3:explode:before", "3:kill:during", "kill", "1:kill:after:decompositions"]
+)
 def test_a_malformed_plan_is_a_clear_error(value):
     with pytest.raises(ValueError, match="expected 'count' or 'N:kill|raise:before|after'"):
         faults.Plan.parse(value)

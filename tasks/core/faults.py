@@ -9,7 +9,10 @@ Every write the product makes goes through the state store (DynamoDB) or the obj
 - ``N:kill:before`` / ``N:kill:after`` / ``N:raise:before`` / ``N:raise:after``: at write N, SIGKILL this
   process or raise ``InjectedFault``, before the request is sent or after it landed;
 - ``N:stall:before``: write N hangs (``STALL_SECONDS``) before it is sent, as a request that never answers: what a
-  timeout must end.
+  timeout must end;
+- any of those followed by ``:KIND`` (``1:kill:after:objects:put_bytes:decompositions``): N counts only the writes
+  of that kind (``write_kind``), so the point holds however many writes of other kinds (a lease renewed on a
+  timer) come first.
 ``PIPELINES_FAULT_LOG`` names a file that gets one line per write: ``N<TAB>store<TAB>operation<TAB>target``.
 """
 
@@ -36,39 +39,51 @@ class InjectedFault(PipelineError, RuntimeError):
 
 @dataclass(frozen=True)
 class Plan:
-    """Where to fail: write number ``at`` (1-based), ``kill`` or ``raise``, ``before`` or ``after`` the write."""
+    """Where to fail: write number ``at`` (1-based; of ``kind`` alone when set), ``kill`` or ``raise``, ``before``
+    or ``after`` the write."""
 
     at: int | None = None  # None: count only
     mode: str = "kill"
     when: str = "before"
     log: str | None = None
+    kind: str | None = None
 
     @classmethod
     def parse(cls, value: str, log: str | None = None) -> Plan:
-        """A plan from ``PIPELINES_FAULT`` (``count`` or ``N:mode:when``); ValueError when malformed."""
+        """A plan from ``PIPELINES_FAULT`` (``count`` or ``N:mode:when[:KIND]``); ValueError when malformed."""
         if value == "count":
             return cls(None, log=log)
+        expected = f"{ENV}={value!r}: expected 'count' or 'N:kill|raise|stall:before|after[:store:operation:prefix]'"
         try:
-            at, mode, when = value.split(":")
-            plan = cls(int(at), mode, when, log)
+            at, mode, when, *kind = value.split(":", 3)
+            plan = cls(int(at), mode, when, log, kind[0] if kind else None)
         except ValueError:
-            raise ValueError(f"{ENV}={value!r}: expected 'count' or 'N:kill|raise|stall:before|after'") from None
+            raise ValueError(expected) from None
         if plan.at < 1 or mode not in ("kill", "raise", "stall") or when not in ("before", "after"):
-            raise ValueError(f"{ENV}={value!r}: expected 'count' or 'N:kill|raise|stall:before|after'")
+            raise ValueError(expected)
+        if plan.kind is not None and plan.kind.count(":") != 2:
+            raise ValueError(expected)
         return plan
+
+
+def write_kind(store: str, operation: str, target: str) -> str:
+    """What kind of write this is: its store, operation and table (or the object key's top-level prefix)."""
+    return f"{store}:{operation}:{target.split('/')[0]}"
 
 
 armed = False  # read on every write: the only cost when off
 _plan = Plan()
 _count = 0
+_of_kind = 0  # writes of the plan's kind so far
+_hit: int | None = None  # the number of the write the plan fails at, once it is made
 _lock = threading.Lock()
 
 
 def arm(plan: Plan | None) -> None:
     """Switch the injector on with ``plan`` (None: off) and restart the write count."""
-    global armed, _plan, _count
+    global armed, _plan, _count, _of_kind, _hit
     with _lock:
-        _plan, _count, armed = plan or Plan(), 0, plan is not None
+        _plan, _count, _of_kind, _hit, armed = plan or Plan(), 0, 0, None, plan is not None
 
 
 def writes() -> int:
@@ -77,9 +92,12 @@ def writes() -> int:
 
 
 @contextlib.contextmanager
-def inject(at: int | None = None, mode: str = "raise", when: str = "before", log: str | None = None) -> Iterator[None]:
-    """In-process crash points for a test: fail at write ``at`` (None: count only); off again on exit."""
-    arm(Plan(at, mode, when, log))
+def inject(
+    at: int | None = None, mode: str = "raise", when: str = "before", log: str | None = None, kind: str | None = None
+) -> Iterator[None]:
+    """In-process crash points for a test: fail at write ``at`` (of ``kind`` alone when set; None: count only); off
+    again on exit."""
+    arm(Plan(at, mode, when, log, kind))
     try:
         yield
     finally:
@@ -99,21 +117,30 @@ def _fire(number: int, operation: str, target: str) -> None:
 
 def before(store: str, operation: str, target: str = "") -> int:
     """Called before a write request is sent; returns the write's number for ``after``."""
-    global _count
+    global _count, _of_kind, _hit
     with _lock:
         _count += 1
         number = _count
         if _plan.log:
             with open(_plan.log, "a") as log:
                 log.write(f"{number}\t{store}\t{operation}\t{target}\n")
-    if number == _plan.at and _plan.when == "before":
+        if _plan.kind is None:
+            nth = number
+        elif write_kind(store, operation, target) == _plan.kind:
+            _of_kind += 1
+            nth = _of_kind
+        else:
+            nth = None
+        if nth is not None and nth == _plan.at:
+            _hit = number
+    if number == _hit and _plan.when == "before":
         _fire(number, operation, target)
     return number
 
 
 def after(number: int, operation: str, target: str = "") -> None:
     """Called once write ``number`` has landed."""
-    if number == _plan.at and _plan.when == "after":
+    if number == _hit and _plan.when == "after":
         _fire(number, operation, target)
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.core import faults
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # up to this many writes every point is tried; above, a seeded sample of this size. By hand a sweep samples 3
 # points per pipeline (the first and last write and one more); `make test-sweep` (CI runs it after `make test`)
@@ -44,7 +46,7 @@ class Write:
     @property
     def kind(self) -> str:
         """What kind of write this is, for sampling: store, operation and table (or top-level key prefix)."""
-        return f"{self.store}:{self.operation}:{self.target.split('/')[0]}"
+        return faults.write_kind(self.store, self.operation, self.target)
 
 
 def report(line: str) -> None:
