@@ -74,16 +74,16 @@ def write_kind(store: str, operation: str, target: str) -> str:
 armed = False  # read on every write: the only cost when off
 _plan = Plan()
 _count = 0
-_of_kind = 0  # writes of the plan's kind so far
+_counted = 0  # the writes the plan counts toward ``at``: every write, or those of its kind
 _hit: int | None = None  # the number of the write the plan fails at, once it is made
 _lock = threading.Lock()
 
 
 def arm(plan: Plan | None) -> None:
     """Switch the injector on with ``plan`` (None: off) and restart the write count."""
-    global armed, _plan, _count, _of_kind, _hit
+    global armed, _plan, _count, _counted, _hit
     with _lock:
-        _plan, _count, _of_kind, _hit, armed = plan or Plan(), 0, 0, None, plan is not None
+        _plan, _count, _counted, _hit, armed = plan or Plan(), 0, 0, None, plan is not None
 
 
 def writes() -> int:
@@ -117,22 +117,17 @@ def _fire(number: int, operation: str, target: str) -> None:
 
 def before(store: str, operation: str, target: str = "") -> int:
     """Called before a write request is sent; returns the write's number for ``after``."""
-    global _count, _of_kind, _hit
+    global _count, _counted, _hit
     with _lock:
         _count += 1
         number = _count
         if _plan.log:
             with open(_plan.log, "a") as log:
                 log.write(f"{number}\t{store}\t{operation}\t{target}\n")
-        if _plan.kind is None:
-            nth = number
-        elif write_kind(store, operation, target) == _plan.kind:
-            _of_kind += 1
-            nth = _of_kind
-        else:
-            nth = None
-        if nth is not None and nth == _plan.at:
-            _hit = number
+        if _plan.kind is None or write_kind(store, operation, target) == _plan.kind:
+            _counted += 1
+            if _counted == _plan.at:
+                _hit = number
     if number == _hit and _plan.when == "before":
         _fire(number, operation, target)
     return number
