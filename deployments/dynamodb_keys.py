@@ -94,3 +94,13 @@ def rotate(path: Path) -> Key:
         json.dump(record, handle)
     os.replace(staged, path)
     return key
+
+
+def use_fresh_key(environ: dict[str, str] | None = None) -> Key:
+    """A new random key set as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in ``environ`` (this process's environment
+    by default): for a DynamoDB Local of one's own (a test session, a benchmark), whose relay checks the key of the
+    environment it starts in, and whose every client signs with it."""
+    key = new_key()
+    target = os.environ if environ is None else environ
+    target["AWS_ACCESS_KEY_ID"], target["AWS_SECRET_ACCESS_KEY"] = key.access_key_id, key.secret_access_key
+    return key

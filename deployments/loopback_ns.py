@@ -170,10 +170,12 @@ class Relay:
         holds a key or a signature."""
         print(f"loopback_ns: refused a request from {self.caller}: {refusal.message}", file=sys.stderr, flush=True)
         self.refusing.set()
-        if self.inner is not None:
+        if self.inner is not None:  # the requests forwarded before it are answered first (the server ends then)
+            with contextlib.suppress(OSError):
+                self.inner.shutdown(socket.SHUT_WR)
+            self.answers.join(timeout=10)
             with contextlib.suppress(OSError):
                 self.inner.shutdown(socket.SHUT_RDWR)
-            self.answers.join(timeout=5)
         with contextlib.suppress(OSError):
             self.client.sendall(refusal.response())
             self.client.shutdown(socket.SHUT_RDWR)
