@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from deployments import dynamodb_local, postgres_local
+from deployments import dynamodb_keys, dynamodb_local, postgres_local
 from deployments.dynamodb_local import StackError, port_open
 from deployments.supervisor import Supervisor, uptime
 from deployments.supervisor import socket_for as supervisor_socket
@@ -73,15 +73,29 @@ def api_auth_string(create: bool = False) -> str | None:
     return api_auth_string()
 
 
+def dynamodb_keys_file() -> Path:
+    """Where the stack's DynamoDB key lives (made afresh at every `make up`, the previous one kept for its grace
+    period): .data/secrets (0700) / dynamodb-keys.json (0600)."""
+    return DATA / "secrets" / "dynamodb-keys.json"
+
+
+def dynamodb_key_env() -> dict[str, str]:
+    """AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY of the stack's current DynamoDB key ({} before `make up` made
+    one): DynamoDB Local's relay forwards only requests signed with it."""
+    key = dynamodb_keys.current(dynamodb_keys_file())
+    if key is None:
+        return {}
+    return {"AWS_ACCESS_KEY_ID": key.access_key_id, "AWS_SECRET_ACCESS_KEY": key.secret_access_key}
+
+
 def local_env() -> dict[str, str]:
-    """What every local process needs: the endpoints and dummy credentials for DynamoDB Local, and the Prefect API's
+    """What every local process needs: the endpoints and the stack's key for DynamoDB Local, and the Prefect API's
     auth string once `make up` made one."""
     auth = api_auth_string()
     return {
         **({"PREFECT_API_AUTH_STRING": auth} if auth else {}),
         "AWS_ENDPOINT_URL_DYNAMODB": f"http://{HOST}:{DYNAMODB_PORT}",
-        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
-        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
+        **dynamodb_key_env(),
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
         "PREFECT_API_URL": f"http://{HOST}:{PREFECT_PORT}/api",
         # a request the server (or its database) cannot answer is retried after 2, 4 ... 128 s: about four minutes,
@@ -145,13 +159,43 @@ def _wait_port(name: str, port: int, seconds: float = 120) -> None:
     )
 
 
+PORT_SETTINGS = {  # the setting that moves each program's port
+    "dynamodb": "DYNAMODB_LOCAL_PORT",
+    "prefect-server": "PREFECT_SERVER_PORT",
+    "postgres": "PREFECT_POSTGRES_PORT",
+}
+
+
+def port_holder(port: int) -> int | None:
+    """The uid of the socket listening on TCP ``port`` (any address), from the kernel's tables; None if none shows.
+    For an error message only: it decides nothing."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                return int(fields[7])
+    return None
+
+
 def _check_port_free(name: str, port: int) -> None:
-    if port_open(HOST, port):
-        raise StackError(
-            f"port {port} is already taken by another program, so {name} cannot start: "
-            f"stop it (`ss -ltnp 'sport = :{port}'` shows who) or set "
-            f"{'DYNAMODB_LOCAL_PORT' if name == 'dynamodb' else 'PREFECT_SERVER_PORT'}."
-        )
+    """StackError naming the port and the uid that holds it when something already answers on ``port``."""
+    if not port_open(HOST, port):
+        return
+    uid = port_holder(port)
+    if uid is None:
+        holder = "a program whose user the kernel's tables do not show"
+    elif uid == os.getuid():
+        holder = f"a program of this user (uid {uid}; an older stack?)"
+    else:
+        holder = f"another local user (uid {uid})"
+    raise StackError(
+        f"port {port} is already taken by {holder}, so {name} cannot start: stop it "
+        f"(`ss -ltnp 'sport = :{port}'` shows it) or set {PORT_SETTINGS.get(name, 'another port')}."
+    )
 
 
 def dynamodb_reach() -> str:
@@ -285,6 +329,8 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
         programs["dynamodb"] = {
             "command": _command(dynamodb_local.private_command(DYNAMODB_PORT, (DATA / "dynamodb").resolve())),
             "directory": str(dynamodb_local.jar_path().parent),
+            # the relay's key: the file, re-read at each rotation (a path that never changes, so no restart)
+            "environment": _environment({dynamodb_keys.KEYS_FILE_ENV: str(dynamodb_keys_file())}),
         }
     if server_database_env() and "postgres" not in without:
         programs["postgres"] = {
@@ -804,7 +850,9 @@ DEPLOYED_FROM = ("flows", "tasks", "blocks")  # the code a deployment's paramete
 
 def deployment_fingerprint() -> str:
     """A digest of what `prefect deploy` reads: prefect.yaml, the Python files of ``DEPLOYED_FROM``, the stack's env."""
-    digest = hashlib.sha256(json.dumps(local_env(), sort_keys=True).encode())
+    # not the DynamoDB key: it changes at every `make up`, and no deployment carries it
+    deployed_env = {name: value for name, value in local_env().items() if name not in dynamodb_key_env()}
+    digest = hashlib.sha256(json.dumps(deployed_env, sort_keys=True).encode())
     files = [REPO_ROOT / "prefect.yaml"] + sorted(p for part in DEPLOYED_FROM for p in (REPO_ROOT / part).rglob("*.py"))
     for path in files:
         digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -877,6 +925,9 @@ def up() -> None:
     dynamodb_local.java()
     dynamodb_local.jar_path()
     api_auth_string(create=True)
+    # a new DynamoDB key at every `make up`; the programs whose environment holds it restart with it, flow runs in
+    # flight finish with the previous one (accepted for its grace period)
+    dynamodb_keys.rotate(dynamodb_keys_file())
     database = start_postgres()
     processes = start_processes()
     print(

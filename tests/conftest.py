@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from deployments import dynamodb_local
+from deployments import dynamodb_keys, dynamodb_local
 
-# credentials and region for DynamoDB Local; set before any boto3 client exists
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
+# the session's own random DynamoDB key, set before any boto3 client exists: the relay in front of the session's
+# DynamoDB Local forwards only requests signed with it (an endpoint named in AWS_ENDPOINT_URL_DYNAMODB keeps the
+# environment's key, that endpoint's)
+if not (os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") and os.environ.get("AWS_ACCESS_KEY_ID")):
+    dynamodb_keys.use_fresh_key()
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"
 

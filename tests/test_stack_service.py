@@ -138,8 +138,8 @@ def test_the_stack_answers_its_user_only_and_rides_out_each_process_killed():
             "dynamodb",
             endpoint_url=exported["AWS_ENDPOINT_URL_DYNAMODB"],
             region_name="us-east-1",
-            aws_access_key_id="local",
-            aws_secret_access_key="local",
+            aws_access_key_id=exported["AWS_ACCESS_KEY_ID"],  # the stack's own key: its relay checks it
+            aws_secret_access_key=exported["AWS_SECRET_ACCESS_KEY"],
         )
 
         def granules() -> list[dict]:
