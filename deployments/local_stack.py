@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from deployments import dynamodb_keys, dynamodb_local, postgres_local
+from deployments import dynamodb_keys, dynamodb_local, postgres_local, stack_tls
 from deployments.dynamodb_local import StackError, port_open
 from deployments.supervisor import Supervisor, uptime
 from deployments.supervisor import socket_for as supervisor_socket
@@ -48,35 +48,46 @@ SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "").strip().lower()
 POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
 
 
+def secrets_folder() -> Path:
+    """The stack's secrets: .data/secrets (0700), each file in it 0600."""
+    return DATA / "secrets"
+
+
 def api_auth_file() -> Path:
     """Where the stack's Prefect API auth string lives: .data/secrets (0700) / prefect-api-auth (0600)."""
-    return DATA / "secrets" / "prefect-api-auth"
+    return secrets_folder() / "prefect-api-auth"
 
 
-def api_auth_string(create: bool = False) -> str | None:
-    """The Prefect API's auth string (``user:password``; the server refuses a request without it, 401), made on the
-    first `make up` (``create``); None where none was made."""
-    path = api_auth_file()
+def api_auth_string() -> str | None:
+    """The Prefect API's auth string (``user:password``; the server refuses a request without it, 401); None before
+    the first `make up`."""
     try:
-        return path.read_text().strip()
+        return api_auth_file().read_text().strip()
     except FileNotFoundError:
-        if not create:
-            return None
+        return None
+
+
+def rotate_api_auth_string() -> str:
+    """A new auth string in place of the last (every `make up` makes one: a string seen once stops working at the
+    next start); written whole (0600, then renamed) so no reader sees half of it."""
     import secrets
 
     from tasks.core.private_folder import private_folder
 
+    path = api_auth_file()
     private_folder(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    staged = path.with_name(f".{path.name}.part")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(f"pipelines:{secrets.token_urlsafe(32)}\n")
+    os.replace(staged, path)
     return api_auth_string()
 
 
 def dynamodb_keys_file() -> Path:
     """Where the stack's DynamoDB key lives (made afresh at every `make up`, the previous one kept for its grace
     period): .data/secrets (0700) / dynamodb-keys.json (0600)."""
-    return DATA / "secrets" / "dynamodb-keys.json"
+    return secrets_folder() / "dynamodb-keys.json"
 
 
 def dynamodb_key_env() -> dict[str, str]:
@@ -88,6 +99,16 @@ def dynamodb_key_env() -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": key.access_key_id, "AWS_SECRET_ACCESS_KEY": key.secret_access_key}
 
 
+def api_certificate() -> Path:
+    """The certificate the stack's Prefect API serves and its clients pin (``stack_tls``)."""
+    return secrets_folder() / stack_tls.CERT_NAME
+
+
+def api_url() -> str:
+    """The stack's Prefect API: TLS on loopback, under the stack's own certificate."""
+    return f"https://{HOST}:{PREFECT_PORT}/api"
+
+
 def local_env() -> dict[str, str]:
     """What every local process needs: the endpoints and the stack's key for DynamoDB Local, and the Prefect API's
     auth string once `make up` made one."""
@@ -97,7 +118,8 @@ def local_env() -> dict[str, str]:
         "AWS_ENDPOINT_URL_DYNAMODB": f"http://{HOST}:{DYNAMODB_PORT}",
         **dynamodb_key_env(),
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        "PREFECT_API_URL": f"http://{HOST}:{PREFECT_PORT}/api",
+        "PREFECT_API_URL": api_url(),
+        "PREFECT_API_SSL_CERT_FILE": str(api_certificate()),  # the one certificate a client of the stack trusts
         # a request the server (or its database) cannot answer is retried after 2, 4 ... 128 s: about four minutes,
         # so a client rides out the server's restart by the supervisor (Prefect's default, 5, gives up after a minute)
         "PREFECT_CLIENT_MAX_RETRIES": "7",
@@ -285,20 +307,38 @@ def prefect_server_env() -> dict[str, str]:
         **server_database_env(),
         **server_retention_env(),
         **({"PREFECT_SERVER_API_AUTH_STRING": auth} if auth else {}),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # nothing leaves the machine
     }
 
 
 def serve_prefect_server() -> None:
-    """The Prefect server as the supervisor runs it: once its PostgreSQL answers, the database made if new, then
-    ``prefect server start`` takes this process over."""
+    """The Prefect server as the supervisor runs it, under ``held_port`` (which keeps the port across restarts): once
+    its PostgreSQL answers, the database made if new, then Prefect's app on the handed socket with the stack's TLS
+    certificate (what ``prefect server start`` runs in the foreground, with TLS and a socket it did not bind)."""
     env = prefect_server_env()
     if "PREFECT_SERVER_DATABASE_CONNECTION_URL" in env:
         _wait_port("postgres", POSTGRES_PORT)
         postgres_local.ensure_database(POSTGRES_PORT, DATA / "postgres")
     (DATA / "prefect").mkdir(parents=True, exist_ok=True)
     os.environ.update(env)
-    server = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)]
-    os.execv(sys.executable, server)
+    import uvicorn
+    from prefect.server.api.server import create_app
+    from prefect.settings import get_current_settings
+
+    from deployments import held_port
+
+    sock = held_port.listening_socket()
+    cert, key = stack_tls.certificate_files(secrets_folder())
+    server = get_current_settings().server
+    config = uvicorn.Config(
+        create_app(final=True),
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+        timeout_keep_alive=server.api.keepalive_timeout,
+        timeout_graceful_shutdown=10,  # open websockets do not hold a restart past supervisord's stop wait
+        log_level=server.logging_level.lower(),
+    )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def _environment(env: dict[str, str]) -> str:
@@ -338,8 +378,11 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
             "stopsignal": "INT",  # a fast shutdown: SIGTERM would wait for every client to leave
             **({"user": "postgres"} if os.geteuid() == 0 else {}),  # it refuses to run as root
         }
+    # the port is held by a process of its own that starts the server again when it dies: never free for another
+    # user while the server restarts
+    serve = [sys.executable, "-m", "deployments.local_stack", "serve-server"]
     programs["prefect-server"] = {
-        "command": _command([sys.executable, "-m", "deployments.local_stack", "serve-server"]),
+        "command": _command([sys.executable, "-m", "deployments.held_port", str(PREFECT_PORT), "--", *serve]),
         "environment": _environment(identity),
         "startsecs": "10",
     }
@@ -382,8 +425,7 @@ def start_processes(without: tuple[str, ...] = ()) -> dict[str, str]:
         _wait_port("dynamodb", DYNAMODB_PORT)
     if "postgres" in programs:
         _wait_port("postgres", POSTGRES_PORT)
-    _wait_port("prefect-server", PREFECT_PORT, 180)
-    _wait_healthy()
+    _wait_healthy(180)
     return {name: "running" if before.get(name) == "RUNNING" else "started" for name in programs}
 
 
@@ -442,11 +484,20 @@ def throwaway_prefect_server(home: Path, env: dict[str, str] | None = None) -> I
         server.wait(timeout=60)
 
 
+def api_ssl_context():
+    """An SSL context that trusts the stack's own certificate only (a client's check before it sends the auth
+    string)."""
+    import ssl
+
+    return ssl.create_default_context(cafile=str(api_certificate()))
+
+
 def _wait_healthy(seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
+    context = api_ssl_context()
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{PREFECT_PORT}/api/health", timeout=2) as response:
+            with urllib.request.urlopen(f"{api_url()}/health", timeout=2, context=context) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -850,8 +901,9 @@ DEPLOYED_FROM = ("flows", "tasks", "blocks")  # the code a deployment's paramete
 
 def deployment_fingerprint() -> str:
     """A digest of what `prefect deploy` reads: prefect.yaml, the Python files of ``DEPLOYED_FROM``, the stack's env."""
-    # not the DynamoDB key: it changes at every `make up`, and no deployment carries it
-    deployed_env = {name: value for name, value in local_env().items() if name not in dynamodb_key_env()}
+    # not the secrets `make up` rotates each time (no deployment carries them)
+    rotated = {"PREFECT_API_AUTH_STRING", *dynamodb_key_env()}
+    deployed_env = {name: value for name, value in local_env().items() if name not in rotated}
     digest = hashlib.sha256(json.dumps(deployed_env, sort_keys=True).encode())
     files = [REPO_ROOT / "prefect.yaml"] + sorted(p for part in DEPLOYED_FROM for p in (REPO_ROOT / part).rglob("*.py"))
     for path in files:
@@ -924,10 +976,11 @@ def up() -> None:
     """Start the whole local stack under its supervisor (idempotent) and print each part's state."""
     dynamodb_local.java()
     dynamodb_local.jar_path()
-    api_auth_string(create=True)
-    # a new DynamoDB key at every `make up`; the programs whose environment holds it restart with it, flow runs in
-    # flight finish with the previous one (accepted for its grace period)
+    # a new API auth string and DynamoDB key at every `make up`: the programs whose environment holds them restart
+    # with them; flow runs in flight finish their DynamoDB work with the previous key (accepted for its grace period)
+    rotate_api_auth_string()
     dynamodb_keys.rotate(dynamodb_keys_file())
+    stack_tls.certificate_files(secrets_folder())
     database = start_postgres()
     processes = start_processes()
     print(
@@ -943,7 +996,7 @@ def up() -> None:
         )
     )
     print(
-        f"prefect-server   {processes['prefect-server']:8} http://{HOST}:{PREFECT_PORT}  (database: "
+        f"prefect-server   {processes['prefect-server']:8} {api_url()}  (TLS, {api_certificate()}; database: "
         f"{'PostgreSQL' if server_database_env() else 'SQLite'})"
     )
     for pool, state in ensure_work_pools().items():
@@ -964,7 +1017,7 @@ def up() -> None:
         "\nUse it from a shell with:  source "
         f"{os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}"
     )
-    print(f"Prefect UI: http://{HOST}:{PREFECT_PORT}")
+    print(f"Prefect UI: https://{HOST}:{PREFECT_PORT} (the stack's own certificate: {api_certificate()})")
     print(f"Supervised by supervisord: `make status`; logs in {LOGS}")
 
 
