@@ -50,6 +50,42 @@ def bind_and_listen(port: int) -> socket.socket:
     return sock
 
 
+class Restarting:
+    """A command run again whenever it ends, after a pause that doubles while it keeps failing (reset once a run
+    lasts STEADY_S), until this process gets SIGTERM or SIGINT (passed on to the command). The command ends with this
+    process (PR_SET_PDEATHSIG)."""
+
+    def __init__(self, command: list[str], **popen) -> None:
+        self.command, self.popen = command, popen
+        self.child: subprocess.Popen | None = None
+        self.stopping = False
+
+    def stop(self, signum: int, _frame=None) -> None:
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run(self) -> int:
+        """Run the command until told to stop; 0 then."""
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        pause = 1.0
+        while not self.stopping:
+            started = time.monotonic()
+            self.child = subprocess.Popen(self.command, preexec_fn=_end_with_holder, **self.popen)
+            code = self.child.wait()
+            if self.stopping:
+                break
+            pause = 1.0 if time.monotonic() - started > STEADY_S else min(pause * 2, MAX_PAUSE_S)
+            print(
+                f"held_port: {self.command[0]} ended ({code}); started again in {pause:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(pause)
+        return 0
+
+
 def main(argv: list[str]) -> int:
     """Bind and listen, then run and restart COMMAND until told to stop."""
     port, command = int(argv[0]), argv[argv.index("--") + 1 :]
@@ -59,30 +95,8 @@ def main(argv: list[str]) -> int:
         print(f"held_port: cannot listen on 127.0.0.1:{port} ({error})", file=sys.stderr, flush=True)
         return PORT_TAKEN
     os.dup2(sock.fileno(), LISTEN_FD, inheritable=True)
-    env = {**os.environ, "LISTEN_FDS": "1"}
-    stopping = False
-    child: subprocess.Popen | None = None
-
-    def stop(signum, _frame) -> None:
-        nonlocal stopping
-        stopping = True
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     print(f"held_port: listening on 127.0.0.1:{port}", flush=True)
-    pause = 1.0
-    while not stopping:
-        started = time.monotonic()
-        child = subprocess.Popen(command, env=env, pass_fds=(LISTEN_FD,), preexec_fn=_end_with_holder)
-        code = child.wait()
-        if stopping:
-            return 0
-        pause = 1.0 if time.monotonic() - started > STEADY_S else min(pause * 2, MAX_PAUSE_S)
-        print(f"held_port: {command[0]} ended ({code}); started again in {pause:g} s", file=sys.stderr, flush=True)
-        time.sleep(pause)
-    return 0
+    return Restarting(command, env={**os.environ, "LISTEN_FDS": "1"}, pass_fds=(LISTEN_FD,)).run()
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ Each HTTP request on a connection to ``127.0.0.1:PORT`` is read whole and forwar
 signature is valid under the stack's key (``deployments/sigv4_door.py``; the key from the file that
 ``PIPELINES_DYNAMODB_KEYS`` names, else ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` in this process's environment,
 never its command line); any other is answered with a DynamoDB-style error and its connection closed. A connection
-that comes before COMMAND answers inside waits for it. No firewall rule, nothing to undo: when this process ends,
-the namespace goes.
-Exit codes: COMMAND's; 2 without a key; 3 when the namespace cannot be made (the caller says so and decides).
+that comes before COMMAND answers inside waits for it. COMMAND is started again when it dies (``held_port.Restarting``),
+so the port is never free while it restarts. No firewall rule, nothing to undo: when this process ends, the namespace
+goes.
+Exit codes: 0 once stopped (SIGTERM); 2 without a key; 3 when the namespace cannot be made (the caller says so and
+decides).
 """
 
 from __future__ import annotations
@@ -21,10 +23,8 @@ import contextlib
 import ctypes
 import fcntl
 import os
-import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -33,6 +33,7 @@ from pathlib import Path
 if not __package__:  # run as a script (its path shows in ps as the relay's): the repository's modules importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from deployments.held_port import Restarting
 from deployments.sigv4_door import Door, NoKey, Reader, Refused
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
@@ -61,11 +62,6 @@ def enter_private_network() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags_now | IFF_UP, b""))
 
 
-def _end_with_parent() -> None:
-    """In the command's process: SIGTERM when this relay dies (Linux's PR_SET_PDEATHSIG)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
-
-
 def cannot_isolate() -> str | None:
     """Why this machine refuses a private network namespace (tried in a throwaway child), or None when it allows one."""
     read, write = os.pipe()
@@ -90,14 +86,15 @@ INNER_WAIT_S = 120  # how long a connection that came before the server answers 
 INTERNAL_ERROR = "com.amazonaws.dynamodb.v20120810#InternalServerError"
 
 
-def _connect_inner(port: int, child: subprocess.Popen) -> socket.socket | None:
-    """A connection to the server inside, waiting (up to INNER_WAIT_S) while it starts; None if it never answers."""
+def _connect_inner(port: int, server: Restarting) -> socket.socket | None:
+    """A connection to the server inside, waiting (up to INNER_WAIT_S) while it starts or restarts; None if it never
+    answers."""
     deadline = time.monotonic() + INNER_WAIT_S
     while True:
         try:
             inner = socket.create_connection(("127.0.0.1", port), timeout=10)
         except OSError:
-            if child.poll() is not None or time.monotonic() > deadline:
+            if server.stopping or time.monotonic() > deadline:
                 return None
             time.sleep(0.1)
             continue
@@ -123,8 +120,8 @@ def _answer(inner: socket.socket, client: socket.socket, refusing: threading.Eve
 class Relay:
     """One caller's connection: each request read whole and checked at the door, then forwarded to the server."""
 
-    def __init__(self, client: socket.socket, caller: str, port: int, child: subprocess.Popen, door: Door) -> None:
-        self.client, self.caller, self.port, self.child, self.door = client, caller, port, child, door
+    def __init__(self, client: socket.socket, caller: str, port: int, server: Restarting, door: Door) -> None:
+        self.client, self.caller, self.port, self.server, self.door = client, caller, port, server, door
         self.inner: socket.socket | None = None
         self.answers: threading.Thread | None = None
         self.refusing = threading.Event()
@@ -156,7 +153,7 @@ class Relay:
                     sock.close()
 
     def open_inner(self) -> bool:
-        self.inner = _connect_inner(self.port, self.child)
+        self.inner = _connect_inner(self.port, self.server)
         if self.inner is None:
             unavailable = Refused("DynamoDB Local does not answer", INTERNAL_ERROR, 503)
             self.client.sendall(unavailable.response())
@@ -204,25 +201,25 @@ def main(argv: list[str]) -> int:
     except OSError as error:
         print(f"loopback_ns: cannot make a private network namespace ({error})", file=sys.stderr, flush=True)
         return CANNOT_ISOLATE
-    # the command ends with this relay (a SIGKILLed relay leaves no server holding its data in a namespace no one
-    # reaches; the next relay starts its own)
-    child = subprocess.Popen(command, preexec_fn=_end_with_parent)
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    # the command is started again when it dies, so the port stays this relay's through the restart; it ends with
+    # this relay (a SIGKILLed relay leaves no server holding its data in a namespace no one reaches)
+    server = Restarting(command)
 
     def accept() -> None:
         """Serve every connection, one thread each; one that comes before the server answers inside waits."""
         while True:
             client, (host, caller_port) = outer.accept()
-            relay = Relay(client, f"{host}:{caller_port}", port, child, door)
+            relay = Relay(client, f"{host}:{caller_port}", port, server, door)
             threading.Thread(target=relay.serve, daemon=True).start()
 
+    def announce() -> None:
+        while not _answers(port):
+            time.sleep(0.2)
+        print(f"loopback_ns: 127.0.0.1:{port} -> private namespace, SigV4 checked", flush=True)
+
     threading.Thread(target=accept, daemon=True).start()
-    while not _answers(port):
-        if child.poll() is not None:
-            return child.returncode
-        time.sleep(0.2)
-    print(f"loopback_ns: 127.0.0.1:{port} -> private namespace (pid {child.pid}), SigV4 checked", flush=True)
-    return child.wait()
+    threading.Thread(target=announce, daemon=True).start()
+    return server.run()
 
 
 if __name__ == "__main__":

@@ -225,3 +225,28 @@ def _table(name: str) -> dict:
         "AttributeDefinitions": [{"AttributeName": "k", "AttributeType": "S"}],
         "BillingMode": "PAY_PER_REQUEST",
     }
+
+
+def test_the_port_stays_held_while_dynamodb_local_restarts_inside_its_relay(tmp_path):
+    """The jar SIGKILLed: its relay starts it again and keeps the port all along, so another user cannot listen
+    there meanwhile; the stack's clients are answered again (a fresh, in-memory jar)."""
+    port = dynamodb_local.free_port()
+    process = dynamodb_local.start_private(port, db_path=None, log_path=tmp_path / "dynamodb.log")
+    try:
+        if not dynamodb_local.isolated(process.pid):
+            pytest.skip("no private network namespace here: DynamoDB Local runs unguarded, with a WARNING")
+        client = boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1")
+        assert client.list_tables()["TableNames"] == []
+        jar = int(open(f"/proc/{process.pid}/task/{process.pid}/children").read().split()[0])
+        os.kill(jar, 9)
+        squat = as_nobody_python(
+            "import socket\ntry:\n"
+            f"    s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); print('bound')\n"
+            "except OSError as error:\n    print(error.errno)\n"
+        )
+        assert squat.stdout.strip() == "98", squat  # EADDRINUSE: the relay still holds it
+        assert client.list_tables()["TableNames"] == []  # waits in the relay for the jar started again
+        again = int(open(f"/proc/{process.pid}/task/{process.pid}/children").read().split()[0])
+        assert again != jar and process.poll() is None
+    finally:
+        dynamodb_local.stop(process)
