@@ -12,7 +12,6 @@ misses nothing; a folder moved away stops being watched. An overflowed queue say
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -46,15 +45,14 @@ class Change:
     appeared: bool = False
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+LIBC = ctypes.CDLL(None, use_errno=True)  # the C library this interpreter runs on (inotify_* are glibc's)
 
 
 class TreeWatch:
     """An inotify watch on ``root`` and every folder under it (see the module docstring); ``close()`` ends it."""
 
     def __init__(self, root: bytes) -> None:
-        self._lib = _libc()
+        self._lib = LIBC
         self.fd = self._lib.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self.fd < 0:
             code = ctypes.get_errno()
