@@ -1,4 +1,5 @@
-"""The local event source: a file-system watch (watchfiles, inotify) on a ``file://`` store's prefix, plus a
+"""The local event source: a file-system watch (inotify, every name kept as bytes: ``tasks/landing/inotify.py``)
+on a ``file://`` store's prefix, plus a
 catch-up listing at start and every ``rescan_seconds``, so files that landed while nothing watched are found.
 
     watch thread (inotify) ─┐
@@ -15,19 +16,21 @@ A file still being written is never offered:
   once unchanged for ``unchecked_settle_seconds`` (60 s), logged once per file: a writer of another user that
   pauses longer than that would still let part of a file through (docs/design.md, "The catch-up watermark").
 
-What can never be an arrival is moved to ``quarantine/landing/`` as it is, under its name percent-encoded (``~2``,
-``~3`` … after it when that name is taken), beside a ``.reason.json``, and logged: a file whose name is not a valid
-key (not UTF-8, a control character, a backslash), a symbolic link (the link itself, never followed: it may point
-anywhere), a device, pipe or socket, and a folder whose name is not UTF-8 with all in it (the watch cannot even
-report it; a watch that stops on it is started again less and less often, logged once). Its neighbours go on.
+What can never be an arrival is moved to ``quarantine/landing/`` as it is, under a name that always fits (its
+readable part and a hash of its bytes: ``quarantine_key``; ``~2``, ``~3`` … after it when that name is taken),
+beside a ``.reason.json`` with the original name's bytes, and logged: a file whose name is not a valid key (not
+UTF-8, a control character, a backslash), a symbolic link (the link itself, never followed: it may point anywhere),
+a device, pipe or socket, and a folder whose name is not UTF-8 with all in it. The watch reports such names like
+any other (a watch that stops anyway is started again less and less often, logged once): its neighbours go on.
 Suffix filters (``suffixes``) apply to files only: a folder created or moved in is listed at once.
 
-An arrival's ``event_id`` is its key, size and mtime (ns). What has been offered and not acked or released is
-not offered again. After a restart, the catch-up listing starts from the watermark (``WATERMARK_NAME``, a
-hidden file in the watched folder): every file that existed when it was taken had been acked, so only files
-changed since (ctime, on the file system's own clock) and every file of a folder it does not know at its path
-(made, moved in or renamed since) are offered; the backlog health check counts by the same listing. See
-docs/design.md, "The catch-up watermark".
+An arrival's ``event_id`` is its key, size, mtime (ns), inode and ctime (ns): a replacement that keeps the old size
+and mtime (``cp -p``, rsync, tar) still has a new ctime, so it is a new arrival. What has been offered and not
+acked or released is not offered again. After a restart, the catch-up listing starts from the watermark
+(``WATERMARK_NAME``, a hidden file in the watched folder): every file that existed when it was taken had been
+acked, so only files changed since (ctime, on the file system's own clock) and every file of a folder it does not
+know at its path (made, moved in or renamed since) are offered; the backlog health check counts by the same
+listing. See docs/design.md, "The catch-up watermark".
 """
 
 from __future__ import annotations
