@@ -52,3 +52,21 @@ def runtime_folder() -> Path:
     if runtime and Path(runtime).is_dir():
         return private_folder(Path(runtime) / "pipelines")
     return private_folder(Path(tempfile.gettempdir()) / f"pipelines-{os.getuid()}")
+
+
+def private_logs(folder: Path) -> Path:
+    """``folder`` for logs only this user reads: made 0700 (an existing one of this user's made 0700 too) and every
+    file in it 0600, so the logs an older stack left readable by everyone are closed as well."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o600)
+    return folder
+
+
+def open_private_log(path: Path):
+    """``path`` opened for appending (binary), 0600 from its first byte: created with that mode, or made so."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
