@@ -182,7 +182,7 @@ def test_every_log_the_stack_writes_is_its_users_alone_from_the_first_byte(stack
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
     chatty = {  # fills its log past the size limit so supervisord rotates it
-        "command": f"{sys.executable} -c 'import time; [print(\"x\" * 500, flush=True) for _ in range(40)]; "
+        "command": f'{sys.executable} -c \'import time; [print("x" * 500, flush=True) for _ in range(40)]; '
         "time.sleep(600)'",
         "stdout_logfile_maxbytes": "4KB",
         "stdout_logfile_backups": "2",
