@@ -208,3 +208,17 @@ def test_every_log_the_stack_writes_is_its_users_alone_from_the_first_byte(stack
     for name in names:
         read = as_nobody_python(f"print(len(open({str(logs / name)!r}, 'rb').read()))")
         assert read.returncode != 0 and "PermissionError" in read.stderr, (name, read.stdout)
+
+
+def test_dynamodb_locals_own_log_is_its_users_alone(tmp_path):
+    log = tmp_path / "dynamodb.log"
+    before = os.umask(0o022)
+    try:
+        process = dynamodb_local.start(dynamodb_local.free_port(), db_path=None, log_path=log)
+    finally:
+        os.umask(before)
+    try:
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    finally:
+        process.kill()
+        process.wait(timeout=30)
