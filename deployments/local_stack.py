@@ -282,9 +282,10 @@ def start_postgres() -> str:
             "note: the Prefect server moves to PostgreSQL (the default where installed); its history so far stays in "
             ".data/prefect/prefect.db (PREFECT_SERVER_DB=sqlite make up to keep using it)"
         )
+    from tasks.core.private_folder import open_private_log, private_logs
+
     try:
-        LOGS.mkdir(parents=True, exist_ok=True)
-        with open(LOGS / "postgres.log", "ab") as log:
+        with open_private_log(private_logs(LOGS) / "postgres.log") as log:
             postgres_local.init(DATA / "postgres", log)
     except StackError as error:
         if SERVER_DB:  # asked for by name: no quiet fallback
