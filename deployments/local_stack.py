@@ -73,12 +73,34 @@ def api_auth_string(create: bool = False) -> str | None:
     return api_auth_string()
 
 
+def launch_key(create: bool = False) -> str | None:
+    """The key a launch seals what a row says to run with (``tasks.core.seal``): ``PIPELINES_LAUNCH_KEY`` where set,
+    else .data/secrets (0700) / launch-key (0600), made on the first `make up` (``create``) and kept (rows in flight
+    carry seals made with it; a rotation is the operator's, by key id); None where none was made."""
+    path = DATA / "secrets" / "launch-key"
+    try:
+        return os.environ.get("PIPELINES_LAUNCH_KEY") or path.read_text().strip()
+    except FileNotFoundError:
+        if not create:
+            return None
+    import secrets
+
+    from tasks.core.private_folder import private_folder
+
+    private_folder(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    return launch_key()
+
+
 def local_env() -> dict[str, str]:
     """What every local process needs: the endpoints and dummy credentials for DynamoDB Local, and the Prefect API's
-    auth string once `make up` made one."""
+    auth string and the launch key once `make up` made them."""
     auth = api_auth_string()
     return {
         **({"PREFECT_API_AUTH_STRING": auth} if auth else {}),
+        **({"PIPELINES_LAUNCH_KEY": key} if (key := launch_key()) else {}),
         "AWS_ENDPOINT_URL_DYNAMODB": f"http://{HOST}:{DYNAMODB_PORT}",
         "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
         "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
@@ -877,6 +899,7 @@ def up() -> None:
     dynamodb_local.java()
     dynamodb_local.jar_path()
     api_auth_string(create=True)
+    launch_key(create=True)
     database = start_postgres()
     processes = start_processes()
     print(
