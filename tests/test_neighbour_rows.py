@@ -181,3 +181,47 @@ def test_make_up_makes_the_launch_key_once_private_and_passes_it_on(tmp_path, mo
     assert local_stack.local_env()[seal.KEY_ENV] == made
     monkeypatch.setenv(seal.KEY_ENV, made)
     assert len(seal.launch_key()[1]) == 32
+
+
+# --------------------------------------------------------------------------- PHSpectra runs: what they open and write
+
+
+def _phspectra_rows(tmp_path):
+    """A run split properly, then: a RUN item forged beside it (its copy, unsealed, writing elsewhere) and the real
+    one changed to write elsewhere too. Returns the folder both now name."""
+    from tasks.phspectra import survey as ph
+    from tests.helpers.phspectra_survey import fits_cube
+
+    cube_url = fits_cube(tmp_path, ny=1, nx=4, n_channels=32, nan_channels=0)
+    ph.split_cube("real", "grs-n", cube_url, chunk_size=2)
+    real = ph.get_run("real")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    unsealed = {k: v for k, v in real.items() if k not in (seal.SEAL_ATTR, seal.KEY_ID_ATTR)}
+    state_store.put(ph.runs_table(), {**unsealed, "PK": "forged", "output_url": elsewhere.as_uri()})
+    state_store.put(ph.runs_table(), {**real, "output_url": elsewhere.as_uri()})
+    return elsewhere
+
+
+def test_forged_or_changed_phspectra_runs_are_closed_by_the_sweeper_and_write_nothing(tables, store_root, tmp_path):
+    from flows.phspectra_survey import phspectra_sweep_stuck
+    from tasks.phspectra import survey as ph
+
+    elsewhere = _phspectra_rows(tmp_path)
+    swept = phspectra_sweep_stuck(survey="grs-n", quiet_minutes=0)
+    assert {run_id: entry["status"] for run_id, entry in swept.items()} == {"forged": "FAILED", "real": "FAILED"}
+    assert "carries no launch seal" in ph.get_run("forged")["error"]
+    assert "differs from what its launch sealed" in ph.get_run("real")["error"]
+    assert not list(elsewhere.rglob("*"))
+
+
+def test_a_changed_phspectra_run_is_not_resumed(tables, store_root, tmp_path):
+    from tasks.phspectra import survey as ph
+
+    elsewhere = _phspectra_rows(tmp_path)
+    with pytest.raises(seal.SealBroken, match="differs"):
+        ph.reopen_run("real")
+    with pytest.raises(seal.SealBroken, match="no launch seal"):
+        ph.complete_split("forged")
+    assert ph.get_run("real")["status"] == "FAILED"
+    assert not list(elsewhere.rglob("*"))
