@@ -225,3 +225,26 @@ def test_a_changed_phspectra_run_is_not_resumed(tables, store_root, tmp_path):
         ph.complete_split("forged")
     assert ph.get_run("real")["status"] == "FAILED"
     assert not list(elsewhere.rglob("*"))
+
+
+# --------------------------------------------------------------------------- re-validated where they are used
+
+
+@pytest.mark.parametrize("mode", ["../../etc", "a/b", "x;rm"])
+def test_a_video_jobs_mode_is_checked_where_it_names_a_key(mode):
+    from tasks.core.keys import InvalidKey
+    from tasks.video import keys as video_keys
+
+    with pytest.raises(InvalidKey):
+        video_keys.segment_key("job-1", 0, 2, mode)
+
+
+def test_a_granule_file_outside_the_object_store_is_never_read(store_root, tmp_path):
+    from tasks.records import cmr
+
+    secret = tmp_path / "secret.cmr.json"
+    secret.write_text("{}")
+    with pytest.raises(cmr.CmrFileError, match="outside the object store"):
+        cmr.read_limited(secret.as_uri())
+    with pytest.raises(cmr.CmrFileError, match="outside the object store"):
+        cmr.read_limited(cmr.file_url({"filename": f"{store_root.as_uri()}/../secret.cmr.json"}))
