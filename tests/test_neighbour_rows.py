@@ -248,3 +248,16 @@ def test_a_granule_file_outside_the_object_store_is_never_read(store_root, tmp_p
         cmr.read_limited(secret.as_uri())
     with pytest.raises(cmr.CmrFileError, match="outside the object store"):
         cmr.read_limited(cmr.file_url({"filename": f"{store_root.as_uri()}/../secret.cmr.json"}))
+
+
+@pytest.mark.parametrize("change", [{"ip": "evil.example:80"}, {"ibdev": "mlx5_0 $(id)"}], ids=["ip", "ibdev"])
+def test_a_node_row_that_names_no_address_or_device_starts_no_task(gpu_env, change):
+    from tasks.gpu.backends import BackendError
+
+    node = gpu.get_node("local-1")
+    state_store.put(table_name("ecs_node"), {**node, **change})
+    with pytest.raises(BackendError, match="not one"):
+        gpu.launch_job(gpu_env, "job-odd-node", 2, HANG, nodes=["local-0", "local-1"])
+    assert gpu.get_job("job-odd-node")["job_status"] == gpu.JOB_FAILED
+    pids = gpu_env.backend.state_dir / "pids"
+    assert not pids.is_dir() or not list(pids.iterdir())

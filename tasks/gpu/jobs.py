@@ -15,6 +15,7 @@ the job over with one guarded write and resumes the step: every step can be run 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 import re
@@ -60,6 +61,7 @@ NODE_REBOOTING, NODE_FAILED = "REBOOTING", "FAILED"
 NODE_HELD = (NODE_ASSIGNED, NODE_IN_PROGRESS, NODE_PENDING, NODE_PENDING_HEALTHCHECK)  # held by a job
 RUN_IDS = ("prefect_flow_run_id", "prefect_task_run_id")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+IB_DEVICES = re.compile(r"^[\^=]?[A-Za-z0-9_.:,-]{0,255}$")  # NCCL_IB_HCA's syntax: devices, ports, ^ and = prefixes
 # why a task does not start: the backend, its command as given, or a row that is not as its launch sealed it
 CANNOT_START = (BackendError, CommandRefused, sealing.SealBroken)
 
@@ -379,6 +381,11 @@ def rendezvous_env(nodes: list[dict[str, Any]], index: int, master_port: int | s
     missing = [n["node_name"] for n in nodes if not n.get("ip")]
     if missing and len(nodes) > 1:
         raise BackendError(f"node(s) {missing} have no address for the job's rendezvous")
+    # a node row is data: its address and device reach every task's env only as an address and a device name
+    odd = [n["node_name"] for n in nodes if n.get("ip") and not _is_address(n["ip"])]
+    odd += [n["node_name"] for n in nodes if not IB_DEVICES.match(str(n.get("ibdev") or ""))]
+    if odd:
+        raise BackendError(f"node(s) {sorted(set(odd))} have an address or InfiniBand device that is not one")
     ibdev = nodes[index].get("ibdev") or "none"
     return {
         "MASTER_ADDR": nodes[0].get("ip", ""),
@@ -389,6 +396,14 @@ def rendezvous_env(nodes: list[dict[str, Any]], index: int, master_port: int | s
         "PIPELINES_PEERS": ",".join(n.get("ip", "") for n in nodes),
         **({"NCCL_IB_DISABLE": "1"} if ibdev == "none" else {"NCCL_IB_HCA": ibdev}),
     }
+
+
+def _is_address(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def node_rows(node_names: list[str]) -> list[dict[str, Any]]:
