@@ -75,9 +75,8 @@ def _key_fields(record: dict) -> dict[str, str]:
 def rotate(path: Path) -> Key:
     """Make a new current key in ``path`` (the folder made private), keeping the one it replaces as the previous key
     (retired now); the new key. The file is replaced in one step, so the relay never reads half of it."""
-    from tasks.core.private_folder import private_folder
+    from tasks.core.private_folder import write_secret
 
-    private_folder(path.parent)
     try:
         before = _read(path)["current"]
     except FileNotFoundError:
@@ -87,12 +86,7 @@ def rotate(path: Path) -> Key:
         "current": {**_key_fields(key.__dict__), "made_at": time.time()},
         "previous": {**_key_fields(before), "retired_at": time.time()} if before else None,
     }
-    staged = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(record, handle)
-    os.replace(staged, path)
+    write_secret(path, json.dumps(record))
     return key
 
 

@@ -72,15 +72,9 @@ def rotate_api_auth_string() -> str:
     next start); written whole (0600, then renamed) so no reader sees half of it."""
     import secrets
 
-    from tasks.core.private_folder import private_folder
+    from tasks.core.private_folder import write_secret
 
-    path = api_auth_file()
-    private_folder(path.parent)
-    staged = path.with_name(f".{path.name}.part")
-    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"pipelines:{secrets.token_urlsafe(32)}\n")
-    os.replace(staged, path)
+    write_secret(api_auth_file(), f"pipelines:{secrets.token_urlsafe(32)}\n")
     return api_auth_string()
 
 
@@ -109,12 +103,31 @@ def api_url() -> str:
     return f"https://{HOST}:{PREFECT_PORT}/api"
 
 
+def launch_key(create: bool = False) -> str | None:
+    """The key a launch seals what a row says to run with (``tasks.core.seal``): ``PIPELINES_LAUNCH_KEY`` where set,
+    else .data/secrets (0700) / launch-key (0600), made on the first `make up` (``create``) and kept (rows in flight
+    carry seals made with it; a rotation is the operator's, by key id); None where none was made."""
+    path = secrets_folder() / "launch-key"
+    try:
+        return os.environ.get("PIPELINES_LAUNCH_KEY") or path.read_text().strip()
+    except FileNotFoundError:
+        if not create:
+            return None
+    import secrets
+
+    from tasks.core.private_folder import write_secret
+
+    write_secret(path, secrets.token_hex(32) + "\n")
+    return launch_key()
+
+
 def local_env() -> dict[str, str]:
     """What every local process needs: the endpoints and the stack's key for DynamoDB Local, and the Prefect API's
-    auth string once `make up` made one."""
+    auth string and the launch key once `make up` made them."""
     auth = api_auth_string()
     return {
         **({"PREFECT_API_AUTH_STRING": auth} if auth else {}),
+        **({"PIPELINES_LAUNCH_KEY": key} if (key := launch_key()) else {}),
         "AWS_ENDPOINT_URL_DYNAMODB": f"http://{HOST}:{DYNAMODB_PORT}",
         **dynamodb_key_env(),
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
@@ -982,6 +995,7 @@ def up() -> None:
     rotate_api_auth_string()
     dynamodb_keys.rotate(dynamodb_keys_file())
     stack_tls.certificate_files(secrets_folder())
+    launch_key(create=True)  # kept: rows in flight carry seals made with it
     database = start_postgres()
     processes = start_processes()
     print(

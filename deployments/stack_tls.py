@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from pathlib import Path
 
 CERT_NAME, KEY_NAME = "prefect-api.crt", "prefect-api.key"
@@ -19,20 +18,13 @@ VALID_DAYS = 3650
 
 def certificate_files(secrets: Path) -> tuple[Path, Path]:
     """The certificate and key in ``secrets`` (a private folder), made when either is missing."""
-    from tasks.core.private_folder import private_folder
+    from tasks.core.private_folder import write_secret
 
     cert, key = secrets / CERT_NAME, secrets / KEY_NAME
     if cert.exists() and key.exists():
         return cert, key
-    private_folder(secrets)
     cert_pem, key_pem = _self_signed()
-    for path, content in ((key, key_pem), (cert, cert_pem)):
-        staged = path.with_name(f".{path.name}.part")
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-        os.replace(staged, path)
-    return cert, key
+    return write_secret(cert, cert_pem), write_secret(key, key_pem)
 
 
 def _self_signed() -> tuple[bytes, bytes]:

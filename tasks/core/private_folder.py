@@ -114,3 +114,16 @@ def open_private_log(path: Path):
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, "ab")
+
+
+def write_secret(path: Path, content: bytes | str) -> Path:
+    """``content`` written whole to ``path`` in a private folder: staged 0600 beside it, then renamed over it, so no
+    reader sees half of it and no one else ever can read it."""
+    private_folder(path.parent)
+    staged = path.with_name(f".{path.name}.{os.getpid()}.part")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(content.encode() if isinstance(content, str) else content)
+    os.replace(staged, path)
+    return path
