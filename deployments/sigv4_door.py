@@ -28,6 +28,7 @@ from botocore.credentials import Credentials
 
 from deployments import dynamodb_keys
 from deployments.dynamodb_keys import Key
+from tasks.core.errors import RefusedInput, Unavailable
 
 SERVICE = "dynamodb"
 SKEW_S = 300  # AWS refuses a signature more than five minutes from its clock
@@ -40,11 +41,11 @@ SERIALIZATION = "com.amazon.coral.service#SerializationException"
 REASONS = {400: "Bad Request", 403: "Forbidden", 413: "Request Entity Too Large", 503: "Service Unavailable"}
 
 
-class NoKey(RuntimeError):
+class NoKey(Unavailable, RuntimeError):
     """The relay was given no key to check requests against."""
 
 
-class Refused(Exception):
+class Refused(RefusedInput):
     """A request the door does not forward: the status, DynamoDB error type and message its caller is answered."""
 
     def __init__(self, message: str, kind: str = INVALID_SIGNATURE, status: int = 400) -> None:

@@ -43,6 +43,7 @@ pytest_plugins = [
     "tests.helpers.gpu",
     "tests.helpers.health",
     "tests.helpers.landing",
+    "tests.helpers.moto_server",
     "tests.helpers.video",
 ]
 

@@ -10,15 +10,14 @@ import sys
 
 import pytest
 
-from tests.helpers.docker_standin import docker_standin
-from tests.test_aws_deploy_command import moto_thread  # noqa: F401 -- the moto server fixture, used by name
-from tests.test_prefect_yaml import ECS_IMAGE, REPO_ROOT
+from tests.helpers.crashpoints import REPO_ROOT
+from tests.helpers.docker_standin import ECS_IMAGE, docker_standin
 
 pytest.importorskip("moto")
 
 
 @pytest.mark.timeout(600)
-def test_the_ecs_push_logs_in_to_ecr_in_the_process_that_pushes(moto_thread):  # noqa: F811 -- the fixture
+def test_the_ecs_push_logs_in_to_ecr_in_the_process_that_pushes(moto_thread):
     import base64
 
     import boto3

@@ -14,7 +14,7 @@ from deployments import dynamodb_keys, local_stack
 from deployments.sigv4_door import Door, Refused
 from deployments.supervisor import Supervisor
 from tests.helpers.prefect_runs import wait_for
-from tests.test_neighbour_dynamodb import raw
+from tests.helpers.sigv4 import raw
 
 
 def _request(key: dynamodb_keys.Key):

@@ -16,8 +16,7 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 
 from tasks.core import limits
-from tests.helpers.docker_standin import docker_standin
-from tests.test_aws_deploy_command import moto_thread  # noqa: F401 -- moto's server: the ecs push logs in to its ECR
+from tests.helpers.docker_standin import ECS_IMAGE, docker_standin
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
@@ -101,13 +100,6 @@ def _deploy(pattern: str, extra_env: dict[str, str] | None = None) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-ECS_IMAGE = {
-    "PIPELINES_IMAGE_REPOSITORY": "123456789012.dkr.ecr.us-east-1.amazonaws.com/pipelines",
-    "PIPELINES_IMAGE_TAG": "test-1",
-    "ECS_EXECUTION_ROLE_ARN": "arn:aws:iam::123456789012:role/execution",
-}
-
-
 def assert_ecs_image_built_and_pushed(docker) -> None:
     """The ecs set built the Dockerfile for Fargate from a context of the package alone, and pushed it, once:
     prefect-docker caches a step's output for the same inputs, so the other deployments reuse it."""
@@ -136,7 +128,7 @@ def assert_ecs_image_built_and_pushed(docker) -> None:
 
 @pytest.mark.sweep  # deploys every set through the CLI (~35 s)
 @pytest.mark.timeout(900)
-def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):  # noqa: F811 -- the fixture (ECR's login)
+def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):
     """`make up` deploys the local set only; the AWS set deploys too; a later `make up` retires it, Late runs too."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId

@@ -164,3 +164,11 @@ def docker_standin(
     finally:
         server.shutdown()
         server.server_close()
+
+
+# the image the ecs deployments build and push (prefect.yaml's variables), in the tests that deploy them
+ECS_IMAGE = {
+    "PIPELINES_IMAGE_REPOSITORY": "123456789012.dkr.ecr.us-east-1.amazonaws.com/pipelines",
+    "PIPELINES_IMAGE_TAG": "test-1",
+    "ECS_EXECUTION_ROLE_ARN": "arn:aws:iam::123456789012:role/execution",
+}
