@@ -308,6 +308,26 @@ def build_and_push(ecr: Any, repository: str, tag: str) -> dict[str, Any]:
     return {"image": built["image"]}
 
 
+def aws_target(region: str | None, session: Any = None, doing: str = "change") -> tuple[Any, str, str]:
+    """(session, account, region) of boto3's own credential chain (keys, profile, SSO, instance or task role) and
+    region (``region``, else AWS_REGION, AWS_DEFAULT_REGION, the profile's region); said on stderr before anything
+    changes, so a person sees which account and region the command is about to change (``doing``)."""
+    import os
+
+    import boto3
+
+    # AWS_REGION is the AWS CLI v2's and the other SDKs' variable (over AWS_DEFAULT_REGION); botocore reads only the
+    # latter and the profile's, so it is read here
+    region = region or os.environ.get("AWS_REGION") or None
+    session = session or boto3.session.Session(region_name=region)
+    region = region or session.region_name
+    if not region:
+        raise ValueError("no AWS region: give --region, or set AWS_REGION or a region in your AWS profile")
+    identity = session.client("sts", region_name=region).get_caller_identity()
+    say(f"AWS account {identity['Account']} ({identity['Arn']}), region {region}: about to {doing}")
+    return session, identity["Account"], region
+
+
 def deploy_state_name(env: str) -> str:
     """The Prefect variable remembering what the last deploy of ``env`` applied (its fingerprint)."""
     return f"pipelines_aws_{env.replace('-', '_')}"
@@ -402,7 +422,7 @@ def pipelines_parameters(given: dict[str, str]) -> dict[str, str]:
 
 def deploy(
     env: str,
-    region: str,
+    region: str | None,
     vpc: str,
     subnets: list[str],
     security_groups: list[str],
@@ -420,14 +440,12 @@ def deploy(
     nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes).
     ``pipeline_parameters``: values of the pipelines' own stack parameters (``Pipeline.aws``); the others take their
     defaults."""
-    import boto3
-
     from infra import cloudformation as cfn
 
     pipelines = pipelines_parameters(pipeline_parameters or {})
-    session = session or boto3.Session(region_name=region)
-    account = session.client("sts").get_caller_identity()["Account"]
     stack, tag = f"pipelines-{env}", tag or image_tag()
+    doing = f"plan stack {stack} (a dry run)" if dry_run else f"deploy stack {stack}"
+    session, account, region = aws_target(region, session, doing)
     parameters = {
         "Env": env,
         "BucketName": bucket or f"pipelines-{account}-{env}",
@@ -441,12 +459,14 @@ def deploy(
     }
     parameters |= pipelines
     result: dict[str, Any] = {"stack": stack, "parameters": parameters}
-    s3, ecr = session.client("s3"), session.client("ecr")
+    s3, ecr = session.client("s3", region_name=region), session.client("ecr", region_name=region)
     artifacts = f"pipelines-artifacts-{account}-{region}"
     say(f"artifact bucket {artifacts}: {ensure_artifact_bucket(s3, artifacts)}")
     template = template_argument(cfn.TEMPLATE_PATH.read_text(), env, s3, artifacts)
     if dry_run:
-        result["change_set"] = change_set(session.client("cloudformation"), stack, template, parameters, dry_run=True)
+        result["change_set"] = change_set(
+            session.client("cloudformation", region_name=region), stack, template, parameters, dry_run=True
+        )
         say(f"change set of {stack}: {result['change_set']['action']}, {len(result['change_set']['changes'])} changes")
         return result
     repository, made = ensure_repository(ecr, "pipelines")
@@ -460,9 +480,9 @@ def deploy(
         image = build_and_push(ecr, repository, tag)
         result["image"] = "pushed"
     say(f"change set of {stack}")
-    result["change_set"] = change_set(session.client("cloudformation"), stack, template, parameters)
+    result["change_set"] = change_set(session.client("cloudformation", region_name=region), stack, template, parameters)
     say(f"stack {stack}: {result['change_set']['action']} ({result['change_set']['status']})")
-    outputs = stack_outputs(session.client("cloudformation"), stack)
+    outputs = stack_outputs(session.client("cloudformation", region_name=region), stack)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: prefect_api_url}):  # the server the stack's workers talk to
@@ -477,15 +497,12 @@ KEPT_WHY = (
 )
 
 
-def destroy(env: str, region: str, session: Any = None) -> dict[str, Any]:
+def destroy(env: str, region: str | None, session: Any = None) -> dict[str, Any]:
     """`pipelines aws-stack destroy`: the stack (its data kept, and said so), the artifact bucket's templates, the ECR
     repository (the image is rebuilt from the checkout) and the aws-ecs pool's deployments on the Prefect server."""
-    import boto3
-
-    session = session or boto3.Session(region_name=region)
-    cloudformation, s3, ecr = (session.client(s) for s in ("cloudformation", "s3", "ecr"))
-    account = session.client("sts").get_caller_identity()["Account"]
     stack, deleted, kept = f"pipelines-{env}", [], {}
+    session, account, region = aws_target(region, session, f"delete stack {stack}")
+    cloudformation, s3, ecr = (session.client(s, region_name=region) for s in ("cloudformation", "s3", "ecr"))
     if stack_status(cloudformation, stack):
         for resource in cloudformation.list_stack_resources(StackName=stack)["StackResourceSummaries"]:
             if resource["ResourceType"] in ("AWS::DynamoDB::Table", "AWS::S3::Bucket"):
