@@ -90,13 +90,17 @@ def stack_status(cloudformation: Any, stack: str) -> str | None:
         raise
 
 
-def wait_for(cloudformation: Any, stack: str, timeout_s: float = 3600, poll_s: float = POLL_S) -> str:
-    """Wait until the stack is no longer IN_PROGRESS; its final status."""
+def wait_for(
+    cloudformation: Any, stack: str, timeout_s: float = 3600, poll_s: float = POLL_S, executing: bool = False
+) -> str:
+    """Wait until the stack is no longer IN_PROGRESS; its final status. REVIEW_IN_PROGRESS (a stack only a CREATE
+    change set made) is final unless ``executing``: right after ExecuteChangeSet the stack may still read it for
+    a moment before CREATE_IN_PROGRESS, and the create goes on."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while (status := stack_status(cloudformation, stack) or "DELETE_COMPLETE").endswith("_IN_PROGRESS"):
-        if status in GONE:
+        if status in GONE and not executing:
             return status
         if time.monotonic() > deadline:
             raise RuntimeError(f"stack {stack} still {status} after {timeout_s:.0f} s")
@@ -159,7 +163,7 @@ def change_set(
             cloudformation.delete_stack(StackName=stack)
         return {"action": kind, "changes": changes, "status": status, "dry_run": True}
     cloudformation.execute_change_set(StackName=stack, ChangeSetName=name)
-    final = wait_for(cloudformation, stack)
+    final = wait_for(cloudformation, stack, executing=True)
     if final not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
         raise RuntimeError(f"stack {stack} ended {final}: " + "; ".join(failure_reasons(cloudformation, stack)))
     return {"action": kind, "changes": changes, "status": final}
@@ -408,6 +412,58 @@ def apply_prefect(
     return done
 
 
+def env_refusal(env: str) -> str | None:
+    """Why the template's Env parameter would refuse ``env`` (None: it takes it), found before any call to AWS."""
+    import re
+
+    from infra import cloudformation as cfn
+
+    declared = json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"]["Env"]
+    if declared["MinLength"] <= len(env) <= declared["MaxLength"] and re.fullmatch(declared["AllowedPattern"], env):
+        return None
+    return f"--env {env!r} ({len(env)} characters): give {declared['ConstraintDescription']}"
+
+
+def kept_data(session: Any, region: str, env: str, bucket: str) -> dict[str, str]:
+    """The tables and the data bucket of ``env`` that exist outside any stack (a destroyed stack kept them:
+    RetainExceptOnCreate), each with the command that deletes it; a new stack's create fails on them."""
+    from botocore.exceptions import ClientError
+
+    from infra import cloudformation as cfn
+
+    dynamodb, s3 = session.client("dynamodb", region_name=region), session.client("s3", region_name=region)
+    existing = {name for page in dynamodb.get_paginator("list_tables").paginate() for name in page["TableNames"]}
+    wanted = sorted(name.replace(cfn.ENV, env) for name in cfn.stack_table_names().values())
+    found = {
+        f"table {name}": f"aws dynamodb delete-table --region {region} --table-name {name}"
+        for name in wanted
+        if name in existing
+    }
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except ClientError as error:
+        if error.response["Error"]["Code"] not in ("404", "NoSuchBucket"):
+            found[f"bucket {bucket}"] = f"the name is taken ({error.response['Error']['Code']}): give --bucket"
+        return found
+    found[f"bucket {bucket}"] = (  # versioned: every version goes before the bucket can
+        f"python -c \"import boto3; b = boto3.resource('s3', region_name='{region}').Bucket('{bucket}'); "
+        f'b.object_versions.delete(); b.delete()"'
+    )
+    return found
+
+
+def refuse_kept_data(session: Any, region: str, env: str, bucket: str) -> None:
+    """A RuntimeError naming what a create of ``env``'s stack would fail on ("already exists") and what to run."""
+    found = kept_data(session, region, env, bucket)
+    if found:
+        commands = "; ".join(f"{what}: {command}" for what, command in found.items())
+        raise RuntimeError(
+            f"the stack of {env} would be created, but {len(found)} of its tables or bucket exist from an earlier "
+            f"stack (kept by destroy), and CloudFormation fails a create on them (already exists). Delete them "
+            f"(their data goes) with: {commands}"
+        )
+
+
 def pipelines_parameters(given: dict[str, str]) -> dict[str, str]:
     """Every pipeline's own stack parameter: its value in ``given``, else its default; a name no pipeline declares
     is refused (a typo would otherwise deploy the default silently)."""
@@ -437,13 +493,17 @@ def deploy(
 ) -> dict[str, Any]:
     """`pipelines aws-stack deploy`: ECR repository, image, the stack by a change set through the artifact bucket, the
     pool, blocks and deployments on the Prefect server. Idempotent: a second run with nothing changed changes
-    nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes).
+    nothing. ``dry_run``: the change set's changes only (the artifact bucket is made if absent and the template
+    object uploaded, and said so; nothing else changes). A create that would fail on the tables or bucket an earlier
+    stack kept is refused first, with the commands that delete them.
     ``pipeline_parameters``: values of the pipelines' own stack parameters (``Pipeline.aws``); the others take their
     defaults."""
     from infra import cloudformation as cfn
 
     pipelines = pipelines_parameters(pipeline_parameters or {})
-    stack, tag = f"pipelines-{env}", tag or image_tag()
+    if refusal := env_refusal(env):
+        raise ValueError(refusal)
+    stack, tag = cfn.STACK_NAME.replace(cfn.ENV, env), tag or image_tag()
     doing = f"plan stack {stack} (a dry run)" if dry_run else f"deploy stack {stack}"
     session, account, region = aws_target(region, session, doing)
     parameters = {
@@ -458,10 +518,16 @@ def deploy(
         "AssignPublicIp": assign_public_ip,
     }
     parameters |= pipelines
+    if stack_status(session.client("cloudformation", region_name=region), stack) in (None, *GONE):
+        refuse_kept_data(session, region, env, parameters["BucketName"])
     result: dict[str, Any] = {"stack": stack, "parameters": parameters}
     s3, ecr = session.client("s3", region_name=region), session.client("ecr", region_name=region)
     artifacts = f"pipelines-artifacts-{account}-{region}"
-    say(f"artifact bucket {artifacts}: {ensure_artifact_bucket(s3, artifacts)}")
+    result["artifact_bucket"] = ensure_artifact_bucket(s3, artifacts)
+    why = (
+        " (a dry run too: the change set reads the template from it)" if result["artifact_bucket"] == "created" else ""
+    )
+    say(f"artifact bucket {artifacts}: {result['artifact_bucket']}{why}")
     template = template_argument(cfn.TEMPLATE_PATH.read_text(), env, s3, artifacts)
     if dry_run:
         result["change_set"] = change_set(
@@ -492,15 +558,17 @@ def deploy(
 
 
 KEPT_WHY = (
-    "data: RetainExceptOnCreate keeps the tables and the bucket when the stack goes; delete them yourself "
-    "(aws dynamodb delete-table, aws s3 rb --force) once nothing needs them"
+    "data: RetainExceptOnCreate keeps the tables and the bucket when the stack goes; delete them yourself once "
+    "nothing needs them (a deploy of this env refuses to create the stack until then, and prints the commands)"
 )
 
 
 def destroy(env: str, region: str | None, session: Any = None) -> dict[str, Any]:
     """`pipelines aws-stack destroy`: the stack (its data kept, and said so), the artifact bucket's templates, the ECR
     repository (the image is rebuilt from the checkout) and the aws-ecs pool's deployments on the Prefect server."""
-    stack, deleted, kept = f"pipelines-{env}", [], {}
+    from infra import cloudformation as cfn
+
+    stack, deleted, kept = cfn.STACK_NAME.replace(cfn.ENV, env), [], {}
     session, account, region = aws_target(region, session, f"delete stack {stack}")
     cloudformation, s3, ecr = (session.client(s, region_name=region) for s in ("cloudformation", "s3", "ecr"))
     if stack_status(cloudformation, stack):
