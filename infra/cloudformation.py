@@ -382,6 +382,40 @@ def alarm_names() -> list[str]:
     return [name for names in all_checks().values() for name in names]
 
 
+def alarm_topic_key() -> dict[str, Any]:
+    """The alarm topic's encryption key: customer managed, since CloudWatch publishes to an encrypted topic only with
+    kms:GenerateDataKey* and kms:Decrypt on its key, which the AWS managed alias/aws/sns's fixed policy never grants
+    (its alarms' notifications would fail with KMS AccessDenied); the account administers it through IAM, as a
+    key's default policy lets it. The statement is AWS's own for CloudWatch alarms to an encrypted topic."""
+    return {
+        "Type": "AWS::KMS::Key",
+        "Properties": {
+            "Description": sub("pipelines-${Env}: encrypts the alarm topic; CloudWatch alarms publish with it"),
+            "EnableKeyRotation": True,
+            "PendingWindowInDays": 7,
+            "KeyPolicy": {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Sid": "AccountAdministersTheKeyThroughIam",
+                        "Effect": "Allow",
+                        "Principal": {"AWS": sub("arn:${AWS::Partition}:iam::${AWS::AccountId}:root")},
+                        "Action": "kms:*",
+                        "Resource": "*",
+                    },
+                    {
+                        "Sid": "CloudWatchAlarmsPublishToTheTopic",
+                        "Effect": "Allow",
+                        "Principal": {"Service": "cloudwatch.amazonaws.com"},
+                        "Action": ["kms:Decrypt", "kms:GenerateDataKey*"],
+                        "Resource": "*",
+                    },
+                ],
+            },
+        },
+    }
+
+
 def monitoring_resources() -> dict[str, Any]:
     """The cloud dashboard over pipeline-health's readings (the numbers of its Prefect artifact), the landing queues'
     ages and the services' running tasks; each seed alarm as a CloudWatch alarm with its severity, to a topic."""
@@ -425,9 +459,10 @@ def monitoring_resources() -> dict[str, Any]:
         ]
     }
     resources: dict[str, Any] = {
+        "AlarmTopicKey": alarm_topic_key(),
         "AlarmTopic": {
             "Type": "AWS::SNS::Topic",
-            "Properties": {"TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": "alias/aws/sns"},
+            "Properties": {"TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": arn("AlarmTopicKey")},
         },
         "Dashboard": {
             "Type": "AWS::CloudWatch::Dashboard",

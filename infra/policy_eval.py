@@ -134,6 +134,7 @@ def resource_arn(kind: str, name: str, account: str, region: str) -> str:
         "AWS::IAM::Role": f"arn:aws:iam::{account}:role/{name}",
         "AWS::SNS::Topic": f"arn:aws:sns:{region}:{account}:{name}",
         "AWS::Events::Rule": f"arn:aws:events:{region}:{account}:rule/{name}",
+        "AWS::KMS::Key": f"arn:aws:kms:{region}:{account}:key/{name}",
     }
     return shapes.get(kind, f"arn:aws:{service}:{region}:{account}:{name}")
 
@@ -143,6 +144,27 @@ def role_statements(template: dict[str, Any], role: str, values: dict[str, Any])
     conditions = template_conditions(template, values)
     policies = resolve(template["Resources"][role]["Properties"].get("Policies", []), values, conditions)
     return [statement for p in policies for statement in p["PolicyDocument"]["Statement"]]
+
+
+def principal_statements(
+    template: dict[str, Any], logical: str, policy: str, principal: dict[str, str], values: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The statements of resource ``logical``'s resource policy (its property ``policy``: a KMS key's KeyPolicy)
+    that apply to ``principal`` (``{"Service": "cloudwatch.amazonaws.com"}``), resolved for the stack; ``decide``
+    evaluates them as that principal's (in a key policy, Resource ``*`` is the key itself)."""
+
+    def names(statement: dict[str, Any]) -> bool:
+        given = statement["Principal"]
+        if given == "*":
+            return True
+        return any(
+            value == "*" or wanted in (value if isinstance(value, list) else [value])
+            for kind, wanted in principal.items()
+            for value in [given.get(kind, [])]
+        )
+
+    document = resolve(template["Resources"][logical]["Properties"][policy], values)
+    return [statement for statement in document["Statement"] if names(statement)]
 
 
 def _pattern(text: str, case: bool) -> re.Pattern[str]:
