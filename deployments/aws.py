@@ -464,6 +464,78 @@ def refuse_kept_data(session: Any, region: str, env: str, bucket: str) -> None:
         )
 
 
+CLOUD_API_HOST = "api.prefect.cloud"
+AWS_MANAGED_SECRET_KEY = "alias/aws/secretsmanager"
+
+
+def api_key_secret_name(env: str) -> str:
+    """The secret the deploy makes for a Prefect Cloud API key when none is given."""
+    return f"pipelines/{env}/prefect-api-key"
+
+
+def local_api_key() -> str:
+    """The Prefect API key of this shell: PREFECT_API_KEY, else the active profile's (`prefect cloud login`)."""
+    import os
+
+    from prefect.settings import PREFECT_API_KEY
+
+    value = os.environ.get("PREFECT_API_KEY") or PREFECT_API_KEY.value()
+    return value.get_secret_value() if hasattr(value, "get_secret_value") else (value or "")
+
+
+def checked_secret(secrets: Any, kms: Any, secret: str) -> dict[str, str]:
+    """The secret ``secret`` (a name or ARN) as ECS reads it: its full ARN and the customer managed key the
+    execution role must decrypt it with ("" for the AWS managed one); a ValueError unless it holds a plain string
+    (ECS puts the whole SecretString in PREFECT_API_KEY: a JSON object would be the key)."""
+    described = secrets.describe_secret(SecretId=secret)
+    value = secrets.get_secret_value(SecretId=described["ARN"]).get("SecretString")
+    if not value or value.lstrip().startswith(("{", "[")):
+        raise ValueError(
+            f"secret {described['ARN']} must hold the Prefect API key as a plain string, not JSON or bytes"
+        )
+    key, key_arn = described.get("KmsKeyId") or "", ""
+    if key and key != AWS_MANAGED_SECRET_KEY:  # an AWS managed key's policy already lets Secrets Manager's callers
+        metadata = kms.describe_key(KeyId=key)["KeyMetadata"]
+        key_arn = "" if metadata.get("KeyManager") == "AWS" else metadata["Arn"]
+    return {"arn": described["ARN"], "kms_key_arn": key_arn, "value": value}
+
+
+def prefect_api_key_secret(
+    session: Any, region: str, env: str, api_url: str, given: str = "", dry_run: bool = False
+) -> dict[str, str]:
+    """The Secrets Manager secret of the workers' PREFECT_API_KEY: ``given`` checked (full ARN, a plain string, its
+    key); for a Prefect Cloud API URL with none given, ``pipelines/{env}/prefect-api-key`` made or brought up to date
+    from this shell's key (a dry run says what it would do and changes nothing); for a server without auth, none.
+    Returns ``{"arn", "kms_key_arn", "secret"}`` (secret: checked|created|updated|unchanged|would create|...)."""
+    from urllib.parse import urlparse
+
+    secrets, kms = session.client("secretsmanager", region_name=region), session.client("kms", region_name=region)
+    if given:
+        checked = checked_secret(secrets, kms, given)
+        return {"arn": checked["arn"], "kms_key_arn": checked["kms_key_arn"], "secret": "checked"}
+    if not (urlparse(api_url).hostname or "").endswith(CLOUD_API_HOST):
+        return {"arn": "", "kms_key_arn": "", "secret": "none (a server without auth)"}
+    key = local_api_key()
+    if not key:
+        raise ValueError(
+            f"{api_url} is Prefect Cloud, which takes an API key: run `prefect cloud login` or set PREFECT_API_KEY "
+            "(the deploy keeps it in Secrets Manager), or give --api-key-secret-arn"
+        )
+    name = api_key_secret_name(env)
+    try:
+        checked = checked_secret(secrets, kms, name)
+    except secrets.exceptions.ResourceNotFoundException:
+        if dry_run:
+            placeholder = f"arn:aws:secretsmanager:{region}:000000000000:secret:{name}"
+            return {"arn": placeholder, "kms_key_arn": "", "secret": f"would create {name}"}
+        made = secrets.create_secret(Name=name, SecretString=key, Description="PREFECT_API_KEY of the pipelines")
+        return {"arn": made["ARN"], "kms_key_arn": "", "secret": "created"}
+    action = "unchanged" if checked["value"] == key else ("would update" if dry_run else "updated")
+    if action == "updated":
+        secrets.put_secret_value(SecretId=checked["arn"], SecretString=key)
+    return {"arn": checked["arn"], "kms_key_arn": checked["kms_key_arn"], "secret": action}
+
+
 def pipelines_parameters(given: dict[str, str]) -> dict[str, str]:
     """Every pipeline's own stack parameter: its value in ``given``, else its default; a name no pipeline declares
     is refused (a typo would otherwise deploy the default silently)."""
@@ -520,7 +592,10 @@ def deploy(
     parameters |= pipelines
     if stack_status(session.client("cloudformation", region_name=region), stack) in (None, *GONE):
         refuse_kept_data(session, region, env, parameters["BucketName"])
-    result: dict[str, Any] = {"stack": stack, "parameters": parameters}
+    secret = prefect_api_key_secret(session, region, env, prefect_api_url, api_key_secret_arn, dry_run)
+    say(f"Prefect API key secret: {secret['secret']} {secret['arn']}".rstrip())
+    parameters |= {"PrefectApiKeySecretArn": secret["arn"], "PrefectApiKeySecretKmsKeyArn": secret["kms_key_arn"]}
+    result: dict[str, Any] = {"stack": stack, "parameters": parameters, "api_key_secret": secret["secret"]}
     s3, ecr = session.client("s3", region_name=region), session.client("ecr", region_name=region)
     artifacts = f"pipelines-artifacts-{account}-{region}"
     result["artifact_bucket"] = ensure_artifact_bucket(s3, artifacts)

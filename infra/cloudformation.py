@@ -191,7 +191,14 @@ def parameters() -> dict[str, Any]:
         "PrefectApiKeySecretArn": {
             "Type": "String",
             "Default": "",
-            "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)",
+            "Description": "Full ARN of the Secrets Manager secret holding PREFECT_API_KEY as a plain string (empty: a "
+            "server without auth)",
+        },
+        "PrefectApiKeySecretKmsKeyArn": {
+            "Type": "String",
+            "Default": "",
+            "Description": "The customer managed KMS key encrypting that secret, which ECS decrypts it with (empty: "
+            "the AWS managed aws/secretsmanager key)",
         },
         "VpcId": {"Type": "AWS::EC2::VPC::Id", "Description": "The VPC of the subnets (the flow runs' vpc_id)"},
         "Subnets": {
@@ -645,6 +652,21 @@ def execution_statements(log_groups: list[str]) -> list[dict[str, Any]]:
                 ref("AWS::NoValue"),
             ]
         },
+        {
+            "Fn::If": [
+                "HasPrefectApiKeyKmsKey",
+                {
+                    "Sid": "DecryptPrefectApiKey",
+                    "Effect": "Allow",
+                    "Action": "kms:Decrypt",
+                    "Resource": ref("PrefectApiKeySecretKmsKeyArn"),
+                    "Condition": {
+                        "StringEquals": {"kms:ViaService": sub("secretsmanager.${AWS::Region}.amazonaws.com")}
+                    },
+                },
+                ref("AWS::NoValue"),
+            ]
+        },
     ]
 
 
@@ -1051,6 +1073,7 @@ def template() -> dict[str, Any]:
             condition: {"Fn::Not": [{"Fn::Equals": [ref(parameter), ""]}]}
             for condition, parameter in (
                 ("HasPrefectApiKey", "PrefectApiKeySecretArn"),
+                ("HasPrefectApiKeyKmsKey", "PrefectApiKeySecretKmsKeyArn"),
                 *(item for parts in pipeline_parts() for item in parts.conditions.items()),
             )
         },

@@ -24,7 +24,12 @@ def register(subparsers) -> None:
     deploy.add_argument("--subnets", required=True, help="comma-separated subnet ids (private, with a NAT)")
     deploy.add_argument("--security-groups", required=True, help="comma-separated security group ids")
     deploy.add_argument("--prefect-api-url", default=os.environ.get("PREFECT_API_URL"), help="the server's API")
-    deploy.add_argument("--api-key-secret-arn", default="", help="Secrets Manager secret holding PREFECT_API_KEY")
+    deploy.add_argument(
+        "--api-key-secret-arn",
+        default="",
+        help="Secrets Manager secret (name or ARN) holding PREFECT_API_KEY as a plain string (default for a Prefect "
+        "Cloud URL: pipelines/ENV/prefect-api-key, kept from PREFECT_API_KEY or `prefect cloud login`)",
+    )
     deploy.add_argument("--bucket", help="the data bucket's name (default pipelines-ACCOUNT-ENV)")
     deploy.add_argument("--image-tag", help="the image's tag (default: the checkout's commit)")
     deploy.add_argument("--assign-public-ip", default="DISABLED", choices=("ENABLED", "DISABLED"))
