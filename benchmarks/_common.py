@@ -47,8 +47,6 @@ def dynamodb_local():
     """Start an in-memory DynamoDB Local for this benchmark (unless AWS_ENDPOINT_URL_DYNAMODB is set).
 
     Tables made through ``ensure_table`` are deleted at the end, also when the endpoint is the stack's."""
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     if os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"):
         try:
@@ -58,8 +56,10 @@ def dynamodb_local():
             if dropped:
                 print(f"(deleted benchmark tables: {', '.join(dropped)})")
         return
+    from deployments import dynamodb_keys
     from deployments import dynamodb_local as ddb
 
+    dynamodb_keys.use_fresh_key()  # its own DynamoDB Local's key
     port, logs = ddb.free_port(), Path(tempfile.mkdtemp(prefix="bench-dynamodb-"))
     process = ddb.start_private(port, None, logs / "dynamodb.log")
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://127.0.0.1:{port}"

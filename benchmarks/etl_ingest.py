@@ -30,13 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PIPELINES_USE_BLOCKS"] = "0"  # settings from defaults + env, no Prefect API needed
 os.environ.update(ETL_EXPECTED_FILE_SIZE_MB="0.001", ETL_SIZE_TOLERANCE_PERCENT="99")
 
-from deployments import dynamodb_local
+from deployments import dynamodb_keys, dynamodb_local
 
 DATES = ["2026-01-01", "2026-01-02", "2026-01-03"]
 WORKERS = 4
@@ -191,6 +189,7 @@ def main() -> int:
     os.environ["ETL_MAX_FILES_PER_MANIFEST"] = str(args.max_files_per_manifest)
     work = Path(tempfile.mkdtemp(prefix="etl-ingest-bench-"))
     port = dynamodb_local.free_port()
+    dynamodb_keys.use_fresh_key()  # its own DynamoDB Local's key
     process = dynamodb_local.start_private(port, db_path=None, log_path=work / "dynamodb.log")
     os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = f"http://127.0.0.1:{port}"
     try:

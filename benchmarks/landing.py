@@ -32,8 +32,6 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PIPELINES_USE_BLOCKS"] = "0"  # settings from defaults + env, no Prefect API needed
 os.environ["PREFECT_API_KEY"] = "benchmark-sends-no-events"  # with no API URL: emit_event sends nothing

@@ -58,7 +58,7 @@ def main() -> int:
         source = video_ffmpeg.make_test_video(
             work / "source.mp4", seconds=6.0, fps=30, size="1280x720", keyframe_seconds=1.0
         )
-        parts = video_ffmpeg.segment(source, work / "parts", 1.0)
+        parts = video_ffmpeg.segment(source, work / "parts", 1.0, video_ffmpeg.OWN_DEMUXER)
         source_info = video_ffmpeg.probe(source)
         check(len(parts) == 6, f"6 segments (got {len(parts)})", failures)
         for mode in sorted(video_ffmpeg.FILTERS):

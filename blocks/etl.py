@@ -45,6 +45,19 @@ class EtlSettings(ConfigBlock):
     catalog_table: str = Field(
         default="merged_parquet", description="Table the merged Parquet is registered as, one partition per date."
     )
+    # width limits (issue 50): checked per file as its keys are read, before any table is built; a file past one
+    # fails alone with the reason, its neighbours merge (docs/operations.md, "Width limits")
+    max_columns_per_file: int = Field(
+        default=1000, description="Distinct top-level keys (columns) one file may bring; a wider file fails alone."
+    )
+    max_columns_per_manifest: int = Field(
+        default=2000,
+        description="Distinct columns of one merged Parquet part (a manifest's files, up to target_file_mb); a file "
+        "that would widen it past this fails alone.",
+    )
+    max_key_bytes: int = Field(
+        default=255, description="Longest top-level key (UTF-8 bytes); Glue refuses column names over 255 characters."
+    )
     notify_block: str | None = Field(
         default=None, description="Notification block told about failed merges, as 'block-type-slug/name' (unset: log)."
     )

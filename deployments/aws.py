@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 INLINE_TEMPLATE_BYTES = 51_200  # TemplateBody in a request (and the CLI's limit without --s3-bucket)
@@ -292,14 +293,10 @@ def ensure_artifact_bucket(s3: Any, name: str) -> str:
 
 def build_and_push(ecr: Any, repository: str, tag: str) -> dict[str, Any]:
     """The Dockerfile's image built for Fargate and pushed, by prefect.yaml's own steps (prefect-docker)."""
-    import base64
-
     from prefect_docker.deployments.steps import build_docker_image, push_docker_image
 
     from infra.cloudformation import REPO_ROOT
 
-    token = ecr.get_authorization_token()["authorizationData"][0]
-    username, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
     built = build_docker_image(
         image_name=repository,
         tag=tag,
@@ -307,7 +304,7 @@ def build_and_push(ecr: Any, repository: str, tag: str) -> dict[str, Any]:
         platform="linux/amd64",
         path=str(REPO_ROOT),
     )
-    credentials = {"username": username, "password": password, "registry_url": token["proxyEndpoint"]}
+    credentials = ecr_login(built["image_name"], ecr)["credentials"]
     push_docker_image(image_name=built["image_name"], tag=built["tag"], credentials=credentials)
     return {"image": built["image"]}
 
@@ -330,6 +327,27 @@ def aws_target(region: str | None, session: Any = None, doing: str = "change") -
     identity = session.client("sts", region_name=region).get_caller_identity()
     say(f"AWS account {identity['Account']} ({identity['Arn']}), region {region}: about to {doing}")
     return session, identity["Account"], region
+
+
+ECR_HOST = re.compile(r"(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
+
+
+def ecr_login(image_name: str, ecr: Any = None) -> dict[str, dict[str, str]]:
+    """prefect.yaml's step before the ecs push (and ``build_and_push``'s): the ECR login of the image's registry from
+    ``ecr get-authorization-token`` (valid 12 hours), as ``{"credentials": ...}`` for prefect-docker's push step,
+    whose Docker client logs in with it in the process that pushes: a login in another process (an earlier push's
+    Docker client) lives only in that process's memory."""
+    import base64
+
+    import boto3
+
+    found = ECR_HOST.fullmatch(image_name.split("/", 1)[0])
+    if found is None:
+        raise ValueError(f"{image_name!r} is not in an ECR registry (ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME)")
+    ecr = ecr or boto3.client("ecr", region_name=found["region"])
+    token = ecr.get_authorization_token()["authorizationData"][0]
+    username, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
+    return {"credentials": {"username": username, "password": password, "registry_url": token["proxyEndpoint"]}}
 
 
 def deploy_state_name(env: str) -> str:

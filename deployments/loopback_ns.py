@@ -1,28 +1,40 @@
-"""Run a server that binds every interface (DynamoDB Local: ``*:PORT``, no bind option) reachable from loopback only.
+"""Run a server that binds every interface (DynamoDB Local: ``*:PORT``, no bind option) reachable from loopback only,
+and only by requests signed with the stack's key.
 
     python -m deployments.loopback_ns PORT -- COMMAND...
 
-This process binds ``127.0.0.1:PORT`` in the machine's network namespace, then moves itself into a new network
-namespace (with a user namespace when not root) whose only interface is its own loopback, and starts COMMAND
-there: COMMAND's ``*:PORT`` exists only inside. Connections to ``127.0.0.1:PORT`` are relayed in; nothing listens
-on the machine's other addresses, and a connection from another local user (its socket's uid in the kernel's TCP
-table) is closed unanswered: only this process's user reaches COMMAND. No firewall rule, nothing to undo: when this
-process ends, the namespace goes.
-Exit codes: COMMAND's; 3 when the namespace cannot be made (the caller says so and decides).
+This process binds and listens on ``127.0.0.1:PORT`` in the machine's network namespace at once, then moves itself
+into a new network namespace (with a user namespace when not root) whose only interface is its own loopback, and
+starts COMMAND there: COMMAND's ``*:PORT`` exists only inside. Nothing listens on the machine's other addresses.
+Each HTTP request on a connection to ``127.0.0.1:PORT`` is read whole and forwarded only when its AWS SigV4
+signature is valid under the stack's key (``deployments/sigv4_door.py``; the key from the file that
+``PIPELINES_DYNAMODB_KEYS`` names, else ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` in this process's environment,
+never its command line); any other is answered with a DynamoDB-style error and its connection closed. A connection
+that comes before COMMAND answers inside waits for it. COMMAND is started again when it dies (``held_port.Restarting``),
+so the port is never free while it restarts. No firewall rule, nothing to undo: when this process ends, the namespace
+goes.
+Exit codes: 0 once stopped (SIGTERM); 2 without a key; 3 when the namespace cannot be made (the caller says so and
+decides).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import os
-import signal
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
+
+if not __package__:  # run as a script (its path shows in ps as the relay's): the repository's modules importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from deployments.held_port import Restarting
+from deployments.sigv4_door import Door, NoKey, Reader, Refused
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
@@ -50,11 +62,6 @@ def enter_private_network() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags_now | IFF_UP, b""))
 
 
-def _end_with_parent() -> None:
-    """In the command's process: SIGTERM when this relay dies (Linux's PR_SET_PDEATHSIG)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))
-
-
 def cannot_isolate() -> str | None:
     """Why this machine refuses a private network namespace (tried in a throwaway child), or None when it allows one."""
     read, write = os.pipe()
@@ -75,52 +82,100 @@ def cannot_isolate() -> str | None:
     return reason or None
 
 
-def _pipe(source: socket.socket, target: socket.socket) -> None:
+INNER_WAIT_S = 120  # how long a connection that came before the server answers inside waits for it
+INTERNAL_ERROR = "com.amazonaws.dynamodb.v20120810#InternalServerError"
+
+
+def _connect_inner(port: int, server: Restarting) -> socket.socket | None:
+    """A connection to the server inside, waiting (up to INNER_WAIT_S) while it starts or restarts; None if it never
+    answers."""
+    deadline = time.monotonic() + INNER_WAIT_S
+    while True:
+        try:
+            inner = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            if server.stopping or time.monotonic() > deadline:
+                return None
+            time.sleep(0.1)
+            continue
+        inner.settimeout(None)
+        inner.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return inner
+
+
+def _answer(inner: socket.socket, client: socket.socket, refusing: threading.Event) -> None:
+    """Relay the server's responses to the caller until the server ends the connection (then end the caller's,
+    unless a refusal is about to be written to it)."""
     try:
-        while data := source.recv(65536):
-            target.sendall(data)
+        while data := inner.recv(262144):
+            client.sendall(data)
     except OSError:
         pass
     finally:
-        for sock in (source, target):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        if not refusing.is_set():
+            with contextlib.suppress(OSError):
+                client.shutdown(socket.SHUT_RDWR)
 
 
-class Callers:
-    """Who is at the other end of a loopback connection: the kernel's TCP tables of the machine's network namespace,
-    opened before this process leaves it (a /proc/net file keeps the namespace it was opened in)."""
+class Relay:
+    """One caller's connection: each request read whole and checked at the door, then forwarded to the server."""
 
-    def __init__(self) -> None:
-        self.tables = [open(name) for name in ("/proc/self/net/tcp", "/proc/self/net/tcp6") if os.path.exists(name)]
+    def __init__(self, client: socket.socket, caller: str, port: int, server: Restarting, door: Door) -> None:
+        self.client, self.caller, self.port, self.server, self.door = client, caller, port, server, door
+        self.inner: socket.socket | None = None
+        self.answers: threading.Thread | None = None
+        self.refusing = threading.Event()
 
-    def uid(self, caller_port: int, port: int) -> int | None:
-        """The uid owning the socket 127.0.0.1:``caller_port`` connected to 127.0.0.1:``port``, or None."""
-        local, remote = f"0100007F:{caller_port:04X}", f"0100007F:{port:04X}"  # IPv4 (or v4-mapped v6), hex
-        for table in self.tables:
-            table.seek(0)
-            for line in table.read().splitlines()[1:]:
-                fields = line.split()
-                if fields[1].endswith(local) and fields[2].endswith(remote):
-                    return int(fields[7])
-        return None
+    def serve(self) -> None:
+        """Forward checked requests until the caller or the server ends the connection, or a request is refused."""
+        reader = Reader(self.client)
+        try:
+            while True:
+                try:
+                    request = reader.request()
+                    if request is None:
+                        break
+                    self.door.check(request)
+                except Refused as refusal:
+                    self.refuse(refusal)
+                    return
+                if self.inner is None and not self.open_inner():
+                    return
+                self.inner.sendall(request.head + request.body)
+            if self.inner is not None:  # the caller is done sending: the server's last answers still reach it
+                self.inner.shutdown(socket.SHUT_WR)
+                self.answers.join()
+        except OSError:
+            pass
+        finally:
+            for sock in (self.client, self.inner):
+                if sock is not None:
+                    sock.close()
 
+    def open_inner(self) -> bool:
+        self.inner = _connect_inner(self.port, self.server)
+        if self.inner is None:
+            unavailable = Refused("DynamoDB Local does not answer", INTERNAL_ERROR, 503)
+            self.client.sendall(unavailable.response())
+            return False
+        self.answers = threading.Thread(target=_answer, args=(self.inner, self.client, self.refusing), daemon=True)
+        self.answers.start()
+        return True
 
-def _relay(client: socket.socket, port: int) -> None:
-    try:
-        inner = socket.create_connection(("127.0.0.1", port), timeout=10)
-    except OSError:
-        client.close()
-        return
-    inner.settimeout(None)
-    for sock in (client, inner):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    threading.Thread(target=_pipe, args=(inner, client), daemon=True).start()
-    _pipe(client, inner)
-    client.close()
-    inner.close()
+    def refuse(self, refusal: Refused) -> None:
+        """Answer ``refusal`` (after the server's answers so far) and end the connection; one log line, which never
+        holds a key or a signature."""
+        print(f"loopback_ns: refused a request from {self.caller}: {refusal.message}", file=sys.stderr, flush=True)
+        self.refusing.set()
+        if self.inner is not None:  # the requests forwarded before it are answered first (the server ends then)
+            with contextlib.suppress(OSError):
+                self.inner.shutdown(socket.SHUT_WR)
+            self.answers.join(timeout=10)
+            with contextlib.suppress(OSError):
+                self.inner.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.client.sendall(refusal.response())
+            self.client.shutdown(socket.SHUT_RDWR)
 
 
 def _answers(port: int) -> bool:
@@ -130,42 +185,41 @@ def _answers(port: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """Bind loopback, isolate, start the command, relay until it exits."""
+    """Bind and listen on loopback, isolate, start the command, relay checked requests until it exits."""
     port, command = int(argv[0]), argv[argv.index("--") + 1 :]
-    callers = Callers()  # before leaving the machine's namespace
-    owner = os.getuid()
+    try:
+        door = Door.from_environment(dict(os.environ))
+    except NoKey as error:
+        print(f"loopback_ns: {error}", file=sys.stderr, flush=True)
+        return 2
     outer = socket.socket()
-    outer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    outer.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart rebinds past the last TIME_WAITs
     outer.bind(("127.0.0.1", port))  # in the machine's namespace, before leaving it
+    outer.listen(128)  # at once: a port bound but not listened on is another user's to take
     try:
         enter_private_network()
     except OSError as error:
         print(f"loopback_ns: cannot make a private network namespace ({error})", file=sys.stderr, flush=True)
         return CANNOT_ISOLATE
-    # the command ends with this relay (a SIGKILLed relay leaves no server holding its data in a namespace no one
-    # reaches; the next relay starts its own)
-    child = subprocess.Popen(command, preexec_fn=_end_with_parent)
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-    while not _answers(port):  # listen outside only once the server answers inside
-        if child.poll() is not None:
-            return child.returncode
-        time.sleep(0.2)
-    outer.listen(128)
-    print(f"loopback_ns: 127.0.0.1:{port} -> private namespace (pid {child.pid})", flush=True)
+    # the command is started again when it dies, so the port stays this relay's through the restart; it ends with
+    # this relay (a SIGKILLed relay leaves no server holding its data in a namespace no one reaches)
+    server = Restarting(command)
 
     def accept() -> None:
-        """Relay every connection to the namespace, one thread each."""
+        """Serve every connection, one thread each; one that comes before the server answers inside waits."""
         while True:
-            client, (_, caller_port) = outer.accept()
-            uid = callers.uid(caller_port, port)
-            if uid != owner:  # another local user (or one the tables do not show): closed unanswered
-                print(f"loopback_ns: refused a caller running as uid {uid} (only {owner})", file=sys.stderr, flush=True)
-                client.close()
-                continue
-            threading.Thread(target=_relay, args=(client, port), daemon=True).start()
+            client, (host, caller_port) = outer.accept()
+            relay = Relay(client, f"{host}:{caller_port}", port, server, door)
+            threading.Thread(target=relay.serve, daemon=True).start()
+
+    def announce() -> None:
+        while not _answers(port):
+            time.sleep(0.2)
+        print(f"loopback_ns: 127.0.0.1:{port} -> private namespace, SigV4 checked", flush=True)
 
     threading.Thread(target=accept, daemon=True).start()
-    return child.wait()
+    threading.Thread(target=announce, daemon=True).start()
+    return server.run()
 
 
 if __name__ == "__main__":

@@ -211,12 +211,14 @@ def start(port: int, data_dir: Path, log_path: Path) -> subprocess.Popen:
     database; the process."""
     if answers(port, data_dir):
         raise StackError(f"a PostgreSQL already answers on {socket_path(port, data_dir)}: `make down` stops it.")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    from tasks.core.private_folder import open_private_log
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)  # its mode is the caller's: it may hold the cluster too
+    with open_private_log(log_path) as log:
         init(data_dir, log)
     process = subprocess.Popen(
         _as_owner(command(port, data_dir)),
-        stdout=open(log_path, "ab"),
+        stdout=open_private_log(log_path),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )

@@ -8,7 +8,8 @@ releases lately.
 
 Everything lives under the stack's data folder: the generated ``supervisor/supervisord.conf`` (0600, in a 0700
 folder: it holds the programs' environment), the logs in ``logs/`` (``<program>.log``, 10 MB x 5 rotated, and
-``supervisord.log`` with every start, exit and restart). The control socket is in this user's private runtime folder
+``supervisord.log`` with every start, exit and restart), each 0600 from its first byte (supervisord starts with umask
+077 and keeps it for its children; the folder is 0700). The control socket is in this user's private runtime folder
 (0700; a Unix socket path is at most 107 bytes, so not under the checkout) with mode 0700: only the stack's user
 can start, stop or read its processes.
 """
@@ -103,10 +104,10 @@ class Supervisor:
     def ensure(self, programs: dict[str, dict[str, str]]) -> bool:
         """Write the configuration; start supervisord if it does not run (True), else apply a changed configuration
         (programs added, changed or removed restart) and start any program that is stopped (False)."""
-        from tasks.core.private_folder import private_folder
+        from tasks.core.private_folder import private_folder, private_logs
 
         private_folder(self.folder)
-        self.logs.mkdir(parents=True, exist_ok=True)
+        private_logs(self.logs)
         text = self.config_text(programs)
         changed = not self.conf.exists() or self.conf.read_text() != text
         if changed:
@@ -119,6 +120,7 @@ class Supervisor:
                 capture_output=True,
                 text=True,
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                umask=0o077,  # its own log is opened before it sets the configuration's umask: 0600 from the start
             )
             if result.returncode != 0:
                 raise StackError(f"supervisord did not start: {result.stdout[-1500:]}{result.stderr[-1500:]}")

@@ -15,7 +15,7 @@ ndjson-listen (long-running): files landing under pipeline/input/{date}/ (watch 
               (count, age) ─> the ingest's validate → quarantine | track + claim-first batching ─> merges;
               one Prefect event per file
 ndjson-flush-orphans (scheduled): dead claims released ─> pending#N of earlier dates ─> partial manifests
-              ─> pending manifests restarted
+              ─> pending manifests restarted ─> dates whose catalog registration failed registered again
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from tasks.core.notify import notify_on_failure
 from tasks.core.object_store import ObjectNotFound
 from tasks.core.runtime import today_iso, utc_now
 from tasks.etl import breaker as etl_breaker
+from tasks.etl import catalog as etl_catalog
 from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
 from tasks.etl import merge as etl_merge
@@ -79,6 +80,7 @@ create_manifests_task = task(
     **_dynamo,
 )
 orphan_dates_task = task(etl.orphan_dates, name="find-orphaned-dates", **_dynamo)
+retry_catalog_task = task(etl_catalog.retry_unregistered, name="retry-catalog-registrations", **_dynamo)
 release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-claims", **_dynamo)
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
@@ -550,7 +552,7 @@ def ndjson_flush_orphans(
     release_claims_after_seconds: float = 600.0,
 ) -> dict[str, Any]:
     """Release dead claims; partial manifests for pending files of earlier dates (every shard); restart manifests
-    left pending."""
+    left pending; register again the dates whose catalog registration failed."""
     config = etl.settings()
     today = today or today_iso()
     released = release_dead_claims_task(release_claims_after_seconds)
@@ -559,7 +561,10 @@ def ndjson_flush_orphans(
     for date_prefix in dates:
         made += create_manifests_task(date_prefix, config.min_files_for_partial_batch, config, partial=True)
     launches = _launch(_with_restarts(made, restart_pending_after_seconds), merge_deployment)
+    catalog = retry_catalog_task()
     summary = {
+        "catalog_registered": catalog["registered"],
+        "catalog_still_failing": catalog["still_failing"],
         "released_claims": released["moved"],
         "orphaned_dates": dates,
         "manifests": [ref.manifest_name for ref in made],

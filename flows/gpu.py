@@ -82,11 +82,14 @@ def advance(runner: gpu.Runner, job_id: str, steps: Steps = TASKS, wait: bool = 
     """One pass over one job in the seed's order: detect failure → health check → reboot → restart.
 
     A step between two statuses is resumed only by its owner, or by whoever takes over from an owner that is
-    gone (``take_over``); ``wait``: a restart waits for nodes (the job's watcher) or tries once (the sweep).
+    gone (``take_over``); ``wait``: a restart waits for nodes (the job's watcher) or tries once (the sweep). A job
+    row that is not as its launch sealed it is FAILED first (``gpu.seal_holds``): a row is data, not an order.
     """
     job = gpu.get_job(job_id)
     if job is None or job["job_status"] in gpu.JOB_TERMINAL:
         return job
+    if not gpu.seal_holds(runner, job):  # a row its launch did not write as it is now: FAILED, nothing resumed
+        return gpu.get_job(job_id)
     if gpu.needs_owner(job):
         job = gpu.take_over(runner, job)
     else:

@@ -45,6 +45,7 @@ from tasks.core.runtime import artifact_key, iso_ago
 from tasks.landing.listener import listen_report, open_source
 from tasks.phspectra import keys
 from tasks.phspectra import landing as ph_landing
+from tasks.phspectra import sealing as run_seal
 from tasks.phspectra import survey as ph
 from tasks.phspectra.worker import warm_up
 
@@ -245,6 +246,10 @@ def phspectra_sweep_stuck(
     drivers = reconcile.prefect_states([r.get("driver_flow_run_id") for r in runs], [])
     for run in runs:
         run_id = run["PK"]
+        refused = run_seal.broken(run)  # an item its split did not write as it is now: closed, nothing opened
+        if refused:
+            swept[run_id] = _close_run(run_id, refused, logged=True)
+            continue
         driver = drivers.get(str(run.get("driver_flow_run_id")))
         if ph.orphaned(run, driver is not None and driver.type in reconcile.TERMINAL, iso_ago(quiet_minutes * 60)):
             reason = _why_close(run, driver, max_sweeps)

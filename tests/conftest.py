@@ -7,6 +7,7 @@ other's records.
 from __future__ import annotations
 
 import os
+import secrets
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,13 +15,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from deployments import dynamodb_local
+from deployments import dynamodb_keys, dynamodb_local
 
-# credentials and region for DynamoDB Local; set before any boto3 client exists
-os.environ.setdefault("AWS_ACCESS_KEY_ID", "local")
-os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "local")
+# the session's own random DynamoDB key, set before any boto3 client exists: the relay in front of the session's
+# DynamoDB Local forwards only requests signed with it (an endpoint named in AWS_ENDPOINT_URL_DYNAMODB keeps the
+# environment's key, that endpoint's)
+if not (os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") and os.environ.get("AWS_ACCESS_KEY_ID")):
+    dynamodb_keys.use_fresh_key()
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"
+# the session's launch key (tasks/core/seal.py), before anything reads it: every process a test starts inherits it
+os.environ.setdefault("PIPELINES_LAUNCH_KEY", secrets.token_hex(32))
 
 # every property test draws the same examples on every run and has no deadline or speed check: CI is never red by
 # the luck of a draw or a loaded machine (a module's own settings start from this profile)

@@ -16,7 +16,16 @@ import sys
 import pytest
 
 from infra import cloudformation as cfn
-from infra.policy_eval import Request, condition_holds, decide, role_statements, stack_values
+from infra.policy_eval import (
+    Principal,
+    Request,
+    ResourcePolicy,
+    condition_holds,
+    decide,
+    resource_policies,
+    role_statements,
+    stack_values,
+)
 from tasks.gpu.backends import GPU_CLUSTER_TAG
 from tests.helpers import aws_calls
 
@@ -65,11 +74,18 @@ def statements_of(world: aws_calls.StackWorld, role: str) -> list[dict]:
     return role_statements(world.template, role, world.values)
 
 
+def principal_of(world: aws_calls.StackWorld, role: str) -> Principal:
+    """The role as IAM decides for it: its statements, its ARN, and the stack's resource policies."""
+    on_resources = resource_policies(world.template, world.values)
+    return Principal(statements_of(world, role), world.values[f"{role}.Arn"], on_resources)
+
+
 def evaluate(world: aws_calls.StackWorld, calls: list[dict]) -> tuple[list[tuple], int]:
-    """Each call's authorizations decided under its role's policy: (denied ones, how many were decided)."""
+    """Each call's authorizations decided under its role's policies and the resources' own: (denied ones, how many
+    were decided)."""
     requests = [(call, request) for call in calls for request in aws_calls.authorizations(world, call)]
     supported = aws_calls.supported_condition_keys({r.action for _, r in requests})
-    policies = {role: statements_of(world, role) for role in set(aws_calls.TEMPLATE_ROLES.values())}
+    policies = {role: principal_of(world, role) for role in set(aws_calls.TEMPLATE_ROLES.values())}
     denied = []
     for call, request in requests:
         seen = aws_calls.with_supported_keys(request, supported)
@@ -200,6 +216,7 @@ def test_parliament_finds_nothing_in_any_role_but_what_is_justified(world):
 
 def test_the_task_role_drives_the_gpu_cluster_and_invokes_the_endpoints_its_parameters_name(world):
     gpu = {"service": "ecs", "role": "task", "where": "tasks/gpu/backends.py:0"}
+    world.own("cluster", "gpu")  # the GPU cluster, as the test world names it
     world.resource_tags = {"i-1": {GPU_CLUSTER_TAG: "gpu"}}  # the instance of the cluster the calls name
     instance = f"{world.gpu_cluster().replace(':cluster/', ':container-instance/')}/c1"
     calls = [
@@ -267,7 +284,8 @@ def test_a_reboot_is_allowed_only_on_an_instance_tagged_as_the_gpu_clusters(worl
 
         tagged, untagged, other = launch({GPU_CLUSTER_TAG: "gpu"}), launch({}), launch({GPU_CLUSTER_TAG: "etl"})
         ec2.create_tags(Resources=[untagged], Tags=[{"Key": "team", "Value": "gpu"}])
-    world.resource_tags = aws_calls.read_resource_tags(log)
+    world.learn(log)  # the test created no cluster: "gpu" is the GPU cluster's name in this world
+    world.own("cluster", "gpu")
     assert world.resource_tags[tagged] == {GPU_CLUSTER_TAG: "gpu"} and world.resource_tags[untagged] == {"team": "gpu"}
     gpu = {"service": "ecs", "role": "task", "where": "tasks/gpu/backends.py:0"}
     calls = [{**gpu, "operation": "ListContainerInstances", "params": {"cluster": "gpu"}}] + [
@@ -296,7 +314,7 @@ def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tm
         )
         assert result.returncode == 0, result.stdout[-3000:]
     calls = [c for c in aws_calls.read(log) if c["role"] in aws_calls.TEMPLATE_ROLES]
-    world.resource_tags = aws_calls.read_resource_tags(log)  # the GPU test's instance carries the cluster's tag
+    world.learn(log)  # what the tests created and configured; the GPU test's instance carries the cluster's tag
     made = {(c["role"], f"{c['service']}:{c['operation']}") for c in calls}
     assert {
         ("worker", "ecs:RunTask"),
@@ -315,3 +333,247 @@ def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tm
     denied, decided = evaluate(world, calls)
     assert denied == [], "\n".join(map(str, denied))
     assert decided >= len(calls)
+
+
+IAM = "https://docs.aws.amazon.com/IAM/latest/UserGuide/"
+RESOURCE_ROWS = [  # (Resource pattern, request resource, matches): reference_policies_elements_resource.html
+    # "Using wildcards in resource ARNs": * in the resource segment matches / (the page's S3 list, all matching)
+    ("arn:aws:s3:::amzn-s3-demo-bucket/*/test/*", "arn:aws:s3:::amzn-s3-demo-bucket/1/test/object.jpg", True),
+    ("arn:aws:s3:::amzn-s3-demo-bucket/*/test/*", "arn:aws:s3:::amzn-s3-demo-bucket/1/2/test/3/object.jpg", True),
+    ("arn:aws:s3:::amzn-s3-demo-bucket/*/test/*", "arn:aws:s3:::amzn-s3-demo-bucket//test/object.jpg", True),
+    ("arn:aws:s3:::amzn-s3-demo-bucket/*/test/*", "arn:aws:s3:::amzn-s3-demo-bucket/1/test/", True),
+    # same page: the ARN does not match these objects
+    ("arn:aws:s3:::amzn-s3-demo-bucket/*/test/*", "arn:aws:s3:::amzn-s3-demo-bucket/1-test/object.jpg", False),
+    ("arn:aws:s3:::amzn-s3-demo-bucket/*/test/*", "arn:aws:s3:::amzn-s3-demo-bucket/test/object.jpg", False),
+    # same page: all IAM users whose path is /accounting
+    ("arn:aws:iam::123456789012:user/accounting/*", "arn:aws:iam::123456789012:user/accounting/bob", True),
+    ("arn:aws:iam::123456789012:user/accounting/*", "arn:aws:iam::123456789012:user/bob", False),
+    # same page: wildcards within the individual segments; a * not last in its segment stops at the colon
+    ("arn:aws:sqs:us-*-1:123456789012:queue1", "arn:aws:sqs:us-east-1:123456789012:queue1", True),
+    ("arn:aws:sqs:us-*-1:123456789012:queue1", "arn:aws:sqs:us-x:y-1:123456789012:queue1", False),
+    ("arn:aws:sqs:us-east-?:123456789012:queue1", "arn:aws:sqs:us-east-:1:123456789012:queue1", False),
+    # same page: a * that is a segment's last character may expand beyond the colon boundaries
+    ("arn:aws:sqs:us-*:123456789012:queue1", "arn:aws:sqs:us-x:y-1:123456789012:queue1", True),
+]
+CONDITION_ROWS = [  # (condition, request context, holds)
+    # reference_policies_elements_condition_operators.html#Conditions_ARN: each of the six colon-delimited parts is
+    # checked separately, each with * and ?
+    (
+        {"ArnLike": {"aws:PrincipalArn": "arn:aws:iam::*:role/*"}},
+        {"aws:PrincipalArn": ("arn:aws:iam::1:role/A",)},
+        True,
+    ),
+    (
+        {"ArnLike": {"aws:PrincipalArn": "arn:aws:iam::*:role/*"}},
+        {"aws:PrincipalArn": ("arn:aws:iam::1:user/A",)},
+        False,
+    ),
+    ({"ArnEquals": {"aws:SourceArn": "arn:aws:s3:::bucket*"}}, {"aws:SourceArn": ("arn:aws:s3:::bucket-1",)}, True),
+    # same page: a policy value of fewer than six parts names no ARN (a * does not span parts)
+    ({"ArnLike": {"aws:PrincipalArn": "arn:aws:iam::*"}}, {"aws:PrincipalArn": ("arn:aws:iam::1:role/A",)}, False),
+    (  # same page: the region's * cannot swallow the account part of another account's ARN
+        {"ArnLike": {"ecs:cluster": "arn:aws:ecs:*:123456789012:cluster/*"}},
+        {"ecs:cluster": ("arn:aws:ecs:us-east-1:999999999999:cluster/a:123456789012:cluster/b",)},
+        False,
+    ),
+    # reference_policies_condition-single-vs-multi-valued-context-keys.html: ForAllValues holds when every value in
+    # the request matches, and when the key is absent; ForAnyValue when one matches, never when absent
+    ({"ForAllValues:StringLike": {"aws:TagKeys": "key1*"}}, {"aws:TagKeys": ("key1a", "key1b")}, True),
+    ({"ForAllValues:StringLike": {"aws:TagKeys": "key1*"}}, {"aws:TagKeys": ("key1a", "key2")}, False),
+    ({"ForAllValues:StringLike": {"aws:TagKeys": "key1*"}}, {}, True),
+    (
+        {"ForAnyValue:StringEquals": {"aws:TagKeys": ["environment", "cost-center"]}},
+        {"aws:TagKeys": ("environment", "x")},
+        True,
+    ),
+    ({"ForAnyValue:StringEquals": {"aws:TagKeys": ["environment", "cost-center"]}}, {}, False),
+]
+
+
+@pytest.mark.parametrize(("pattern", "resource", "expected"), RESOURCE_ROWS)
+def test_resource_patterns_match_as_the_iam_guide_documents(pattern, resource, expected):
+    statement = {"Effect": "Allow", "Action": "s3:GetObject", "Resource": pattern}
+    assert decide([statement], Request("s3:GetObject", resource))[0] is expected
+
+
+@pytest.mark.parametrize(("condition", "context", "expected"), CONDITION_ROWS)
+def test_conditions_hold_as_the_iam_guide_documents(condition, context, expected):
+    assert condition_holds(condition, context) is expected
+
+
+def test_a_single_valued_operator_on_a_multivalued_key_is_refused():
+    """reference_policies_condition-single-vs-multi-valued-context-keys.html: multivalued keys require a set
+    operator; AWS documents no meaning without one, so the evaluator refuses rather than guess."""
+    with pytest.raises(ValueError, match="requires ForAllValues or ForAnyValue"):
+        condition_holds({"StringEquals": {"aws:TagKeys": "a"}}, {"aws:TagKeys": ("a", "b")})
+    many = frozenset({"ecs:tags"})  # an ArrayOf… key of the Service Authorization Reference
+    with pytest.raises(ValueError, match="requires ForAllValues or ForAnyValue"):
+        condition_holds({"StringLike": {"ecs:tags": "a"}}, {"ecs:tags": ("a",)}, many)
+
+
+ROLE = "arn:aws:iam::123456789012:role/app"
+OBJECT = "arn:aws:s3:::amzn-s3-demo-bucket/key"
+ALLOW_GET = {"Effect": "Allow", "Action": "s3:*", "Resource": "arn:aws:s3:::amzn-s3-demo-bucket/*"}
+KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd"
+EVALUATION_ROWS = [  # (who decides, request, allowed)
+    # reference_policies_evaluation-logic.html: an explicit Deny in any policy (here the bucket's) overrides an Allow
+    (
+        Principal(
+            [ALLOW_GET],
+            ROLE,
+            (
+                ResourcePolicy(
+                    ("arn:aws:s3:::amzn-s3-demo-bucket",),
+                    [
+                        {
+                            "Effect": "Deny",
+                            "Principal": "*",
+                            "Action": "s3:*",
+                            "Resource": "arn:aws:s3:::amzn-s3-demo-bucket/*",
+                            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                        }
+                    ],
+                ),
+            ),
+        ),
+        Request("s3:GetObject", OBJECT, {"aws:SecureTransport": ("false",)}),
+        False,
+    ),
+    # reference_policies_evaluation-logic_policies_resource.html: within one account a resource-based policy that
+    # names the role allows it with no identity policy
+    (
+        Principal(
+            [],
+            ROLE,
+            (
+                ResourcePolicy(
+                    ("arn:aws:s3:::amzn-s3-demo-bucket",),
+                    [{**ALLOW_GET, "Principal": {"AWS": ROLE}}],
+                ),
+            ),
+        ),
+        Request("s3:GetObject", OBJECT),
+        True,
+    ),
+    # same page: a policy granting a service principal grants the role nothing
+    (
+        Principal(
+            [],
+            ROLE,
+            (
+                ResourcePolicy(
+                    ("arn:aws:s3:::amzn-s3-demo-bucket",), [{**ALLOW_GET, "Principal": {"Service": "s3.amazonaws.com"}}]
+                ),
+            ),
+        ),
+        Request("s3:GetObject", OBJECT),
+        False,
+    ),
+    # kms key-policy-default.html: without a key policy statement for the account, IAM policies grant no access
+    (
+        Principal(
+            [{"Effect": "Allow", "Action": "kms:Decrypt", "Resource": KEY}],
+            ROLE,
+            (ResourcePolicy((KEY,), []),),
+        ),
+        Request("kms:Decrypt", KEY),
+        False,
+    ),
+    (  # same page: the default key policy's statement for the account root lets IAM policies allow it
+        Principal(
+            [{"Effect": "Allow", "Action": "kms:Decrypt", "Resource": KEY}],
+            ROLE,
+            (
+                ResourcePolicy(
+                    (KEY,),
+                    [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+                            "Action": "kms:*",
+                            "Resource": "*",
+                        }
+                    ],
+                ),
+            ),
+        ),
+        Request("kms:Decrypt", KEY),
+        True,
+    ),
+    # access_policies_boundaries.html: the effective permissions are the intersection of the identity policy and
+    # the permissions boundary
+    (
+        Principal([ALLOW_GET], ROLE, boundary=[{**ALLOW_GET, "Action": "s3:GetObject"}]),
+        Request("s3:PutObject", OBJECT),
+        False,
+    ),
+    (
+        Principal([ALLOW_GET], ROLE, boundary=[{**ALLOW_GET, "Action": "s3:GetObject"}]),
+        Request("s3:GetObject", OBJECT),
+        True,
+    ),
+    # reference_policies_evaluation-logic.html (SCPs): an action no SCP allows is denied whatever the role allows
+    (
+        Principal([ALLOW_GET], ROLE, scps=[{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]),
+        Request("s3:GetObject", OBJECT),
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("who", "request_", "expected"), EVALUATION_ROWS)
+def test_policies_decide_together_as_the_iam_guide_documents(who, request_, expected):
+    assert decide(who, request_)[0] is expected
+
+
+def test_the_stacks_bucket_policy_denies_plain_http_and_foreign_resources_are_themselves(world):
+    """The template's bucket policy joins the decision; a bucket, queue, cluster or role the test world did not
+    create or configure is evaluated as itself (and denied), not as the stack's."""
+    task = principal_of(world, "TaskRole")
+    own = f"{world.values['Bucket.Arn']}/{world.values['StorePrefix']}/k"
+    assert decide(task, Request("s3:GetObject", own, {"aws:SecureTransport": ("true",)}))[0]
+    assert decide(task, Request("s3:GetObject", own, {"aws:SecureTransport": ("false",)})) == (
+        False,
+        "explicitly denied by the resource policy's TlsOnly",
+    )
+    s3 = {"service": "s3", "role": "task", "where": "tasks/core/storage.py:0"}
+    sqs = {"service": "sqs", "role": "listener", "where": "tasks/landing/sqs.py:0"}
+    world.own("bucket", "made-by-the-harness")
+    prefix = world.values["StorePrefix"]
+    assert evaluate(
+        world, [{**s3, "operation": "GetObject", "params": {"Bucket": "made-by-the-harness", "Key": f"{prefix}/k"}}]
+    ) == ([], 1)
+    denied, _ = evaluate(
+        world, [{**s3, "operation": "GetObject", "params": {"Bucket": "someone-else", "Key": f"{prefix}/k"}}]
+    )
+    assert [d[2] for d in denied] == [f"arn:aws:s3:::someone-else/{prefix}/k"]
+    denied, _ = evaluate(
+        world, [{**sqs, "operation": "ReceiveMessage", "params": {"QueueUrl": "http://q/123/etl-file-uploads-test"}}]
+    )
+    assert [d[2] for d in denied] == [f"arn:aws:sqs:{aws_calls.REGION}:{aws_calls.ACCOUNT}:etl-file-uploads-test"]
+    worker = run_task_as_prefect_aws(world)
+    worker[1]["params"] = {
+        **worker[1]["params"],
+        "cluster": "someone-else",
+        "overrides": {"taskRoleArn": "arn:aws:iam::123456789012:role/admin"},
+    }
+    denied, _ = evaluate(world, worker)
+    assert {(d[1], d[2].rsplit("/", 1)[-1] if d[1] == "iam:PassRole" else d[2].split(":", 5)[5]) for d in denied} == {
+        ("ecs:RunTask", "task-definition/prefect_ndjson-merge:1"),  # its ecs:cluster is the other cluster
+        ("ecs:TagResource", "task/someone-else/0123456789abcdef"),
+        ("iam:PassRole", "admin"),
+    }
+
+
+def test_a_gpu_start_task_passes_its_task_definitions_roles(world):
+    """ECS's StartTask passes the roles of its task definition: iam:PassRole of each is evaluated too."""
+    world.own("cluster", "gpu")
+    world.task_definitions["train"] = {"taskRoleArn": "arn:aws:iam::123456789012:role/gpu-training"}
+    gpu = {"service": "ecs", "role": "task", "where": "tasks/gpu/backends.py:0"}
+    start = {**gpu, "operation": "StartTask", "params": {"cluster": "gpu", "taskDefinition": "train"}}
+    denied, decided = evaluate(world, [start])
+    assert decided == 2 and [(d[1], d[2]) for d in denied] == [
+        ("iam:PassRole", "arn:aws:iam::123456789012:role/gpu-training")
+    ]
+    del world.task_definitions["train"]
+    assert evaluate(world, [start]) == ([], 1)  # a definition with no role passes none

@@ -26,6 +26,8 @@ EXPECTED = {
     "tasks.core.notify.DeliveryError": (Unavailable, RuntimeError),
     "tasks.core.object_store.ObjectNotFound": (None, FileNotFoundError),
     "tasks.core.private_folder.NotPrivate": (None, PermissionError),
+    "tasks.core.seal.LaunchKeyMissing": (Unavailable, RuntimeError),
+    "tasks.core.seal.SealBroken": (RefusedInput, ValueError),
     "tasks.core.tables.SchemaMismatch": (None, RuntimeError),
     "tasks.etl.ingest.MergesHeld": (Unavailable, RuntimeError),
     "tasks.gpu.backends.BackendError": (Unavailable, RuntimeError),

@@ -72,6 +72,7 @@ TASKS: dict[str, dict[str, tuple]] = {
         "track-and-batch-files": (2, [2, 10], "_None", 180.0, None),
         "claim-and-create-manifests": (2, [2, 10], "_None", 180.0, None),
         "find-orphaned-dates": (2, [2, 10], "_None", None, None),
+        "retry-catalog-registrations": (2, [2, 10], "_None", None, None),
         "release-dead-claims": (2, [2, 10], "_None", None, None),
         "find-pending-manifests": (2, [2, 10], "_None", None, None),
         "record-metric": (2, [2, 10], "_None", None, None),

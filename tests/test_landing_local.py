@@ -48,7 +48,9 @@ def test_a_file_renamed_in_is_taken_once_and_hidden_or_temporary_files_never(wat
         ("pipeline/input/2026-01-05/f.ndjson", 9, (day / "f.ndjson").as_uri())
     ]
     stat = (day / "f.ndjson").stat()
-    assert got[0].event_id == f"pipeline/input/2026-01-05/f.ndjson:9:{stat.st_mtime_ns}"
+    assert (
+        got[0].event_id == f"pipeline/input/2026-01-05/f.ndjson:9:{stat.st_mtime_ns}:{stat.st_ino}:{stat.st_ctime_ns}"
+    )
     assert receive_all(source, 0.5) == []  # in flight: not offered twice
     source.ack(got)
     assert receive_all(source, 0.5) == []

@@ -168,11 +168,12 @@ def test_two_files_with_the_same_invalid_name_are_both_kept_in_quarantine_with_t
         while os.path.exists(bad) and time.monotonic() < deadline:
             source.receive(max_items=10, wait_seconds=0.2)
         assert not os.path.exists(bad)
+    first = watch.quarantine_name(b"bad\xff.ndjson")
     kept = sorted(p.name for p in quarantined.iterdir())
-    assert kept == ["bad%FF.ndjson", "bad%FF.ndjson.reason.json", "bad%FF.ndjson~2", "bad%FF.ndjson~2.reason.json"]
-    assert (quarantined / "bad%FF.ndjson").read_bytes() == b"first\n"
-    assert (quarantined / "bad%FF.ndjson~2").read_bytes() == b"second\n"
-    for name in ("bad%FF.ndjson", "bad%FF.ndjson~2"):
+    assert kept == [first, f"{first}.reason.json", f"{first}~2", f"{first}~2.reason.json"]
+    assert (quarantined / first).read_bytes() == b"first\n"
+    assert (quarantined / f"{first}~2").read_bytes() == b"second\n"
+    for name in (first, f"{first}~2"):
         reason = json.loads((quarantined / f"{name}.reason.json").read_text())
         assert (reason["reason"], reason["name"]) == ("the name is not UTF-8", f"{INPUT}2026-01-05/bad\\xff.ndjson")
 
@@ -230,10 +231,11 @@ def test_a_symbolic_link_is_quarantined_never_followed_and_counted_until_then(tm
     assert sorted(os.listdir(day)) == []
     quarantined = tmp_path / "quarantine/landing" / INPUT / "2026-01-01"
     for name in ("dangling.ndjson", "folder", "key.ndjson", "later.ndjson"):
-        assert os.path.islink(quarantined / name)  # the link itself, as it was
-        reason = json.loads((quarantined / f"{name}.reason.json").read_text())
+        kept = quarantined / watch.quarantine_name(name.encode())
+        assert os.path.islink(kept)  # the link itself, as it was
+        reason = json.loads(Path(f"{kept}.reason.json").read_text())
         assert reason["reason"].startswith("a symbolic link (to ") and "never followed" in reason["reason"]
-    assert os.readlink(quarantined / "key.ndjson") == str(outside)
+    assert os.readlink(quarantined / watch.quarantine_name(b"key.ndjson")) == str(outside)
     assert outside.read_bytes() == b"secret\n"
     assert backlog(tmp_path) == []
 
@@ -253,7 +255,7 @@ def test_an_empty_folder_whose_name_is_not_utf8_is_quarantined_once_and_the_watc
     os.mkdir(bad)
     assert receive_all(source, 2) == []
     assert not os.path.exists(bad)
-    quarantined = tmp_path / "quarantine/landing/pipeline/input/2026-01-05/sub%FF"
+    quarantined = tmp_path / watch.quarantine_key(b"pipeline/input/2026-01-05/sub\xff")
     assert quarantined.is_dir()
     reason = json.loads(Path(f"{quarantined}.reason.json").read_text())
     assert reason["reason"] == "the name is not UTF-8"
@@ -273,7 +275,6 @@ BECOME = "import os, sys; os.setgroups([]); os.setgid(int(sys.argv[-1])); os.set
 LISTEN = (
     """
 import json, sys, time
-import watchfiles
 from tasks.landing.watch import LocalWatchSource
 """
     + BECOME

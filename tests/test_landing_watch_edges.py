@@ -4,6 +4,7 @@ and notes only what changed)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -46,7 +47,8 @@ def test_a_name_that_is_not_utf8_is_quarantined_with_its_reason_and_its_neighbou
     assert [a.key for a in got] == ["pipeline/input/2026-01-05/good.ndjson"]
     source.ack(got)
     assert not os.path.exists(bad)
-    quarantined = tmp_path / "quarantine/landing/pipeline/input/2026-01-05/bad%FF%FE.ndjson"
+    quarantined = tmp_path / watch.quarantine_key(b"pipeline/input/2026-01-05/bad\xff\xfe.ndjson")
+    assert quarantined.name == "bad_.ndjson-" + hashlib.sha256(b"bad\xff\xfe.ndjson").hexdigest()[:16]
     assert quarantined.read_bytes() == b"{}\n"
     reason = json.loads(Path(f"{quarantined}.reason.json").read_text())
     assert (

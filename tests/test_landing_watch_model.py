@@ -129,7 +129,7 @@ class ListenerModel(RuleBasedStateMachine):
 
     def event_id(self, key: str) -> str:
         stat = os.stat(self.path(key))
-        return f"{key}:{stat.st_size}:{stat.st_mtime_ns}"
+        return f"{key}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}:{stat.st_ctime_ns}"
 
     def taken(self, arrivals: list[Arrival]) -> None:
         """Each offer is a regular file of the model in the version on disk, no writer holding it; acked."""

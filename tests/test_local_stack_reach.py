@@ -59,9 +59,7 @@ def test_dynamodb_local_answers_on_loopback_only(address, tmp_path, capsys):
         client = boto3.client(
             "dynamodb",
             endpoint_url=f"http://127.0.0.1:{port}",
-            region_name="us-east-1",
-            aws_access_key_id="local",
-            aws_secret_access_key="local",
+            region_name="us-east-1",  # signed with the session's key (the environment's): the relay checks it
         )
         client.create_table(
             TableName="reach",
@@ -165,7 +163,9 @@ def test_the_prefect_servers_postgresql_answers_on_its_socket_only_and_refuses_a
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_dynamodb_local_refuses_another_local_user(tmp_path, capsys):
+def test_dynamodb_local_refuses_unsigned_requests_from_every_user(tmp_path, capsys):
+    """Who sends decides nothing: an unsigned request is answered by the relay's door (400, never forwarded), from
+    this user and from another alike; a signed one reaches the jar (tests/test_neighbour_dynamodb.py: the attacks)."""
     port = dynamodb_local.free_port()
     process = dynamodb_local.start_private(port, db_path=None, log_path=tmp_path / "dynamodb.log")
     try:
@@ -175,14 +175,19 @@ def test_dynamodb_local_refuses_another_local_user(tmp_path, capsys):
             "import urllib.request, urllib.error\n"
             f"request = urllib.request.Request('http://127.0.0.1:{port}/', data=b'{{}}', headers={{"
             "'X-Amz-Target': 'DynamoDB_20120810.ListTables', 'Content-Type': 'application/x-amz-json-1.0'})\n"
-            "try:\n    urllib.request.urlopen(request, timeout=10)\n"
-            "except urllib.error.HTTPError as error:\n    print('answered', error.code)\n"
+            "try:\n    urllib.request.urlopen(request, timeout=60)\n"
+            "except urllib.error.HTTPError as error:\n    print('answered', error.code, error.read().decode())\n"
             "except OSError as error:\n    print('refused', type(error).__name__)\n"
         )
-        own = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, timeout=60)
-        assert own.stdout.startswith("answered"), own  # unsigned: DynamoDB Local itself answers (400)
-        other = as_nobody_python(ask)
-        assert other.stdout.startswith("refused"), other
-        assert "refused a caller running as uid 65534" in (tmp_path / "dynamodb.log").read_text()
+        for caller in (
+            subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, timeout=90),
+            as_nobody_python(ask),
+        ):
+            assert caller.stdout.startswith("answered 400"), caller
+            assert "UnrecognizedClientException" in caller.stdout, caller
+        assert boto3.client("dynamodb", endpoint_url=f"http://127.0.0.1:{port}").list_tables()["TableNames"] == []
+        log = (tmp_path / "dynamodb.log").read_text()
+        assert log.count("loopback_ns: refused a request from 127.0.0.1:") == 2, log
+        assert os.environ["AWS_SECRET_ACCESS_KEY"] not in log
     finally:
         dynamodb_local.stop(process)

@@ -173,3 +173,52 @@ def test_as_root_a_wheel_in_a_private_home_is_copied_where_the_postgres_user_run
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(folder.with_name(folder.name + "-shared"), ignore_errors=True)
+
+
+def test_every_log_the_stack_writes_is_its_users_alone_from_the_first_byte(stack_data, tmp_path, monkeypatch):
+    """supervisord's own log, each program's (rotated ones too) and PostgreSQL's: 0600, in a 0700 folder, unreadable
+    by another local user, even when the stack starts from a shell whose umask lets everyone read new files."""
+    monkeypatch.setattr(local_stack, "SERVER_DB", "postgres")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    chatty = {  # fills its log past the size limit so supervisord rotates it
+        "command": f'{sys.executable} -c \'import time; [print("x" * 500, flush=True) for _ in range(40)]; '
+        "time.sleep(600)'",
+        "stdout_logfile_maxbytes": "4KB",
+        "stdout_logfile_backups": "2",
+    }
+    before = os.umask(0o022)
+    stack = Supervisor(stack_data, str(runtime / "supervisor.sock"))
+    try:
+        assert local_stack.start_postgres() == "ready"
+        postgres = local_stack.stack_programs(without=("dynamodb",))["postgres"]
+        stack.ensure({"postgres": postgres, "chatty": chatty})
+        wait_for(lambda: stack.pid("chatty") and (stack_data / "logs" / "chatty.log.1").exists(), 30, "a rotated log")
+        wait_for(lambda: postgres_local.answers(local_stack.POSTGRES_PORT, stack_data / "postgres"), 60, "PostgreSQL")
+    finally:
+        os.umask(before)
+        stack.shutdown()
+    logs = stack_data / "logs"
+    names = sorted(path.name for path in logs.iterdir())
+    assert {"supervisord.log", "postgres.log", "chatty.log", "chatty.log.1"} <= set(names)
+    modes = {name: oct(stat.S_IMODE((logs / name).stat().st_mode)) for name in names}
+    assert modes == dict.fromkeys(names, "0o600")
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700
+    logs.chmod(0o755)  # the files' own mode alone must keep another user out
+    for name in names:
+        read = as_nobody_python(f"print(len(open({str(logs / name)!r}, 'rb').read()))")
+        assert read.returncode != 0 and "PermissionError" in read.stderr, (name, read.stdout)
+
+
+def test_dynamodb_locals_own_log_is_its_users_alone(tmp_path):
+    log = tmp_path / "dynamodb.log"
+    before = os.umask(0o022)
+    try:
+        process = dynamodb_local.start(dynamodb_local.free_port(), db_path=None, log_path=log)
+    finally:
+        os.umask(before)
+    try:
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    finally:
+        process.kill()
+        process.wait(timeout=30)

@@ -17,6 +17,7 @@ from prefect.utilities.callables import parameter_schema
 
 from tasks.core import limits
 from tests.helpers.docker_standin import docker_standin
+from tests.test_aws_deploy_command import moto_thread  # noqa: F401 -- moto's server: the ecs push logs in to its ECR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
@@ -135,7 +136,7 @@ def assert_ecs_image_built_and_pushed(docker) -> None:
 
 @pytest.mark.sweep  # deploys every set through the CLI (~35 s)
 @pytest.mark.timeout(900)
-def test_prefect_deploy_of_each_set_against_the_test_server():
+def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):  # noqa: F811 -- the fixture (ECR's login)
     """`make up` deploys the local set only; the AWS set deploys too; a later `make up` retires it, Late runs too."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId

@@ -49,19 +49,45 @@ def _answers(name: str, data: Path, ports: dict[str, int], auth: str) -> bool:
         return postgres_local.answers(ports["postgres"], data / "postgres")
     if name == "dynamodb":
         return dynamodb_local.port_open("127.0.0.1", ports["dynamodb"])
+    import ssl
     import urllib.request
 
-    request = urllib.request.Request(f"http://127.0.0.1:{ports['prefect-server']}/api/health")
+    request = urllib.request.Request(f"https://127.0.0.1:{ports['prefect-server']}/api/health")
+    context = ssl.create_default_context(cafile=str(data / "secrets" / "prefect-api.crt"))
     with contextlib.suppress(OSError):
-        with urllib.request.urlopen(request, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
             return response.status == 200
     return False
 
 
+def _api_status(data: Path, api: str, auth: str) -> int:
+    """The status the stack's API answers a flow-run query sent with ``auth`` (the stack's certificate pinned)."""
+    import base64
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{api}/flow_runs/filter",
+        data=b"{}",
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": "Basic " + base64.b64encode(auth.encode()).decode(),
+        },
+    )
+    context = ssl.create_default_context(cafile=str(data / "secrets" / "prefect-api.crt"))
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
 def _killed_process(supervisor: Supervisor, name: str) -> int:
-    """The process a SIGKILL of ``name`` hits: DynamoDB Local's jar (inside its relay), else the program itself."""
+    """The process a SIGKILL of ``name`` hits: DynamoDB Local's jar (inside its relay), the Prefect server (under the
+    process that holds its port), else the program itself."""
     pid = supervisor.pid(name)
-    if name == "dynamodb":
+    if name in ("dynamodb", "prefect-server"):
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
         return int(children[0])
     return pid
@@ -96,10 +122,11 @@ def test_the_stack_answers_its_user_only_and_rides_out_each_process_killed():
 
         # every door, as another local user
         asked = as_nobody_python(
-            "import urllib.request, urllib.error\n"
+            "import ssl, urllib.request, urllib.error\n"
             f"request = urllib.request.Request('{api}/flow_runs/filter', data=b'{{}}', "
             "headers={'Content-Type': 'application/json'})\n"
-            "try:\n    urllib.request.urlopen(request, timeout=10); print('answered 200')\n"
+            "try:\n    urllib.request.urlopen(request, timeout=10, context=ssl._create_unverified_context())\n"
+            "    print('answered 200')\n"
             "except urllib.error.HTTPError as error:\n    print('answered', error.code)\n"
         )
         assert asked.stdout.strip() == "answered 401", asked
@@ -130,6 +157,12 @@ def test_the_stack_answers_its_user_only_and_rides_out_each_process_killed():
             os.kill(victim, signal.SIGKILL)
             killed_at = time.monotonic()
             wait_for(lambda victim=victim: not pid_alive(victim), 30, f"{name} to die")
+            if name in ("prefect-server", "dynamodb"):  # the port stays held while it comes back: no one else gets it
+                squat = as_nobody_python(
+                    "import socket\ntry:\n    socket.socket().bind(('127.0.0.1', "
+                    f"{ports[name]}))\n    print('bound')\nexcept OSError as error:\n    print(error.errno)\n"
+                )
+                assert squat.stdout.strip() == "98", squat  # EADDRINUSE
             wait_for(lambda name=name: _answers(name, data, ports, auth), 60, f"{name} to be back")
             back_after[name] = time.monotonic() - killed_at
         names += _drop(objects, len(KILLED) * BATCH, BATCH)
@@ -138,8 +171,8 @@ def test_the_stack_answers_its_user_only_and_rides_out_each_process_killed():
             "dynamodb",
             endpoint_url=exported["AWS_ENDPOINT_URL_DYNAMODB"],
             region_name="us-east-1",
-            aws_access_key_id="local",
-            aws_secret_access_key="local",
+            aws_access_key_id=exported["AWS_ACCESS_KEY_ID"],  # the stack's own key: its relay checks it
+            aws_secret_access_key=exported["AWS_SECRET_ACCESS_KEY"],
         )
 
         def granules() -> list[dict]:
@@ -158,6 +191,12 @@ def test_the_stack_answers_its_user_only_and_rides_out_each_process_killed():
         assert all(seconds < 60 for seconds in back_after.values()), back_after
         status = stack("status", env)
         assert all(f"{name:16} running" in status for name in (*KILLED, "engine", "worker")), status
+
+        # the next `up` rotates the API's auth string: the one seen before stops working
+        stack("up", env)
+        rotated = (data / "secrets" / "prefect-api-auth").read_text().strip()
+        assert rotated != auth
+        assert [_api_status(data, api, given) for given in (auth, rotated)] == [401, 200]
     finally:
         with contextlib.suppress(Exception):
             print(stack("down", env))

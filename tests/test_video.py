@@ -441,7 +441,7 @@ def test_concat_retimes_the_parts_in_one_ffmpeg_call_a_batch_and_keeps_every_fra
     from tasks.video import ffmpeg as video_ffmpeg
 
     source = make_test_video(tmp_path / "source.mp4", 6.0, 10, "160x120", 1.0)
-    parts = video_ffmpeg.segment(source, tmp_path / "parts", 1.0)
+    parts = video_ffmpeg.segment(source, tmp_path / "parts", 1.0, video_ffmpeg.OWN_DEMUXER)
     for part in parts[::2]:  # every other part re-encoded, as a backend's output is
         video_ffmpeg.transform(part, part.with_name(part.stem + "-gray.mp4"), "grayscale")
     parts = [part.with_name(part.stem + "-gray.mp4") if n % 2 == 0 else part for n, part in enumerate(parts)]

@@ -277,7 +277,7 @@ def test_reassembly_fails_the_job_when_the_final_lost_the_sound(tables, store_ro
     for key in v.chunk_source(job_id, SEGMENT, job["mode"]):
         v.infer_segment(key, backend="ffmpeg")
     concat = video_ffmpeg.concat
-    monkeypatch.setattr(video_ffmpeg, "concat", lambda parts, target, audio=None: concat(parts, target))
+    monkeypatch.setattr(video_ffmpeg, "concat", lambda parts, target, *audio: concat(parts, target))
     with pytest.raises(v.JobFailed, match="does not match the source: it has no audio, the source has audio"):
         v.reassemble(job_id)
     assert v.get_job(job_id)["status"] == v.FAILED

@@ -62,6 +62,12 @@ def register(subparsers) -> None:
     rows.add_argument("--sql", help="a DuckDB query over the table (named as ETL_CATALOG_TABLE: merged_parquet)")
     rows.set_defaults(handler=lambda a: etl_catalog.query(a.dates, a.columns, a.limit, a.sql))
 
-    register = group.add_parser("register", help="register a date's merged output as a partition again (idempotent)")
-    register.add_argument("--date", required=True)
-    register.set_defaults(handler=lambda a: etl_catalog.register_partition(a.date))
+    register = group.add_parser(
+        "register",
+        help="register a date's merged output as a partition again (idempotent; clears its failed registration), "
+        "or without --date every date whose registration failed",
+    )
+    register.add_argument("--date")
+    register.set_defaults(
+        handler=lambda a: etl_catalog.register_again(a.date) if a.date else etl_catalog.retry_unregistered()
+    )

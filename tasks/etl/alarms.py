@@ -1,6 +1,6 @@
 """What ``pipeline-health`` reads of the ETL pipeline: pending files and their age, failed manifests, the tracking
-table's throttles, files failed by merges, a merge deployment paused too long; and its dashboard figures (files
-per hour, backlog, merge MB/s)."""
+table's throttles, files failed by merges, a merge deployment paused too long, dates the catalog lacks; and its
+dashboard figures (files per hour, backlog, merge MB/s)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tasks.core.runtime import iso_ago, now_iso
 from tasks.core.state_store import to_plain
 from tasks.etl import ingest as etl
 from tasks.etl import keys
+from tasks.etl.catalog import unregistered_dates
 from tasks.health.checks import Alarm, count_alarm
 from tasks.health.dashboard import HOURS, Figures, Outcomes, Window, bar_chart, hourly
 from tasks.health.service_alarms import WINDOW_S, flow_runs, run_names
@@ -98,6 +99,14 @@ def etl_failed_manifests(limits: HealthThresholds) -> Alarm:
     )
     names = [f"{item['date_prefix']}/{keys.manifest_name_from_record_key(item['file_key'])}" for item in failed]
     return count_alarm("etl-failed-manifests", "etl", names, limits.failed_manifests_max, "failed manifest(s)")
+
+
+def etl_catalog_unregistered(limits: HealthThresholds) -> Alarm:
+    """ETL: dates whose merged output is published but whose catalog registration (Glue on S3) failed and has not
+    succeeded since, each with its reason; ``ndjson-flush-orphans`` and ``etl register`` retry them. Any is one
+    too many: the date's rows are missing from every query of the table."""
+    names = [f"{item['date_prefix']} ({str(item.get('error_message', ''))[:200]})" for item in unregistered_dates()]
+    return count_alarm("etl-catalog-unregistered", "etl", names, 0, "date(s) not registered in the catalog")
 
 
 THROTTLE_METRICS = {"read": "ReadThrottleEvents", "write": "WriteThrottleEvents"}
@@ -259,6 +268,7 @@ def figures(window: Window) -> Figures:
 CHECKS = {
     etl_pending: ("etl-files-pending-too-long", "etl-files-pending", "etl-iterator-age"),
     etl_failed_manifests: ("etl-failed-manifests",),
+    etl_catalog_unregistered: ("etl-catalog-unregistered",),
 }
 SERVICE_CHECKS = {
     etl_merge_runs_failed: ("etl-merge-runs-failed",),

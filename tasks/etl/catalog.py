@@ -4,7 +4,8 @@ Every store gets a small catalog of its own, one JSON entry per date under ``pip
 date's location and columns), which ``open_table`` turns into one ``pyarrow.dataset`` over every registered date
 (``date_prefix`` a partition column, as Athena sees it). An ``s3://`` output store is also registered in the Glue
 Data Catalog: database and table created if absent, the date added as a partition. Registering a date again
-changes nothing unless its columns grew.
+changes nothing unless its columns grew. A registration that fails leaves the date a ``CATALOG#`` record
+(``unregistered``, with the reason): the ``etl-catalog-unregistered`` alarm until a retry registers it.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ import logging
 from typing import Any
 
 import pyarrow as pa
+from boto3.dynamodb.conditions import Key
 
-from tasks.core import keys
+from tasks.core import keys, state_store
+from tasks.core.config import table_name
 from tasks.core.object_store import ObjectNotFound, ObjectStore, S3Store
+from tasks.core.runtime import now_iso
 from tasks.etl import keys as etl_keys
-from tasks.etl.ingest import settings, store
+from tasks.etl.ingest import STATUS_INDEX, TRACKING, TRACKING_KEYS, settings, store, tracking_key
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +91,74 @@ def register_partition(date_prefix: str, output_url: str = "", added: list[str] 
 
 
 def register_logged(date_prefix: str, output_url: str = "", added: list[str] | None = None) -> dict[str, Any]:
-    """``register_partition``, its failure logged and returned rather than raised: the output is published either
-    way, and ``etl register`` (or the date's next merge) registers it again."""
+    """``register_partition``; a failure is returned rather than raised (the output is published either way) and
+    recorded: the date's ``CATALOG#`` record (``record_unregistered``) raises ``etl-catalog-unregistered`` until a
+    registration succeeds (``ndjson-flush-orphans`` retries it, ``etl register`` too)."""
     try:
         return register_partition(date_prefix, output_url, added)
     except Exception as error:  # noqa: BLE001 - a catalog outage must not fail (and so unpublish) a merged manifest
-        log.warning("partition %s not registered: %s: %s", date_prefix, type(error).__name__, error)
-        return {PARTITION_KEY: date_prefix, "error": f"{type(error).__name__}: {error}"}
+        reason = f"{type(error).__name__}: {error}"[:1000]
+        log.error("partition %s not registered in the catalog: %s", date_prefix, reason)
+        record_unregistered(date_prefix, reason)
+        return {PARTITION_KEY: date_prefix, "error": reason}
+
+
+# --------------------------------------------------------------------------- a failed registration, until it is not
+
+
+UNREGISTERED = "unregistered"  # a CATALOG# record's status: its date's output is published, not in the catalog
+
+
+def _record_key(date_prefix: str) -> dict[str, str]:
+    return tracking_key(keys.safe_date(date_prefix), etl_keys.catalog_record_key(settings().catalog_table))
+
+
+def record_unregistered(date_prefix: str, reason: str) -> dict[str, Any]:
+    """The date's ``CATALOG#`` record made (or kept) ``unregistered`` with this reason and time: what the alarm
+    reads and the retries clear."""
+    table, key, stamp = table_name(TRACKING), _record_key(date_prefix), now_iso()
+    sets = {"error_message": reason[:1000], "failed_at": stamp, "updated_at": stamp}
+    item = {**key, "status": UNREGISTERED, "created_at": stamp, "failures": 1, **sets}
+    result = state_store.create_if_absent(table, item, TRACKING_KEYS)
+    if not result.applied:
+        result = state_store.transition(table, key, None, UNREGISTERED, set=sets, add={"failures": 1})
+    return state_store.to_plain(result.item or item)
+
+
+def unregistered_dates() -> list[dict[str, Any]]:
+    """The ``CATALOG#`` records still ``unregistered`` (``status-index``), by date."""
+    found = state_store.query_all(
+        table_name(TRACKING),
+        keep=lambda item: item["file_key"].startswith(etl_keys.CATALOG_RECORD_PREFIX),
+        IndexName=STATUS_INDEX,
+        KeyConditionExpression=Key("status").eq(UNREGISTERED),
+    )
+    return sorted((state_store.to_plain(item) for item in found), key=lambda item: item["date_prefix"])
+
+
+def register_again(date_prefix: str, output_url: str = "") -> dict[str, Any]:
+    """``register_partition`` (raising as it does), then the date's record of a failed registration removed: only
+    the failure read before (one recorded since stays, for the next retry)."""
+    table, key = table_name(TRACKING), _record_key(date_prefix)
+    seen = state_store.get_item(table, key)
+    result = register_partition(date_prefix, output_url)
+    if seen is not None:
+        state_store.delete_if(table, key, state_store.unchanged({"failed_at": seen.get("failed_at")}))
+    return {**result, "cleared": seen is not None}
+
+
+def retry_unregistered(output_url: str = "") -> dict[str, Any]:
+    """Every date left ``unregistered`` registered again: those now registered (record removed) and those still
+    failing (the record takes the new reason)."""
+    registered, failing = [], {}
+    for item in unregistered_dates():
+        date = item["date_prefix"]
+        try:
+            register_again(date, output_url)
+            registered.append(date)
+        except Exception as error:  # noqa: BLE001 - recorded with its reason, still alarmed; the other dates go on
+            failing[date] = record_unregistered(date, f"{type(error).__name__}: {error}")["error_message"]
+    return {"registered": registered, "still_failing": failing}
 
 
 def registered_partitions(output_url: str = "") -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ INPUT_PREFIX = "pipeline/input/"
 OUTPUT_PREFIX = "pipeline/output/"
 MANIFEST_PREFIX = "MANIFEST#"
 LOCK_PREFIX = "LOCK#"
+CATALOG_RECORD_PREFIX = "CATALOG#"  # a date whose catalog registration failed: CATALOG#{table} (tasks.etl.catalog)
 _INPUT = re.compile(r"(?:^|/)pipeline/input/([^/]+)/([^/]+)$")
 INPUT_TREE_PREFIX = "tree-"  # file keys of inputs outside the pipeline's own input store: tree-{digest}/{name}
 _TREE_FILE_KEY = re.compile(r"^tree-[0-9a-f]{16}/(.+)$")
@@ -85,8 +86,8 @@ def split_status(value: str) -> tuple[str, int | None]:
 
 
 def is_meta_record(file_key: str) -> bool:
-    """MANIFEST# and LOCK# records share the table with file records; they are filtered in code."""
-    return file_key.startswith((MANIFEST_PREFIX, LOCK_PREFIX))
+    """MANIFEST#, LOCK# and CATALOG# records share the table with file records; they are filtered in code."""
+    return file_key.startswith((MANIFEST_PREFIX, LOCK_PREFIX, CATALOG_RECORD_PREFIX))
 
 
 def manifest_name(sequence: int, at: datetime) -> str:
@@ -192,6 +193,11 @@ def catalog_partition_key(table: str, date_prefix: str) -> str:
     """``pipeline/catalog/{table}/date_prefix={date}.json``: a date's partition entry (one per date, so merges of
     different dates never rewrite each other's)."""
     return f"{catalog_table_prefix(table)}date_prefix={safe_date(date_prefix)}.json"
+
+
+def catalog_record_key(table: str) -> str:
+    """The ``file_key`` of a date's record of a failed registration in catalog table ``table``."""
+    return f"{CATALOG_RECORD_PREFIX}{safe_id(table, 'table name')}"
 
 
 def catalog_partition_date(key: str) -> str:

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from tasks.core import keys, object_store, state_store
 from tasks.core.config import table_name
 from tasks.core.object_store import ObjectNotFound, open_url
 from tasks.core.runtime import now_iso, prefect_ids
-from tasks.etl import catalog
+from tasks.etl import catalog, widths
 from tasks.etl import keys as etl_keys
 from tasks.etl.ingest import (
     COMPLETED,
@@ -53,6 +54,7 @@ from tasks.etl.ingest import (
     tracking_key,
     with_shard,
 )
+from tasks.etl.widths import WidthLimits
 
 log = logging.getLogger(__name__)
 
@@ -137,19 +139,23 @@ def user_column(name: str) -> str:
 _CAPACITY_ERRORS = (MemoryError, ConnectionError, TimeoutError)
 
 
-def read_ndjson(url: str) -> FileResult:
+def read_ndjson(url: str, limits: WidthLimits | None = None) -> FileResult:
     """One NDJSON file as a table of strings kept as written (``ndjson_text``); bad lines become rejects.
 
     A file that cannot be read (or whose reading raises) fails alone with the reason, none of its lines merged (a
-    reprocess after a fix then merges each line once); the other files of its manifest merge as usual.
+    reprocess after a fix then merges each line once); the other files of its manifest merge as usual. So does a
+    file whose keys ``limits`` refuse (``widths.file_problem``), found before any of its columns is built.
     """
-    from tasks.etl.ndjson_text import parse_ndjson  # here, not at the top: only a merge pays for loading Numba
+    from tasks.etl.ndjson_text import KeysRefused, parse_ndjson  # here, not at the top: only a merge loads Numba
 
+    check = None if limits is None else partial(widths.file_problem, limits=limits)
     try:
         source, key = open_url(url)
-        parsed = parse_ndjson(url, source.get_bytes(key), user_column)
+        parsed = parse_ndjson(url, source.get_bytes(key), user_column, check)
     except (ObjectNotFound, FileNotFoundError):
         return FileResult(url, error="file disappeared before the merge (not found)")
+    except KeysRefused as refused:
+        return FileResult(url, error=f"refused: {refused}"[:1000])
     except _CAPACITY_ERRORS:
         raise
     except Exception as error:  # one unreadable file must not fail its manifest
@@ -287,15 +293,31 @@ def reader_threads(files: int) -> int:
     return max(1, min(files, threads))
 
 
-def merge_part(part: int, urls: list[str], staging_prefix: str, output_url: str, processed_at: str) -> dict[str, Any]:
+def merge_part(
+    part: int,
+    urls: list[str],
+    staging_prefix: str,
+    output_url: str,
+    processed_at: str,
+    limits: WidthLimits | None = None,
+) -> dict[str, Any]:
     """Read a group of files (in parallel: ``reader_threads``), add the metadata columns, write one staged Parquet
-    part (a Dask task); each file's rows are written while the files after it are still being read."""
+    part (a Dask task); each file's rows are written while the files after it are still being read.
+
+    ``limits`` (default: the ETL settings'): a file they refuse, or one that would widen the part past
+    ``columns_per_part`` columns (files taken in order), fails alone with the reason; the others merge."""
+    limits = WidthLimits.of(settings()) if limits is None else limits
+    columns = widths.PartColumns(limits.columns_per_part, (PROCESSING_TIMESTAMP, SOURCE_FILE))
     results: list[FileResult] = []
 
     def parsed_tables() -> Iterator[pa.Table]:
         with ThreadPoolExecutor(reader_threads(len(urls))) as pool:
-            for r in pool.map(read_ndjson, urls):  # in file order, each as soon as it and those before it are read
+            # in file order, each as soon as it and those before it are read
+            for r in pool.map(partial(read_ndjson, limits=limits), urls):
                 results.append(r)
+                refused = columns.admit(r.table.column_names) if r.table is not None else None
+                if refused:  # none of its lines merge: `etl reprocess` then merges each once
+                    r.table, r.rows, r.rejects, r.error = None, 0, [], f"refused: {refused}"[:1000]
                 if r.table is not None and r.rows:
                     yield (
                         r.table.append_column(
@@ -429,7 +451,8 @@ def merge_manifest(
     processed_at = now_iso()
     sizes = input_sizes(urls)
     parts = plan_parts(sorted(urls), target_file_mb, sizes)
-    calls = [delayed(merge_part)(i, group, staging, output_url, processed_at) for i, group in enumerate(parts)]
+    limits = WidthLimits.of(settings())
+    calls = [delayed(merge_part)(i, group, staging, output_url, processed_at, limits) for i, group in enumerate(parts)]
     try:
         outputs = run_dask(calls, scheduler)
     except BaseException:

@@ -32,6 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
+from tasks.core.errors import RefusedInput
+
 STRING, NULL, NESTED, SCALAR = range(4)  # a member's value
 KEY_ESCAPED, VALUE_ESCAPED = 1, 2  # a member's flags: its key or string value holds a backslash escape
 NOT_JSON, MANY_VALUES, TOO_DEEP = 1, 2, 3  # a line's problem (its reason: ``_line_error``)
@@ -39,6 +41,18 @@ DENSE_CELLS_PER_MEMBER = 32  # past rows × columns of this many per value, the 
 MAX_DEPTH = 512  # nesting levels a value may have (json.loads itself stops near 1000, with a RecursionError)
 # cache: a worker compiles once, not per process; boundscheck: an IndexError, never a stray read, costs ~3%
 _COMPILED = {"nogil": True, "cache": True, "boundscheck": True}
+
+
+KeyCheck = Callable[[list[str]], "tuple[str, int] | None"]  # a file's columns → (why refused, which key) or None
+
+
+class KeysRefused(RefusedInput):
+    """A file whose top-level keys cannot all be columns (too many, or a name a column cannot have): the whole file
+    is refused with the reason; ``line`` is the index, in the scanned buffer, of the line to name (None: none)."""
+
+    def __init__(self, reason: str, line: int | None = None) -> None:
+        super().__init__(reason)
+        self.line = line
 
 
 @dataclass
@@ -595,8 +609,11 @@ def _spread(values: pa.Array, at_rows: np.ndarray, gaps: pa.Array) -> pa.Chunked
     return pa.chunked_array(chunks, values.type)
 
 
-def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict[int, str]]:
-    """Columns of a buffer of non-blank lines, each ending in a newline; or line index → reason for refused lines."""
+def _scan(
+    buf: bytes, rename: Callable[[str], str], check: KeyCheck | None = None
+) -> tuple[pa.Table, int, dict[int, str]]:
+    """Columns of a buffer of non-blank lines, each ending in a newline; or line index → reason for refused lines.
+    KeysRefused when ``check`` refuses the columns (the file's distinct keys, renamed, first-seen order)."""
     a = np.frombuffer(buf, np.uint8)
     lines = buf.count(b"\n")
     # a member has a colon: counting them (a C loop) beats a generous bound, whose pages cost to map and unmap
@@ -638,6 +655,14 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
         broken = np.flatnonzero(np.isin(key_index, [i for i, name in enumerate(names) if name is None]))
         return pa.table({}), 0, {int(line_of[j]): "a key holds a lone surrogate: not valid Unicode" for j in broken}
     column_of_name = {name: i for i, name in enumerate(dict.fromkeys(names))}
+    refused = check(list(column_of_name)) if check is not None else None
+    if refused:  # before any column is built: a file of 100,000 keys costs its one pass, not a table that wide
+        reason, at = refused
+        if at < 0:
+            raise KeysRefused(reason)
+        name = list(column_of_name)[at]
+        spellings = [i for i, spelled in enumerate(names) if spelled == name]
+        raise KeysRefused(reason, int(line_of[np.flatnonzero(np.isin(key_index, spellings))[0]]))
     if not column_of_name:  # only empty objects: rows without columns
         return pa.table({"rows": pa.nulls(rows, pa.string())}).drop_columns(["rows"]), rows, {}
     column = np.array([column_of_name[n] for n in names], np.int64)[key_index]
@@ -673,8 +698,12 @@ def _scan(buf: bytes, rename: Callable[[str], str]) -> tuple[pa.Table, int, dict
     return pa.table(columns), rows, {}
 
 
-def parse_ndjson(url: str, data: bytes, rename: Callable[[str], str] = str) -> Parsed:
-    """Every non-blank line of an NDJSON file as strings (see the module doc); bad lines become rejects."""
+def parse_ndjson(url: str, data: bytes, rename: Callable[[str], str] = str, check: KeyCheck | None = None) -> Parsed:
+    """Every non-blank line of an NDJSON file as strings (see the module doc); bad lines become rejects.
+
+    ``check``: given the file's columns (distinct top-level keys of its good lines, renamed, first-seen order), why
+    the file is refused and which key's first line to name (-1: none), or None; a refusal raises KeysRefused (the
+    whole file: no line of it merges)."""
     if data.startswith(codecs.BOM_UTF8):  # some Windows tools begin a file with one: it is not part of the data
         data = b" " * len(codecs.BOM_UTF8) + data[len(codecs.BOM_UTF8) :]
     starts, ends, filled = _lines(np.frombuffer(data, np.uint8))
@@ -689,7 +718,12 @@ def parse_ndjson(url: str, data: bytes, rename: Callable[[str], str] = str) -> P
             buf = data
         else:
             buf = b"".join(data[starts[i] : ends[i]] + b"\n" for i in good.tolist())
-        table, rows, found = _scan(buf, rename)
+        try:
+            table, rows, found = _scan(buf, rename, check)
+        except KeysRefused as refused:
+            if refused.line is None:
+                raise
+            raise KeysRefused(f"{refused} (line {int(good[refused.line]) + 1})") from None
         if not found:
             break
         bad.update({int(good[i]): reason for i, reason in found.items()})

@@ -49,6 +49,7 @@ PIPELINE = Pipeline(
         "etl-merge-file-failures": "CRITICAL",
         "etl-failed-manifests": "CRITICAL",
         "etl-merge-paused": "CRITICAL",  # every ingest's merges held
+        "etl-catalog-unregistered": "CRITICAL",  # a date's rows missing from every query of the table
         "etl-iterator-age": "WARNING",
         "etl-files-pending": "WARNING",
         "etl-files-pending-too-long": "WARNING",

@@ -15,6 +15,7 @@ the job over with one guarded write and resumes the step: every step can be run 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
 import re
@@ -27,10 +28,10 @@ from typing import Any
 
 from tasks.core import state_store
 from tasks.core.config import table_name
-from tasks.core.errors import Unavailable
+from tasks.core.errors import RefusedInput, Unavailable
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger
 from tasks.core.state_store import Condition
-from tasks.gpu import keys
+from tasks.gpu import keys, sealing
 from tasks.gpu.backends import (
     BackendError,
     CommandRefused,
@@ -60,7 +61,9 @@ NODE_REBOOTING, NODE_FAILED = "REBOOTING", "FAILED"
 NODE_HELD = (NODE_ASSIGNED, NODE_IN_PROGRESS, NODE_PENDING, NODE_PENDING_HEALTHCHECK)  # held by a job
 RUN_IDS = ("prefect_flow_run_id", "prefect_task_run_id")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-CANNOT_START = (BackendError, CommandRefused)  # why a task does not start: the backend, or its command as given
+IB_DEVICES = re.compile(r"^[\^=]?[A-Za-z0-9_.:,-]{0,255}$")  # NCCL_IB_HCA's syntax: devices, ports, ^ and = prefixes
+# why a task does not start: the backend, its command as given, or a row that is not as its launch sealed it
+CANNOT_START = (BackendError, CommandRefused, sealing.SealBroken)
 
 
 class NotEnoughNodes(Unavailable, RuntimeError):
@@ -378,6 +381,11 @@ def rendezvous_env(nodes: list[dict[str, Any]], index: int, master_port: int | s
     missing = [n["node_name"] for n in nodes if not n.get("ip")]
     if missing and len(nodes) > 1:
         raise BackendError(f"node(s) {missing} have no address for the job's rendezvous")
+    # a node row is data: its address and device reach every task's env only as an address and a device name
+    odd = [n["node_name"] for n in nodes if n.get("ip") and not _is_address(n["ip"])]
+    odd += [n["node_name"] for n in nodes if not IB_DEVICES.match(str(n.get("ibdev") or ""))]
+    if odd:
+        raise BackendError(f"node(s) {sorted(set(odd))} have an address or InfiniBand device that is not one")
     ibdev = nodes[index].get("ibdev") or "none"
     return {
         "MASTER_ADDR": nodes[0].get("ip", ""),
@@ -388,6 +396,14 @@ def rendezvous_env(nodes: list[dict[str, Any]], index: int, master_port: int | s
         "PIPELINES_PEERS": ",".join(n.get("ip", "") for n in nodes),
         **({"NCCL_IB_DISABLE": "1"} if ibdev == "none" else {"NCCL_IB_HCA": ibdev}),
     }
+
+
+def _is_address(value: Any) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def node_rows(node_names: list[str]) -> list[dict[str, Any]]:
@@ -512,6 +528,7 @@ def start_tasks(runner: Runner, job_id: str, expected: str, start_task=None) -> 
     retry = int(job["retry"])
     started: list[dict[str, Any]] = []
     try:
+        sealing.check_job(job, runner.backend.name)  # what runs is what the launch sealed, read where it starts
         for index, node_name in enumerate(job["assigned_nodes"]):
             started.append(start_task(runner, job, node_name, index, retry))
     except CANNOT_START as error:
@@ -570,6 +587,9 @@ def launch_job(
     try:
         env = check_env(env)
         command_argv(command)  # a command that cannot parse is refused before any node is held or waited for
+        what_runs = {"command": command, "env": env, "num_nodes": str(num_nodes), "cluster_name": config.cluster_name}
+        what_runs["backend"] = runner.backend.name
+        launch_seal = sealing.seal_job({"job_id": job_id, **what_runs})  # no launch key: nothing is held or written
         assigned = assign_nodes(
             job_id, num_nodes, config.cluster_name, nodes, wait, timeout_s, config.poll_interval_s, runner
         )
@@ -581,8 +601,6 @@ def launch_job(
     item = {
         "job_id": job_id,
         "job_timestamp": stamp,
-        "cluster_name": config.cluster_name,
-        "num_nodes": str(num_nodes),
         "assigned_nodes": assigned,
         "submitted_container_inst_ids": [],
         "submitted_ecs_task_ids": [],
@@ -590,8 +608,8 @@ def launch_job(
         "updated_at": stamp,
         "retry": "0",
         "job_status": JOB_IN_PROGRESS,
-        "command": command,
-        "env": env,
+        **what_runs,
+        **launch_seal,
         "max_retries": str(config.max_retries),
         **owner,
     }
@@ -618,6 +636,23 @@ def fail_job(runner: Runner, job_id: str, expected, reason: str, notify_user: bo
         if notify_user:
             runner.alert(f"GPU job {job_id} FAILED: {reason}")
     return result.applied
+
+
+def seal_holds(runner: Runner, job: dict[str, Any]) -> bool:
+    """Whether the job row is as its launch sealed it (``tasks.gpu.sealing``). If not, it is refused input: the job
+    FAILED with the reason, its nodes released and the tasks started for it stopped, and nothing of it runs again
+    (only tasks whose own row names this job: a forged row may list another job's tasks)."""
+    try:
+        sealing.check_job(job, runner.backend.name)
+    except sealing.SealBroken as error:
+        if fail_job(runner, job["job_id"], job["job_status"], str(error)):
+            try:
+                mine = [t["ecs_task_id"] for t in job_tasks(job) if t.get("job_id") == job["job_id"]]
+            except RefusedInput:  # a task id no launch made: none of them is this job's
+                mine = []
+            terminate_tasks(runner, mine, f"job refused: {error}")
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- detect failure
@@ -852,6 +887,8 @@ def restart_job(runner: Runner, job: dict[str, Any], wait: bool = True) -> dict[
     ``wait``: poll until ``node_wait_timeout_s`` (the job's own flow); else one try (the sweep comes back).
     """
     config, job_id = runner.config, job["job_id"]
+    if not seal_holds(runner, job):  # FAILED before it claims a replacement node
+        return {"action": "restart_refused", "job_id": job_id, "reason": get_job(job_id).get("failure_reason")}
     bad_nodes = list(job.get("bad_nodes") or [])
     lineup = list(job["assigned_nodes"])
     missing = [i for i, n in enumerate(lineup) if n in bad_nodes]

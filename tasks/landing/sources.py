@@ -25,7 +25,7 @@ class Arrival:
     key: str  # the object's key relative to the store the listener watches ("" for a plain message)
     size: int | None  # bytes, from the event or the listing (never a HEAD per object)
     event_time: str  # when it landed (ISO 8601, UTC), as the event or the listing says
-    event_id: str  # stable for one landing: S3 sequencer / SQS message id / path, size and mtime locally
+    event_id: str  # stable for one landing: S3 sequencer / SQS message id / path, size, mtime, inode, ctime locally
     body: str | None = None  # a plain message's text (records' workflow messages); None for an object
     receipt: str | None = None  # what ack() needs (an SQS receipt handle); None where nothing does
     receive_count: int = 1  # how many times the source has offered this arrival (SQS ApproximateReceiveCount)

@@ -1,4 +1,5 @@
-"""The local event source: a file-system watch (watchfiles, inotify) on a ``file://`` store's prefix, plus a
+"""The local event source: a file-system watch (inotify, every name kept as bytes: ``tasks/landing/inotify.py``)
+on a ``file://`` store's prefix, plus a
 catch-up listing at start and every ``rescan_seconds``, so files that landed while nothing watched are found.
 
     watch thread (inotify) ─┐
@@ -15,28 +16,32 @@ A file still being written is never offered:
   once unchanged for ``unchecked_settle_seconds`` (60 s), logged once per file: a writer of another user that
   pauses longer than that would still let part of a file through (docs/design.md, "The catch-up watermark").
 
-What can never be an arrival is moved to ``quarantine/landing/`` as it is, under its name percent-encoded (``~2``,
-``~3`` … after it when that name is taken), beside a ``.reason.json``, and logged: a file whose name is not a valid
-key (not UTF-8, a control character, a backslash), a symbolic link (the link itself, never followed: it may point
-anywhere), a device, pipe or socket, and a folder whose name is not UTF-8 with all in it (the watch cannot even
-report it; a watch that stops on it is started again less and less often, logged once). Its neighbours go on.
+What can never be an arrival is moved to ``quarantine/landing/`` as it is, under a name that always fits (its
+readable part and a hash of its bytes: ``quarantine_key``; ``~2``, ``~3`` … after it when that name is taken),
+beside a ``.reason.json`` with the original name's bytes, and logged: a file whose name is not a valid key (not
+UTF-8, a control character, a backslash), a symbolic link (the link itself, never followed: it may point anywhere),
+a device, pipe or socket, and a folder whose name is not UTF-8 with all in it. The watch reports such names like
+any other (a watch that stops anyway is started again less and less often, logged once): its neighbours go on.
 Suffix filters (``suffixes``) apply to files only: a folder created or moved in is listed at once.
 
-An arrival's ``event_id`` is its key, size and mtime (ns). What has been offered and not acked or released is
-not offered again. After a restart, the catch-up listing starts from the watermark (``WATERMARK_NAME``, a
-hidden file in the watched folder): every file that existed when it was taken had been acked, so only files
-changed since (ctime, on the file system's own clock) and every file of a folder it does not know at its path
-(made, moved in or renamed since) are offered; the backlog health check counts by the same listing. See
-docs/design.md, "The catch-up watermark".
+An arrival's ``event_id`` is its key, size, mtime (ns), inode and ctime (ns): a replacement that keeps the old size
+and mtime (``cp -p``, rsync, tar) still has a new ctime, so it is a new arrival. What has been offered and not
+acked or released is not offered again. After a restart, the catch-up listing starts from the watermark
+(``WATERMARK_NAME``, a hidden file in the watched folder): every file that existed when it was taken had been
+acked, so only files changed since (ctime, on the file system's own clock) and every file of a folder it does not
+know at its path (made, moved in or renamed since) are offered; the backlog health check counts by the same
+listing. See docs/design.md, "The catch-up watermark".
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,10 +49,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from stat import S_ISDIR, S_ISLNK, S_ISREG
-from urllib.parse import quote
 
 from tasks.core import keys
 from tasks.core.object_store import LocalStore, ObjectStore
+from tasks.landing.inotify import Change, TreeWatch
 from tasks.landing.sources import Arrival
 
 LOG = logging.getLogger(__name__)
@@ -56,6 +61,7 @@ TICK_SECONDS = 0.05  # how often receive() looks again at files waiting to settl
 MAX_RELEASE_DELAY = 60.0  # a released arrival is offered again after 1, 2, 4 … seconds, at most this
 WATCH_RESTART_S = 0.2  # a file watch that stopped on an error is started again after this
 WATCH_RESTART_MAX_S = 30.0  # … doubled each time it stops again at once, at most this
+WATCH_READ_S = 0.5  # the watch thread looks at its stop event at least this often
 # a file whose writer cannot be checked (another user's: the kernel refuses a lease) is taken only once unchanged
 # this long: a writer that pauses longer would still let part of a file through
 UNCHECKED_SETTLE_S = 60.0
@@ -65,6 +71,7 @@ CLOCK_NAME = ".landing-clock"  # in the watched folder: touched to read the file
 # before the listing (its clock ticks coarser than time.time) still counts as after it
 WATERMARK_SLACK_S = 2.0
 LANDING_QUARANTINE_PREFIX = "quarantine/landing/"
+READABLE_NAME_CHARS = 48  # a quarantined name keeps at most this much of the original, sanitised, before its hash
 
 
 @dataclass
@@ -73,10 +80,21 @@ class _Look:
 
     size: int
     mtime_ns: int
+    version: Version  # what tells this version from another (``version_of``)
     since: float  # monotonic time this version was first seen
     modified: bool = False  # the watch reported a write to it (written in place, not renamed in)
     aged: float = 0.0  # seconds it had been unchanged when first seen (the fs clock; 0 when the watch saw it)
     unchecked: bool = False  # the kernel could not say whether it is open for writing (another user's file)
+
+
+Version = tuple[int, int, int, int]
+
+
+def version_of(stat: os.stat_result) -> Version:
+    """What tells one version of a file from another: its size and mtime, and its inode and ctime, which nobody can
+    carry over to a replacement (``cp -p``, rsync and tar give it the old size and mtime; its ctime is the kernel's
+    clock when it was written, and a new file has a new inode)."""
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns
 
 
 def ignored_name(name: str) -> bool:
@@ -207,6 +225,31 @@ def _new_folder(mark: Watermark, relative: str, stat: os.stat_result, since: flo
     return mark.folders.get(relative) != stat.st_ino
 
 
+def quarantine_name(name: bytes) -> str:
+    """A valid, short file name for ``name`` whatever its bytes: its letters, digits, ``.``, ``_`` and ``-`` (others
+    as ``_``, no leading dot, at most READABLE_NAME_CHARS) and 16 hex digits of its SHA-256."""
+    readable = re.sub(rb"[^A-Za-z0-9._-]+", b"_", name).lstrip(b".")[:READABLE_NAME_CHARS].decode("ascii")
+    return f"{readable}-{hashlib.sha256(name).hexdigest()[:16]}"
+
+
+def _plain_segment(segment: bytes) -> bool:
+    """Whether ``segment`` can stay as it is in a key (UTF-8, no control character or backslash)."""
+    try:
+        keys.safe_key(segment.decode("utf-8"))
+    except (UnicodeDecodeError, keys.InvalidKey):
+        return False
+    return True
+
+
+def quarantine_key(relative: bytes) -> str:
+    """Where what lies at ``relative`` (bytes, under the store's root) is quarantined: under
+    ``quarantine/landing/`` at the same folders (any whose name is no key by ``quarantine_name``), itself by
+    ``quarantine_name``, so the name fits the file system's 255-byte limit whatever the original."""
+    *folders, name = relative.split(b"/")
+    kept = [folder.decode() if _plain_segment(folder) else quarantine_name(folder) for folder in folders]
+    return LANDING_QUARANTINE_PREFIX + "/".join([*kept, quarantine_name(name)])
+
+
 @dataclass(frozen=True)
 class Listed:
     """A file a catch-up listing found, or something it found that must be quarantined (``refused``: why)."""
@@ -293,6 +336,7 @@ class LocalWatchSource:
         self._not_before: dict[str, float] = {}  # released keys: not offered again before this monotonic time
         self._receives: dict[str, int] = {}  # event id -> times offered
         self._refused: set[str] = set()  # names already logged as refused (logged once)
+        self._odd: set[Path] = set()  # paths the watch reported whose name is no key: receive() looks at them
         self._unchecked: set[str] = set()  # keys logged as "cannot tell whether it is being written" (logged once)
         self._watermark = read_watermark(self.folder)  # files changed before it were all acked
         self._listed_from = 0.0  # the latest listing's start (fs clock): what is offered now is not listed before it
@@ -318,41 +362,26 @@ class LocalWatchSource:
     # ------------------------------------------------------------------ the watch thread and the listing
 
     def _watch(self) -> None:
-        """Feed the keys inotify reports into ``_dirty`` until closed; a watch that fails (a name it cannot
-        decode) is started again, and a listing then finds what it missed."""
-        import watchfiles
-
+        """Feed the keys inotify reports into ``_dirty`` (and names that are no key into ``_odd``) until closed; a
+        watch that fails (the folder gone, no inotify left) is started again, and a listing then finds what it
+        missed."""
         restarted, pause, told = False, WATCH_RESTART_S, set()
         while not self._stop.is_set():
+            tree = None
             try:
-                changes_seen = watchfiles.watch(
-                    self.folder,
-                    watch_filter=None,
-                    debounce=50,
-                    step=10,
-                    rust_timeout=500,
-                    yield_on_timeout=True,
-                    stop_event=self._stop,
-                    raise_interrupt=False,
-                )
+                tree = TreeWatch(os.fsencode(self.folder))
                 self._watching.set()
-                for changes in changes_seen:
-                    pause = WATCH_RESTART_S
-                    if restarted:  # watching again: list what landed while nothing watched
-                        restarted, self._next_rescan = False, 0.0
+                if restarted:  # watching again: list what landed while nothing watched
                     with self._changed:
-                        reported = False
-                        for change, path in changes:
-                            key = self._key_of(Path(path), file=None)
-                            if key is not None:
-                                written = change == watchfiles.Change.modified
-                                self._dirty[key] = self._dirty.get(key, False) or written
-                                reported = True
-                        if reported:
-                            self._changed.notify_all()
+                        restarted, self._next_rescan = False, 0.0
+                        self._changed.notify_all()
+                while not self._stop.is_set():
+                    changes, overflowed = tree.read(WATCH_READ_S)
+                    pause = WATCH_RESTART_S
+                    if changes or overflowed:
+                        self._report(changes, overflowed)
             except Exception as error:  # noqa: BLE001 - watch again; the listing covers the gap
-                # the same failure again (a name it cannot decode, until the listing quarantines it) is logged
-                # once and retried ever less often, never a warning every restart
+                # the same failure again is logged once and retried ever less often, never a warning every restart
                 said = f"{type(error).__name__}: {error}"
                 (LOG.debug if said in told else LOG.warning)(
                     "the file watch on %s stopped (%s); watching again and listing what it missed", self.folder, said
@@ -364,7 +393,20 @@ class LocalWatchSource:
                 self._stop.wait(pause)
                 pause = min(WATCH_RESTART_MAX_S, pause * 2)
             finally:
+                if tree is not None:
+                    tree.close()
                 self._watching.set()
+
+    def _report(self, changes: list[Change], overflowed: bool) -> None:
+        """Hand what the watch saw to ``receive()``; an overflowed queue (changes lost) makes it list now."""
+        with self._changed:
+            for change in changes:
+                key = self._key_of(Path(os.fsdecode(change.path)), file=None)
+                if key is not None:
+                    self._dirty[key] = self._dirty.get(key, False) or change.written
+            if overflowed:
+                self._next_rescan = 0.0
+            self._changed.notify_all()
 
     def _key_of(self, path: Path, file: bool | None = True) -> str | None:
         """The store key of a path under the prefix, or None (ignored name, a file of another suffix, outside the
@@ -379,18 +421,21 @@ class LocalWatchSource:
             relative.encode("utf-8")
             key = keys.safe_key(relative)
         except (UnicodeEncodeError, keys.InvalidKey) as error:
-            if relative.startswith(self.prefix) and file is not None:
+            if relative.startswith(self.prefix) and file is None:  # the watch: receive() looks at what it is
+                self._odd.add(path)
+            elif relative.startswith(self.prefix):
                 self._quarantine(path, "the name is not UTF-8" if isinstance(error, UnicodeEncodeError) else str(error))
             return None
         return key if key.startswith(self.prefix) else None
 
     def _quarantine(self, path: Path, reason: str) -> None:
         """Move what lies at ``path`` (a file whose name is no valid key, a symbolic link itself, a folder whose
-        name is not UTF-8 with all in it) to ``quarantine/landing/`` under its name percent-encoded, a ``~2``, ``~3``
-        … after it when that name is taken, beside a ``.reason.json``; a failure is logged once. A crash in between
-        leaves it where it was, to be moved by the next look (its reason file rewritten)."""
-        relative = path.relative_to(self.store.root).as_posix()
-        first_key = LANDING_QUARANTINE_PREFIX + quote(os.fsencode(relative), safe="/")
+        name is not UTF-8 with all in it) to ``quarantine/landing/`` under a name that is always a valid one
+        (``quarantine_key``), a ``~2``, ``~3`` … after it when that name is taken, beside a ``.reason.json`` with the
+        original name; a failure is logged once. A crash in between leaves it where it was, to be moved by the next
+        look (its reason file rewritten)."""
+        relative = os.fsencode(path).removeprefix(os.fsencode(self.store.root) + b"/")
+        first_key = quarantine_key(relative)
         target_key, copies = first_key, 1
         try:
             while os.path.lexists(self.store.path(target_key)):  # one listener per place: nobody takes it meanwhile
@@ -402,7 +447,8 @@ class LocalWatchSource:
                 keys.quarantine_reason_key(target_key),
                 json.dumps(
                     {
-                        "name": os.fsencode(relative).decode("utf-8", "backslashreplace"),
+                        "name": relative.decode("utf-8", "backslashreplace"),
+                        "name_hex": relative.hex(),  # the name's bytes exactly (a backslash in it reads the same)
                         "reason": reason,
                         "quarantined_at": datetime.fromtimestamp(self._wall_clock(), UTC).isoformat(),
                     }
@@ -437,7 +483,7 @@ class LocalWatchSource:
         outstanding = set()
         for key, stat in self._listing(mark=self._watermark, now=now, seen=seen):
             self._note(key, stat, aged=now - stat.st_mtime)
-            if self._acked.get(key) != self._event_id(key, stat.st_size, stat.st_mtime_ns):
+            if self._acked.get(key) != self._event_id(key, version_of(stat)):
                 outstanding.add(key)
         mark = Watermark(now - WATERMARK_SLACK_S, seen, boot_id, boot_s)
         self._listed_from = mark.at
@@ -468,18 +514,22 @@ class LocalWatchSource:
     # ------------------------------------------------------------------ deciding what is complete
 
     @staticmethod
-    def _event_id(key: str, size: int, mtime_ns: int) -> str:
-        return f"{key}:{size}:{mtime_ns}"
+    def _event_id(key: str, version: Version) -> str:
+        """``{key}:{size}:{mtime ns}:{inode}:{ctime ns}``: one landing of one version."""
+        return ":".join([key, *map(str, version)])
 
     def _note(self, key: str, stat: os.stat_result, written: bool = False, aged: float = 0.0) -> None:
         """Record a look at ``key`` (unless that version was acked); a new version restarts its settle time.
         ``aged``: how long the version had been unchanged when first seen, on the fs clock (a listing's files)."""
-        if self._acked.get(key) == self._event_id(key, stat.st_size, stat.st_mtime_ns):
+        version = version_of(stat)
+        if self._acked.get(key) == self._event_id(key, version):
             return
         look = self._looks.get(key)
-        if look is None or (look.size, look.mtime_ns) != (stat.st_size, stat.st_mtime_ns):
+        if look is None or look.version != version:
             modified = written or bool(look and look.modified)
-            self._looks[key] = _Look(stat.st_size, stat.st_mtime_ns, time.monotonic(), modified, max(0.0, aged))
+            self._looks[key] = _Look(
+                stat.st_size, stat.st_mtime_ns, version, time.monotonic(), modified, max(0.0, aged)
+            )
         elif written:
             look.modified = True
 
@@ -517,6 +567,9 @@ class LocalWatchSource:
         """Look at reported and waiting files; the complete ones not in flight, as arrivals (at most ``max_items``)."""
         with self._changed:
             dirty, self._dirty = self._dirty, {}
+            odd, self._odd = self._odd, set()
+        for path in odd:
+            self._refuse(path)
         for key, written in dirty.items():
             stat = self._stat(key)
             if stat is None:  # gone; a folder moved away is reported alone: what was under it went with it
@@ -540,13 +593,13 @@ class LocalWatchSource:
         for key, look in list(self._looks.items()):
             if len(ready) >= max_items:
                 break
-            if self._acked.get(key) == self._event_id(key, look.size, look.mtime_ns):
+            if self._acked.get(key) == self._event_id(key, look.version):
                 del self._looks[key]  # noted by a listing before its ack came
                 continue
             if key in self._offered or self._not_before.get(key, 0.0) > now or not self._complete(key, look, now):
                 continue
             stat = self._stat(key)
-            if stat is None or (stat.st_size, stat.st_mtime_ns) != (look.size, look.mtime_ns):
+            if stat is None or version_of(stat) != look.version:
                 if stat is not None and S_ISREG(stat.st_mode):
                     self._note(key, stat)
                 else:  # gone, or replaced by a link or a folder: the watch's report (or a listing) says which
@@ -556,7 +609,7 @@ class LocalWatchSource:
                         self._dirty.setdefault(key, False)
                 continue
             del self._looks[key]
-            event_id = self._event_id(key, look.size, look.mtime_ns)
+            event_id = self._event_id(key, look.version)
             self._offered[key] = event_id
             self._offered_ctime[key] = max(stat.st_ctime, self._listed_from)
             self._receives[event_id] = self._receives.get(event_id, 0) + 1
@@ -571,6 +624,28 @@ class LocalWatchSource:
                 )
             )
         return ready
+
+    def _refuse(self, path: Path) -> None:
+        """Quarantine what the watch reported at ``path`` (a name that is no key) from its first folder whose name
+        is not UTF-8 (with all in it); else a file of the watched suffixes, a link or a special file, and the files
+        under a folder whose name is no key; gone already, nothing."""
+        root = os.fsencode(self.store.root)
+        segments = os.fsencode(path).removeprefix(root + b"/").split(b"/")
+        for depth, segment in enumerate(segments[:-1]):
+            if _not_utf8(os.fsdecode(segment)):  # a folder above it: the folder goes, with all in it
+                path = Path(os.fsdecode(b"/".join([root, *segments[: depth + 1]])))
+                break
+        try:
+            stat = os.stat(path, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if S_ISREG(stat.st_mode):
+            self._key_of(path)  # quarantines it unless another suffix's (not this listener's to judge)
+        elif (refused := _refusal(path, stat)) is not None:
+            self._quarantine(path, refused)
+        elif S_ISDIR(stat.st_mode):  # a UTF-8 name that is no key: its files are quarantined one by one
+            for _ in self._listing(path):
+                pass
 
     def _path(self, key: str) -> Path:
         """The path of ``key`` itself, a link there not followed (the store's ``path`` resolves links)."""

@@ -27,6 +27,7 @@ from tasks.core import keys
 from tasks.core.config import object_store
 from tasks.core.object_store import ObjectStore
 from tasks.phspectra import keys as phspectra_keys
+from tasks.phspectra import sealing
 from tasks.phspectra import survey as ph
 from tasks.phspectra.survey_status import tile_runs
 
@@ -105,7 +106,8 @@ def build_catalog(survey: str, catalog_url: str | None = None, force: bool = Fal
     tiles = tile_runs(survey)
     written, unchanged, missing = {}, [], []
     for tile, runs in tiles.items():
-        run = next((r for r in runs if r.get("status") == ph.RUN_COMPLETED), None)
+        # a RUN item its split did not seal names a store it never wrote: its partition is never read from there
+        run = next((r for r in runs if r.get("status") == ph.RUN_COMPLETED and not sealing.broken(r)), None)
         if run is None:
             missing.append(tile)
             continue

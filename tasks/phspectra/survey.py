@@ -34,6 +34,7 @@ from tasks.core.object_store import ObjectNotFound, ObjectStore, open_url
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger, utc_now
 from tasks.core.state_store import Condition, Increment, to_plain
 from tasks.phspectra import keys as phspectra_keys
+from tasks.phspectra import sealing
 from tasks.phspectra.worker import TIMED_OUT, FitStopped, run_in_child, start_fork_server, validate_fit_params
 
 PENDING, IN_PROGRESS, COMPLETED, FAILED = "PENDING", "IN_PROGRESS", "COMPLETED", "FAILED"
@@ -299,6 +300,7 @@ def split_cube(
         run_item["params"] = json.dumps(params, sort_keys=True)
     if output_url:
         run_item["output_url"] = output_url
+    run_item.update(sealing.seal_run(run_item))  # what it opens and writes is what this split chose
     created = state_store.create_if_absent(runs_table(), run_item, ["PK", "SK"])
     if not created.applied:
         raise ValueError(f"run {run_id} already exists: pass it as run_id to resume it")
@@ -325,6 +327,7 @@ def complete_split(run_id: str) -> list[int]:
     have = {phspectra_keys.chunk_start_from_sk(chunk["SK"]) for chunk in _chunk_query(run_id)}
     missing = [start for start in chunk_starts(run["n_spectra"], run["chunk_size"]) if start not in have]
     if missing:
+        sealing.check_run(run)  # SealBroken (a ValueError): a cube or store its split did not choose is never opened
         spectra, xs, ys, _ = prepare_spectra(load_cube(run["cube_url"]))
         if spectra.shape != (run["n_spectra"], run["n_channels"]):
             raise ValueError(
@@ -664,6 +667,11 @@ def reopen_run(
     run = to_plain(run)
     if not run.get("jobs_total"):
         raise ValueError(f"run {run_id} failed before its chunks were written ({run.get('error')}); start a new run")
+    try:
+        sealing.check_run(run)
+    except sealing.SealBroken as error:
+        give_up(run_id, str(error))
+        raise
     asked = {"survey": survey, **given, "fit_params": validate_fit_params(fit_params) if fit_params else None}
     stored = {name: run.get(name) for name in asked} | {"fit_params": run_params(run)}
     conflicts = [

@@ -4,6 +4,11 @@ The binary is the one inside the ``imageio-ffmpeg`` wheel, driven through ffmpeg
 ffprobe, so media is probed with PyAV (demuxing every packet and comparing them with what the container declares,
 which finds cut-off uploads).
 
+Every file is read with one demuxer, named, through the file protocol only: an upload with the one the probe
+accepted (``MediaInfo.demuxer``, one of ``UPLOAD_DEMUXERS``), a file this module wrote with ``OWN_DEMUXER``. Left to
+guess, ffmpeg may read the same bytes with another demuxer than PyAV did (its build has DASH, PyAV's has not), and
+playlists, manifests and lists (hls, dash, concat, image2 patterns) open whatever files or URLs they name.
+
 The final output gets the source's own audio track, muxed onto the joined video (the segments' audio, there for
 the backends, is left out), so audio that starts late or ends early comes through whole.
 """
@@ -54,6 +59,19 @@ TRANSIENT_CAUSES = (
     "timed out",
     "Input/output error",
 )
+# the demuxers an upload may be read with: containers that hold their own media. Any other is refused at the probe:
+# hls, dash, concat, image2 and the like read the files or URLs an upload names (outside the job's folder too)
+UPLOAD_DEMUXERS = ("mov", "matroska", "avi", "flv", "mpegts", "mpeg", "ogg", "asf", "nut", "ivf", "mxf")
+OWN_DEMUXER = "mov"  # what this module writes (mp4: segments, outputs, the final)
+ONLY_FILES = "file"  # the protocols ffmpeg and PyAV may open: the named local file, nothing a file names elsewhere
+# what an upload refused by its demuxer looks like, by its first bytes, for the reason the job fails with
+NOT_CONTAINERS = (
+    (b"#EXTM3U", "an HLS playlist"),
+    (b"<?xml", "an XML document (a DASH manifest?)"),
+    (b"<MPD", "a DASH manifest"),
+    (b"ffconcat", "an ffmpeg concat list"),
+    (b"file ", "an ffmpeg concat list"),
+)
 # how many of ffmpeg's error lines a failure message keeps (the first ones name the cause, the last what stopped)
 CAUSE_LINES, LAST_LINES = 6, 2
 TIMESCALE = 90000  # one video time base for every part the concat demuxer joins (it reads all parts in the first's)
@@ -83,6 +101,18 @@ def cause_lines(stderr: str) -> list[str]:
     return lines
 
 
+def read(path: str | Path, demuxer: str):
+    """``path`` as an ffmpeg-python input read with ``demuxer`` only, through the file protocol only."""
+    return ffmpeg.input(str(path), f=demuxer, protocol_whitelist=ONLY_FILES)
+
+
+def open_media(path: str | Path, demuxer: str = OWN_DEMUXER):
+    """``path`` opened by PyAV for reading with ``demuxer`` only, through the file protocol only."""
+    import av
+
+    return av.open(str(path), format=demuxer, container_options={"protocol_whitelist": ONLY_FILES})
+
+
 def run(stream) -> None:
     """Run an ffmpeg-python graph with the bundled binary; errors become FfmpegRefused (or FfmpegError when a retry
     may cure them: killed, out of space or memory) with ffmpeg's own cause lines."""
@@ -110,6 +140,7 @@ class MediaInfo:
     audio_start: float = 0.0  # seconds after the video's first frame (negative: before it)
     audio_duration: float = 0.0
     audio_codec: str = ""
+    demuxer: str = ""  # the one that read it (one of UPLOAD_DEMUXERS): ffmpeg reads the file with it alone
 
     @property
     def display_size(self) -> tuple[int, int]:
@@ -143,9 +174,26 @@ def libav_errors_reported() -> None:
     av.logging.set_skip_repeated(False)  # a second cut-off file logs the same line as the first: it must arrive too
 
 
+def list_kind(path: Path) -> str | None:
+    """What ``path`` is by its first bytes when it is a playlist, manifest or list (``NOT_CONTAINERS``), else None."""
+    with path.open("rb") as handle:
+        head = handle.read(4096).lstrip()
+    return next((name for sign, name in NOT_CONTAINERS if head.startswith(sign)), None)
+
+
+def refused_format(label: str, kind: str | None) -> InvalidMedia:
+    """Why an upload that none of ``UPLOAD_DEMUXERS`` reads (``kind``: what it looks like) is refused."""
+    what = f"{label} is {kind}, not a video container" if kind else f"{label} is not in a video container read here"
+    return InvalidMedia(
+        f"{what}: playlists, manifests and lists name other files, so only self-contained containers are read "
+        f"({', '.join(UPLOAD_DEMUXERS)})"
+    )
+
+
 def probe(path: str | Path, name: str | None = None) -> MediaInfo:
-    """Duration, frame count, size, rotation and audio of a file, demuxing every packet; InvalidMedia when it is no
-    video, or a cut-off one (fewer readable frames or seconds than its container declares, or a partial packet).
+    """Duration, frame count, size, rotation, audio and demuxer of a file, demuxing every packet; InvalidMedia when it
+    is no video, in a format that names other files (a playlist, manifest or list: only ``UPLOAD_DEMUXERS`` read it),
+    or a cut-off one (fewer readable frames or seconds than its container declares, or a partial packet).
 
     ``name`` (an object key) stands for the local path in messages, which never hold local paths.
     """
@@ -159,7 +207,8 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
     if size == 0:
         raise InvalidMedia("the upload is empty (0 bytes)")
     try:
-        with av.logging.Capture() as logs, av.open(str(path)) as container:
+        only = {"format_whitelist": ",".join(UPLOAD_DEMUXERS), "protocol_whitelist": ONLY_FILES}
+        with av.logging.Capture() as logs, av.open(str(path), container_options=only) as container:
             if not container.streams.video:
                 raise InvalidMedia("the file has no video stream")
             video = container.streams.video[0]
@@ -200,10 +249,14 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
                 audio_start=(audio_span[0] - start) if audio_span else 0.0,
                 audio_duration=(audio_span[1] - audio_span[0]) if audio_span else 0.0,
                 audio_codec=audio.codec_context.name if audio_span else "",
+                demuxer=container.format.name.split(",")[0],
             )
     except InvalidMedia:
         raise
     except (av.error.FFmpegError, UnicodeDecodeError, ValueError) as error:
+        kind = list_kind(path)
+        if kind or any("not on whitelist" in text for _, _, text in logs):
+            raise refused_format(label, kind) from None
         with path.open("rb") as head:
             if head.read(8)[4:8] in (b"ftyp", b"mdat", b"wide", b"free"):  # an mp4/mov whose index never came
                 raise InvalidMedia(
@@ -343,24 +396,23 @@ def even_size(width: int, height: int) -> tuple[int, int]:
     return width + width % 2, height + height % 2
 
 
-def _audio_codec(source: Path) -> str | None:
-    """The codec of ``source``'s first audio stream, None when it has none."""
-    import av
-
-    with av.open(str(source)) as container:
+def _audio_codec(source: Path, demuxer: str) -> str | None:
+    """The codec of ``source``'s first audio stream (read with ``demuxer``), None when it has none."""
+    with open_media(source, demuxer) as container:
         return container.streams.audio[0].codec_context.name if container.streams.audio else None
 
 
-def _mp4_streams(source: Path) -> list:
+def _mp4_streams(source: Path, demuxer: str) -> list:
     """ffmpeg-python selectors of ``source``'s first video and, when mp4 can carry its codec, first audio stream."""
-    stream = ffmpeg.input(str(source))
-    return [stream["v:0"]] + ([stream["a:0"]] if _audio_codec(source) in MP4_AUDIO_CODECS else [])
+    stream = read(source, demuxer)
+    return [stream["v:0"]] + ([stream["a:0"]] if _audio_codec(source, demuxer) in MP4_AUDIO_CODECS else [])
 
 
-def normalise(source: Path, target: Path, segment_seconds: float) -> None:
-    """Re-encode the source's video (h264): upright (the rotation applied), padded to even sides, every frame kept
-    with its timestamp (variable frame rate too), a keyframe every ``segment_seconds`` so segments cut there."""
-    video, *audio = _mp4_streams(source)
+def normalise(source: Path, target: Path, segment_seconds: float, demuxer: str) -> None:
+    """Re-encode the source's video (h264, read with ``demuxer``): upright (the rotation applied), padded to even
+    sides, every frame kept with its timestamp (variable frame rate too), a keyframe every ``segment_seconds`` so
+    segments cut there."""
+    video, *audio = _mp4_streams(source, demuxer)
     run(
         ffmpeg.output(
             video.filter("pad", "ceil(iw/2)*2", "ceil(ih/2)*2"),
@@ -378,14 +430,14 @@ def normalise(source: Path, target: Path, segment_seconds: float) -> None:
     )
 
 
-def segment(source: Path, out_dir: Path, segment_seconds: float) -> list[Path]:
-    """Split ``source`` with the segment muxer (stream copy of its video and, where mp4 takes it, its audio; cuts
-    fall on keyframes). Returns the parts in order."""
+def segment(source: Path, out_dir: Path, segment_seconds: float, demuxer: str) -> list[Path]:
+    """Split ``source`` (read with ``demuxer``) with the segment muxer (stream copy of its video and, where mp4 takes
+    it, its audio; cuts fall on keyframes). Returns the parts in order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pattern = out_dir / "part-%05d.mp4"
     run(
         ffmpeg.output(
-            *_mp4_streams(source),
+            *_mp4_streams(source, demuxer),
             str(pattern),
             c="copy",
             f="segment",
@@ -417,7 +469,7 @@ def transform(source: Path, target: Path, mode: str, encoder: str | None = None)
     if mode not in FILTERS:
         raise ValueError(f"unknown mode {mode!r}: choose one of {sorted(FILTERS)}")
     chain = FILTERS[mode]
-    stream = ffmpeg.input(str(source))
+    stream = read(source, OWN_DEMUXER)
     if chain is None and encoder is None:
         run(stream.output(str(target), c="copy", map="0"))
         return
@@ -440,7 +492,7 @@ def retime(parts: list[Path], folder: Path) -> list[Path]:
     retimed = [folder / f"{index:05d}.mp4" for index in range(len(parts))]
     for lo in range(0, len(parts), RETIME_BATCH):
         outputs = [
-            ffmpeg.input(str(part))["v:0"].output(str(out), c="copy", video_track_timescale=TIMESCALE)
+            read(part, OWN_DEMUXER)["v:0"].output(str(out), c="copy", video_track_timescale=TIMESCALE)
             for part, out in zip(parts[lo : lo + RETIME_BATCH], retimed[lo : lo + RETIME_BATCH])
         ]
         run(ffmpeg.merge_outputs(*outputs))
@@ -450,9 +502,7 @@ def retime(parts: list[Path], folder: Path) -> list[Path]:
 def video_span(path: Path) -> float:
     """Seconds from a file's first video frame to the end of its last, as ``probe`` counts them, from the video
     packets alone (no decoding, no checks: for files this module just wrote)."""
-    import av
-
-    with av.open(str(path)) as container:
+    with open_media(path) as container:
         video = container.streams.video[0]
         packets = [
             (float(packet.pts * packet.time_base), float((packet.duration or 0) * packet.time_base))
@@ -463,9 +513,12 @@ def video_span(path: Path) -> float:
     return end - start
 
 
-def concat(parts: list[Path], target: Path, audio: Path | None = None) -> None:
-    """Join the video of ``parts`` in order (stream copy), then add ``audio``'s first audio track whole, where it
-    starts there against that file's video (copied when mp4 takes its codec, else AAC).
+def concat(parts: list[Path], target: Path, audio: Path | None = None, audio_demuxer: str = OWN_DEMUXER) -> None:
+    """Join the video of ``parts`` in order (stream copy), then add ``audio``'s first audio track whole (read with
+    ``audio_demuxer``), where it starts there against that file's video (copied when mp4 takes its codec, else AAC).
+
+    The concat list names each part by its bare file name beside the list (``safe`` holds: no path, no protocol),
+    and every file it opens must be an mp4 read through the file protocol.
 
     Each part is first remuxed to one time base: the concat demuxer reads every part in the first part's, so parts
     with another (a frame-rate change, another backend's encoder) would play too fast or too slow.
@@ -476,14 +529,16 @@ def concat(parts: list[Path], target: Path, audio: Path | None = None) -> None:
         for retimed in retime(parts, Path(tmp)):
             # each part placed after the frames before it, not after its container's duration (which counts a
             # reordering delay in, so parts drifted apart where the frame rate changes)
-            escaped = str(retimed).replace("'", r"'\''")
-            lines.append(f"file '{escaped}'\nduration {video_span(retimed):.6f}\n")
+            lines.append(f"file '{retimed.name}'\nduration {video_span(retimed):.6f}\n")
         listing.write_text("".join(lines))
-        streams = [ffmpeg.input(str(listing), f="concat", safe=0)["v:0"]]
+        joined = ffmpeg.input(
+            str(listing), f="concat", safe=1, protocol_whitelist=ONLY_FILES, format_whitelist=f"concat,{OWN_DEMUXER}"
+        )
+        streams = [joined["v:0"]]
         options: dict = {"c:v": "copy", "movflags": "+faststart", "video_track_timescale": TIMESCALE}
         if audio is not None:
-            streams.append(ffmpeg.input(str(audio))["a:0"])
-            options["c:a"] = "copy" if _audio_codec(audio) in MP4_AUDIO_CODECS else "aac"
+            streams.append(read(audio, audio_demuxer)["a:0"])
+            options["c:a"] = "copy" if _audio_codec(audio, audio_demuxer) in MP4_AUDIO_CODECS else "aac"
         run(ffmpeg.output(*streams, str(target), **options))
 
 

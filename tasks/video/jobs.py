@@ -373,10 +373,11 @@ def chunk_source(job_id: JobId, segment_seconds: float, mode: str) -> list[str]:
             with local_path(store, source) as path:
                 info = video_ffmpeg.probe(path, source)
                 normalised = video_ffmpeg.normalisation(info)
+                demuxer = info.demuxer
                 if normalised:  # rotated, odd-sized or not mp4-borne: one upright, even-sided h264 picture first
-                    video_ffmpeg.normalise(path, tmp / "normalised.mp4", segment_seconds)
-                    path = tmp / "normalised.mp4"
-                parts = video_ffmpeg.segment(path, tmp / "parts", segment_seconds)
+                    video_ffmpeg.normalise(path, tmp / "normalised.mp4", segment_seconds, demuxer)
+                    path, demuxer = tmp / "normalised.mp4", video_ffmpeg.OWN_DEMUXER
+                parts = video_ffmpeg.segment(path, tmp / "parts", segment_seconds, demuxer)
         except ObjectNotFound:
             raise video_ffmpeg.InvalidMedia(f"no upload at {source}") from None
         total = len(parts)
@@ -394,6 +395,7 @@ def chunk_source(job_id: JobId, segment_seconds: float, mode: str) -> list[str]:
         "source_audio_start": round(info.audio_start, 6),
         "source_audio_duration": round(info.audio_duration, 6),
         "source_size": "{}x{}".format(*info.display_size),
+        "source_format": info.demuxer,  # reassembly reads the source's audio with the demuxer its probe accepted
         "output_size": "{}x{}".format(*video_ffmpeg.output_size(mode, *picture)),
     }
     if normalised:
@@ -653,6 +655,14 @@ def take_reassembly(job_id: JobId, owner: str, stale_after_s: float) -> Reassemb
     return work
 
 
+def _source_format(work: ReassemblyWork, source: Path | None) -> str:
+    """The demuxer the source's probe accepted: as chunking recorded it, else (a job chunked before it was
+    recorded) from probing the source again."""
+    if source is None:
+        return video_ffmpeg.OWN_DEMUXER
+    return work.job.get("source_format") or video_ffmpeg.probe(source, video_keys.source_key(work.job_id)).demuxer
+
+
 def _write_final(store: ObjectStore, final: str, work: ReassemblyWork) -> video_ffmpeg.MediaInfo:
     """Concat the completed outputs (with the source's own audio) into ``final``, checked against the source;
     bad media cannot get better by retrying, so it fails the job with the reason (JobFailed)."""
@@ -666,7 +676,7 @@ def _write_final(store: ObjectStore, final: str, work: ReassemblyWork) -> video_
                 else None
             )
             target = tmp / "final.mp4"
-            video_ffmpeg.concat(parts, target, audio)
+            video_ffmpeg.concat(parts, target, audio, _source_format(work, audio))
             info = video_ffmpeg.probe(target, final)
             problems = final_problems(info, work.job)
             if problems:

@@ -251,7 +251,7 @@ def redact_text(source: Path, target: Path, mode: str = "identity", batch_size: 
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
     detections, frames_seen = [], 0
-    with av.open(str(source)) as inp, av.open(str(target), "w", format="mp4") as out:
+    with video_ffmpeg.open_media(source) as inp, av.open(str(target), "w", format="mp4") as out:
         video = inp.streams.video[0]
         audio = inp.streams.audio[0] if inp.streams.audio else None
         audio_out = out.add_stream_from_template(audio) if audio is not None else None

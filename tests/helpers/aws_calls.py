@@ -12,6 +12,13 @@ the flow runs' own: the task role's. Child processes (workers, flow runs, listen
 launched or tagged with (by anyone, the tests included) are logged too (``read_resource_tags``): IAM reads an
 instance's own tags (``aws:ResourceTag/...``) when a call acts on it. tests/test_aws_policies.py evaluates the lines
 against the template's roles.
+
+Which resources are the stack's: a name stands for the stack's resource of its kind only where the test world
+made it so, as CloudFormation would have: a bucket, queue, cluster or role the harness or the operator created
+(``created`` lines: their create calls), or the cluster and roles the operator configured the worker with
+(``ECS_CLUSTER``, ``ECS_TASK_ROLE_ARN``, ``ECS_EXECUTION_ROLE_ARN`` in the calling process). Any other name is
+evaluated as itself, so a call against a resource the stack does not own is denied as AWS would deny it. Each
+registered task definition's roles are logged too (``task_definitions``): a RunTask or StartTask passes them.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ ROLES = (  # the innermost frame under one of these paths names the role
 )
 _lock = threading.Lock()
 _installed = False
+_configured_written: set[str] = set()  # the configurations this process has logged
 
 
 def role_of_caller() -> tuple[str | None, str]:
@@ -73,13 +81,34 @@ def jsonable(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+CREATES = {  # the create calls that make a resource the stack's (kind, the parameter naming it)
+    ("s3", "CreateBucket"): ("bucket", "Bucket"),
+    ("sqs", "CreateQueue"): ("queue", "QueueName"),
+    ("ecs", "CreateCluster"): ("cluster", "clusterName"),
+    ("iam", "CreateRole"): ("role", "RoleName"),
+}
+CONFIGURED = {"ECS_CLUSTER": "cluster", "ECS_TASK_ROLE_ARN": "task_role", "ECS_EXECUTION_ROLE_ARN": "execution_role"}
+
+
 def record(model: Any, params: dict[str, Any], **_: Any) -> None:
-    """botocore's ``before-parameter-build`` handler: one JSON line per call made by the code."""
+    """botocore's ``before-parameter-build`` handler: one JSON line per call made by the code; the harness's and
+    the operator's create calls as the resources they make the stack's; every task definition's roles."""
     role, where = role_of_caller()
+    service = model.service_model.service_name
+    if model.name == "RegisterTaskDefinition":
+        roles = {k: params.get(k) for k in ("taskRoleArn", "executionRoleArn") if params.get(k)}
+        _write({"task_definition": {params.get("family", ""): roles}, "pid": os.getpid()})
     if role is None:
+        kind, name = CREATES.get((service, model.name), (None, None))
+        if kind and params.get(name):
+            _write({"created": [kind, params[name]], "pid": os.getpid()})
         return
+    configured = {kind: os.environ[variable] for variable, kind in CONFIGURED.items() if os.environ.get(variable)}
+    if configured and json.dumps(configured, sort_keys=True) not in _configured_written:
+        _configured_written.add(json.dumps(configured, sort_keys=True))
+        _write({"configured": configured, "pid": os.getpid()})
     line = {
-        "service": model.service_model.service_name,
+        "service": service,
         "operation": model.name,
         "role": role,
         "where": where,
@@ -168,6 +197,7 @@ ACCOUNT, REGION, ENV = "123456789012", "us-east-1", "test"
 GPU_CLUSTER, VIDEO_ENDPOINT_PREFIX = "gpu-test", "pipelines-video-"  # the test stack's GPU cluster and endpoints
 GPU_BACKEND = str(Path("tasks") / "gpu" / "backends.py")  # its ECS calls are on the GPU cluster, not the stack's
 TEMPLATE_ROLES = {"worker": "WorkerRole", "task": "TaskRole", "listener": "TaskRole"}
+MULTIVALUED = "multivalued:"  # supported_condition_keys: the multivalued keys of an action
 GLOBAL_KEYS = ("aws:SecureTransport", "aws:CurrentTime", "aws:PrincipalArn", "aws:PrincipalAccount")
 SAR_SCRIPT = """
 import json, os, sys
@@ -180,18 +210,20 @@ for action in json.load(sys.stdin):
     service = services[prefix]
     (privilege,) = [p for p in service["privileges"] if p["privilege"].lower() == name.lower()]
     resources = {r["resource"]: r for r in service["resources"]}
+    types = {c["condition"]: c.get("type", "") for c in service.get("conditions", [])}
     keys = set()
     for entry in privilege["resource_types"]:
         keys |= set(entry["condition_keys"])
         keys |= set(resources.get(entry["resource_type"].rstrip("*"), {}).get("condition_keys", []))
-    out[action] = sorted(keys)
+    out[action] = [[k, types.get(k, "").startswith("ArrayOf")] for k in sorted(keys)]
 print(json.dumps(out))
 """
 
 
 def supported_condition_keys(actions: set[str]) -> dict[str, set[str]]:
     """Action -> the condition keys its requests carry (the Service Authorization Reference as parliament's
-    database in .venv-tools holds it: `make lint-tools`)."""
+    database in .venv-tools holds it: `make lint-tools`); the multivalued ones (ArrayOf… types) lower-cased under
+    ``MULTIVALUED`` + action."""
     import subprocess
 
     result = subprocess.run(
@@ -202,14 +234,18 @@ def supported_condition_keys(actions: set[str]) -> dict[str, set[str]]:
         check=True,
         timeout=120,
     )
-    return {action: set(keys) for action, keys in json.loads(result.stdout).items()}
+    found: dict[str, set[str]] = {}
+    for action, keys in json.loads(result.stdout).items():
+        found[action] = {key for key, _ in keys}
+        found[MULTIVALUED + action] = {key.lower() for key, many in keys if many}
+    return found
 
 
 class StackWorld:
     """The test world's names bound to one stack of the template (Env ``test``): each table, queue, bucket,
     cluster and role a test's call names becomes the stack's resource of the same kind, as AWS would name it."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path | None = None) -> None:
         from infra import cloudformation as cfn
         from infra.policy_eval import stack_values
         from tasks.core.registry import default_table_names
@@ -233,7 +269,31 @@ class StackWorld:
         self.seed_tables = {name: logical for logical, name in default_table_names(ENV).items()}
         self.task_definitions: dict[str, dict[str, Any]] = {}
         self.resource_tags: dict[str, dict[str, str]] = {}  # instance id -> its tags (``read_resource_tags``)
-        self.gpu_clusters_named: set[str] = set()  # the clusters the GPU backend's calls named
+        self.owned: dict[str, set[str]] = {"bucket": set(), "queue": set(), "cluster": set(), "role": set()}
+        self.configured_roles: dict[str, str] = {}  # role ARN -> the stack's role it is configured as
+        for kind, logical in (("bucket", "Bucket"), ("cluster", "Cluster"), ("role", "TaskRole")):
+            self.own(kind, self.values[logical])
+        self.own("role", self.values["ExecutionRole"])
+        self.own("cluster", GPU_CLUSTER)
+        if log is not None:
+            self.learn(log)
+
+    def own(self, kind: str, name: str) -> None:
+        """Make ``name`` one of the stack's resources of ``kind`` (the test world created or configured it)."""
+        self.owned[kind].add(name.rsplit("/", 1)[-1] if kind in ("cluster", "role") else name)
+
+    def learn(self, log: Path) -> None:
+        """What the log says of the world: the resources created and configured, instance tags, task definitions."""
+        for line in _lines(log):
+            if "created" in line:
+                self.own(*line["created"])
+            for kind, value in line.get("configured", {}).items():
+                self.own("cluster" if kind == "cluster" else "role", value)
+                if kind != "cluster":
+                    self.configured_roles[value] = "ExecutionRole" if kind == "execution_role" else "TaskRole"
+            for family, roles in line.get("task_definition", {}).items():
+                self.task_definitions[family] = roles
+        self.resource_tags = read_resource_tags(log)
 
     def table(self, name: str) -> str | None:
         """The stack's ARN of the table a test named (its fresh-table suffix dropped), or None if none is."""
@@ -241,9 +301,13 @@ class StackWorld:
         logical = self.seed_tables.get(seed) or self.seed_tables.get(name)
         return self.values[f"{self.cfn.logical_id('table', logical)}.Arn"] if logical else None
 
-    def queue(self, url_or_name: str) -> str | None:
-        """The stack's ARN of the landing queue, dead-letter queue or observer queue a test named, in any env."""
+    def queue(self, url_or_name: str) -> str:
+        """The stack's ARN of the landing queue, dead-letter queue or observer queue a test created (in any env);
+        any other queue's own ARN."""
         name = url_or_name.rstrip("/").rsplit("/", 1)[-1]
+        own_arn = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"
+        if name not in self.owned["queue"]:
+            return own_arn
         observer = re.escape(self.cfn.OBSERVER_QUEUE).replace(re.escape("${Env}"), "[A-Za-z0-9_-]+")
         if re.fullmatch(observer, name):
             return self.values["FlowRunEventsQueue.Arn"]
@@ -251,19 +315,24 @@ class StackWorld:
             for pattern, logical in zip(spec.names("{env}"), ("queue", "dead letter queue"), strict=True):
                 if re.fullmatch(re.escape(pattern).replace(r"\{env\}", "[A-Za-z0-9_-]+"), name):
                     return self.values[f"{self.cfn.logical_id(pipeline, logical)}.Arn"]
-        return None
+        return own_arn
 
-    def bucket(self) -> str:
-        """The stack's bucket: every bucket a test's object store names stands for it."""
-        return self.values["Bucket"]
+    def bucket(self, name: str) -> str:
+        """The stack's bucket if the test world created ``name``; else the bucket itself."""
+        return self.values["Bucket"] if name in self.owned["bucket"] else name
 
-    def cluster(self) -> str:
-        """The stack's cluster ARN."""
-        return self.values["Cluster.Arn"]
+    def cluster(self, name: str = "") -> str:
+        """The stack's cluster ARN if the test world created or configured the cluster; else its own ARN."""
+        name = name.rsplit("/", 1)[-1] or self.values["Cluster"]
+        own = name in self.owned["cluster"]
+        return self.values["Cluster.Arn"] if own else f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{name}"
 
-    def gpu_cluster(self) -> str:
-        """The GPU cluster's ARN (``GpuClusterName``): every cluster the GPU backend's tests name stands for it."""
-        return f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{self.values['GpuClusterName']}"
+    def gpu_cluster(self, name: str = "") -> str:
+        """The GPU cluster's ARN (``GpuClusterName``) if the test world created the cluster the GPU backend names;
+        else that cluster's own ARN."""
+        name = name.rsplit("/", 1)[-1] or self.values["GpuClusterName"]
+        own = name in self.owned["cluster"]
+        return f"arn:aws:ecs:{REGION}:{ACCOUNT}:cluster/{self.values['GpuClusterName'] if own else name}"
 
     def instance_tags(self, instance_id: str) -> dict[str, tuple[str, ...]]:
         """The ``aws:ResourceTag/...`` keys of a reboot of the instance: its tags, a GPU-cluster tag naming a cluster
@@ -271,7 +340,7 @@ class StackWorld:
         from tasks.gpu.backends import GPU_CLUSTER_TAG
 
         def value(key: str, given: str) -> str:
-            names_gpu_cluster = key == GPU_CLUSTER_TAG and given in self.gpu_clusters_named
+            names_gpu_cluster = key == GPU_CLUSTER_TAG and given in self.owned["cluster"]
             return self.values["GpuClusterName"] if names_gpu_cluster else given
 
         tags = self.resource_tags.get(instance_id, {})
@@ -282,9 +351,14 @@ class StackWorld:
         return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:endpoint/{self.values['VideoEndpointPrefix']}{name}".lower()
 
     def role(self, role_arn: str) -> str:
-        """The stack's role a test's role ARN stands for (the flow runs' task and execution roles)."""
+        """The stack's role a configured or created role ARN stands for (the flow runs' task and execution roles);
+        any other role's own ARN."""
         name = role_arn.rsplit("/", 1)[-1]
-        return self.values["ExecutionRole.Arn" if "execution" in name else "TaskRole.Arn"]
+        if role_arn in self.configured_roles:
+            return self.values[f"{self.configured_roles[role_arn]}.Arn"]
+        if name in self.owned["role"]:
+            return self.values["ExecutionRole.Arn" if "execution" in name.lower() else "TaskRole.Arn"]
+        return role_arn if role_arn.startswith("arn:") else f"arn:aws:iam::{ACCOUNT}:role/{name}"
 
 
 def launch_tags(params: dict[str, Any]) -> dict[str, tuple[str, ...]]:
@@ -298,7 +372,8 @@ def _ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Requ
     from infra.policy_eval import Request
 
     base = f"arn:aws:ecs:{REGION}:{ACCOUNT}"
-    cluster = {"ecs:cluster": (world.cluster(),)}
+    cluster_arn = world.cluster(params.get("cluster", ""))
+    cluster, cluster_name = {"ecs:cluster": (cluster_arn,)}, cluster_arn.rsplit("/", 1)[-1]
     tags = launch_tags(params)
     if operation == "RegisterTaskDefinition":
         world.task_definitions[params["family"]] = params
@@ -315,31 +390,37 @@ def _ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Requ
         resource = resource if ":" in resource.rsplit("/", 1)[-1] else f"{resource}:1"
         requests = [Request("ecs:RunTask", resource, {**cluster, **tags})]
         if tags:
-            task = f"{base}:task/{world.values['Cluster']}/0123456789abcdef"
+            task = f"{base}:task/{cluster_name}/0123456789abcdef"
             requests.append(Request("ecs:TagResource", task, {**tags, "ecs:CreateAction": ("RunTask",)}))
-        registered = world.task_definitions.get(family, {})
-        roles = {params.get("overrides", {}).get(k) or registered.get(k) for k in ("taskRoleArn", "executionRoleArn")}
-        passed = {"iam:PassedToService": ("ecs-tasks.amazonaws.com",)}
-        return requests + [Request("iam:PassRole", world.role(r), passed) for r in sorted(filter(None, roles))]
+        return requests + pass_roles(world, family, params)
     if operation in ("DescribeTasks", "StopTask"):
         tasks = params.get("tasks") or [params["task"]]
         return [
-            Request(f"ecs:{operation}", f"{base}:task/{world.values['Cluster']}/{t.rsplit('/', 1)[-1]}", cluster)
-            for t in tasks
+            Request(f"ecs:{operation}", f"{base}:task/{cluster_name}/{t.rsplit('/', 1)[-1]}", cluster) for t in tasks
         ]
     if operation in ("DescribeTaskDefinition", "DeregisterTaskDefinition", "ListTaskDefinitions"):
         return [Request(f"ecs:{operation}", "*")]
     raise LookupError(f"no IAM mapping for ecs:{operation}")
 
 
+def pass_roles(world: StackWorld, family: str, params: dict[str, Any]) -> list[Request]:
+    """The ``iam:PassRole`` a RunTask or StartTask needs for each role its task definition (or its overrides) gives
+    the task."""
+    from infra.policy_eval import Request
+
+    registered = world.task_definitions.get(family, {})
+    roles = {params.get("overrides", {}).get(k) or registered.get(k) for k in ("taskRoleArn", "executionRoleArn")}
+    passed = {"iam:PassedToService": ("ecs-tasks.amazonaws.com",)}
+    return [Request("iam:PassRole", world.role(r), passed) for r in sorted(filter(None, roles))]
+
+
 def _gpu_ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
     """ECS calls of the GPU backend (tasks/gpu/backends.py) on the GPU cluster: StartTask with its tag-on-create."""
     from infra.policy_eval import Request
 
-    cluster_arn = world.gpu_cluster()
+    cluster_arn = world.gpu_cluster(params.get("cluster", ""))
     base, name = cluster_arn.rsplit(":cluster/", 1)
     cluster = {"ecs:cluster": (cluster_arn,)}
-    world.gpu_clusters_named.add(params.get("cluster", ""))
     if operation == "ListContainerInstances":
         return [Request("ecs:ListContainerInstances", cluster_arn)]
     if operation in ("DescribeContainerInstances", "ListTasks"):
@@ -355,7 +436,7 @@ def _gpu_ecs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[
         requests = [Request("ecs:StartTask", f"{base}:task-definition/{definition}", {**cluster, **tags})]
         created = {**tags, "ecs:CreateAction": ("StartTask",)}
         tagged = [Request("ecs:TagResource", f"{base}:task/{name}/0123456789abcdef", created)] if tags else []
-        return requests + tagged
+        return requests + tagged + pass_roles(world, definition.split(":")[0], params)
     if operation in ("DescribeTasks", "StopTask"):
         tasks = params.get("tasks") or [params["task"]]
         return [Request(f"ecs:{operation}", f"{base}:task/{name}/{t.rsplit('/', 1)[-1]}", cluster) for t in tasks]
@@ -407,11 +488,14 @@ def _s3(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Reque
     """S3 calls: object actions on bucket/key, listings on the bucket (its prefix as ``s3:prefix``)."""
     from infra.policy_eval import Request
 
-    bucket = f"arn:aws:s3:::{world.bucket()}"
+    bucket = f"arn:aws:s3:::{world.bucket(params['Bucket'])}"
     if operation in ("CopyObject", "UploadPartCopy"):
         source = params["CopySource"]
-        source_key = source["Key"] if isinstance(source, dict) else source.split("/", 1)[1].split("?")[0]
-        return [Request("s3:GetObject", f"{bucket}/{source_key}"), Request("s3:PutObject", f"{bucket}/{params['Key']}")]
+        if not isinstance(source, dict):
+            source_bucket, source_key = source.lstrip("/").split("?")[0].split("/", 1)
+            source = {"Bucket": source_bucket, "Key": source_key}
+        source_arn = f"arn:aws:s3:::{world.bucket(source['Bucket'])}/{source['Key']}"
+        return [Request("s3:GetObject", source_arn), Request("s3:PutObject", f"{bucket}/{params['Key']}")]
     action = S3_ACTIONS.get(operation)
     if action is None:
         raise LookupError(f"no IAM mapping for s3:{operation}")
@@ -428,7 +512,7 @@ def _sqs(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Requ
 
     named = params.get("QueueUrl") or params.get("QueueName", "")
     action = f"sqs:{operation.removesuffix('Batch')}"
-    return [Request(action, world.queue(named) or f"unknown-queue:{named}")]
+    return [Request(action, world.queue(named))]
 
 
 def _glue(world: StackWorld, operation: str, params: dict[str, Any]) -> list[Request]:
@@ -490,4 +574,5 @@ def with_supported_keys(request: Request, supported: dict[str, set[str]]) -> Req
         return key in keys or generic in keys or key in GLOBAL_KEYS
 
     context = {k: v for k, v in request.context.items() if carried(k)}
-    return Request(request.action, request.resource, {**context, "aws:SecureTransport": ("true",)})
+    many = frozenset(supported.get(MULTIVALUED + request.action, set()))
+    return Request(request.action, request.resource, {**context, "aws:SecureTransport": ("true",)}, many)

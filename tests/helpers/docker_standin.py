@@ -4,10 +4,16 @@ base image could be pulled), so prefect-docker's build and push steps talk to th
 It answers the calls docker-py makes for them (version, build, image inspect, tag, push) and keeps what it was
 sent: each build's query (Dockerfile, tag, platform) and the names in its context tar, which docker-py packs
 from the working directory minus .dockerignore, as for a real daemon; each push's repository and tag.
+
+Its registry checks credentials as ECR does: a push carries the login of the Docker client that makes it (docker-py's
+``X-Registry-Auth`` header, filled from ``client.login`` in that process or the Docker config file), and the
+registry refuses one without user ``AWS`` and the password ``ecr get-authorization-token`` gave ("no basic auth
+credentials", in the push's stream, as the daemon reports it); a ``docker login`` (``/auth``) with others is refused.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import io
@@ -31,13 +37,32 @@ class DockerStandin:
     tags: list[tuple[str, str]] = field(default_factory=list)
     pushes: list[tuple[str, str]] = field(default_factory=list)
     logins: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # the pushes the registry refused, with why
 
 
 @contextlib.contextmanager
-def docker_standin(on_push: Callable[[str, str], None] | None = None) -> Iterator[DockerStandin]:
+def docker_standin(
+    on_push: Callable[[str, str], None] | None = None, registry_password: Callable[[], str] | None = None
+) -> Iterator[DockerStandin]:
     """Serve the stand-in on a free loopback port; yields it (``host`` is the DOCKER_HOST value). ``on_push``
-    (repository, tag) is told each push, e.g. to put the image in an emulated registry."""
+    (repository, tag) is told each push, e.g. to put the image in an emulated registry. ``registry_password``
+    gives the password ECR accepts now (its authorization token's); without it any non-empty one is taken."""
     record = DockerStandin()
+
+    def accepted(credentials: dict) -> bool:
+        """Whether the registry takes these credentials: ECR's user ``AWS`` and its current token."""
+        password = credentials.get("password") or ""
+        wanted = registry_password() if registry_password else password
+        return credentials.get("username") == "AWS" and bool(password) and password == wanted
+
+    def pushed_with(header: str | None) -> dict:
+        """The credentials an ``X-Registry-Auth`` header carries (base64url JSON), or none."""
+        if not header:
+            return {}
+        try:
+            return json.loads(base64.urlsafe_b64decode(header + "=" * (-len(header) % 4)))
+        except ValueError:
+            return {}
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -91,11 +116,24 @@ def docker_standin(on_push: Callable[[str, str], None] | None = None) -> Iterato
             elif path.startswith("images/") and path.endswith("/tag"):
                 record.tags.append((query["repo"], query["tag"]))
                 self._send(201, {})
-            elif path == "auth":  # docker login: the registry's answer to good credentials
-                record.logins.append(json.loads(body or b"{}").get("serveraddress", ""))
+            elif path == "auth":  # docker login: the registry checks the credentials
+                credentials = json.loads(body or b"{}")
+                if not accepted(credentials):
+                    self._send(401, {"message": "login attempt failed with status: 401 Unauthorized"})
+                    return
+                record.logins.append(credentials.get("serveraddress", ""))
                 self._send(200, {"Status": "Login Succeeded"})
             elif path.startswith("images/") and path.endswith("/push"):
-                record.pushes.append((path[len("images/") : -len("/push")], query.get("tag", "")))
+                repository = path[len("images/") : -len("/push")]
+                if not accepted(pushed_with(self.headers.get("X-Registry-Auth"))):
+                    record.refused.append(f"{repository}:{query.get('tag', '')}: no basic auth credentials")
+                    error = {
+                        "errorDetail": {"message": "no basic auth credentials"},
+                        "error": "no basic auth credentials",
+                    }
+                    self._send(200, [{"status": "The push refers to repository"}, error], stream=True)
+                    return
+                record.pushes.append((repository, query.get("tag", "")))
                 if on_push is not None:
                     on_push(*record.pushes[-1])
                 self._send(

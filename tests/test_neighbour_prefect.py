@@ -1,0 +1,183 @@
+"""The Prefect API's door against another local user (``nobody``): the port is never free while the server restarts,
+and a client of the stack sends its auth string only to a server that proves itself with the stack's certificate.
+
+The whole-stack checks (the auth string rotated by `up`, the port held through a SIGKILL of the supervised server)
+are in tests/test_stack_service.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from deployments import dynamodb_local, held_port, local_stack, stack_tls
+from tests.helpers.other_user import as_nobody_python
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# a server that answers each connection with its own pid (accepting on the socket the holder hands it)
+ANSWER_PID = (
+    "import os\n"
+    "from deployments.held_port import listening_socket\n"
+    "sock = listening_socket()\n"
+    "while True:\n"
+    "    conn, _ = sock.accept()\n"
+    "    conn.sendall(str(os.getpid()).encode())\n"
+    "    conn.close()\n"
+)
+
+
+def _ask_pid(port: int) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        return int(conn.recv(64))
+
+
+def _nobody_binds(port: int) -> str:
+    """What ``nobody`` gets when it tries to bind and listen on ``port``: 'bound' or the errno."""
+    code = (
+        "import socket\ntry:\n"
+        f"    s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); print('bound')\n"
+        "except OSError as error:\n    print(error.errno)\n"
+    )
+    return as_nobody_python(code).stdout.strip()
+
+
+def test_the_port_stays_held_while_its_server_restarts(tmp_path):
+    port = dynamodb_local.free_port()
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "deployments.held_port", str(port), "--", sys.executable, "-c", ANSWER_PID],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == f"held_port: listening on 127.0.0.1:{port}"
+        first = _ask_pid(port)
+        os.kill(first, signal.SIGKILL)
+        # while no server runs, the port is still listened on: another user cannot take it, and a caller waits in
+        # the backlog for the next server rather than being refused
+        assert _nobody_binds(port) == "98"  # EADDRINUSE
+        second = _ask_pid(port)
+        assert second != first
+        holder.send_signal(signal.SIGTERM)
+        assert holder.wait(timeout=30) == 0
+        assert not dynamodb_local.port_open("127.0.0.1", port)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(timeout=30)
+
+
+def test_a_port_taken_first_is_refused_not_shared():
+    port = dynamodb_local.free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        result = subprocess.run(
+            [sys.executable, "-m", "deployments.held_port", str(port), "--", "true"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == held_port.PORT_TAKEN
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+class Squatter:
+    """A server another user might run on the API's port: TLS under a certificate of its own (``tls``), or plain
+    TCP; it keeps every byte a client sends it."""
+
+    def __init__(self, folder: Path, tls: bool) -> None:
+        self.port = dynamodb_local.free_port()
+        self.sock = held_port.bind_and_listen(self.port)
+        self.received = b""
+        self.context = None
+        if tls:
+            cert, key = stack_tls.certificate_files(folder)
+            self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self.context.load_cert_chain(cert, key)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                if self.context is not None:
+                    conn = self.context.wrap_socket(conn, server_side=True)
+                conn.settimeout(5)
+                while data := conn.recv(65536):
+                    self.received += data
+            except (OSError, ssl.SSLError):
+                pass
+            finally:
+                conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("tls", [True, False], ids=["tls-own-certificate", "plain"])
+def test_a_client_of_the_stack_sends_its_auth_string_only_to_the_stack(tmp_path, monkeypatch, tls):
+    """A Prefect client configured as every process of the stack is (``local_env``) meets a squatter on the API's
+    port: it refuses the squatter's TLS (or plain TCP) before sending anything the squatter could reuse."""
+    squatter = Squatter(tmp_path / "squatter", tls)
+    data = tmp_path / "data"
+    monkeypatch.setattr(local_stack, "DATA", data)
+    monkeypatch.setattr(local_stack, "PREFECT_PORT", squatter.port)
+    local_stack.rotate_api_auth_string()
+    stack_tls.certificate_files(local_stack.secrets_folder())
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")},
+        **local_stack.local_env(),
+        "PREFECT_CLIENT_MAX_RETRIES": "0",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    client = (
+        "import asyncio\nfrom prefect.client.orchestration import get_client\n"
+        "async def main():\n    async with get_client() as client:\n        await client.read_flow_runs(limit=1)\n"
+        "asyncio.run(main())\n"
+    )
+    try:
+        result = subprocess.run([sys.executable, "-c", client], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        squatter.close()
+    assert result.returncode != 0
+    assert "httpx.ConnectError" in result.stderr, result.stderr[-2000:]
+    assert not tls or "CERTIFICATE_VERIFY_FAILED" in result.stderr, result.stderr[-2000:]
+    secret = local_stack.api_auth_string().split(":", 1)[1]
+    assert b"Authorization" not in squatter.received and secret.encode() not in squatter.received
+    assert b"flow_runs" not in squatter.received
+
+
+def test_each_up_rotates_the_auth_string(tmp_path, monkeypatch):
+    monkeypatch.setattr(local_stack, "DATA", tmp_path / "data")
+    seen = {local_stack.rotate_api_auth_string() for _ in range(3)}
+    assert len(seen) == 3 and local_stack.api_auth_string() in seen
+    secrets = local_stack.secrets_folder()
+    assert {oct(path.stat().st_mode & 0o777) for path in secrets.iterdir()} == {"0o600"}
+    assert oct(secrets.stat().st_mode & 0o777) == "0o700"
+
+
+def test_the_stack_certificate_is_made_once_and_kept(tmp_path):
+    first = [path.read_bytes() for path in stack_tls.certificate_files(tmp_path / "secrets")]
+    time.sleep(0.01)
+    again = [path.read_bytes() for path in stack_tls.certificate_files(tmp_path / "secrets")]
+    assert first == again
+    cert, key = stack_tls.certificate_files(tmp_path / "secrets")
+    context = ssl.create_default_context(cafile=str(cert))  # the certificate is its own trust anchor
+    assert context.cert_store_stats()["x509_ca"] == 1
+    assert oct(key.stat().st_mode & 0o777) == "0o600"
