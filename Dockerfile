@@ -13,6 +13,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY blocks/ blocks/
 COPY deployments/ deployments/
 COPY flows/ flows/
+COPY infra/ infra/
 COPY tasks/ tasks/
 RUN pip install --no-cache-dir -c constraints.txt .
 # the image is refused at build time when a flow does not import or the wheel's ffmpeg does not run here
@@ -23,8 +24,13 @@ FROM ${PYTHON_IMAGE} AS runtime
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
+# the containers' one writable folder (HOME, PREFECT_HOME, a listener's heartbeat: the task definitions' "scratch"
+# bind mount; the root file system is read-only): ECS creates a bind mount root's with mode 0755 unless the image
+# declares its path a VOLUME, whose ownership it then copies in, so the image owns it to the user and declares it
 RUN groupadd --system --gid 10001 pipelines \
- && useradd --system --uid 10001 --gid pipelines --create-home --home-dir /home/pipelines pipelines
+ && useradd --system --uid 10001 --gid pipelines --create-home --home-dir /home/pipelines pipelines \
+ && install -d -o 10001 -g 10001 -m 0700 /tmp
+VOLUME ["/tmp"]
 COPY --from=build /opt/venv /opt/venv
 # prefect.yaml's ecs pull step runs flows from here (set_working_directory: /opt/prefect/pipelines)
 WORKDIR /opt/prefect/pipelines

@@ -3,9 +3,6 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-export AWS_ACCESS_KEY_ID ?= local
-export AWS_SECRET_ACCESS_KEY ?= local
-export AWS_DEFAULT_REGION ?= us-east-1
 
 .PHONY: install lint-tools lint format up down status demo test test-sweep bench clean-data deploy-aws destroy-aws
 
@@ -69,14 +66,15 @@ bench: install
 
 # one environment in AWS (docs/aws.md): make deploy-aws ENV=dev VPC=vpc-… SUBNETS=subnet-…,subnet-… SECURITY_GROUPS=sg-…
 # (DRY_RUN=1 prints the change set; PARAMETERS="GpuClusterName=gpu VideoEndpointPrefix=clips" sets the pipelines' own
-# stack parameters; PREFECT_API_URL and AWS credentials from the environment)
+# stack parameters; PREFECT_API_URL from the environment; AWS credentials and region are boto3's own: a profile, SSO,
+# an instance role, AWS_REGION, or REGION=… for --region)
 deploy-aws: install
-	$(PY) -m deployments.cli aws-stack deploy --env $(ENV) --vpc $(VPC) --subnets $(SUBNETS) \
+	$(PY) -m deployments.cli aws-stack deploy --env $(ENV) $(if $(REGION),--region $(REGION)) --vpc $(VPC) --subnets $(SUBNETS) \
 	  --security-groups $(SECURITY_GROUPS) $(if $(API_KEY_SECRET_ARN),--api-key-secret-arn $(API_KEY_SECRET_ARN)) \
 	  $(foreach p,$(PARAMETERS),--parameter $(p)) $(if $(DRY_RUN),--dry-run)
 
 destroy-aws: install
-	$(PY) -m deployments.cli aws-stack destroy --env $(ENV)
+	$(PY) -m deployments.cli aws-stack destroy --env $(ENV) $(if $(REGION),--region $(REGION))
 
 clean-data: down
 	rm -rf .data

@@ -91,13 +91,17 @@ def stack_status(cloudformation: Any, stack: str) -> str | None:
         raise
 
 
-def wait_for(cloudformation: Any, stack: str, timeout_s: float = 3600, poll_s: float = POLL_S) -> str:
-    """Wait until the stack is no longer IN_PROGRESS; its final status."""
+def wait_for(
+    cloudformation: Any, stack: str, timeout_s: float = 3600, poll_s: float = POLL_S, executing: bool = False
+) -> str:
+    """Wait until the stack is no longer IN_PROGRESS; its final status. REVIEW_IN_PROGRESS (a stack only a CREATE
+    change set made) is final unless ``executing``: right after ExecuteChangeSet the stack may still read it for
+    a moment before CREATE_IN_PROGRESS, and the create goes on."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while (status := stack_status(cloudformation, stack) or "DELETE_COMPLETE").endswith("_IN_PROGRESS"):
-        if status in GONE:
+        if status in GONE and not executing:
             return status
         if time.monotonic() > deadline:
             raise RuntimeError(f"stack {stack} still {status} after {timeout_s:.0f} s")
@@ -160,7 +164,7 @@ def change_set(
             cloudformation.delete_stack(StackName=stack)
         return {"action": kind, "changes": changes, "status": status, "dry_run": True}
     cloudformation.execute_change_set(StackName=stack, ChangeSetName=name)
-    final = wait_for(cloudformation, stack)
+    final = wait_for(cloudformation, stack, executing=True)
     if final not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
         raise RuntimeError(f"stack {stack} ended {final}: " + "; ".join(failure_reasons(cloudformation, stack)))
     return {"action": kind, "changes": changes, "status": final}
@@ -305,6 +309,26 @@ def build_and_push(ecr: Any, repository: str, tag: str) -> dict[str, Any]:
     return {"image": built["image"]}
 
 
+def aws_target(region: str | None, session: Any = None, doing: str = "change") -> tuple[Any, str, str]:
+    """(session, account, region) of boto3's own credential chain (keys, profile, SSO, instance or task role) and
+    region (``region``, else AWS_REGION, AWS_DEFAULT_REGION, the profile's region); said on stderr before anything
+    changes, so a person sees which account and region the command is about to change (``doing``)."""
+    import os
+
+    import boto3
+
+    # AWS_REGION is the AWS CLI v2's and the other SDKs' variable (over AWS_DEFAULT_REGION); botocore reads only the
+    # latter and the profile's, so it is read here
+    region = region or os.environ.get("AWS_REGION") or None
+    session = session or boto3.session.Session(region_name=region)
+    region = region or session.region_name
+    if not region:
+        raise ValueError("no AWS region: give --region, or set AWS_REGION or a region in your AWS profile")
+    identity = session.client("sts", region_name=region).get_caller_identity()
+    say(f"AWS account {identity['Account']} ({identity['Arn']}), region {region}: about to {doing}")
+    return session, identity["Account"], region
+
+
 ECR_HOST = re.compile(r"(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(\.cn)?")
 
 
@@ -406,6 +430,130 @@ def apply_prefect(
     return done
 
 
+def env_refusal(env: str) -> str | None:
+    """Why the template's Env parameter would refuse ``env`` (None: it takes it), found before any call to AWS."""
+    import re
+
+    from infra import cloudformation as cfn
+
+    declared = json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"]["Env"]
+    if declared["MinLength"] <= len(env) <= declared["MaxLength"] and re.fullmatch(declared["AllowedPattern"], env):
+        return None
+    return f"--env {env!r} ({len(env)} characters): give {declared['ConstraintDescription']}"
+
+
+def kept_data(session: Any, region: str, env: str, bucket: str) -> dict[str, str]:
+    """The tables and the data bucket of ``env`` that exist outside any stack (a destroyed stack kept them:
+    RetainExceptOnCreate), each with the command that deletes it; a new stack's create fails on them."""
+    from botocore.exceptions import ClientError
+
+    from infra import cloudformation as cfn
+
+    dynamodb, s3 = session.client("dynamodb", region_name=region), session.client("s3", region_name=region)
+    existing = {name for page in dynamodb.get_paginator("list_tables").paginate() for name in page["TableNames"]}
+    wanted = sorted(name.replace(cfn.ENV, env) for name in cfn.stack_table_names().values())
+    found = {
+        f"table {name}": f"aws dynamodb delete-table --region {region} --table-name {name}"
+        for name in wanted
+        if name in existing
+    }
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except ClientError as error:
+        if error.response["Error"]["Code"] not in ("404", "NoSuchBucket"):
+            found[f"bucket {bucket}"] = f"the name is taken ({error.response['Error']['Code']}): give --bucket"
+        return found
+    found[f"bucket {bucket}"] = (  # versioned: every version goes before the bucket can
+        f"python -c \"import boto3; b = boto3.resource('s3', region_name='{region}').Bucket('{bucket}'); "
+        f'b.object_versions.delete(); b.delete()"'
+    )
+    return found
+
+
+def refuse_kept_data(session: Any, region: str, env: str, bucket: str) -> None:
+    """A RuntimeError naming what a create of ``env``'s stack would fail on ("already exists") and what to run."""
+    found = kept_data(session, region, env, bucket)
+    if found:
+        commands = "; ".join(f"{what}: {command}" for what, command in found.items())
+        raise RuntimeError(
+            f"the stack of {env} would be created, but {len(found)} of its tables or bucket exist from an earlier "
+            f"stack (kept by destroy), and CloudFormation fails a create on them (already exists). Delete them "
+            f"(their data goes) with: {commands}"
+        )
+
+
+CLOUD_API_HOST = "api.prefect.cloud"
+AWS_MANAGED_SECRET_KEY = "alias/aws/secretsmanager"
+
+
+def api_key_secret_name(env: str) -> str:
+    """The secret the deploy makes for a Prefect Cloud API key when none is given."""
+    return f"pipelines/{env}/prefect-api-key"
+
+
+def local_api_key() -> str:
+    """The Prefect API key of this shell: PREFECT_API_KEY, else the active profile's (`prefect cloud login`)."""
+    import os
+
+    from prefect.settings import PREFECT_API_KEY
+
+    value = os.environ.get("PREFECT_API_KEY") or PREFECT_API_KEY.value()
+    return value.get_secret_value() if hasattr(value, "get_secret_value") else (value or "")
+
+
+def checked_secret(secrets: Any, kms: Any, secret: str) -> dict[str, str]:
+    """The secret ``secret`` (a name or ARN) as ECS reads it: its full ARN and the customer managed key the
+    execution role must decrypt it with ("" for the AWS managed one); a ValueError unless it holds a plain string
+    (ECS puts the whole SecretString in PREFECT_API_KEY: a JSON object would be the key)."""
+    described = secrets.describe_secret(SecretId=secret)
+    value = secrets.get_secret_value(SecretId=described["ARN"]).get("SecretString")
+    if not value or value.lstrip().startswith(("{", "[")):
+        raise ValueError(
+            f"secret {described['ARN']} must hold the Prefect API key as a plain string, not JSON or bytes"
+        )
+    key, key_arn = described.get("KmsKeyId") or "", ""
+    if key and key != AWS_MANAGED_SECRET_KEY:  # an AWS managed key's policy already lets Secrets Manager's callers
+        metadata = kms.describe_key(KeyId=key)["KeyMetadata"]
+        key_arn = "" if metadata.get("KeyManager") == "AWS" else metadata["Arn"]
+    return {"arn": described["ARN"], "kms_key_arn": key_arn, "value": value}
+
+
+def prefect_api_key_secret(
+    session: Any, region: str, env: str, api_url: str, given: str = "", dry_run: bool = False
+) -> dict[str, str]:
+    """The Secrets Manager secret of the workers' PREFECT_API_KEY: ``given`` checked (full ARN, a plain string, its
+    key); for a Prefect Cloud API URL with none given, ``pipelines/{env}/prefect-api-key`` made or brought up to date
+    from this shell's key (a dry run says what it would do and changes nothing); for a server without auth, none.
+    Returns ``{"arn", "kms_key_arn", "secret"}`` (secret: checked|created|updated|unchanged|would create|...)."""
+    from urllib.parse import urlparse
+
+    secrets, kms = session.client("secretsmanager", region_name=region), session.client("kms", region_name=region)
+    if given:
+        checked = checked_secret(secrets, kms, given)
+        return {"arn": checked["arn"], "kms_key_arn": checked["kms_key_arn"], "secret": "checked"}
+    if not (urlparse(api_url).hostname or "").endswith(CLOUD_API_HOST):
+        return {"arn": "", "kms_key_arn": "", "secret": "none (a server without auth)"}
+    key = local_api_key()
+    if not key:
+        raise ValueError(
+            f"{api_url} is Prefect Cloud, which takes an API key: run `prefect cloud login` or set PREFECT_API_KEY "
+            "(the deploy keeps it in Secrets Manager), or give --api-key-secret-arn"
+        )
+    name = api_key_secret_name(env)
+    try:
+        checked = checked_secret(secrets, kms, name)
+    except secrets.exceptions.ResourceNotFoundException:
+        if dry_run:
+            placeholder = f"arn:aws:secretsmanager:{region}:000000000000:secret:{name}"
+            return {"arn": placeholder, "kms_key_arn": "", "secret": f"would create {name}"}
+        made = secrets.create_secret(Name=name, SecretString=key, Description="PREFECT_API_KEY of the pipelines")
+        return {"arn": made["ARN"], "kms_key_arn": "", "secret": "created"}
+    action = "unchanged" if checked["value"] == key else ("would update" if dry_run else "updated")
+    if action == "updated":
+        secrets.put_secret_value(SecretId=checked["arn"], SecretString=key)
+    return {"arn": checked["arn"], "kms_key_arn": checked["kms_key_arn"], "secret": action}
+
+
 def pipelines_parameters(given: dict[str, str]) -> dict[str, str]:
     """Every pipeline's own stack parameter: its value in ``given``, else its default; a name no pipeline declares
     is refused (a typo would otherwise deploy the default silently)."""
@@ -420,7 +568,7 @@ def pipelines_parameters(given: dict[str, str]) -> dict[str, str]:
 
 def deploy(
     env: str,
-    region: str,
+    region: str | None,
     vpc: str,
     subnets: list[str],
     security_groups: list[str],
@@ -435,17 +583,19 @@ def deploy(
 ) -> dict[str, Any]:
     """`pipelines aws-stack deploy`: ECR repository, image, the stack by a change set through the artifact bucket, the
     pool, blocks and deployments on the Prefect server. Idempotent: a second run with nothing changed changes
-    nothing. ``dry_run``: the change set's changes only (the template object is uploaded, nothing else changes).
+    nothing. ``dry_run``: the change set's changes only (the artifact bucket is made if absent and the template
+    object uploaded, and said so; nothing else changes). A create that would fail on the tables or bucket an earlier
+    stack kept is refused first, with the commands that delete them.
     ``pipeline_parameters``: values of the pipelines' own stack parameters (``Pipeline.aws``); the others take their
     defaults."""
-    import boto3
-
     from infra import cloudformation as cfn
 
     pipelines = pipelines_parameters(pipeline_parameters or {})
-    session = session or boto3.Session(region_name=region)
-    account = session.client("sts").get_caller_identity()["Account"]
-    stack, tag = f"pipelines-{env}", tag or image_tag()
+    if refusal := env_refusal(env):
+        raise ValueError(refusal)
+    stack, tag = cfn.STACK_NAME.replace(cfn.ENV, env), tag or image_tag()
+    doing = f"plan stack {stack} (a dry run)" if dry_run else f"deploy stack {stack}"
+    session, account, region = aws_target(region, session, doing)
     parameters = {
         "Env": env,
         "BucketName": bucket or f"pipelines-{account}-{env}",
@@ -458,13 +608,24 @@ def deploy(
         "AssignPublicIp": assign_public_ip,
     }
     parameters |= pipelines
-    result: dict[str, Any] = {"stack": stack, "parameters": parameters}
-    s3, ecr = session.client("s3"), session.client("ecr")
+    if stack_status(session.client("cloudformation", region_name=region), stack) in (None, *GONE):
+        refuse_kept_data(session, region, env, parameters["BucketName"])
+    secret = prefect_api_key_secret(session, region, env, prefect_api_url, api_key_secret_arn, dry_run)
+    say(f"Prefect API key secret: {secret['secret']} {secret['arn']}".rstrip())
+    parameters |= {"PrefectApiKeySecretArn": secret["arn"], "PrefectApiKeySecretKmsKeyArn": secret["kms_key_arn"]}
+    result: dict[str, Any] = {"stack": stack, "parameters": parameters, "api_key_secret": secret["secret"]}
+    s3, ecr = session.client("s3", region_name=region), session.client("ecr", region_name=region)
     artifacts = f"pipelines-artifacts-{account}-{region}"
-    say(f"artifact bucket {artifacts}: {ensure_artifact_bucket(s3, artifacts)}")
+    result["artifact_bucket"] = ensure_artifact_bucket(s3, artifacts)
+    why = (
+        " (a dry run too: the change set reads the template from it)" if result["artifact_bucket"] == "created" else ""
+    )
+    say(f"artifact bucket {artifacts}: {result['artifact_bucket']}{why}")
     template = template_argument(cfn.TEMPLATE_PATH.read_text(), env, s3, artifacts)
     if dry_run:
-        result["change_set"] = change_set(session.client("cloudformation"), stack, template, parameters, dry_run=True)
+        result["change_set"] = change_set(
+            session.client("cloudformation", region_name=region), stack, template, parameters, dry_run=True
+        )
         say(f"change set of {stack}: {result['change_set']['action']}, {len(result['change_set']['changes'])} changes")
         return result
     repository, made = ensure_repository(ecr, "pipelines")
@@ -478,9 +639,9 @@ def deploy(
         image = build_and_push(ecr, repository, tag)
         result["image"] = "pushed"
     say(f"change set of {stack}")
-    result["change_set"] = change_set(session.client("cloudformation"), stack, template, parameters)
+    result["change_set"] = change_set(session.client("cloudformation", region_name=region), stack, template, parameters)
     say(f"stack {stack}: {result['change_set']['action']} ({result['change_set']['status']})")
-    outputs = stack_outputs(session.client("cloudformation"), stack)
+    outputs = stack_outputs(session.client("cloudformation", region_name=region), stack)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: prefect_api_url}):  # the server the stack's workers talk to
@@ -490,20 +651,19 @@ def deploy(
 
 
 KEPT_WHY = (
-    "data: RetainExceptOnCreate keeps the tables and the bucket when the stack goes; delete them yourself "
-    "(aws dynamodb delete-table, aws s3 rb --force) once nothing needs them"
+    "data: RetainExceptOnCreate keeps the tables and the bucket when the stack goes; delete them yourself once "
+    "nothing needs them (a deploy of this env refuses to create the stack until then, and prints the commands)"
 )
 
 
-def destroy(env: str, region: str, session: Any = None) -> dict[str, Any]:
+def destroy(env: str, region: str | None, session: Any = None) -> dict[str, Any]:
     """`pipelines aws-stack destroy`: the stack (its data kept, and said so), the artifact bucket's templates, the ECR
     repository (the image is rebuilt from the checkout) and the aws-ecs pool's deployments on the Prefect server."""
-    import boto3
+    from infra import cloudformation as cfn
 
-    session = session or boto3.Session(region_name=region)
-    cloudformation, s3, ecr = (session.client(s) for s in ("cloudformation", "s3", "ecr"))
-    account = session.client("sts").get_caller_identity()["Account"]
-    stack, deleted, kept = f"pipelines-{env}", [], {}
+    stack, deleted, kept = cfn.STACK_NAME.replace(cfn.ENV, env), [], {}
+    session, account, region = aws_target(region, session, f"delete stack {stack}")
+    cloudformation, s3, ecr = (session.client(s, region_name=region) for s in ("cloudformation", "s3", "ecr"))
     if stack_status(cloudformation, stack):
         for resource in cloudformation.list_stack_resources(StackName=stack)["StackResourceSummaries"]:
             if resource["ResourceType"] in ("AWS::DynamoDB::Table", "AWS::S3::Bucket"):

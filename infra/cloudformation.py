@@ -50,6 +50,22 @@ OBSERVER_QUEUE = EcsObserverSqsSettings.model_fields["queue_name"].default + "-$
 OBSERVER_SETTINGS = "PREFECT_INTEGRATIONS_AWS_ECS_OBSERVER_SQS_"
 APP_DIR = "/opt/prefect/pipelines"  # the image's WORKDIR, prefect.yaml's ecs pull directory
 SCRATCH = "/tmp"  # the only writable path: the root file system is read-only
+# each service's limit on the names the template builds from Env (the stack's own name too); Env's MaxLength is what
+# the longest of them leaves, so a too-long Env is refused before the create instead of failing halfway through it
+NAME_LIMITS = {
+    ("AWS::CloudFormation::Stack", "StackName"): 128,
+    ("AWS::DynamoDB::Table", "TableName"): 255,
+    ("AWS::SQS::Queue", "QueueName"): 80,
+    ("AWS::ECS::Cluster", "ClusterName"): 255,
+    ("AWS::ECS::TaskDefinition", "Family"): 255,
+    ("AWS::Logs::LogGroup", "LogGroupName"): 512,
+    ("AWS::Events::Rule", "Name"): 64,
+    ("AWS::SNS::Topic", "TopicName"): 256,
+    ("AWS::CloudWatch::Dashboard", "DashboardName"): 255,
+    ("AWS::CloudWatch::Alarm", "AlarmName"): 255,
+}
+STACK_NAME = "pipelines-${Env}"  # deployments/aws.py names the stack so
+ENV_PATTERN = "[a-z0-9]([a-z0-9-]*[a-z0-9])?"  # the default data bucket pipelines-ACCOUNT-ENV ends with it: no "-"
 
 
 def health_check(command: list[str]) -> dict[str, Any]:
@@ -123,13 +139,32 @@ def pipeline_parts() -> list[AwsParts]:
     return [parts for _, parts in hooks("aws")]
 
 
+def env_names(resources: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(type, property, name) of every name built from Env: each resource's name property (…Name, Family) that
+    Fn::Sub builds from it, and the stack's; a kind missing from NAME_LIMITS is a KeyError in env_max_length."""
+    found = [("AWS::CloudFormation::Stack", "StackName", STACK_NAME)]
+    for resource in resources.values():
+        for name, value in resource.get("Properties", {}).items():
+            named = name.endswith("Name") or name == "Family"
+            if named and isinstance(value, dict) and ENV in str(value.get("Fn::Sub", "")):
+                found.append((resource["Type"], name, value["Fn::Sub"]))
+    return found
+
+
+def env_max_length(resources: dict[str, Any]) -> int:
+    """The longest Env every name built from it stays within its service's limit with."""
+    room = [NAME_LIMITS[kind, name] - len(text.replace(ENV, "")) for kind, name, text in env_names(resources)]
+    return min(limit // text.count(ENV) for limit, (_, _, text) in zip(room, env_names(resources)))
+
+
 def parameters() -> dict[str, Any]:
     """The stack's inputs: environment, image, network, the Prefect API, then each pipeline's own."""
     common = {
         "Env": {
             "Type": "String",
             "Default": "prod",
-            "AllowedPattern": "[a-z0-9-]+",
+            "MinLength": 1,  # MaxLength: env_max_length of the resources (template())
+            "AllowedPattern": ENV_PATTERN,
             "Description": "The tables' env (TABLE_ENV): it names the queues and the env-suffixed tables",
         },
         "BucketName": {
@@ -156,7 +191,14 @@ def parameters() -> dict[str, Any]:
         "PrefectApiKeySecretArn": {
             "Type": "String",
             "Default": "",
-            "Description": "Secrets Manager secret holding PREFECT_API_KEY (empty: a server without auth)",
+            "Description": "Full ARN of the Secrets Manager secret holding PREFECT_API_KEY as a plain string (empty: a "
+            "server without auth)",
+        },
+        "PrefectApiKeySecretKmsKeyArn": {
+            "Type": "String",
+            "Default": "",
+            "Description": "The customer managed KMS key encrypting that secret, which ECS decrypts it with (empty: "
+            "the AWS managed aws/secretsmanager key)",
         },
         "VpcId": {"Type": "AWS::EC2::VPC::Id", "Description": "The VPC of the subnets (the flow runs' vpc_id)"},
         "Subnets": {
@@ -205,7 +247,7 @@ def table_resources() -> dict[str, Any]:
         properties = create_request(names[logical], spec)
         properties["TableName"] = sub(properties["TableName"])
         properties["PointInTimeRecoverySpecification"] = {"PointInTimeRecoveryEnabled": True}
-        properties["SSESpecification"] = {"SSEEnabled": True}
+        properties["SSESpecification"] = {"SSEEnabled": True}  # KMS with the AWS managed key aws/dynamodb
         if spec.ttl_attribute:
             properties["TimeToLiveSpecification"] = {"AttributeName": spec.ttl_attribute, "Enabled": True}
         resources[logical_id("table", logical)] = {
@@ -214,8 +256,8 @@ def table_resources() -> dict[str, Any]:
             "Metadata": skip(
                 (
                     "CKV_AWS_119",
-                    "encrypted at rest with the AWS owned key (SSEEnabled); a customer key "
-                    "is a per-account choice this template leaves to its owner",
+                    "encrypted at rest by KMS with the AWS managed key aws/dynamodb (SSEEnabled); a customer "
+                    "managed key is a per-account choice this template leaves to its owner",
                 )
             ),
         }
@@ -347,6 +389,40 @@ def alarm_names() -> list[str]:
     return [name for names in all_checks().values() for name in names]
 
 
+def alarm_topic_key() -> dict[str, Any]:
+    """The alarm topic's encryption key: customer managed, since CloudWatch publishes to an encrypted topic only with
+    kms:GenerateDataKey* and kms:Decrypt on its key, which the AWS managed alias/aws/sns's fixed policy never grants
+    (its alarms' notifications would fail with KMS AccessDenied); the account administers it through IAM, as a
+    key's default policy lets it. The statement is AWS's own for CloudWatch alarms to an encrypted topic."""
+    return {
+        "Type": "AWS::KMS::Key",
+        "Properties": {
+            "Description": sub("pipelines-${Env}: encrypts the alarm topic; CloudWatch alarms publish with it"),
+            "EnableKeyRotation": True,
+            "PendingWindowInDays": 7,
+            "KeyPolicy": {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Sid": "AccountAdministersTheKeyThroughIam",
+                        "Effect": "Allow",
+                        "Principal": {"AWS": sub("arn:${AWS::Partition}:iam::${AWS::AccountId}:root")},
+                        "Action": "kms:*",
+                        "Resource": "*",
+                    },
+                    {
+                        "Sid": "CloudWatchAlarmsPublishToTheTopic",
+                        "Effect": "Allow",
+                        "Principal": {"Service": "cloudwatch.amazonaws.com"},
+                        "Action": ["kms:Decrypt", "kms:GenerateDataKey*"],
+                        "Resource": "*",
+                    },
+                ],
+            },
+        },
+    }
+
+
 def monitoring_resources() -> dict[str, Any]:
     """The cloud dashboard over pipeline-health's readings (the numbers of its Prefect artifact), the landing queues'
     ages and the services' running tasks; each seed alarm as a CloudWatch alarm with its severity, to a topic."""
@@ -390,9 +466,10 @@ def monitoring_resources() -> dict[str, Any]:
         ]
     }
     resources: dict[str, Any] = {
+        "AlarmTopicKey": alarm_topic_key(),
         "AlarmTopic": {
             "Type": "AWS::SNS::Topic",
-            "Properties": {"TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": "alias/aws/sns"},
+            "Properties": {"TopicName": sub("pipelines-${Env}-alarms"), "KmsMasterKeyId": arn("AlarmTopicKey")},
         },
         "Dashboard": {
             "Type": "AWS::CloudWatch::Dashboard",
@@ -571,6 +648,21 @@ def execution_statements(log_groups: list[str]) -> list[dict[str, Any]]:
                     "Effect": "Allow",
                     "Action": "secretsmanager:GetSecretValue",
                     "Resource": ref("PrefectApiKeySecretArn"),
+                },
+                ref("AWS::NoValue"),
+            ]
+        },
+        {
+            "Fn::If": [
+                "HasPrefectApiKeyKmsKey",
+                {
+                    "Sid": "DecryptPrefectApiKey",
+                    "Effect": "Allow",
+                    "Action": "kms:Decrypt",
+                    "Resource": ref("PrefectApiKeySecretKmsKeyArn"),
+                    "Condition": {
+                        "StringEquals": {"kms:ViaService": sub("secretsmanager.${AWS::Region}.amazonaws.com")}
+                    },
                 },
                 ref("AWS::NoValue"),
             ]
@@ -929,6 +1021,18 @@ def ecs_resources() -> dict[str, Any]:
     return resources
 
 
+def parameters_for(resources: dict[str, Any]) -> dict[str, Any]:
+    """The stack's parameters, Env's MaxLength the one its longest name built from it leaves."""
+    found = parameters()
+    longest = env_max_length(resources)
+    found["Env"] |= {
+        "MaxLength": longest,
+        "ConstraintDescription": f"1 to {longest} of a-z, 0-9 and - (the longest name built from Env must fit its "
+        "service's limit), starting and ending with a letter or digit",
+    }
+    return found
+
+
 def template() -> dict[str, Any]:
     """The whole environment's CloudFormation template."""
     ecs = ecs_resources()
@@ -964,11 +1068,12 @@ def template() -> dict[str, Any]:
             "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
             "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)"
         ),
-        "Parameters": parameters(),
+        "Parameters": parameters_for(resources),
         "Conditions": {
             condition: {"Fn::Not": [{"Fn::Equals": [ref(parameter), ""]}]}
             for condition, parameter in (
                 ("HasPrefectApiKey", "PrefectApiKeySecretArn"),
+                ("HasPrefectApiKeyKmsKey", "PrefectApiKeySecretKmsKeyArn"),
                 *(item for parts in pipeline_parts() for item in parts.conditions.items()),
             )
         },

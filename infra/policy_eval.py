@@ -199,6 +199,27 @@ def role_statements(template: dict[str, Any], role: str, values: dict[str, Any])
     return [statement for p in policies for statement in p["PolicyDocument"]["Statement"]]
 
 
+def principal_statements(
+    template: dict[str, Any], logical: str, policy: str, principal: dict[str, str], values: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The statements of resource ``logical``'s resource policy (its property ``policy``: a KMS key's KeyPolicy)
+    that apply to ``principal`` (``{"Service": "cloudwatch.amazonaws.com"}``), resolved for the stack; ``decide``
+    evaluates them as that principal's (in a key policy, Resource ``*`` is the key itself)."""
+
+    def names(statement: dict[str, Any]) -> bool:
+        given = statement["Principal"]
+        if given == "*":
+            return True
+        return any(
+            value == "*" or wanted in (value if isinstance(value, list) else [value])
+            for kind, wanted in principal.items()
+            for value in [given.get(kind, [])]
+        )
+
+    document = resolve(template["Resources"][logical]["Properties"][policy], values)
+    return [statement for statement in document["Statement"] if names(statement)]
+
+
 def _wildcards(text: str, star: str, one: str) -> str:
     """An IAM wildcard text (``*``, ``?``) as a regular expression, ``*`` and ``?`` given."""
     return "".join(star if c == "*" else one if c == "?" else re.escape(c) for c in text)

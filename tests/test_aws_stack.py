@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections import Counter
 
 import pytest
 
@@ -142,3 +143,62 @@ def test_every_named_resource_carries_the_env_so_two_environments_share_an_accou
         environment = {e["Name"]: e["Value"] for e in container["Environment"]}
         assert environment["TABLE_GRANULES"] == {"Fn::Sub": "granules-${Env}"}  # the code finds the renamed tables
         assert environment["TABLE_ENV"] == {"Ref": "Env"}
+
+
+def test_env_is_as_long_as_its_longest_name_lets_it_be_and_no_longer():
+    """Env's MaxLength is what the tightest name built from it leaves (an EventBridge rule name, 64): an Env one
+    longer would fail CloudFormation's create halfway, at that resource, and is refused as a parameter instead."""
+    template = json.loads(cfn.TEMPLATE_PATH.read_text())
+    declared = template["Parameters"]["Env"]
+    longest = declared["MaxLength"]
+    names = cfn.env_names(template["Resources"])
+    assert {kind for kind, _, _ in names} >= {"AWS::SQS::Queue", "AWS::Events::Rule", "AWS::CloudWatch::Alarm"}
+    over = [
+        (kind, text)
+        for kind, prop, text in names
+        if len(text.replace("${Env}", "e" * longest)) > cfn.NAME_LIMITS[kind, prop]
+    ]
+    assert over == []
+    one_more = [
+        text
+        for kind, prop, text in names
+        if len(text.replace("${Env}", "e" * (longest + 1))) > cfn.NAME_LIMITS[kind, prop]
+    ]
+    assert one_more, "MaxLength is below what the names allow"
+    assert longest == 39 and one_more == ["pipelines-${Env}-ecs-task-state"]  # the issue's 39: the rule's 64
+    assert re.fullmatch(declared["AllowedPattern"], "dev-2") and not re.fullmatch(declared["AllowedPattern"], "dev-")
+    assert aws.env_refusal("e" * longest) is None
+    assert "1 to 39" in aws.env_refusal("e" * (longest + 1)) and aws.env_refusal("Dev") is not None
+    with pytest.raises(ValueError, match="40 characters"):  # before any call to AWS
+        aws.deploy("e" * 40, "us-east-1", "vpc-1", ["s"], ["g"], "http://api", tag="1")
+
+
+def test_the_docs_counts_are_the_templates():
+    """docs/aws.md's "What it creates" counts, each read from the template (they drifted once: 75/24 for 76/25)."""
+    text = DOCS.read_text()
+    resources = json.loads(cfn.TEMPLATE_PATH.read_text())["Resources"]
+    kinds = Counter(r["Type"] for r in resources.values())
+    alarms = kinds["AWS::CloudWatch::Alarm"]
+    expected = {
+        r"infra/pipelines\.template\.json`, (\d+) resources": len(resources),
+        r"(\d+) DynamoDB tables": kinds["AWS::DynamoDB::Table"],
+        r"(\d+) landing queues": len(cfn.sqs.landing_queues()),
+        r"(\d+) IAM roles": kinds["AWS::IAM::Role"],
+        r"(\d+) log groups": kinds["AWS::Logs::LogGroup"],
+        r"(\d+) Fargate services": kinds["AWS::ECS::Service"],
+        r"(\d+) CloudWatch alarms": alarms,
+        r"the (\d+) alarms \$0\.10": alarms,
+        r"about (\d+) metrics": 2 * alarms,  # each alarm's reading and its Firing
+    }
+    found = {pattern: [int(n) for n in re.findall(pattern, text)] for pattern in expected}
+    assert found == {pattern: [n] for pattern, n in expected.items()}
+
+
+def test_the_docs_deploy_command_gives_every_parameter_without_a_default():
+    parameters = json.loads(cfn.TEMPLATE_PATH.read_text())["Parameters"]
+    required = {name for name, declared in parameters.items() if "Default" not in declared}
+    for command in docs_deploy_commands():
+        words = shlex.split(command.replace("\\\n", " "))
+        overrides = words[words.index("--parameter-overrides") + 1 :]
+        given = {word.split("=", 1)[0] for word in overrides if "=" in word and not word.startswith("--")}
+        assert required <= given, f"missing {sorted(required - given)}"

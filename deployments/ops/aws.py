@@ -16,12 +16,20 @@ def register(subparsers) -> None:
     commands = group.add_subparsers(dest="command", required=True)
     deploy = commands.add_parser("deploy", help="ECR, image, stack (change set), pool, blocks, deployments")
     deploy.add_argument("--env", required=True, help="the environment (TABLE_ENV): names the stack and its tables")
-    deploy.add_argument("--region", default=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    deploy.add_argument(
+        "--region",
+        help="the region to change (default: boto3's own: AWS_REGION, AWS_DEFAULT_REGION, the profile's region)",
+    )
     deploy.add_argument("--vpc", required=True, help="VPC id of the subnets")
     deploy.add_argument("--subnets", required=True, help="comma-separated subnet ids (private, with a NAT)")
     deploy.add_argument("--security-groups", required=True, help="comma-separated security group ids")
     deploy.add_argument("--prefect-api-url", default=os.environ.get("PREFECT_API_URL"), help="the server's API")
-    deploy.add_argument("--api-key-secret-arn", default="", help="Secrets Manager secret holding PREFECT_API_KEY")
+    deploy.add_argument(
+        "--api-key-secret-arn",
+        default="",
+        help="Secrets Manager secret (name or ARN) holding PREFECT_API_KEY as a plain string (default for a Prefect "
+        "Cloud URL: pipelines/ENV/prefect-api-key, kept from PREFECT_API_KEY or `prefect cloud login`)",
+    )
     deploy.add_argument("--bucket", help="the data bucket's name (default pipelines-ACCOUNT-ENV)")
     deploy.add_argument("--image-tag", help="the image's tag (default: the checkout's commit)")
     deploy.add_argument("--assign-public-ip", default="DISABLED", choices=("ENABLED", "DISABLED"))
@@ -37,7 +45,10 @@ def register(subparsers) -> None:
     deploy.set_defaults(handler=run_deploy)
     destroy = commands.add_parser("destroy", help="remove the stack and its artifacts; the data is kept")
     destroy.add_argument("--env", required=True)
-    destroy.add_argument("--region", default=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
+    destroy.add_argument(
+        "--region",
+        help="the region to change (default: boto3's own: AWS_REGION, AWS_DEFAULT_REGION, the profile's region)",
+    )
     destroy.set_defaults(handler=lambda a: aws.destroy(a.env, a.region))
 
 
