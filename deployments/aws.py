@@ -201,8 +201,8 @@ def pool_job_template(
 ) -> dict[str, Any]:
     """The ``aws-ecs`` pool's base job template with the stack's defaults: the cluster and roles, the flow runs'
     network (the stack's subnets and security groups, no public IP unless asked), their containers' logs in the
-    stack's flow-run log group, the Prefect API key from Secrets Manager (never in plaintext overrides), and the
-    environment from the stack's ``Env``. A deployment's own job variables still win."""
+    stack's flow-run log group, the Prefect API key and the launch key from Secrets Manager (never in plaintext
+    overrides), and the environment from the stack's ``Env``. A deployment's own job variables still win."""
     import copy
 
     defaults: dict[str, Any] = {
@@ -229,6 +229,10 @@ def pool_job_template(
     properties = template["variables"]["properties"]
     for name, value in defaults.items():
         properties[name]["default"] = value
+    # the launch key as ECS hands it to the stack's own containers: from Secrets Manager (prefect-aws adds the API
+    # key's beside it), never in the run's plaintext environment
+    [container] = template["job_configuration"]["task_definition"]["containerDefinitions"]
+    container["secrets"] = [{"name": "PIPELINES_LAUNCH_KEY", "valueFrom": outputs["LaunchKeySecretArn"]}]
     return template
 
 

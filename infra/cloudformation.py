@@ -625,7 +625,7 @@ def policy(name: str, statements: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def execution_statements(log_groups: list[str]) -> list[dict[str, Any]]:
-    """The execution role's: pull the image, write logs, read the API key."""
+    """The execution role's: pull the image, write logs, read the launch key and the API key."""
     return [
         {
             "Sid": "PullImage",
@@ -639,6 +639,12 @@ def execution_statements(log_groups: list[str]) -> list[dict[str, Any]]:
             "Effect": "Allow",
             "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
             "Resource": [sub(f"${{{group}.Arn}}") for group in log_groups],
+        },
+        {
+            "Sid": "ReadLaunchKey",
+            "Effect": "Allow",
+            "Action": "secretsmanager:GetSecretValue",
+            "Resource": ref(LAUNCH_KEY),
         },
         {
             "Fn::If": [
@@ -867,6 +873,55 @@ def log_group(name: str) -> dict[str, Any]:
     }
 
 
+LAUNCH_KEY = "LaunchKeySecret"
+
+
+def launch_key_resources() -> dict[str, Any]:
+    """The key every launch seals what a row says to run with (tasks/core/seal.py): 32 random bytes as 64 hex digits,
+    made by Secrets Manager when the stack is created and kept by its updates; ECS hands it to every container as
+    PIPELINES_LAUNCH_KEY (the execution role reads it), never in a plaintext variable."""
+    return {
+        LAUNCH_KEY: {
+            "Type": "AWS::SecretsManager::Secret",
+            "Properties": {
+                "Description": sub("prefect-pipelines ${Env}: the launch key that seals GPU jobs and survey runs"),
+                "GenerateSecretString": {
+                    "PasswordLength": 64,
+                    "ExcludeUppercase": True,
+                    "ExcludePunctuation": True,
+                    "ExcludeCharacters": "ghijklmnopqrstuvwxyz",  # hex digits only
+                },
+            },
+            "Metadata": skip(
+                (
+                    "CKV_AWS_149",
+                    "encrypted with the AWS managed aws/secretsmanager key; only this stack's roles read it",
+                ),
+                (
+                    "CKV2_AWS_57",
+                    "rows in flight carry seals made with it: a rotation is the operator's, with the previous key "
+                    "kept in PIPELINES_LAUNCH_KEY_PREVIOUS (docs/operations.md)",
+                ),
+            ),
+        }
+    }
+
+
+def container_secrets() -> list[dict[str, Any]]:
+    """What ECS puts in every container's environment from Secrets Manager: the launch key, and the Prefect API key
+    where one is given."""
+    return [
+        {"Name": "PIPELINES_LAUNCH_KEY", "ValueFrom": ref(LAUNCH_KEY)},
+        {
+            "Fn::If": [
+                "HasPrefectApiKey",
+                {"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")},
+                ref("AWS::NoValue"),
+            ]
+        },
+    ]
+
+
 def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """What every container is configured by: the tables' env, the store, the Prefect API, the pipelines' own
     parameters (``AwsParts.environment``), the queues."""
@@ -905,13 +960,7 @@ def task_definition(
         "Command": command,
         "WorkingDirectory": APP_DIR,
         "Environment": environment(pipeline_queues, extra),
-        "Secrets": {
-            "Fn::If": [
-                "HasPrefectApiKey",
-                [{"Name": "PREFECT_API_KEY", "ValueFrom": ref("PrefectApiKeySecretArn")}],
-                ref("AWS::NoValue"),
-            ]
-        },
+        "Secrets": container_secrets(),
         "ReadonlyRootFilesystem": True,
         "MountPoints": [{"SourceVolume": "scratch", "ContainerPath": SCRATCH}],
         "LogConfiguration": {
@@ -1045,6 +1094,7 @@ def template() -> dict[str, Any]:
         **ecs,
         **observer_resources(),
         **monitoring_resources(),
+        **launch_key_resources(),
     }
     for resource in resources.values():
         resource.update(KEEP_DATA if resource["Type"] in DATA_TYPES else REBUILT)
@@ -1054,6 +1104,7 @@ def template() -> dict[str, Any]:
         "EcsExecutionRoleArn": {"Value": arn("ExecutionRole"), "Description": "ECS_EXECUTION_ROLE_ARN"},
         "BucketUrl": {"Value": sub("s3://${Bucket}/${StorePrefix}"), "Description": "PIPELINES_BUCKET_URL"},
         "FlowRunLogGroup": {"Value": ref("FlowRunLogGroup"), "Description": "log group for the flow-run tasks"},
+        "LaunchKeySecretArn": {"Value": ref(LAUNCH_KEY), "Description": "the flow runs' PIPELINES_LAUNCH_KEY secret"},
         "VpcId": {"Value": ref("VpcId"), "Description": "the flow runs' vpc_id (the pool's default)"},
         "Dashboard": {"Value": ref("Dashboard"), "Description": "the CloudWatch dashboard"},
         "AlarmTopic": {"Value": ref("AlarmTopic"), "Description": "SNS topic of the alarms: subscribe to it"},

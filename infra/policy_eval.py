@@ -170,9 +170,12 @@ def stack_values(
         kind, properties = resource["Type"], resource.get("Properties", {})
         name = NAME_PROPERTIES.get(kind)
         physical = resolve(properties[name], values) if name and name in properties else f"{stack}-{logical}"
-        values[logical] = physical
         values[f"{logical}.Arn"] = resource_arn(kind, physical, account, region)
+        values[logical] = values[f"{logical}.Arn"] if kind in REF_IS_ARN else physical
     return values
+
+
+REF_IS_ARN = {"AWS::SecretsManager::Secret"}  # kinds whose Ref is their ARN, not their name
 
 
 def resource_arn(kind: str, name: str, account: str, region: str) -> str:
@@ -188,6 +191,8 @@ def resource_arn(kind: str, name: str, account: str, region: str) -> str:
         "AWS::SNS::Topic": f"arn:aws:sns:{region}:{account}:{name}",
         "AWS::Events::Rule": f"arn:aws:events:{region}:{account}:rule/{name}",
         "AWS::KMS::Key": f"arn:aws:kms:{region}:{account}:key/{name}",
+        # Secrets Manager appends six random characters to a secret's name in its ARN
+        "AWS::SecretsManager::Secret": f"arn:aws:secretsmanager:{region}:{account}:secret:{name}-AbCdEf",
     }
     return shapes.get(kind, f"arn:aws:{service}:{region}:{account}:{name}")
 

@@ -194,6 +194,7 @@ def test_a_flow_run_on_the_stacks_pool_gets_its_network_logs_api_key_secret_and_
         "EcsExecutionRoleArn": AWS_ENV["ECS_EXECUTION_ROLE_ARN"],
         "BucketUrl": "s3://pipelines-data-dev/pipelines",
         "FlowRunLogGroup": "/pipelines/dev/flow-runs",
+        "LaunchKeySecretArn": "arn:aws:secretsmanager:us-east-1:123456789012:secret:launch-AbCdEf",
     }
     secret = f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:prefect-api-key-AbCdEf"
     subnets = aws.client("ec2").describe_subnets()["Subnets"][:2]
@@ -218,9 +219,10 @@ def test_a_flow_run_on_the_stacks_pool_gets_its_network_logs_api_key_secret_and_
     logs = container["logConfiguration"]
     assert logs["logDriver"] == "awslogs" and logs["options"]["awslogs-group"] == "/pipelines/dev/flow-runs"
     assert {"name": "PREFECT_API_KEY", "valueFrom": secret} in container["secrets"]
+    assert {"name": "PIPELINES_LAUNCH_KEY", "valueFrom": outputs["LaunchKeySecretArn"]} in container["secrets"]
     override = task["overrides"]["containerOverrides"][0]
     env = {e["name"]: e["value"] for e in override["environment"]}
-    assert "PREFECT_API_KEY" not in env
+    assert "PREFECT_API_KEY" not in env and "PIPELINES_LAUNCH_KEY" not in env
     assert env["TABLE_ENV"] == "dev" and env["TABLE_GRANULES"] == "granules-dev" and env["ETL_CATALOG_DATABASE"]
     assert env["OBJECT_STORE_BASE_URL"] == "s3://pipelines-data-dev/pipelines"
     assert submitted["cluster_arn"].endswith(f":cluster/{AWS_ENV['ECS_CLUSTER']}")

@@ -1,10 +1,75 @@
 """moto's server as a fixture: a thread of the test's process on a free loopback port, every AWS client but
-DynamoDB's sent to it (``AWS_ENDPOINT_URL``). moto's change sets do not refresh a stack's outputs
-(``Stack.output_map``): done here from the change set's template, as its `update_stack` does."""
+DynamoDB's sent to it (``AWS_ENDPOINT_URL``).
+
+Bridged here, each named: moto's change sets do not refresh a stack's outputs (``Stack.output_map``), done here from
+the change set's template as its `update_stack` does; moto's CloudFormation has no ``AWS::SecretsManager::Secret``,
+so a model here makes one in moto's Secrets Manager (a generated value of 64 hex digits, as the template asks) and
+answers its Ref with the ARN, as CloudFormation does."""
 
 from __future__ import annotations
 
+import functools
+import secrets
+from typing import Any
+
 import pytest
+
+
+@functools.cache
+def _secrets_in_cloudformation() -> None:
+    """Teach moto's CloudFormation ``AWS::SecretsManager::Secret`` (once per process)."""
+    from moto.cloudformation import parsing
+    from moto.core.common_models import CloudFormationModel
+    from moto.secretsmanager.models import secretsmanager_backends
+
+    class StackSecret(CloudFormationModel):
+        def __init__(self, arn: str, name: str) -> None:
+            self.arn, self.name = arn, name
+
+        @property
+        def physical_resource_id(self) -> str:
+            return self.arn
+
+        @staticmethod
+        def cloudformation_name_type() -> str:
+            return "Name"
+
+        @staticmethod
+        def cloudformation_type() -> str:
+            return "AWS::SecretsManager::Secret"
+
+        @classmethod
+        def has_cfn_attr(cls, attr: str) -> bool:
+            return attr == "Id"
+
+        @classmethod
+        def create_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name, **kw):
+            backend = secretsmanager_backends[account_id][region_name]
+            properties: dict[str, Any] = cloudformation_json.get("Properties", {})
+            backend.create_secret(
+                name=resource_name,
+                secret_string=secrets.token_hex(32),
+                secret_binary=None,
+                description=properties.get("Description"),
+                tags=None,
+                kms_key_id=None,
+                client_request_token=None,
+                replica_regions=[],
+                force_overwrite=False,
+            )
+            return cls(backend.describe_secret(resource_name).arn, resource_name)
+
+        @classmethod
+        def update_from_cloudformation_json(cls, original_resource, new_resource_name, cloudformation_json, *args):
+            return original_resource  # its value is made once, as CloudFormation keeps a generated secret
+
+        @classmethod
+        def delete_from_cloudformation_json(cls, resource_name, cloudformation_json, account_id, region_name):
+            secretsmanager_backends[account_id][region_name].delete_secret(resource_name, None, True)
+
+    for cached in (parsing.get_model_list, parsing.get_model_map, parsing.get_name_type_map):
+        cached.cache_clear()
+    assert parsing.get_model_map()["AWS::SecretsManager::Secret"] is StackSecret
 
 
 @pytest.fixture
@@ -24,6 +89,7 @@ def moto_thread(monkeypatch):
         self.stack.output_map = OutputMap(self.stack.resource_map, self.template_dict, self.stack.stack_id)
 
     monkeypatch.setattr(ChangeSet, "apply", apply_and_refresh_outputs)
+    _secrets_in_cloudformation()
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
