@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -135,7 +136,9 @@ def deployment_run(deployment: str, parameters: dict) -> str:
 
 @pytest.mark.sweep  # a Dask cluster and a worker of processes: in `make test-sweep`, which CI runs
 @pytest.mark.timeout(600)  # two flow-run processes and two Dask workers that import the project: slow on a busy machine
-def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(tables, s3_base, tmp_path, monkeypatch):
+def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(
+    tables, s3_base, s3_endpoint, tmp_path, monkeypatch
+):
     from deployments.samples.phspectra import synthetic_cube, write_fits
     from flows.etl import ndjson_ingest
     from tasks.phspectra import survey as ph
@@ -148,6 +151,10 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
         "ETL_NUM_STATUS_SHARDS": "2",
     }.items():
         monkeypatch.setenv(name, value)
+    # objects on moto's S3, so the catalog on moto's Glue (a database of this test's own: the server is shared)
+    database = f"db_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_GLUE", s3_endpoint)
+    monkeypatch.setenv("ETL_CATALOG_DATABASE", database)
     store, name = ObjectStore.from_url(s3_base), f"dask-{uuid.uuid4().hex[:6]}"
     deployments = deploy_from_prefect_yaml(tmp_path, {"phspectra-survey", "ndjson-merge"}, f"pool-{name}", name)
     cluster = DaskCluster(tmp_path, child_env())
@@ -225,3 +232,10 @@ def test_survey_and_merge_on_an_existing_dask_cluster_survive_a_killed_worker(ta
     assert sorted(merged) == sorted(ids)
     statuses = [i.get("status", "") for i in state_store.scan_all(tables["etl_file_tracking"])]
     assert sorted(s.split("#")[0] for s in statuses if s) == ["completed"] * 5  # four files and the MANIFEST
+    # and the date registered in the catalog (no CATALOG# record above: the registration did not fail)
+    glue = boto3.client("glue", endpoint_url=s3_endpoint)
+    (partition,) = glue.get_partitions(DatabaseName=database, TableName="merged_parquet")["Partitions"]
+    assert partition["Values"] == ["2026-03-01"]
+    assert partition["StorageDescriptor"]["Location"] == store.url_for(etl_keys.merged_output_prefix("2026-03-01"))
+    columns = [c["Name"] for c in partition["StorageDescriptor"]["Columns"]]
+    assert columns == ["id", "k", "_processing_timestamp", "_source_file"]

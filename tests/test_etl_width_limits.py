@@ -69,6 +69,7 @@ BAD_KEYS = {
     "a-1mb-key.ndjson": ("k" * (1 << 20), "is 1048576 bytes, longer than max_key_bytes (255)"),
     "an-empty-key.ndjson": ("", "an empty key (Glue refuses empty column names)"),
     "a-nul-key.ndjson": ("\u0000", "holds U+0000, a control character"),
+    "a-tab-key.ndjson": ("tab\there", "holds U+0009, a control character"),
     "a-glue-refused-key.ndjson": ("name\uffff", "holds U+FFFF, a noncharacter"),
     "case-twins.ndjson": ("ID", "keys 'id' and 'ID' differ only by case"),
 }

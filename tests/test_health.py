@@ -10,6 +10,7 @@ import pytest
 
 from tasks.core import state_store
 from tasks.core.runtime import iso_ago, now_iso
+from tasks.etl import catalog as etl_catalog
 from tasks.etl import ingest as etl
 from tasks.etl import keys as etl_keys
 from tasks.gpu import jobs as gpu
@@ -26,6 +27,7 @@ ALARMS = {
     "etl-files-pending-too-long",
     "etl-files-pending",
     "etl-failed-manifests",
+    "etl-catalog-unregistered",
     "phspectra-stuck-chunks",
     "video-stuck-jobs",
     "gpu-stuck-jobs",
@@ -40,7 +42,8 @@ def _backdate(table: str, key: dict, **stamps: str) -> None:
 
 
 def make_etl_records(tables: dict) -> None:
-    """Two files tracked by the ingest (one two hours old) and a manifest whose merge failed."""
+    """Two files tracked by the ingest (one two hours old), a manifest whose merge failed, and a date whose catalog
+    registration failed."""
     config = etl.settings()
     checks = [
         etl.FileCheck(f"file:///in/pipeline/input/2026-11-20/f{i}.ndjson", "2026-11-20", f"f{i}.ndjson", 10)
@@ -67,6 +70,7 @@ def make_etl_records(tables: dict) -> None:
         },
         etl.TRACKING_KEYS,
     )
+    etl_catalog.record_unregistered("2026-11-19", "EndpointConnectionError: Could not connect to Glue")
 
 
 def make_phspectra_stuck(tables: dict) -> None:
@@ -162,6 +166,9 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
     )
     assert rows["etl-files-pending"]["value"] == 2
     assert rows["etl-failed-manifests"]["detail"] == "1 failed manifest(s): 2026-11-20/manifest-0001"
+    assert rows["etl-catalog-unregistered"]["detail"].endswith(
+        ": 2026-11-19 (EndpointConnectionError: Could not connect to Glue)"
+    )
     assert (
         rows["phspectra-stuck-chunks"]["detail"]
         == f"1 chunk(s) IN_PROGRESS with a lease expired > 30 min: run-1/{phspectra_keys.chunk_sk(0)}"
@@ -178,6 +185,7 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
         for n in (
             "records-dead-letter-archive",
             "etl-failed-manifests",
+            "etl-catalog-unregistered",
             "etl-iterator-age",
             "etl-files-pending",
             "gpu-stuck-jobs",
@@ -185,6 +193,7 @@ def test_each_alarm_fires_on_its_records_and_notifies_once(health, tables):
     } == {
         "records-dead-letter-archive": "CRITICAL",
         "etl-failed-manifests": "CRITICAL",
+        "etl-catalog-unregistered": "CRITICAL",
         "etl-iterator-age": "WARNING",
         "etl-files-pending": "WARNING",
         "gpu-stuck-jobs": "WARNING",
