@@ -139,12 +139,13 @@ def test_the_stack_answers_its_user_only_and_rides_out_each_process_killed():
                 [psql, "-h", str(data / "postgres"), "-p", str(ports["postgres"]), "-U", "prefect", "-c", "select 1"]
             )
             assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused
-        knock = (
-            f"import socket\ntry:\n    s = socket.create_connection(('127.0.0.1', {ports['dynamodb']}), timeout=5)\n"
-            "    s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n    print('refused' if not s.recv(100) else 'answered')\n"
-            "except OSError:\n    print('refused')\n"
+        knock = (  # an unsigned request: the relay's refusal answers it, DynamoDB Local never sees it
+            f"import socket\ns = socket.create_connection(('127.0.0.1', {ports['dynamodb']}), timeout=5)\n"
+            "s.sendall(b'POST / HTTP/1.1\\r\\nHost: x\\r\\nContent-Length: 2\\r\\n\\r\\n{}')\n"
+            "print(s.recv(4096).decode(errors='replace'))\n"
         )
-        assert as_nobody_python(knock).stdout.strip() == "refused"
+        answer = as_nobody_python(knock).stdout
+        assert answer.startswith("HTTP/1.1 400") and "UnrecognizedClientException" in answer, answer
 
         # each process SIGKILLed under a stream of files; the supervisor brings it back
         objects = data / "objects"
