@@ -4,14 +4,10 @@ so a push that relied on an earlier process's login (the Docker library keeps it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from tests.helpers.crashpoints import REPO_ROOT
-from tests.helpers.docker_standin import ECS_IMAGE, docker_standin
+from tests.helpers.docker_standin import ECS_IMAGE, docker_standin, prefect_deploy
 
 pytest.importorskip("moto")
 
@@ -22,7 +18,6 @@ def test_the_ecs_push_logs_in_to_ecr_in_the_process_that_pushes(moto_thread):
 
     import boto3
     from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL
 
     from deployments.local_stack import create_work_pools
 
@@ -35,23 +30,8 @@ def test_the_ecs_push_logs_in_to_ecr_in_the_process_that_pushes(moto_thread):
         return base64.b64decode(token).decode().split(":", 1)[1]
 
     with docker_standin(registry_password=ecr_password) as docker:
-        env = {
-            **os.environ,
-            "PREFECT_API_URL": PREFECT_API_URL.value(),
-            "PIPELINES_ROOT": str(REPO_ROOT),
-            "DOCKER_HOST": docker.host,
-            "DOCKER_CONFIG": str(REPO_ROOT / "tests" / "no-docker-config"),  # no login left by anyone
-            **ECS_IMAGE,
-        }
-        result = subprocess.run(
-            [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", "phspectra-sweep-stuck/ecs"],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=500,
-        )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        no_login = {"DOCKER_CONFIG": str(REPO_ROOT / "tests" / "no-docker-config")}  # no login left by anyone
+        prefect_deploy("phspectra-sweep-stuck/ecs", {"DOCKER_HOST": docker.host, **no_login, **ECS_IMAGE})
     image = (ECS_IMAGE["PIPELINES_IMAGE_REPOSITORY"], ECS_IMAGE["PIPELINES_IMAGE_TAG"])
     assert docker.refused == [] and docker.pushes == [image]
 

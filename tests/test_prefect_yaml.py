@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -16,7 +14,7 @@ from prefect.flows import load_flow_from_entrypoint
 from prefect.utilities.callables import parameter_schema
 
 from tasks.core import limits
-from tests.helpers.docker_standin import ECS_IMAGE, docker_standin
+from tests.helpers.docker_standin import ECS_IMAGE, docker_standin, prefect_deploy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
@@ -80,26 +78,6 @@ def test_maintenance_flows_are_scheduled():
     assert all(s["active"] is False for s in scheduled["records-replay-dla"])
 
 
-def _deploy(pattern: str, extra_env: dict[str, str] | None = None) -> None:
-    from prefect.settings import PREFECT_API_URL
-
-    env = {
-        **os.environ,
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "PIPELINES_ROOT": str(REPO_ROOT),
-        **(extra_env or {}),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", pattern],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-
 def assert_ecs_image_built_and_pushed(docker) -> None:
     """The ecs set built the Dockerfile for Fargate from a context of the package alone, and pushed it, once:
     prefect-docker caches a step's output for the same inputs, so the other deployments reuse it."""
@@ -139,7 +117,7 @@ def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):
         create_work_pools(
             client
         )  # as `make up`: the ECS pool with the ECS worker's template, so job variables are checked
-    _deploy(LOCAL_DEPLOYMENTS)
+    prefect_deploy(LOCAL_DEPLOYMENTS)
     expected = {(_flow(d["entrypoint"]).name, d["name"], d["work_pool"]["name"]) for d in DEPLOYMENTS}
     with get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}
@@ -164,7 +142,7 @@ def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):
     assert limits["ndjson-merge"] == (3, "ENQUEUE") and limits["pipeline-health"] == (1, "CANCEL_NEW")
 
     with docker_standin() as docker:  # what an AWS user runs (here: what an older `make up` left on a local server)
-        _deploy("ecs", {"DOCKER_HOST": docker.host, **ECS_IMAGE})
+        prefect_deploy("ecs", {"DOCKER_HOST": docker.host, **ECS_IMAGE})
     assert_ecs_image_built_and_pushed(docker)
     with get_client(sync_client=True) as client:
         flows = {f.id: f.name for f in client.read_flows()}

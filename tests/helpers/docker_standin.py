@@ -18,12 +18,18 @@ import contextlib
 import hashlib
 import io
 import json
+import os
+import subprocess
+import sys
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 API_VERSION = "1.45"
 
@@ -172,3 +178,24 @@ ECS_IMAGE = {
     "PIPELINES_IMAGE_TAG": "test-1",
     "ECS_EXECUTION_ROLE_ARN": "arn:aws:iam::123456789012:role/execution",
 }
+
+
+def prefect_deploy(pattern: str, extra_env: dict[str, str] | None = None) -> None:
+    """`prefect deploy --name PATTERN` from the repository, on the test's server, as a user runs it."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "PIPELINES_ROOT": str(REPO_ROOT),
+        **(extra_env or {}),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name", pattern],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
