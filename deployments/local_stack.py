@@ -355,6 +355,11 @@ def serve_prefect_server() -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+def _digest(secret: str) -> str:
+    """A short digest of ``secret`` that says whether it changed, and nothing of it."""
+    return hashlib.sha256(b"pipelines-config\0" + secret.encode()).hexdigest()[:16]
+
+
 def _environment(env: dict[str, str]) -> str:
     """``env`` as a supervisord ``environment=`` value (``%`` doubled: the file's interpolation)."""
     return ",".join(f'{key}="{value}"'.replace("%", "%%") for key, value in env.items())
@@ -397,7 +402,9 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
     serve = [sys.executable, "-m", "deployments.local_stack", "serve-server"]
     programs["prefect-server"] = {
         "command": _command([sys.executable, "-m", "deployments.held_port", str(PREFECT_PORT), "--", *serve]),
-        "environment": _environment(identity),
+        # the server reads its auth string from the secrets folder at start; a digest of it here makes a rotation a
+        # changed program, which supervisord's `update` restarts (the string itself stays out of the configuration)
+        "environment": _environment({**identity, "PIPELINES_API_AUTH_DIGEST": _digest(api_auth_string() or "")}),
         "startsecs": "10",
     }
     # flow runs are forks of the engine fork server (not of the worker): a worker that dies leaves them running

@@ -181,3 +181,16 @@ def test_the_stack_certificate_is_made_once_and_kept(tmp_path):
     context = ssl.create_default_context(cafile=str(cert))  # the certificate is its own trust anchor
     assert context.cert_store_stats()["x509_ca"] == 1
     assert oct(key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_rotated_auth_string_restarts_the_server_and_stays_out_of_its_configuration(tmp_path, monkeypatch):
+    """supervisord restarts a program whose configuration changed (`make up`'s `update`): a rotation changes the
+    server's (by a digest), so the server comes back with the new string; the string itself is not written there."""
+    monkeypatch.setattr(local_stack, "DATA", tmp_path / "data")
+    configured = []
+    for _ in range(2):
+        auth = local_stack.rotate_api_auth_string()
+        server = local_stack.stack_programs(without=("dynamodb", "postgres"))["prefect-server"]
+        assert auth not in str(server) and auth.split(":", 1)[1] not in str(server)
+        configured.append(server)
+    assert configured[0] != configured[1]
