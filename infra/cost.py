@@ -8,6 +8,7 @@ either priced here or named as free at rest, so a new kind fails tests/test_aws_
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from dataclasses import dataclass
@@ -213,6 +214,36 @@ def cost_lines(template: dict[str, Any], config: dict[str, Any], prices: dict[st
     ]
 
 
+# item 2 of issue 51, not built yet: the frequent, light maintenance flows (those due every 10 minutes or more often)
+# run by a process-pool worker in one small always-on service instead of a Fargate task per run; the hourly and daily
+# ones, and every pipeline run, stay on the ECS pool
+MAINTENANCE_POOL = "aws-maintenance"
+MAINTENANCE_SIZE = {"Cpu": "512", "Memory": "2048"}  # a worker and 4 flow processes (every flow imported: 208 MB)
+FREQUENT_MINUTES = 10
+
+
+def with_maintenance_service(template: dict[str, Any], config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The template and prefect.yaml as item 2 would have them: the frequent scheduled ECS deployments moved to the
+    maintenance pool, served by one more Fargate service of MAINTENANCE_SIZE."""
+    template, config = copy.deepcopy(template), copy.deepcopy(config)
+    hours = WEEK_HOURS  # launches per week: every 10 minutes is 1,008
+    for deployment in config["deployments"]:
+        crons = [s["cron"] for s in deployment.get("schedules") or [] if s.get("active", True)]
+        frequent = any(launches_per_month(cron, hours) >= hours * 60 / FREQUENT_MINUTES for cron in crons)
+        if deployment["work_pool"]["name"] == config["definitions"]["work_pools"]["ecs"]["name"] and frequent:
+            deployment["work_pool"] = {**deployment["work_pool"], "name": MAINTENANCE_POOL}
+    resources = template["Resources"]
+    definition = copy.deepcopy(resources["WorkerTaskDefinition"])
+    definition["Properties"] |= MAINTENANCE_SIZE
+    resources["MaintenanceTaskDefinition"] = definition
+    resources["MaintenanceService"] = copy.deepcopy(resources["WorkerService"])
+    resources["MaintenanceService"]["Properties"] |= {
+        "ServiceName": "prefect-maintenance-worker",
+        "TaskDefinition": {"Ref": "MaintenanceTaskDefinition"},
+    }
+    return template, config
+
+
 def unpriced(template: dict[str, Any]) -> list[str]:
     """The template's resource types neither priced nor named free."""
     kinds = {resource["Type"] for resource in template["Resources"].values()}
@@ -273,6 +304,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "--write-docs" in argv:
         DOCS_PATH.write_text(wanted)
+    if "--maintenance-service" in argv:  # what item 2 of issue 51 would change, before it is built
+        template, config = with_maintenance_service(json.loads(cfn.TEMPLATE_PATH.read_text()), cfn.prefect_config())
+        after = cost_lines(template, config, prices)
+        print(report(after, prices), end="")
+        before_total, after_total = sum(line.monthly for line in lines), sum(line.monthly for line in after)
+        print(f"\nbefore {before_total:,.2f}, with the maintenance service {after_total:,.2f} a month")
+        return 0
     print(report(lines, prices), end="")
     return 0
 

@@ -65,3 +65,16 @@ def test_the_docs_cost_section_is_the_scripts():
     lines, prices = cost.current()
     total = f"**{sum(line.monthly for line in lines):,.2f}**"
     assert total in cost.DOCS_PATH.read_text()
+
+
+def test_the_maintenance_service_scenario_keeps_only_the_hourly_and_daily_runs_on_fargate(committed):
+    template, config, prices = committed
+    after_template, after_config = cost.with_maintenance_service(template, config)
+    hours = prices["assumptions"]["hours_per_month"]["value"]
+    left = {line.name.split()[3] for line in cost.scheduled_lines(after_config, prices, hours)}
+    assert left == {"ndjson-flush-orphans/ecs", "pipelines-retention/ecs"}
+    assert cost.unpriced(after_template) == []
+    before = sum(line.monthly for line in cost.cost_lines(template, config, prices))
+    after = cost.cost_lines(after_template, after_config, prices)
+    assert "Fargate service prefect-maintenance-worker" in {line.name for line in after}
+    assert sum(line.monthly for line in after) < before / 5
