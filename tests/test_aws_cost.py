@@ -1,0 +1,80 @@
+"""infra/cost.py: the monthly cost at rest from the template and prefect.yaml, and docs/aws.md's figures its own."""
+
+import copy
+import json
+
+import pytest
+
+from infra import cloudformation as cfn
+from infra import cost
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return json.loads(cfn.TEMPLATE_PATH.read_text()), cfn.prefect_config(), cost.load_prices()
+
+
+def test_the_total_is_the_sum_of_its_lines(committed):
+    template, config, prices = committed
+    lines = cost.cost_lines(template, config, prices)
+    text = cost.report(lines, prices)
+    total = float(text.split("\ntotal")[1].split()[0].replace(",", ""))
+    assert total == pytest.approx(sum(round(line.monthly, 2) for line in lines), abs=0.01 * len(lines))
+    assert all(line.monthly >= 0 for line in lines)
+    # every assumption is printed with the figures
+    assert all(f"{name} = " in text for name in prices["assumptions"])
+
+
+def test_every_resource_type_is_priced_or_named_free(committed):
+    template, _, _ = committed
+    assert cost.unpriced(template) == []
+    grown = copy.deepcopy(template)
+    grown["Resources"]["Extra"] = {"Type": "AWS::RDS::DBInstance", "Properties": {}}
+    assert cost.unpriced(grown) == ["AWS::RDS::DBInstance"]
+
+
+def test_every_price_names_its_source():
+    prices = cost.load_prices()
+    assert prices["region"] == "us-east-1" and prices["checked"]
+    assert all(item["source"].startswith("https://aws.amazon.com/") for item in prices["prices"].values())
+    assert all(item["why"] for item in prices["assumptions"].values())
+
+
+def test_each_scheduled_ecs_run_is_counted_from_its_cron(committed):
+    template, config, prices = committed
+    hours = prices["assumptions"]["hours_per_month"]["value"]
+    assert cost.launches_per_month("* * * * *", hours) == pytest.approx(60 * hours)
+    assert cost.launches_per_month("*/10 * * * *", hours) == pytest.approx(6 * hours)
+    assert cost.launches_per_month("17 3 * * *", hours) == pytest.approx(hours / 24)
+    scheduled = {line.name for line in cost.scheduled_lines(config, prices, hours)}
+    active = [
+        d
+        for d in config["deployments"]
+        if d["work_pool"]["name"] == "aws-ecs" and any(s.get("active", True) for s in d.get("schedules") or [])
+    ]
+    assert len(scheduled) == len(active)
+    # a schedule moved off the ECS pool leaves the lines
+    moved = copy.deepcopy(config)
+    for deployment in moved["deployments"]:
+        deployment["work_pool"] = {**deployment["work_pool"], "name": "elsewhere"}
+    assert cost.scheduled_lines(moved, prices, hours) == []
+
+
+def test_the_docs_cost_section_is_the_scripts():
+    assert cost.main(["--check-docs"]) == 0
+    lines, prices = cost.current()
+    total = f"**{sum(line.monthly for line in lines):,.2f}**"
+    assert total in cost.DOCS_PATH.read_text()
+
+
+def test_the_maintenance_service_scenario_keeps_only_the_hourly_and_daily_runs_on_fargate(committed):
+    template, config, prices = committed
+    after_template, after_config = cost.with_maintenance_service(template, config)
+    hours = prices["assumptions"]["hours_per_month"]["value"]
+    left = {line.name.split()[3] for line in cost.scheduled_lines(after_config, prices, hours)}
+    assert left == {"ndjson-flush-orphans/ecs", "pipelines-retention/ecs"}
+    assert cost.unpriced(after_template) == []
+    before = sum(line.monthly for line in cost.cost_lines(template, config, prices))
+    after = cost.cost_lines(after_template, after_config, prices)
+    assert "Fargate service prefect-maintenance-worker" in {line.name for line in after}
+    assert sum(line.monthly for line in after) < before / 5
