@@ -589,9 +589,12 @@ def deploy(
     pool, blocks and deployments on the Prefect server. Idempotent: a second run with nothing changed changes
     nothing. ``dry_run``: the change set's changes only (the artifact bucket is made if absent and the template
     object uploaded, and said so; nothing else changes). A create that would fail on the tables or bucket an earlier
-    stack kept is refused first, with the commands that delete them.
+    stack kept is refused first, with the commands that delete them. Before any change (a dry run too) the
+    prerequisites are checked (deployments/aws_prerequisites.py: the network, Docker, the Prefect API, its workspace
+    held by no other env), every missing one named.
     ``pipeline_parameters``: values of the pipelines' own stack parameters (``Pipeline.aws``); the others take their
     defaults."""
+    from deployments.aws_prerequisites import refuse_unless_ready
     from infra import cloudformation as cfn
 
     pipelines = pipelines_parameters(pipeline_parameters or {})
@@ -612,6 +615,9 @@ def deploy(
         "AssignPublicIp": assign_public_ip,
     }
     parameters |= pipelines
+    refuse_unless_ready(
+        session, region, env, vpc, subnets, security_groups, prefect_api_url, assign_public_ip == "ENABLED"
+    )
     if stack_status(session.client("cloudformation", region_name=region), stack) in (None, *GONE):
         refuse_kept_data(session, region, env, parameters["BucketName"])
     secret = prefect_api_key_secret(session, region, env, prefect_api_url, api_key_secret_arn, dry_run)
@@ -662,7 +668,8 @@ KEPT_WHY = (
 
 def destroy(env: str, region: str | None, session: Any = None) -> dict[str, Any]:
     """`pipelines aws-stack destroy`: the stack (its data kept, and said so), the artifact bucket's templates, the ECR
-    repository (the image is rebuilt from the checkout) and the aws-ecs pool's deployments on the Prefect server."""
+    repository (the image is rebuilt from the checkout) unless another env's stack runs from it, and the aws-ecs
+    pool's deployments on the Prefect server when ``env`` holds that workspace (another env's are kept, and said so)."""
     from infra import cloudformation as cfn
 
     stack, deleted, kept = cfn.STACK_NAME.replace(cfn.ENV, env), [], {}
@@ -686,28 +693,55 @@ def destroy(env: str, region: str | None, session: Any = None) -> dict[str, Any]
         if not s3.list_objects_v2(Bucket=artifacts).get("KeyCount"):
             s3.delete_bucket(Bucket=artifacts)
             deleted.append(f"bucket {artifacts}")
-    try:
-        ecr.delete_repository(repositoryName="pipelines", force=True)
-        deleted.append("ECR repository pipelines")
-    except ecr.exceptions.RepositoryNotFoundException:
-        pass
-    deleted += delete_ecs_deployments(env)
+    if others := other_stacks(cloudformation, env):  # their services pull their images from it
+        kept["ECR repository pipelines"] = f"the stacks {', '.join(others)} run images from it"
+    else:
+        try:
+            ecr.delete_repository(repositoryName="pipelines", force=True)
+            deleted.append("ECR repository pipelines")
+        except ecr.exceptions.RepositoryNotFoundException:
+            pass
+    done, why = delete_ecs_deployments(env)
+    deleted += done
+    kept |= {"prefect": why} if why else {}
     return {"deleted": deleted, "kept": kept}
 
 
-def delete_ecs_deployments(env: str) -> list[str]:
-    """The aws-ecs pool's deployments (no worker serves them once the stack is gone) and the deploy's variable."""
+def other_stacks(cloudformation: Any, env: str) -> list[str]:
+    """The other envs' pipelines stacks alive in this account and region (they share the ECR repository)."""
+    from infra import cloudformation as cfn
+
+    mine, prefix = cfn.STACK_NAME.replace(cfn.ENV, env), cfn.STACK_NAME.replace(cfn.ENV, "")
+    found = []
+    for page in cloudformation.get_paginator("describe_stacks").paginate():
+        for stack in page["Stacks"]:
+            envs = [p["ParameterValue"] for p in stack.get("Parameters", []) if p["ParameterKey"] == "Env"]
+            named = envs and stack["StackName"] == prefix + envs[0]
+            if named and stack["StackName"] != mine and stack["StackStatus"] not in ("DELETE_COMPLETE", *GONE):
+                found.append(stack["StackName"])
+    return sorted(found)
+
+
+def delete_ecs_deployments(env: str) -> tuple[list[str], str]:
+    """The ECS pool's deployments (no worker serves them once the stack is gone), its defaults put back bare and the
+    deploy's variable, when ``env`` holds the workspace; another env's are left as they are (and the reason given)."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolUpdate
     from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
 
-    from deployments.local_stack import ECS_WORK_POOL
+    from deployments.aws_prerequisites import ecs_pool_owner
+    from deployments.local_stack import ECS_WORK_POOL, ecs_base_job_template
 
     with get_client(sync_client=True) as client:
+        if (owner := ecs_pool_owner(client)) not in (None, env):
+            return [], f"the Prefect workspace's {ECS_WORK_POOL} pool, blocks and deployments are env {owner}'s"
         pool = WorkPoolFilter(name=WorkPoolFilterName(any_=[ECS_WORK_POOL]))
         deployments = client.read_deployments(work_pool_filter=pool)
         for deployment in deployments:
             client.delete_deployment(deployment.id)
+        if owner is not None:  # bare again: the workspace is free for another env
+            client.update_work_pool(ECS_WORK_POOL, WorkPoolUpdate(base_job_template=ecs_base_job_template()))
         variable = client.read_variable_by_name(deploy_state_name(env))
         if variable is not None:
             client.delete_variable_by_name(deploy_state_name(env))
-    return [f"{len(deployments)} deployments of the {ECS_WORK_POOL} pool"]
+    return [f"{len(deployments)} deployments of the {ECS_WORK_POOL} pool"], ""

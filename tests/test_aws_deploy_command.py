@@ -17,6 +17,7 @@ import pytest
 
 from deployments import aws
 from tests.helpers.docker_standin import docker_standin
+from tests.helpers.moto_server import private_network
 
 moto = pytest.importorskip("moto")
 
@@ -85,16 +86,15 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
         if tag not in {i.get("imageTag") for i in ecr.list_images(repositoryName=name)["imageIds"]}:
             ecr.put_image(repositoryName=name, imageManifest=json.dumps(manifest), imageTag=tag)  # a re-push: as is
 
-    ec2 = session.client("ec2")
-    subnet = ec2.describe_subnets()["Subnets"][0]
-    group = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
+    net = private_network(session.client("ec2"))  # docs/aws.md's prerequisites, checked by the deploy
+    subnet = {"SubnetId": net["subnets"][0]}
     env = f"c{uuid.uuid4().hex[:6]}"
     arguments = dict(
         env=env,
         region="us-east-1",
-        vpc=subnet["VpcId"],
-        subnets=[subnet["SubnetId"]],
-        security_groups=[group],
+        vpc=net["vpc"],
+        subnets=net["subnets"],
+        security_groups=net["security_groups"],
         prefect_api_url=PREFECT_API_URL.value(),
         tag="1.0",
     )

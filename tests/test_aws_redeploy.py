@@ -12,6 +12,8 @@ import pytest
 
 from deployments import aws
 from infra import cloudformation as cfn
+from tests.helpers.docker_standin import docker_standin
+from tests.helpers.moto_server import private_network
 
 moto = pytest.importorskip("moto")
 
@@ -29,18 +31,32 @@ def cloud(monkeypatch):
         yield boto3.Session(region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t")
 
 
-def dry_run(session, env: str) -> dict:
-    ec2 = session.client("ec2")
-    subnet = ec2.describe_subnets()["Subnets"][0]
-    group = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
-    arguments = dict(vpc=subnet["VpcId"], subnets=[subnet["SubnetId"]], security_groups=[group], tag="1")
-    return aws.deploy(
-        env, "us-east-1", prefect_api_url="http://prefect/api", dry_run=True, session=session, **arguments
-    )
+def dry_run(session, env: str, net: dict) -> dict:
+    """A dry run with every prerequisite there (docs/aws.md's network, a Docker daemon, the test's Prefect server)."""
+    import os
+
+    from prefect.settings import PREFECT_API_URL
+
+    arguments = {k: net[k] for k in ("vpc", "subnets", "security_groups")}
+    with docker_standin() as docker:
+        os.environ["DOCKER_HOST"] = docker.host
+        try:
+            return aws.deploy(
+                env,
+                "us-east-1",
+                prefect_api_url=PREFECT_API_URL.value(),
+                tag="1",
+                dry_run=True,
+                session=session,
+                **arguments,
+            )
+        finally:
+            os.environ.pop("DOCKER_HOST", None)
 
 
 def test_a_create_over_the_data_a_destroy_kept_is_refused_with_the_commands_that_delete_it(cloud):
     session, env = cloud, "dev"
+    net = private_network(session.client("ec2"))
     dynamodb, s3 = session.client("dynamodb"), session.client("s3")
     kept_tables = sorted(name.replace(cfn.ENV, env) for name in cfn.stack_table_names().values())[:2]
     for name in kept_tables:  # what destroy leaves (RetainExceptOnCreate)
@@ -57,7 +73,7 @@ def test_a_create_over_the_data_a_destroy_kept_is_refused_with_the_commands_that
         s3.put_object(Bucket=bucket, Key="pipelines/x.parquet", Body=body)
 
     with pytest.raises(RuntimeError, match="already exists") as refused:
-        dry_run(session, env)
+        dry_run(session, env, net)
     message = str(refused.value)
     for name in kept_tables:
         assert f"table {name}: aws dynamodb delete-table --region us-east-1 --table-name {name}" in message
@@ -70,7 +86,7 @@ def test_a_create_over_the_data_a_destroy_kept_is_refused_with_the_commands_that
     bucket_command = shlex.split(re.search(r"python -c \"[^\"]+\"", message).group(0))
     exec(bucket_command[2], {})  # the printed line as python runs it, on moto
     assert bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
-    assert dry_run(session, env)["change_set"]["action"] == "CREATE"
+    assert dry_run(session, env, net)["change_set"]["action"] == "CREATE"
 
 
 def test_a_stack_still_in_review_right_after_execute_is_waited_for(monkeypatch):

@@ -23,7 +23,11 @@ def register(subparsers) -> None:
     deploy.add_argument("--vpc", required=True, help="VPC id of the subnets")
     deploy.add_argument("--subnets", required=True, help="comma-separated subnet ids (private, with a NAT)")
     deploy.add_argument("--security-groups", required=True, help="comma-separated security group ids")
-    deploy.add_argument("--prefect-api-url", default=os.environ.get("PREFECT_API_URL"), help="the server's API")
+    deploy.add_argument(
+        "--prefect-api-url",
+        default=os.environ.get("PREFECT_API_URL"),
+        help="the server's API (default: PREFECT_API_URL, else the Prefect profile's)",
+    )
     deploy.add_argument(
         "--api-key-secret-arn",
         default="",
@@ -73,8 +77,10 @@ def pipeline_parameter_help() -> str:
 
 def run_deploy(args) -> dict:
     """The deploy command's arguments to ``aws.deploy``."""
-    if not args.prefect_api_url:
-        raise ValueError("give --prefect-api-url (or set PREFECT_API_URL)")
+    if not args.prefect_api_url:  # the active profile's (`prefect cloud login` sets it); none is named by the deploy
+        from prefect.settings import PREFECT_API_URL
+
+        args.prefect_api_url = PREFECT_API_URL.value() or ""
     return aws.deploy(
         args.env,
         args.region,

@@ -99,3 +99,33 @@ def moto_thread(monkeypatch):
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+def private_network(ec2: Any, cidr: str = "10.20.0.0/16") -> dict[str, Any]:
+    """What docs/aws.md asks a newcomer for, made in moto's EC2: a VPC, a private subnet whose route table sends
+    0.0.0.0/0 to a NAT gateway (in a public subnet beside it) and a security group that lets 443 out; as the
+    deploy's ``vpc``, ``subnets`` and ``security_groups``."""
+    prefix = cidr.rsplit(".", 2)[0]
+    vpc = ec2.create_vpc(CidrBlock=cidr)["Vpc"]["VpcId"]
+    public = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.1.0/24")["Subnet"]["SubnetId"]
+    private = ec2.create_subnet(VpcId=vpc, CidrBlock=f"{prefix}.2.0/24")["Subnet"]["SubnetId"]
+    gateway = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    ec2.attach_internet_gateway(InternetGatewayId=gateway, VpcId=vpc)
+    outside = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    ec2.create_route(RouteTableId=outside, DestinationCidrBlock="0.0.0.0/0", GatewayId=gateway)
+    ec2.associate_route_table(RouteTableId=outside, SubnetId=public)
+    address = ec2.allocate_address(Domain="vpc")["AllocationId"]
+    nat = ec2.create_nat_gateway(SubnetId=public, AllocationId=address)["NatGateway"]["NatGatewayId"]
+    inside = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    ec2.create_route(RouteTableId=inside, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat)
+    ec2.associate_route_table(RouteTableId=inside, SubnetId=private)
+    group = ec2.create_security_group(GroupName=f"pipelines-{vpc}", Description="pipelines", VpcId=vpc)["GroupId"]
+    # a new group lets everything out; the stack's tasks need only 443
+    ec2.revoke_security_group_egress(
+        GroupId=group, IpPermissions=[{"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
+    )
+    ec2.authorize_security_group_egress(
+        GroupId=group,
+        IpPermissions=[{"IpProtocol": "tcp", "FromPort": 443, "ToPort": 443, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}],
+    )
+    return {"vpc": vpc, "subnets": [private], "security_groups": [group], "public_subnet": public, "nat": nat}
