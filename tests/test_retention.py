@@ -9,7 +9,7 @@ from tasks.core import state_store
 from tasks.core.config import object_store
 from tasks.etl import keys as etl_keys
 from tasks.phspectra import keys as phspectra_keys
-from tasks.phspectra import survey
+from tasks.phspectra import sealing, survey
 from tasks.records import keys as records_keys
 from tasks.retention.sweep import apply_retention
 from tests.helpers.retention import ENDED, aged, make_records
@@ -93,16 +93,14 @@ def test_dead_staging_and_opted_in_failed_dead_letters_age_out_waiting_ones_neve
 def test_a_resumed_run_keeps_its_chunks_for_good_once_retention_passes(etl_env):
     tables = etl_env["tables"]
     run_id = "run-resumed"
-    state_store.put(
-        tables["phspectra_runs"],
-        {
-            "PK": run_id,
-            "SK": phspectra_keys.RUN_SK,
-            "status": survey.RUN_COMPLETED,
-            "completed_at": ENDED,
-            "jobs_total": 2,
-        },
-    )
+    run = {
+        "PK": run_id,
+        "SK": phspectra_keys.RUN_SK,
+        "status": survey.RUN_COMPLETED,
+        "completed_at": ENDED,
+        "jobs_total": 2,
+    }
+    state_store.put(tables["phspectra_runs"], {**run, **sealing.seal_run(run)})  # as its split wrote it
     for start in (0, 1):
         state_store.put(
             tables["phspectra_runs"], {"PK": run_id, "SK": phspectra_keys.chunk_sk(start), "status": "COMPLETED"}
