@@ -51,6 +51,7 @@ RECORDED_SWEEP = (  # sweep tests themselves
 JUSTIFIED = {
     ("ExecutionRole", "CREDENTIALS_EXPOSURE"): "ecr:GetAuthorizationToken is how ECS pulls the image from ECR",
     ("WorkerRole", "PERMISSIONS_MANAGEMENT_ACTIONS"): "iam:PassRole of the flow runs' two roles, only to ECS tasks",
+    ("TaskRole", "PERMISSIONS_MANAGEMENT_ACTIONS"): "iam:PassRole of the GPU task definitions' one role, to ECS tasks",
 }
 PARLIAMENT = """
 import json, sys
@@ -577,3 +578,22 @@ def test_a_gpu_start_task_passes_its_task_definitions_roles(world):
     ]
     del world.task_definitions["train"]
     assert evaluate(world, [start]) == ([], 1)  # a definition with no role passes none
+
+
+def test_the_gpu_task_role_the_stack_names_may_be_passed_to_ecs_tasks_only(world):
+    """`--parameter GpuTaskRoleArn=...`: StartTask of a definition running as that role is allowed, as is no other
+    role, and the role is passed to ECS tasks only."""
+    role = f"arn:aws:iam::{aws_calls.ACCOUNT}:role/gpu-training"
+    world.parameters["GpuTaskRoleArn"] = role
+    stack = f"pipelines-{aws_calls.ENV}"
+    world.values = stack_values(world.template, world.parameters, stack, aws_calls.ACCOUNT, aws_calls.REGION)
+    world.own("cluster", "gpu")
+    gpu = {"service": "ecs", "role": "task", "where": "tasks/gpu/backends.py:0"}
+    start = {**gpu, "operation": "StartTask", "params": {"cluster": "gpu", "taskDefinition": "train"}}
+    world.task_definitions["train"] = {"taskRoleArn": role}
+    assert evaluate(world, [start]) == ([], 2)
+    world.task_definitions["train"] = {"taskRoleArn": f"arn:aws:iam::{aws_calls.ACCOUNT}:role/admin"}
+    denied, _ = evaluate(world, [start])
+    assert [d[1] for d in denied] == ["iam:PassRole"]
+    passing = Request("iam:PassRole", role, {"iam:PassedToService": ("ec2.amazonaws.com",)})
+    assert decide(statements_of(world, "TaskRole"), passing)[0] is False

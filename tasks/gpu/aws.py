@@ -16,6 +16,25 @@ CLUSTER = {
     "backend); empty: the task role gets no GPU-cluster permissions",
 }
 
+TASK_ROLE = {
+    "Type": "String",
+    "Default": "",
+    "AllowedPattern": "(arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]{1,512})?",
+    "Description": "IAM role your GPU task definitions run as (their taskRoleArn): StartTask passes it, so the task "
+    "role may pass it to ECS tasks; empty: the GPU task definitions carry no role",
+}
+
+
+def pass_role_statement() -> dict[str, Any]:
+    """StartTask passes the role of the task definition it starts: that one role, to ECS tasks only."""
+    return {
+        "Sid": "GpuPassTaskRole",
+        "Effect": "Allow",
+        "Action": "iam:PassRole",
+        "Resource": ref("GpuTaskRoleArn"),
+        "Condition": {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
+    }
+
 
 def cluster_statements() -> list[dict[str, Any]]:
     """List and describe the cluster's container instances, start tasks pinned to them (tagged at launch), find,
@@ -73,7 +92,10 @@ def cluster_statements() -> list[dict[str, Any]]:
 
 
 PARTS = AwsParts(
-    parameters={"GpuClusterName": CLUSTER},
-    conditions={"HasGpuCluster": "GpuClusterName"},
-    statements=[when("HasGpuCluster", s) for s in cluster_statements()],
+    parameters={"GpuClusterName": CLUSTER, "GpuTaskRoleArn": TASK_ROLE},
+    conditions={"HasGpuCluster": "GpuClusterName", "HasGpuTaskRole": "GpuTaskRoleArn"},
+    statements=[
+        *(when("HasGpuCluster", s) for s in cluster_statements()),
+        when("HasGpuTaskRole", pass_role_statement()),
+    ],
 )
