@@ -47,6 +47,12 @@ RECORDED_SWEEP = (  # sweep tests themselves
     "tests/test_aws_trigger.py",  # the trigger's records-prefect-state run, on a process worker
     "tests/test_aws_dask.py",  # flow runs and their Dask workers (run them with the task role) on S3
 )
+# calls a test makes on purpose against what is not the stack's, whose failure it asserts; AWS denies them
+# (AccessDenied), which the code meets on the same path: (action, the resource)
+DENIED_ON_PURPOSE = {
+    # test_gpu_backends: a poll on a cluster that is not the GPU one fails as a BackendError
+    ("ecs:DescribeTasks", f"arn:aws:ecs:{aws_calls.REGION}:{aws_calls.ACCOUNT}:task/nope/abc"),
+}
 # parliament's community auditors flag these on purpose; each is needed and scoped
 JUSTIFIED = {
     ("ExecutionRole", "CREDENTIALS_EXPOSURE"): "ecr:GetAuthorizationToken is how ECS pulls the image from ECR",
@@ -332,7 +338,8 @@ def test_every_aws_call_the_emulator_tests_make_is_allowed_by_its_role(world, tm
         ("task", "sagemaker-runtime:InvokeEndpointAsync"),  # the video pipeline's endpoint
     } <= made
     denied, decided = evaluate(world, calls)
-    assert denied == [], "\n".join(map(str, denied))
+    unexpected = [d for d in denied if (d[1], d[2]) not in DENIED_ON_PURPOSE]
+    assert unexpected == [], "\n".join(map(str, unexpected))
     assert decided >= len(calls)
 
 
