@@ -11,6 +11,8 @@ import pytest
 
 from deployments import cli
 from infra import cloudformation as cfn
+from tests.helpers.docker_standin import docker_standin
+from tests.helpers.moto_server import private_network
 
 moto = pytest.importorskip("moto")
 
@@ -49,16 +51,19 @@ def profile(tmp_path, monkeypatch):
         yield
 
 
-def dry_run(region: str, region_args: list[str], capsys) -> tuple[int, list[str]]:
-    """`pipelines aws-stack deploy --dry-run` in moto's default VPC of ``region``; (exit, stderr lines)."""
+def dry_run(region: str, region_args: list[str], capsys, monkeypatch) -> tuple[int, list[str]]:
+    """`pipelines aws-stack deploy --dry-run` in ``region`` with every prerequisite there (docs/aws.md's network in
+    moto's EC2, a Docker daemon, the test's Prefect server); (exit, stderr lines)."""
     import boto3
+    from prefect.settings import PREFECT_API_URL
 
-    ec2 = boto3.session.Session().client("ec2", region_name=region)
-    subnet = ec2.describe_subnets()["Subnets"][0]
-    group = ec2.describe_security_groups()["SecurityGroups"][0]["GroupId"]
-    argv = ["aws-stack", "deploy", "--env", "dev", "--vpc", subnet["VpcId"], "--subnets", subnet["SubnetId"]]
-    argv += ["--security-groups", group, "--prefect-api-url", "http://prefect/api", "--image-tag", "1", "--dry-run"]
-    code = cli.main(argv + region_args)
+    net = private_network(boto3.session.Session().client("ec2", region_name=region))
+    argv = ["aws-stack", "deploy", "--env", "dev", "--vpc", net["vpc"], "--subnets", ",".join(net["subnets"])]
+    argv += ["--security-groups", ",".join(net["security_groups"]), "--prefect-api-url", PREFECT_API_URL.value()]
+    argv += ["--image-tag", "1", "--dry-run"]
+    with docker_standin() as docker:
+        monkeypatch.setenv("DOCKER_HOST", docker.host)
+        code = cli.main(argv + region_args)
     return code, capsys.readouterr().err.splitlines()
 
 
@@ -77,7 +82,7 @@ def test_the_deploy_changes_the_region_boto3_resolves_and_says_which_account_fir
 
     for name, value in setting.items():
         monkeypatch.setenv(name, value)
-    code, said = dry_run(expected, region_args, capsys)
+    code, said = dry_run(expected, region_args, capsys, monkeypatch)
     assert code == 0, said
     assert re.fullmatch(rf"==> AWS account 123456789012 \(arn:aws:\S+\), region {expected}: about to plan .*", said[0])
     buckets = {b["Name"] for b in boto3.session.Session().client("s3", region_name=expected).list_buckets()["Buckets"]}
