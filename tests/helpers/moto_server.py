@@ -16,7 +16,7 @@ import pytest
 
 
 @functools.cache
-def _secrets_in_cloudformation() -> None:
+def teach_cloudformation() -> None:
     """Teach moto's CloudFormation ``AWS::SecretsManager::Secret`` (once per process)."""
     from moto.cloudformation import parsing
     from moto.core.common_models import CloudFormationModel
@@ -89,7 +89,7 @@ def moto_thread(monkeypatch):
         self.stack.output_map = OutputMap(self.stack.resource_map, self.template_dict, self.stack.stack_id)
 
     monkeypatch.setattr(ChangeSet, "apply", apply_and_refresh_outputs)
-    _secrets_in_cloudformation()
+    teach_cloudformation()
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

@@ -20,6 +20,13 @@ import boto3
 from deployments.dynamodb_local import free_port, port_open
 
 HOST = "127.0.0.1"
+SERVE = (
+    "import sys\n"
+    "from tests.helpers.moto_server import teach_cloudformation\n"
+    "from moto.server import main\n"
+    "teach_cloudformation()\n"
+    "main(sys.argv[1:])\n"
+)
 
 
 @contextlib.contextmanager
@@ -28,8 +35,9 @@ def moto_server(log_path: Path) -> Iterator[str]:
     port = free_port()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)],
+        process = subprocess.Popen(  # moto's server, taught what tests/helpers/moto_server.py bridges
+            [sys.executable, "-c", SERVE, "-H", HOST, "-p", str(port)],
+            cwd=Path(__file__).resolve().parents[2],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
