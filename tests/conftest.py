@@ -148,12 +148,16 @@ def s3_endpoint():
 
 @pytest.fixture
 def s3_base(s3_endpoint, monkeypatch) -> str:
-    """This test's own bucket as the object store: OBJECT_STORE_BASE_URL=s3://bucket/pipelines, AWS_ENDPOINT_URL_S3."""
+    """This test's own bucket as the object store (OBJECT_STORE_BASE_URL=s3://bucket/pipelines, AWS_ENDPOINT_URL_S3) and
+    its own Glue database on the same moto server (AWS_ENDPOINT_URL_GLUE, ETL_CATALOG_DATABASE)."""
     from tests.helpers.s3 import new_bucket
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
     base = f"s3://{new_bucket(s3_endpoint)}/pipelines"
     monkeypatch.setenv("OBJECT_STORE_BASE_URL", base)
+    # objects on S3 are catalogued in Glue: moto's, in a database of this test's own (the server is the session's)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_GLUE", s3_endpoint)
+    monkeypatch.setenv("ETL_CATALOG_DATABASE", f"db_{uuid.uuid4().hex[:8]}")
     return base
 
 
