@@ -46,8 +46,12 @@ def drop_created_tables() -> list[str]:
 def dynamodb_local():
     """Start an in-memory DynamoDB Local for this benchmark (unless AWS_ENDPOINT_URL_DYNAMODB is set).
 
-    Tables made through ``ensure_table`` are deleted at the end, also when the endpoint is the stack's."""
+    Tables made through ``ensure_table`` are deleted at the end, also when the endpoint is the stack's. A launch key
+    of its own seals what the benchmark launches (unless PIPELINES_LAUNCH_KEY is set: the stack's)."""
+    import secrets
+
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    os.environ.setdefault("PIPELINES_LAUNCH_KEY", secrets.token_hex(32))
     if os.environ.get("AWS_ENDPOINT_URL_DYNAMODB"):
         try:
             yield os.environ["AWS_ENDPOINT_URL_DYNAMODB"]

@@ -176,10 +176,10 @@ def backend_throughput(
     source: Path, work: Path, segment_seconds: float, modes: list[str], workers: int, max_segments: int = 4
 ) -> dict:
     """frames/s of the ffmpeg backend (decode + filter + libx264 encode) over the first segments of the source."""
-    from tasks.video.ffmpeg import probe, segment
+    from tasks.video.ffmpeg import OWN_DEMUXER, probe, segment
     from tasks.video.inference import infer
 
-    parts = segment(source, work / "tp-parts", segment_seconds)[:max_segments]
+    parts = segment(source, work / "tp-parts", segment_seconds, OWN_DEMUXER)[:max_segments]
     frames = sum(probe(p).frames for p in parts)
     rates = {}
     for mode in modes:
@@ -199,10 +199,10 @@ def model_vs_grayscale(source: Path, work: Path, segment_seconds: float, workers
     """frames/s of the text-redact backend (decode, detector, redact, libx264) against the grayscale ffmpeg backend,
     on the same segments in the same run, ``workers`` segments at once for both."""
     from tasks.video import model
-    from tasks.video.ffmpeg import probe, segment
+    from tasks.video.ffmpeg import OWN_DEMUXER, probe, segment
     from tasks.video.inference import infer
 
-    parts = segment(source, work / "model-parts", segment_seconds)
+    parts = segment(source, work / "model-parts", segment_seconds, OWN_DEMUXER)
     frames = sum(probe(p).frames for p in parts)
     model.session()  # loading the net once per process is not per-frame work
     rates = {}
@@ -376,11 +376,11 @@ def user_path(source: Path, segment_seconds: float, timeout_s: float = 900) -> d
 def project_ffmpeg(source: Path, work: Path, segment_seconds: float, workers: int) -> float:
     """The project's own ffmpeg calls (``segment``, ``transform``, ``concat``, as the flow's tasks make them) with no
     records, object store or orchestration: what the project's ffmpeg layer costs against the plain script."""
-    from tasks.video.ffmpeg import concat, segment, transform
+    from tasks.video.ffmpeg import OWN_DEMUXER, concat, segment, transform
 
     shutil.rmtree(work, ignore_errors=True)
     start = time.perf_counter()
-    parts = segment(source, work / "parts", segment_seconds)
+    parts = segment(source, work / "parts", segment_seconds, OWN_DEMUXER)  # an mp4 of make_test_video's
     outputs = [p.with_name(p.stem + "-gray.mp4") for p in parts]
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda io: transform(io[0], io[1], "grayscale"), zip(parts, outputs)))

@@ -433,6 +433,7 @@ def start_processes(without: tuple[str, ...] = ()) -> dict[str, str]:
     """Start the stack's processes under its supervisor (idempotent) and wait until each answers; program ->
     'started' or 'running'."""
     stop_unsupervised()
+    stack_tls.certificate_files(secrets_folder())  # the server serves it, `_wait_healthy` and every client pin it
     programs = stack_programs(without)
     before = {info["name"]: info["statename"] for info in supervisor().statuses()}
     for name, port in (("dynamodb", DYNAMODB_PORT), ("prefect-server", PREFECT_PORT)):
@@ -1001,7 +1002,6 @@ def up() -> None:
     # with them; flow runs in flight finish their DynamoDB work with the previous key (accepted for its grace period)
     rotate_api_auth_string()
     dynamodb_keys.rotate(dynamodb_keys_file())
-    stack_tls.certificate_files(secrets_folder())
     launch_key(create=True)  # kept: rows in flight carry seals made with it
     database = start_postgres()
     processes = start_processes()
