@@ -100,6 +100,7 @@ def assert_ecs_image_built_and_pushed(docker) -> None:
             "deployments",
             "flows",
             "tasks",
+            "infra",  # the installed command's `aws-stack` imports it (docs/aws.md)
         }, tops  # no venv, data, tests or git in the context
         assert not [name for name in build["files"] if "__pycache__" in name]
 
