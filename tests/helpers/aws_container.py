@@ -144,11 +144,19 @@ def drive(spec: dict[str, Any]) -> int:
     check tried every second until it passes (0) or ``timeout_s`` passes (1), each failure's output printed."""
     logs = open(spec["log"], "w")  # opened first: the bind mounts may cover the folder it is in
     sources = {path: os.open(folder, os.O_RDONLY | os.O_DIRECTORY) for path, folder in spec["volumes"].items()}
+    image = os.open(spec["working_directory"], os.O_RDONLY | os.O_DIRECTORY)  # the image's files, by descriptor
     for path, source in sources.items():  # by descriptor: one mount may cover another's source folder
         subprocess.run(["mount", "--bind", f"/proc/self/fd/{source}", path], check=True, pass_fds=(source,))
+    cwd = spec["working_directory"]
+    if any(cwd == path or cwd.startswith(path.rstrip("/") + "/") for path in sources):
+        # a checkout under a bind mount's path (a clone in /tmp) stands in for the image's own folder, which no
+        # volume covers: put it back at its path (a root-owned folder in the fresh mount; the mount point's own
+        # owner and mode, what the test is about, stay as ECS makes them)
+        os.makedirs(cwd, exist_ok=True)
+        subprocess.run(["mount", "--bind", f"/proc/self/fd/{image}", cwd], check=True, pass_fds=(image,))
     if spec["read_only"]:
         make_read_only(set(spec["volumes"]))
-    env, cwd = spec["environment"], spec["working_directory"]
+    env = spec["environment"]
     with logs:
         process = subprocess.Popen(as_user(spec, spec["command"]), env=env, cwd=cwd, stdout=logs, stderr=logs)
     deadline, last = time.monotonic() + spec["timeout_s"], None
