@@ -153,7 +153,12 @@ def test_a_stack_parameter_no_pipeline_declares_is_refused_before_anything_is_de
     from deployments import cli
 
     known = aws.pipelines_parameters({"GpuClusterName": "gpu"})
-    assert known == {"CatalogDatabase": "ndjson_parquet", "GpuClusterName": "gpu", "VideoEndpointPrefix": ""}
+    assert known == {
+        "CatalogDatabase": "ndjson_parquet",
+        "GpuClusterName": "gpu",
+        "GpuTaskRoleArn": "",
+        "VideoEndpointPrefix": "",
+    }
     with pytest.raises(ValueError, match=r"\['GpuCluster'\]; known: \['CatalogDatabase', 'GpuClusterName'"):
         aws.deploy("dev", "us-east-1", "vpc-1", ["s"], ["g"], "http://api", pipeline_parameters={"GpuCluster": "gpu"})
     with pytest.raises(SystemExit):  # NAME=VALUE or nothing
