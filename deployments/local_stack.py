@@ -1025,6 +1025,7 @@ def up() -> None:
         print(f"work pool        {state:8} {pool}")
     for table, state in ensure_tables_and_blocks().items():
         print(f"table            {state:8} {table}")
+    print("\n".join(__import__("tasks.core.migrations").core.migrations.upgrade_data()))  # migrations, layout
     register_extras()
     for tag in drop_stale_tag_limits():
         print(f"task limit       dropped  tag {tag!r} (CPU-heavy tasks hold this machine's CPU slots instead)")
