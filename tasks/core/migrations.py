@@ -146,7 +146,9 @@ def copy_table(logical: str, target: str, names: Mapping[str, str] | None = None
     def put_copy(item: dict[str, Any], _names: Mapping[str, str]) -> None:
         state_store.put(target, item)  # the same item again on a rerun: idempotent
 
-    copied = run_one(Migration(f"copy-table {source} -> {target}", logical, put_copy), names, table_name())
+    record_table = table_name()
+    ensure_table(record_table, TABLE_SPEC)
+    copied = run_one(Migration(f"copy-table {source} -> {target}", logical, put_copy), names, record_table)
     return {"table": target, "state": created, "copy": copied, "next": f"export TABLE_{logical.upper()}={target}"}
 
 
@@ -181,7 +183,7 @@ def check_layout(store) -> str:
         return f"layout {LAYOUT_VERSION}"
     newer = found > LAYOUT_VERSION
     raise LayoutMismatch(
-        f"the object store {store.url_for('')} has layout {found}, this version reads layout {LAYOUT_VERSION} "
+        f"{store.url_for(LAYOUT_MARKER)} says layout {found}, this version reads layout {LAYOUT_VERSION} "
         + (
             "(written by a newer version: check out that version, or restore a backup taken before it)"
             if newer
