@@ -36,7 +36,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tasks.core import faults
-from tasks.core.errors import PipelineError
+from tasks.core.errors import Unavailable
 from tasks.core.redact import redact_attribute
 
 BOTO_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 10}, max_pool_connections=64)
@@ -343,7 +343,7 @@ def get_many(table_name: str, keys: Iterable[Mapping[str, Any]], consistent: boo
     return found
 
 
-class IndexNotReady(PipelineError, RuntimeError):
+class IndexNotReady(Unavailable, RuntimeError):
     """A query needs a GSI that is not ACTIVE yet (a new version's index still building) after ``INDEX_WAIT_S``."""
 
 
