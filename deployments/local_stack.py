@@ -322,6 +322,9 @@ def prefect_server_env() -> dict[str, str]:
         **server_retention_env(),
         **({"PREFECT_SERVER_API_AUTH_STRING": auth} if auth else {}),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # nothing leaves the machine
+        # Prefect migrates its own database (PostgreSQL or SQLite) as it starts: an upgrade's new schema, whatever a
+        # profile says
+        "PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "true",
     }
 
 
