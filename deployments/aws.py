@@ -228,7 +228,7 @@ def index_steps(deployed: dict | None, new: dict) -> list[dict]:
             "cannot under their fixed names; nothing was changed):\n  " + "\n  ".join(refused) + "\n"
             "Steps: 1. declare the table under a new name (its Table.default_name) so the stack creates it beside "
             "the old one, and deploy; 2. with the stack's credentials, TABLE_<LOGICAL>=<old name> pipelines migrate "
-            "--copy-table <logical> <new name> (copies every item; resumable); 3. once checked, delete the old "
+            "copy-table <logical> <new name> (copies every item; resumable); 3. once checked, delete the old "
             "table (aws dynamodb delete-table --table-name <old name>)."
         )
     steps = []

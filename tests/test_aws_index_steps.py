@@ -65,7 +65,7 @@ def test_a_key_change_is_refused_with_the_steps():
     changed["Resources"]["JobsTable"]["Properties"]["KeySchema"][0]["AttributeName"] = "id"
     with pytest.raises(ValueError, match="JobsTable: key schema") as refused:
         aws.index_steps(template(), changed)
-    assert "pipelines migrate --copy-table" in str(refused.value)
+    assert "pipelines migrate copy-table" in str(refused.value)
 
 
 def test_moto_cloudformation_runs_the_steps_at_the_deployed_parameters(monkeypatch):

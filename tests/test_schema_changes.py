@@ -74,7 +74,7 @@ def test_a_key_change_is_refused_with_the_steps_and_the_copy_they_name_moves_eve
         ensure_table(name, changed, "ecs_job")
     message = str(refused.value)
     assert f"{name}: key schema is [('job_id', 'HASH')]" in message
-    assert f"pipelines migrate --copy-table ecs_job {name}-2" in message and "TABLE_ECS_JOB=" in message
+    assert f"pipelines migrate copy-table ecs_job {name}-2" in message and "TABLE_ECS_JOB=" in message
     assert state_store.count(name, KeyConditionExpression="job_id = :j", ExpressionAttributeValues={":j": "j1"}) == 1
 
     monkeypatch.setenv("TABLE_MIGRATIONS", f"migrations-{uuid.uuid4().hex[:8]}")

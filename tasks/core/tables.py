@@ -134,7 +134,7 @@ def refusal(name: str, logical: str | None, refused: Sequence[str]) -> str:
         "changed or dropped):\n  " + "\n  ".join(refused) + "\n"
         "To move its items to a table of the new schema:\n"
         "  1. make down                       # stop every writer of the table\n"
-        f"  2. pipelines migrate --copy-table {logical} {new}\n"
+        f"  2. pipelines migrate copy-table {logical} {new}\n"
         f"     # creates {new} with the new schema and copies every item (resumable: run it again after a crash)\n"
         f"  3. export {variable}={new}   # or set it in the DynamoTables block; then: make up\n"
         f"  4. once the stack runs on {new}: aws dynamodb delete-table --table-name {name}\n"
