@@ -1028,7 +1028,9 @@ def up() -> None:
         print(f"work pool        {state:8} {pool}")
     for table, state in ensure_tables_and_blocks().items():
         print(f"table            {state:8} {table}")
-    print("\n".join(__import__("tasks.core.migrations").core.migrations.upgrade_data()))  # migrations, layout
+    from tasks.core.migrations import upgrade_data  # after the tables: the release's migrations, the store's layout
+
+    print("\n".join(upgrade_data()))
     register_extras()
     for tag in drop_stale_tag_limits():
         print(f"task limit       dropped  tag {tag!r} (CPU-heavy tasks hold this machine's CPU slots instead)")

@@ -140,3 +140,13 @@ def test_the_object_store_layout_marker_is_written_then_checked(tmp_path):
     with pytest.raises(migrations.LayoutMismatch, match="newer version"):
         migrations.check_layout(store)
     assert store.get_bytes(migrations.LAYOUT_MARKER) == b'{"layout": 99}'
+
+
+def test_up_runs_the_migrations_then_checks_the_layout(monkeypatch, tmp_path):
+    monkeypatch.setenv("TABLE_MIGRATIONS", f"migrations-{uuid.uuid4().hex[:8]}")
+    monkeypatch.setenv("OBJECT_STORE_BASE_URL", tmp_path.as_uri())
+    from blocks.base import clear_cache
+
+    clear_cache()
+    assert migrations.upgrade_data() == [f"object store     layout {migrations.LAYOUT_VERSION} (marker written)"]
+    assert (tmp_path / migrations.LAYOUT_MARKER).exists()
