@@ -150,3 +150,27 @@ def test_up_runs_the_migrations_then_checks_the_layout(monkeypatch, tmp_path):
     clear_cache()
     assert migrations.upgrade_data() == [f"object store     layout {migrations.LAYOUT_VERSION} (marker written)"]
     assert (tmp_path / migrations.LAYOUT_MARKER).exists()
+
+
+def migrate_in_child(table: str, records: str) -> None:
+    """A child process's run of the test migration (``run_child``), for a crash that kills it for real."""
+    migrations.run([_count_once("jobs")], {"jobs": table}, records)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_migration_killed_mid_way_resumes_and_applies_every_item_once(when):
+    from tests.helpers.crashpoints import run_child
+
+    name, records = _old_table(250), f"migrations-{uuid.uuid4().hex[:8]}"
+    ensure_table(records, migrations.TABLE_SPEC)
+    child = run_child(
+        "tests.test_schema_changes:migrate_in_child",
+        {"table": name, "records": records},
+        fault=f"2:kill:{when}:dynamodb:update:{records}",  # SIGKILL around the record of page 2
+    )
+    assert child.returncode == -9, child.stderr[-2000:]
+    assert migrations.run([_count_once("jobs")], {"jobs": name}, records) == {
+        "0001-stamp-schema-2": "applied to 250 items"
+    }
+    items = list(state_store.scan_all(name))
+    assert len(items) == 250 and {(i["schema"], i["applied"]) for i in items} == {(2, 1)}
