@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 INLINE_TEMPLATE_BYTES = 51_200  # TemplateBody in a request (and the CLI's limit without --s3-bucket)
@@ -120,7 +121,7 @@ def change_set(
     cloudformation: Any,
     stack: str,
     template: dict[str, str],
-    parameters: dict[str, str],
+    parameters: dict[str, str | None],
     dry_run: bool = False,
     name: str | None = None,
 ) -> dict[str, Any]:
@@ -141,7 +142,10 @@ def change_set(
         ChangeSetName=name,
         ChangeSetType=kind,
         Capabilities=["CAPABILITY_IAM"],
-        Parameters=[{"ParameterKey": k, "ParameterValue": v} for k, v in sorted(parameters.items())],
+        Parameters=[  # None: the value the stack has (an index step keeps the deployed release running)
+            {"ParameterKey": k, **({"UsePreviousValue": True} if v is None else {"ParameterValue": v})}
+            for k, v in sorted(parameters.items())
+        ],
         **template,
     )
     while (described := cloudformation.describe_change_set(StackName=stack, ChangeSetName=name))["Status"] in (
@@ -168,6 +172,99 @@ def change_set(
     if final not in ("CREATE_COMPLETE", "UPDATE_COMPLETE"):
         raise RuntimeError(f"stack {stack} ended {final}: " + "; ".join(failure_reasons(cloudformation, stack)))
     return {"action": kind, "changes": changes, "status": final}
+
+
+TABLE_TYPE = "AWS::DynamoDB::Table"
+
+
+def _index_operations(logical_id: str, deployed: dict, new: dict, refused: list[str]) -> list[tuple[str, dict]]:
+    """One table resource's GSI changes as ('delete'|'create', index) operations; what CloudFormation cannot make
+    in place (its key schema, an index's keys) is added to ``refused``."""
+    if deployed.get("KeySchema") != new.get("KeySchema"):
+        refused.append(f"{logical_id}: key schema {deployed.get('KeySchema')} -> {new.get('KeySchema')}")
+    had = {g["IndexName"]: g for g in deployed.get("GlobalSecondaryIndexes", [])}
+    wants = {g["IndexName"]: g for g in new.get("GlobalSecondaryIndexes", [])}
+    for name in had.keys() & wants.keys():
+        if had[name]["KeySchema"] != wants[name]["KeySchema"]:
+            refused.append(f"{logical_id}: GSI {name} keys {had[name]['KeySchema']} -> {wants[name]['KeySchema']}")
+    deletes = [("delete", had[name]) for name in had if name not in wants]
+    return deletes + [("create", wants[name]) for name in wants if name not in had]
+
+
+def _after(deployed: dict, new: dict, operations: list[tuple[str, dict]]) -> dict:
+    """A table's deployed properties with ``operations`` applied, its AttributeDefinitions the ones its keys use."""
+    indexes = {g["IndexName"]: g for g in deployed.get("GlobalSecondaryIndexes", [])}
+    for operation, index in operations:
+        if operation == "delete":
+            indexes.pop(index["IndexName"])
+        else:
+            indexes[index["IndexName"]] = index
+    used = {k["AttributeName"] for k in deployed["KeySchema"]}
+    used |= {k["AttributeName"] for g in indexes.values() for k in g["KeySchema"]}
+    known = {a["AttributeName"]: a for a in deployed["AttributeDefinitions"] + new["AttributeDefinitions"]}
+    properties = {**deployed, "AttributeDefinitions": [known[name] for name in sorted(used)]}
+    properties.pop("GlobalSecondaryIndexes", None)
+    return properties | ({"GlobalSecondaryIndexes": list(indexes.values())} if indexes else {})
+
+
+def index_steps(deployed: dict | None, new: dict) -> list[dict]:
+    """The templates to deploy before ``new`` so that each stack update creates or deletes at most one GSI per table
+    (CloudFormation's limit): the deployed template with one more index change per table at each step ([] when
+    ``new`` does it in one). A change it cannot make in place is refused with the steps (ValueError)."""
+    if not deployed:
+        return []
+    old_resources, new_resources = deployed.get("Resources", {}), new.get("Resources", {})
+    refused: list[str] = []
+    operations = {
+        logical_id: _index_operations(
+            logical_id, old_resources[logical_id]["Properties"], resource["Properties"], refused
+        )
+        for logical_id, resource in new_resources.items()
+        if resource["Type"] == TABLE_TYPE and old_resources.get(logical_id, {}).get("Type") == TABLE_TYPE
+    }
+    if refused:
+        raise ValueError(
+            "Refusing to deploy: CloudFormation cannot change these tables in place (it would replace them, and "
+            "cannot under their fixed names; nothing was changed):\n  " + "\n  ".join(refused) + "\n"
+            "Steps: 1. declare the table under a new name (its Table.default_name) so the stack creates it beside "
+            "the old one, and deploy; 2. with the stack's credentials, TABLE_<LOGICAL>=<old name> pipelines migrate "
+            "copy-table <logical> <new name> (copies every item; resumable); 3. once checked, delete the old "
+            "table (aws dynamodb delete-table --table-name <old name>)."
+        )
+    steps = []
+    for count in range(1, max((len(ops) for ops in operations.values()), default=0)):
+        template = json.loads(json.dumps(deployed))
+        for logical_id, ops in operations.items():
+            old = old_resources[logical_id]["Properties"]
+            template["Resources"][logical_id]["Properties"] = _after(
+                old, new_resources[logical_id]["Properties"], ops[:count]
+            )
+        steps.append(template)
+    return steps
+
+
+def deployed_template(cloudformation: Any, stack: str) -> dict | None:
+    """The template the stack runs now (None: no stack)."""
+    if stack_status(cloudformation, stack) in (None, *GONE):
+        return None
+    body = cloudformation.get_template(StackName=stack, TemplateStage="Original")["TemplateBody"]
+    return json.loads(body) if isinstance(body, str) else body
+
+
+def apply_index_steps(
+    cloudformation: Any, stack: str, body: str, argument: Callable[[str], dict[str, str]], dry_run: bool = False
+) -> int:
+    """Deploy ``index_steps`` one after another at the stack's own parameter values (the release that runs keeps
+    running until the last index is in; each update waits for its index to be ACTIVE). How many there were."""
+    deployed = deployed_template(cloudformation, stack)
+    steps = index_steps(deployed, json.loads(body))
+    if dry_run or not steps:
+        return len(steps)
+    keep = {p: None for p in (deployed or {}).get("Parameters", {})}
+    for number, template in enumerate(steps, 1):
+        say(f"stack {stack}: index step {number} of {len(steps)} (CloudFormation adds one GSI per table per update)")
+        change_set(cloudformation, stack, argument(json.dumps(template, indent=2)), keep)
+    return len(steps)
 
 
 def stack_outputs(cloudformation: Any, stack: str) -> dict[str, str]:
@@ -631,7 +728,16 @@ def deploy(
         " (a dry run too: the change set reads the template from it)" if result["artifact_bucket"] == "created" else ""
     )
     say(f"artifact bucket {artifacts}: {result['artifact_bucket']}{why}")
-    template = template_argument(cfn.TEMPLATE_PATH.read_text(), env, s3, artifacts)
+    body = cfn.TEMPLATE_PATH.read_text()
+    template = template_argument(body, env, s3, artifacts)
+    # one GSI per table per update: the steps before the change set (at the running release), or a refusal
+    result["index_steps"] = apply_index_steps(
+        session.client("cloudformation", region_name=region),
+        stack,
+        body,
+        lambda step: template_argument(step, env, s3, artifacts),
+        dry_run=dry_run,
+    )
     if dry_run:
         result["change_set"] = change_set(
             session.client("cloudformation", region_name=region), stack, template, parameters, dry_run=True

@@ -322,6 +322,9 @@ def prefect_server_env() -> dict[str, str]:
         **server_retention_env(),
         **({"PREFECT_SERVER_API_AUTH_STRING": auth} if auth else {}),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",  # nothing leaves the machine
+        # Prefect migrates its own database (PostgreSQL or SQLite) as it starts: an upgrade's new schema, whatever a
+        # profile says
+        "PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "true",
     }
 
 
@@ -1025,6 +1028,9 @@ def up() -> None:
         print(f"work pool        {state:8} {pool}")
     for table, state in ensure_tables_and_blocks().items():
         print(f"table            {state:8} {table}")
+    from tasks.core.migrations import upgrade_data  # after the tables: the release's migrations, the store's layout
+
+    print("\n".join(upgrade_data()))
     register_extras()
     for tag in drop_stale_tag_limits():
         print(f"task limit       dropped  tag {tag!r} (CPU-heavy tasks hold this machine's CPU slots instead)")

@@ -26,6 +26,8 @@ EXPECTED = {
     "tasks.core.notify.DeliveryError": (Unavailable, RuntimeError),
     "tasks.core.object_store.ObjectNotFound": (None, FileNotFoundError),
     "tasks.core.private_folder.NotPrivate": (None, PermissionError),
+    "tasks.core.migrations.LayoutMismatch": (None, RuntimeError),
+    "tasks.core.state_store.IndexNotReady": (Unavailable, RuntimeError),
     "tasks.core.seal.LaunchKeyMissing": (Unavailable, RuntimeError),
     "tasks.core.seal.SealBroken": (RefusedInput, ValueError),
     "tasks.core.tables.SchemaMismatch": (None, RuntimeError),

@@ -36,6 +36,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tasks.core import faults
+from tasks.core.errors import Unavailable
 from tasks.core.redact import redact_attribute
 
 BOTO_CONFIG = Config(retries={"mode": "adaptive", "max_attempts": 10}, max_pool_connections=64)
@@ -342,10 +343,48 @@ def get_many(table_name: str, keys: Iterable[Mapping[str, Any]], consistent: boo
     return found
 
 
+class IndexNotReady(Unavailable, RuntimeError):
+    """A query needs a GSI that is not ACTIVE yet (a new version's index still building) after ``INDEX_WAIT_S``."""
+
+
+INDEX_WAIT_S = 300.0  # how long a query waits for its index: `up` and the deploy wait for the backfill themselves
+_NOT_READY = ("does not have the specified index", "backfilling global secondary index")
+
+
+def _held_until_index_ready(request: Callable[..., dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+    """One Query/Scan page; one on a GSI that does not exist yet or is backfilling waits for it, as long as
+    ``INDEX_WAIT_S``, so code of a new version never reads a half-built index as if it were complete."""
+    deadline = time.monotonic() + INDEX_WAIT_S
+    while True:
+        try:
+            return request(**kwargs)
+        except ClientError as error:
+            message = error.response.get("Error", {}).get("Message", "")
+            if "IndexName" not in kwargs or not any(words in message for words in _NOT_READY):
+                raise
+            if time.monotonic() > deadline:
+                raise IndexNotReady(
+                    f"{kwargs['IndexName']} is not ready after {INDEX_WAIT_S:.0f} s ({message}); "
+                    "`make up` (or the AWS deploy) adds it"
+                ) from error
+            time.sleep(1.0)
+
+
+def scan_page(
+    table_name: str, start: Mapping[str, Any] | None = None, limit: int = 100
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """One page of a Scan from ``start`` (a LastEvaluatedKey): its items and the key to go on from (None: the end)."""
+    kwargs: dict[str, Any] = {"Limit": limit, "ConsistentRead": True}
+    if start:
+        kwargs["ExclusiveStartKey"] = dict(start)
+    page = table(table_name).scan(**kwargs)
+    return [_hide(item) for item in page.get("Items", [])], page.get("LastEvaluatedKey")
+
+
 def _pages(request: Callable[..., dict[str, Any]], **kwargs: Any) -> Iterator[dict[str, Any]]:
     """Every page of a Query or Scan, following LastEvaluatedKey."""
     while True:
-        page = request(**kwargs)
+        page = _held_until_index_ready(request, **kwargs)
         yield page
         last = page.get("LastEvaluatedKey")
         if not last:
