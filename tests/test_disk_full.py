@@ -23,6 +23,7 @@ from flows.etl import ndjson_flush_orphans, ndjson_ingest, ndjson_merge
 from tasks.core import disk, faults
 from tasks.core.errors import DiskFull, Unavailable
 from tasks.core.object_store import LocalStore
+from tasks.etl import alarms as etl_alarms
 from tasks.etl import landing as etl_landing
 from tasks.etl import merge as etl_merge
 from tasks.etl.ingest import settings
@@ -171,6 +172,9 @@ def test_a_merge_on_a_full_disk_publishes_nothing_fails_no_file_and_completes_on
         assert file_statuses(table) == {"manifested": 5}  # none failed, none completed
         assert not list((root / "pipeline").rglob("*.parquet")) and not hidden_parts(root)
         assert etl_merge.published(DAY, name) is None
+        waiting = etl_alarms.etl_merges_waiting_for_space(HealthThresholds())  # ENOSPC seen: CRITICAL
+        assert waiting.firing and waiting.severity == checks.CRITICAL and name in waiting.detail
+        assert "No space left" in waiting.detail
 
         filler.unlink()
         ndjson_flush_orphans(merge_deployment=None, restart_pending_after_seconds=0)  # its scheduled restart
@@ -178,6 +182,7 @@ def test_a_merge_on_a_full_disk_publishes_nothing_fails_no_file_and_completes_on
         assert file_statuses(table) == {"completed": 5}
         assert {m["status"] for m in manifests(table).values()} == {"completed"}
         assert_merged_exactly_once(root, urls, lines_per_file=40)
+        assert not etl_alarms.etl_merges_waiting_for_space(HealthThresholds()).firing
 
 
 def test_landed_files_are_offered_again_not_quarantined_when_the_store_is_full(etl_env):
