@@ -46,7 +46,8 @@ def full_disk_as_unavailable(where: str | Path) -> Iterator[None]:
     except OSError as error:
         if not is_disk_full(error):
             raise
-        raise DiskFull(errno.ENOSPC, f"disk full writing {where}: {error}", str(where)) from error
+        code = error.errno if error.errno in FULL_ERRNOS else errno.ENOSPC
+        raise DiskFull(code, f"{os.strerror(code)} writing {where}") from error
 
 
 def sync_file(path: str | Path) -> None:

@@ -112,7 +112,7 @@ def etl_merges_waiting_for_space(limits: HealthThresholds) -> Alarm:
     )
     names = [
         f"{item['date_prefix']}/{keys.manifest_name_from_record_key(item['file_key'])} "
-        f"({item.get('waiting_reason', '')[-160:]})"
+        f"({item.get('waiting_reason', '')[:200]})"
         for item in waiting
     ]
     return count_alarm("etl-merges-waiting-for-space", "etl", names, 0, "manifest(s) waiting for disk space")
