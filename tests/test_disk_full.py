@@ -225,3 +225,26 @@ def test_the_health_alarm_names_the_disk_and_how_full_it_is(tmp_path, store_root
         full = {a.name: a for a in disks.disk_alarms(limits)}["disk-full-scratch"]
         assert full.firing and full.severity == checks.CRITICAL and full.value == 100
         assert f"on {small}" in full.detail and "MiB free of 4.0 MiB" in full.detail
+
+
+# --------------------------------------------------------------------------- records: the dead-letter archive
+
+
+def test_a_message_whose_dead_letter_meets_a_full_disk_stays_in_incoming_and_is_archived_once_later(tables, store_root):
+    from flows.records import ingest_batch
+    from tasks.core.runtime import today_iso
+    from tasks.records import dead_letter
+    from tasks.records import landing as records_landing
+    from tests.helpers.landing import arrive
+
+    arrivals = [arrive(store_root, "records/incoming/bad.json", b"42")]  # JSON, but no batch: archived whole
+    with faults.inject(at=1, mode="enospc", kind="objects:put_bytes:dead-letter-archive"):
+        outcome = records_landing.handle_messages(arrivals, ingest_batch)
+    assert outcome.done == [] and "No space left" in outcome.retry[0][1]
+    assert (store_root / "records" / "incoming" / "bad.json").exists()  # still where it landed, not dropped
+    assert dead_letter.archived(today_iso()) == {} and not hidden_parts(store_root)
+
+    outcome = records_landing.handle_messages(arrivals, ingest_batch)  # offered again, with space
+    assert outcome.done == arrivals and outcome.retry == []
+    assert len(dead_letter.archived(today_iso())) == 1
+    assert not (store_root / "records" / "incoming" / "bad.json").exists()
