@@ -77,6 +77,19 @@ class HealthThresholds(ConfigBlock):
     dlq_messages_max: int = Field(
         default=0, description="AWS: messages in a landing dead-letter queue (seed DLQ-Messages)."
     )
+    disk_warning_percent: float = Field(
+        default=85, description="All: WARNING when a disk the stack writes to is more than this share full."
+    )
+    disk_critical_percent: float = Field(
+        default=95,
+        description="All: CRITICAL when a disk the stack writes to is more than this share full (bytes or inodes): "
+        "writes there are about to meet ENOSPC, and then wait for space.",
+    )
+    disk_paths: str = Field(
+        default="",
+        description="All: more folders whose disk to watch, as 'label=path' separated by commas (the object "
+        "store, the landing places and the stack's data folder are always watched).",
+    )
     notify_lease_seconds: float = Field(
         default=300, description="A notification claimed but not confirmed (its sender died) is sent again after this."
     )

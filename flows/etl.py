@@ -31,6 +31,7 @@ from prefect.futures import PrefectFuture, as_completed
 
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.core import limits
+from tasks.core.disk import is_disk_full
 from tasks.core.notify import notify_on_failure
 from tasks.core.object_store import ObjectNotFound
 from tasks.core.runtime import today_iso, utc_now
@@ -49,12 +50,15 @@ from tasks.landing.listener import listen, open_source
 
 
 def _capacity_error(task_, task_run, state) -> bool:
-    """Retry only what more time can fix (memory, I/O, timeouts, a busy cluster), like the seed's Glue retries."""
+    """Retry only what more time can fix (memory, I/O, timeouts, a busy cluster), like the seed's Glue retries; a
+    full disk is not retried here (minutes rarely free it): its manifest waits, pending, for the flush."""
     try:
         state.result()
     except ObjectNotFound:
         return False
-    except (MemoryError, OSError, TimeoutError, ConnectionError):
+    except OSError as error:
+        return not is_disk_full(error)
+    except MemoryError:
         return True
     except Exception:  # noqa: BLE001 - bad data or a bug: retrying would fail the same way
         return False
@@ -110,6 +114,7 @@ finish_task = task(
     **retry_policy(*STATUS_UPDATE_RETRY_DELAYS_S),
     **_side_effects,
 )
+wait_for_space_task = task(etl_merge.wait_for_space, name="wait-for-space", **_dynamo)
 notify_task = task(etl_merge.notify_failure, name="notify-failure", **_side_effects)
 handle_landed_task = task(etl_landing.handle_landed, name="track-landed-files", **_side_effects)  # the pump retries
 
@@ -309,6 +314,9 @@ def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: A
         summary = merged.result()
     except Exception as error:  # noqa: BLE001 - recorded on the manifest; the run fails after its neighbours
         message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
+        if is_disk_full(error) and wait_for_space_task(date_prefix, manifest_name, message, holder=taken.holder):
+            get_run_logger().warning("%s: disk full; back to pending until space is freed (nothing published)", message)
+            return {"manifest": manifest_name, "date_prefix": date_prefix, "manifest_status": etl_merge.PENDING}
         finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path, holder=taken.holder)
         notify_task(message, config.notify_block)
         etl_reports.write_run_report(
@@ -468,6 +476,8 @@ def ndjson_merge(
         outcomes.append(_finish_merged(in_flight.pop(done), done, config))
         if outcomes[-1]["manifest_status"] == etl_merge.FAILED:
             more.stop = "failed"  # the run fails after what is in flight: the breaker counts it, a next run goes on
+        elif outcomes[-1]["manifest_status"] == etl_merge.PENDING:
+            more.stop = "disk full"  # the next manifest would meet it too: the flush restarts them once space is freed
     _hand_on(more)
     if len(outcomes) > 1:
         _merge_summary_artifact(outcomes)

@@ -33,6 +33,7 @@ ALARMS = {
     "gpu-stuck-jobs",
     "gpu-nodes-out-of-service",
     "etl-iterator-age",
+    "etl-merges-waiting-for-space",
 }
 TWO_HOURS = 2 * 3600
 
@@ -42,8 +43,8 @@ def _backdate(table: str, key: dict, **stamps: str) -> None:
 
 
 def make_etl_records(tables: dict) -> None:
-    """Two files tracked by the ingest (one two hours old), a manifest whose merge failed, and a date whose catalog
-    registration failed."""
+    """Two files tracked by the ingest (one two hours old), a manifest whose merge failed, one whose merge met a full
+    disk, and a date whose catalog registration failed."""
     config = etl.settings()
     checks = [
         etl.FileCheck(f"file:///in/pipeline/input/2026-11-20/f{i}.ndjson", "2026-11-20", f"f{i}.ndjson", 10)
@@ -67,6 +68,20 @@ def make_etl_records(tables: dict) -> None:
             "created_at": stamp,
             "updated_at": stamp,
             "error_message": "merge failed: disk full",
+        },
+        etl.TRACKING_KEYS,
+    )
+    state_store.create_if_absent(
+        tables["etl_file_tracking"],
+        {
+            **etl.tracking_key("2026-11-20", etl_keys.manifest_record_key("manifest-0002")),
+            "status": etl.PENDING,  # its merge met a full disk: back to pending until space is freed
+            "manifest_path": "manifests/2026-11-20/manifest-0002.json",
+            "file_count": 2,
+            "created_at": stamp,
+            "updated_at": stamp,
+            "waiting_for_space_since": stamp,
+            "waiting_reason": "manifest-0002 (2026-11-20): DiskFull: [Errno 28] No space left on device writing x",
         },
         etl.TRACKING_KEYS,
     )

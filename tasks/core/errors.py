@@ -4,6 +4,7 @@
     ├── RefusedInput (ValueError)      bad input: the same input fails again, so it is refused with its reason
     ├── LostRace                       another writer won the record: the work is someone else's now
     └── Unavailable                    what the work needs failed or is not there now: the input may be fine
+        └── DiskFull (OSError)         a disk had no space left (ENOSPC): the write is undone, the work waits
 
 A pipeline's own class names what went wrong and keeps the builtin base its callers catch (``ValueError``,
 ``RuntimeError``, ``FileNotFoundError``, ``PermissionError``) beside its family. A lost race at a conditional write
@@ -30,3 +31,8 @@ class LostRace(PipelineError):
 class Unavailable(PipelineError):
     """What the work needs (a service, a backend, a process, free capacity) failed or is not there now: the input may
     be fine, so the work waits, or is retried or run again later."""
+
+
+class DiskFull(Unavailable, OSError):
+    """A disk had no space left for a write (ENOSPC): the partial write is removed and the work waits for space;
+    never a reason to refuse the input (``tasks.core.disk``)."""

@@ -8,6 +8,8 @@ Every write the product makes goes through the state store (DynamoDB) or the obj
 - ``count``: only count (and log, with ``PIPELINES_FAULT_LOG``) the writes, to learn a run's crash points;
 - ``N:kill:before`` / ``N:kill:after`` / ``N:raise:before`` / ``N:raise:after``: at write N, SIGKILL this
   process or raise ``InjectedFault``, before the request is sent or after it landed;
+- ``N:enospc:before`` / ``N:enospc:after``: write N meets a full disk (``OSError`` ENOSPC), before it is sent or
+  after it landed (a write whose answer was lost as the disk filled);
 - ``N:stall:before``: write N hangs (``STALL_SECONDS``) before it is sent, as a request that never answers: what a
   timeout must end;
 - any of those followed by ``:KIND`` (``1:kill:after:objects:put_bytes:decompositions``): N counts only the writes
@@ -19,6 +21,7 @@ Every write the product makes goes through the state store (DynamoDB) or the obj
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import threading
@@ -53,13 +56,14 @@ class Plan:
         """A plan from ``PIPELINES_FAULT`` (``count`` or ``N:mode:when[:KIND]``); ValueError when malformed."""
         if value == "count":
             return cls(None, log=log)
-        expected = f"{ENV}={value!r}: expected 'count' or 'N:kill|raise|stall:before|after[:store:operation:prefix]'"
+        modes = "kill|raise|enospc|stall"
+        expected = f"{ENV}={value!r}: expected 'count' or 'N:{modes}:before|after[:store:operation:prefix]'"
         try:
             at, mode, when, *kind = value.split(":", 3)
             plan = cls(int(at), mode, when, log, kind[0] if kind else None)
         except ValueError:
             raise ValueError(expected) from None
-        if plan.at < 1 or mode not in ("kill", "raise", "stall") or when not in ("before", "after"):
+        if plan.at < 1 or mode not in ("kill", "raise", "enospc", "stall") or when not in ("before", "after"):
             raise ValueError(expected)
         if plan.kind is not None and plan.kind.count(":") != 2:
             raise ValueError(expected)
@@ -112,6 +116,8 @@ def _fire(number: int, operation: str, target: str) -> None:
         return
     if _plan.mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if _plan.mode == "enospc":
+        raise OSError(errno.ENOSPC, f"No space left on device (injected at write {number}: {operation})", target)
     raise InjectedFault(f"injected fault at write {number} ({_plan.when} {operation} {target})")
 
 

@@ -1,7 +1,8 @@
 """Object storage behind one interface: ``file://`` folders locally, ``s3://`` buckets in AWS.
 
 Keys are validated (``tasks.core.keys.safe_key``) so nothing is written outside the store's root. Local writes
-are atomic (temp file + rename), like an S3 PUT: a reader never sees half an object. S3 goes through boto3,
+are atomic and durable (temp file, fsync, rename), like an S3 PUT: a reader never sees half an object, and a full
+disk removes the temp file and raises ``DiskFull`` (``tasks.core.disk``). S3 goes through boto3,
 which reaches a local S3 endpoint through its own ``AWS_ENDPOINT_URL_S3``.
 
 Large objects are streamed, never held whole in memory: files and streams go up to S3 in multipart uploads
@@ -34,7 +35,7 @@ from urllib.parse import quote, unquote, urlparse
 
 import boto3
 
-from tasks.core import faults
+from tasks.core import disk, faults
 from tasks.core.errors import PipelineError
 from tasks.core.keys import InvalidKey, safe_key
 from tasks.core.runtime import utc_now
@@ -203,17 +204,23 @@ class LocalStore(ObjectStore):
         return path
 
     def _atomic_write(self, key: str, writer) -> str:
+        """Write through ``writer`` to a hidden ``.part`` beside the target, fsync it, then rename it in one step: a
+        full disk (``DiskFull``) or any other failure removes the ``.part`` and publishes nothing."""
         target = self.path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                writer(handle)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        with disk.full_disk_as_unavailable(self.url_for(key)):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    writer(handle)
+                    handle.flush()
+                    os.fsync(handle.fileno())  # the bytes are on the disk before the name is
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            disk.sync_folder(target.parent)
         return self.url_for(key)
 
     @_write_point
@@ -641,5 +648,6 @@ def rename(store: ObjectStore, src: str, dst: str) -> str:
             os.replace(store.path(src), target)
         except FileNotFoundError:
             raise ObjectNotFound(store.url_for(src)) from None
+        disk.sync_folder(target.parent)
         return store.url_for(dst)
     return store.move(src, dst)

@@ -101,6 +101,23 @@ def etl_failed_manifests(limits: HealthThresholds) -> Alarm:
     return count_alarm("etl-failed-manifests", "etl", names, limits.failed_manifests_max, "failed manifest(s)")
 
 
+def etl_merges_waiting_for_space(limits: HealthThresholds) -> Alarm:
+    """ETL: ``MANIFEST#`` records a merge put back to ``pending`` when it met a full disk (ENOSPC seen), not yet
+    merged since; the detail names each with the disk's error. The flush's restart clears it once space is freed."""
+    waiting = state_store.query_all(
+        table_name(etl.TRACKING),
+        keep=lambda item: item["file_key"].startswith(keys.MANIFEST_PREFIX) and "waiting_for_space_since" in item,
+        IndexName=etl.STATUS_INDEX,
+        KeyConditionExpression=Key("status").eq(etl.PENDING),
+    )
+    names = [
+        f"{item['date_prefix']}/{keys.manifest_name_from_record_key(item['file_key'])} "
+        f"({item.get('waiting_reason', '')[:200]})"
+        for item in waiting
+    ]
+    return count_alarm("etl-merges-waiting-for-space", "etl", names, 0, "manifest(s) waiting for disk space")
+
+
 def etl_catalog_unregistered(limits: HealthThresholds) -> Alarm:
     """ETL: dates whose merged output is published but whose catalog registration (Glue on S3) failed and has not
     succeeded since, each with its reason; ``ndjson-flush-orphans`` and ``etl register`` retry them. Any is one
@@ -269,6 +286,7 @@ CHECKS = {
     etl_pending: ("etl-files-pending-too-long", "etl-files-pending", "etl-iterator-age"),
     etl_failed_manifests: ("etl-failed-manifests",),
     etl_catalog_unregistered: ("etl-catalog-unregistered",),
+    etl_merges_waiting_for_space: ("etl-merges-waiting-for-space",),
 }
 SERVICE_CHECKS = {
     etl_merge_runs_failed: ("etl-merge-runs-failed",),

@@ -12,6 +12,7 @@ skips the merge, and a failed manifest's output is removed (``unpublish``) befor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Key
 
-from tasks.core import keys, object_store, state_store
+from tasks.core import disk, keys, object_store, state_store
 from tasks.core.config import table_name
 from tasks.core.object_store import ObjectNotFound, open_url
 from tasks.core.runtime import now_iso, prefect_ids
@@ -234,8 +235,8 @@ def _conformed(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Table]) -> str | None:
-    """Write Snappy Parquet through the store's pyarrow filesystem (locally: temp file + rename); None when no
-    table came.
+    """Write Snappy Parquet through the store's pyarrow filesystem (locally: temp file, fsync, rename; a full disk
+    removes the temp file and raises ``DiskFull``); None when no table came.
 
     ``tables`` may arrive one by one (a part's files, each as soon as it is parsed): they are written as they come,
     so the write overlaps the parsing of the files after them. Columns keep their first-seen order; a table with a
@@ -252,8 +253,26 @@ def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Tabl
     path = destination = target.arrow_path(key)
     if isinstance(fs, pafs.LocalFileSystem):
         parent, name = path.rsplit("/", 1)
-        fs.create_dir(parent, recursive=True)
+        with disk.full_disk_as_unavailable(target.url_for(key)):
+            fs.create_dir(parent, recursive=True)
         destination = f"{parent}/.{name}.{uuid.uuid4().hex}.part"
+    try:
+        with disk.full_disk_as_unavailable(target.url_for(key)):
+            _write_tables(destination, fs, first, pending)
+            if destination != path:  # the part's bytes reach the disk before its name does
+                disk.sync_file(destination)
+                fs.move(destination, path)
+                disk.sync_folder(path.rsplit("/", 1)[0])
+    except BaseException:
+        if destination != path:  # a full disk (or a crash of the write) leaves no half part behind
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(destination)
+        raise
+    return target.url_for(key)
+
+
+def _write_tables(destination: str, fs: Any, first: pa.Table, pending: Iterator[pa.Table]) -> None:
+    """Write ``first`` and the tables after it to ``destination`` as one Snappy Parquet file (``write_parquet``)."""
     seen, schema, streamed = [first], first.schema, True
     with pq.ParquetWriter(
         destination, schema, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(first)
@@ -276,9 +295,6 @@ def write_parquet(output_url: str, key: str, tables: pa.Table | Iterable[pa.Tabl
         pq.write_table(
             whole, destination, filesystem=fs, compression="snappy", use_dictionary=repetitive_columns(whole)
         )
-    if destination != path:
-        fs.move(destination, path)
-    return target.url_for(key)
 
 
 def reader_threads(files: int) -> int:
@@ -489,6 +505,23 @@ def merge_listed(
 
 
 # --------------------------------------------------------------------------- status after the merge
+
+
+def wait_for_space(date_prefix: str, manifest_name: str, error: str, holder: str | None = None) -> bool:
+    """A merge that met a full disk: MANIFEST ``processing → pending`` under ``holder``, its files left in it and
+    nothing published (the staged parts are gone), so the flush's restart of pending manifests merges it once space
+    is freed. A full disk is no fault of the files: none of them is failed for it. True when the MANIFEST moved."""
+    key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
+    stamp = now_iso()
+    result = state_store.transition(
+        table_name(TRACKING),
+        key,
+        PROCESSING,
+        PENDING,
+        set={"updated_at": stamp, "waiting_for_space_since": stamp, "waiting_reason": error[:1000]},
+        condition=_held_by(holder),
+    )
+    return result.applied
 
 
 def _held_by(holder: str | None) -> state_store.Condition | None:

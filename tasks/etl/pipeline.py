@@ -50,6 +50,7 @@ PIPELINE = Pipeline(
         "etl-failed-manifests": "CRITICAL",
         "etl-merge-paused": "CRITICAL",  # every ingest's merges held
         "etl-catalog-unregistered": "CRITICAL",  # a date's rows missing from every query of the table
+        "etl-merges-waiting-for-space": "CRITICAL",  # a merge met a full disk (ENOSPC): nothing merges there
         "etl-iterator-age": "WARNING",
         "etl-files-pending": "WARNING",
         "etl-files-pending-too-long": "WARNING",

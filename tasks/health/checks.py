@@ -26,6 +26,8 @@ SEVERITY = {  # the shared alarms'; each pipeline declares its own (``severities
     "flow-runs-waiting-for-a-slot": CRITICAL,
     "landing-dead-letter-queue": CRITICAL,
     "landing-listener-not-running": CRITICAL,
+    "disk-full": CRITICAL,
+    "disk-space-low": WARNING,
     "flow-runs-active": WARNING,
     "flow-runs-near-timeout": WARNING,
     "landing-listener-behind": WARNING,

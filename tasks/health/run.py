@@ -7,7 +7,7 @@ from typing import Any
 from blocks import load_config
 from blocks.health import HealthThresholds
 from tasks.core import registry
-from tasks.health import checks, incidents, listeners, service_alarms
+from tasks.health import checks, disks, incidents, listeners, service_alarms
 
 # the declared checks a pass runs: a pipeline's checks of its records, and of the orchestrator's runs and events
 DECLARED_CHECKS = ("health_checks", "service_checks")
@@ -15,7 +15,7 @@ DECLARED_CHECKS = ("health_checks", "service_checks")
 
 def all_checks() -> dict[checks.Check, tuple[str, ...]]:
     """The shared alarms' checks, then every pipeline's (``DECLARED_CHECKS`` in its ``pipeline.py``)."""
-    merged = {**service_alarms.CHECKS, **listeners.CHECKS}
+    merged = {**service_alarms.CHECKS, **listeners.CHECKS, **disks.CHECKS}
     for pipeline in registry.pipelines():
         for hook in DECLARED_CHECKS:
             merged.update(pipeline.hook(hook) or {})

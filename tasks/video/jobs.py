@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlparse
 from boto3.dynamodb.conditions import Key
 
 from blocks import VideoInference, load_config
-from tasks.core import faults, state_store
+from tasks.core import disk, faults, state_store
 from tasks.core.config import object_store, table_name
 from tasks.core.errors import PipelineError, RefusedInput
 from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore, open_url
@@ -97,9 +97,12 @@ def put_finished_file(store: ObjectStore, key: str, path: Path) -> None:
     """Store a finished local file at ``key``: renamed in (atomic, no copy) on a local store, else uploaded."""
     if isinstance(store, LocalStore):
         target = store.path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        with disk.full_disk_as_unavailable(store.url_for(key)):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            disk.sync_file(path)  # the bytes reach the disk before the name does, as in every store write
         with contextlib.suppress(OSError), _write_point("put_file", key):  # EXDEV: another filesystem, copy instead
             os.replace(path, target)
+            disk.sync_folder(target.parent)
             return
     store.put_file(key, path)
 

@@ -14,10 +14,11 @@ from tasks.records import dead_letter
 def only_record_alarms(setattr_: Callable[[Any, str, Any], None] = setattr) -> None:
     """pipeline-health with the record alarms only (``setattr_``: a test's ``monkeypatch.setattr``, or plain
     ``setattr`` in a crash child): the service alarms, the listeners' and the pipelines' declared service checks
-    read every run on the shared test server (their own tests have them)."""
-    from tasks.health import listeners, run, service_alarms
+    read every run on the shared test server, the disks' read this machine's disks (their own tests have them)."""
+    from tasks.health import disks, listeners, run, service_alarms
 
     setattr_(service_alarms, "CHECKS", {})
+    setattr_(disks, "CHECKS", {})
     setattr_(listeners, "CHECKS", {})
     setattr_(run, "DECLARED_CHECKS", ("health_checks",))
 
