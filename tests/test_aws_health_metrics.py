@@ -101,3 +101,24 @@ def test_locally_nothing_is_put(monkeypatch):
             "Unit": "Count",
         }
     ]
+
+
+def test_a_family_of_alarms_is_published_under_the_name_the_templates_alarm_reads():
+    rows = [
+        {"name": "disk-full-objects", "value": 97, "state": "CRITICAL"},
+        {"name": "disk-full-prefect-database", "value": 40, "state": "OK"},
+        {"name": "etl-files-pending", "value": 3, "state": "OK"},
+        {"name": "etl-files-pending-too-long", "value": 0, "state": "OK"},
+    ]
+    data = health_metrics.metric_data(rows, "e1")
+    readings = {d["MetricName"]: d["Value"] for d in data if d["MetricName"] != health_metrics.FIRING}
+    firing = {d["Dimensions"][1]["Value"]: d["Value"] for d in data if d["MetricName"] == health_metrics.FIRING}
+    assert readings == {
+        "disk-full-objects": 97.0,
+        "disk-full-prefect-database": 40.0,
+        "etl-files-pending": 3.0,
+        "etl-files-pending-too-long": 0.0,
+        "disk-full": 97.0,
+    }
+    assert firing["disk-full"] == 1.0 and "etl-files" not in firing and "disk-space-low" not in firing
+    assert {"disk-full", "disk-space-low", "landing-dead-letter-queue"} <= set(cfn.alarm_names())

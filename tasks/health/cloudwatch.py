@@ -13,17 +13,41 @@ from typing import Any
 
 import boto3
 
+from tasks.health.checks import severities
+
 NAMESPACE = "Pipelines"
 ENV_VARIABLE = "PIPELINES_METRICS_ENV"
 FIRING = "Firing"
 BATCH = 1000  # PutMetricData's most metrics per call
 
 
+def with_families(rows: list[dict[str, Any]], families: list[str]) -> list[dict[str, Any]]:
+    """The rows, plus a row per family (an alarm read per member, e.g. ``disk-full-objects`` of ``disk-full``) that
+    has members but no row of its own: the members' highest reading, firing when any member fires. The template's
+    CloudWatch alarms name the family, as a stack cannot know its members in advance."""
+    names = {row["name"] for row in rows}
+    added = []
+    for family in families:
+        members = [row for row in rows if row["name"].startswith(family + "-")]
+        if family in names or not members:
+            continue
+        readings = [row["value"] for row in members if row["value"] is not None]
+        firing = [row for row in members if row["state"] != "OK"]
+        added.append(
+            {
+                "name": family,
+                "value": max(readings) if len(readings) == len(members) else None,
+                "state": firing[0]["state"] if firing else "OK",
+            }
+        )
+    return rows + added
+
+
 def metric_data(rows: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
-    """Each alarm row (as the pipeline-health artifact holds it) as its reading and its Firing 0/1; an alarm whose
-    check failed (no reading) only fires."""
+    """Each alarm row (as the pipeline-health artifact holds it) as its reading and its Firing 0/1, and each family's
+    (``with_families``); an alarm whose check failed (no reading) only fires."""
     data = []
-    for row in rows:
+    for row in with_families(rows, sorted(severities())):
         if row["value"] is not None:
             data.append(
                 {
