@@ -19,8 +19,10 @@ seconds after each kill, the recovery before the supervisor).
 
 After the feed, the stack drains (``--drain`` s at most; the ETL's last partial batches are closed by one run of
 the hourly ``ndjson-flush-orphans`` deployment). Printed: per pipeline arrival → done p50/p95 over the first and the
-last quarter of the arrivals, the backlog (arrived, not done) over time, lost (left undone while its pipeline
-finished nothing for 2 minutes; left while it still finishes is slow, not lost), duplicated (an ETL file
+last quarter of the arrivals, the backlog (arrived, not done) over time, the stack's CPU seconds by program and per
+merged MB (``stack_cpu_s``: a figure other work on a shared machine does not inflate), the ETL against pyarrow's own
+``read_json`` + ``write_table`` on the same files (MB/s and CPU a MB, as ratios), lost (left undone while its
+pipeline finished nothing for 2 minutes; left while it still finishes is slow, not lost), duplicated (an ETL file
 in two manifests, merged rows beyond the files' lines) and failed counts, each stack process's memory (RSS) at the
 start and the end, the Prefect database's growth, a user's API call (the latest runs, every 2 s) p50/p95 over the
 first and the last quarter of the feed, and the server log's "database is locked" and ERROR lines. Exit code 1 on lost
@@ -234,7 +236,8 @@ class Feeders:
         self.stop = threading.Event()
         self.date = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%d")  # the flush closes it
         self.tag = datetime.now(UTC).strftime("%H%M%S")
-        self.etl_files = EtlFiles(args.etl_lines, args.etl_mb, args.etl_mb_spread, etl_size_bounds())
+        self.etl_bounds = etl_size_bounds()
+        self.etl_files = EtlFiles(args.etl_lines, args.etl_mb, args.etl_mb_spread, self.etl_bounds)
         self.etl_busy_s, self.etl_bytes = 0.0, 0  # the ETL feeder's own time writing, and what it wrote
 
     def paced(self, every_s: float, feed) -> None:
@@ -481,6 +484,66 @@ def database_mb(data: Path) -> float:
     return sum(p.stat().st_size for p in paths if p.is_file()) / 2**20
 
 
+def stack_cpu_s(data: Path) -> dict[str, float]:
+    """CPU seconds (user + system) each supervisor program has used so far with every process under it: the live
+    ones and those their parents already reaped (a flow run forked by the engine counts under ``engine``). A figure
+    that a shared machine's other work does not inflate, unlike a latency."""
+    import psutil
+
+    from deployments.supervisor import Supervisor, socket_for
+
+    used: dict[str, float] = {}
+    for info in Supervisor(data, socket_for(data)).statuses():
+        if info["statename"] != "RUNNING" or not info["pid"]:
+            continue
+        try:
+            top = psutil.Process(info["pid"])
+            family = [top, *top.children(recursive=True)]
+        except psutil.Error:
+            continue
+        total = 0.0
+        for process in family:
+            try:
+                times = process.cpu_times()
+            except psutil.Error:  # ended meanwhile: its parent's reaped-children time holds it
+                continue
+            total += times.user + times.system + times.children_user + times.children_system
+        used[info["name"]] = total
+    return used
+
+
+def cpu_figures(start: dict[str, float], end: dict[str, float], merged_mb: float) -> str:
+    """The stack's CPU seconds between two ``stack_cpu_s`` readings, by program, and per merged MB."""
+    spent = {name: max(0.0, end[name] - start.get(name, 0.0)) for name in end}  # a restarted program: from 0
+    total = sum(spent.values())
+    per_mb = f"{total * 1000 / merged_mb:.0f} ms" if merged_mb else "n/a"
+    parts = ", ".join(f"{name} {seconds:.0f}" for name, seconds in sorted(spent.items(), key=lambda kv: -kv[1]))
+    return f"stack CPU over the feed and drain: {total:.0f} s ({parts}); {per_mb} a merged MB"
+
+
+def pyarrow_baseline(args, work: Path, bounds: tuple[float, float] | None, files: int = 4) -> tuple[float, float]:
+    """pyarrow's own ``read_json`` + ``write_table`` (one Parquet file each) on the feed's first ``files`` ETL files
+    (the same bytes, drawn again), in this process: its MB/s and its CPU ms a MB."""
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
+
+    maker = EtlFiles(args.etl_lines, args.etl_mb, args.etl_mb_spread, bounds)
+    folder = work / "pyarrow-baseline"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for n in range(files):
+        path = folder / f"{n}.ndjson"
+        path.write_bytes(maker.make(n)[0])
+        paths.append(path)
+    mb = sum(path.stat().st_size for path in paths) / 2**20
+    wall, cpu = time.perf_counter(), time.process_time()
+    for path in paths:
+        pq.write_table(pajson.read_json(path), path.with_suffix(".parquet"))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    shutil.rmtree(folder, ignore_errors=True)
+    return mb / wall, cpu * 1000 / mb
+
+
 KILLABLE = {  # --kill-X-at -> the stack process it SIGKILLs
     "listener": "ndjson-listen/local",
     "worker": "worker (prefect worker)",
@@ -641,7 +704,7 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         )  # the listeners' runs start after `up` returns: the start figures wait for them
         while sum(name.endswith("-listen/local") for name in stack_processes(data)) < 4 and time.monotonic() < deadline:
             time.sleep(3)
-        memory_start, db_start = memory(data), database_mb(data)
+        memory_start, db_start, cpu_start = memory(data), database_mb(data), stack_cpu_s(data)
         feed_s = args.minutes * 60
         kills = sorted((at, what) for what in KILLABLE if (at := getattr(args, f"kill_{what}_at")))
         recoveries: list[float] = []
@@ -697,7 +760,7 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
                 break
             next_tick = max(next_tick + args.tick, time.monotonic())  # a slow check skips samples, never bunches them
             time.sleep(max(0.0, next_tick - time.monotonic()))
-        memory_end, db_end = memory(data), database_mb(data)
+        memory_end, db_end, cpu_end = memory(data), database_mb(data), stack_cpu_s(data)
         memory_samples.append((time.monotonic() - began, memory_end))
         doubles, rows, expected_rows = feeders.etl_duplicates() if feeders.ledgers["etl"].arrived else (0, 0, 0)
 
@@ -735,6 +798,17 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         )
     if etl.arrived:
         print(feeders.etl_rates(feed_s))
+        merged_mb = sum(etl.info[name]["size"] for name in etl.done) / 2**20
+        span = max(etl.done.values(), default=0) - min(etl.arrived.values(), default=0)
+        baseline_mbs, baseline_cpu = pyarrow_baseline(args, root, feeders.etl_bounds)
+        cpu_s = sum(max(0.0, cpu_end[name] - cpu_start.get(name, 0.0)) for name in cpu_end)
+        print(
+            f"ETL against pyarrow's own read_json + write_table on the same files (this process, after the drain): "
+            f"{baseline_mbs:.1f} MB/s, {baseline_cpu:.0f} ms of CPU a MB; RATIO merged MB/s / pyarrow MB/s "
+            f"{(merged_mb / span if span > 0 else 0) / baseline_mbs:.2f}; RATIO the stack's CPU a merged MB / "
+            f"pyarrow's {(cpu_s * 1000 / merged_mb if merged_mb else float('nan')) / baseline_cpu:.1f}"
+        )
+    print(cpu_figures(cpu_start, cpu_end, sum(etl.info[name]["size"] for name in etl.done) / 2**20))
     print("\nmemory (RSS MB) at t (min) " + "".join(f"{t / 60:7.0f}" for t, _ in memory_samples))
     for name in sorted({name for _, sample in memory_samples for name in sample}):
         print(f"  {name:26}" + "".join(f"{sample.get(name, float('nan')):7.0f}" for _, sample in memory_samples))
