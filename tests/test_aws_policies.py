@@ -205,10 +205,11 @@ def maintenance_calls(world: aws_calls.StackWorld) -> list[dict]:
     instance = f"{world.gpu_cluster().replace(':cluster/', ':container-instance/')}/c1"
     update = {"Update": {"TableName": "phspectra-runs"}}
     check = {"ConditionCheck": {"TableName": "ecs_node"}}
+    lock = "video-reassembly-locks-test"
     return [
         {**on, "service": "dynamodb", "operation": "Query", "params": {"TableName": "video-jobs-test"}},
         {**on, "service": "dynamodb", "operation": "TransactWriteItems", "params": {"TransactItems": [update, check]}},
-        {**on, "service": "dynamodb", "operation": "DeleteItem", "params": {"TableName": "video-reassembly-locks-test"}},
+        {**on, "service": "dynamodb", "operation": "DeleteItem", "params": {"TableName": lock}},
         {**on, "service": "s3", "operation": "ListObjectsV2", "params": {"Bucket": "data", "Prefix": f"{prefix}/"}},
         {**on, "service": "s3", "operation": "PutObject", "params": {"Bucket": "data", "Key": f"{prefix}/runs/r"}},
         {**on, "service": "s3", "operation": "DeleteObject", "params": {"Bucket": "data", "Key": f"{prefix}/output/j"}},
