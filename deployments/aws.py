@@ -464,8 +464,9 @@ def fingerprint(*parts: Any) -> str:
 def apply_prefect(
     env: str, outputs: dict[str, str], parameters: dict[str, str], region: str, image: dict[str, str]
 ) -> dict[str, str]:
-    """The aws-ecs pool with the stack's defaults, the blocks, then `prefect deploy --name ecs`; each skipped when
-    the server already holds it (a Prefect variable keeps the last deploy's fingerprint)."""
+    """The aws-ecs pool with the stack's defaults, the aws-maintenance pool (its worker is the stack's maintenance
+    service), the blocks, then `prefect deploy --name ecs`; each skipped when the server already holds it (a Prefect
+    variable keeps the last deploy's fingerprint)."""
     import os
     import subprocess
     import sys
@@ -476,22 +477,31 @@ def apply_prefect(
     from prefect.variables import Variable
 
     from blocks.core import DynamoTables, ObjectStorage
-    from deployments.local_stack import ECS_WORK_POOL, ecs_base_job_template
+    from deployments.local_stack import (
+        ECS_WORK_POOL,
+        MAINTENANCE_WORK_POOL,
+        ecs_base_job_template,
+        maintenance_base_job_template,
+    )
     from infra import cloudformation as cfn
 
     done: dict[str, str] = {}
-    template = pool_job_template(ecs_base_job_template(), outputs, parameters, region)
+    pools = {  # what done names each: "pool" stays the ECS pool's
+        "pool": (ECS_WORK_POOL, "ecs", pool_job_template(ecs_base_job_template(), outputs, parameters, region)),
+        "maintenance pool": (MAINTENANCE_WORK_POOL, "process", maintenance_base_job_template()),
+    }
     with get_client(sync_client=True) as client:
-        try:
-            pool = client.read_work_pool(ECS_WORK_POOL)
-            if pool.base_job_template != template:
-                client.update_work_pool(ECS_WORK_POOL, WorkPoolUpdate(base_job_template=template))
-                done["pool"] = "updated"
-            else:
-                done["pool"] = "unchanged"
-        except ObjectNotFound:
-            client.create_work_pool(WorkPoolCreate(name=ECS_WORK_POOL, type="ecs", base_job_template=template))
-            done["pool"] = "created"
+        for said, (name, kind, template) in pools.items():
+            try:
+                pool = client.read_work_pool(name)
+                if pool.base_job_template != template:
+                    client.update_work_pool(name, WorkPoolUpdate(base_job_template=template))
+                    done[said] = "updated"
+                else:
+                    done[said] = "unchanged"
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(name=name, type=kind, base_job_template=template))
+                done[said] = "created"
     renamed = {logical: name.replace(cfn.ENV, env) for logical, name in cfn.renamed_tables().items()}
     for block, wanted in (
         (DynamoTables, DynamoTables(env=env, names=renamed)),
@@ -774,8 +784,9 @@ KEPT_WHY = (
 
 def destroy(env: str, region: str | None, session: Any = None) -> dict[str, Any]:
     """`pipelines aws-stack destroy`: the stack (its data kept, and said so), the artifact bucket's templates, the ECR
-    repository (the image is rebuilt from the checkout) unless another env's stack runs from it, and the aws-ecs
-    pool's deployments on the Prefect server when ``env`` holds that workspace (another env's are kept, and said so)."""
+    repository (the image is rebuilt from the checkout) unless another env's stack runs from it, and the aws-ecs and
+    aws-maintenance pools' deployments (and the latter pool) on the Prefect server when ``env`` holds that workspace
+    (another env's are kept, and said so)."""
     from infra import cloudformation as cfn
 
     stack, deleted, kept = cfn.STACK_NAME.replace(cfn.ENV, env), [], {}
@@ -829,25 +840,35 @@ def other_stacks(cloudformation: Any, env: str) -> list[str]:
 
 
 def delete_ecs_deployments(env: str) -> tuple[list[str], str]:
-    """The ECS pool's deployments (no worker serves them once the stack is gone), its defaults put back bare and the
-    deploy's variable, when ``env`` holds the workspace; another env's are left as they are (and the reason given)."""
+    """The AWS set's deployments (no worker serves them once the stack is gone), the ECS pool's defaults put back bare,
+    the maintenance pool (its worker was the stack's service) and the deploy's variable, when ``env`` holds the
+    workspace; another env's are left as they are (and the reason given)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolUpdate
     from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+    from prefect.exceptions import ObjectNotFound
 
     from deployments.aws_prerequisites import ecs_pool_owner
-    from deployments.local_stack import ECS_WORK_POOL, ecs_base_job_template
+    from deployments.local_stack import ECS_WORK_POOL, MAINTENANCE_WORK_POOL, ecs_base_job_template
 
     with get_client(sync_client=True) as client:
         if (owner := ecs_pool_owner(client)) not in (None, env):
             return [], f"the Prefect workspace's {ECS_WORK_POOL} pool, blocks and deployments are env {owner}'s"
-        pool = WorkPoolFilter(name=WorkPoolFilterName(any_=[ECS_WORK_POOL]))
-        deployments = client.read_deployments(work_pool_filter=pool)
-        for deployment in deployments:
-            client.delete_deployment(deployment.id)
+        deleted = []
+        for name in (ECS_WORK_POOL, MAINTENANCE_WORK_POOL):
+            pool = WorkPoolFilter(name=WorkPoolFilterName(any_=[name]))
+            deployments = client.read_deployments(work_pool_filter=pool)
+            for deployment in deployments:
+                client.delete_deployment(deployment.id)
+            deleted.append(f"{len(deployments)} deployments of the {name} pool")
         if owner is not None:  # bare again: the workspace is free for another env
             client.update_work_pool(ECS_WORK_POOL, WorkPoolUpdate(base_job_template=ecs_base_job_template()))
+        try:
+            client.delete_work_pool(MAINTENANCE_WORK_POOL)
+            deleted.append(f"the {MAINTENANCE_WORK_POOL} pool")
+        except ObjectNotFound:
+            pass
         variable = client.read_variable_by_name(deploy_state_name(env))
         if variable is not None:
             client.delete_variable_by_name(deploy_state_name(env))
-    return [f"{len(deployments)} deployments of the {ECS_WORK_POOL} pool"], ""
+    return deleted, ""

@@ -39,6 +39,8 @@ DYNAMODB_PORT = int(os.environ.get("DYNAMODB_LOCAL_PORT", "8000"))
 PREFECT_PORT = int(os.environ.get("PREFECT_SERVER_PORT", "4200"))
 WORK_POOL = os.environ.get("LOCAL_WORK_POOL", "local-process")
 ECS_WORK_POOL = os.environ.get("ECS_WORK_POOL", "aws-ecs")
+# the AWS stack's process pool of the frequent maintenance flows (its worker runs in the stack's maintenance service)
+MAINTENANCE_WORK_POOL = os.environ.get("MAINTENANCE_WORK_POOL", "aws-maintenance")
 ENV_FILE = DATA / "local.env"
 FORKSERVER = REPO_ROOT / "deployments" / "engine_forkserver.py"
 # the long-running listener deployments `up` starts, one run each (a name not deployed yet is skipped)
@@ -538,6 +540,22 @@ def ecs_base_job_template() -> dict:
     return ECSWorker.get_default_base_job_template()
 
 
+def maintenance_base_job_template() -> dict:
+    """The process worker's default base job template, as the AWS maintenance service's worker runs it: flow runs
+    start with the image's own interpreter (no local fork server), configured by the service container's env."""
+    from prefect.workers.process import ProcessWorker
+
+    return ProcessWorker.get_default_base_job_template()
+
+
+def aws_work_pools() -> dict[str, tuple[str, dict]]:
+    """The pools of the AWS set, which no local worker serves: name -> (type, base job template)."""
+    return {
+        ECS_WORK_POOL: ("ecs", ecs_base_job_template()),
+        MAINTENANCE_WORK_POOL: ("process", maintenance_base_job_template()),
+    }
+
+
 def engine_socket() -> str:
     """The worker's engine fork server socket: in this user's private runtime folder (0700; a Unix socket path is
     at most 107 bytes, so not under the checkout), one per data folder, so two stacks on a machine keep apart."""
@@ -574,21 +592,21 @@ def _command_default(template: dict) -> str | None:
 
 
 def create_work_pools(client) -> dict[str, str]:
-    """The local process pool (its flow runs started by ``engine_command()``) and the ECS pool (with the ECS worker's
-    template); a pool an older `make up` made gets the template."""
+    """The local process pool (its flow runs started by ``engine_command()``) and the AWS set's pools (the ECS
+    worker's template, the maintenance pool's process template; no worker locally, so `prefect deploy --name ecs`
+    finds them); a pool an older `make up` made gets the template."""
     from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectNotFound
 
     states = {}
-    for pool, kind in ((WORK_POOL, "process"), (ECS_WORK_POOL, "ecs")):
-        template = ecs_base_job_template() if kind == "ecs" else process_base_job_template()
+    for pool, (kind, template) in {WORK_POOL: ("process", process_base_job_template()), **aws_work_pools()}.items():
         try:
             existing = client.read_work_pool(pool)
         except ObjectNotFound:
             client.create_work_pool(WorkPoolCreate(name=pool, type=kind, base_job_template=template))
             states[pool] = "created"
             continue
-        outdated = kind == "process" and _command_default(existing.base_job_template) != engine_command()
+        outdated = pool == WORK_POOL and _command_default(existing.base_job_template) != engine_command()
         if not existing.base_job_template or outdated:  # made by an older `make up` (or another interpreter)
             client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
             states[pool] = "template set"
@@ -598,7 +616,7 @@ def create_work_pools(client) -> dict[str, str]:
 
 
 def ensure_work_pools() -> dict[str, str]:
-    """The local process pool (served by `make up`'s worker) and an ECS pool for the AWS deployments."""
+    """The local process pool (served by `make up`'s worker) and the AWS set's pools (ECS, maintenance)."""
     os.environ.update(local_env())
     from prefect.client.orchestration import get_client
 
@@ -888,9 +906,10 @@ LOCAL_DEPLOYMENTS = "local"
 
 
 def retire_unserved_deployments(client) -> tuple[int, int]:
-    """Delete the ECS-pool deployments an older `make up` put on this local server, and their waiting runs.
+    """Delete the AWS pools' deployments (ECS, maintenance) an older `make up` put on this local server, and their
+    waiting runs.
 
-    Nothing serves the ECS pool locally, so their schedules and triggers only piled up Late runs; runs that
+    Nothing serves those pools locally, so their schedules and triggers only piled up Late runs; runs that
     already started or ended stay (their history is the UI's). Returns (deployments, runs) deleted.
     """
     from prefect.client.schemas.filters import (
@@ -904,7 +923,9 @@ def retire_unserved_deployments(client) -> tuple[int, int]:
     )
     from prefect.client.schemas.objects import StateType
 
-    unserved = client.read_deployments(work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[ECS_WORK_POOL])))
+    unserved = client.read_deployments(
+        work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[*aws_work_pools()]))
+    )
     waiting = FlowRunFilter(
         state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))
     )
@@ -983,7 +1004,7 @@ def deploy_all() -> str:
     with get_client(sync_client=True) as client:
         retired, runs = retire_unserved_deployments(client)
         record_deployed(client, fingerprint)
-    note = f"; retired {retired} ECS deployment(s) and {runs} waiting run(s) an older version left" if retired else ""
+    note = f"; retired {retired} AWS deployment(s) and {runs} waiting run(s) an older version left" if retired else ""
     return f"deployed (prefect deploy --name '{LOCAL_DEPLOYMENTS}'){note}"
 
 

@@ -5,8 +5,8 @@
 
 Tables come from ``tasks.core.tables`` (keys, GSIs, TTL attribute), queues and dead-letter queues from
 ``tasks.landing.sqs.landing_queues()`` (the spec ``aws-events setup`` applies), the listeners and the worker's pool from
-``prefect.yaml``'s ecs set; the worker and each listener run as an ECS service of desired count 1, so ECS starts
-a new task when one dies.
+``prefect.yaml``'s ecs set; the worker, the maintenance worker and each listener run as an ECS service of desired
+count 1, so ECS starts a new task when one dies.
 """
 
 from __future__ import annotations
@@ -90,6 +90,15 @@ LISTENER_HEALTH_CHECK = health_check(
 # a listener's service runs one run of its ecs deployment in the container (deployments/ecs_listener.py), so the
 # run is the deployment's (the UI and landing-listener-not-running see it) and ECS alone supervises it
 LISTENER_COMMAND = ["python", "-m", "deployments.ecs_listener"]
+# the frequent maintenance flows (prefect.yaml's aws-maintenance pool) run as processes of one always-on service's
+# process worker rather than a Fargate task per run: a worker and MAINTENANCE_RUNS flow processes (every flow
+# imported: 208 MB each) fit half a vCPU and 2 GiB; a run due while all are busy waits for a free slot
+MAINTENANCE_SERVICE = "prefect-maintenance-worker"
+MAINTENANCE_SIZE = {"Cpu": "512", "Memory": "2048"}
+MAINTENANCE_RUNS = 4
+# its worker runs pipeline-health, so pipeline-health cannot report it down: CloudWatch watches its running tasks
+# (Container Insights, each minute); ECS replaces a dead task within minutes, so 5 minutes without one alarm
+MAINTENANCE_DOWN_MINUTES = 5
 
 
 def get_att(logical: str, attribute: str) -> dict[str, list[str]]:
@@ -434,6 +443,7 @@ def monitoring_resources() -> dict[str, Any]:
     ]
     services = [
         "prefect-worker",
+        MAINTENANCE_SERVICE,
         *(d["entrypoint"].split(":")[1].replace("_", "-") for d in listener_deployments().values()),
     ]
     running = [
@@ -502,7 +512,39 @@ def monitoring_resources() -> dict[str, Any]:
                 "OKActions": [ref("AlarmTopic")],
             },
         }
+    resources["AlarmMaintenanceWorkerNotRunning"] = maintenance_alarm()
     return resources
+
+
+def maintenance_alarm() -> dict[str, Any]:
+    """The maintenance service has had no running task for MAINTENANCE_DOWN_MINUTES: its sweeps, reconcile and
+    pipeline-health (whose alarms then go silent) are not running. No reading (the service or the cluster's
+    Container Insights gone) alarms too."""
+    return {
+        "Type": "AWS::CloudWatch::Alarm",
+        "Properties": {
+            "AlarmName": sub(f"pipelines-${{Env}}-{MAINTENANCE_SERVICE}-not-running"),
+            "AlarmDescription": (
+                f"critical: ECS service {MAINTENANCE_SERVICE} has run no task for {MAINTENANCE_DOWN_MINUTES} minutes: "
+                "the maintenance flows, pipeline-health among them, are not running (see its log group and events)"
+            ),
+            "Namespace": "ECS/ContainerInsights",
+            "MetricName": "RunningTaskCount",
+            "Dimensions": [
+                {"Name": "ClusterName", "Value": ref("Cluster")},
+                {"Name": "ServiceName", "Value": MAINTENANCE_SERVICE},
+            ],
+            "Statistic": "Maximum",
+            "Period": 60,
+            "EvaluationPeriods": MAINTENANCE_DOWN_MINUTES,
+            "DatapointsToAlarm": MAINTENANCE_DOWN_MINUTES,
+            "Threshold": 1,
+            "ComparisonOperator": "LessThanThreshold",
+            "TreatMissingData": "breaching",
+            "AlarmActions": [ref("AlarmTopic")],
+            "OKActions": [ref("AlarmTopic")],
+        },
+    }
 
 
 def notified_prefix(pipeline: str) -> dict[str, str]:
@@ -676,13 +718,18 @@ def execution_statements(log_groups: list[str]) -> list[dict[str, Any]]:
     ]
 
 
-def pipeline_statements() -> list[dict[str, Any]]:
-    """The pipelines' task role's: their tables, bucket and queues, the metrics, and what each pipeline declares."""
+def landing_queue_arns() -> list[dict[str, list[str]]]:
+    """Every landing queue's ARN and its dead-letter queue's."""
+    queues = [arn(logical_id(p, "queue")) for p in sqs.landing_queues()]
+    return queues + [arn(logical_id(p, "dead letter queue")) for p in sqs.landing_queues()]
+
+
+def state_statements() -> list[dict[str, Any]]:
+    """What every flow run reads and writes: the tables, the bucket's objects under the store prefix, the health
+    metrics (read; pipeline-health's readings put in its own namespace)."""
     tables = [arn(logical_id("table", t)) for t in table_specs()]
     table_indexes = [sub(f"${{{logical_id('table', t)}.Arn}}/index/*") for t, s in table_specs().items() if s.gsis]
-    queues = [arn(logical_id(p, "queue")) for p in sqs.landing_queues()]
-    dead_letters = [arn(logical_id(p, "dead letter queue")) for p in sqs.landing_queues()]
-    pipelines = [  # a transaction is authorized as its items' own actions (PutItem, UpdateItem, ConditionCheckItem)
+    return [  # a transaction is authorized as its items' own actions (PutItem, UpdateItem, ConditionCheckItem)
         {
             "Sid": "Tables",
             "Effect": "Allow",
@@ -719,18 +766,6 @@ def pipeline_statements() -> list[dict[str, Any]]:
                 "s3:ListMultipartUploadParts",
             ],
         },
-        {
-            "Sid": "Arrivals",
-            "Effect": "Allow",
-            "Resource": queues + dead_letters,
-            "Action": [
-                "sqs:ReceiveMessage",
-                "sqs:DeleteMessage",
-                "sqs:ChangeMessageVisibility",
-                "sqs:GetQueueAttributes",
-                "sqs:GetQueueUrl",
-            ],
-        },
         # the health checks read the DynamoDB throttle and SQS age metrics (tasks/etl/alarms.py,
         # tasks/health/listeners.py); GetMetricStatistics takes no resource ARN
         {"Sid": "ReadMetrics", "Effect": "Allow", "Resource": "*", "Action": "cloudwatch:GetMetricStatistics"},
@@ -743,7 +778,38 @@ def pipeline_statements() -> list[dict[str, Any]]:
             "Condition": {"StringEquals": {"cloudwatch:namespace": health_metrics.NAMESPACE}},
         },
     ]
-    return pipelines + [statement for parts in pipeline_parts() for statement in parts.statements]
+
+
+def pipeline_statements() -> list[dict[str, Any]]:
+    """The pipelines' task role's: their tables, bucket and queues, the metrics, and what each pipeline declares."""
+    arrivals = {
+        "Sid": "Arrivals",
+        "Effect": "Allow",
+        "Resource": landing_queue_arns(),
+        "Action": [
+            "sqs:ReceiveMessage",
+            "sqs:DeleteMessage",
+            "sqs:ChangeMessageVisibility",
+            "sqs:GetQueueAttributes",
+            "sqs:GetQueueUrl",
+        ],
+    }
+    state = state_statements()
+    return [*state[:3], arrivals, *state[3:], *(s for parts in pipeline_parts() for s in parts.statements)]
+
+
+def maintenance_statements() -> list[dict[str, Any]]:
+    """The maintenance service's task role's: what its flows (sweeps, cleanup, reconcile, health, the breaker) read
+    and write, and what each pipeline declares its maintenance flows need; of the queues only their depth
+    (pipeline-health's dead-letter and listener checks), never a message."""
+    queue_depths = {
+        "Sid": "QueueDepths",
+        "Effect": "Allow",
+        "Resource": landing_queue_arns(),
+        "Action": ["sqs:GetQueueUrl", "sqs:GetQueueAttributes"],
+    }
+    state = state_statements()
+    return [*state[:3], queue_depths, *state[3:], *(s for p in pipeline_parts() for s in p.maintenance_statements)]
 
 
 def worker_statements() -> list[dict[str, Any]]:
@@ -815,7 +881,8 @@ def worker_statements() -> list[dict[str, Any]]:
 
 
 def iam_resources(log_groups: list[str]) -> dict[str, Any]:
-    """The execution role, the pipelines' task role (nothing but their own parts) and the worker's task role."""
+    """The execution role, the pipelines' task role (nothing but their own parts), the worker's task role and the
+    maintenance service's (its flows' share of the pipelines' parts)."""
     wildcard_reasons = (
         (
             "CKV_AWS_111",
@@ -851,6 +918,13 @@ def iam_resources(log_groups: list[str]) -> dict[str, Any]:
                 "Policies": [policy("run-flow-runs", worker_statements())],
             },
             "Metadata": skip(*wildcard_reasons),
+        },
+        "MaintenanceRole": {
+            "Type": "AWS::IAM::Role",
+            "Properties": {
+                "AssumeRolePolicyDocument": assume_ecs_tasks(),
+                "Policies": [policy("maintenance-state", maintenance_statements())],
+            },
         },
     }
 
@@ -951,8 +1025,10 @@ def task_definition(
     pipeline_queues: bool,
     extra: dict[str, Any] | None = None,
     health_check: dict[str, Any] | None = None,
+    size: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A Fargate task definition of the image running ``command`` as the image's non-root user."""
+    """A Fargate task definition of the image running ``command`` as the image's non-root user, of ``size`` (Cpu and
+    Memory; 1 vCPU / 4 GiB unless given)."""
     container = {
         "Name": family,
         "Image": sub("${AWS::AccountId}.dkr.ecr.${AWS::Region}.${AWS::URLSuffix}/${ImageRepository}:${ImageTag}"),
@@ -980,8 +1056,7 @@ def task_definition(
             "Family": sub(f"pipelines-${{Env}}-{family}"),
             "RequiresCompatibilities": ["FARGATE"],
             "NetworkMode": "awsvpc",
-            "Cpu": "1024",
-            "Memory": "4096",
+            **(size or {"Cpu": "1024", "Memory": "4096"}),
             "ExecutionRoleArn": arn("ExecutionRole"),
             "TaskRoleArn": arn(role),
             "Volumes": [{"Name": "scratch"}],
@@ -1027,8 +1102,29 @@ def observer_environment() -> dict[str, Any]:
     }
 
 
+def maintenance_resources() -> dict[str, Any]:
+    """The maintenance service: a Prefect process worker of the aws-maintenance pool, its flow runs processes beside
+    it with the stack's env (as a flow-run task gets from the ecs pool's defaults) and the maintenance role."""
+    pool = prefect_config()["definitions"]["work_pools"]["maintenance"]["name"]
+    command = ["prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", str(MAINTENANCE_RUNS)]
+    return {
+        "MaintenanceLogGroup": log_group("maintenance"),
+        "MaintenanceTaskDefinition": task_definition(
+            "maintenance",
+            [*command, "--with-healthcheck"],
+            "MaintenanceRole",
+            "MaintenanceLogGroup",
+            False,
+            health_check=WORKER_HEALTH_CHECK,
+            size=MAINTENANCE_SIZE,
+        ),
+        "MaintenanceService": service(MAINTENANCE_SERVICE, "MaintenanceTaskDefinition"),
+    }
+
+
 def ecs_resources() -> dict[str, Any]:
-    """The cluster, the Prefect worker of the ecs pool and one listener per seed queue, each a service of one task."""
+    """The cluster, the Prefect worker of the ecs pool, the maintenance service and one listener per seed queue,
+    each a service of one task."""
     pool = prefect_config()["definitions"]["work_pools"]["ecs"]["name"]
     resources: dict[str, Any] = {
         "Cluster": {
@@ -1050,6 +1146,7 @@ def ecs_resources() -> dict[str, Any]:
             WORKER_HEALTH_CHECK,
         ),
         "WorkerService": service("prefect-worker", "WorkerTaskDefinition"),
+        **maintenance_resources(),
     }
     for pipeline, deployment in listener_deployments().items():
         family = deployment["entrypoint"].split(":")[1].replace("_", "-")
@@ -1117,7 +1214,8 @@ def template() -> dict[str, Any]:
         "AWSTemplateFormatVersion": "2010-09-09",
         "Description": (
             "prefect-pipelines, one environment: tables, bucket, queues, roles, logs, the ECS cluster and "
-            "the services of the Prefect worker and the listeners (generated by infra/cloudformation.py)"
+            "the services of the Prefect workers (ecs, maintenance) and the listeners (generated by "
+            "infra/cloudformation.py)"
         ),
         "Parameters": parameters_for(resources),
         "Conditions": {

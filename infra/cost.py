@@ -8,7 +8,6 @@ either priced here or named as free at rest, so a new kind fails tests/test_aws_
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 from prefect._vendor.croniter import croniter  # the engine Prefect's scheduler fires the schedules with
 
 from infra import cloudformation as cfn
+from tasks.health import cloudwatch as health_metrics
 
 PRICES_PATH = cfn.REPO_ROOT / "infra" / "prices.json"
 DOCS_PATH = cfn.REPO_ROOT / "docs" / "aws.md"
@@ -119,7 +119,8 @@ def service_lines(resources: dict[str, Any], prices: dict[str, Any], hours: floa
 
 
 def scheduled_lines(config: dict[str, Any], prices: dict[str, Any], hours: float) -> list[Line]:
-    """Each scheduled ECS flow run: launches x the minimum billed minute x its size, plus its image pull."""
+    """Each scheduled ECS flow run: launches x the minimum billed minute x its size, plus its image pull. (The
+    aws-maintenance pool's runs are processes in the maintenance service: its Fargate service line.)"""
     p, a = prices["prices"], prices["assumptions"]
     billed_h = p["fargate_minimum_billed_seconds"]["value"] / 3600
     pull = a["image_pull_gb"]["value"] * p["nat_gateway_gb"]["value"]
@@ -144,10 +145,15 @@ def monitoring_lines(resources: dict[str, Any], prices: dict[str, Any]) -> list[
     Container Insights'."""
     p, a = prices["prices"], prices["assumptions"]
     alarms, dashboards = count(resources, "AWS::CloudWatch::Alarm"), count(resources, "AWS::CloudWatch::Dashboard")
+    readings = sum(  # the others watch AWS's own metrics (the maintenance service's running tasks)
+        1
+        for r in resources.values()
+        if r["Type"] == "AWS::CloudWatch::Alarm" and r["Properties"]["Namespace"] == health_metrics.NAMESPACE
+    )
     insights = sum(
         1 for r in resources.values() if r["Type"] == "AWS::ECS::Cluster" and "containerInsights" in json.dumps(r)
     )
-    health = 2 * alarms
+    health = 2 * readings
     insight_metrics = (
         insights * a["container_insights_metrics_per_cluster"]["value"]
         + count(resources, "AWS::ECS::Service") * a["container_insights_metrics_per_service"]["value"]
@@ -214,36 +220,6 @@ def cost_lines(template: dict[str, Any], config: dict[str, Any], prices: dict[st
     ]
 
 
-# item 2 of issue 51, not built yet: the frequent, light maintenance flows (those due every 10 minutes or more often)
-# run by a process-pool worker in one small always-on service instead of a Fargate task per run; the hourly and daily
-# ones, and every pipeline run, stay on the ECS pool
-MAINTENANCE_POOL = "aws-maintenance"
-MAINTENANCE_SIZE = {"Cpu": "512", "Memory": "2048"}  # a worker and 4 flow processes (every flow imported: 208 MB)
-FREQUENT_MINUTES = 10
-
-
-def with_maintenance_service(template: dict[str, Any], config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The template and prefect.yaml as item 2 would have them: the frequent scheduled ECS deployments moved to the
-    maintenance pool, served by one more Fargate service of MAINTENANCE_SIZE."""
-    template, config = copy.deepcopy(template), copy.deepcopy(config)
-    hours = WEEK_HOURS  # launches per week: every 10 minutes is 1,008
-    for deployment in config["deployments"]:
-        crons = [s["cron"] for s in deployment.get("schedules") or [] if s.get("active", True)]
-        frequent = any(launches_per_month(cron, hours) >= hours * 60 / FREQUENT_MINUTES for cron in crons)
-        if deployment["work_pool"]["name"] == config["definitions"]["work_pools"]["ecs"]["name"] and frequent:
-            deployment["work_pool"] = {**deployment["work_pool"], "name": MAINTENANCE_POOL}
-    resources = template["Resources"]
-    definition = copy.deepcopy(resources["WorkerTaskDefinition"])
-    definition["Properties"] |= MAINTENANCE_SIZE
-    resources["MaintenanceTaskDefinition"] = definition
-    resources["MaintenanceService"] = copy.deepcopy(resources["WorkerService"])
-    resources["MaintenanceService"]["Properties"] |= {
-        "ServiceName": "prefect-maintenance-worker",
-        "TaskDefinition": {"Ref": "MaintenanceTaskDefinition"},
-    }
-    return template, config
-
-
 def unpriced(template: dict[str, Any]) -> list[str]:
     """The template's resource types neither priced nor named free."""
     kinds = {resource["Type"] for resource in template["Resources"].values()}
@@ -304,13 +280,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "--write-docs" in argv:
         DOCS_PATH.write_text(wanted)
-    if "--maintenance-service" in argv:  # what item 2 of issue 51 would change, before it is built
-        template, config = with_maintenance_service(json.loads(cfn.TEMPLATE_PATH.read_text()), cfn.prefect_config())
-        after = cost_lines(template, config, prices)
-        print(report(after, prices), end="")
-        before_total, after_total = sum(line.monthly for line in lines), sum(line.monthly for line in after)
-        print(f"\nbefore {before_total:,.2f}, with the maintenance service {after_total:,.2f} a month")
-        return 0
     print(report(lines, prices), end="")
     return 0
 

@@ -67,14 +67,25 @@ def test_the_docs_cost_section_is_the_scripts():
     assert total in cost.DOCS_PATH.read_text()
 
 
-def test_the_maintenance_service_scenario_keeps_only_the_hourly_and_daily_runs_on_fargate(committed):
+def test_only_the_hourly_and_daily_runs_launch_fargate_tasks_and_the_maintenance_service_is_priced(committed):
+    """Issue 51: the frequent maintenance flows run in the maintenance service (one small always-on task) rather
+    than a Fargate task per run; the hourly and daily ones stay on the ECS pool."""
     template, config, prices = committed
-    after_template, after_config = cost.with_maintenance_service(template, config)
     hours = prices["assumptions"]["hours_per_month"]["value"]
-    left = {line.name.split()[3] for line in cost.scheduled_lines(after_config, prices, hours)}
+    left = {line.name.split()[3] for line in cost.scheduled_lines(config, prices, hours)}
     assert left == {"ndjson-flush-orphans/ecs", "pipelines-retention/ecs"}
-    assert cost.unpriced(after_template) == []
-    before = sum(line.monthly for line in cost.cost_lines(template, config, prices))
-    after = cost.cost_lines(after_template, after_config, prices)
-    assert "Fargate service prefect-maintenance-worker" in {line.name for line in after}
-    assert sum(line.monthly for line in after) < before / 5
+    lines = {line.name: line for line in cost.cost_lines(template, config, prices)}
+    service = lines["Fargate service prefect-maintenance-worker"]
+    assert service.detail == "1 task x 0.5 vCPU / 2 GB x 730 h"
+    assert service.monthly == pytest.approx(cost.fargate_hourly(0.5, 2, prices) * hours)
+    assert sum(line.monthly for line in lines.values()) < 400  # $4,431 a month with a task per maintenance run
+
+
+def test_only_pipeline_health_alarms_count_as_its_readings(committed):
+    """The maintenance service's alarm reads Container Insights' RunningTaskCount: no reading of pipeline-health's."""
+    template, _, prices = committed
+    alarms = {n: r for n, r in template["Resources"].items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    theirs = [n for n, r in alarms.items() if r["Properties"]["Namespace"] == "ECS/ContainerInsights"]
+    assert theirs == ["AlarmMaintenanceWorkerNotRunning"]
+    [health] = [line for line in cost.monitoring_lines(template["Resources"], prices) if "pipeline-health" in line.name]
+    assert health.detail.startswith(f"{2 * (len(alarms) - 1)} metrics")

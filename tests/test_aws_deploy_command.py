@@ -62,9 +62,11 @@ def _block_id(client, slug: str):
 def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroys(moto_thread, prefect_side):
     import boto3
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import WorkPoolFilter, WorkPoolFilterName
+    from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL
 
-    from deployments.local_stack import ECS_WORK_POOL
+    from deployments.local_stack import ECS_WORK_POOL, MAINTENANCE_WORK_POOL, maintenance_base_job_template
 
     session = boto3.Session(region_name="us-east-1")
     ecr = session.client("ecr")
@@ -112,6 +114,7 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
             assert created["image"] == "pushed" and created["change_set"]["status"] == "CREATE_COMPLETE"
             assert created["prefect"]["deployments"] == "deployed"
             assert created["prefect"]["DynamoTables"] == created["prefect"]["ObjectStorage"] == "saved"
+            assert created["prefect"]["maintenance pool"] in ("created", "updated", "unchanged")  # the server's own
             builds = len(docker.builds)
             assert builds >= 1 and (f"{ecr.describe_repositories()['repositories'][0]['repositoryUri']}", "1.0") in [
                 (r, t) for r, t in docker.pushes
@@ -123,6 +126,13 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
                 assert pool["env"]["default"]["TABLE_GRANULES"] == f"granules-{env}"
                 assert pool["env"]["default"]["ETL_CATALOG_DATABASE"] == "ndjson_parquet"  # its default
                 assert pool["cloudwatch_logs_options"]["default"]["awslogs-group"] == f"/pipelines/{env}/flow-runs"
+                maintenance = client.read_work_pool(MAINTENANCE_WORK_POOL)  # the maintenance service's worker polls it
+                assert maintenance.type == "process"
+                assert maintenance.base_job_template == maintenance_base_job_template()
+                frequent = client.read_deployments(
+                    work_pool_filter=WorkPoolFilter(name=WorkPoolFilterName(any_=[MAINTENANCE_WORK_POOL]))
+                )
+                assert {d.name for d in frequent} == {"ecs"} and len(frequent) == 8
 
             again = aws.deploy(**arguments, session=session)
             assert again["image"] == "unchanged" and again["change_set"]["action"] == "NONE"
@@ -143,6 +153,9 @@ def test_one_command_creates_changes_nothing_the_second_time_updates_and_destroy
             kept = sorted(removed["kept"])
             assert len(kept) == 14 and f"AWS::S3::Bucket pipelines-123456789012-{env}" in kept
             assert all("RetainExceptOnCreate" in why for why in removed["kept"].values())
+            assert f"the {MAINTENANCE_WORK_POOL} pool" in removed["deleted"]
+            with get_client(sync_client=True) as client, pytest.raises(ObjectNotFound):
+                client.read_work_pool(MAINTENANCE_WORK_POOL)
             assert aws.stack_status(session.client("cloudformation"), f"pipelines-{env}") is None
         finally:
             os.environ.pop("DOCKER_HOST", None)

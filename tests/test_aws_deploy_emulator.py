@@ -191,16 +191,18 @@ def test_the_template_deploys_and_a_file_put_in_its_bucket_becomes_parquet(stack
         cluster=stack["outputs"]["EcsCluster"],
         services=[values[n] for n, r in template["Resources"].items() if r["Type"] == "AWS::ECS::Service"],
     )["services"]
-    assert len(services) == 1 + len(sqs.landing_queues()) and {s["desiredCount"] for s in services} == {1}
+    # the ecs pool's worker, the maintenance service's process worker, one listener per landing queue
+    assert len(services) == 2 + len(sqs.landing_queues()) and {s["desiredCount"] for s in services} == {1}
     groups = client("logs", s3_endpoint).describe_log_groups(logGroupNamePrefix=f"/pipelines/{env}/")["logGroups"]
-    assert len(groups) == 2 + len(sqs.landing_queues()) and {g["retentionInDays"] for g in groups} == {3}
+    assert len(groups) == 3 + len(sqs.landing_queues()) and {g["retentionInDays"] for g in groups} == {3}
     queue_url = stack["outputs"]["EtlQueueUrl"]
     attributes = client("sqs", s3_endpoint).get_queue_attributes(QueueUrl=queue_url, AttributeNames=["All"])[
         "Attributes"
     ]
     assert attributes["VisibilityTimeout"] == "360" and json.loads(attributes["RedrivePolicy"])["maxReceiveCount"] == 3
     roles = client("iam", s3_endpoint).list_roles()["Roles"]
-    assert {values[n] for n in ("TaskRole", "ExecutionRole", "WorkerRole")} <= {r["RoleName"] for r in roles}
+    made_roles = {r["RoleName"] for r in roles}
+    assert {values[n] for n in ("TaskRole", "ExecutionRole", "WorkerRole", "MaintenanceRole")} <= made_roles
 
     # the stand-ins: the bucket's configuration moto's CloudFormation leaves out, the tables in DynamoDB Local
     s3 = client("s3", s3_endpoint)

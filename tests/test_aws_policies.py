@@ -58,6 +58,7 @@ JUSTIFIED = {
     ("ExecutionRole", "CREDENTIALS_EXPOSURE"): "ecr:GetAuthorizationToken is how ECS pulls the image from ECR",
     ("WorkerRole", "PERMISSIONS_MANAGEMENT_ACTIONS"): "iam:PassRole of the flow runs' two roles, only to ECS tasks",
     ("TaskRole", "PERMISSIONS_MANAGEMENT_ACTIONS"): "iam:PassRole of the GPU task definitions' one role, to ECS tasks",
+    ("MaintenanceRole", "PERMISSIONS_MANAGEMENT_ACTIONS"): "gpu-sweep's restarts pass that same role, to ECS tasks",
 }
 PARLIAMENT = """
 import json, sys
@@ -192,6 +193,88 @@ def test_the_task_role_reads_metrics_and_registers_glue_partitions(world):
     assert [d[1] for d in denied] == ["cloudwatch:PutMetricData"]  # only pipeline-health's own namespace
 
 
+def maintenance_calls(world: aws_calls.StackWorld) -> list[dict]:
+    """What the maintenance service's flows call in AWS (read from their code): the sweeps' and cleanup's records
+    and objects, pipeline-health's queue depths and metrics, gpu-sweep's and gpu-node-healthcheck's cluster."""
+    world.own("bucket", "data")
+    world.own("cluster", "gpu")
+    world.resource_tags = {"i-1": {GPU_CLUSTER_TAG: "gpu"}}
+    prefix = world.values["StorePrefix"]
+    on = {"role": "maintenance", "where": "flows/"}
+    gpu = {**on, "service": "ecs", "where": "tasks/gpu/backends.py:0"}
+    instance = f"{world.gpu_cluster().replace(':cluster/', ':container-instance/')}/c1"
+    update = {"Update": {"TableName": "phspectra-runs"}}
+    check = {"ConditionCheck": {"TableName": "ecs_node"}}
+    lock = "video-reassembly-locks-test"
+    return [
+        {**on, "service": "dynamodb", "operation": "Query", "params": {"TableName": "video-jobs-test"}},
+        {**on, "service": "dynamodb", "operation": "TransactWriteItems", "params": {"TransactItems": [update, check]}},
+        {**on, "service": "dynamodb", "operation": "DeleteItem", "params": {"TableName": lock}},
+        {**on, "service": "s3", "operation": "ListObjectsV2", "params": {"Bucket": "data", "Prefix": f"{prefix}/"}},
+        {**on, "service": "s3", "operation": "PutObject", "params": {"Bucket": "data", "Key": f"{prefix}/runs/r"}},
+        {**on, "service": "s3", "operation": "DeleteObject", "params": {"Bucket": "data", "Key": f"{prefix}/output/j"}},
+        {**on, "service": "sqs", "operation": "GetQueueUrl", "params": {"QueueName": "video-chunking-dlq-test"}},
+        {
+            **on,
+            "service": "sqs",
+            "operation": "GetQueueAttributes",
+            "params": {"QueueUrl": "http://q/1/video-chunking-test"},
+        },
+        {**on, "service": "cloudwatch", "operation": "GetMetricStatistics", "params": {"Namespace": "AWS/SQS"}},
+        {**on, "service": "cloudwatch", "operation": "PutMetricData", "params": {"Namespace": "Pipelines"}},
+        {**gpu, "operation": "ListContainerInstances", "params": {"cluster": "gpu"}},
+        {**gpu, "operation": "ListTasks", "params": {"cluster": "gpu", "containerInstance": instance}},
+        {**gpu, "operation": "StartTask", "params": {"cluster": "gpu", "taskDefinition": "dcgm"}},
+        {**gpu, "operation": "StopTask", "params": {"cluster": "gpu", "task": "t1"}},
+        {**gpu, "service": "ec2", "operation": "RebootInstances", "params": {"InstanceIds": ["i-1"]}},
+    ]
+
+
+def test_the_maintenance_role_allows_what_its_flows_do_and_nothing_of_the_pipelines_heavy_work(world):
+    """Issue 51: the maintenance service's role is its flows' share of the task role: their records, objects, queue
+    depths, metrics and the GPU cluster; not a landing message (the listeners' own), the Glue catalog (the merge's),
+    a SageMaker endpoint (video-process's inference), nor a flow-run task on the stack's cluster (the worker's)."""
+    calls = maintenance_calls(world)
+    assert evaluate(world, calls) == ([], len(calls) + 1)  # a transaction's two items
+    sqs = {"service": "sqs", "role": "maintenance", "where": "flows/"}
+    queue = {"QueueUrl": "http://q/1/ndjson-parquet-file-events-test"}
+    denied_calls = [
+        *({**sqs, "operation": op, "params": queue} for op in ("ReceiveMessage", "DeleteMessage")),
+        {**sqs, "operation": "ChangeMessageVisibility", "params": queue},
+        {
+            "service": "glue",
+            "operation": "CreatePartition",
+            "role": "maintenance",
+            "where": "tasks/etl/catalog.py",
+            "params": {"DatabaseName": "ndjson_parquet", "TableName": "merged_parquet"},
+        },
+        {
+            "service": "sagemaker-runtime",
+            "operation": "InvokeEndpointAsync",
+            "role": "maintenance",
+            "where": "tasks/video/inference.py:0",
+            "params": {"EndpointName": "text-redact"},
+        },
+        *({**call, "role": "maintenance"} for call in run_task_as_prefect_aws(world)),
+    ]
+    denied, decided = evaluate(world, denied_calls)
+    assert {d[1] for d in denied} == {
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "glue:CreatePartition",
+        "sagemaker:InvokeEndpointAsync",
+        "ecs:RegisterTaskDefinition",
+        "ecs:RunTask",
+        "ecs:TagResource",
+        "iam:PassRole",
+    }
+    assert len(denied) == decided  # every authorization of them
+    # the same calls as the task role: it may (what the pipelines' heavy runs do), so only the role differs
+    as_task = [{**call, "role": "task"} for call in denied_calls[:5]]
+    assert evaluate(world, as_task)[0] == []
+
+
 def test_conditions_hold_as_iam_evaluates_them():
     context = {"aws:SecureTransport": ("true",), "ecs:cluster": ("arn:aws:ecs:r:1:cluster/c",)}
     assert condition_holds({"Bool": {"aws:SecureTransport": "true"}}, context)
@@ -206,7 +289,7 @@ def test_conditions_hold_as_iam_evaluates_them():
 def test_parliament_finds_nothing_in_any_role_but_what_is_justified(world):
     roles = {
         role: {"Version": "2012-10-17", "Statement": statements_of(world, role)}
-        for role in ("ExecutionRole", "TaskRole", "WorkerRole")
+        for role in ("ExecutionRole", "TaskRole", "WorkerRole", "MaintenanceRole")
     }
     result = subprocess.run(
         [str(TOOLS / "python"), "-c", PARLIAMENT],

@@ -125,10 +125,10 @@ def test_a_landing_whose_listener_has_no_ecs_deployment_is_an_error_naming_it():
     assert set(cfn.listener_deployments()) == set(sqs.landing_queues())  # the registry's own landings all have one
 
 
-def test_the_worker_and_each_listener_are_services_of_one_task_never_two():
+def test_the_workers_and_each_listener_are_services_of_one_task_never_two():
     services = of_type("AWS::ECS::Service")
     listeners = cfn.listener_deployments()
-    assert len(services) == 1 + len(listeners) == 1 + len(sqs.landing_queues())
+    assert len(services) == 2 + len(listeners) == 2 + len(sqs.landing_queues())
     for service in services.values():
         properties = service["Properties"]
         assert properties["DesiredCount"] == 1 and properties["DeploymentConfiguration"]["MaximumPercent"] == 100
@@ -137,6 +137,10 @@ def test_the_worker_and_each_listener_are_services_of_one_task_never_two():
         definition = RESOURCES[service["Properties"]["TaskDefinition"]["Ref"]]["Properties"]
         commands[service["Properties"]["ServiceName"]] = definition["ContainerDefinitions"][0]["Command"]
     assert commands["prefect-worker"][:4] == ["prefect", "worker", "start", "--pool"]
+    assert commands["prefect-maintenance-worker"] == [
+        *("prefect", "worker", "start", "--pool", "aws-maintenance", "--type", "process", "--limit", "4"),
+        "--with-healthcheck",
+    ]
     for pipeline, deployment in listeners.items():
         command = commands[deployment["entrypoint"].split(":")[1].replace("_", "-")]
         flow = registry_landings()[pipeline].flow
@@ -145,22 +149,49 @@ def test_the_worker_and_each_listener_are_services_of_one_task_never_two():
         assert deployment["triggers"] == []  # ECS supervises it: no trigger starts a second listener
 
 
+def test_the_maintenance_service_is_small_has_the_workers_health_check_its_own_logs_role_and_alarm():
+    """Issue 51: half a vCPU and 2 GiB (the worker and 4 flow processes), the image as every service runs it (its
+    non-root user, read-only root, /tmp scratch), the worker's health check, a log group and role of its own, and
+    an alarm when it runs no task (pipeline-health runs in it, so cannot report it down)."""
+    definition = RESOURCES["MaintenanceTaskDefinition"]["Properties"]
+    worker = RESOURCES["WorkerTaskDefinition"]["Properties"]
+    assert (definition["Cpu"], definition["Memory"]) == ("512", "2048")
+    assert definition["TaskRoleArn"] == {"Fn::GetAtt": ["MaintenanceRole", "Arn"]}
+    [container], [worker_container] = definition["ContainerDefinitions"], worker["ContainerDefinitions"]
+    assert container["HealthCheck"] == worker_container["HealthCheck"] == cfn.WORKER_HEALTH_CHECK
+    for same in ("Image", "ReadonlyRootFilesystem", "MountPoints", "WorkingDirectory", "Secrets"):
+        assert container[same] == worker_container[same], same
+    assert definition["Volumes"] == worker["Volumes"]
+    assert container["LogConfiguration"]["Options"]["awslogs-group"] == {"Ref": "MaintenanceLogGroup"}
+    env = {e["Name"] for e in container["Environment"]}
+    assert {"TABLE_ENV", "OBJECT_STORE_BASE_URL", "PREFECT_API_URL", "HOME"} <= env  # its flow runs inherit it
+    assert not [name for name in env if name.startswith("PIPELINES_") and name.endswith("_QUEUE_URL")]
+    alarm = RESOURCES["AlarmMaintenanceWorkerNotRunning"]["Properties"]
+    assert (alarm["Namespace"], alarm["MetricName"]) == ("ECS/ContainerInsights", "RunningTaskCount")
+    assert {"Name": "ServiceName", "Value": "prefect-maintenance-worker"} in alarm["Dimensions"]
+    assert alarm["ComparisonOperator"] == "LessThanThreshold" and alarm["Threshold"] == 1
+    assert alarm["TreatMissingData"] == "breaching" and alarm["AlarmActions"] == [{"Ref": "AlarmTopic"}]
+    dashboard = json.dumps(RESOURCES["Dashboard"]["Properties"]["DashboardBody"])
+    assert "prefect-maintenance-worker" in dashboard
+
+
 def test_roles_name_their_resources():
     """The pipelines' role names every table, queue and the bucket it may touch; no statement grants ``*`` actions."""
     roles = of_type("AWS::IAM::Role")
-    assert set(roles) == {"ExecutionRole", "TaskRole", "WorkerRole"}
+    assert set(roles) == {"ExecutionRole", "TaskRole", "WorkerRole", "MaintenanceRole"}
     for name, role in roles.items():
         for statement in role["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]:
             statement = statement.get("Fn::If", [None, statement])[1]
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
             assert not [a for a in actions if "*" in a], (name, actions)
-            if name == "TaskRole" and statement["Resource"] == "*":  # only actions that take no resource ARN
+            flow_runs = name in ("TaskRole", "MaintenanceRole")
+            if flow_runs and statement["Resource"] == "*":  # only actions that take no resource ARN
                 no_arn = (["cloudwatch:GetMetricStatistics"], ["cloudwatch:PutMetricData"], ["ec2:DescribeInstances"])
                 assert actions in no_arn, statement
                 assert actions[0] != "cloudwatch:PutMetricData" or statement["Condition"] == {
                     "StringEquals": {"cloudwatch:namespace": "Pipelines"}
                 }  # readings put only in pipeline-health's namespace
-            elif name == "TaskRole":  # a wildcard only as an ARN's last part or after a name-prefix parameter
+            elif flow_runs:  # a wildcard only as an ARN's last part or after a name-prefix parameter
                 resources = json.dumps(statement["Resource"]).replace("/*", "").replace("${VideoEndpointPrefix}*", "")
                 assert "*" not in resources, statement
     trust = roles["TaskRole"]["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]

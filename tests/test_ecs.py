@@ -19,9 +19,12 @@ import yaml
 moto = pytest.importorskip("moto")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ECS_DEPLOYMENTS = [
+AWS_DEPLOYMENTS = [
     d for d in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"] if d["name"] == "ecs"
 ]
+ECS_DEPLOYMENTS = [d for d in AWS_DEPLOYMENTS if d["work_pool"]["name"] == "aws-ecs"]
+# the frequent maintenance flows: processes of the maintenance service's worker (infra/cloudformation.py)
+MAINTENANCE_DEPLOYMENTS = [d for d in AWS_DEPLOYMENTS if d["work_pool"]["name"] == "aws-maintenance"]
 ACCOUNT = "123456789012"
 AWS_ENV = {  # what README's "Pointing it at AWS" sets before `prefect deploy --name ecs`
     "PIPELINES_IMAGE_REPOSITORY": f"{ACCOUNT}.dkr.ecr.us-east-1.amazonaws.com/pipelines",
@@ -158,6 +161,27 @@ def test_the_local_pool_starts_the_engine_through_the_fork_server():
     template = _old_pool_gets_the_template("process", "WORK_POOL", "local-process")
     command = template["variables"]["properties"]["command"]["default"]
     assert shlex.split(command) == [sys.executable, str(local_stack.FORKSERVER), "run", local_stack.engine_socket()]
+
+
+def test_the_maintenance_pool_is_a_process_pool_whose_runs_use_the_images_interpreter():
+    """`make up` and the deploy make aws-maintenance with the process worker's own template: no local fork server
+    command (the maintenance service's worker starts each run with the image's Python), and each maintenance
+    deployment's job variables are ones that template takes."""
+    import jsonschema
+    from prefect.client.orchestration import get_client
+    from prefect.workers.process import ProcessWorker
+
+    from deployments.local_stack import MAINTENANCE_WORK_POOL, create_work_pools
+
+    with get_client(sync_client=True) as client:
+        create_work_pools(client)
+        pool = client.read_work_pool(MAINTENANCE_WORK_POOL)
+    assert pool.type == "process" and pool.base_job_template == ProcessWorker.get_default_base_job_template()
+    assert pool.base_job_template["variables"]["properties"]["command"].get("default") is None
+    assert len(MAINTENANCE_DEPLOYMENTS) == 8
+    schema = {**pool.base_job_template["variables"], "additionalProperties": False}
+    for deployment in MAINTENANCE_DEPLOYMENTS:  # none of the ECS pool's (image, cpu, roles): the service has them
+        jsonschema.validate(deployment["work_pool"].get("job_variables") or {}, schema)
 
 
 @pytest.mark.parametrize("deployment", ECS_DEPLOYMENTS, ids=lambda d: d["entrypoint"].split(":")[1])

@@ -21,6 +21,7 @@ CONFIG = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
 DEPLOYMENTS = CONFIG["deployments"]
 SUBFLOWS = {"phspectra-fit-chunks"}  # run only inside their parent flow
 MAINTENANCE_FLOWS = set(limits.maintenance_flows())
+LOCAL_POOL, ECS_POOL, MAINTENANCE_POOL = "local-process", "aws-ecs", "aws-maintenance"
 
 
 def _flow(entrypoint: str):
@@ -42,14 +43,15 @@ def test_each_deployment_imports_and_its_parameters_fit_the_flow(deployment):
     # required parameters may be left to run time; what is given must validate
     jsonschema.validate(params, {**schema, "required": []})
     assert deployment["enforce_parameter_schema"] is True
-    assert deployment["work_pool"]["name"] in ("local-process", "aws-ecs")
+    assert deployment["work_pool"]["name"] in (LOCAL_POOL, ECS_POOL, MAINTENANCE_POOL)
 
 
-def test_every_flow_is_deployed_on_both_pools():
+def test_every_flow_is_deployed_locally_and_in_aws():
     by_flow: dict[str, set[str]] = {}
     for deployment in DEPLOYMENTS:
         by_flow.setdefault(deployment["entrypoint"], set()).add(deployment["work_pool"]["name"])
-    assert all(pools == {"local-process", "aws-ecs"} for pools in by_flow.values()), by_flow
+    aws = ({LOCAL_POOL, ECS_POOL}, {LOCAL_POOL, MAINTENANCE_POOL})  # each flow in one AWS pool
+    assert all(pools in aws for pools in by_flow.values()), by_flow
     deployed_names = {_flow(e).name for e in by_flow}
     on_disk = set()
     for module in sorted((REPO_ROOT / "flows").glob("[!_]*.py")):
@@ -76,6 +78,43 @@ def test_maintenance_flows_are_scheduled():
     assert MAINTENANCE_FLOWS <= set(scheduled), MAINTENANCE_FLOWS - set(scheduled)
     # replay needs a person: its schedule exists but is off
     assert all(s["active"] is False for s in scheduled["records-replay-dla"])
+
+
+def test_the_frequent_maintenance_flows_run_in_the_maintenance_service_and_the_rest_on_ecs():
+    """Issue 51: an AWS deployment due every 10 minutes or more often is a process of the maintenance service's
+    worker (aws-maintenance), not a Fargate task per run; the hourly and daily ones and every pipeline run stay on
+    the ECS pool. The maintenance set runs the stack's image as the service has it: no build, push or job variable."""
+    from infra.cost import launches_per_month
+
+    week = 7 * 24
+    aws = [d for d in DEPLOYMENTS if d["name"] == "ecs"]
+    frequent = {
+        _flow(d["entrypoint"]).name
+        for d in aws
+        if any(
+            s.get("active", True) and launches_per_month(s["cron"], week) >= week * 6 for s in d.get("schedules") or []
+        )
+    }
+    assert frequent == {
+        "phspectra-sweep-stuck",
+        "ndjson-merge-breaker",
+        "gpu-sweep",
+        "gpu-node-healthcheck",
+        "video-delete-cleanup",
+        "video-sweep-stuck",
+        "records-reconcile",
+        "pipeline-health",
+    }
+    for deployment in aws:
+        name = _flow(deployment["entrypoint"]).name
+        pool = deployment["work_pool"]
+        assert pool["name"] == (MAINTENANCE_POOL if name in frequent else ECS_POOL), name
+        if pool["name"] == MAINTENANCE_POOL:
+            assert pool == CONFIG["definitions"]["work_pools"]["maintenance"], name
+            assert "build" not in deployment and "push" not in deployment, name
+            assert deployment["pull"] == CONFIG["definitions"]["pulls"]["ecs"], name  # the image's checkout
+        else:
+            assert deployment["build"] == CONFIG["definitions"]["images"]["ecs_build"], name
 
 
 def assert_ecs_image_built_and_pushed(docker) -> None:
@@ -112,7 +151,13 @@ def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
-    from deployments.local_stack import ECS_WORK_POOL, LOCAL_DEPLOYMENTS, create_work_pools, retire_unserved_deployments
+    from deployments.local_stack import (
+        ECS_WORK_POOL,
+        LOCAL_DEPLOYMENTS,
+        aws_work_pools,
+        create_work_pools,
+        retire_unserved_deployments,
+    )
 
     with get_client(sync_client=True) as client:
         create_work_pools(
@@ -150,7 +195,8 @@ def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):
         deployed = client.read_deployments()
         assert {(flows[d.flow_id], d.name, d.work_pool_name) for d in deployed} >= expected
         image = f"{ECS_IMAGE['PIPELINES_IMAGE_REPOSITORY']}:{ECS_IMAGE['PIPELINES_IMAGE_TAG']}"
-        assert {d.job_variables["image"] for d in deployed if d.name == "ecs"} == {image}  # the image it built
+        on_ecs = [d for d in deployed if d.work_pool_name == ECS_WORK_POOL]
+        assert {d.job_variables["image"] for d in on_ecs} == {image}  # the image it built
         # the server's scheduler path really creates runs (it fails on SQLAlchemy 2.1 with prefect 3.8)
         sweep = next(d for d in deployed if flows[d.flow_id] == "phspectra-sweep-stuck" and d.name == "ecs")
         response = client._client.post(f"/deployments/{sweep.id}/schedule", json={"max_runs": 3})
@@ -160,10 +206,11 @@ def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):
             len([r for r in client.read_flow_runs(deployment_filter=only_sweep) if r.state_type.value == "SCHEDULED"])
             >= 3
         )
-        ecs = [d for d in deployed if d.work_pool_name == ECS_WORK_POOL]
+        unserved = [d for d in deployed if d.work_pool_name in aws_work_pools()]
+        assert {d.work_pool_name for d in unserved} == set(aws_work_pools())  # aws-ecs and aws-maintenance
         retired, deleted_runs = retire_unserved_deployments(client)
-        assert retired == len(ecs) and deleted_runs >= 3
+        assert retired == len(unserved) and deleted_runs >= 3
         left = client.read_deployments()
-        assert not [d for d in left if d.work_pool_name == ECS_WORK_POOL]
+        assert not [d for d in left if d.work_pool_name in aws_work_pools()]
         assert not client.read_flow_runs(deployment_filter=only_sweep)
         assert {d.id for d in left} >= {d.id for d in deployed if d.name == "local"}

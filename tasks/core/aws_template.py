@@ -2,8 +2,9 @@
 few intrinsic functions it is written with.
 
     tasks/<pipeline>/aws.py: PARTS = AwsParts(...) ──Pipeline.aws──▶ infra/cloudformation.py: its stack parameters,
-        the conditions on them, its statements in the pipelines' task role, its objects' lifecycle rules, the
-        environment its containers read the parameters from
+        the conditions on them, its statements in the pipelines' task role (and those its maintenance flows need in
+        the maintenance service's role), its objects' lifecycle rules, the environment its containers read the
+        parameters from
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class AwsParts:
     parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # stack parameter -> its declaration
     conditions: Mapping[str, str] = field(default_factory=dict)  # condition -> the parameter it needs non-empty
     statements: Sequence[Mapping[str, Any]] = ()  # the pipelines' task role's statements (``when`` for a condition)
+    # what its maintenance flows need of ``statements``: the maintenance service's role (they run in that service)
+    maintenance_statements: Sequence[Mapping[str, Any]] = ()
     expiring: Mapping[str, str] = field(default_factory=dict)  # lifecycle rule name -> the key prefix it expires
     expiring_days: int = 0  # how long objects under ``expiring`` are kept
     environment: Mapping[str, str] = field(default_factory=dict)  # container env variable -> the parameter it carries

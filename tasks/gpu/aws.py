@@ -91,11 +91,15 @@ def cluster_statements() -> list[dict[str, Any]]:
     ]
 
 
+STATEMENTS = [
+    *(when("HasGpuCluster", s) for s in cluster_statements()),
+    when("HasGpuTaskRole", pass_role_statement()),
+]
 PARTS = AwsParts(
     parameters={"GpuClusterName": CLUSTER, "GpuTaskRoleArn": TASK_ROLE},
     conditions={"HasGpuCluster": "GpuClusterName", "HasGpuTaskRole": "GpuTaskRoleArn"},
-    statements=[
-        *(when("HasGpuCluster", s) for s in cluster_statements()),
-        when("HasGpuTaskRole", pass_role_statement()),
-    ],
+    statements=STATEMENTS,
+    # gpu-sweep restarts jobs' tasks (StartTask, StopTask, reboot) and gpu-node-healthcheck starts health tasks on
+    # the nodes: both drive the cluster as a job does
+    maintenance_statements=STATEMENTS,
 )

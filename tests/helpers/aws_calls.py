@@ -196,7 +196,8 @@ def pytest_configure(config) -> None:
 ACCOUNT, REGION, ENV = "123456789012", "us-east-1", "test"
 GPU_CLUSTER, VIDEO_ENDPOINT_PREFIX = "gpu-test", "pipelines-video-"  # the test stack's GPU cluster and endpoints
 GPU_BACKEND = str(Path("tasks") / "gpu" / "backends.py")  # its ECS calls are on the GPU cluster, not the stack's
-TEMPLATE_ROLES = {"worker": "WorkerRole", "task": "TaskRole", "listener": "TaskRole"}
+# "maintenance": the maintenance service's flows (their code is the task role's; tests name it for the service)
+TEMPLATE_ROLES = {"worker": "WorkerRole", "task": "TaskRole", "listener": "TaskRole", "maintenance": "MaintenanceRole"}
 MULTIVALUED = "multivalued:"  # supported_condition_keys: the multivalued keys of an action
 GLOBAL_KEYS = ("aws:SecureTransport", "aws:CurrentTime", "aws:PrincipalArn", "aws:PrincipalAccount")
 SAR_SCRIPT = """
