@@ -278,6 +278,7 @@ class BudgetProxy:
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.run_ids: set[str] = set()
+        self.connections: set[asyncio.Task] = set()
 
     def start(self) -> BudgetProxy:
         threading.Thread(target=self._run, daemon=True, name="api-budget-proxy").start()
@@ -306,6 +307,7 @@ class BudgetProxy:
         self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     async def _connection(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections.add(asyncio.current_task())  # held: a task only the loop knows may be collected mid-way
         # the caller is looked up (/proc) while the first request is forwarded: it costs the client no wait
         caller = asyncio.ensure_future(asyncio.to_thread(self.callers.caller, client_w.get_extra_info("peername")[1]))
         try:
@@ -313,6 +315,7 @@ class BudgetProxy:
                 HOST, self.upstream_port, ssl=self.upstream_ssl, server_hostname=HOST, limit=1 << 24
             )
         except OSError:
+            self.connections.discard(asyncio.current_task())
             client_w.close()
             return
         try:
@@ -320,6 +323,7 @@ class BudgetProxy:
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ssl.SSLError, ValueError):
             pass
         finally:
+            self.connections.discard(asyncio.current_task())
             for writer in (client_w, up_w):
                 with contextlib.suppress(Exception):
                     writer.close()
