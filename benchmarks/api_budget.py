@@ -483,12 +483,23 @@ def report(feed: dict, minutes: float, landed: dict[str, int], names: dict, idle
             f"\n  idle background ({idle_min:.1f} min, nothing landing): {r:.1f} req/min, {le:.1f} logs+events/min"
         )
         out.append(f"    requests/min by caller: {detail}")
+        out += [f"    {line}" for line in caller_routes(idle, names, callers=4)]
     routes = collections.Counter()
     for (_, kind), n in feed["requests"].items():
         routes[kind] += n
     costliest = ", ".join(f"{k} {n}" for k, n in routes.most_common(12))
     out.append(f"\n  costliest routes (requests over the feed): {costliest}")
+    out += [f"  {line}" for line in caller_routes(feed, names)]
     return "\n".join(out)
+
+
+def caller_routes(counts: dict, names: dict, callers: int = 6, routes: int = 6) -> list[str]:
+    """The costliest callers' own costliest routes: where a caller's requests go."""
+    by_caller: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for (caller, kind), n in counts["requests"].items():
+        by_caller[caller_label(caller, names)][kind] += n
+    ranked = sorted(by_caller.items(), key=lambda kv: -sum(kv[1].values()))[:callers]
+    return [f"{label}: " + ", ".join(f"{kind} {n}" for kind, n in kinds.most_common(routes)) for label, kinds in ranked]
 
 
 def main() -> int:
