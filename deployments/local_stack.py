@@ -37,8 +37,9 @@ LOGS = DATA / "logs"
 HOST = "127.0.0.1"
 DYNAMODB_PORT = int(os.environ.get("DYNAMODB_LOCAL_PORT", "8000"))
 PREFECT_PORT = int(os.environ.get("PREFECT_SERVER_PORT", "4200"))
-# the port the stack's clients call: the server's own, or a counting proxy's in front of it (benchmarks/api_budget.py)
-API_CLIENT_PORT = int(os.environ.get("PIPELINES_API_CLIENT_PORT") or PREFECT_PORT)
+# the port the stack's clients call where it is not the server's own: a counting proxy's in front of it
+# (benchmarks/api_budget.py); None: the server's
+API_CLIENT_PORT = int(os.environ["PIPELINES_API_CLIENT_PORT"]) if os.environ.get("PIPELINES_API_CLIENT_PORT") else None
 WORK_POOL = os.environ.get("LOCAL_WORK_POOL", "local-process")
 ECS_WORK_POOL = os.environ.get("ECS_WORK_POOL", "aws-ecs")
 ENV_FILE = DATA / "local.env"
@@ -102,7 +103,7 @@ def api_certificate() -> Path:
 
 def api_url() -> str:
     """The stack's Prefect API: TLS on loopback, under the stack's own certificate."""
-    return f"https://{HOST}:{API_CLIENT_PORT}/api"
+    return f"https://{HOST}:{API_CLIENT_PORT or PREFECT_PORT}/api"
 
 
 def launch_key(create: bool = False) -> str | None:
@@ -384,7 +385,7 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
         "DYNAMODB_LOCAL_PORT": str(DYNAMODB_PORT),
         "PREFECT_SERVER_PORT": str(PREFECT_PORT),
         # a counting proxy's port where one is in front (a changed program's environment: restarted by `up`)
-        **({"PIPELINES_API_CLIENT_PORT": str(API_CLIENT_PORT)} if API_CLIENT_PORT != PREFECT_PORT else {}),
+        **({"PIPELINES_API_CLIENT_PORT": str(API_CLIENT_PORT)} if API_CLIENT_PORT else {}),
         "PREFECT_POSTGRES_PORT": str(POSTGRES_PORT),
         "PREFECT_SERVER_DB": server_db(),
         "LOCAL_WORK_POOL": WORK_POOL,
