@@ -638,6 +638,14 @@ def main() -> int:
     parser.add_argument("--drain", type=float, default=600, help="seconds to wait after the feed for the backlog")
     parser.add_argument("--memory-every", type=float, default=600.0, help="seconds between memory samples")
     parser.add_argument("--tick", type=float, default=15, help="seconds between backlog samples")
+    parser.add_argument(
+        "--api-budget",
+        action="store_true",
+        help="count every Prefect API request, log line and event through a proxy (benchmarks/api_budget.py)",
+    )
+    parser.add_argument(
+        "--idle", type=float, default=120, help="with --api-budget: seconds of idle count before the feed"
+    )
     parser.add_argument("--quick", action="store_true", help="1.5 minutes, ETL 1 file/s, a video, records, a cube")
     args = parser.parse_args()
     if args.quick:
@@ -666,6 +674,7 @@ def main() -> int:
         f"load average {os.getloadavg()[0]:.1f} at start",
         flush=True,
     )
+    proxy = start_budget_proxy(data, env) if args.api_budget else None
     t0 = time.monotonic()
     failed_exit = 0
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -687,14 +696,45 @@ def main() -> int:
                 for k in ("PIPELINES_DATA_DIR", "DYNAMODB_LOCAL_PORT", "PREFECT_SERVER_PORT", "PREFECT_POSTGRES_PORT")
             }
         )
-        failed_exit = run_soak(args, root, data, env)
+        failed_exit = run_soak(args, root, data, env, proxy)
     finally:
         print(stack("down", env).strip(), flush=True)
+        if proxy:
+            proxy.stop()
         shutil.rmtree(root, ignore_errors=True)
     return failed_exit
 
 
-def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
+def start_budget_proxy(data: Path, env: dict[str, str]):
+    """The counting proxy (benchmarks/api_budget.py) on a port of its own in front of the stack's server, with the
+    stack's certificate: the stack's clients get its port (``PIPELINES_API_CLIENT_PORT``), the server keeps its own."""
+    from benchmarks.api_budget import BudgetProxy
+    from deployments import stack_tls
+
+    data.mkdir(parents=True, exist_ok=True)
+    cert, key = stack_tls.certificate_files(data / "secrets")
+    proxy = BudgetProxy(0, int(env["PREFECT_SERVER_PORT"]), cert, key).start()
+    env["PIPELINES_API_CLIENT_PORT"] = str(proxy.listen_port)
+    return proxy
+
+
+def budget_report(proxy, windows: dict, landed: dict[str, int]) -> str:
+    """``api_budget.report`` over the feed window, with the idle window's per minute."""
+    from benchmarks import api_budget
+
+    (idle_a, idle_b, idle_s), (feed_a, feed_b, feed_s) = windows["idle"], windows["feed"]
+    names = api_budget.run_names(proxy.run_ids, f"https://127.0.0.1:{proxy.upstream_port}/api")
+    return api_budget.report(
+        api_budget.between(feed_a, feed_b),
+        feed_s / 60,
+        landed,
+        names,
+        api_budget.between(idle_a, idle_b),
+        idle_s / 60,
+    )
+
+
+def run_soak(args, root: Path, data: Path, env: dict[str, str], proxy=None) -> int:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
@@ -704,11 +744,18 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
         )  # the listeners' runs start after `up` returns: the start figures wait for them
         while sum(name.endswith("-listen/local") for name in stack_processes(data)) < 4 and time.monotonic() < deadline:
             time.sleep(3)
+        budget: dict = {}
+        if proxy:  # the stack's background alone first: what it costs with nothing landing
+            idle_from, t = proxy.counts.snapshot(), time.monotonic()
+            print(f"-- counting the idle stack for {args.idle:g} s", flush=True)
+            time.sleep(args.idle)
+            budget["idle"] = (idle_from, proxy.counts.snapshot(), time.monotonic() - t)
         memory_start, db_start, cpu_start = memory(data), database_mb(data), stack_cpu_s(data)
         feed_s = args.minutes * 60
         kills = sorted((at, what) for what in KILLABLE if (at := getattr(args, f"kill_{what}_at")))
         recoveries: list[float] = []
         began = time.monotonic()
+        feed_from = proxy.counts.snapshot() if proxy else None
         threads = feeders.start()
         probe = ApiProbe()
         threading.Thread(target=probe.run, daemon=True).start()
@@ -726,6 +773,8 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
                 probe.stop.set()
                 for thread in threads:
                     thread.join(60)
+                if proxy:
+                    budget["feed"] = (feed_from, proxy.counts.snapshot(), time.monotonic() - began)
                 stopped = True
                 drain = "no drain (stopped early)" if STOP_EARLY.is_set() else f"draining (at most {args.drain:g} s)"
                 print(f"-- feed stopped at {now:.0f} s; {drain}", flush=True)
@@ -819,6 +868,9 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str]) -> int:
     )
     print(probe.figures(feed_s))
     print(server_errors(data))
+    if proxy and "feed" in budget:
+        landed = {name: len(ledger.arrived) for name, ledger in feeders.ledgers.items()}
+        print(budget_report(proxy, budget, landed))
     print(f"load average at the end: {os.getloadavg()} on {os.cpu_count()} cores (shared machine: other work counts)")
     wrong = lost_total or doubles or extra_rows
     print("RESULT: " + ("FAILED: lost or duplicated data" if wrong else "nothing lost or duplicated"))

@@ -37,6 +37,9 @@ LOGS = DATA / "logs"
 HOST = "127.0.0.1"
 DYNAMODB_PORT = int(os.environ.get("DYNAMODB_LOCAL_PORT", "8000"))
 PREFECT_PORT = int(os.environ.get("PREFECT_SERVER_PORT", "4200"))
+# the port the stack's clients call where it is not the server's own: a counting proxy's in front of it
+# (benchmarks/api_budget.py); None: the server's
+API_CLIENT_PORT = int(os.environ["PIPELINES_API_CLIENT_PORT"]) if os.environ.get("PIPELINES_API_CLIENT_PORT") else None
 WORK_POOL = os.environ.get("LOCAL_WORK_POOL", "local-process")
 ECS_WORK_POOL = os.environ.get("ECS_WORK_POOL", "aws-ecs")
 # the AWS stack's process pool of the frequent maintenance flows (its worker runs in the stack's maintenance service)
@@ -102,7 +105,7 @@ def api_certificate() -> Path:
 
 def api_url() -> str:
     """The stack's Prefect API: TLS on loopback, under the stack's own certificate."""
-    return f"https://{HOST}:{PREFECT_PORT}/api"
+    return f"https://{HOST}:{API_CLIENT_PORT or PREFECT_PORT}/api"
 
 
 def launch_key(create: bool = False) -> str | None:
@@ -138,6 +141,9 @@ def local_env() -> dict[str, str]:
         # a request the server (or its database) cannot answer is retried after 2, 4 ... 128 s: about four minutes,
         # so a client rides out the server's restart by the supervisor (Prefect's default, 5, gives up after a minute)
         "PREFECT_CLIENT_MAX_RETRIES": "7",
+        # the server's CSRF protection is off (Prefect's default): without this every new client asks for a token
+        # first (GET /csrf-token, answered 422), one request more per flow run and per `get_client`
+        "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED": "false",
         "PREFECT_HOME": str(DATA / "prefect"),
         "OBJECT_STORE_BASE_URL": os.environ.get("OBJECT_STORE_BASE_URL", (DATA / "objects").as_uri()),
         "PIPELINES_ROOT": str(REPO_ROOT),  # prefect.yaml's pull step: where the local worker runs flows
@@ -383,6 +389,8 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
         "PIPELINES_DATA_DIR": str(DATA),
         "DYNAMODB_LOCAL_PORT": str(DYNAMODB_PORT),
         "PREFECT_SERVER_PORT": str(PREFECT_PORT),
+        # a counting proxy's port where one is in front (a changed program's environment: restarted by `up`)
+        **({"PIPELINES_API_CLIENT_PORT": str(API_CLIENT_PORT)} if API_CLIENT_PORT else {}),
         "PREFECT_POSTGRES_PORT": str(POSTGRES_PORT),
         "PREFECT_SERVER_DB": server_db(),
         "LOCAL_WORK_POOL": WORK_POOL,
@@ -757,30 +765,44 @@ def listener_deployments() -> tuple[str, ...]:
 
 
 def _listener_runs(client, state_types: list) -> dict[str, tuple]:
-    """Each deployed listener -> (its deployment, its runs in ``state_types``); names not deployed are left out."""
+    """Each deployed listener -> (its deployment, its runs in ``state_types``); names not deployed are left out.
+    Three API calls for every listener together (the keeper asks every 30 s: Prefect Cloud counts each request)."""
     from prefect.client.schemas.filters import (
         DeploymentFilter,
         DeploymentFilterId,
+        DeploymentFilterName,
+        FlowFilter,
+        FlowFilterName,
         FlowRunFilter,
         FlowRunFilterState,
         FlowRunFilterStateType,
     )
-    from prefect.exceptions import ObjectNotFound
 
-    found = {}
-    for name in listener_deployments():
-        try:
-            deployment = client.read_deployment_by_name(name)
-        except ObjectNotFound:
-            continue
-        found[name] = (
-            deployment,
-            client.read_flow_runs(
-                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])),
-                flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=state_types))),
-            ),
+    wanted = {tuple(name.split("/", 1)): name for name in listener_deployments()}
+    flows = {
+        flow.id: flow.name
+        for flow in client.read_flows(flow_filter=FlowFilter(name=FlowFilterName(any_=[f for f, _ in wanted])))
+    }
+    deployments = {
+        name: deployment
+        for deployment in client.read_deployments(
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=sorted({d for _, d in wanted}))),
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[f for f, _ in wanted])),
         )
-    return found
+        if (name := wanted.get((flows.get(deployment.flow_id), deployment.name)))
+    }
+    runs = (
+        client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id for d in deployments.values()])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=state_types))),
+        )
+        if deployments
+        else []
+    )
+    return {
+        name: (deployment, [run for run in runs if run.deployment_id == deployment.id])
+        for name, deployment in deployments.items()
+    }
 
 
 def start_listeners(client, worker_restarted: bool) -> dict[str, str]:

@@ -170,7 +170,7 @@ def test_repeated_late_gone_and_unknown_arrivals_change_nothing_and_say_so_once(
     gone = (root / INPUT / DAY / "gone.ndjson").as_uri()
     outside = land(root, "x", "y.ndjson", [7]).replace(f"/{INPUT}x/", "/elsewhere/x/")
     first = [arrival_for(u) for u in urls] + [arrival_for(urls[0]), arrival_for(bad)]
-    with caplog.at_level("INFO", logger="tasks.etl.landing"):
+    with caplog.at_level("DEBUG", logger="tasks.etl.landing"):  # a file's line is DEBUG: its batch's is INFO
         outcome = handle_landed(first, config, no_launch)
         assert outcome.done == first and outcome.retry == []
         later = [
@@ -187,10 +187,15 @@ def test_repeated_late_gone_and_unknown_arrivals_change_nothing_and_say_so_once(
         f"{urls[2]}: tracked ({DAY})",
         f"{urls[0]}: already tracked (a repeat in this batch): nothing to do",
         f"{bad}: quarantined: wrong extension: expected .ndjson",
+        "5 landed file(s): 1 already_tracked, 1 quarantined, 3 tracked",
         f"{outside}: outside every known prefix (pipeline/input/YYYY-MM-DD/): ignored",
         f"{gone}: missing (deleted since it landed): nothing to do",
         f"{urls[1]}: already tracked ({statuses(table)['f-1.ndjson']}): nothing to do",
+        "3 landed file(s): 1 already_tracked, 1 missing, 1 outside_prefix",
     ]
+    levels = {r.getMessage(): r.levelname for r in caplog.records if r.name == "tasks.etl.landing"}
+    assert levels[f"{urls[0]}: tracked ({DAY})"] == "DEBUG"  # not sent to the Prefect API: one INFO line a batch
+    assert levels["5 landed file(s): 1 already_tracked, 1 quarantined, 3 tracked"] == "INFO"
     found = statuses(table)
     assert sorted(found) == ["f-0.ndjson", "f-1.ndjson", "f-2.ndjson", "notes.txt"]
     assert [found[f"f-{i}.ndjson"].split("#")[0] for i in range(3)] == ["pending"] * 3  # 3 < 5: no manifest yet
@@ -231,6 +236,24 @@ def landed_events(url: str, wait_for: int = 1) -> list:
                 return events
             time.sleep(0.2)
     return events
+
+
+def test_a_batch_of_a_hundred_files_inside_a_run_is_announced_in_events_the_server_accepts():
+    from prefect import flow
+
+    from tasks.landing.listener import emit_landed
+
+    urls = [f"file:///landing/pipeline/input/{DAY}/big-{i:03d}.ndjson" for i in range(100)]
+
+    @flow(name="landing-events-batch")
+    def announce() -> None:  # a run's context adds its own related resources to each event
+        emit_landed("etl", [(arrival_for(url), "tracked", ["0b6c3f0e-3f7a-4f53-9a51-1c2d3e4f5a6b"]) for url in urls])
+
+    announce()
+    (first,) = landed_events(urls[0])
+    (last,) = landed_events(urls[-1])
+    assert first.id != last.id and first.event == last.event == "pipelines.etl.object.tracked"
+    assert len(first.payload["objects"]) + len(last.payload["objects"]) == 100
 
 
 def test_files_landing_while_the_listener_runs_end_completed_once_in_the_parquet_with_their_events(etl_env):

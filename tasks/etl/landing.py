@@ -127,8 +127,8 @@ def handle_landed(arrivals: Sequence[Arrival], config: EtlSettings, launch: Laun
         pair = (check.date_prefix, check.file_key)
         if pair in runs and pair not in seen:
             run_of[id(arrival)] = runs[pair]
-        if pair in result["before"] or pair in seen:
-            logger.info(
+        if pair in result["before"] or pair in seen:  # a normal repeat: counted in the batch's line
+            logger.debug(
                 "%s: already tracked (%s): nothing to do",
                 arrival.url,
                 result["before"][pair]["status"] if pair in result["before"] else "a repeat in this batch",
@@ -138,10 +138,15 @@ def handle_landed(arrivals: Sequence[Arrival], config: EtlSettings, launch: Laun
             logger.warning("%s: quarantined: %s", arrival.url, check.reason)
             labels[id(arrival)] = QUARANTINED
         else:
-            logger.info("%s: tracked (%s)", arrival.url, check.date_prefix)
+            logger.debug("%s: tracked (%s)", arrival.url, check.date_prefix)
             labels[id(arrival)] = TRACKED
         seen.add(pair)
     counts = Counter(labels.values())
+    # one line per batch with its counts (a log line per file was most of the listener's Prefect log budget); each
+    # file that needs a person's eye has its own warning above, and the batch's event names every file
+    logger.info(
+        "%d landed file(s): %s", len(arrivals), ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
+    )
     if present:  # the same metrics row as an ndjson-ingest run: the dashboard's files per hour
         etl.record_metric(
             "ingest",

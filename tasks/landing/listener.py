@@ -158,8 +158,10 @@ def pump(
     return stats
 
 
-# objects one event names: Prefect refuses an event with more than 500 related resources (the run context's included)
-OBJECTS_PER_EVENT = 200
+# objects one event names: Prefect (3.8) refuses an event with more than 100 related resources
+# (PREFECT_EVENTS_MAXIMUM_RELATED_RESOURCES), the runs it started and the run context's own (flow, run, deployment,
+# pool, tags) included; 80 leaves them room, so a batch of 100 files is two events, never one that is dropped
+OBJECTS_PER_EVENT = 80
 Landed = tuple[
     Arrival, str, Sequence[str]
 ]  # an arrival, what became of it (the event's last word), the runs it started
