@@ -181,15 +181,14 @@ def test_git_pull_and_up_mid_feed_loses_and_duplicates_nothing(release):
     try:
         _, old_up_s = _stack("up", tree, env)
         threading.Thread(target=doors.run, daemon=True).start()
-        out = folder / "feed.json"
+        out, feed_log = folder / "feed.json", Path(os.environ.get("UPGRADE_FEED_LOG") or folder / "feed.log")
         feed = subprocess.Popen(
             [sys.executable, "-m", "tests.helpers.upgrade_feed", "--data", str(data), "--work", str(work)]
             + ["--feed-s", str(FEED_S), "--drain-s", str(DRAIN_S), "--out", str(out)],
             cwd=REPO_ROOT,
             env={**env, "PYTHONPATH": str(REPO_ROOT)},
-            stdout=subprocess.PIPE,
+            stdout=feed_log.open("w"),
             stderr=subprocess.STDOUT,
-            text=True,
         )
         time.sleep(SWAP_AT_S)
         runs_before = _flow_run_ids(data)
@@ -198,8 +197,8 @@ def test_git_pull_and_up_mid_feed_loses_and_duplicates_nothing(release):
         _git("checkout", "--detach", head, cwd=tree)  # the `git pull`
         up_output, up_s = _stack("up", tree, env)
         swap_ended = time.time()
-        output, _ = feed.communicate(timeout=FEED_S + DRAIN_S + 300)
-        assert feed.returncode == 0, output[-3000:]
+        feed.wait(timeout=FEED_S + DRAIN_S + 300)
+        assert feed.returncode == 0, feed_log.read_text()[-3000:]
         result = json.loads(out.read_text())
         doors.stop.set()
 

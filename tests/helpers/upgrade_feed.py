@@ -50,13 +50,16 @@ def flush(data: Path) -> str:
         "from prefect.deployments import run_deployment\n"
         "print(run_deployment('ndjson-flush-orphans/local', timeout=0).id)"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, **UNSIGNED_DEFAULTS, **stack_env(data)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, **UNSIGNED_DEFAULTS, **stack_env(data)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        return "not started in 300 s"
     return result.stdout.strip() or result.stderr[-500:]
 
 
@@ -73,7 +76,7 @@ def main() -> int:
 
     rates = argparse.Namespace(
         etl_rate=1.0,
-        etl_lines=200,
+        etl_lines=1200,  # ~150 KB: inside the expected size ± tolerance (a smaller file is quarantined)
         etl_mb=0.0,
         etl_mb_spread=0.99,
         etl_delete_merged=False,
@@ -88,9 +91,12 @@ def main() -> int:
     began = time.time()
     flushed = None
     while True:
-        if (args.data / "local.env").stat().st_mtime != env_stamp:  # an `up` rotated the keys
-            env_stamp = (args.data / "local.env").stat().st_mtime
-            load_env(args.data)
+        try:
+            if (args.data / "local.env").stat().st_mtime != env_stamp:  # an `up` rotated the keys
+                env_stamp = (args.data / "local.env").stat().st_mtime
+                load_env(args.data)
+        except (OSError, ValueError, IndexError) as error:  # written at this instant: read it at the next check
+            print(f"local.env not read: {type(error).__name__}: {error}", flush=True)
         if flushed is None and time.time() - began >= args.feed_s:
             feeders.stop.set()
             for thread in threads:
