@@ -97,12 +97,15 @@ def main() -> int:
                 load_env(args.data)
         except (OSError, ValueError, IndexError) as error:  # written at this instant: read it at the next check
             print(f"local.env not read: {type(error).__name__}: {error}", flush=True)
-        if flushed is None and time.time() - began >= args.feed_s:
+        if not feeders.stop.is_set() and time.time() - began >= args.feed_s:
             feeders.stop.set()
             for thread in threads:
                 thread.join(60)
-            flushed = flush(args.data)
-            print(f"feed stopped after {time.time() - began:.0f} s; flush run {flushed}", flush=True)
+            print(f"feed stopped after {time.time() - began:.0f} s", flush=True)
+        if feeders.stop.is_set() and flushed is None:  # until it starts: the server may be restarting
+            started = flush(args.data)
+            flushed = started if len(started) == 36 else None  # a flow run's id, else the error's tail
+            print(f"flush run: {started}", flush=True)
         try:
             feeders.check()
         except Exception as error:  # noqa: BLE001 - a stack mid-swap answers late: the next check reads it
