@@ -29,8 +29,9 @@ from deployments.supervisor import Supervisor, socket_for
 pytestmark = pytest.mark.sweep  # two whole stacks, each fed for minutes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FEED_S = 100  # the feed's length; the swap starts SWAP_AT_S into it
+FEED_S = 150  # the feed's length; the swap starts SWAP_AT_S into it, or once the old stack has done work
 SWAP_AT_S = 35
+SWAP_WAIT_S = 180  # at most this much longer, for the old stack's first merged file and written granule
 DRAIN_S = 240
 
 
@@ -191,6 +192,13 @@ def test_git_pull_and_up_mid_feed_loses_and_duplicates_nothing(release):
             stderr=subprocess.STDOUT,
         )
         time.sleep(SWAP_AT_S)
+        progress = folder / "progress.json"
+        deadline = time.monotonic() + SWAP_WAIT_S  # the swap comes once the old stack finishes work (runs in flight)
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if all(json.loads(progress.read_text()).get(p) for p in ("etl", "records")):
+                    break
+            time.sleep(2)
         runs_before = _flow_run_ids(data)
         marks_before = _watermarks(data / "objects")
         swap_began = time.time()

@@ -110,6 +110,8 @@ def main() -> int:
             feeders.check()
         except Exception as error:  # noqa: BLE001 - a stack mid-swap answers late: the next check reads it
             print(f"check failed: {type(error).__name__}: {error}", flush=True)
+        progress = {name: len(ledger.done) for name, ledger in feeders.ledgers.items()}
+        (args.out.parent / "progress.json").write_text(json.dumps(progress))  # the test swaps once work is done
         waiting = sum(len(ledger.waiting()) for ledger in feeders.ledgers.values())
         if flushed is not None and (not waiting or time.time() - began > args.feed_s + args.drain_s):
             break
