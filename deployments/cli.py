@@ -12,6 +12,7 @@ import sys
 from decimal import Decimal
 
 import deployments.ops as ops
+from tasks.core.release import VERSION
 
 
 def _default(value):
@@ -30,6 +31,7 @@ def emit(value) -> None:
 def build_parser() -> ops.Parser:
     """The ``pipelines`` parser, with each ``deployments/ops`` module's subcommand group."""
     parser = ops.Parser(prog="pipelines", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"pipelines {VERSION}")
     groups = parser.add_subparsers(dest="group", required=True)
     for module in pkgutil.iter_modules(ops.__path__):
         importlib.import_module(f"{ops.__name__}.{module.name}").register(groups)

@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from deployments import dynamodb_keys, dynamodb_local, postgres_local, stack_tls
+from deployments import dynamodb_keys, dynamodb_local, postgres_local, releases, stack_tls
 from deployments.dynamodb_local import StackError, port_open
 from deployments.supervisor import Supervisor, uptime
 from deployments.supervisor import socket_for as supervisor_socket
@@ -395,6 +395,8 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
         "PREFECT_SERVER_DB": server_db(),
         "LOCAL_WORK_POOL": WORK_POOL,
         "PYTHONPATH": str(REPO_ROOT),
+        # the code's version and commit: new code is a changed program, which `update` restarts on it
+        "PIPELINES_CODE": releases.code_identity(),
     }
     programs: dict[str, dict[str, str]] = {}
     if "dynamodb" not in without:
@@ -402,7 +404,9 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
             "command": _command(dynamodb_local.private_command(DYNAMODB_PORT, (DATA / "dynamodb").resolve())),
             "directory": str(dynamodb_local.jar_path().parent),
             # the relay's key: the file, re-read at each rotation (a path that never changes, so no restart)
-            "environment": _environment({dynamodb_keys.KEYS_FILE_ENV: str(dynamodb_keys_file())}),
+            "environment": _environment(
+                {dynamodb_keys.KEYS_FILE_ENV: str(dynamodb_keys_file()), "PIPELINES_CODE": identity["PIPELINES_CODE"]}
+            ),
         }
     if server_database_env() and "postgres" not in without:
         programs["postgres"] = {
@@ -1044,6 +1048,8 @@ def up() -> None:
     """Start the whole local stack under its supervisor (idempotent) and print each part's state."""
     dynamodb_local.java()
     dynamodb_local.jar_path()
+    for line in releases.upgrade_notice(DATA):  # data another release wrote: which, and the CHANGELOG's steps
+        print(line, flush=True)
     # a new API auth string and DynamoDB key at every `make up`: the programs whose environment holds them restart
     # with them; flow runs in flight finish their DynamoDB work with the previous key (accepted for its grace period)
     rotate_api_auth_string()
@@ -1084,6 +1090,8 @@ def up() -> None:
         print(f"listener         {state:8} {listener}")
     print(f"listener keeper  {processes['listeners']:8} (a run of each listener, checked every {LISTENER_CHECK_S:g} s)")
     write_env_file()
+    releases.write_stamp(DATA)
+    print(f"release          v{releases.VERSION} (stamped in {DATA / releases.STAMP_NAME})")
     print(
         "\nUse it from a shell with:  source "
         f"{os.path.relpath(ENV_FILE, REPO_ROOT) if ENV_FILE.is_relative_to(REPO_ROOT) else ENV_FILE}"

@@ -306,17 +306,33 @@ def _submit_merge(
     return _MergedHere(lambda: merge_task(*args)) if here else merge_task.submit(*args)
 
 
+def _service_lost(error: BaseException) -> bool:
+    """Whether an error is a service the run needs going away (the Prefect API refusing a rotated auth string or not
+    answering, a connection to a store lost), rather than the merge's own failure."""
+    import httpx
+    from botocore.exceptions import ConnectionError as StoreConnectionLost
+
+    if isinstance(error, (httpx.TransportError, StoreConnectionLost)):
+        return True
+    return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in (401, 403, 502, 503, 504)
+
+
 def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: Any) -> dict[str, Any]:
     """After one manifest's merge: its MANIFEST and file statuses, metric row and run report (failed: with the
     reason, notified). Returns its outcome; never raises for the merge's own failure (its neighbours go on)."""
     date_prefix, manifest_name, manifest_path = taken.date_prefix, taken.manifest_name, taken.manifest_path
     try:
         summary = merged.result()
-    except Exception as error:  # noqa: BLE001 - recorded on the manifest; the run fails after its neighbours
+    except Exception as error:  # recorded on the manifest (or re-driven); the run fails after its neighbours
         message = f"{manifest_name} ({date_prefix}): {type(error).__name__}: {error}"
         if is_disk_full(error) and wait_for_space_task(date_prefix, manifest_name, message, holder=taken.holder):
             get_run_logger().warning("%s: disk full; back to pending until space is freed (nothing published)", message)
             return {"manifest": manifest_name, "date_prefix": date_prefix, "manifest_status": etl_merge.PENDING}
+        # the orchestrator or a store went away under the run (an upgrade's swap rotates the API's auth string), not
+        # the input: the manifest goes back to pending for the next run, and this run ends with the error
+        if _service_lost(error) and taken.holder:
+            if etl_merge.redrive_manifest(date_prefix, manifest_name, taken.holder, message) is not None:
+                raise
         finish_task(date_prefix, manifest_name, None, error=message, manifest_path=manifest_path, holder=taken.holder)
         notify_task(message, config.notify_block)
         etl_reports.write_run_report(

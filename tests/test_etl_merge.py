@@ -683,3 +683,33 @@ def test_a_merged_manifest_finishes_in_one_request_and_a_file_moved_since_the_me
     assert manifests(table)[key]["status"] == "completed" and file_statuses(table) == {"completed": 5}
     merge_rows = [m for m in state_store.scan_all(etl_env["tables"]["etl_metrics"]) if m["metric_type"] == "merge"]
     assert len(merge_rows) == 1
+
+
+def test_a_merge_that_loses_the_orchestrator_re_drives_its_manifest_rather_than_failing_it(etl_env, monkeypatch):
+    """An upgrade's swap rotates the Prefect API's auth string under a run in flight (401) or the server goes away:
+    the merge's manifest goes back to pending for the next run (nothing failed), which merges each line once."""
+    import httpx
+
+    from flows import etl as etl_flows
+
+    root, table = etl_env["root"], etl_env["table"]
+    urls = write_five_inputs(root, "swap")
+    ndjson_ingest(file_urls=urls, merge_deployment=MISSING)  # tracked, manifest left pending
+    (key,) = manifests(table)
+    name = keys.manifest_name_from_record_key(key)
+
+    def refused(date_prefix, manifest_name, *args, **kwargs):  # the task run's name quotes manifest_name
+        request = httpx.Request("POST", "https://127.0.0.1:4200/api/task_runs/")
+        raise httpx.HTTPStatusError("401 Unauthorized", request=request, response=httpx.Response(401, request=request))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(etl_flows.merge_task, "fn", refused)
+        state = ndjson_merge(date_prefix=DAY, manifest_name=name, return_state=True)
+    assert not state.is_completed()
+    manifest = manifests(table)[key]
+    assert manifest["status"] == "pending" and manifest["redrives"] == 1 and "401" in manifest["redrive_reason"]
+    assert file_statuses(table) == {"manifested": 5}  # nothing failed
+
+    assert ndjson_merge(date_prefix=DAY, manifest_name=name)["manifest_status"] == "completed"  # the next run
+    assert file_statuses(table) == {"completed": 5}
+    assert_merged_exactly_once(root, urls)

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from tasks.core import state_store
+from tasks.core.release import VERSION
 from tasks.core.runtime import iso_ago, now_iso
 from tasks.etl import catalog as etl_catalog
 from tasks.etl import ingest as etl
@@ -302,6 +303,7 @@ def test_the_flow_shows_every_alarm_in_a_table_artifact(health, tables):
         )
     board = max(boards, key=lambda a: a.created).data
     assert board.startswith("# Pipelines, last 24 hours") and "| gpu | 0 jobs | 0 | - |" in board
+    assert board.endswith(f"pipelines v{VERSION}")  # the release that drew it
 
 
 # --------------------------------------------------------------------------- crash points

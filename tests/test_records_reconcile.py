@@ -256,7 +256,8 @@ def test_transition_rule_table():
 
 
 def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
-    """Records held by a whole flow run (a merge's MANIFEST, a video job being chunked) move when it crashes."""
+    """Records held by a whole flow run (a merge's MANIFEST, a video job being chunked) move when it crashes: the
+    MANIFEST back to pending (re-driven), the video job failed."""
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed, Running
 
@@ -314,7 +315,9 @@ def test_etl_manifest_and_video_job_follow_their_crashed_flow_runs(tables):
     manifest = state_store.get_item(
         tracking, {"date_prefix": "2026-02-01", "file_key": "MANIFEST#batch-0001-20260201-000000.json"}
     )
-    assert manifest["status"] == "failed" and "Crashed" in manifest["error_message"]
+    # killed, not failed: back to pending for the next merge run, which takes it (its files stay with it)
+    assert manifest["status"] == "pending" and "Crashed" in manifest["redrive_reason"] and manifest["redrives"] == 1
+    assert "prefect_flow_run_id" not in manifest
     assert (
         state_store.get_item(
             tracking, {"date_prefix": "2026-02-01", "file_key": "MANIFEST#batch-0002-20260201-000000.json"}
@@ -526,3 +529,46 @@ def test_a_crashed_survey_reaches_the_chunks_its_fit_subflow_held(tables, store_
         s: "FAILED" if s in held else before[s] for s in (0, 6)
     }  # the others untouched
     assert reconcile.disagreements(["phspectra"]) == []
+
+
+def test_a_manifest_is_re_driven_only_after_a_crash_and_at_most_max_times(tables):
+    """A merge run that Failed (its own reason) fails its MANIFEST; one that Crashed re-drives it, until it has been
+    re-driven MAX_MANIFEST_REDRIVES times (a manifest that kills every run it is given), then it fails too."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed, Failed, Running
+
+    from tasks import reconcile
+    from tasks.etl.merge import MAX_MANIFEST_REDRIVES
+
+    @flow(name="records-test-merge-ends")
+    def merge_like() -> None:
+        pass
+
+    with get_client(sync_client=True) as client:
+        client.create_flow(merge_like)
+        runs = {name: client.create_flow_run(merge_like, state=Running()) for name in ("failed", "crashed", "worn")}
+        client.set_flow_run_state(runs["failed"].id, Failed(message="merge error"), force=True)
+        for name in ("crashed", "worn"):
+            client.set_flow_run_state(runs[name].id, Crashed(message="process killed"), force=True)
+    tracking = tables["etl_file_tracking"]
+    for name, run in runs.items():
+        state_store.put(
+            tracking,
+            {
+                "date_prefix": "2026-02-02",
+                "file_key": f"MANIFEST#{name}.json",
+                "status": "processing",
+                "manifest_path": f"manifests/2026-02-02/{name}.json",
+                "prefect_flow_run_id": str(run.id),
+                **({"redrives": MAX_MANIFEST_REDRIVES} if name == "worn" else {}),
+            },
+        )
+    reconcile.reconcile(["etl"], dry_run=False)
+    status = {
+        name: state_store.get_item(tracking, {"date_prefix": "2026-02-02", "file_key": f"MANIFEST#{name}.json"})[
+            "status"
+        ]
+        for name in runs
+    }
+    assert status == {"failed": "failed", "crashed": "pending", "worn": "failed"}
+    assert reconcile.reconcile(["etl"], dry_run=True) == []

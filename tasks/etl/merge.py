@@ -110,6 +110,32 @@ def processing_under(flow_run_id: str) -> dict[str, str]:
     return {etl_keys.manifest_name_from_record_key(item["file_key"]): item["date_prefix"] for item in found}
 
 
+# a manifest whose merge run crashed (its process killed: an upgrade's swap, a machine restart) goes back to pending
+# this many times; a manifest that crashes every run it is given fails with the reason instead
+MAX_MANIFEST_REDRIVES = 3
+
+
+def redrive_manifest(date_prefix: str, manifest_name: str, holder: str, reason: str) -> state_store.WriteResult | None:
+    """MANIFEST ``processing → pending`` while ``holder`` (a run that crashed) still holds it: the next merge run takes
+    it (the breaker's check and the flush announce pending manifests); its files stay with it. A re-merge is safe:
+    parts are staged under a token and a publish replaces the manifest's parts. None once the manifest has been
+    re-driven ``MAX_MANIFEST_REDRIVES`` times (the caller fails it); STALE when another writer moved it first."""
+    key = tracking_key(keys.safe_date(date_prefix), etl_keys.manifest_record_key(manifest_name))
+    current = state_store.get_item(table_name(TRACKING), key) or {}
+    if int(current.get("redrives", 0)) >= MAX_MANIFEST_REDRIVES:
+        return None
+    return state_store.transition(
+        table_name(TRACKING),
+        key,
+        PROCESSING,
+        PENDING,
+        set={"updated_at": now_iso(), "redriven_at": now_iso(), "redriven_from": holder, "redrive_reason": reason},
+        add={"redrives": 1},
+        remove=["prefect_flow_run_id", "prefect_task_run_id", "processing_at"],
+        condition=_held_by(holder),
+    )
+
+
 def manifest_files(manifest_path: str) -> list[str]:
     """File URLs of a manifest JSON (``fileLocations[].URIPrefixes[]``)."""
     source, key = open_url(manifest_path)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.core import registry
+from tasks.core.release import VERSION
 
 HOURS = 24
 BAR_WIDTH = 40
@@ -129,5 +130,6 @@ def dashboard(readings: Mapping[str, int | None], now_us: int | None = None) -> 
     )
     headline = " · ".join(f.summary for f in figures if f.summary)
     charts = [chart for f in figures for chart in f.charts]
-    markdown = "\n\n".join(["# Pipelines, last 24 hours", *([headline] if headline else []), *charts, table])
+    footer = f"pipelines v{VERSION}"  # the release that drew it: after an upgrade, which code reads the records
+    markdown = "\n\n".join(["# Pipelines, last 24 hours", *([headline] if headline else []), *charts, table, footer])
     return markdown, rows
