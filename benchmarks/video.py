@@ -280,6 +280,7 @@ def local_stack_pieces(work: Path):
     )
     from deployments import local_stack as stack  # reads the folder and ports above
 
+    stopped = False
     try:
         t0 = time.perf_counter()
         # the server's database as `make up` chooses it (SQLite, with a warning, where it cannot), the server, the
@@ -287,18 +288,25 @@ def local_stack_pieces(work: Path):
         stack.start_postgres()
         stack.start_processes(without=("dynamodb",))
         os.environ.update(stack.local_env())
+        # the stop too talks to this server (the listeners' runs): inside these settings, not the ephemeral API's
         with temporary_settings(updates={PREFECT_API_URL: os.environ["PREFECT_API_URL"]}):
-            stack.ensure_work_pools()
-            names = ("video-process/local", "video-reassemble/local", "video-listen/local")
-            stack._prefect("--no-prompt", "deploy", *(arg for name in names for arg in ("--name", name)), quiet=True)
-            stack.ensure_listeners(worker_restarted=True)
-            print(
-                f"(server, pools, deployments, worker and video listener up in {time.perf_counter() - t0:.1f} s, "
-                "not counted)"
-            )
-            yield stack
+            try:
+                stack.ensure_work_pools()
+                names = ("video-process/local", "video-reassemble/local", "video-listen/local")
+                deploy = (arg for name in names for arg in ("--name", name))
+                stack._prefect("--no-prompt", "deploy", *deploy, quiet=True)
+                stack.ensure_listeners(worker_restarted=True)
+                print(
+                    f"(server, pools, deployments, worker and video listener up in {time.perf_counter() - t0:.1f} "
+                    "s, not counted)"
+                )
+                yield stack
+            finally:
+                stopped = True
+                stack.down()
     finally:
-        stack.down()
+        if not stopped:  # a start that failed before the settings opened
+            stack.down()
         os.environ.clear()
         os.environ.update(saved)
 
@@ -452,12 +460,8 @@ def user_path_vs_bare(sources: dict[str, Path], work: Path, segment_seconds: flo
     with local_stack_pieces(work):
         small = make_source(work / "warm-up.mp4", 2 * segment_seconds, "320x240", 30, segment_seconds / 2)
         user_path(small, segment_seconds)  # warm-up (the first flow-run process, first registrations) on a small clip
-        measured = {
-            label: _user_path_case(label, source, work, segment_seconds, repeat, workers)
-            for label, source in sources.items()
-        }
-    for label, (bare, ours, users) in measured.items():
-        _report_user_path(label, bare, ours, users, workers)
+        for label, source in sources.items():  # each clip's report as it ends: a stop that fails loses none of it
+            _report_user_path(label, *_user_path_case(label, source, work, segment_seconds, repeat, workers), workers)
 
 
 def main() -> None:
