@@ -45,8 +45,8 @@ CPU_HEAVY = {"timeout_seconds": limits.SEGMENT_TIMEOUT_S}
 
 create_job_task = task(v.create_job, name="create-job", cache_policy=NO_CACHE)
 import_source_task = task(v.import_source, name="import-source", **RETRIED)
-start_chunking_task = task(v.start_chunking, name="start-chunking", cache_policy=NO_CACHE)
-reopen_task = task(v.reopen_failed_job, name="reopen-failed-job", **RETRIED)
+# one task run opens the job: a new job's check for a failed attempt is one read inside it, not a run of its own
+open_job_task = task(v.open_job, name="open-job", **WORK_RETRIED)
 chunk_source_task = task(limits.holding_cpu_slot(v.chunk_source), name="chunk-source", **CPU_HEAVY, **WORK_RETRIED)
 
 
@@ -150,9 +150,9 @@ def video_process(
         raise ValueError("give a job_id (source uploaded to input/{job_id}/source.mp4) or a source_url")
     job_id = video_keys.parse_job_id(job_id)  # the one check: every step below gets the JobId
 
-    if reopen_task(job_id):  # the documented re-run of a failed job: old attempt cleared, failed -> created
+    job = open_job_task(job_id)  # a failed job is reopened first (the documented re-run): old attempt cleared
+    if job.pop("reopened"):
         print(f"video job {job_id} was failed: cleared and re-run")
-    job = start_chunking_task(job_id)
     if job["status"] == v.COMPLETED:
         print(f"video job {job_id} is already completed: {job.get('final_key')}")
         return job

@@ -115,8 +115,7 @@ TASKS: dict[str, dict[str, tuple]] = {
     "video": {
         "create-job": NONE,
         "import-source": (2, [2, 10], "_None", None, None),
-        "start-chunking": NONE,
-        "reopen-failed-job": (2, [2, 10], "_None", None, None),
+        "open-job": (2, [2, 10], "_None", None, "_retry_unless_bad_input"),
         "chunk-source": (2, [2, 10], "_None", 900.0, "_retry_unless_bad_input"),
         "infer-segment": (2, [2, 10], "_None", 900.0, "_retry_unless_bad_input"),
         "fail-job": NONE,

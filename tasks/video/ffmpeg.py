@@ -213,15 +213,20 @@ def probe(path: str | Path, name: str | None = None) -> MediaInfo:
                 raise InvalidMedia("the file has no video stream")
             video = container.streams.video[0]
             audio = container.streams.audio[0] if container.streams.audio else None
+            streams = [s for s in (video, audio) if s is not None]
             seen: dict[object, list[tuple[float, float]]] = {video: [], audio: []}
+            by_index = {s.index: (seen[s], s.time_base.numerator, s.time_base.denominator) for s in streams}
             corrupt, rotation = 0, None
-            for packet in container.demux(*(s for s in (video, audio) if s is not None)):
-                if packet.size == 0 or packet.pts is None:  # flush packet
+            for packet in container.demux(*streams):
+                pts = packet.pts
+                if pts is None or packet.size == 0:  # flush packet
                     continue
                 corrupt += packet.is_corrupt
-                tb = packet.time_base
-                seen[packet.stream].append((float(packet.pts * tb), float((packet.duration or 0) * tb)))
-                if rotation is None and packet.stream is video:  # decoded until the first frame shows its rotation
+                # seconds as int * num / den: one correctly rounded division, the same float as the Fraction's, at a
+                # fraction of its cost (every packet of every probe: the source, each segment, each output)
+                spans, num, den = by_index[packet.stream_index]
+                spans.append((pts * num / den, (packet.duration or 0) * num / den))
+                if rotation is None and packet.stream_index == video.index:  # decoded until a frame shows it
                     for frame in packet.decode():
                         rotation = int(round(frame.rotation or 0)) % 360
                         break

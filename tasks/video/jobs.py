@@ -353,6 +353,16 @@ def start_chunking(job_id: JobId) -> dict[str, Any]:
     raise ValueError(f"video job {job_id!r} is {status}: it cannot be processed")
 
 
+def open_job(job_id: JobId) -> dict[str, Any]:
+    """A run's first step on its job: a failed job reopened (the documented re-run), then created -> chunking.
+
+    One read decides for a new job (not failed: nothing to clear); ``reopened`` in the result says whether this run
+    cleared a failed attempt. Both steps are idempotent, so a retry or a re-run after a crash in between redoes them.
+    """
+    reopened = reopen_failed_job(job_id)
+    return {**start_chunking(job_id), "reopened": reopened}
+
+
 def segment_keys_of(job: dict[str, Any]) -> list[str]:
     """The object keys of the job's ``total_segments`` segments, in order."""
     total = int(job["total_segments"])
