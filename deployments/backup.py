@@ -497,9 +497,7 @@ def restore(src: Path) -> dict:
         port = dynamodb_local.free_port()
         process = postgres_local.start(port, stack.DATA / "postgres", logs / "restore-postgres.log")
         try:
-            dump = stack.DATA / "restore.dump"  # the `postgres` user reads it (the backup folder is private)
-            shutil.copy(src / "prefect" / "prefect.dump", dump)
-            dump.chmod(0o644)
+            dump = src / "prefect" / "prefect.dump"  # read by pg_restore, this process's user: it stays private
             restored = subprocess.run(
                 [
                     str(postgres_local.bindir() / "pg_restore"),
@@ -509,7 +507,6 @@ def restore(src: Path) -> dict:
                 capture_output=True,
                 text=True,
             )
-            dump.unlink()
             if restored.returncode != 0:
                 raise RefusedInput(f"pg_restore failed: {restored.stderr.strip()[-2000:]}")
         finally:
