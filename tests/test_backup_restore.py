@@ -178,6 +178,7 @@ def test_a_backup_taken_mid_feed_restores_into_a_fresh_folder_and_the_feed_compl
     granules_before = [f"LAND.G{i:03d}" for i in range(10)]
     granules_after = [f"LAND.G{i:03d}" for i in range(10, 15)]
     objects_a, objects_b = folder / "a" / "objects", folder / "b" / "objects"
+    kept = False
     try:
         stack("up", first)
         client_a = _client_env(first)
@@ -222,10 +223,15 @@ def test_a_backup_taken_mid_feed_restores_into_a_fresh_folder_and_the_feed_compl
         assert seen["granules"] == sorted(granules_before + granules_after)
         doubles, rows = _etl_merged_once(objects_b, date, before + after)
         assert (doubles, rows) == (0, LINES * (BEFORE + AFTER))
+    except BaseException:
+        kept = True  # the stacks' logs and data, for the failure's reader
+        print(f"kept for inspection: {folder}")
+        raise
     finally:
         for env in (first, second):
             try:
                 stack("down", env)
             except Exception as error:  # noqa: BLE001 - a stack that never came up has nothing to stop
                 print(f"down: {error}")
-        shutil.rmtree(folder, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(folder, ignore_errors=True)
