@@ -11,6 +11,7 @@ COMMAND and then this process. Exit code 3 when the port is taken (the caller na
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -43,8 +44,11 @@ def _end_with_holder() -> None:
 
 
 def bind_and_listen(port: int) -> socket.socket:
-    """``127.0.0.1:port`` bound and listening in one step (no SO_REUSEADDR window to share)."""
+    """``127.0.0.1:port`` bound and listening in one step. SO_REUSEADDR lets a restarted holder bind while the
+    connections its predecessor closed sit in TIME_WAIT (60 s); Linux still refuses a bind or listen beside a
+    listening socket, so a neighbour cannot share the port."""
     sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(512)
     return sock
@@ -55,13 +59,16 @@ class Restarting:
     lasts STEADY_S), until this process gets SIGTERM or SIGINT (passed on to the command). The command ends with this
     process (PR_SET_PDEATHSIG)."""
 
-    def __init__(self, command: list[str], **popen) -> None:
-        self.command, self.popen = command, popen
+    def __init__(self, command: list[str], *, release: tuple[int, ...] = (), **popen) -> None:
+        self.command, self.popen, self.release = command, popen, release
         self.child: subprocess.Popen | None = None
         self.stopping = False
 
     def stop(self, signum: int, _frame=None) -> None:
         self.stopping = True
+        for fd in self.release:  # the port is free once the command closes its copy: a successor binds it at once
+            with contextlib.suppress(OSError):
+                os.close(fd)
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
@@ -96,7 +103,8 @@ def main(argv: list[str]) -> int:
         return PORT_TAKEN
     os.dup2(sock.fileno(), LISTEN_FD, inheritable=True)
     print(f"held_port: listening on 127.0.0.1:{port}", flush=True)
-    return Restarting(command, env={**os.environ, "LISTEN_FDS": "1"}, pass_fds=(LISTEN_FD,)).run()
+    held = (sock.detach(), LISTEN_FD)
+    return Restarting(command, release=held, env={**os.environ, "LISTEN_FDS": "1"}, pass_fds=(LISTEN_FD,)).run()
 
 
 if __name__ == "__main__":

@@ -78,6 +78,68 @@ def test_the_port_stays_held_while_its_server_restarts(tmp_path):
         holder.wait(timeout=30)
 
 
+# a server that, told to stop, closes its listening socket at once and then takes its time (uvicorn's graceful
+# shutdown: open connections finish)
+SLOW_TO_STOP = (
+    "import os, signal, time\n"
+    "from deployments.held_port import listening_socket\n"
+    "sock = listening_socket()\n"
+    "def stop(*_):\n"
+    "    sock.close(); time.sleep(8); os._exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "while True:\n"
+    "    try:\n"
+    "        conn, _ = sock.accept()\n"
+    "    except OSError:\n"
+    "        time.sleep(1); continue\n"
+    "    conn.sendall(str(os.getpid()).encode())\n"
+    "    conn.close()\n"
+)
+
+
+def _hold(port: int, server: str) -> subprocess.Popen:
+    holder = subprocess.Popen(
+        [sys.executable, "-m", "deployments.held_port", str(port), "--", sys.executable, "-c", server],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == f"held_port: listening on 127.0.0.1:{port}"
+    return holder
+
+
+def test_a_restarted_holder_takes_its_port_back_at_once_and_still_shares_it_with_nobody():
+    """An upgrade restarts the holder itself: the new one binds while the old server still shuts down and its closed
+    connections sit in TIME_WAIT, and a neighbour's SO_REUSEADDR does not get it beside a listening holder."""
+    port = dynamodb_local.free_port()
+    old = _hold(port, SLOW_TO_STOP)
+    new = None
+    try:
+        for _ in range(3):
+            _ask_pid(port)  # each closed by the server: TIME_WAIT on the port's side
+        code = (
+            "import socket\ntry:\n"
+            "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"    s.bind(('127.0.0.1', {port})); s.listen(); print('bound')\n"
+            "except OSError as error:\n    print(error.errno)\n"
+        )
+        assert as_nobody_python(code).stdout.strip() == "98"  # EADDRINUSE beside the listening holder
+        old.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        assert old.poll() is None  # its server is still stopping
+        new = _hold(port, ANSWER_PID)
+        assert _ask_pid(port) != 0
+        assert old.wait(timeout=30) == 0
+    finally:
+        for holder in (old, new):
+            if holder is not None and holder.poll() is None:
+                holder.kill()
+            if holder is not None:
+                holder.wait(timeout=30)
+
+
 def test_a_port_taken_first_is_refused_not_shared():
     port = dynamodb_local.free_port()
     with socket.socket() as taken:
