@@ -50,18 +50,24 @@ def _nobody_binds(port: int) -> str:
     return as_nobody_python(code).stdout.strip()
 
 
-def test_the_port_stays_held_while_its_server_restarts(tmp_path):
-    port = dynamodb_local.free_port()
+def _hold(port: int, server: str) -> subprocess.Popen:
+    """A holder of ``port`` running ``server`` (python code), once it listens."""
     holder = subprocess.Popen(
-        [sys.executable, "-m", "deployments.held_port", str(port), "--", sys.executable, "-c", ANSWER_PID],
+        [sys.executable, "-m", "deployments.held_port", str(port), "--", sys.executable, "-c", server],
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    assert holder.stdout.readline().strip() == f"held_port: listening on 127.0.0.1:{port}"
+    return holder
+
+
+def test_the_port_stays_held_while_its_server_restarts(tmp_path):
+    port = dynamodb_local.free_port()
+    holder = _hold(port, ANSWER_PID)
     try:
-        assert holder.stdout.readline().strip() == f"held_port: listening on 127.0.0.1:{port}"
         first = _ask_pid(port)
         os.kill(first, signal.SIGKILL)
         # while no server runs, the port is still listened on: another user cannot take it, and a caller waits in
@@ -95,19 +101,6 @@ SLOW_TO_STOP = (
     "    conn.sendall(str(os.getpid()).encode())\n"
     "    conn.close()\n"
 )
-
-
-def _hold(port: int, server: str) -> subprocess.Popen:
-    holder = subprocess.Popen(
-        [sys.executable, "-m", "deployments.held_port", str(port), "--", sys.executable, "-c", server],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert holder.stdout.readline().strip() == f"held_port: listening on 127.0.0.1:{port}"
-    return holder
 
 
 def test_a_restarted_holder_takes_its_port_back_at_once_and_still_shares_it_with_nobody():
