@@ -191,8 +191,29 @@ def exported_items(folder: Path) -> Iterator[dict]:
             yield from_export(json.loads(text)["Item"])
 
 
-def import_table(client, folder: Path) -> int:
-    """Make the table of an export ``folder`` (schema and TTL from ``table.json``) and write its items; the count."""
+def moved_store(item: dict, old: str, new: str) -> dict:
+    """A low-level item with every string under the object store's old base URL ``old`` (a tracking record's
+    ``file_path``, a manifest's ``parts``) under ``new`` instead: the records of a store restored elsewhere point
+    into it, where the pipelines take only their own store's paths."""
+
+    def moved(value: dict) -> dict:
+        ((kind, inner),) = value.items()
+        if kind == "S" and (inner == old or inner.startswith(old + "/")):
+            return {"S": new + inner[len(old) :]}
+        if kind == "L":
+            return {"L": [moved(v) for v in inner]}
+        if kind == "M":
+            return {"M": {k: moved(v) for k, v in inner.items()}}
+        if kind == "SS":
+            return {"SS": [moved({"S": v})["S"] for v in inner]}
+        return value
+
+    return {name: moved(value) for name, value in item.items()}
+
+
+def import_table(client, folder: Path, store_moves: tuple[str, str] | None = None) -> int:
+    """Make the table of an export ``folder`` (schema and TTL from ``table.json``) and write its items, their object
+    store URLs moved (``store_moves``: old and new base URL) when the store now lives elsewhere; the count."""
     schema = json.loads((folder / "table.json").read_text())
     name = schema["create"]["TableName"]
     client.create_table(**schema["create"])
@@ -203,6 +224,8 @@ def import_table(client, folder: Path) -> int:
         )
     count, batch = 0, []
     for item in exported_items(folder):
+        if store_moves:
+            item = moved_store(item, *store_moves)
         batch.append({"PutRequest": {"Item": item}})
         if len(batch) == 25:
             count += _write_batch(client, name, batch)
@@ -437,6 +460,7 @@ def backup(dest: Path) -> dict:
         "taken_at": datetime.now(UTC).isoformat(),
         "data_folder": str(stack.DATA),
         "object_store": "file" if root else store.url,
+        "object_store_url": store.url,
         "prefect_database": database,
         "tables": counts,
         "objects": files,
@@ -489,9 +513,13 @@ def restore(src: Path) -> dict:
     elif not root:
         result["objects"] = f"kept in {store.url} (versioned): see objects.jsonl for what the backup saw"
 
+    old_url = summary.get("object_store_url", "").rstrip("/")
+    moves = (old_url, store.url.rstrip("/")) if old_url and old_url != store.url.rstrip("/") else None
     with private_dynamodb(stack.DATA / "dynamodb", logs / "restore-dynamodb.log") as client:
         for folder in sorted((src / "dynamodb").iterdir()):
-            result["tables"][folder.name] = import_table(client, folder)
+            result["tables"][folder.name] = import_table(client, folder, moves)
+    if moves:
+        result["object_store_moved"] = f"{moves[0]} -> {moves[1]}"
 
     if summary["prefect_database"] == "postgres":
         port = dynamodb_local.free_port()

@@ -192,3 +192,21 @@ def test_the_aws_template_keeps_point_in_time_recovery_on_every_table_and_versio
         assert table.get("DeletionPolicy") != "Delete", name
     for name, bucket in buckets.items():
         assert bucket["Properties"]["VersioningConfiguration"] == {"Status": "Enabled"}, name
+
+
+def test_a_store_restored_elsewhere_moves_the_records_urls_with_it():
+    old, new = "file:///srv/a/objects", "file:///srv/b/objects"
+    item = {
+        "file_key": {"S": "f.ndjson"},
+        "file_path": {"S": f"{old}/pipeline/input/2026-12-04/f.ndjson"},
+        "parts": {"L": [{"S": f"{old}/pipeline/output/p-0.parquet"}, {"S": "s3://bucket/x"}]},
+        "detail": {"M": {"manifest": {"S": f"{old}/manifests/m.json"}, "rows": {"N": "3"}}},
+        "sibling": {"S": f"{old}-other/f.ndjson"},  # another folder that only starts with the same text
+    }
+    assert backup.moved_store(item, old, new) == {
+        "file_key": {"S": "f.ndjson"},
+        "file_path": {"S": f"{new}/pipeline/input/2026-12-04/f.ndjson"},
+        "parts": {"L": [{"S": f"{new}/pipeline/output/p-0.parquet"}, {"S": "s3://bucket/x"}]},
+        "detail": {"M": {"manifest": {"S": f"{new}/manifests/m.json"}, "rows": {"N": "3"}}},
+        "sibling": {"S": f"{old}-other/f.ndjson"},
+    }
