@@ -36,10 +36,13 @@ def stack_env(data: Path) -> dict[str, str]:
 
 def load_env(data: Path) -> None:
     """This process's environment from the stack's local.env, its clients made again."""
+    import boto3
+
     from blocks.base import clear_cache
     from tasks.core import state_store
 
     os.environ.update({**UNSIGNED_DEFAULTS, **stack_env(data)})
+    boto3.DEFAULT_SESSION = None  # its credentials were read from the environment once: read them again
     clear_cache()
     state_store.reset_clients()
 
