@@ -291,6 +291,15 @@ def sqlite_snapshot(source: Path, target: Path) -> None:
 # ----------------------------------------------------------------------------------------- the object store
 
 
+def _fs_now(root: Path) -> float:
+    """The file system's clock under ``root`` (the clock its ctimes are read from), read where a listener reads it
+    (a watched folder's clock file) so nothing new is left in the store."""
+    from tasks.landing import watch
+
+    folders = watched_folders(root)
+    return watch.fs_now(folders[0]) if folders else time.time()
+
+
 def watched_folders(root: Path) -> list[Path]:
     """The folders under ``root`` a local listener keeps a watermark in."""
     return sorted(path.parent for path in root.rglob(WATERMARK_NAME))
@@ -319,20 +328,26 @@ def unacked_files(root: Path, marks: dict[str, tuple]) -> dict[str, list[str]]:
     }
 
 
-def copy_tree(source: Path, target: Path) -> tuple[int, int]:
-    """Copy ``source``'s tree to ``target`` (files, folders, their times); (files, bytes). Never hard links: a link
-    changes the live file's ctime, and the live listener would take every file as new at its next rescan."""
+def copy_tree(source: Path, target: Path, as_of: float | None = None, whole: tuple[Path, ...] = ()) -> tuple[int, int]:
+    """Copy ``source``'s tree to ``target`` (files, folders, their times); (files, bytes). With ``as_of`` (the file
+    system's clock at the tables' snapshot), a file put or renamed into place since (its ctime) is left out, except
+    under the ``whole`` folders (the landing places and the quarantine: arrivals, which their listeners and records
+    sort out): a pipeline's output published after the snapshot belongs to records the snapshot does not hold, and
+    the restored stack makes it again. Never hard links: a link changes the live file's ctime, and the live listener
+    would take every file as new at its next rescan."""
     files = size = 0
     for folder, subfolders, names in os.walk(source):
         relative = Path(folder).relative_to(source)
         (target / relative).mkdir(parents=True, exist_ok=True)
+        entire = as_of is None or any(Path(folder).is_relative_to(w) for w in whole)
         for name in names:
             origin = Path(folder) / name
             if origin.is_symlink() or not origin.is_file() or name.endswith((".part", ".tmp")):
                 continue  # half-written objects and what the listener quarantines anyway
             with contextlib.suppress(FileNotFoundError):  # deleted meanwhile: not in the backup
-                shutil.copy2(origin, target / relative / name)
-                files, size = files + 1, size + (target / relative / name).stat().st_size
+                if entire or origin.stat().st_ctime < as_of:  # else after the point in time the tables hold
+                    shutil.copy2(origin, target / relative / name)
+                    files, size = files + 1, size + (target / relative / name).stat().st_size
         subfolders.sort()
     return files, size
 
@@ -415,6 +430,7 @@ def backup(dest: Path) -> dict:
     live = stack.DATA / "dynamodb" / DYNAMODB_FILE
     if not live.exists():
         raise RefusedInput(f"no DynamoDB Local data at {live}: is PIPELINES_DATA_DIR the stack's data folder?")
+    as_of = _fs_now(root) if root else None
     with tempfile.TemporaryDirectory(prefix="backup-dynamodb-", dir=dest) as work:
         sqlite_snapshot(live, Path(work) / DYNAMODB_FILE)
         timings["dynamodb_snapshot_s"] = round(time.monotonic() - began, 2)
@@ -446,7 +462,8 @@ def backup(dest: Path) -> dict:
 
     mark = time.monotonic()
     if root:
-        files, sizes["objects"] = copy_tree(root, dest / "objects")
+        whole = (*watched_folders(root), root / "quarantine")
+        files, sizes["objects"] = copy_tree(root, dest / "objects", as_of, whole)
         unacked = unacked_files(root, marks)
         (dest / "landing.json").write_text(json.dumps(unacked, indent=2))
     else:

@@ -210,3 +210,23 @@ def test_a_store_restored_elsewhere_moves_the_records_urls_with_it():
         "detail": {"M": {"manifest": {"S": f"{new}/manifests/m.json"}, "rows": {"N": "3"}}},
         "sibling": {"S": f"{old}-other/f.ndjson"},
     }
+
+
+def test_the_objects_copy_holds_the_tables_point_in_time_outside_the_landing_places(tmp_path):
+    live, copy = tmp_path / "objects", tmp_path / "copy"
+    landing, output = live / "pipeline" / "input", live / "pipeline" / "output"
+    landing.mkdir(parents=True)
+    output.mkdir(parents=True)
+    (output / "published-before.parquet").write_bytes(b"a")
+    (landing / "landed-before.ndjson").write_bytes(b"b")
+    time.sleep(0.05)
+    as_of = time.time()
+    time.sleep(0.05)
+    (output / "published-after.parquet").write_bytes(b"c")  # its records are not in the tables' snapshot
+    (landing / "landed-after.ndjson").write_bytes(b"d")  # an arrival: its listener sorts it out
+    backup.copy_tree(live, copy, as_of, (landing,))
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*") if p.is_file()) == [
+        "pipeline/input/landed-after.ndjson",
+        "pipeline/input/landed-before.ndjson",
+        "pipeline/output/published-before.parquet",
+    ]
