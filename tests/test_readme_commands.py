@@ -31,9 +31,11 @@ def documentation() -> list[Path]:
 
 
 def _subcommands(parser) -> dict[str, dict]:
-    """Group name -> {command name -> its parser} of the CLI."""
+    """Group name -> {command name -> its parser} of the CLI ({} for a command of the CLI's own, e.g. `backup`)."""
     groups = next(a for a in parser._actions if a.dest == "group").choices
-    return {name: next(a for a in group._actions if a.dest == "command").choices for name, group in groups.items()}
+    return {
+        name: next((a.choices for a in group._actions if a.dest == "command"), {}) for name, group in groups.items()
+    }
 
 
 def page_commands(page: Path) -> list[str]:

@@ -151,7 +151,7 @@ def _latencies(ledger: dict, around: tuple[float, float]) -> dict[str, float | i
 
 
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("release", ["0.2.0"])  # from v0.1.0: see docs/operations.md, "Upgrading"
+@pytest.mark.parametrize("release", ["0.2.0", "0.1.0"])
 def test_git_pull_and_up_mid_feed_loses_and_duplicates_nothing(release):
     commit = releases.release_commit(release)
     head = _git("rev-parse", "HEAD")
