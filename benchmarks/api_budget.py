@@ -502,12 +502,69 @@ def caller_routes(counts: dict, names: dict, callers: int = 6, routes: int = 6) 
     return [f"{label}: " + ", ".join(f"{kind} {n}" for kind, n in kinds.most_common(routes)) for label, kinds in ranked]
 
 
+def quick_check() -> int:
+    """The proxy in front of a small TLS server of its own: each request and log line sent through it is counted once
+    under its route and this caller, and every answer passes whole; 0, or 1 on a count that differs."""
+    import http.server
+    import tempfile
+
+    import httpx
+
+    from deployments import stack_tls
+
+    class Upstream(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._answer(200, b'{"big": "' + b"x" * 100_000 + b'"}')
+
+        def do_POST(self) -> None:
+            lines = len(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self._answer(201, json.dumps({"received": lines}).encode())
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    with tempfile.TemporaryDirectory() as folder:
+        cert, key = stack_tls.certificate_files(Path(folder))
+        server = http.server.ThreadingHTTPServer((HOST, 0), Upstream)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        proxy = BudgetProxy(0, server.server_address[1], cert, key).start()
+        base = f"https://{HOST}:{proxy.listen_port}/api"
+        with httpx.Client(verify=ssl.create_default_context(cafile=str(cert))) as client:
+            answers = [client.post(f"{base}/logs/", json=[{"message": i} for i in range(7)]) for _ in range(3)]
+            answers.append(client.get(f"{base}/flow_runs/0b6c3f0e-3f7a-4f53-9a51-1c2d3e4f5a6b"))
+        proxy.stop()
+        server.shutdown()
+    counts = proxy.counts.snapshot()
+    requests = {route: n for (_, route), n in counts["requests"].items()}
+    whole = [a.json() for a in answers[:3]] == [{"received": 7}] * 3 and len(answers[3].json()["big"]) == 100_000
+    good = whole and requests == {"POST /api/logs/": 3, "GET /api/flow_runs/{id}": 1}
+    good = good and sum(counts["logs"].values()) == 21
+    print(f"quick: requests {dict(requests)}, log lines {sum(counts['logs'].values())}: {'ok' if good else 'WRONG'}")
+    return 0 if good else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--listen", type=int, default=0, help="the proxy's port (the stack's clients call it)")
-    parser.add_argument("--upstream", type=int, required=True, help="the Prefect server's port")
+    parser.add_argument("--upstream", type=int, help="the Prefect server's port")
     parser.add_argument("--minutes", type=float, default=5)
+    parser.add_argument("--quick", action="store_true", help="the proxy's counts checked against a server of its own")
     args = parser.parse_args()
+    if args.quick:
+        return quick_check()
+    if args.upstream is None:
+        parser.error("--upstream is required (or --quick)")
     from deployments import local_stack, stack_tls
 
     cert, key = stack_tls.certificate_files(local_stack.secrets_folder())

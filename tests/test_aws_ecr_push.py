@@ -31,7 +31,7 @@ def test_the_ecs_push_logs_in_to_ecr_in_the_process_that_pushes(moto_thread):
 
     with docker_standin(registry_password=ecr_password) as docker:
         no_login = {"DOCKER_CONFIG": str(REPO_ROOT / "tests" / "no-docker-config")}  # no login left by anyone
-        prefect_deploy("phspectra-sweep-stuck/ecs", {"DOCKER_HOST": docker.host, **no_login, **ECS_IMAGE})
+        prefect_deploy("ndjson-flush-orphans/ecs", {"DOCKER_HOST": docker.host, **no_login, **ECS_IMAGE})
     image = (ECS_IMAGE["PIPELINES_IMAGE_REPOSITORY"], ECS_IMAGE["PIPELINES_IMAGE_TAG"])
     assert docker.refused == [] and docker.pushes == [image]
 
