@@ -99,7 +99,7 @@ class Doors:
 def _flow_run_ids(data: Path) -> set[str]:
     """Every flow run the stack's server lists that has started (its history; a schedule's future runs are the
     scheduler's to replace when `prefect deploy` updates the schedule)."""
-    from tests.helpers.upgrade_feed import UNSIGNED_DEFAULTS, stack_env
+    from tests.helpers.upgrade_feed import run_in_stack
 
     code = (
         "from prefect.client.orchestration import get_client\n"
@@ -107,20 +107,12 @@ def _flow_run_ids(data: Path) -> set[str]:
         "    ids, offset = [], 0\n"
         "    while True:\n"
         "        page = c.read_flow_runs(limit=200, offset=offset)\n"
-        "        ids += [str(r.id) for r in page if r.state_type.value != 'SCHEDULED']\n"
+        "        ids += [str(r.id) for r in page if r.state_type is None or r.state_type.value != 'SCHEDULED']\n"
         "        offset += 200\n"
         "        if len(page) < 200: break\n"
         "print('\\n'.join(ids))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, **UNSIGNED_DEFAULTS, **stack_env(data)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return set(result.stdout.split())
+    return set(run_in_stack(data, code, check=True).stdout.split())
 
 
 def _watermarks(objects: Path) -> dict[str, float]:

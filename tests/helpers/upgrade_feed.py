@@ -47,6 +47,18 @@ def load_env(data: Path) -> None:
     state_store.reset_clients()
 
 
+def run_in_stack(data: Path, code: str, check: bool = False) -> subprocess.CompletedProcess:
+    """Python ``code`` in a process of its own on the stack's environment of the moment (its keys rotate)."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **UNSIGNED_DEFAULTS, **stack_env(data)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=check,
+    )
+
+
 def flush(data: Path) -> str:
     """One run of the hourly ``ndjson-flush-orphans`` (the feed's last partial batch), with the env of the moment."""
     code = (
@@ -54,13 +66,7 @@ def flush(data: Path) -> str:
         "print(run_deployment('ndjson-flush-orphans/local', timeout=0).id)"
     )
     try:
-        result = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**os.environ, **UNSIGNED_DEFAULTS, **stack_env(data)},
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        result = run_in_stack(data, code)
     except subprocess.TimeoutExpired:
         return "not started in 300 s"
     return result.stdout.strip() or result.stderr[-500:]
