@@ -8,11 +8,8 @@ others inject ENOSPC through ``tasks.core.faults``.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,6 +26,7 @@ from tasks.etl import merge as etl_merge
 from tasks.etl.ingest import settings
 from tasks.health import checks, disks
 from tasks.landing.sources import Arrival
+from tests.helpers.disk import fill, hidden_parts, small_disk
 from tests.helpers.etl import (
     DAY,
     assert_merged_exactly_once,
@@ -39,46 +37,6 @@ from tests.helpers.etl import (
 )
 
 MISSING = "ndjson-merge/not-deployed"  # a launch that fails: the manifest stays pending until a merge is run here
-
-
-@contextlib.contextmanager
-def small_disk(folder: Path, megabytes: int = 8) -> Iterator[Path]:
-    """A tmpfs of ``megabytes`` mounted over ``folder`` (unmounted after); skips the test when it cannot mount."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    folder.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m,mode=0755", "tmpfs", str(folder)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
-def fill(folder: Path, leave_bytes: int = 0) -> Path:
-    """A filler file that takes the disk's space, all of it or all but ``leave_bytes``."""
-    filler = folder / "filler.bin"
-    block = b"\0" * (1 << 16)
-    with open(filler, "wb") as handle:
-        while True:
-            room = disk.usage(folder).free_bytes - leave_bytes
-            if room <= 0:
-                break
-            try:
-                handle.write(block[: min(len(block), room)])
-                handle.flush()
-            except OSError as error:
-                assert error.errno == errno.ENOSPC
-                break
-    return filler
-
-
-def hidden_parts(root: Path) -> list[str]:
-    """Every unfinished write (``.part``) under ``root``."""
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*.part"))
 
 
 # --------------------------------------------------------------------------- ENOSPC recognised, however it comes
