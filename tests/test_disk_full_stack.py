@@ -100,7 +100,8 @@ def _merged_rows(objects: Path, date: str) -> Counter:
 
 def _assert_nothing_done_wrongly(objects: Path, date: str, state: dict) -> None:
     """No unfinished object, no unreadable Parquet, no file completed whose rows are not all merged, none failed."""
-    assert _no_leftover_parts(objects) == []
+    parts = _no_leftover_parts(objects)
+    assert parts == [], parts
     rows = _merged_rows(objects, date)
     for key, item in state["files"].items():
         assert item["status"] not in ("failed", "quarantined"), (key, item)

@@ -38,20 +38,20 @@ def etl(date: str) -> dict[str, Any]:
     """The tracking records of ``date``: files (key -> status, path, manifest, error) and manifests (name -> status,
     waiting reason)."""
     from tasks.core import config, state_store
-    from tasks.etl import ingest
+    from tasks.etl import ingest, keys
 
     files, manifests = {}, {}
     for item in state_store.scan_all(config.table_name(ingest.TRACKING)):
         if item["date_prefix"] != date:
             continue
         status = ingest.base_status(item)
-        if item["file_key"].startswith("MANIFEST#"):
+        if item["file_key"].startswith(keys.MANIFEST_PREFIX):
             manifests[item["file_key"].split("#", 1)[1]] = {
                 "status": status,
                 "waiting_reason": item.get("waiting_reason"),
                 "path": item.get("manifest_path"),
             }
-        else:
+        elif not keys.is_meta_record(item["file_key"]):  # a LOCK# or CATALOG# record is no file
             files[item["file_key"]] = {
                 "status": status,
                 "file_path": item.get("file_path"),
