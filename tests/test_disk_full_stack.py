@@ -36,7 +36,7 @@ from tests.helpers.disk import fill, hidden_parts, small_disk
 from tests.helpers.landing import record_messages
 from tests.helpers.stack_probe import probe
 
-pytestmark = pytest.mark.sweep  # a whole stack of its own, up and down: ~4 minutes
+pytestmark = pytest.mark.sweep  # a whole stack of its own, up and down: 3 to 4 minutes
 
 DISK_MB = 32
 PER_BATCH = 10  # the stack's files per manifest (EtlSettings' default): each feed is one whole manifest
