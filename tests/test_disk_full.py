@@ -95,6 +95,21 @@ def test_a_write_that_meets_a_full_disk_leaves_nothing_and_the_next_one_after_fr
         assert store.size("out/small.json") == 8192
 
 
+def test_a_landing_watermark_that_meets_a_full_disk_leaves_no_part_and_the_last_one_stands(tmp_path):
+    from tasks.landing.watch import Watermark, read_watermark, write_watermark
+
+    with small_disk(tmp_path / "objects", megabytes=4) as root:
+        write_watermark(root, Watermark(100.0, {"a": 1.0}))
+        filler = fill(root)
+        with pytest.raises(OSError) as raised:
+            write_watermark(root, Watermark(200.0, {"a" * 100_000: 1.0}))  # a body bigger than a page
+        assert disk.is_disk_full(raised.value)
+        assert not hidden_parts(root) and read_watermark(root).at == 100.0
+        filler.unlink()
+        write_watermark(root, Watermark(200.0, {"a": 2.0}))
+        assert read_watermark(root).at == 200.0 and not hidden_parts(root)
+
+
 def _local_file(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path

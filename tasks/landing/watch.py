@@ -180,7 +180,8 @@ def read_watermark(folder: Path) -> Watermark:
 
 
 def write_watermark(folder: Path, mark: Watermark) -> None:
-    """Keep ``mark`` in ``folder``: written beside, then renamed over the old one (never half a file)."""
+    """Keep ``mark`` in ``folder``: written beside, then renamed over the old one (never half a file); a write that
+    fails (a full disk) removes what it wrote beside."""
     body = json.dumps(
         {
             "watermark": mark.at,
@@ -191,8 +192,12 @@ def write_watermark(folder: Path, mark: Watermark) -> None:
         }
     )
     temporary = folder / f"{WATERMARK_NAME}.{os.getpid()}.part"
-    temporary.write_text(body)
-    os.replace(temporary, folder / WATERMARK_NAME)
+    try:
+        temporary.write_text(body)
+        os.replace(temporary, folder / WATERMARK_NAME)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def _not_utf8(name: str) -> bool:

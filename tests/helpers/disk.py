@@ -31,9 +31,9 @@ def small_disk(folder: Path, megabytes: int = 8) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def fill(folder: Path, leave_bytes: int = 0) -> Path:
-    """A filler file that takes the disk's space, all of it or all but ``leave_bytes``."""
-    filler = folder / "filler.bin"
+def fill(folder: Path, leave_bytes: int = 0, name: str = "filler.bin") -> Path:
+    """A filler file (``name``, written anew) that takes the disk's space, all of it or all but ``leave_bytes``."""
+    filler = folder / name
     block = b"\0" * (1 << 16)
     with open(filler, "wb") as handle:
         while True:
