@@ -105,7 +105,7 @@ def test_a_job_whose_chunking_meets_a_full_disk_waits_and_is_redriven_once_there
         (redriven,) = [r for r in _process_runs(client, deployment) if r.id != first.id]
         assert job["prefect_flow_run_id"] == str(redriven.id) and job["space_redrives"] == 1
         assert "redrives" not in job and "waiting_for_space" not in job  # MAX_REDRIVES is for crashes
-        assert video_sweep_stuck() == {}  # its new run holds it now
+        assert video_sweep_stuck() == {}  # no longer waiting: its new run has it
 
         _run(redriven)
     job = v.get_job(job_id)
