@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from flows.phspectra_survey import phspectra_survey, phspectra_sweep_stuck
+from tasks import reconcile
 from tasks.core.state_store import to_plain
 from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
@@ -46,6 +47,7 @@ def test_chunks_whose_results_meet_a_full_disk_wait_and_the_sweep_fits_them_once
             assert phspectra_sweep_stuck(survey=SURVEY, max_sweeps=1) == {}
         run = to_plain(ph.get_run(RUN_ID))
         assert run["status"] == "RUNNING" and not run.get("sweep_attempts") and not run.get("space_sweeps")
+        assert reconcile.disagreements(["phspectra"]) == []
 
         filler.unlink()
         swept = phspectra_sweep_stuck(survey=SURVEY, max_sweeps=1)

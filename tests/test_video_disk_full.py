@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from flows.video import video_process, video_sweep_stuck
+from tasks import reconcile
 from tasks.core import state_store
 from tasks.core.config import table_name
 from tasks.core.object_store import LocalStore
@@ -95,6 +96,7 @@ def test_a_job_whose_chunking_meets_a_full_disk_waits_and_is_redriven_once_there
 
         for _ in range(2):  # still full: left waiting, no run started, nothing counted
             assert video_sweep_stuck() == {}
+        assert reconcile.disagreements(["video"]) == []  # a waiting job is the sweep's, not a crash to recover
         assert [r.id for r in _process_runs(client, deployment)] == [first.id]
         assert _job(job_id)["waiting_for_space"] == job["waiting_for_space"]
 
