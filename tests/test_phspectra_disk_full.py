@@ -62,3 +62,38 @@ def test_chunks_whose_results_meet_a_full_disk_wait_and_the_sweep_fits_them_once
         assert output_rows(root, SURVEY, RUN_ID) == direct_rows(cube_url, {})  # every spectrum once, as fitted
         assert len(list((root / phspectra_keys.decomposition_prefix(SURVEY, RUN_ID)).rglob("*.parquet"))) == 3
         assert phspectra_sweep_stuck(survey=SURVEY) == {}
+
+
+def test_a_slow_lane_whose_write_meets_a_full_disk_waits_and_the_sweep_refits_once_there_is_room(
+    tables, tmp_path, monkeypatch
+):
+    cube_url = fits_cube(tmp_path, ny=1, nx=4, n_channels=48, nan_channels=0)  # 4 spectra, 1 chunk
+    run_id = f"{RUN_ID}-slow"
+    with small_disk(tmp_path / "disk", megabytes=8) as mount:
+        root = mount / "objects"
+        root.mkdir()
+        monkeypatch.setenv("OBJECT_STORE_BASE_URL", root.as_uri())
+        ph.split_cube(run_id, SURVEY, cube_url, chunk_size=4)
+        fitted = ph.fit_chunk(run_id, 0, time_limit_s=1e-6)  # its spectra ran past the limit: the slow lane owes them
+        assert fitted["outcome"] == "completed" and fitted["n_timed_out"] > 0
+        published = (root / phspectra_keys.decomposition_key(SURVEY, run_id, 0)).read_bytes()
+        filler = fill(root)
+
+        with pytest.raises(RuntimeError, match="1 waiting for space"):  # its slow lane's Parquet met the full disk
+            phspectra_survey(run_id=run_id, workers=1)
+
+        (chunk,) = [to_plain(c) for c in ph.list_chunks(run_id)]
+        assert chunk["status"] == "COMPLETED" and chunk["n_timed_out"] == fitted["n_timed_out"]
+        assert "No space left" in chunk["waiting_for_space"]
+        assert (root / chunk["output_key"]).read_bytes() == published and not hidden_parts(root)  # untouched
+        assert to_plain(ph.get_run(run_id))["status"] == "RUNNING"
+        for _ in range(2):
+            assert phspectra_sweep_stuck(survey=SURVEY, max_sweeps=1) == {}
+
+        filler.unlink()
+        assert phspectra_sweep_stuck(survey=SURVEY, max_sweeps=1)[run_id]["status"] == "COMPLETED"
+        (chunk,) = [to_plain(c) for c in ph.list_chunks(run_id)]
+        assert chunk["n_timed_out"] == 0 and "waiting_for_space" not in chunk
+        run = to_plain(ph.get_run(run_id))
+        assert (run["status"], run["jobs_completed"], run["jobs_failed"]) == ("COMPLETED", 1, 0)
+        assert output_rows(root, SURVEY, run_id) == direct_rows(cube_url, {})

@@ -511,8 +511,9 @@ def short_of_space(run: Mapping[str, Any], waiting: list[Mapping[str, Any]]) -> 
 
 
 def waiting_for_space(run_id: str) -> list[dict[str, Any]]:
-    """The run's chunks waiting for space (PENDING after their write met a full disk)."""
-    return [c for c in list_chunks(run_id) if c.get("status") == PENDING and WAITING_FOR_SPACE in c]
+    """The run's chunks waiting for space: PENDING after their fit's write met a full disk, or COMPLETED with the
+    slow lane still owed after its write did."""
+    return [c for c in list_chunks(run_id) if c.get("status") in (PENDING, COMPLETED) and WAITING_FOR_SPACE in c]
 
 
 def rows_to_table(xs: np.ndarray, ys: np.ndarray, rows: list[dict[str, Any]]) -> pa.Table:
@@ -665,7 +666,18 @@ def refit_timed_out(run_id: str, start: int, output_url: str | None = None, fit_
         rows = run_in_child(subset, run_params(run), None, slots=fit_slots).rows
     for index, row in zip(slow, rows):
         output[index].update(row)
-    write_parquet(store, chunk["output_key"], pa.Table.from_pylist(output, schema=PARQUET_SCHEMA))
+    seen = Condition("#t = :seen", {"#t": "n_timed_out"}, {":seen": chunk["n_timed_out"]})
+    try:
+        write_parquet(store, chunk["output_key"], pa.Table.from_pylist(output, schema=PARQUET_SCHEMA))
+    except Exception as error:
+        if not disk.is_disk_full(error):
+            raise
+        # the chunk keeps its Parquet as it was and its n_timed_out (the slow lane is still owed), waiting for space
+        reason = truncate_error(f"{type(error).__name__}: {error}")
+        waiting = {WAITING_FOR_SPACE: reason, WAITING_SINCE: now_iso()}
+        state_store.transition(table, key, COMPLETED, None, set=waiting, condition=seen)
+        run_logger(__name__).warning("slow lane of chunk %d of run %s waits for space: %s", start, run_id, reason)
+        return {"start": start, "refitted": 0, "waiting_for_space": reason}
     n_components = sum(row["n_components"] for row in output)
     state_store.transition(
         table,
@@ -673,7 +685,8 @@ def refit_timed_out(run_id: str, start: int, output_url: str | None = None, fit_
         COMPLETED,
         None,
         set={"n_timed_out": 0, "n_slow_refit": len(slow), "n_components": n_components, "slow_lane_at": now_iso()},
-        condition=Condition("#t = :seen", {"#t": "n_timed_out"}, {":seen": chunk["n_timed_out"]}),
+        remove=[WAITING_FOR_SPACE, WAITING_SINCE],
+        condition=seen,
     )
     return {"start": start, "refitted": len(slow)}
 
@@ -777,7 +790,7 @@ def summarize(run_id: str) -> dict[str, Any]:
         "n_slow_refit": sum(c.get("n_slow_refit", 0) for c in done),
         "n_chunk_items": len(chunks),
         "chunk_statuses": dict(statuses),
-        "n_waiting_for_space": sum(WAITING_FOR_SPACE in c for c in chunks if c.get("status") == PENDING),
+        "n_waiting_for_space": sum(WAITING_FOR_SPACE in c for c in chunks if c.get("status") in (PENDING, COMPLETED)),
         "fit_seconds": sum(c.get("duration_ms", 0) for c in chunks) / 1000,
         "chunks": [
             {
