@@ -218,7 +218,7 @@ def phspectra_survey(
             f"run {run_id}: {summary['jobs_failed']} of {summary['jobs_total']} chunks failed; "
             f"see `python -m deployments.cli phspectra failures --run-id {run_id}`"
         )
-    if summary["status"] == ph.RUN_RUNNING:  # e.g. the slow lane failed: Prefect must not say Completed
+    if summary["status"] == ph.RUN_RUNNING:  # e.g. the slow lane failed, a full disk: Prefect must not say Completed
         raise RuntimeError(f"run {run_id} is unfinished ({ph.unfinished(summary)}); phspectra-sweep-stuck re-drives it")
     return {k: v for k, v in summary.items() if k != "chunks"}
 
@@ -240,35 +240,48 @@ def phspectra_sweep_stuck(
     crashed split never wrote, fits every chunk not COMPLETED (PENDING, FAILED, IN_PROGRESS with an expired
     lease) into the run's own ``output_url``, runs the slow lane and finalizes it. In a run still driven, only
     chunks whose lease expired are re-driven. Its own fits hold leases of ``lease_seconds``.
+
+    A run whose chunks wait for space (their Parquet met a full disk) is left as it is while the output disk lacks
+    room (one log line for all such runs, no sweep counted); once it has room it is taken over the same way, not
+    counted against ``max_sweeps``.
     """
     swept: dict[str, Any] = {}
     runs = ph.active_runs(survey)
     drivers = reconcile.prefect_states([r.get("driver_flow_run_id") for r in runs], [])
+    still_full: dict[str, str] = {}  # run -> its disk, for one line: nothing fitted, no sweep counted
     for run in runs:
         run_id = run["PK"]
         refused = run_seal.broken(run)  # an item its split did not write as it is now: closed, nothing opened
         if refused:
             swept[run_id] = _close_run(run_id, refused, logged=True)
             continue
+        waiting = ph.waiting_for_space(run_id)
+        short = ph.short_of_space(run, waiting) if waiting else None
+        if short is not None:
+            still_full[run_id] = f"{len(waiting)} chunk(s); {short.describe()}"
+            continue
         driver = drivers.get(str(run.get("driver_flow_run_id")))
         if ph.orphaned(run, driver is not None and driver.type in reconcile.TERMINAL, iso_ago(quiet_minutes * 60)):
-            reason = _why_close(run, driver, max_sweeps)
-            work = _close_run(run_id, reason, logged=True) if reason else _take_orphan(run, driver)
+            reason = _why_close(run, driver, max_sweeps, bool(waiting))
+            work = _close_run(run_id, reason, logged=True) if reason else _take_orphan(run, driver, bool(waiting))
         else:
             work = _expired_chunks(run_id)
         if isinstance(work, dict):  # closed
             swept[run_id] = work
         elif work is not None:
             swept[run_id] = _redrive(run, *work, time_limit_s, workers, lease_seconds)
+    if still_full:
+        get_run_logger().warning("runs waiting for space, left waiting: %s", still_full)
     return swept
 
 
-def _why_close(run: dict[str, Any], driver: Any, max_sweeps: int) -> str | None:
-    """Why an orphaned run is closed, not re-driven: a person cancelled its flow run, or its sweeps ran out."""
+def _why_close(run: dict[str, Any], driver: Any, max_sweeps: int, waited: bool = False) -> str | None:
+    """Why an orphaned run is closed, not re-driven: a person cancelled its flow run, or its sweeps ran out (not
+    for a run whose chunks ``waited`` for space and now have room: a full disk never closes a run)."""
     run_id, attempts = run["PK"], int(run.get("sweep_attempts", 0))
     if driver is not None and driver.type == "CANCELLED":  # a person stopped it: finish it as FAILED, not re-drive
         return f"its flow run {driver.id} was cancelled ({ph.unfinished(ph.summarize(run_id))}); resume with run_id"
-    if attempts >= max_sweeps:
+    if attempts >= max_sweeps and not waited:
         return f"gave up after {attempts} sweeps: {ph.unfinished(ph.summarize(run_id))}"
     return None
 
@@ -282,11 +295,14 @@ def _close_run(run_id: str, reason: str, logged: bool = False) -> dict[str, Any]
     return {"redriven": [], "status": summary["status"]}
 
 
-def _take_orphan(run: dict[str, Any], driver: Any) -> tuple[list[int], list[int]] | dict[str, Any] | None:
-    """Take an orphaned run over and finish its split: the chunks to fit and its slow lane; the sweep's entry when
-    the split cannot finish (closed); None when another sweeper (or a resume) took it first."""
+def _take_orphan(
+    run: dict[str, Any], driver: Any, for_space: bool = False
+) -> tuple[list[int], list[int]] | dict[str, Any] | None:
+    """Take an orphaned run over (``for_space``: its chunks waited for space, not counted as a sweep) and finish its
+    split: the chunks to fit and its slow lane; the sweep's entry when the split cannot finish (closed); None when
+    another sweeper (or a resume) took it first."""
     run_id = run["PK"]
-    if not ph.take_over(run):
+    if not ph.take_over(run, for_space):
         return None
     try:
         complete_split_task(run_id)

@@ -19,6 +19,7 @@ from prefect.futures import as_completed
 from blocks import VideoInference, load_config
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow
 from tasks.core import limits
+from tasks.core.disk import is_disk_full
 from tasks.core.errors import RefusedInput
 from tasks.landing.listener import listen_report, open_source
 from tasks.video import inference as video_inference
@@ -32,9 +33,10 @@ FINAL_ERRORS = (RefusedInput, LookupError, ValueError, v.JobFailed)
 
 
 def _retry_unless_bad_input(task, task_run, state) -> bool:
-    """Bad input (not a video, empty, truncated, bad id) and ffmpeg's refusals are final; all else is worth a retry."""
+    """Bad input (not a video, empty, truncated, bad id) and ffmpeg's refusals are final; a full disk is not retried
+    (minutes rarely free it: the job waits for space, for `video-sweep-stuck`); all else is worth a retry."""
     error = state.result(raise_on_failure=False)
-    return not isinstance(error, FINAL_ERRORS)
+    return not isinstance(error, FINAL_ERRORS) and not is_disk_full(error)
 
 
 # bookkeeping steps run once (their writes are guarded); work steps retry transient faults, not bad input
@@ -62,6 +64,7 @@ def infer_segment_here_or_remote(
 
 infer_segment_task = task(infer_segment_here_or_remote, name="infer-segment", **CPU_HEAVY, **WORK_RETRIED)
 fail_job_task = task(v.fail_job, name="fail-job", cache_policy=NO_CACHE)
+wait_for_space_task = task(v.wait_for_space, name="wait-for-space", **RETRIED)
 reassemble_task = task(limits.holding_cpu_slot(v.reassemble), name="reassemble", **CPU_HEAVY, **WORK_RETRIED)
 recover_stuck_task = task(v.recover_stuck_job, name="recover-stuck-job", **WORK_RETRIED)
 cleanup_task = task(v.cleanup_deleted_job, name="cleanup-deleted-job", **RETRIED)
@@ -80,6 +83,8 @@ def _reassemble(job_id: JobId, stale_after_s: float) -> dict[str, Any]:
     except v.JobFailed:
         raise
     except Exception as error:  # noqa: BLE001 - after retries, any failure: the job must not stay chunking_complete
+        if is_disk_full(error):
+            return _wait(job_id, "reassembly", error)
         _fail(job_id, f"reassembly failed: {error}")
     print(f"reassembly of {job_id}: {result}")
     return result
@@ -114,6 +119,17 @@ def _fail(job_id: JobId, reason: str) -> None:
     fail_job_task(job_id, reason)
     get_run_logger().error(f"video job {job_id} failed: {reason}")
     raise v.JobFailed(f"video job {job_id} failed: {reason}")
+
+
+def _wait(job_id: JobId, step: str, error: BaseException) -> dict[str, Any]:
+    """The job met a full disk in ``step``: it waits for space (not failed); the job record, for the run's result."""
+    wait_for_space_task(job_id, f"{step} met a full disk: {error}")
+    job = v.get_job(job_id)
+    get_run_logger().warning(
+        f"video job {job_id} waits for space ({job.get(v.WAITING_FOR_SPACE)}); "
+        "video-sweep-stuck takes it again once the disk has room"
+    )
+    return job
 
 
 @pipeline_flow("video-process")
@@ -161,6 +177,8 @@ def video_process(
     try:
         segment_keys = chunk_source_task(job_id, segment_seconds, mode)
     except Exception as error:  # noqa: BLE001 - bad input, ffmpeg or storage failure after retries: the job fails
+        if is_disk_full(error):
+            return _wait(job_id, "chunking", error)
         _fail(job_id, f"chunking failed: {error}")
     print(f"video job {job_id}: {len(segment_keys)} segments of {segment_seconds:g} s, mode {mode}, backend {backend}")
 
@@ -173,9 +191,12 @@ def video_process(
         try:
             results.append(future.result())
         except Exception as error:  # noqa: BLE001 - a segment's task may raise anything; every failure is reported
-            errors.append(f"{segment_key.rsplit('/', 1)[1]}: {error}")
+            errors.append((segment_key.rsplit("/", 1)[1], error))
+    if errors and all(is_disk_full(error) for _, error in errors):  # the done segments stay done: taken again later
+        return _wait(job_id, f"{len(errors)} of {len(segment_keys)} segments", errors[0][1])
     if errors:
-        _fail(job_id, f"{len(errors)} of {len(segment_keys)} segments failed after retries; first: {errors[0]}")
+        first = f"{errors[0][0]}: {errors[0][1]}"
+        _fail(job_id, f"{len(errors)} of {len(segment_keys)} segments failed after retries; first: {first}")
 
     if any(r["triggered"] for r in results):  # this run wrote the last completion and created the lock
         _reassemble(job_id, reassembly_stale_after_s)  # here, in this process: no second run to wait for
@@ -189,6 +210,9 @@ def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     """Jobs `chunking_complete` for longer than ``stuck_minutes`` whose Prefect runs all ended: reassemble,
     re-drive (a new run of the dead run's deployment, at most ``MAX_REDRIVES`` times) or fail with the reason.
 
+    Jobs waiting for space are taken the same way once the store's disk has room (their re-drive not counted);
+    while it has none they are left waiting, all named in one log line.
+
     A job whose process or reassembly run is still scheduled, pending or running is left alone. The same
     recovery runs at once when a run that held a job crashes (`records-prefect-state`); this sweep is the backstop.
     """
@@ -197,13 +221,21 @@ def video_sweep_stuck(stuck_minutes: float = 30.0) -> dict[str, dict[str, Any]]:
     candidates = v.stuck_candidates(stuck_minutes * 60)
     states = prefect_states([r for c in candidates for r in c["flow_run_ids"]], [])
     swept: dict[str, dict[str, Any]] = {}
+    still_full: dict[str, str] = {}  # job -> its disk, for one line: no run, no task run per waiting job
     for candidate in candidates:
         alive = [r for r in candidate["flow_run_ids"] if r in states and states[r].type not in TERMINAL]
         if alive:
             print(f"video job {candidate['job_id']}: still held by run(s) {alive}, left alone")
             continue
+        short = v.short_of_space(candidate["job_id"]) if candidate["waiting_for_space"] else None
+        if short is not None:
+            still_full[candidate["job_id"]] = short.describe()
+            continue
         swept[candidate["job_id"]] = recover_stuck_task(candidate["job_id"])
         print(f"video job {candidate['job_id']}: {swept[candidate['job_id']]}")
+    if still_full:
+        disk_line = next(iter(still_full.values()))
+        print(f"{len(still_full)} video job(s) wait for space, left waiting: {sorted(still_full)} ({disk_line})")
     return swept
 
 

@@ -120,6 +120,7 @@ TASKS: dict[str, dict[str, tuple]] = {
         "chunk-source": (2, [2, 10], "_None", 900.0, "_retry_unless_bad_input"),
         "infer-segment": (2, [2, 10], "_None", 900.0, "_retry_unless_bad_input"),
         "fail-job": NONE,
+        "wait-for-space": (2, [2, 10], "_None", None, None),
         "reassemble": (2, [2, 10], "_None", 900.0, "_retry_unless_bad_input"),
         "recover-stuck-job": (2, [2, 10], "_None", None, "_retry_unless_bad_input"),
         "cleanup-deleted-job": (2, [2, 10], "_None", None, None),

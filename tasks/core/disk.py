@@ -113,3 +113,13 @@ def usage(path: str | Path) -> DiskUsage:
     byte_share = 100.0 * (total - free) / total if total else 0.0
     inode_share = 100.0 * (stat.f_files - stat.f_favail) / stat.f_files if stat.f_files else 0.0
     return DiskUsage(str(path), mount_point(existing), total, free, max(byte_share, inode_share))
+
+
+MIN_ROOM_BYTES = 1 << 20  # work waiting for space is taken again only once at least this much is free
+
+
+def short_of_space(path: str | Path, needed_bytes: int = 0) -> DiskUsage | None:
+    """The reading of the disk holding ``path`` while it has less than ``needed_bytes`` (at least ``MIN_ROOM_BYTES``)
+    free: work that met a full disk goes on waiting. None once there is room to take it again."""
+    reading = usage(path)
+    return reading if reading.free_bytes < max(needed_bytes, MIN_ROOM_BYTES) else None

@@ -109,6 +109,11 @@ class ObjectStore:
         """The full URL of ``key`` in this store."""
         return f"{self.url.rstrip('/')}/{safe_key(key)}"
 
+    def disk_folder(self) -> Path:
+        """The local folder whose disk this store's writes fill: the temporary folder its local copies and a
+        pipeline's scratch files use (a local store overrides it with its root)."""
+        return Path(tempfile.gettempdir())
+
     # the interface
     def put_bytes(self, key: str, data: bytes) -> str:
         """Store ``data`` at ``key`` (replacing any object there); returns its URL."""
@@ -195,6 +200,10 @@ class LocalStore(ObjectStore):
     def url_for(self, key: str) -> str:
         """The ``file://`` URL of ``key``, percent-encoded as a file URL is (a name with ``#``, ``?`` or ``%``)."""
         return f"{self.url.rstrip('/')}/{quote(safe_key(key), safe='/')}"
+
+    def disk_folder(self) -> Path:
+        """The store's root: its objects fill the disk under it."""
+        return self.root
 
     def path(self, key: str) -> Path:
         """The local file of ``key``; ValueError if it resolves outside the root."""

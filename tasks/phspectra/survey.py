@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from boto3.dynamodb.conditions import Attr, Key
 
-from tasks.core import keys, state_store
+from tasks.core import disk, keys, state_store
 from tasks.core.config import object_store, table_name
 from tasks.core.object_store import ObjectNotFound, ObjectStore, open_url
 from tasks.core.runtime import iso_ago, now_iso, prefect_ids, run_logger, utc_now
@@ -43,6 +43,10 @@ ERROR_BYTES = 1024
 DEFAULT_CHUNK_SIZE = 500
 DEFAULT_LEASE_S = 60.0  # a claim lasts this long unless its fitter renews it (every third of it)
 NAN_FILL = 0.0  # NaN channels become 0.0 before fitting (fit_gaussians refuses NaN), and are counted
+# a chunk whose result write met a full disk goes back to PENDING (never FAILED: the disk is no fault of the cube)
+# with why it waits and since when, until `phspectra-sweep-stuck` fits it again once the disk has room
+WAITING_FOR_SPACE = "waiting_for_space"
+WAITING_SINCE = "waiting_for_space_since"
 
 PARQUET_SCHEMA = pa.schema(
     [
@@ -438,7 +442,9 @@ def claim_chunk(
             "worker_host": socket.gethostname(),
             **ids,
         }
-        result = state_store.transition(table, key, PENDING, IN_PROGRESS, set=claim, add={"attempts": 1})
+        result = state_store.transition(
+            table, key, PENDING, IN_PROGRESS, set=claim, add={"attempts": 1}, remove=[WAITING_FOR_SPACE, WAITING_SINCE]
+        )
         if result.applied:
             return to_plain(result.item)
         current = result.item
@@ -472,6 +478,42 @@ def claim_chunk(
         if result.applied:
             return to_plain(result.item)
     return None
+
+
+def wait_for_space(run_id: str, start: int, started_at: str, error: str) -> str:
+    """IN_PROGRESS -> PENDING for the claim that set ``started_at``, its lease given up, with why it waits: the
+    chunk's Parquet met a full disk (its write removed what it had written, so nothing is published). No counter
+    moves. The reason recorded."""
+    reason = truncate_error(error)
+    state_store.transition(
+        runs_table(),
+        chunk_key(run_id, start),
+        IN_PROGRESS,
+        PENDING,
+        condition=_mine(started_at),
+        set={WAITING_FOR_SPACE: reason, WAITING_SINCE: now_iso()},
+        remove=["lease_expires_at"],
+    )
+    return reason
+
+
+def short_of_space(run: Mapping[str, Any], waiting: list[Mapping[str, Any]]) -> disk.DiskUsage | None:
+    """The reading of the run's output disk while it lacks room for the ``waiting`` chunks (their inputs' size, a
+    bound on their Parquet); None once they can be fitted again."""
+    store = object_store(run.get("output_url"))
+    needed = 0
+    for chunk in waiting:
+        try:
+            needed += store.size(chunk["chunk_key"])
+        except ObjectNotFound:
+            pass
+    return disk.short_of_space(store.disk_folder(), needed)
+
+
+def waiting_for_space(run_id: str) -> list[dict[str, Any]]:
+    """The run's chunks waiting for space: PENDING after their fit's write met a full disk, or COMPLETED with the
+    slow lane still owed after its write did."""
+    return [c for c in list_chunks(run_id) if c.get("status") in (PENDING, COMPLETED) and WAITING_FOR_SPACE in c]
 
 
 def rows_to_table(xs: np.ndarray, ys: np.ndarray, rows: list[dict[str, Any]]) -> pa.Table:
@@ -549,6 +591,10 @@ def fit_chunk(
         run_logger(__name__).warning("%s; its new claim finishes it", stopped)
         return {"start": start, "outcome": "superseded", "duration_ms": elapsed_ms()}
     except Exception as error:
+        if disk.is_disk_full(error):  # not retried here: minutes rarely free a disk; the sweep takes it again
+            reason = wait_for_space(run_id, start, started_at, f"{type(error).__name__}: {error}")
+            run_logger(__name__).warning("chunk %d of run %s waits for space: %s", start, run_id, reason)
+            return {"start": start, "outcome": "waiting for space", "error": reason, "duration_ms": elapsed_ms()}
         state_store.transition(
             table,
             key,
@@ -620,7 +666,18 @@ def refit_timed_out(run_id: str, start: int, output_url: str | None = None, fit_
         rows = run_in_child(subset, run_params(run), None, slots=fit_slots).rows
     for index, row in zip(slow, rows):
         output[index].update(row)
-    write_parquet(store, chunk["output_key"], pa.Table.from_pylist(output, schema=PARQUET_SCHEMA))
+    seen = Condition("#t = :seen", {"#t": "n_timed_out"}, {":seen": chunk["n_timed_out"]})
+    try:
+        write_parquet(store, chunk["output_key"], pa.Table.from_pylist(output, schema=PARQUET_SCHEMA))
+    except Exception as error:
+        if not disk.is_disk_full(error):
+            raise
+        # the chunk keeps its Parquet as it was and its n_timed_out (the slow lane is still owed), waiting for space
+        reason = truncate_error(f"{type(error).__name__}: {error}")
+        waiting = {WAITING_FOR_SPACE: reason, WAITING_SINCE: now_iso()}
+        state_store.transition(table, key, COMPLETED, None, set=waiting, condition=seen)
+        run_logger(__name__).warning("slow lane of chunk %d of run %s waits for space: %s", start, run_id, reason)
+        return {"start": start, "refitted": 0, "waiting_for_space": reason}
     n_components = sum(row["n_components"] for row in output)
     state_store.transition(
         table,
@@ -628,7 +685,8 @@ def refit_timed_out(run_id: str, start: int, output_url: str | None = None, fit_
         COMPLETED,
         None,
         set={"n_timed_out": 0, "n_slow_refit": len(slow), "n_components": n_components, "slow_lane_at": now_iso()},
-        condition=Condition("#t = :seen", {"#t": "n_timed_out"}, {":seen": chunk["n_timed_out"]}),
+        remove=[WAITING_FOR_SPACE, WAITING_SINCE],
+        condition=seen,
     )
     return {"start": start, "refitted": len(slow)}
 
@@ -732,6 +790,7 @@ def summarize(run_id: str) -> dict[str, Any]:
         "n_slow_refit": sum(c.get("n_slow_refit", 0) for c in done),
         "n_chunk_items": len(chunks),
         "chunk_statuses": dict(statuses),
+        "n_waiting_for_space": sum(WAITING_FOR_SPACE in c for c in chunks if c.get("status") in (PENDING, COMPLETED)),
         "fit_seconds": sum(c.get("duration_ms", 0) for c in chunks) / 1000,
         "chunks": [
             {
@@ -789,8 +848,10 @@ def orphaned(run: Mapping[str, Any], driver_ended: bool, quiet_before: str) -> b
     return driver_ended or last_activity(run, chunks) < quiet_before
 
 
-def take_over(run: Mapping[str, Any]) -> bool:
-    """Become the driver of an orphaned run, counting one sweep; False if another sweeper or a resume was first."""
+def take_over(run: Mapping[str, Any], for_space: bool = False) -> bool:
+    """Become the driver of an orphaned run, counting one sweep (``for_space``: a run whose chunks waited for space,
+    counted in ``space_sweeps`` instead, as a full disk is no reason to give it up); False if another sweeper or a
+    resume was first."""
     seen = {a: run.get(a) for a in ("driver_flow_run_id", "driven_at")}
     return state_store.transition(
         runs_table(),
@@ -798,7 +859,7 @@ def take_over(run: Mapping[str, Any]) -> bool:
         RUN_RUNNING,
         None,
         set=driver_claim(),
-        add={"sweep_attempts": 1},
+        add={"space_sweeps" if for_space else "sweep_attempts": 1},
         condition=state_store.unchanged(seen),
     ).applied
 
@@ -816,9 +877,10 @@ def unfinished(summary: Mapping[str, Any]) -> str:
     """What keeps a run from finishing, in words (for a FAILED run's reason)."""
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary["chunk_statuses"].items()))
     missing = summary["jobs_total"] - summary["n_chunk_items"]
-    timed_out = summary["n_timed_out"]
+    timed_out, waiting = summary["n_timed_out"], summary.get("n_waiting_for_space")
     return (
         f"chunks {statuses or 'none'} of {summary['jobs_total']}"
+        + (f", {waiting} waiting for space (a full disk)" if waiting else "")
         + (f", {missing} never written" if missing > 0 else "")
         + (f", {timed_out} spectra still past the time limit" if timed_out else "")
     )

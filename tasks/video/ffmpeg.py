@@ -15,6 +15,7 @@ the backends, is left out), so audio that starts late or ends early comes throug
 
 from __future__ import annotations
 
+import errno
 import functools
 import re
 import struct
@@ -26,7 +27,7 @@ from typing import Any
 
 import ffmpeg
 
-from tasks.core.errors import PipelineError, RefusedInput
+from tasks.core.errors import DiskFull, PipelineError, RefusedInput
 
 # mode -> video filter chain (None: stream copy). Every mode keeps frames, timestamps and audio as they are.
 FILTERS: dict[str, str | None] = {
@@ -51,7 +52,6 @@ class FfmpegRefused(FfmpegError, RefusedInput):
 
 # ffmpeg failures a retry may cure: the machine, not the media (anything else on the same input fails again)
 TRANSIENT_CAUSES = (
-    "No space left",
     "Cannot allocate memory",
     "Resource temporarily unavailable",
     "Killed",
@@ -59,6 +59,8 @@ TRANSIENT_CAUSES = (
     "timed out",
     "Input/output error",
 )
+# ffmpeg's words for a write refused for want of space: a full disk (DiskFull), the job waits for room
+FULL_DISK_CAUSES = ("No space left", "Disk quota exceeded")
 # the demuxers an upload may be read with: containers that hold their own media. Any other is refused at the probe:
 # hls, dash, concat, image2 and the like read the files or URLs an upload names (outside the job's folder too)
 UPLOAD_DEMUXERS = ("mov", "matroska", "avi", "flv", "mpegts", "mpeg", "ogg", "asf", "nut", "ivf", "mxf")
@@ -115,7 +117,7 @@ def open_media(path: str | Path, demuxer: str = OWN_DEMUXER):
 
 def run(stream) -> None:
     """Run an ffmpeg-python graph with the bundled binary; errors become FfmpegRefused (or FfmpegError when a retry
-    may cure them: killed, out of space or memory) with ffmpeg's own cause lines."""
+    may cure them: killed, out of memory; DiskFull when a write met a full disk) with ffmpeg's own cause lines."""
     try:
         stream.global_args("-hide_banner", "-nostdin", "-loglevel", "error").run(
             cmd=ffmpeg_exe(), capture_stdout=True, capture_stderr=True, overwrite_output=True
@@ -123,6 +125,8 @@ def run(stream) -> None:
     except ffmpeg.Error as error:
         text = (error.stderr or b"").decode(errors="replace")
         message = "ffmpeg failed: " + (" | ".join(cause_lines(text)) or "no message")
+        if any(cause in text for cause in FULL_DISK_CAUSES):
+            raise DiskFull(errno.ENOSPC, message) from None
         transient = any(cause in text for cause in TRANSIENT_CAUSES) or not text.strip()
         raise (FfmpegError if transient else FfmpegRefused)(message) from None
 

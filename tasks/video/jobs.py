@@ -41,6 +41,12 @@ FAILED = "failed"
 DELETED = "deleted"
 ACTIVE = (CREATED, CHUNKING, CHUNKED)
 DELETABLE = (COMPLETED, FAILED)
+# a job that met a full disk stays active, its writes undone, with why it waits (and since when) until
+# `video-sweep-stuck` takes it again: a full disk is no fault of the upload, so it never fails the job
+WAITING_FOR_SPACE = "waiting_for_space"
+WAITING_SINCE = "waiting_for_space_since"
+SPACE_REDRIVES = "space_redrives"  # re-runs after a wait for space: not counted against MAX_REDRIVES
+ROOM_PER_SOURCE_BYTE = 4  # a job writes its segments, their outputs, the final and a normalised copy: each ~ source
 
 
 class JobFailed(PipelineError, RuntimeError):
@@ -292,6 +298,9 @@ _ATTEMPT_ATTRS = (
     "redrives",
     "redriven_at",
     "ttl",  # a finished job's retention (tasks/retention)
+    WAITING_FOR_SPACE,
+    WAITING_SINCE,
+    SPACE_REDRIVES,
 )
 
 
@@ -341,7 +350,12 @@ def reopen_failed_job(job_id: JobId) -> bool:
 def start_chunking(job_id: JobId) -> dict[str, Any]:
     """created -> chunking_in_progress (a retry finds it already there), recording the Prefect run ids."""
     result = state_store.transition(
-        _jobs(), _key(job_id), (CREATED, CHUNKING), CHUNKING, set={"chunking_started_at": now_iso(), **prefect_ids()}
+        _jobs(),
+        _key(job_id),
+        (CREATED, CHUNKING),
+        CHUNKING,
+        set={"chunking_started_at": now_iso(), **prefect_ids()},
+        remove=[WAITING_FOR_SPACE, WAITING_SINCE],  # a run that takes a waiting job again: it no longer waits
     )
     if result.applied:
         return state_store.to_plain(result.item)
@@ -360,7 +374,11 @@ def open_job(job_id: JobId) -> dict[str, Any]:
     cleared a failed attempt. Both steps are idempotent, so a retry or a re-run after a crash in between redoes them.
     """
     reopened = reopen_failed_job(job_id)
-    return {**start_chunking(job_id), "reopened": reopened}
+    job = start_chunking(job_id)
+    if WAITING_FOR_SPACE in job:  # a chunked job waiting for space, taken by a run: it no longer waits
+        end_wait(job_id)
+        job = {k: v for k, v in job.items() if k not in (WAITING_FOR_SPACE, WAITING_SINCE)}
+    return {**job, "reopened": reopened}
 
 
 def segment_keys_of(job: dict[str, Any]) -> list[str]:
@@ -782,6 +800,51 @@ def deleted_jobs_awaiting_cleanup() -> list[JobId]:
     return sorted(parse_job_id(item["job_id"]) for item in items)
 
 
+# --------------------------------------------------------------------------- a full disk: the job waits
+
+
+def wait_for_space(job_id: JobId, reason: str) -> bool:
+    """A job whose chunking, segment or reassembly met a full disk: what it published half-way removed (the segments
+    of a chunking that stopped; an output or final.mp4 is only ever renamed in whole), and the job left active with
+    ``waiting_for_space`` (the public reason) and its time, for `video-sweep-stuck` to take it again once the disk
+    has room. True when recorded; False when the job is no longer active (nothing changed)."""
+    job = state_store.get_item(_jobs(), _key(job_id))
+    if job is None or job.get("status") not in (CHUNKING, CHUNKED):
+        return False
+    if job.get("status") == CHUNKING:  # its segments are not the job's until chunking_complete records them
+        object_store().delete_prefix(video_keys.segments_prefix(job_id))
+    return state_store.transition(
+        _jobs(),
+        _key(job_id),
+        (CHUNKING, CHUNKED),
+        None,
+        set={WAITING_FOR_SPACE: public_reason(reason)[:1000], WAITING_SINCE: now_iso()},
+    ).applied
+
+
+def end_wait(job_id: JobId) -> bool:
+    """The job no longer waits for space (it is taken again); True when it was waiting."""
+    return state_store.transition(
+        _jobs(),
+        _key(job_id),
+        (CHUNKING, CHUNKED),
+        None,
+        remove=[WAITING_FOR_SPACE, WAITING_SINCE],
+        condition=Condition("attribute_exists(#waiting)", {"#waiting": WAITING_FOR_SPACE}),
+    ).applied
+
+
+def short_of_space(job_id: JobId) -> disk.DiskUsage | None:
+    """The reading of the store's disk while it lacks room for the job's writes (about ``ROOM_PER_SOURCE_BYTE``
+    times its source); None once the job can be taken again."""
+    store = object_store()
+    try:
+        source_bytes = store.size(video_keys.source_key(job_id))
+    except ObjectNotFound:
+        source_bytes = 0
+    return disk.short_of_space(store.disk_folder(), ROOM_PER_SOURCE_BYTE * source_bytes)
+
+
 # --------------------------------------------------------------------------- stuck jobs
 
 
@@ -801,15 +864,24 @@ def holders(job: dict[str, Any], lock: dict[str, Any] | None) -> list[str]:
 
 
 def stuck_candidates(older_than_s: float) -> list[dict[str, Any]]:
-    """Jobs ``chunking_complete`` for longer than ``older_than_s``, with the Prefect flow runs that may hold them."""
+    """Jobs ``chunking_complete`` for longer than ``older_than_s``, and jobs waiting for space (at any age), with the
+    Prefect flow runs that may hold them and whether they wait for space."""
     cutoff = iso_ago(older_than_s)
-    items = state_store.scan_all(
-        _jobs(), keep=lambda i: i.get("status") == CHUNKED and str(i.get("chunking_completed_at", "")) < cutoff
-    )
-    jobs = sorted(items, key=lambda i: i["job_id"])
+
+    def stuck(item: dict[str, Any]) -> bool:
+        if item.get("status") in (CHUNKING, CHUNKED) and WAITING_FOR_SPACE in item:
+            return True
+        return item.get("status") == CHUNKED and str(item.get("chunking_completed_at", "")) < cutoff
+
+    jobs = sorted(state_store.scan_all(_jobs(), keep=stuck), key=lambda i: i["job_id"])
     locks = {lock["job_id"]: lock for lock in state_store.get_many(_locks(), (_key(job["job_id"]) for job in jobs))}
     return [
-        {"job_id": parse_job_id(job["job_id"]), "flow_run_ids": holders(job, locks.get(job["job_id"]))} for job in jobs
+        {
+            "job_id": parse_job_id(job["job_id"]),
+            "flow_run_ids": holders(job, locks.get(job["job_id"])),
+            "waiting_for_space": WAITING_FOR_SPACE in job,
+        }
+        for job in jobs
     ]
 
 
@@ -842,6 +914,8 @@ def recover_stuck_job(
     """A job left chunking (or ``chunking_complete``) with no live run: reassemble when every segment is done, else
     re-drive it (a new run of its deployment, at most ``max_redrives`` times), else fail it with the reason.
 
+    A job waiting for space is left waiting while the disk lacks room; once it has room it is taken the same way,
+    its re-drive not counted against ``max_redrives`` (a full disk is not the job's fault, so it never fails it).
     The caller has checked that no Prefect run holding the job is alive, so a reassembly claim is taken over.
     ``owner``: act only while the job is still held by that run (a re-driven job belongs to its new run).
     """
@@ -849,15 +923,15 @@ def recover_stuck_job(
     status = None if job is None else job.get("status")
     if job is None or status not in (CHUNKING, CHUNKED) or (owner and job.get("prefect_flow_run_id") != owner):
         return {"job_id": job_id, "status": status, "action": "none"}
+    waiting = WAITING_FOR_SPACE in job
+    short = short_of_space(job_id) if waiting else None
+    if short is not None:
+        return {"job_id": job_id, "status": status, "action": "waiting for space", "disk": short.describe()}
     total, done = (int(job["total_segments"]), count_completions(job_id)) if status == CHUNKED else (None, 0)
     if done == total:
-        lock = {"job_id": job_id, "triggered_at": now_iso(), **prefect_ids()}
-        state_store.create_if_absent(_locks(), lock, ["job_id"])  # the trigger, if its worker died before it
-        try:
-            result = reassemble(job_id, owner=f"sweep-{uuid.uuid4().hex}", stale_after_s=0)
-        except JobFailed as error:
-            return {"job_id": job_id, "status": FAILED, "action": "reassembly failed", "reason": str(error)}
-        return {"job_id": job_id, "status": result["status"], "action": "reassembled"}
+        return _reassemble_stuck(job_id, waiting)
+    if waiting:
+        return _redrive_after_wait(job_id, job)
     progress = "chunking" if total is None else f"{done} of {total} segments done"
     redrives, ended = int(job.get("redrives", 0)), job.get("prefect_flow_run_id")
     new_run = redrive_run(job_id, ended) if ended and redrives < max_redrives else None
@@ -885,3 +959,44 @@ def recover_stuck_job(
         "action": "failed" if reason else "none",
         "reason": reason,
     }
+
+
+def _reassemble_stuck(job_id: JobId, waiting: bool) -> dict[str, Any]:
+    """Every segment of a stuck job is done: reassemble it here (the trigger taken if its worker died before it); a
+    full disk met again leaves it waiting."""
+    if waiting:
+        end_wait(job_id)
+    lock = {"job_id": job_id, "triggered_at": now_iso(), **prefect_ids()}
+    state_store.create_if_absent(_locks(), lock, ["job_id"])  # the trigger, if its worker died before it
+    try:
+        result = reassemble(job_id, owner=f"sweep-{uuid.uuid4().hex}", stale_after_s=0)
+    except JobFailed as error:
+        return {"job_id": job_id, "status": FAILED, "action": "reassembly failed", "reason": str(error)}
+    except Exception as error:
+        if not disk.is_disk_full(error):
+            raise
+        wait_for_space(job_id, f"reassembly met a full disk: {error}")
+        return {"job_id": job_id, "status": CHUNKED, "action": "waiting for space", "reason": public_reason(str(error))}
+    return {"job_id": job_id, "status": result["status"], "action": "reassembled"}
+
+
+def _redrive_after_wait(job_id: JobId, job: dict[str, Any]) -> dict[str, Any]:
+    """A job that waited for space, with room again: a new run of the deployment of the run that left it waiting,
+    counted in ``space_redrives`` (not ``redrives``). With no deployment to re-run (its run was started by hand
+    outside one) it stays waiting: a re-run of video-process takes it."""
+    status, ended = job["status"], job.get("prefect_flow_run_id")
+    new_run = redrive_run(job_id, ended) if ended else None
+    if not new_run:
+        return {"job_id": job_id, "status": status, "action": "none", "reason": "no deployment run to re-drive"}
+    moved = state_store.transition(
+        _jobs(),
+        _key(job_id),
+        status,
+        None,
+        set={"prefect_flow_run_id": new_run, "redriven_at": now_iso()},
+        add={SPACE_REDRIVES: 1},
+        remove=["prefect_task_run_id", WAITING_FOR_SPACE, WAITING_SINCE],
+        condition=state_store.unchanged({"prefect_flow_run_id": ended, WAITING_SINCE: job.get(WAITING_SINCE)}, "r"),
+    )
+    action = "re-driven" if moved.applied else "none"
+    return {"job_id": job_id, "status": status, "action": action, "flow_run_id": new_run}

@@ -30,16 +30,18 @@ class VideoJobAdapter(TableAdapter):
         )
 
     def tracked(self) -> Iterable[Tracked]:
-        """Jobs chunking or chunking_complete with a process run, with the reassembly runs that also hold them."""
+        """Jobs chunking or chunking_complete with a process run, with the reassembly runs that also hold them; a job
+        waiting for space is no run's (its run ended on purpose): `video-sweep-stuck` takes it once there is room."""
         from tasks.video import jobs as video
 
-        active = (video.CHUNKING, video.CHUNKED)
-        jobs = list(
-            state_store.scan_all(
-                self.table_name(),
-                keep=lambda item: item.get("status") in active and bool(item.get("prefect_flow_run_id")),
+        def held(item) -> bool:
+            return (
+                item.get("status") in (video.CHUNKING, video.CHUNKED)
+                and bool(item.get("prefect_flow_run_id"))
+                and video.WAITING_FOR_SPACE not in item
             )
-        )
+
+        jobs = list(state_store.scan_all(self.table_name(), keep=held))
         locks = {
             lock["job_id"]: lock
             for lock in state_store.get_many(
