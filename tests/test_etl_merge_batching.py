@@ -206,7 +206,7 @@ def test_the_launcher_announces_one_manifest_per_batch_and_none_while_a_merge_ru
     does not take further ones, or a run already running, does not count: one event for the batch."""
     from prefect import flow as prefect_flow
     from prefect.client.orchestration import get_client
-    from prefect.states import Running
+    from prefect.states import Completed, Running
 
     name = f"batching-{uuid.uuid4().hex[:6]}"
     deployment = f"ndjson-merge/{name}"
@@ -240,6 +240,11 @@ def test_the_launcher_announces_one_manifest_per_batch_and_none_while_a_merge_ru
     last = [ManifestRef(DAY, f"batch-{tag}-last-{i}.json", f"file:///m/{tag}-x{i}.json", 5) for i in range(2)]
     assert [o["run"] for o in etl.launch_merges(last, etl.deployment_launcher(deployment))] == [str(staying.id)] * 2
     assert _announced(last) == set()
+    with get_client(sync_client=True) as client:  # later launches trust it without a look at the server
+        client.set_flow_run_state(staying.id, Completed(), force=True)
+    after = [ManifestRef(DAY, f"batch-{tag}-after.json", f"file:///m/{tag}-after.json", 5)]
+    assert [o["run"] for o in etl.launch_merges(after, etl.deployment_launcher(deployment))] == [str(staying.id)]
+    assert _announced(after) == set()
 
 
 def test_only_a_recently_queued_draining_run_or_a_staying_one_with_time_left_holds_back_an_announcement():

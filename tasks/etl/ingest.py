@@ -749,6 +749,11 @@ def taking_merge_run(client: Any, deployment_id: Any) -> str | None:
     created in the last ``QUEUED_RUN_TRUSTED_S``, or one Running that stays for more with over
     ``STAYING_RUN_MARGIN_S`` of its ``more_seconds`` left. Either takes further pending manifests (``more_manifests``
     > 0) and is no breaker trial. Its id, or None."""
+    return _taking_run(_unfinished_merge_runs(client, deployment_id), utc_now())[0]
+
+
+def _unfinished_merge_runs(client: Any, deployment_id: Any) -> list[Any]:
+    """The merge deployment's runs not started or running (one read)."""
     from prefect.client.schemas.filters import (
         DeploymentFilter,
         DeploymentFilterId,
@@ -758,7 +763,7 @@ def taking_merge_run(client: Any, deployment_id: Any) -> str | None:
     )
     from prefect.client.schemas.objects import StateType
 
-    runs = client.read_flow_runs(
+    return client.read_flow_runs(
         deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
         flow_run_filter=FlowRunFilter(
             state=FlowRunFilterState(
@@ -767,7 +772,14 @@ def taking_merge_run(client: Any, deployment_id: Any) -> str | None:
         ),
         limit=20,
     )
-    now = utc_now()
+
+
+def _taking_run(runs: Iterable[Any], now: datetime) -> tuple[str | None, float]:
+    """The taking run among ``runs`` (see ``taking_merge_run``) and for how many seconds from ``now`` it may be
+    trusted without another look: a staying run's time left less the margin, 0 for a queued run (its scan may come
+    soon after; a later launch looks again)."""
+    from prefect.client.schemas.objects import StateType
+
     for run in runs:
         parameters = run.parameters or {}
         if int(parameters.get("more_manifests", 0)) <= 0 or TRIAL_TAG in (run.tags or []):
@@ -775,10 +787,10 @@ def taking_merge_run(client: Any, deployment_id: Any) -> str | None:
         if run.state_type == StateType.RUNNING:
             left = _seconds_left(run, parameters, now)
             if parameters.get("stay_for_more") and left is not None and left > STAYING_RUN_MARGIN_S:
-                return str(run.id)
+                return str(run.id), left - STAYING_RUN_MARGIN_S
         elif run.created is not None and run.created >= now - timedelta(seconds=QUEUED_RUN_TRUSTED_S):
-            return str(run.id)
-    return None
+            return str(run.id), 0.0
+    return None, 0.0
 
 
 def _seconds_left(run: Any, parameters: dict[str, Any], now: datetime) -> float | None:
@@ -797,11 +809,18 @@ def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
     return item
 
 
+# merge deployment → (a staying run found by a launcher, the monotonic time until which it is trusted): the launches
+# of that process leave their manifests to it without a look at the server (its end before then, Cancelled or
+# Crashed, triggers the breaker's check, which announces what is pending)
+_STAYING: dict[str, tuple[str, float]] = {}
+
+
 def deployment_launcher(deployment: str) -> Launcher:
     """A launcher that announces a batch of manifests with one ``manifest.ready`` event (its first manifest's); the
     ``deployment``'s trigger (prefect.yaml) starts the merge, which takes the others while they are pending. No event at
     all when a run of the deployment is queued and has not started, or runs and stays for more with time left
-    (``taking_merge_run``: its id is the launch's run). A deployment that does not exist is a launch failure, a paused
+    (``taking_merge_run``: its id is the launch's run; the process's later launches trust a staying run until its
+    time left less the margin, without another look). A deployment that does not exist is a launch failure, a paused
     one (its breaker is open) holds the manifest: either way it stays ``pending``. No run id: the trigger makes the run,
     and a queued run may meet the manifest taken by another.
 
@@ -828,11 +847,16 @@ def deployment_launcher(deployment: str) -> Launcher:
         from prefect.client.orchestration import get_client
         from prefect.events import emit_event
 
+        if not looked and (staying := _STAYING.get(deployment)) and time.monotonic() < staying[1]:
+            looked.update(paused=False, queued=staying[0])  # a staying run still trusted: no look this batch
         if not looked:  # one look per launcher (a batch), raising ObjectNotFound when it is not deployed
             with get_client(sync_client=True) as client:
                 found = client.read_deployment_by_name(deployment)
-                looked["paused"] = bool(found.paused)
-                looked["queued"] = None if found.paused else taking_merge_run(client, found.id)
+                looked["paused"], looked["queued"] = bool(found.paused), None
+                if not found.paused:
+                    looked["queued"], trusted_s = _taking_run(_unfinished_merge_runs(client, found.id), utc_now())
+                    if trusted_s > 0:
+                        _STAYING[deployment] = (looked["queued"], time.monotonic() + trusted_s)
         if looked["paused"]:
             raise MergesHeld(f"{deployment} is paused (circuit breaker open): {ref.manifest_name} waits pending")
         if looked["queued"] is not None:
