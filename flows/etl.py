@@ -529,6 +529,15 @@ class _MoreManifests:
     taken: int = 0
     stop: str = ""
 
+    breaker: tuple[etl_breaker.BreakerState, float] | None = None  # the breaker as last read, and when
+
+    def breaker_state(self) -> etl_breaker.BreakerState:
+        """The merge deployment's breaker, read at most every ``RECHECK_S`` (a read a manifest costs the API more)."""
+        now = time.monotonic()
+        if self.breaker is None or now - self.breaker[1] >= etl_breaker.RECHECK_S:
+            self.breaker = (etl_breaker.load(self.deployment), now)
+        return self.breaker[0]
+
     def wait_for_more(self) -> bool:
         """None was pending: wait ``STAY_POLL_S`` and take again while the run's deadline is ahead (True), else False.
         The last look comes after the deadline less ``STAY_POLL_S``, which the launcher's margin covers."""
@@ -556,7 +565,7 @@ def _take_more(
             more.stop = "none pending" if not in_flight else ""
             return
         if more.deployment is not None and not etl_breaker.admits(
-            etl_breaker.load(more.deployment), ref.date_prefix, ref.manifest_name
+            more.breaker_state(), ref.date_prefix, ref.manifest_name
         ):
             more.stop = "breaker"  # the held manifests stay pending; closing the breaker starts them
             return

@@ -793,6 +793,14 @@ def _taking_run(runs: Iterable[Any], now: datetime) -> tuple[str | None, float]:
     return None, 0.0
 
 
+def _own_flow_run_id() -> str | None:
+    """The flow run this code runs in, if any."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return str(context.flow_run.id) if context is not None and context.flow_run is not None else None
+
+
 def _seconds_left(run: Any, parameters: dict[str, Any], now: datetime) -> float | None:
     """Seconds left of a running merge's ``more_seconds`` from its start (None when it has no start time)."""
     if run.start_time is None:
@@ -847,14 +855,16 @@ def deployment_launcher(deployment: str) -> Launcher:
         from prefect.client.orchestration import get_client
         from prefect.events import emit_event
 
-        if not looked and (staying := _STAYING.get(deployment)) and time.monotonic() < staying[1]:
+        own = _own_flow_run_id()  # a merge run handing on never leaves a manifest to itself
+        if not looked and (staying := _STAYING.get(deployment)) and time.monotonic() < staying[1] and staying[0] != own:
             looked.update(paused=False, queued=staying[0])  # a staying run still trusted: no look this batch
         if not looked:  # one look per launcher (a batch), raising ObjectNotFound when it is not deployed
             with get_client(sync_client=True) as client:
                 found = client.read_deployment_by_name(deployment)
                 looked["paused"], looked["queued"] = bool(found.paused), None
                 if not found.paused:
-                    looked["queued"], trusted_s = _taking_run(_unfinished_merge_runs(client, found.id), utc_now())
+                    runs = [run for run in _unfinished_merge_runs(client, found.id) if str(run.id) != own]
+                    looked["queued"], trusted_s = _taking_run(runs, utc_now())
                     if trusted_s > 0:
                         _STAYING[deployment] = (looked["queued"], time.monotonic() + trusted_s)
         if looked["paused"]:
