@@ -32,6 +32,7 @@ from prefect.futures import PrefectFuture, as_completed
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.core import limits
 from tasks.core.disk import is_disk_full
+from tasks.core.errors import Unavailable
 from tasks.core.notify import notify_on_failure
 from tasks.core.object_store import ObjectNotFound
 from tasks.core.runtime import today_iso, utc_now
@@ -406,25 +407,36 @@ def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: A
 
 
 class _PendingQueue:
-    """Pending manifests to take after the run's own, oldest first; the list is read again whenever it runs out."""
+    """Pending manifests to take after the run's own, oldest first; the list is read again whenever it runs out.
+    The first scan is a task run (seen in the UI); a staying run's later scans are plain reads, as a scan a second
+    as task runs would cost the Prefect API more than the runs it saves."""
 
     def __init__(self) -> None:
         self.tried: set[tuple[str, str]] = set()
         self.queue: list[ManifestRef] = []
+        self.scans = 0
+        self.missed = False  # a staying run's look failed: it hands a pending manifest on at its end
 
     def next(self) -> ManifestRef | None:
         """The next pending manifest not tried by this run (a fresh scan when the last one is used up), or None."""
         if not self.queue:
-            self.queue = [
-                ref
-                for ref in pending_manifests_task(older_than_seconds=0)
-                if (ref.date_prefix, ref.manifest_name) not in self.tried
-            ]
+            self.queue = [ref for ref in self._scan() if (ref.date_prefix, ref.manifest_name) not in self.tried]
         if not self.queue:
             return None
         ref = self.queue.pop(0)
         self.tried.add((ref.date_prefix, ref.manifest_name))
         return ref
+
+    def _scan(self) -> list[ManifestRef]:
+        self.scans += 1
+        if self.scans == 1:
+            return pending_manifests_task(older_than_seconds=0)
+        try:
+            return etl.pending_manifests(older_than_seconds=0)
+        except Unavailable as error:  # the run ends at its deadline and hands on what is pending then
+            get_run_logger().warning("pending manifests not read (%s): looking again", error)
+            self.missed = True
+            return []
 
 
 def _merge_summary_artifact(outcomes: list[dict[str, Any]]) -> None:
@@ -458,14 +470,17 @@ def ndjson_merge(
     more_manifests: int = 0,
     more_seconds: float = 120.0,
     parallel_manifests: int = 1,
+    stay_for_more: bool = False,
 ) -> dict[str, Any]:
-    """One manifest, then up to ``more_manifests`` further ``pending`` ones (oldest first, for ``more_seconds`` at
-    most; each taken by the conditional ``pending → processing``, so no two runs merge one), ``parallel_manifests``
-    merges at a time. Each: MANIFEST processing → Dask/pyarrow merge (its own retries) → MANIFEST and file statuses
-    with its metric row (notify on failure) → its run report. A failed manifest ends the taking: the merges in
-    flight finish, then the run fails (one failed run per failing manifest at ``parallel_manifests`` 1, as the
-    breaker counts). A run stopped by its bound or a failure with manifests still pending announces one
-    (``etl.deployment_launcher``): the next run takes them.
+    """One manifest, then up to ``more_manifests`` further ``pending`` ones (oldest first, for ``more_seconds`` at most;
+    each taken by the conditional ``pending → processing``, so no two runs merge one), ``parallel_manifests`` merges at
+    a time. ``stay_for_more``: with none pending, the run looks again every ``STAY_POLL_S`` until ``more_seconds`` have
+    passed (the launcher leaves new manifests to it, ``etl.taking_merge_run``), so a steady feed costs a run every
+    ``more_seconds`` rather than one a batch. Each: MANIFEST processing → Dask/pyarrow merge (its own retries) →
+    MANIFEST and file statuses with its metric row (notify on failure) → its run report. A failed manifest ends the
+    taking: the merges in flight finish, then the run fails (one failed run per failing manifest at
+    ``parallel_manifests`` 1, as the breaker counts). A run stopped by its bound or a failure with manifests still
+    pending announces one (``etl.deployment_launcher``): the next run takes them.
 
     Returns the first manifest's outcome (``skipped`` when another run had it) with ``merged``: every manifest's."""
     config = etl.settings()
@@ -487,6 +502,8 @@ def ndjson_merge(
     while True:
         _take_more(in_flight, more, parallel_manifests, submit)
         if not in_flight:
+            if stay_for_more and more.wait_for_more():
+                continue
             break
         done = next(iter(in_flight)) if here else next(as_completed(list(in_flight)))
         outcomes.append(_finish_merged(in_flight.pop(done), done, config))
@@ -512,6 +529,24 @@ class _MoreManifests:
     taken: int = 0
     stop: str = ""
 
+    breaker: tuple[etl_breaker.BreakerState, float] | None = None  # the breaker as last read, and when
+
+    def breaker_state(self) -> etl_breaker.BreakerState:
+        """The merge deployment's breaker, read at most every ``RECHECK_S`` (a read a manifest costs the API more)."""
+        now = time.monotonic()
+        if self.breaker is None or now - self.breaker[1] >= etl_breaker.RECHECK_S:
+            self.breaker = (etl_breaker.load(self.deployment), now)
+        return self.breaker[0]
+
+    def wait_for_more(self) -> bool:
+        """None was pending: wait ``STAY_POLL_S`` and take again while the run's deadline is ahead (True), else False.
+        The last look comes after the deadline less ``STAY_POLL_S``, which the launcher's margin covers."""
+        if self.stop != "none pending" or time.monotonic() + etl.STAY_POLL_S >= self.deadline:
+            return False
+        time.sleep(etl.STAY_POLL_S)
+        self.stop = ""
+        return True
+
 
 def _take_more(
     in_flight: dict[PrefectFuture | _MergedHere, _Taken],
@@ -530,7 +565,7 @@ def _take_more(
             more.stop = "none pending" if not in_flight else ""
             return
         if more.deployment is not None and not etl_breaker.admits(
-            etl_breaker.load(more.deployment), ref.date_prefix, ref.manifest_name
+            more.breaker_state(), ref.date_prefix, ref.manifest_name
         ):
             more.stop = "breaker"  # the held manifests stay pending; closing the breaker starts them
             return
@@ -543,7 +578,7 @@ def _take_more(
 def _hand_on(more: _MoreManifests) -> None:
     """A run stopped by its bound or a failure with manifests still pending announces one: the next run takes them."""
     if (
-        more.stop in ("bound", "failed")
+        (more.stop in ("bound", "failed") or more.queue.missed)
         and more.deployment is not None
         and (left := pending_manifests_task(older_than_seconds=0))
     ):

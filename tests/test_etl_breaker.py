@@ -418,7 +418,7 @@ def _left_to_a_queued_run(etl_env, merge: str, prefix: str) -> tuple[str, list[s
         if run_id is None:
             run_id = _wait("the announced merge's run", lambda: _runs(merge) and str(_runs(merge)[0].id), timeout=60)
     with get_client(sync_client=True) as client:
-        assert etl.queued_merge_run(client, client.read_deployment_by_name(merge).id) == run_id
+        assert etl.taking_merge_run(client, client.read_deployment_by_name(merge).id) == run_id
     return run_id, manifests
 
 

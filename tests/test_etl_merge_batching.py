@@ -94,6 +94,33 @@ def test_a_run_stops_at_its_bound_and_leaves_the_rest_pending(etl_env):
     assert _statuses(table) == {names[0]: "completed", names[1]: "completed", names[2]: "pending"}
 
 
+def test_a_staying_run_takes_a_manifest_that_comes_while_it_waits_then_ends_at_its_deadline(etl_env):
+    root, table = etl_env["root"], etl_env["table"]
+    urls, names = _pending(root, 1, "s")
+    results: dict[str, dict] = {}
+    started = time.monotonic()
+    run = threading.Thread(
+        target=lambda: results.setdefault(
+            "run",
+            ndjson_merge(
+                date_prefix=DAY, manifest_name=names[0], more_manifests=10, more_seconds=12, stay_for_more=True
+            ),
+        )
+    )
+    run.start()
+    while _statuses(table).get(names[0]) != "completed":
+        assert time.monotonic() - started < 60, _statuses(table)
+        time.sleep(0.2)
+    later_urls, later = _pending(root, 1, "t")  # written after the run found nothing more pending: it waits
+    run.join(timeout=90)
+
+    assert [m["manifest"] for m in results["run"]["merged"]] == names + later
+    assert time.monotonic() - started >= 12  # it stayed until its deadline
+    assert _statuses(table) == dict.fromkeys(names + later, "completed")
+    assert len({m["prefect_flow_run_id"] for m in manifests(table).values()}) == 1  # one run took both
+    _each_line_once(root, urls + later_urls)
+
+
 def test_two_runs_at_once_never_merge_one_manifest_twice(etl_env):
     root, table = etl_env["root"], etl_env["table"]
     urls, names = _pending(root, 6, "d")
@@ -179,7 +206,7 @@ def test_the_launcher_announces_one_manifest_per_batch_and_none_while_a_merge_ru
     does not take further ones, or a run already running, does not count: one event for the batch."""
     from prefect import flow as prefect_flow
     from prefect.client.orchestration import get_client
-    from prefect.states import Running
+    from prefect.states import Completed, Running
 
     name = f"batching-{uuid.uuid4().hex[:6]}"
     deployment = f"ndjson-merge/{name}"
@@ -205,18 +232,39 @@ def test_the_launcher_announces_one_manifest_per_batch_and_none_while_a_merge_ru
     assert [o["launched"] for o in etl.launch_merges(later, etl.deployment_launcher(deployment))] == [True] * 2
     assert _announced(later) == {later[0].manifest_name}
 
+    with get_client(sync_client=True) as client:  # a running run that stays for more looks again after now
+        staying = client.create_flow_run_from_deployment(
+            deployment_id, parameters={"more_manifests": 10, "more_seconds": 120, "stay_for_more": True}
+        )
+        client.set_flow_run_state(staying.id, Running(), force=True)
+    last = [ManifestRef(DAY, f"batch-{tag}-last-{i}.json", f"file:///m/{tag}-x{i}.json", 5) for i in range(2)]
+    assert [o["run"] for o in etl.launch_merges(last, etl.deployment_launcher(deployment))] == [str(staying.id)] * 2
+    assert _announced(last) == set()
+    with get_client(sync_client=True) as client:  # later launches trust it without a look at the server
+        client.set_flow_run_state(staying.id, Completed(), force=True)
+    after = [ManifestRef(DAY, f"batch-{tag}-after.json", f"file:///m/{tag}-after.json", 5)]
+    assert [o["run"] for o in etl.launch_merges(after, etl.deployment_launcher(deployment))] == [str(staying.id)]
+    assert _announced(after) == set()
 
-def test_only_a_recently_queued_draining_run_holds_back_an_announcement():
+
+def test_only_a_recently_queued_draining_run_or_a_staying_one_with_time_left_holds_back_an_announcement():
     from datetime import timedelta
     from types import SimpleNamespace
 
+    from prefect.client.schemas.objects import StateType
+
     from tasks.core.runtime import utc_now
     from tasks.etl.breaker import TRIAL_TAG
-    from tasks.etl.ingest import QUEUED_RUN_TRUSTED_S, queued_merge_run
+    from tasks.etl.ingest import QUEUED_RUN_TRUSTED_S, STAYING_RUN_MARGIN_S, taking_merge_run
 
-    def run(name, age_s, more=500, tags=()):
+    def run(name, age_s, more=500, tags=(), running_for=None, stay=False):
         return SimpleNamespace(
-            id=name, parameters={"more_manifests": more}, tags=list(tags), created=utc_now() - timedelta(seconds=age_s)
+            id=name,
+            parameters={"more_manifests": more, "more_seconds": 120, "stay_for_more": stay},
+            tags=list(tags),
+            created=utc_now() - timedelta(seconds=age_s),
+            state_type=StateType.SCHEDULED if running_for is None else StateType.RUNNING,
+            start_time=None if running_for is None else utc_now() - timedelta(seconds=running_for),
         )
 
     def client(*runs):
@@ -224,12 +272,18 @@ def test_only_a_recently_queued_draining_run_holds_back_an_announcement():
 
     DEPLOYMENT = uuid.uuid4()
 
-    assert queued_merge_run(client(run("fresh", 5)), DEPLOYMENT) == "fresh"
+    assert taking_merge_run(client(run("fresh", 5)), DEPLOYMENT) == "fresh"
     assert (
-        queued_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60)), DEPLOYMENT) is None
+        taking_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60)), DEPLOYMENT) is None
     )  # no worker took it: announce
-    assert queued_merge_run(client(run("single", 5, more=0)), DEPLOYMENT) is None  # takes only its own manifest
+    assert taking_merge_run(client(run("single", 5, more=0)), DEPLOYMENT) is None  # takes only its own manifest
     assert (
-        queued_merge_run(client(run("trial", 5, tags=[TRIAL_TAG])), DEPLOYMENT) is None
+        taking_merge_run(client(run("trial", 5, tags=[TRIAL_TAG])), DEPLOYMENT) is None
     )  # the breaker's trial: its own only
-    assert queued_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60), run("fresh", 5)), DEPLOYMENT) == "fresh"
+    assert taking_merge_run(client(run("stuck", QUEUED_RUN_TRUSTED_S + 60), run("fresh", 5)), DEPLOYMENT) == "fresh"
+    # running: only one that stays for more, while over the margin of its 120 s is left (its later looks take it)
+    assert taking_merge_run(client(run("staying", 30, running_for=20, stay=True)), DEPLOYMENT) == "staying"
+    assert taking_merge_run(client(run("draining", 30, running_for=20)), DEPLOYMENT) is None  # its scan may be past
+    ending = 120 - STAYING_RUN_MARGIN_S + 1
+    assert taking_merge_run(client(run("ending", 200, running_for=ending, stay=True)), DEPLOYMENT) is None
+    assert taking_merge_run(client(run("trial", 30, tags=[TRIAL_TAG], running_for=20, stay=True)), DEPLOYMENT) is None

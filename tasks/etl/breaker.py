@@ -34,6 +34,7 @@ from tasks.etl.ingest import TRIAL_TAG, ManifestRef, manifest_record
 
 CLOSED, OPEN, HALF_OPEN = "CLOSED", "OPEN", "HALF_OPEN"
 COOL_DOWN_S = 300.0  # seed 001: open for 300 s, then one test call
+RECHECK_S = 5.0  # a draining merge run reads the breaker at most this often: it stops taking within 5 s of a trip
 Action = Literal["start_trial", "close"] | None
 
 

@@ -736,12 +736,24 @@ def manifest_ready(ref: ManifestRef, deployment: str) -> dict[str, Any]:
 # announced again, so the ingest's and the flush's restarts of pending manifests still start a merge
 QUEUED_RUN_TRUSTED_S = 600
 TRIAL_TAG = "breaker-trial"  # the tag of a circuit breaker's trial merge run (never a draining run to trust)
+# a run that stays for more (``stay_for_more``) looks for pending manifests this often until its ``more_seconds``
+STAY_POLL_S = 1.0
+# a staying run is trusted with a new manifest only while this much of its time is left: its last look comes at most
+# ``STAY_POLL_S`` (and one scan) before its deadline, after the manifest's write
+STAYING_RUN_MARGIN_S = 15.0
 
 
-def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
-    """A run of the merge deployment that has not started (Scheduled, incl. AwaitingConcurrencySlot and Late, or
-    Pending), was created in the last ``QUEUED_RUN_TRUSTED_S`` and takes further pending manifests
-    (``more_manifests`` > 0, no breaker trial): its id, or None."""
+def taking_merge_run(client: Any, deployment_id: Any) -> str | None:
+    """A run of the merge deployment that will still look for pending manifests after now, so a manifest written
+    before now is taken by it: one not started yet (Scheduled, incl. AwaitingConcurrencySlot and Late, or Pending),
+    created in the last ``QUEUED_RUN_TRUSTED_S``, or one Running that stays for more with over
+    ``STAYING_RUN_MARGIN_S`` of its ``more_seconds`` left. Either takes further pending manifests (``more_manifests``
+    > 0) and is no breaker trial. Its id, or None."""
+    return _taking_run(_unfinished_merge_runs(client, deployment_id), utc_now())[0]
+
+
+def _unfinished_merge_runs(client: Any, deployment_id: Any) -> list[Any]:
+    """The merge deployment's runs not started or running (one read)."""
     from prefect.client.schemas.filters import (
         DeploymentFilter,
         DeploymentFilterId,
@@ -751,23 +763,49 @@ def queued_merge_run(client: Any, deployment_id: Any) -> str | None:
     )
     from prefect.client.schemas.objects import StateType
 
-    runs = client.read_flow_runs(
+    return client.read_flow_runs(
         deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
         flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))
+            state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING])
+            )
         ),
         limit=20,
     )
-    trusted_since = utc_now() - timedelta(seconds=QUEUED_RUN_TRUSTED_S)
+
+
+def _taking_run(runs: Iterable[Any], now: datetime) -> tuple[str | None, float]:
+    """The taking run among ``runs`` (see ``taking_merge_run``) and for how many seconds from ``now`` it may be
+    trusted without another look: a staying run's time left less the margin, 0 for a queued run (its scan may come
+    soon after; a later launch looks again)."""
+    from prefect.client.schemas.objects import StateType
+
     for run in runs:
-        if (
-            int((run.parameters or {}).get("more_manifests", 0)) > 0
-            and TRIAL_TAG not in (run.tags or [])
-            and run.created is not None
-            and run.created >= trusted_since
-        ):
-            return str(run.id)
-    return None
+        parameters = run.parameters or {}
+        if int(parameters.get("more_manifests", 0)) <= 0 or TRIAL_TAG in (run.tags or []):
+            continue
+        if run.state_type == StateType.RUNNING:
+            left = _seconds_left(run, parameters, now)
+            if parameters.get("stay_for_more") and left is not None and left > STAYING_RUN_MARGIN_S:
+                return str(run.id), left - STAYING_RUN_MARGIN_S
+        elif run.created is not None and run.created >= now - timedelta(seconds=QUEUED_RUN_TRUSTED_S):
+            return str(run.id), 0.0
+    return None, 0.0
+
+
+def _own_flow_run_id() -> str | None:
+    """The flow run this code runs in, if any."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return str(context.flow_run.id) if context is not None and context.flow_run is not None else None
+
+
+def _seconds_left(run: Any, parameters: dict[str, Any], now: datetime) -> float | None:
+    """Seconds left of a running merge's ``more_seconds`` from its start (None when it has no start time)."""
+    if run.start_time is None:
+        return None
+    return float(parameters.get("more_seconds", 0)) - (now - run.start_time).total_seconds()
 
 
 def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
@@ -779,30 +817,37 @@ def manifest_record(date_prefix: str, manifest_name: str) -> dict[str, Any]:
     return item
 
 
-def deployment_launcher(deployment: str) -> Launcher:
-    """A launcher that announces a batch of manifests with one ``manifest.ready`` event (its first manifest's);
-    the ``deployment``'s trigger (prefect.yaml) starts the merge, which takes the others while they are pending.
-    No event at all when a run of the deployment is queued and has not started (``queued_merge_run``: its id is
-    the launch's run). A
-    deployment that does not exist is a launch failure, a paused one (its breaker is open) holds the manifest:
-    either way it stays ``pending``. No run id: the trigger makes the run, and a queued run may meet the manifest
-    taken by another.
+# merge deployment → (a staying run found by a launcher, the monotonic time until which it is trusted): the launches
+# of that process leave their manifests to it without a look at the server (its end before then, Cancelled or
+# Crashed, triggers the breaker's check, which announces what is pending)
+_STAYING: dict[str, tuple[str, float]] = {}
 
-    Invariant: every ``pending`` manifest is announced or will be taken by a run that had not started when it
-    was written. Proof: a launcher is only called with manifests whose ``MANIFEST#`` record already exists
-    (``pending``). Its one look at the server (time t) comes after every such write. (a) A run R found queued at t
-    has not started at t, so R starts (or ends Cancelled/Crashed before its scan: that end triggers the breaker's
-    check, which announces every manifest then pending that no queued run will take, ``breaker.announce_waiting``:
-    (b) for them), and scans the pending manifests (``ndjson_merge``), after t, hence after
-    the write: R takes the manifest unless it is no longer pending (another run has it: fine) or R stops first,
-    at its bound (R then announces a pending one: the same argument for the next run), at the breaker (the
-    manifest is held; closing the breaker announces every pending one) or by dying (below). (b) Otherwise the
-    batch's event is emitted after t; the run the trigger makes from it is created after the event, so it starts
-    and scans after every write of the batch: (a) holds for it. Backstops for what Prefect loses (an event, a
-    run that dies before its scan, a status index that lags on AWS): the ingest and ``ndjson-flush-orphans``
-    announce manifests left ``pending`` past their grace period, and ``records-reconcile`` fails those left
-    ``processing`` under an ended run; a queued run that never starts (no worker, a stuck slot) holds announcements
-    back for at most ``QUEUED_RUN_TRUSTED_S``, after which those restarts announce again."""
+
+def deployment_launcher(deployment: str) -> Launcher:
+    """A launcher that announces a batch of manifests with one ``manifest.ready`` event (its first manifest's); the
+    ``deployment``'s trigger (prefect.yaml) starts the merge, which takes the others while they are pending. No event at
+    all when a run of the deployment is queued and has not started, or runs and stays for more with time left
+    (``taking_merge_run``: its id is the launch's run; the process's later launches trust a staying run until its
+    time left less the margin, without another look). A deployment that does not exist is a launch failure, a paused
+    one (its breaker is open) holds the manifest: either way it stays ``pending``. No run id: the trigger makes the run,
+    and a queued run may meet the manifest taken by another.
+
+    Invariant: every ``pending`` manifest is announced or will be taken by a run that had not started when it was
+    written. Proof: a launcher is only called with manifests whose ``MANIFEST#`` record already exists (``pending``).
+    Its one look at the server (time t) comes after every such write. (a) A run R found queued at t has not started at
+    t, so R starts (or ends Cancelled/Crashed before its scan: that end triggers the breaker's check, which announces
+    every manifest then pending that no queued run will take, ``breaker.announce_waiting``: (b) for them), and scans the
+    pending manifests (``ndjson_merge``), after t, hence after the write: R takes the manifest unless it is no longer
+    pending (another run has it: fine) or R stops first, at its bound (R then announces a pending one: the same argument
+    for the next run), at the breaker (the manifest is held; closing the breaker announces every pending one) or by
+    dying (below). (a') A run R found running at t and staying for more with over ``STAYING_RUN_MARGIN_S`` left looks
+    again until its deadline less ``STAY_POLL_S``, after t: as (a); a look that fails makes R announce a pending
+    manifest at its end. (b) Otherwise the batch's event is emitted after t; the run the trigger makes from it is
+    created after the event, so it starts and scans after every write of the batch: (a) holds for it. Backstops for what
+    Prefect loses (an event, a run that dies before its scan, a status index that lags on AWS): the ingest and
+    ``ndjson-flush-orphans`` announce manifests left ``pending`` past their grace period, and ``records-reconcile``
+    fails those left ``processing`` under an ended run; a queued run that never starts (no worker, a stuck slot) holds
+    announcements back for at most ``QUEUED_RUN_TRUSTED_S``, after which those restarts announce again."""
     looked: dict[str, Any] = {}
 
     def launch(ref: ManifestRef) -> None:
@@ -810,11 +855,18 @@ def deployment_launcher(deployment: str) -> Launcher:
         from prefect.client.orchestration import get_client
         from prefect.events import emit_event
 
+        own = _own_flow_run_id()  # a merge run handing on never leaves a manifest to itself
+        if not looked and (staying := _STAYING.get(deployment)) and time.monotonic() < staying[1] and staying[0] != own:
+            looked.update(paused=False, queued=staying[0])  # a staying run still trusted: no look this batch
         if not looked:  # one look per launcher (a batch), raising ObjectNotFound when it is not deployed
             with get_client(sync_client=True) as client:
                 found = client.read_deployment_by_name(deployment)
-                looked["paused"] = bool(found.paused)
-                looked["queued"] = None if found.paused else queued_merge_run(client, found.id)
+                looked["paused"], looked["queued"] = bool(found.paused), None
+                if not found.paused:
+                    runs = [run for run in _unfinished_merge_runs(client, found.id) if str(run.id) != own]
+                    looked["queued"], trusted_s = _taking_run(runs, utc_now())
+                    if trusted_s > 0:
+                        _STAYING[deployment] = (looked["queued"], time.monotonic() + trusted_s)
         if looked["paused"]:
             raise MergesHeld(f"{deployment} is paused (circuit breaker open): {ref.manifest_name} waits pending")
         if looked["queued"] is not None:
