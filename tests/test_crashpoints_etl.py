@@ -265,9 +265,9 @@ def _recover_crashed_merge() -> None:
 
 @pytest.mark.timeout(900)  # ~10 s a point on a quiet machine
 def test_etl_full_disk_merge_crash_points(etl_env, monkeypatch, tmp_path):
-    """A merge that meets a full disk, killed at each write of its path (the MANIFEST taken, the part that meets
-    ENOSPC, the MANIFEST back to pending: `wait_for_space`); once space is freed the product's recovery merges every
-    file once and leaves no manifest pending."""
+    """A merge that meets a full disk, killed in each state its writes leave: the MANIFEST not taken yet; taken, its
+    part met ENOSPC (a staged part is no write of the store); back to pending (`wait_for_space`). Once space is
+    freed the product's recovery merges every file once and leaves no manifest pending."""
     monkeypatch.setenv("ETL_MAX_FILES_PER_MANIFEST", str(FILES))  # one manifest
     root, table = etl_env["root"], etl_env["table"]
     start = dt.date(2026, 8, 1)
