@@ -5,7 +5,9 @@
 Idempotent: `up` twice starts nothing twice; `down` twice is fine. DynamoDB data lives in .data/dynamodb,
 so state survives `down && up`. One supervisord (``deployments/supervisor.py``) runs DynamoDB Local, PostgreSQL, the
 Prefect server, the engine fork server and the worker, starts any that dies again, and keeps their logs in
-.data/logs; `status` lists them with their state and uptime.
+.data/logs; `status` lists them with their state and uptime. `up` starts the stores (DynamoDB Local, PostgreSQL, the
+Prefect server) first, makes the tables, blocks, migrations and deployments current, and only then starts the
+programs that run the code on them (the engine fork server, the worker, the listeners' keeper).
 """
 
 from __future__ import annotations
@@ -446,9 +448,16 @@ def stack_programs(without: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
     return programs
 
 
-def start_processes(without: tuple[str, ...] = ()) -> dict[str, str]:
-    """Start the stack's processes under its supervisor (idempotent) and wait until each answers; program ->
-    'started' or 'running'."""
+# the programs that hold the stack's data and answer its clients; the others (the engine fork server, the worker, the
+# listeners' keeper) run the release's code against them, so `up` starts those only once the data is migrated
+STORES = ("dynamodb", "postgres", "prefect-server")
+
+
+def start_stores(without: tuple[str, ...] = ()) -> dict[str, str]:
+    """Start the stores under the stack's supervisor (idempotent; a changed one restarted) and wait until each
+    answers. The other programs are taken out meanwhile (stopped where an earlier `up` started them: new code never
+    runs on data not yet migrated, old code never during the migration); ``start_consumers`` brings them back. Every
+    program -> 'started', or 'running' when it ran before this call."""
     stop_unsupervised()
     stack_tls.certificate_files(secrets_folder())  # the server serves it, `_wait_healthy` and every client pin it
     programs = stack_programs(without)
@@ -459,13 +468,27 @@ def start_processes(without: tuple[str, ...] = ()) -> dict[str, str]:
     RUN.mkdir(parents=True, exist_ok=True)
     (DATA / "dynamodb").mkdir(parents=True, exist_ok=True)
     (RUN / "prefect-server.database").write_text(server_db())
-    supervisor().ensure(programs)
+    supervisor().ensure({name: options for name, options in programs.items() if name in STORES})
     if "dynamodb" in programs:
         _wait_port("dynamodb", DYNAMODB_PORT)
     if "postgres" in programs:
         _wait_port("postgres", POSTGRES_PORT)
     _wait_healthy(180)
     return {name: "running" if before.get(name) == "RUNNING" else "started" for name in programs}
+
+
+def start_consumers(without: tuple[str, ...] = ()) -> None:
+    """Put every program back under the supervisor: the engine fork server, the worker and the listeners' keeper
+    start on the code of this checkout (the stores, unchanged since ``start_stores``, keep running)."""
+    supervisor().ensure(stack_programs(without))
+
+
+def start_processes(without: tuple[str, ...] = ()) -> dict[str, str]:
+    """The stores, then the other programs, with nothing between (a benchmark's stack; `up` migrates between them);
+    program -> 'started' or 'running'."""
+    states = start_stores(without)
+    start_consumers(without)
+    return states
 
 
 def stop_unsupervised() -> None:
@@ -1056,7 +1079,9 @@ def up() -> None:
     dynamodb_keys.rotate(dynamodb_keys_file())
     launch_key(create=True)  # kept: rows in flight carry seals made with it
     database = start_postgres()
-    processes = start_processes()
+    # the stores first, then the data made current (tables and their indexes, blocks, migrations, deployments), and
+    # only then the programs that run this code against it
+    processes = start_stores()
     print(
         f"dynamodb-local   {processes['dynamodb']:8} http://{HOST}:{DYNAMODB_PORT}  (data in .data/dynamodb; "
         f"{dynamodb_reach()})"
@@ -1084,6 +1109,7 @@ def up() -> None:
     for tag in drop_stale_tag_limits():
         print(f"task limit       dropped  tag {tag!r} (CPU-heavy tasks hold this machine's CPU slots instead)")
     print(f"deployments      {deploy_all()}")
+    start_consumers()
     print(f"engine           {processes['engine']:8} {engine_socket()}")
     print(f"worker           {processes['worker']:8} pool {WORK_POOL}")
     for listener, state in ensure_listeners(worker_restarted=processes["worker"] == "started").items():

@@ -113,9 +113,15 @@ def inferred_version(data: Path) -> str | None:
 
 
 def write_stamp(data: Path) -> None:
-    """Stamp a data folder with the version (and commit) that ran `make up` on it."""
+    """Stamp a data folder with the version (and commit) that ran `make up` on it, whole or not at all: staged beside
+    it, synced to the disk and renamed over the last one (the local object store's write), so a crash leaves the old
+    stamp or the new one, never a torn file (which the next `up` would read as no stamp, and take the folder for an
+    older release's)."""
+    from tasks.core.object_store import LocalStore
+
     data.mkdir(parents=True, exist_ok=True)
-    (data / STAMP_NAME).write_text(json.dumps({"version": VERSION, "code": code_identity()}) + "\n")
+    stamp = json.dumps({"version": VERSION, "code": code_identity()}) + "\n"
+    LocalStore(data).put_bytes(STAMP_NAME, stamp.encode())
 
 
 def upgrade_notice(data: Path) -> list[str]:

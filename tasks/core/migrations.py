@@ -198,5 +198,6 @@ def upgrade_data() -> list[str]:
     One line per thing checked, for `up` to print."""
     from tasks.core.config import object_store
 
-    lines = [f"migration        {state:8} {name}" for name, state in run().items()]
+    # the registry as it is now (a default argument would hold the tuple of import time)
+    lines = [f"migration        {state:8} {name}" for name, state in run(MIGRATIONS).items()]
     return [*lines, f"object store     {check_layout(object_store())}"]
