@@ -203,7 +203,7 @@ def set_paused(merge_deployment: str, paused: bool) -> bool:
         return True
 
 
-# the scheduled check announces manifests pending this long: past their own announcement's run creation and its
+# the backstop check announces manifests pending this long: past their own announcement's run creation and its
 # first take (seconds), so a steady flow gets no second run; a merge run's cancel triggers a check with 0
 ANNOUNCE_AFTER_S = 30.0
 
