@@ -35,7 +35,7 @@ from tasks.core.disk import is_disk_full
 from tasks.core.errors import Unavailable
 from tasks.core.notify import notify_on_failure
 from tasks.core.object_store import ObjectNotFound
-from tasks.core.runtime import today_iso, utc_now
+from tasks.core.runtime import own_deployment, today_iso, utc_now
 from tasks.etl import breaker as etl_breaker
 from tasks.etl import catalog as etl_catalog
 from tasks.etl import ingest as etl
@@ -649,13 +649,23 @@ def ndjson_merge_breaker(
     cool_down_seconds: float = etl_breaker.COOL_DOWN_S,
     reason: str = "",
     announce_after_seconds: float = etl_breaker.ANNOUNCE_AFTER_S,
+    check_at: str | None = None,
 ) -> dict[str, Any]:
     """The merge deployment's circuit breaker (seed 001): ``trip`` when its failure trigger fires (OPEN: deployment
-    paused, manifests wait pending); ``check`` on its schedule, when a trial ends (HALF_OPEN trial after the
-    cool-down, CLOSED on its success: resumed, waiting manifests started) and when a merge run ends Cancelled or
-    Crashed. Every check makes the deployment's pause follow the state; a CLOSED one announces the manifests pending
-    over ``announce_after_seconds`` that no queued run will take."""
-    result = etl_breaker.step(merge_deployment, action, cool_down_seconds, reason, announce_after_seconds)
+    paused, manifests wait pending); ``check`` when the step before scheduled it (``check_at``: the cool-down's end,
+    HALF_OPEN trial, CLOSED on its success: resumed, waiting manifests started), when a trial ends, when a merge run
+    ends Cancelled or Crashed, and on the backstop schedule. Every check makes the deployment's pause follow the
+    state; a CLOSED one announces the manifests pending over ``announce_after_seconds`` that no queued run will take;
+    an OPEN or HALF_OPEN one schedules the next check it needs on this run's deployment."""
+    result = etl_breaker.step(
+        merge_deployment,
+        action,
+        cool_down_seconds,
+        reason,
+        announce_after_seconds,
+        check_deployment=own_deployment(),
+        check_at=check_at,
+    )
     from prefect.artifacts import create_markdown_artifact
 
     create_markdown_artifact(

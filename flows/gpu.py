@@ -11,9 +11,13 @@
     user stop ───────▶ tasks TERMINATED, job USER_STOPPED, nodes AVAILABLE                 (gpu stop, cancel)
 
 Whoever sees a task stop first moves the job on through the same guarded transitions: the job's own watcher
-(``gpu-job``), ``gpu-sweep`` (scheduled every minute: every in-flight job, even one whose flow run is gone,
-and nodes nobody will move any more), ``gpu stop`` and ``records-reconcile``. ``advance`` is one pass of
-the steps above over one job; both flows run it. ``gpu-node-healthcheck`` (scheduled) checks idle nodes.
+(``gpu-job``), ``gpu-sweep`` (every in-flight job, even one whose flow run is gone, and nodes nobody will move any
+more), ``gpu stop`` and ``records-reconcile``. ``advance`` is one pass of the steps above over one job; both flows
+run it. ``gpu-node-healthcheck`` (scheduled) checks idle nodes.
+
+A sweep runs when it has work (issue 52: a run costs ~30 Prefect API calls): a gpu-job run that ends Crashed,
+Cancelled, Failed or TimedOut triggers one (prefect.yaml), and a sweep that leaves a job in flight with no live
+watcher schedules the next (``FOLLOW_UP_S``) until none is left; its schedule every 10 minutes is the backstop.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 from prefect import task
@@ -33,7 +38,7 @@ from blocks import load_config
 from blocks.gpu import GpuCompute
 from flows.policies import pipeline_flow
 from tasks import reconcile
-from tasks.core.runtime import artifact_key
+from tasks.core.runtime import artifact_key, own_deployment, prefect_ids, start_deployment_run, utc_now
 from tasks.gpu import jobs as gpu
 from tasks.gpu import keys
 from tasks.gpu.backends import make_backend
@@ -110,8 +115,8 @@ def advance(runner: gpu.Runner, job_id: str, steps: Steps = TASKS, wait: bool = 
 
 
 def watch(runner: gpu.Runner, job_id: str, steps: Steps = TASKS, timeout_s: float | None = None) -> dict[str, Any]:
-    """The job's own watcher: ``advance`` every poll interval until the job ends (``gpu-sweep`` does the same
-    every minute, so a watcher that stops early loses nothing)."""
+    """The job's own watcher: ``advance`` every poll interval until the job ends (``gpu-sweep`` does the same once
+    its run ended, so a watcher that stops early loses nothing)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         job = advance(runner, job_id, steps)
@@ -129,6 +134,36 @@ def sweep(runner: gpu.Runner, steps: Steps = TASKS) -> dict[str, Any]:
     for job in gpu.list_jobs(gpu.JOB_ACTIVE):
         jobs[job["job_id"]] = advance(runner, job["job_id"], steps, wait=False)["job_status"]
     return {"jobs": jobs, "nodes": gpu.free_stranded_nodes(runner), "stopped_tasks": gpu.stop_terminated_tasks(runner)}
+
+
+def unwatched(runner: gpu.Runner, job_ids: list[str]) -> list[str]:
+    """The jobs of ``job_ids`` still in flight whose driver (the flow run that launched the job or last took over
+    its step) ended, is unknown, or is this run: no loop of theirs will see their tasks stop."""
+    me = prefect_ids().get("prefect_flow_run_id")
+    left = []
+    for job_id in job_ids:
+        job = gpu.get_job(job_id)
+        if job is None or job["job_status"] in gpu.JOB_TERMINAL:
+            continue
+        driver = job.get("prefect_flow_run_id")
+        if not driver or driver == me or (runner.run_ended is not None and runner.run_ended(str(driver))):
+            left.append(job_id)
+    return left
+
+
+# a job with no watcher is swept again this soon (30-90 s: on the half minute, so two sweeps' follow-ups are one run
+# and none is due with the backstop schedule's, on the minute)
+FOLLOW_UP_S = 60.0
+
+
+def follow_up(jobs: list[str]) -> str | None:
+    """A run of this sweep's own deployment on the half minute about ``FOLLOW_UP_S`` from now, when ``jobs`` (in
+    flight, unwatched) is not empty; one per deployment and half minute (its idempotency key). Its id, or None."""
+    deployment = own_deployment()
+    if not jobs or deployment is None:
+        return None
+    at = (utc_now() + timedelta(seconds=FOLLOW_UP_S)).replace(second=30, microsecond=0)
+    return start_deployment_run(deployment, {}, f"gpu-sweep-{deployment}-{at.isoformat()}", at=at)
 
 
 def run_ended(flow_run_id: str) -> bool:
@@ -270,10 +305,15 @@ def gpu_job(
 
 @pipeline_flow("gpu-sweep")
 def gpu_sweep() -> dict[str, Any]:
-    """Scheduled every minute: ask the backend about every in-flight job's tasks and move each job on (also one
-    whose flow run is gone); resume steps whose owner is gone; put back nodes nobody will move any more."""
-    result = sweep(_flow_runner(_config()), TASKS)
+    """Ask the backend about every in-flight job's tasks and move each job on (also one whose flow run is gone);
+    resume steps whose owner is gone; put back nodes nobody will move any more. Started when a gpu-job run ended
+    (prefect.yaml's trigger), by the sweep before it while a job has no watcher (``follow_up``), and every 10
+    minutes (the backstop)."""
+    runner = _flow_runner(_config())
+    result = sweep(runner, TASKS)
     jobs, nodes, stopped = result["jobs"], result["nodes"], result["stopped_tasks"]
+    result["unwatched"] = unwatched(runner, sorted(jobs))
+    result["follow_up"] = follow_up(result["unwatched"])
     create_table_artifact(
         key="gpu-sweep",
         table=[{"record": f"job {j}", "now": s} for j, s in sorted(jobs.items())]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from datetime import datetime, timedelta
 
 import pytest
 import yaml
@@ -23,8 +24,6 @@ T0 = "2026-01-05T10:00:00+00:00"
 
 def at(seconds: float) -> str:
     """``T0`` plus ``seconds``, as the breaker's timestamps are written."""
-    from datetime import datetime, timedelta
-
     return (datetime.fromisoformat(T0) + timedelta(seconds=seconds)).isoformat()
 
 
@@ -69,6 +68,25 @@ def test_the_breaker_opens_holds_tries_once_after_the_cool_down_and_closes_on_su
     assert breaker.tripped(trial, at(340), "again").state == OPEN
     assert breaker.decide(closed, at(999), 300, None, REF_A) == (closed, None)
     assert breaker.variable_name("ndjson-merge/local") == "etl-merge-breaker-ndjson-merge-local"
+
+
+def test_the_breaker_needs_a_check_at_its_cool_downs_end_not_on_a_clock():
+    """Issue 52: no check every minute. OPEN: one at the cool-down's end; past it with nothing waiting, one within the
+    next minute (on the minute, so checks asked at different moments share one); HALF_OPEN: one when its trial
+    would count as lost; CLOSED, or a trial past that (its run's end triggers the check): none."""
+
+    def due(state, now):
+        found = breaker.next_check_at(state, at(now), 300)
+        return found and (datetime.fromisoformat(found) - datetime.fromisoformat(T0)).total_seconds()
+
+    opened = breaker.tripped(BreakerState(), at(0), "3 merge runs failed within 300 s")
+    assert due(opened, 1) == due(opened, 299) == 300
+    assert due(opened, 301) == due(opened, 359.5) == 360  # 10:05:01 + 60 s, on its minute: 10:06:00
+    trial, _ = breaker.decide(opened, at(301), 300, None, REF_A)
+    assert due(trial, 302) == 601 and due(trial, 602) is None
+    assert due(BreakerState(), 0) is None
+    unreadable, _ = breaker.parse("garbage")  # OPEN with its cool-down over: within the next minute
+    assert due(unreadable, 0.5) == 60
 
 
 @pytest.mark.parametrize(
@@ -156,6 +174,50 @@ def test_every_check_makes_the_pause_follow_the_breaker_whatever_was_done_to_its
     assert not alarms.etl_merge_paused(HealthThresholds(merge_paused_minutes=60)).firing or (
         alarms.paused_merge_deployments()[merge] < 60  # other tests' deployments on the shared server may be old
     )
+
+
+def _breaker_deployment(merge_deployment: str) -> str:
+    """A deployment of a flow named ndjson-merge-breaker beside ``merge_deployment`` (no worker): its ``flow/name``."""
+    from prefect import flow as prefect_flow
+    from prefect.client.orchestration import get_client
+
+    name = merge_deployment.split("/")[1]
+    with get_client(sync_client=True) as client:
+        flow_id = client.create_flow(prefect_flow(name="ndjson-merge-breaker")(lambda: None))
+        client.create_deployment(flow_id=flow_id, name=name, paused=False)
+    return f"ndjson-merge-breaker/{name}"
+
+
+def test_a_trip_schedules_one_check_at_its_cool_downs_end_on_the_breakers_own_deployment(etl_env):
+    """Issue 52: the breaker's deployment runs no check every minute; the trip schedules the one check that starts
+    the trial, at the cool-down's end. Asked again (a check during the cool-down, the trip's run retried) it is the
+    same run; a second trip restarts the cool-down and its own check, and the first one, due first, adds none."""
+    from tasks.core.runtime import now_iso
+
+    merge = _merge_deployment("scheduled")
+    guard = _breaker_deployment(merge)
+    trip = breaker.step(merge, "trip", reason="3 merge runs failed", check_deployment=guard)
+    due = now_iso(datetime.fromisoformat(trip["opened_at"]) + timedelta(seconds=breaker.COOL_DOWN_S))
+    assert (trip["state"], trip["next_check"]) == (OPEN, due)
+    (run,) = _runs(guard)
+    assert str(run.id) == trip["next_check_run"] and run.state.is_scheduled()
+    assert run.state.state_details.scheduled_time.timestamp() == datetime.fromisoformat(due).timestamp()
+    assert run.parameters == {
+        "merge_deployment": merge,
+        "action": "check",
+        "cool_down_seconds": breaker.COOL_DOWN_S,
+        "check_at": due,
+    }
+    assert breaker.schedule_check(guard, merge, breaker.COOL_DOWN_S, due) == str(run.id)  # the trip's run retried
+    check = breaker.step(merge, "check", check_deployment=guard)  # e.g. a merge run cancelled meanwhile
+    assert (check["state"], check["next_check_run"]) == (OPEN, str(run.id)) and len(_runs(guard)) == 1
+
+    again = breaker.step(merge, "trip", reason="more failures", check_deployment=guard)
+    assert again["next_check"] > due and len(_runs(guard)) == 2
+    first_due = breaker.step(merge, "check", check_deployment=guard, check_at=due)  # run early: waits, adds none
+    assert first_due["next_check_run"] == again["next_check_run"] and len(_runs(guard)) == 2
+    assert breaker.step(merge, "check", cool_down_s=0, check_deployment=guard)["state"] == OPEN  # nothing waits
+    assert len(_runs(guard)) == 3  # past the cool-down with nothing waiting: one check within the next minute
 
 
 def _deployments(name: str) -> dict[str, dict]:
@@ -296,6 +358,10 @@ def _runs(deployment: str, tag: str | None = None) -> list:
         )
 
 
+def _trips(deployment: str) -> list:
+    return [r for r in _runs(deployment) if r.parameters.get("action") == "trip"]
+
+
 def _paused(deployment: str) -> bool:
     from prefect.client.orchestration import get_client
 
@@ -340,10 +406,12 @@ def test_three_failed_merges_open_the_breaker_manifests_wait_and_a_trial_after_t
         guard = deployed["ndjson-merge-breaker"]
         (trip,) = _wait(
             "the trip run ended",
-            lambda: (r := _runs(guard)) and all(x.state.is_final() for x in r) and r,
+            lambda: (r := _trips(guard)) and all(x.state.is_final() for x in r) and r,
             worker=worker,
         )
-        assert trip.parameters["action"] == "trip" and trip.state_name == "Completed", worker.tail()
+        assert trip.state_name == "Completed", worker.tail()
+        (scheduled,) = [r for r in _runs(guard) if r.parameters.get("check_at")]  # the trip's check, 300 s on
+        assert scheduled.parameters["check_at"] == breaker.next_check_at(opened, opened.opened_at, breaker.COOL_DOWN_S)
 
         # while OPEN: new manifests wait pending; a merge run queued before the open leaves its manifest pending
         waiting = [
@@ -389,7 +457,7 @@ def test_three_failed_merges_open_the_breaker_manifests_wait_and_a_trial_after_t
         _wait("every file completed", lambda: file_statuses(table) == {"completed": 25}, worker=worker)
         ids = Counter(row["id"] for row in merged_rows(root))
         assert sum(ids.values()) == 25 * 3 and set(ids.values()) == {1}
-        assert sorted((r.parameters["action"], r.state_name) for r in _runs(guard)) == [
+        assert sorted((r.parameters["action"], r.state_name) for r in _runs(guard) if r.id != scheduled.id) == [
             ("check", "Completed"),
             ("trip", "Completed"),
         ]
@@ -491,5 +559,47 @@ def test_manifests_left_to_a_queued_run_that_is_cancelled_are_merged_within_a_mi
         assert took < 60, f"merged {took:.0f} s after the cancel\n{worker.tail()}"
         checks = _runs(deployed["ndjson-merge-breaker"])
         assert [(r.parameters["action"], r.state_name) for r in checks] == [("check", "Completed")], worker.tail()
+    finally:
+        worker.stop()
+
+
+@pytest.mark.sweep  # a worker, the breaker's runs and a trial merge run: `make test-sweep`
+@pytest.mark.timeout(600)
+def test_the_trips_own_check_starts_the_trial_seconds_after_the_cool_downs_end(etl_env, tmp_path):
+    """Issue 52, as deployed and with no schedule at all: a trip (its cool-down 20 s here) schedules its check; the
+    worker runs it when due (never early: a worker prefetches due runs) and it starts the trial within seconds of
+    the cool-down's end; the trial's end closes the breaker."""
+    from prefect.deployments import run_deployment
+
+    from flows.etl import ndjson_ingest
+    from tests.helpers.etl import file_statuses
+    from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml
+
+    name = f"due-{uuid.uuid4().hex[:6]}"
+    pool = f"pool-{name}"
+    deployed = deploy_from_prefect_yaml(tmp_path, {"ndjson-merge", "ndjson-merge-breaker"}, pool, name)
+    merge, guard = deployed["ndjson-merge"], deployed["ndjson-merge-breaker"]
+    _set_paused_by_hand(merge, True)  # held from the start, so the trial's manifest waits before the trip
+    urls = [write_input(etl_env["root"], DAY, f"d-{i}.ndjson", [{"id": i, "pad": "x" * 40}]) for i in range(5)]
+    assert ndjson_ingest(file_urls=urls, merge_deployment=merge)["held"] == 1
+    worker = Worker(pool, tmp_path / "worker.log")
+    try:
+        parameters = {"merge_deployment": merge, "action": "trip", "cool_down_seconds": 20, "reason": "by hand"}
+        run_deployment(guard, parameters=parameters, timeout=0)
+        opened = _wait("the breaker open", lambda: (s := breaker.load(merge)).state == OPEN and s, worker=worker)
+        (trial,) = _wait("the trial run", lambda: _runs(merge, breaker.TRIAL_TAG), timeout=120, worker=worker)
+        late = (trial.created - datetime.fromisoformat(opened.opened_at)).total_seconds() - 20
+        print(f"trial run created {late:.1f} s after the cool-down's end")
+        assert 0 <= late < 30, worker.tail()
+        _wait("the breaker closed", lambda: breaker.load(merge).state == CLOSED, timeout=240, worker=worker)
+        _wait("the manifest merged", lambda: file_statuses(etl_env["table"]) == {"completed": 5}, worker=worker)
+        # the checks: the one due at the cool-down's end, the trial's end's, and the HALF_OPEN step's own (due when
+        # a trial would count as lost: it finds the breaker CLOSED)
+        runs = _wait(
+            "every breaker run ended", lambda: (r := _runs(guard)) and all(x.state.is_final() for x in r) and r
+        )
+        assert {r.state_name for r in runs} == {"Completed"}, worker.tail()
+        due = breaker.next_check_at(opened, opened.opened_at, 20)
+        assert [r.parameters.get("check_at") == due for r in runs].count(True) == 1
     finally:
         worker.stop()

@@ -214,3 +214,27 @@ def test_prefect_deploy_of_each_set_against_the_test_server(moto_thread):
         assert not [d for d in left if d.work_pool_name in aws_work_pools()]
         assert not client.read_flow_runs(deployment_filter=only_sweep)
         assert {d.id for d in left} >= {d.id for d in deployed if d.name == "local"}
+
+
+def test_nothing_runs_every_minute_the_breaker_and_the_gpu_sweep_run_when_due():
+    """Issue 52 (each flow run costs ~30 Prefect API calls): no schedule is due more often than every 5 minutes.
+    The breaker's check is scheduled by its trip (flows/etl.py, tasks/etl/breaker.py); gpu-sweep is triggered by a
+    gpu-job run that ended without its job (then follows itself up while a job has no watcher); for both the
+    schedule every 10 minutes is the backstop."""
+    from infra.cost import launches_per_month
+
+    for deployment in DEPLOYMENTS:
+        for schedule in deployment.get("schedules") or []:
+            assert launches_per_month(schedule["cron"], 1) <= 12, (deployment["entrypoint"], schedule)
+    every_10 = CONFIG["definitions"]["schedules"]["every_10_minutes"]
+    for deployment in DEPLOYMENTS:
+        flow = _flow(deployment["entrypoint"]).name
+        if flow in ("ndjson-merge-breaker", "gpu-sweep"):
+            assert deployment["schedules"] == [every_10], (flow, deployment["name"])
+        if flow == "gpu-sweep":
+            (trigger,) = deployment["triggers"]
+            assert trigger["match_related"] == {"prefect.resource.role": "flow", "prefect.resource.name": "gpu-job"}
+            assert set(trigger["expect"]) == {
+                f"prefect.flow-run.{state}" for state in ("Crashed", "Cancelled", "Failed", "TimedOut")
+            }
+            assert (trigger["posture"], trigger["threshold"], trigger.get("parameters")) == ("Reactive", 1, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 
 def utc_now() -> datetime:
@@ -37,6 +38,37 @@ def prefect_ids() -> dict[str, str]:
 
     ids = {"prefect_flow_run_id": flow_run.id, "prefect_task_run_id": task_run.id}
     return {name: str(value) for name, value in ids.items() if value}
+
+
+def own_deployment() -> str | None:
+    """``flow/deployment`` of the flow run this runs in when a deployment made it (None: a plain call, a subflow)."""
+    from prefect.runtime import deployment, flow_run
+
+    name = deployment.name
+    return f"{flow_run.flow_name}/{name}" if name else None
+
+
+def start_deployment_run(
+    deployment: str, parameters: dict[str, Any], idempotency_key: str, at: datetime | None = None
+) -> str:
+    """Create one run of ``deployment`` (Scheduled for ``at``, default now; not waiting for it); the same
+    ``idempotency_key`` again returns the same run.
+
+    The Prefect server keeps one flow run per (flow, idempotency key), so a caller that crashed after creating the
+    run and asks again gets the run it created, never a second one. The run is top level, as when a person runs
+    `prefect deployment run`, not a child of the caller.
+    """
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(
+        deployment,
+        parameters=parameters,
+        scheduled_time=at,
+        timeout=0,
+        idempotency_key=idempotency_key,
+        as_subflow=False,
+    )
+    return str(run.id)
 
 
 def run_logger(name: str) -> logging.Logger | logging.LoggerAdapter:

@@ -3,8 +3,8 @@
     merge runs Failed/Crashed/TimedOut: 3 within 300 s ──(prefect.yaml trigger: ndjson-merge-breaker, action=trip)──>
         OPEN: state saved, merge deployment paused. The ingest starts no merge of a paused deployment (its manifests
         wait ``pending``); a merge run already queued leaves its manifest ``pending`` (``admits``)
-    OPEN, cool-down (300 s) over ──(the breaker's schedule, action=check)──> HALF_OPEN: the oldest pending manifest
-        is the one trial, a merge run tagged ``breaker-trial``
+    OPEN, cool-down (300 s) over ──(the check the opening scheduled for then, action=check)──> HALF_OPEN: the oldest
+        pending manifest is the one trial, a merge run tagged ``breaker-trial``
     the trial ended ──(trigger on that run's end, action=check)──> its manifest completed: CLOSED, deployment resumed,
         every waiting manifest started (``manifest.ready``) · failed: OPEN again, the cool-down from now
 
@@ -14,7 +14,10 @@ Prefect counts the failures (the trigger's threshold and window); pausing a depl
 the breaker flow writes it, one run at a time (its deployment's concurrency limit 1, ENQUEUE). The transitions
 are plain functions (``tripped``, ``decide``, ``admits``).
 
-Every check (each minute) makes the deployment's paused flag follow the state, whatever changed either by hand: a
+No check runs on a clock while nothing is due: each step that leaves the breaker OPEN or HALF_OPEN schedules the
+check it needs next (``next_check_at``: a run of the breaker's own deployment, one per due time by its idempotency
+key), and the deployment's schedule (every 10 minutes) is the backstop for a lost run or event and for drift.
+Every check makes the deployment's paused flag follow the state, whatever changed either by hand: a
 deleted variable reads CLOSED (resumed), one that cannot be read (edited into something else) OPEN with its
 cool-down over (a trial next, then CLOSED on its success), saved as such. A CLOSED check also announces the
 manifests left ``pending`` with no run to take them (``announce_waiting``: a queued run that was cancelled or
@@ -24,11 +27,12 @@ crashed before it took them); merge runs ending Cancelled or Crashed trigger a c
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from tasks.core.runtime import now_iso, run_logger
+from tasks.core.runtime import now_iso, run_logger, start_deployment_run
 from tasks.etl import ingest as etl
 from tasks.etl.ingest import TRIAL_TAG, ManifestRef, manifest_record
 
@@ -88,6 +92,28 @@ def decide(
     if trial_status == etl.PENDING and _seconds_since(state.trial_started_at, now) >= cool_down_s:
         return replace(state, trial_started_at=now, updated_at=now), "start_trial"  # its run was lost: once more
     return state, None
+
+
+# OPEN past its cool-down with nothing waiting: checked this often, so the next manifest's trial starts within it
+RECHECK_S = 60.0
+
+
+def next_check_at(state: BreakerState, now: str, cool_down_s: float) -> str | None:
+    """When the breaker next needs a check that no event triggers: OPEN at its cool-down's end (past it, with nothing
+    waiting: within ``RECHECK_S``, on the minute, so checks asked at different moments share one), HALF_OPEN when its
+    trial counts as lost (``decide``: not started within the cool-down); CLOSED, or a trial past that (its run's end
+    triggers the check): None. An OPEN state read from an unreadable variable has no ``opened_at``: cool-down over."""
+    current = datetime.fromisoformat(now)
+    if state.state == OPEN:
+        if state.opened_at is not None:
+            due = datetime.fromisoformat(state.opened_at) + timedelta(seconds=cool_down_s)
+            if due > current:
+                return now_iso(due)
+        return now_iso((current + timedelta(seconds=RECHECK_S)).replace(second=0, microsecond=0))
+    if state.state == HALF_OPEN and state.trial_started_at:
+        due = datetime.fromisoformat(state.trial_started_at) + timedelta(seconds=cool_down_s)
+        return now_iso(due) if due > current else None
+    return None
 
 
 def admits(state: BreakerState, date_prefix: str, manifest_name: str) -> bool:
@@ -178,7 +204,7 @@ def set_paused(merge_deployment: str, paused: bool) -> bool:
         return True
 
 
-# the scheduled check announces manifests pending this long: past their own announcement's run creation and its
+# the backstop check announces manifests pending this long: past their own announcement's run creation and its
 # first take (seconds), so a steady flow gets no second run; a merge run's cancel triggers a check with 0
 ANNOUNCE_AFTER_S = 30.0
 
@@ -246,16 +272,64 @@ def _start_trial(merge_deployment: str, state: BreakerState) -> str:
     return str(run.id)
 
 
+# a worker starts a run due within its prefetch (Prefect's default 10 s) early: a scheduled check waits this long at
+# most for its due time, so it never finds the cool-down a few seconds short
+EARLY_START_S = 30.0
+
+
+def _wait_until(check_at: str | None) -> None:
+    """Sleep until ``check_at`` when that is at most ``EARLY_START_S`` ahead (a scheduled check started early)."""
+    if check_at:
+        ahead = _seconds_since(now_iso(), check_at)
+        if 0 < ahead <= EARLY_START_S:
+            time.sleep(ahead)
+
+
+def schedule_check(check_deployment: str, merge_deployment: str, cool_down_s: float, due: str) -> str:
+    """A run of the breaker's deployment ``check_deployment`` Scheduled for ``due``: one per breaker and due time
+    (its idempotency key), whoever asks and however often. Its id."""
+    parameters = {
+        "merge_deployment": merge_deployment,
+        "action": "check",
+        "cool_down_seconds": cool_down_s,
+        "check_at": due,
+    }
+    key = f"{variable_name(merge_deployment)}-check-{due}"
+    return start_deployment_run(check_deployment, parameters, key, at=datetime.fromisoformat(due))
+
+
+def _schedule_next(
+    check_deployment: str | None, merge_deployment: str, state: BreakerState, cool_down_s: float
+) -> dict[str, Any]:
+    """The next check ``state`` needs (``next_check_at``), scheduled on ``check_deployment``: its time and run."""
+    due = next_check_at(state, now_iso(), cool_down_s)
+    if check_deployment is None or due is None:
+        return {}
+    try:
+        return {
+            "next_check": due,
+            "next_check_run": schedule_check(check_deployment, merge_deployment, cool_down_s, due),
+        }
+    except Exception as error:  # noqa: BLE001 - the state is saved; the schedule's backstop check comes instead
+        run_logger(__name__).warning("circuit breaker of %s: next check not scheduled (%s)", merge_deployment, error)
+        return {"next_check": None}
+
+
 def step(
     merge_deployment: str,
     action: Literal["trip", "check"],
     cool_down_s: float = COOL_DOWN_S,
     reason: str = "",
     announce_after_s: float = ANNOUNCE_AFTER_S,
+    check_deployment: str | None = None,
+    check_at: str | None = None,
 ) -> dict[str, Any]:
-    """One breaker step on the server: ``trip`` (the failure trigger fired) or ``check`` (schedule, trial ended, a
-    merge run cancelled or crashed); a CLOSED check announces what is pending over ``announce_after_s``."""
+    """One breaker step on the server: ``trip`` (the failure trigger fired) or ``check`` (scheduled by an earlier
+    step for ``check_at``, the backstop schedule, trial ended, a merge run cancelled or crashed); a CLOSED check
+    announces what is pending over ``announce_after_s``. A step that leaves the breaker OPEN or HALF_OPEN schedules
+    its next check on the breaker's deployment ``check_deployment`` (None: none scheduled)."""
     logger = run_logger(__name__)
+    _wait_until(check_at)
     before, unreadable = read(merge_deployment)
     if unreadable:
         logger.warning("circuit breaker of %s: its variable cannot be read (%s): OPEN", merge_deployment, unreadable)
@@ -287,4 +361,5 @@ def step(
         logger.warning(
             "circuit breaker of %s: %s -> %s (%s)", merge_deployment, before.state, after.state, after.reason
         )
+    done |= _schedule_next(check_deployment, merge_deployment, after, cool_down_s)
     return {"merge_deployment": merge_deployment, "before": before.state, **asdict(after), **done}

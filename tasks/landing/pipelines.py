@@ -1,6 +1,6 @@
 """What the media listeners' handlers share: starting a run once per landing, and one outcome per arrival.
 
-    handler ──> start_deployment_run(name, parameters, idempotency_key) ──> the flow run's id
+    handler ──> tasks.core.runtime.start_deployment_run(name, parameters, idempotency_key) ──> the flow run's id
     handle_each(arrivals, pipeline, start) ──> Outcome (done / retry) + one Prefect event per outcome of the batch
 
 The source and the loop are ``tasks.landing.sources.open_source`` and ``tasks.landing.listener.listen``.
@@ -9,27 +9,11 @@ The source and the loop are ``tasks.landing.sources.open_source`` and ``tasks.la
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from tasks.core.errors import RefusedInput
 from tasks.core.runtime import run_logger
 from tasks.landing.listener import Landed, Outcome, emit_landed
 from tasks.landing.sources import Arrival
-
-
-def start_deployment_run(deployment: str, parameters: dict[str, Any], idempotency_key: str) -> str:
-    """Create one run of ``deployment`` (not waiting for it); the same ``idempotency_key`` again returns the same run.
-
-    The Prefect server keeps one flow run per (flow, idempotency key), so a listener that crashed after creating
-    the run and asks again gets the run it created, never a second one. The run is top level, as when a person
-    runs `prefect deployment run`, not a child of the listener.
-    """
-    from prefect.deployments import run_deployment
-
-    run = run_deployment(
-        deployment, parameters=parameters, timeout=0, idempotency_key=idempotency_key, as_subflow=False
-    )
-    return str(run.id)
 
 
 def handle_each(arrivals: list[Arrival], pipeline: str, start: Callable[[Arrival], tuple[str, list[str]]]) -> Outcome:

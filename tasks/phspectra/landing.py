@@ -22,9 +22,9 @@ from tasks.core import keys, state_store
 from tasks.core.config import object_store
 from tasks.core.errors import RefusedInput
 from tasks.core.object_store import ObjectNotFound, open_url
-from tasks.core.runtime import now_iso, run_logger
+from tasks.core.runtime import now_iso, run_logger, start_deployment_run
 from tasks.landing.listener import Outcome
-from tasks.landing.pipelines import handle_each, start_deployment_run
+from tasks.landing.pipelines import handle_each
 from tasks.landing.sources import Arrival
 from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph

@@ -11,9 +11,9 @@ idempotency key, which the Prefect server answers with the run already created i
 
 from __future__ import annotations
 
-from tasks.core.runtime import run_logger
+from tasks.core.runtime import run_logger, start_deployment_run
 from tasks.landing.listener import Outcome
-from tasks.landing.pipelines import handle_each, start_deployment_run
+from tasks.landing.pipelines import handle_each
 from tasks.landing.sources import Arrival
 from tasks.video import jobs, keys
 
