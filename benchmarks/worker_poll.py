@@ -97,7 +97,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--polls", default="1,2,5", help="poll intervals to measure, seconds, comma-separated")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="a 1 s poll, 3 runs (make test-sweep)")
     args = parser.parse_args()
+    if args.quick:
+        args.polls, args.runs = "1", 3
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
