@@ -131,6 +131,8 @@ def launch_key(create: bool = False) -> str | None:
 def local_env() -> dict[str, str]:
     """What every local process needs: the endpoints and the stack's key for DynamoDB Local, and the Prefect API's
     auth string and the launch key once `make up` made them."""
+    from tasks.core import limits
+
     auth = api_auth_string()
     return {
         **({"PREFECT_API_AUTH_STRING": auth} if auth else {}),
@@ -146,6 +148,7 @@ def local_env() -> dict[str, str]:
         # the server's CSRF protection is off (Prefect's default): without this every new client asks for a token
         # first (GET /csrf-token, answered 422), one request more per flow run and per `get_client`
         "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED": "false",
+        **limits.PREFECT_CLIENT_ENV,
         "PREFECT_HOME": str(DATA / "prefect"),
         "OBJECT_STORE_BASE_URL": os.environ.get("OBJECT_STORE_BASE_URL", (DATA / "objects").as_uri()),
         "PIPELINES_ROOT": str(REPO_ROOT),  # prefect.yaml's pull step: where the local worker runs flows

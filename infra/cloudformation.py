@@ -1005,6 +1005,7 @@ def environment(pipeline_queues: bool, extra: dict[str, Any] | None = None) -> l
         **{variable: ref(parameter) for parts in pipeline_parts() for variable, parameter in parts.environment.items()},
         "OBJECT_STORE_BASE_URL": sub("s3://${BucketName}/${StorePrefix}"),
         "PREFECT_API_URL": ref("PrefectApiUrl"),
+        **limits.PREFECT_CLIENT_ENV,
         "AWS_DEFAULT_REGION": ref("AWS::Region"),
         "HOME": SCRATCH,
         "PREFECT_HOME": f"{SCRATCH}/prefect",

@@ -24,6 +24,10 @@ SEGMENT_TIMEOUT_S = 15 * 60
 # a maintenance run (sweeps, reconcile, health) that hangs must not hold its one-at-a-time slot for ever
 MAINTENANCE_TIMEOUT_S = 10 * 60
 
+# Prefect Cloud counts every request: a client sends its run's log lines in one `POST /logs/` every 5 s (Prefect's
+# default, 2 s, made the long-running listeners' and merge runs' log posts a sixth of the stack's requests)
+PREFECT_CLIENT_ENV = {"PREFECT_LOGGING_TO_API_BATCH_INTERVAL": "5"}
+
 # seed 001: CloudWatch logs kept 3 days; here the Prefect server's flow runs (with their logs and artifacts) and events
 PREFECT_RETENTION_DAYS = 3
 
