@@ -16,6 +16,7 @@ import argparse
 import os
 import random
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,13 +128,15 @@ def main() -> int:
                     name="poll",
                     work_pool_name="poll",
                     entrypoint="benchmarks/worker_poll.py:noop",
-                    path=str(REPO_ROOT),
+                    # the local stack's pull step: run in place (a `path` is copied per run, the venv with it)
+                    pull_steps=[{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO_ROOT)}}],
                 )
                 for poll_s in (float(p) for p in args.polls.split(",")):
                     print(measure(client, env, "poll", deployment_id, poll_s, args.runs, work), flush=True)
         finally:
             forks.terminate()
             forks.wait(timeout=60)
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
