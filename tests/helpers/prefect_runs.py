@@ -55,12 +55,18 @@ def _to_copies(value, name: str):
     return value.replace("/local", f"/{name}") if isinstance(value, str) and value.endswith("/local") else value
 
 
+# a deployed merge run stays for more manifests until this many seconds from its start (prefect.yaml: 60 s), over
+# the launcher's 15 s margin so the stay is still trusted for a while
+TEST_STAY_S = 20.0
+
+
 def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: str) -> dict[str, str]:
     """`prefect deploy` the 'local' deployments of ``flows`` from prefect.yaml as ``{flow}/{name}`` on ``pool``.
 
-    Everything else (entrypoint, parameters, triggers, pull step) is prefect.yaml's own; references from one
-    deployment to another (``merge_deployment``, ``reassembly_deployment``, the triggers' deployment names) are
-    pointed at the copies.
+    Everything else (entrypoint, parameters, triggers, pull step) is prefect.yaml's own, but for a merge run's stay
+    for more (``more_seconds``), cut to ``TEST_STAY_S`` so a test's merge run ends soon after its work; references
+    from one deployment to another (``merge_deployment``, ``reassembly_deployment``, the triggers' deployment names)
+    are pointed at the copies.
     """
     import yaml
     from prefect.client.orchestration import get_client
@@ -73,6 +79,8 @@ def deploy_from_prefect_yaml(tmp_path: Path, flows: set[str], pool: str, name: s
         if deployment["name"] != "local" or flow_name(deployment["entrypoint"]) not in flows:
             continue
         parameters = _to_copies(deployment.get("parameters") or {}, name)
+        if parameters.get("stay_for_more"):
+            parameters["more_seconds"] = min(float(parameters["more_seconds"]), TEST_STAY_S)
         chosen.append(
             {
                 **deployment,
