@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -25,16 +24,14 @@ import pytest
 
 from benchmarks.server_load import stack
 from benchmarks.soak import EtlFiles
-from deployments import dynamodb_local
 from deployments.supervisor import Supervisor, socket_for
 from tasks.core import disk
 from tasks.etl import keys as etl_keys
 from tasks.etl.merge import SOURCE_FILE
 from tasks.records import keys as records_keys
-from tests.helpers.crashpoints import REPO_ROOT
 from tests.helpers.disk import fill, hidden_parts, small_disk
 from tests.helpers.landing import record_messages
-from tests.helpers.stack_probe import probe
+from tests.helpers.stack_probe import own_stack, probe
 
 pytestmark = pytest.mark.sweep  # a whole stack of its own, up and down: 3 to 4 minutes
 
@@ -123,22 +120,8 @@ def _granules(data: Path, env: dict, ids: list[str]) -> dict[str, str]:
 def test_a_full_object_store_stops_intake_raises_the_alarm_and_resumes_by_itself_once_freed():
     if os.geteuid() != 0:
         pytest.skip("mounting a small file system needs root (CI runs as root)")
-    folder = Path(tempfile.mkdtemp(prefix="disk-stack-"))  # under /tmp: the `postgres` user (as root) reaches it
-    folder.chmod(0o755)
-    data = folder / "data"
+    folder, data, env = own_stack("disk-stack-")
     objects = data / "objects"
-    ports = {name: dynamodb_local.free_port() for name in ("dynamodb", "prefect-server", "postgres")}
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", "/root"),
-        "LANG": "C.UTF-8",
-        "PYTHONPATH": str(REPO_ROOT),
-        "PIPELINES_DATA_DIR": str(data),
-        "DYNAMODB_LOCAL_PORT": str(ports["dynamodb"]),
-        "PREFECT_SERVER_PORT": str(ports["prefect-server"]),
-        "PREFECT_POSTGRES_PORT": str(ports["postgres"]),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    }
     date = (datetime.now(UTC) - timedelta(days=1)).strftime("%Y-%m-%d")  # a day the hourly flush would close
     began = time.monotonic()
     try:

@@ -11,16 +11,15 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from benchmarks.server_load import stack
-from deployments import dynamodb_local
 from deployments.supervisor import Supervisor, socket_for
 from tests.helpers.crashpoints import REPO_ROOT, child_command
 from tests.helpers.prefect_runs import wait_for
+from tests.helpers.stack_probe import own_stack
 
 pytestmark = pytest.mark.sweep  # a whole stack, up twice (the first deploys every pipeline): ~3 minutes
 
@@ -62,21 +61,7 @@ def _labels(output: str) -> list[str]:
 
 @pytest.mark.timeout(1800)
 def test_up_migrates_before_the_engine_worker_and_listeners_start():
-    folder = Path(tempfile.mkdtemp(prefix="migrate-first-"))  # under /tmp: the `postgres` user (as root) reaches it
-    folder.chmod(0o755)
-    data = folder / "data"
-    ports = {name: dynamodb_local.free_port() for name in ("dynamodb", "prefect-server", "postgres")}
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", "/root"),
-        "LANG": "C.UTF-8",
-        "PYTHONPATH": str(REPO_ROOT),
-        "PIPELINES_DATA_DIR": str(data),
-        "DYNAMODB_LOCAL_PORT": str(ports["dynamodb"]),
-        "PREFECT_SERVER_PORT": str(ports["prefect-server"]),
-        "PREFECT_POSTGRES_PORT": str(ports["postgres"]),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    }
+    folder, data, env = own_stack("migrate-first-")
     supervisor = Supervisor(data, socket_for(data))
 
     def all_running() -> bool:

@@ -116,3 +116,31 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def own_stack(prefix: str) -> tuple[Path, Path, dict[str, str]]:
+    """A stack of a test's own: its folder (0755, under /tmp, which the `postgres` user reaches as root), its data
+    folder, and the environment that points `local_stack` at that folder and at free ports."""
+    import tempfile
+
+    from deployments import dynamodb_local
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder.chmod(0o755)
+    data = folder / "data"
+    ports = {name: dynamodb_local.free_port() for name in ("dynamodb", "prefect-server", "postgres")}
+    return (
+        folder,
+        data,
+        {
+            "PATH": os.environ["PATH"],
+            "HOME": os.environ.get("HOME", "/root"),
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(REPO_ROOT),
+            "PIPELINES_DATA_DIR": str(data),
+            "DYNAMODB_LOCAL_PORT": str(ports["dynamodb"]),
+            "PREFECT_SERVER_PORT": str(ports["prefect-server"]),
+            "PREFECT_POSTGRES_PORT": str(ports["postgres"]),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        },
+    )
