@@ -705,8 +705,9 @@ def launch_merges(manifests: Iterable[ManifestRef], launcher: Launcher) -> list[
             outcomes.append({**asdict(ref), "launched": False, "held": True, "error": str(held)})
         except Exception as error:  # noqa: BLE001 - the manifest stays pending; the next ingest or flush starts it
             log.warning(
-                "could not start the merge of %s (%s); it stays pending for the next ingest/flush",
+                "could not start the merge of %s (%s: %s); it stays pending for the next ingest/flush",
                 ref.manifest_name,
+                type(error).__name__,
                 error,
             )
             outcomes.append({**asdict(ref), "launched": False, "error": f"{type(error).__name__}: {error}"})
