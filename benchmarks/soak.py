@@ -157,6 +157,41 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def etl_stages(ledger: Ledger, date: str) -> str:
+    """Where the last quarter's ETL files spent their wait: arrival -> tracked (listener, micro-batch, ingest) ->
+    manifested (the manifest filling) -> merge started (the run's start or its staying look) -> completed (the merge),
+    p50/p95 of each, from the records' own times."""
+    from tasks.core import config, state_store
+    from tasks.etl import ingest as etl
+    from tasks.etl import keys as etl_keys
+
+    n = len(ledger.arrived)
+    with ledger.lock:
+        ordered = sorted(ledger.arrived.items(), key=lambda kv: kv[1])[n - max(1, n // 4) :]
+        rows = [(t, ledger.info[i], ledger.done[i]) for i, t in ordered if "tracked" in ledger.info.get(i, {})]
+    names = sorted({info["manifest"] for _, info, _ in rows if info["manifest"]})
+    started: dict[str, float] = {}
+    for i in range(0, len(names), 100):
+        keys_ = [etl.tracking_key(date, etl_keys.manifest_record_key(m)) for m in names[i : i + 100]]
+        for item in state_store.get_many(config.table_name(etl.TRACKING), keys_):
+            name = etl_keys.manifest_name_from_record_key(item["file_key"])
+            started[name] = record_time(item.get("processing_at"), float("inf"))
+    spans: dict[str, list[float]] = collections.defaultdict(list)
+    for arrived, info, done in rows:
+        start = started.get(info["manifest"], float("nan"))
+        for stage, a, b in (
+            ("arrival->tracked", arrived, info["tracked"]),
+            ("tracked->manifested", info["tracked"], info["manifested"]),
+            ("manifested->merge start", info["manifested"], start),
+            ("merge start->completed", start, done),
+        ):
+            if not math.isnan(a - b):
+                spans[stage].append(b - a)
+    return "ETL stages, last quarter (p50/p95): " + " | ".join(
+        f"{stage} {percentile(v, 0.5):.2f}/{percentile(v, 0.95):.2f} s" for stage, v in spans.items()
+    )
+
+
 def quarter_figures(ledger: Ledger) -> str:
     n = len(ledger.arrived)
     quarter = max(1, n // 4)
@@ -333,6 +368,11 @@ class Feeders:
                 status = etl.base_status(item)
                 if status == etl.COMPLETED:
                     etl_ledger.finish(item["file_key"], record_time(item.get("completed_time"), now))
+                    etl_ledger.info[item["file_key"]].update(
+                        tracked=record_time(item.get("created_at"), now),
+                        manifested=record_time(item.get("manifested_at"), now),
+                        manifest=str(item.get("manifest_path", "")).rsplit("/", 1)[-1],
+                    )
                     if self.args.etl_delete_merged:  # the disk holds the backlog only (39 MB/s fills it)
                         self.store.delete(etl_keys.input_key(self.date, item["file_key"]))
                 elif status in (etl.FAILED, etl.QUARANTINED):
@@ -832,6 +872,8 @@ def run_soak(args, root: Path, data: Path, env: dict[str, str], proxy=None) -> i
             )
         for item, reason in list(ledger.failed.items())[:3]:
             print(f"    failed {item}: {reason[:160]}")
+    if feeders.ledgers["etl"].done:
+        print(etl_stages(feeders.ledgers["etl"], feeders.date))
     etl_backlog = backlog[-1][1]["etl"] if backlog else 0
     extra_rows = max(0, rows - expected_rows) if not etl_backlog else 0  # a manifest mid-merge is not a duplicate
     print(
