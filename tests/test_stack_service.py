@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,10 +20,10 @@ from benchmarks.server_load import stack
 from deployments import dynamodb_local, postgres_local
 from deployments.supervisor import Supervisor, socket_for
 from tasks.core.processes import pid_alive
-from tests.helpers.crashpoints import REPO_ROOT
 from tests.helpers.landing import record_messages
 from tests.helpers.other_user import as_nobody_python, as_nobody_run
 from tests.helpers.prefect_runs import wait_for
+from tests.helpers.stack_probe import own_stack
 
 pytestmark = pytest.mark.sweep  # a whole stack (a deploy of every pipeline) and three outages: ~10 minutes
 
@@ -97,20 +96,11 @@ def _killed_process(supervisor: Supervisor, name: str) -> int:
 def test_the_stack_answers_its_user_only_and_rides_out_each_process_killed():
     if os.geteuid() != 0:
         pytest.skip("trying the doors as another local user needs root (CI runs as root)")
-    folder = Path(tempfile.mkdtemp(prefix="stack-svc-"))  # under /tmp: the `postgres` user (as root) reaches it
-    folder.chmod(0o755)
-    data = folder / "data"
-    ports = {name: dynamodb_local.free_port() for name in ("dynamodb", "prefect-server", "postgres")}
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": os.environ.get("HOME", "/root"),
-        "LANG": "C.UTF-8",
-        "PYTHONPATH": str(REPO_ROOT),
-        "PIPELINES_DATA_DIR": str(data),
-        "DYNAMODB_LOCAL_PORT": str(ports["dynamodb"]),
-        "PREFECT_SERVER_PORT": str(ports["prefect-server"]),
-        "PREFECT_POSTGRES_PORT": str(ports["postgres"]),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    folder, data, env = own_stack("stack-svc-")
+    ports = {
+        "dynamodb": int(env["DYNAMODB_LOCAL_PORT"]),
+        "prefect-server": int(env["PREFECT_SERVER_PORT"]),
+        "postgres": int(env["PREFECT_POSTGRES_PORT"]),
     }
     try:
         stack("up", env)
