@@ -935,18 +935,9 @@ def recover_stuck_job(
     progress = "chunking" if total is None else f"{done} of {total} segments done"
     redrives, ended = int(job.get("redrives", 0)), job.get("prefect_flow_run_id")
     new_run = redrive_run(job_id, ended) if ended and redrives < max_redrives else None
-    if new_run:  # the job now belongs to the new run, so a late or second report of the old one changes nothing
-        moved = state_store.transition(
-            _jobs(),
-            _key(job_id),
-            status,
-            None,
-            set={"prefect_flow_run_id": new_run, "redriven_at": now_iso()},
-            add={"redrives": 1},
-            remove=["prefect_task_run_id"],
-            condition=state_store.unchanged({"prefect_flow_run_id": ended, "redrives": job.get("redrives")}, "r"),
-        )
-        action = "re-driven" if moved.applied else "none"
+    if new_run:
+        moved = _hand_to_run(job_id, job, new_run, "redrives", {"redrives": job.get("redrives")})
+        action = "re-driven" if moved else "none"
         return {"job_id": job_id, "status": status, "action": action, "flow_run_id": new_run, "redrives": redrives + 1}
     cause = f"after {redrives} re-drives" if redrives else "and no run working on it"
     reason = fail_job(
@@ -988,15 +979,23 @@ def _redrive_after_wait(job_id: JobId, job: dict[str, Any]) -> dict[str, Any]:
     new_run = redrive_run(job_id, ended) if ended else None
     if not new_run:
         return {"job_id": job_id, "status": status, "action": "none", "reason": "no deployment run to re-drive"}
-    moved = state_store.transition(
+    waited = {WAITING_SINCE: job.get(WAITING_SINCE)}
+    moved = _hand_to_run(job_id, job, new_run, SPACE_REDRIVES, waited, [WAITING_FOR_SPACE, WAITING_SINCE])
+    return {"job_id": job_id, "status": status, "action": "re-driven" if moved else "none", "flow_run_id": new_run}
+
+
+def _hand_to_run(
+    job_id: JobId, job: dict[str, Any], new_run: str, counter: str, guard: dict[str, Any], remove: tuple = ()
+) -> bool:
+    """The job now belongs to its re-drive run ``new_run`` (counted in ``counter``), if its run and ``guard`` are
+    unchanged: a late or second report of the old run changes nothing. Whether it moved."""
+    return state_store.transition(
         _jobs(),
         _key(job_id),
-        status,
+        job["status"],
         None,
         set={"prefect_flow_run_id": new_run, "redriven_at": now_iso()},
-        add={SPACE_REDRIVES: 1},
-        remove=["prefect_task_run_id", WAITING_FOR_SPACE, WAITING_SINCE],
-        condition=state_store.unchanged({"prefect_flow_run_id": ended, WAITING_SINCE: job.get(WAITING_SINCE)}, "r"),
-    )
-    action = "re-driven" if moved.applied else "none"
-    return {"job_id": job_id, "status": status, "action": action, "flow_run_id": new_run}
+        add={counter: 1},
+        remove=["prefect_task_run_id", *remove],
+        condition=state_store.unchanged({"prefect_flow_run_id": job.get("prefect_flow_run_id"), **guard}, "r"),
+    ).applied
