@@ -713,13 +713,15 @@ def ndjson_listen(
     print(
         f"listening for files under {INPUT_PREFIX}YYYY-MM-DD/ ({source}), batches of {batch_size} or {batch_seconds} s"
     )
+    fill = etl_landing.ManifestFill(config.max_files_per_manifest)
     stats = listen(
         events,
-        lambda batch: handle_landed_task(batch, config, launch),
+        lambda batch: fill.handled(handle_landed_task(batch, config, launch)),
         batch_size=batch_size,
         batch_seconds=batch_seconds,
         max_runtime_seconds=max_runtime_seconds,
         idle_exit_seconds=idle_exit_seconds,
+        batch_full=fill.full,
     )
     print(
         f"listener stopped: {stats.received} received, {stats.acked} done, {stats.released} offered again "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+from tasks.etl.landing import ManifestFill
 from tasks.landing import listener
 from tasks.landing.listener import Outcome, PumpStats, pump
 from tests.helpers.landing import ListSource, arrivals
@@ -24,6 +25,63 @@ def test_batches_by_count_and_acks_only_what_is_durable():
     assert source.acked == [f"in/{i}" for i in range(25) if i % 2 == 0]
     assert source.released == [(f"in/{i}", "busy") for i in range(25) if i % 2]
     assert (stats.received, stats.acked, stats.released, stats.batches) == (25, 13, 12, 3)
+
+
+class DripSource(ListSource):
+    """Arrivals that come a few at a time, each receive after a wait: nothing is ready without waiting."""
+
+    def __init__(self, deliveries):
+        super().__init__([])
+        self.deliveries = list(deliveries)
+
+    def receive(self, max_items=10, wait_seconds=20.0):
+        if wait_seconds == 0 or not self.deliveries:
+            return []
+        return self.deliveries.pop(0)
+
+
+def test_a_batch_that_fills_a_manifest_goes_at_once_and_counts_what_it_leaves_waiting():
+    items = arrivals(24)
+    source = DripSource([items[i : i + 3] for i in range(0, 24, 3)])
+    fill, batches = ManifestFill(10), []
+
+    def handler(batch):
+        batches.append(len(batch))
+        return fill.handled(Outcome(done=list(batch)))
+
+    pump(
+        source,
+        handler,
+        batch_size=100,
+        batch_seconds=60,
+        wait_seconds=1,
+        should_stop=lambda: not source.deliveries,
+        batch_full=fill.full,
+    )  # the window (60 s) never ends a batch here
+    # 12 fills the first manifest with 2 over; 2 + 9 fills the next with 1 over; the last 3 go on stop
+    assert batches == [12, 9, 3]
+    assert source.acked == [a.key for a in items]
+
+
+def test_a_full_batch_takes_what_is_ready_with_it():
+    source = ListSource(arrivals(25))
+    batches = []
+
+    def handler(batch):
+        batches.append(len(batch))
+        return Outcome(done=list(batch))
+
+    ticks = itertools.count()
+    stats = pump(
+        source,
+        handler,
+        batch_size=100,
+        batch_seconds=60,
+        wait_seconds=0,
+        should_stop=lambda: next(ticks) >= 1,
+        batch_full=ManifestFill(10).full,
+    )
+    assert batches == [25] and stats.received == 25  # one handler call for all that was ready, not 3
 
 
 def test_a_raising_or_forgetful_handler_loses_nothing():

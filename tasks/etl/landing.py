@@ -53,6 +53,26 @@ TRANSIENT = (BotoCoreError, ClientError, OSError)  # DynamoDB or the object stor
 Launch = Callable[[list[ManifestRef]], list[dict[str, Any]]]
 
 
+class ManifestFill:
+    """The listener's count of the files it handed over that wait for their manifest's last: a batch that fills a
+    manifest goes to the ingest at once instead of at its window's end (the seed's 10-file batches, less a window's
+    wait a file). A guess from what the listener saw (a file of another listener or date counts wrongly): it only
+    moves when a batch goes, never what becomes of it, and the window still bounds every batch."""
+
+    def __init__(self, files_per_manifest: int) -> None:
+        self.size = max(1, files_per_manifest)
+        self.waiting = 0
+
+    def full(self, batch: Sequence[Arrival]) -> bool:
+        """Whether ``batch`` fills the manifest its files go to."""
+        return self.waiting + len(batch) >= self.size
+
+    def handled(self, outcome: Outcome) -> Outcome:
+        """Count a handled batch's files (those it made manifests of are not waiting any more); ``outcome`` as is."""
+        self.waiting = (self.waiting + len(outcome.done)) % self.size
+        return outcome
+
+
 def under_input_prefix(arrival: Arrival) -> bool:
     """Whether the object lies under some ``…/pipeline/input/`` (else no pipeline knows it)."""
     return f"/{keys.INPUT_PREFIX}" in "/" + urlparse(arrival.url).path.lstrip("/")

@@ -1,6 +1,7 @@
 """The loop every pipeline's listener runs: receive arrivals, hand them over in micro-batches, ack what is durable.
 
-    source.receive() ──> micro-batch (up to batch_size, or batch_seconds after its first arrival)
+    source.receive() ──> micro-batch (up to batch_size, or batch_seconds after its first arrival, or at once when it
+                         makes a whole unit of work: batch_full, with what is ready by then)
         ──> handler(batch) ──> Outcome.done  ──> source.ack()      (the work is durable)
                            └─> Outcome.retry ──> source.release()  (offered again later, with the reason)
 
@@ -36,6 +37,7 @@ class Outcome:
 
 
 Handler = Callable[[list[Arrival]], Outcome]
+BatchFull = Callable[[Sequence[Arrival]], bool]  # whether a batch already makes a whole unit of work (a manifest)
 SourceFactory = Callable[[], EventSource]
 MAX_BACKOFF_S = 60.0  # a failing source is tried again after 1, 2, 4 … seconds, at most this
 
@@ -110,6 +112,22 @@ def handle_batch(source: EventSource, handler: Handler, batch: list[Arrival], st
     settle(source, batch, outcome, stats)
 
 
+def ready_now(source: EventSource, room: int, stats: PumpStats) -> list[Arrival]:
+    """Up to ``room`` arrivals ready now, without waiting (a receive that raises ends the look: the next receive
+    tries again)."""
+    taken: list[Arrival] = []
+    while len(taken) < room:
+        try:
+            received = source.receive(max_items=min(10, room - len(taken)), wait_seconds=0)
+        except Exception:  # noqa: BLE001 - the batch goes as it is; the pump's next receive retries with backoff
+            break
+        if not received:
+            break
+        taken += received
+        stats.received += len(received)
+    return taken
+
+
 def pump(
     source: EventSource,
     handler: Handler,
@@ -120,9 +138,12 @@ def pump(
     should_stop: Callable[[], bool] = lambda: False,
     stats: PumpStats | None = None,
     heartbeat: Heartbeat | None = None,
+    batch_full: BatchFull | None = None,
 ) -> PumpStats:
     """Receive until ``should_stop()``, handing arrivals to ``handler`` in batches bounded by count and age;
-    each receive that returns (arrivals or none) beats ``heartbeat``."""
+    each receive that returns (arrivals or none) beats ``heartbeat``. A batch that ``batch_full`` says makes a whole
+    unit of work goes at once, with whatever else is ready by then (at a high rate the batches grow with the
+    handler's time, as a group commit does)."""
     stats = stats if stats is not None else PumpStats()
     heartbeat = heartbeat or Heartbeat(None)
     batch: list[Arrival] = []
@@ -150,7 +171,10 @@ def pump(
             first_at = time.monotonic()
         batch += received
         stats.received += len(received)
-        if batch and (len(batch) >= batch_size or time.monotonic() - first_at >= batch_seconds):
+        full = bool(received) and batch_full is not None and batch_full(batch)
+        if full:
+            batch += ready_now(source, batch_size - len(batch), stats)
+        if batch and (full or len(batch) >= batch_size or time.monotonic() - first_at >= batch_seconds):
             handle_batch(source, handler, batch, stats)
             batch = []
     if batch:  # stopping: finish what was received rather than wait for a redelivery
@@ -269,11 +293,12 @@ def listen(
     max_runtime_seconds: float = 0.0,
     idle_exit_seconds: float = 0.0,
     wait_seconds: float = 5.0,
+    batch_full: BatchFull | None = None,
 ) -> PumpStats:
     """A listener deployment's body: pump until ``max_runtime_seconds`` elapse or nothing arrived for
     ``idle_exit_seconds`` (0: never), then close the source. ``source`` may be a function that opens it,
     called again (with backoff) while it raises. Each receive beats the heartbeat ``PIPELINES_LISTENER_HEARTBEAT``
-    names (its ECS container's health check)."""
+    names (its ECS container's health check). ``batch_full``: as ``pump``'s."""
     stats = PumpStats()
     started = time.monotonic()
     last = {"seen": (-1, -1), "at": started}
@@ -299,6 +324,7 @@ def listen(
             should_stop=should_stop,
             stats=stats,
             heartbeat=Heartbeat.from_env(),
+            batch_full=batch_full,
         )
     finally:
         source.close()
