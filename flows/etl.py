@@ -28,6 +28,7 @@ from typing import Any, Literal
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
+from prefect.utilities.annotations import quote
 
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.core import limits
@@ -90,12 +91,9 @@ release_dead_claims_task = task(etl_ops.release_dead_claims, name="release-dead-
 pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifests", **_dynamo)
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 report_task = task(etl_reports.write_run_report, name="write-run-report", **_side_effects)
-start_processing_task = task(
-    etl_merge.start_processing,
-    name="manifest-processing",
-    task_run_name="manifest-processing {manifest_name}",
-    **_dynamo,
-)
+# the take (MANIFEST pending → processing) is a plain call, not a task run: its manifest's `dask-merge` task run,
+# named after it, follows at once; these are the transient retries it had as a task run of its own
+TAKE_RETRY_DELAYS_S = (2, 10)
 # seed 001's Step Functions retries: the Glue job 3 times, 60 s then ×2; the batch status updater twice, 5 s then ×2
 MERGE_RETRY_DELAYS_S = [60, 120, 240]
 STATUS_UPDATE_RETRY_DELAYS_S = [5, 10]
@@ -167,16 +165,16 @@ def _finish_best_effort(
     """The status update after a published merge, best-effort as in the seed: its failure (after its retries) is
     logged and notified but does not fail the merge; the MANIFEST stays ``processing`` under this ended run, and
     ``records-reconcile`` completes it and its files from the published output."""
-    try:
+    try:  # the merge's figures quoted: Prefect would walk every file's record twice looking for futures in them
         return finish_task(
             date_prefix,
             manifest_name,
-            summary,
+            quote(summary),
             manifest_path=manifest_path,
-            listed=summary["listed"],
-            metric=metric,
+            listed=quote(summary["listed"]),
+            metric=quote(metric),
             holder=holder,
-            records=summary.get("records"),
+            records=quote(summary.get("records")),
         )
     except Exception as error:  # noqa: BLE001 - the output is published; the reconciler writes the statuses
         message = (
@@ -271,8 +269,21 @@ class _Taken:
 
 
 def _take(date_prefix: str, manifest_name: str, rerun: bool = False, own: bool = True) -> _Taken | None:
-    """MANIFEST ``pending → processing`` for this run (conditional: None when another run has it)."""
-    record = start_processing_task(date_prefix, manifest_name, rerun)
+    """MANIFEST ``pending → processing`` for this run (conditional: None when another run has it), retried after
+    each of ``TAKE_RETRY_DELAYS_S`` (a throttle, a dropped connection; a manifest with no record is not retried)."""
+    for delay in (*TAKE_RETRY_DELAYS_S, None):
+        try:
+            record = etl_merge.start_processing(date_prefix, manifest_name, rerun)
+            break
+        except LookupError:
+            raise
+        except Exception as error:  # any other error, as the take's task run retried them
+            if delay is None:
+                raise
+            get_run_logger().warning(
+                "%s: not taken (%s: %s); again in %s s", manifest_name, type(error).__name__, error, delay
+            )
+            time.sleep(delay)
     if record is None:
         return None
     part = "" if own else manifest_name.removesuffix(".json")

@@ -77,7 +77,6 @@ TASKS: dict[str, dict[str, tuple]] = {
         "find-pending-manifests": (2, [2, 10], "_None", None, None),
         "record-metric": (2, [2, 10], "_None", None, None),
         "write-run-report": NONE,
-        "manifest-processing": (2, [2, 10], "_None", None, None),
         "dask-merge": (3, [60, 120, 240], "_None", None, "_capacity_error"),
         "batch-status-update": (2, [5, 10], "_None", 180.0, None),
         "wait-for-space": (2, [2, 10], "_None", None, None),

@@ -494,9 +494,12 @@ def merge_manifest(
     sizes = input_sizes(urls)
     parts = plan_parts(sorted(urls), target_file_mb, sizes)
     limits = WidthLimits.of(settings())
-    calls = [delayed(merge_part)(i, group, staging, output_url, processed_at, limits) for i, group in enumerate(parts)]
     try:
-        outputs = run_dask(calls, scheduler)
+        if len(parts) == 1 and scheduler in ("threads", "sync"):  # one part: a Dask graph would only add its cost
+            outputs = [merge_part(0, parts[0], staging, output_url, processed_at, limits)]
+        else:
+            calls = [delayed(merge_part)(i, g, staging, output_url, processed_at, limits) for i, g in enumerate(parts)]
+            outputs = run_dask(calls, scheduler)
     except BaseException:
         store(output_url).delete_prefix(staging)  # nothing was published
         raise
