@@ -92,8 +92,8 @@ pending_manifests_task = task(etl.pending_manifests, name="find-pending-manifest
 metric_task = task(etl.record_metric, name="record-metric", **_dynamo)
 report_task = task(etl_reports.write_run_report, name="write-run-report", **_side_effects)
 # the take (MANIFEST pending → processing) is a plain call, not a task run: its manifest's `dask-merge` task run,
-# named after it, follows at once; these are the transient retries it had as a task run of its own
-TAKE_RETRY_DELAYS_S = (2, 10)
+# named after it, follows at once; it keeps the transient retries it had as a task run of its own
+TAKE_RETRY_DELAYS_S = tuple(TRANSIENT_RETRIES["retry_delay_seconds"])
 # seed 001's Step Functions retries: the Glue job 3 times, 60 s then ×2; the batch status updater twice, 5 s then ×2
 MERGE_RETRY_DELAYS_S = [60, 120, 240]
 STATUS_UPDATE_RETRY_DELAYS_S = [5, 10]
