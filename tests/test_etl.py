@@ -295,6 +295,26 @@ def test_ops_remediate_gives_the_files_of_a_failed_manifest_its_reason(etl_env):
     assert {f["error_message"] for f in files} == {f"its manifest {ref.manifest_path} failed: its flow run Crashed"}
 
 
+def test_files_an_earlier_batch_left_pending_go_in_the_next_manifest_oldest_first(etl_env):
+    root, table = etl_env["root"], etl_env["table"]
+    config = etl.settings()
+    size = config.max_files_per_manifest
+    # files left pending by earlier batches, tracked one at a time, the oldest with the highest name
+    old = [f"old-{i:02d}.ndjson" for i in range(2 * size - 1)]
+    for name in reversed(old):
+        etl.track_files(etl.validate_files([write_input(root, DAY, name, good_lines(1, 0))], config), config)
+    new = [write_input(root, DAY, f"new-{i}.ndjson", good_lines(1, i)) for i in range(size - 2)]
+    tracked = etl.track_files(etl.validate_files(new, config), config)
+
+    made = etl.create_manifests(DAY, size, config, prefer=tracked["new_files"][DAY])
+
+    files = {k[1]: v for k, v in records(table).items() if k[1].endswith(".ndjson")}
+    first = sorted(k for k, v in files.items() if v.get("manifest_path") == made[0].manifest_path)
+    # the batch's own files, then the two that waited longest (not two picked at random)
+    assert first == sorted(tracked["new_files"][DAY] + old[-2:])
+    assert len(made) == 2 and sorted(k for k, v in files.items() if not v.get("manifest_path")) == old[: size - 3]
+
+
 @pytest.mark.sweep  # slow for make test; CI runs it in make test-sweep
 def test_four_ingest_runs_at_once_put_every_file_in_exactly_one_manifest(etl_env, monkeypatch):
     """Four ndjson-ingest flow runs in threads over 1,020 files on 3 dates, with redelivered events."""

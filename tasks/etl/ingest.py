@@ -569,8 +569,9 @@ def create_manifests(
     Each batch is claimed (``pending#N → manifested#N``, guarded per file) in the same transaction that creates
     its ``MANIFEST#`` record, so concurrent callers never share a file and an error or a crash at any point
     leaves no claim without its manifest. Batches that lost a race are dropped; after a jittered pause the date
-    is looked at again. Each caller takes the files it tracked itself first (``prefer``: file keys), then the
-    others from a random point of the pending list, away from concurrent callers.
+    is looked at again. Each caller takes the files it tracked itself first (``prefer``: file keys; concurrent
+    callers stay apart), then the others oldest first: a file an earlier batch left over goes in the next manifest,
+    never behind newer ones (a random pick let some wait for many batches).
     """
     batch_size = config.max_files_per_manifest
     threshold = max(1, min(threshold, batch_size))
@@ -579,9 +580,8 @@ def create_manifests(
         pending = pending_files(date_prefix, config.num_status_shards)
         if len(pending) < threshold:
             break
-        start = random.randrange(len(pending))
         mine = set(prefer)
-        pending = sorted(pending[start:] + pending[:start], key=lambda item: item["file_key"] not in mine)
+        pending = sorted(pending, key=lambda item: (item["file_key"] not in mine, item.get("created_at", "")))
         batches = _in_batches(pending, batch_size, threshold)
         if batch_size + 1 > state_store.TRANSACTION_LIMIT:
             done = [_publish_unatomic(date_prefix, batch, config, partial) for batch in batches]
