@@ -187,8 +187,15 @@ def etl_stages(ledger: Ledger, date: str) -> str:
         ):
             if not math.isnan(a - b):
                 spans[stage].append(b - a)
-    return "ETL stages, last quarter (p50/p95): " + " | ".join(
-        f"{stage} {percentile(v, 0.5):.2f}/{percentile(v, 0.95):.2f} s" for stage, v in spans.items()
+    began = min(ledger.arrived.values(), default=0.0)
+    waits = sorted(
+        ((info["manifested"] - info["tracked"], arrived - began, info["manifest"]) for arrived, info, _ in rows)
+    )
+    longest = ", ".join(f"{w:.1f} s (arrived at {t:.0f} s, {m})" for w, t, m in waits[-5:][::-1])
+    return (
+        "ETL stages, last quarter (p50/p95): "
+        + " | ".join(f"{stage} {percentile(v, 0.5):.2f}/{percentile(v, 0.95):.2f} s" for stage, v in spans.items())
+        + f"\n  longest tracked -> manifested: {longest}"
     )
 
 
