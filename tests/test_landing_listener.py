@@ -84,6 +84,33 @@ def test_a_full_batch_takes_what_is_ready_with_it():
     assert batches == [25] and stats.received == 25  # one handler call for all that was ready, not 3
 
 
+def test_a_full_batch_whose_look_for_more_fails_goes_as_it_is_and_the_rest_comes_next():
+    class NoLookSource(ListSource):
+        def receive(self, max_items=10, wait_seconds=20.0):
+            if wait_seconds == 0:
+                raise ConnectionError("connection reset by peer")
+            return super().receive(max_items, wait_seconds)
+
+    source = NoLookSource(arrivals(25))
+    batches = []
+
+    def handler(batch):
+        batches.append(len(batch))
+        return Outcome(done=list(batch))
+
+    ticks = itertools.count()
+    stats = pump(
+        source,
+        handler,
+        batch_size=100,
+        batch_seconds=60,
+        wait_seconds=1,
+        should_stop=lambda: next(ticks) >= 3,
+        batch_full=ManifestFill(10).full,
+    )
+    assert batches == [10, 10, 5] and stats.received == 25 and source.acked == [f"in/{i}" for i in range(25)]
+
+
 def test_a_raising_or_forgetful_handler_loses_nothing():
     source = ListSource(arrivals(4))
     calls = itertools.count()

@@ -104,20 +104,6 @@ def reconcile() -> list[dict[str, Any]]:
     return reconciler.reconcile_rows(None, True)
 
 
-def main() -> int:
-    command, *args = sys.argv[1:]
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    result = {"etl": etl, "granules": granules, "disks": disks, "health": health, "reconcile": reconcile}[command](
-        *args
-    )
-    print(json.dumps(result, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def own_stack(prefix: str) -> tuple[Path, Path, dict[str, str]]:
     """A stack of a test's own: its folder (0755, under /tmp, which the `postgres` user reaches as root), its data
     folder, and the environment that points `local_stack` at that folder and at free ports."""
@@ -144,3 +130,17 @@ def own_stack(prefix: str) -> tuple[Path, Path, dict[str, str]]:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         },
     )
+
+
+def main() -> int:
+    command, *args = sys.argv[1:]
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    result = {"etl": etl, "granules": granules, "disks": disks, "health": health, "reconcile": reconcile}[command](
+        *args
+    )
+    print(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
