@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from tasks.etl.landing import ManifestFill
 from tasks.landing import listener
 from tasks.landing.listener import Outcome, PumpStats, pump
@@ -63,35 +65,24 @@ def test_a_batch_that_fills_a_manifest_goes_at_once_and_counts_what_it_leaves_wa
     assert source.acked == [a.key for a in items]
 
 
-def test_a_full_batch_takes_what_is_ready_with_it():
-    source = ListSource(arrivals(25))
-    batches = []
+class NoLookSource(ListSource):
+    """A source whose look without waiting fails (a dropped connection); a waiting receive works."""
 
-    def handler(batch):
-        batches.append(len(batch))
-        return Outcome(done=list(batch))
-
-    ticks = itertools.count()
-    stats = pump(
-        source,
-        handler,
-        batch_size=100,
-        batch_seconds=60,
-        wait_seconds=0,
-        should_stop=lambda: next(ticks) >= 1,
-        batch_full=ManifestFill(10).full,
-    )
-    assert batches == [25] and stats.received == 25  # one handler call for all that was ready, not 3
+    def receive(self, max_items=10, wait_seconds=20.0):
+        if wait_seconds == 0:
+            raise ConnectionError("connection reset by peer")
+        return super().receive(max_items, wait_seconds)
 
 
-def test_a_full_batch_whose_look_for_more_fails_goes_as_it_is_and_the_rest_comes_next():
-    class NoLookSource(ListSource):
-        def receive(self, max_items=10, wait_seconds=20.0):
-            if wait_seconds == 0:
-                raise ConnectionError("connection reset by peer")
-            return super().receive(max_items, wait_seconds)
-
-    source = NoLookSource(arrivals(25))
+@pytest.mark.parametrize(
+    ("source_class", "expected"),
+    [
+        (ListSource, [25]),  # one handler call for all that was ready, not 3
+        (NoLookSource, [10, 10, 5]),  # the look for more fails: the full batch goes as it is, the rest comes next
+    ],
+)
+def test_a_full_batch_takes_what_is_ready_with_it(source_class, expected):
+    source = source_class(arrivals(25))
     batches = []
 
     def handler(batch):
@@ -105,10 +96,10 @@ def test_a_full_batch_whose_look_for_more_fails_goes_as_it_is_and_the_rest_comes
         batch_size=100,
         batch_seconds=60,
         wait_seconds=1,
-        should_stop=lambda: next(ticks) >= 3,
+        should_stop=lambda: next(ticks) >= len(expected),
         batch_full=ManifestFill(10).full,
     )
-    assert batches == [10, 10, 5] and stats.received == 25 and source.acked == [f"in/{i}" for i in range(25)]
+    assert batches == expected and stats.received == 25 and source.acked == [f"in/{i}" for i in range(25)]
 
 
 def test_a_raising_or_forgetful_handler_loses_nothing():
