@@ -4,8 +4,21 @@ Starting a flow run is a new Python process that imports Prefect, prefect-aws an
 the flow's first line: about 1.5 s of the ~2 s a `deployment run` waits on 2 cores. The server imports
 those libraries once, then forks a child per run; the child takes the caller's standard streams, environment,
 working folder and ``sys.path``, refreshes Prefect's settings and logging from that environment, and runs
-``python -m prefect.engine`` as the caller would have. The pipelines' own code (``flows``, ``tasks``, ``blocks``) is
-not preloaded: each run imports it fresh, so the next run picks up an edit, as without the fork server.
+``python -m prefect.engine`` as the caller would have.
+
+The pipelines' own code is preloaded too: every ``flows`` module of this checkout, with the ``tasks`` and ``blocks``
+modules it imports (a flow module's import was ~0.3-0.8 s of each run's start). A run still executes the code on disk
+now: at each fork the server compares every ``.py`` file under ``flows/``, ``tasks/`` and ``blocks/`` (mtime_ns and
+size; a file added or removed counts) with the listing it took before its preload. Where anything changed, the child
+drops every project module and imports them anew, as without the preload, and the server preloads again after the
+fork (the next run is fast again). When the engine loads the entrypoint (after the pull step set the run's folder),
+the child also checks that the run's path finds the packages in the folders the preloaded ones came from; a run of
+another checkout drops them and imports its own. The child marks which it was in the run's environment:
+``PIPELINES_ENGINE_FORK=preloaded`` or ``fresh``. The preloaded modules were imported in the server's environment
+and folder, so module-level code in those packages reads neither (``os.environ``, ``Path.cwd()``: at call time) and
+makes no client, session, thread or socket that every fork would share:
+``tests/test_engine_forkserver_preload.py`` checks both. The Prefect settings a ``@task`` or ``@flow`` decorator reads
+as it is applied (default retries, caching) were the server's: a run whose own differ imports anew too.
 
     python deployments/engine_forkserver.py serve SOCKET   # `make up`'s supervisor runs it beside the worker
     python deployments/engine_forkserver.py run SOCKET     # the pool's command for a run
@@ -313,6 +326,12 @@ def _relay_pipes() -> list:
     return relays
 
 
+def _settings_read_at_import(settings) -> tuple:
+    """The Prefect settings a ``@task`` or ``@flow`` decorator reads as it is applied (default retries and retry
+    delays, caching): a preloaded module's tasks and flows hold the server's."""
+    return (settings.tasks, settings.flows, settings.results)
+
+
 def _become_run(request: dict, fds: list[int], server_pid: int, preloaded: dict[str, list[str]] | None) -> None:
     """In the forked child: take the caller's streams, folder, environment and path; run the engine; exit.
     ``preloaded``: the preloaded project packages' folders, or None where the files changed since the preload (the
@@ -335,15 +354,19 @@ def _become_run(request: dict, fds: list[int], server_pid: int, preloaded: dict[
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path[:] = request["path"]
-        if preloaded is None:
-            drop_project_modules()
-        os.environ[FORK_MARK] = "fresh" if preloaded is None else "preloaded"
         sys.argv = ["-m", *request["argv"]]
         import prefect.context
         import prefect.logging.configuration
+        from prefect.settings import get_current_settings
 
+        applied = _settings_read_at_import(get_current_settings())  # the server's, that the preload's decorators read
         prefect.context.refresh_global_settings_context()  # the settings Prefect read at import: from the run's env
         prefect.logging.configuration.setup_logging(incremental=False)
+        if preloaded is not None and _settings_read_at_import(get_current_settings()) != applied:
+            preloaded = None  # the run's own settings differ: its decorators must read them
+        if preloaded is None:
+            drop_project_modules()
+        os.environ[FORK_MARK] = "fresh" if preloaded is None else "preloaded"
         if preloaded:
             import prefect.flows
             import prefect.utilities.importtools

@@ -194,6 +194,13 @@ def test_a_run_of_another_checkout_imports_that_checkouts_code(project_server, p
     assert (seen["version"], seen["mark"]) == ("the other checkout's", "fresh")
 
 
+def test_a_run_whose_prefect_defaults_differ_imports_anew(project_server, project, deploy, tmp_path):
+    """A ``@task`` decorator reads the default retries as it is applied: the preloaded tasks hold the server's, so a
+    run with its own imports anew. Fails without the settings check (and on the code before the preload)."""
+    seen = run_probe(project_server, deploy(project), project, tmp_path / "one.json", PREFECT_TASK_DEFAULT_RETRIES="3")
+    assert seen["mark"] == "fresh" and seen["imported_in"] == seen["pid"]
+
+
 # --------------------------------------------------------------------------- what preloading may share
 
 
