@@ -22,7 +22,7 @@ import pytest
 
 from deployments import local_stack
 from deployments.engine_forkserver import PROJECT_PACKAGES
-from tests.test_engine_forkserver import api_url, run_state, wait_for
+from tests.helpers.prefect_runs import api_url, flow_run_state, wait_for_json
 
 REPO = local_stack.REPO_ROOT
 
@@ -149,8 +149,8 @@ def run_probe(server, new_run, project: Path, out: Path, **env: str) -> dict:
         timeout=120,
     )
     assert command.returncode == 0, command.stderr[-3000:]
-    assert run_state(flow_run_id).is_completed()
-    return wait_for(out)
+    assert flow_run_state(flow_run_id).is_completed()
+    return wait_for_json(out)
 
 
 def test_a_preloaded_run_sees_its_own_environment(project_server, project, deploy, tmp_path):
