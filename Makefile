@@ -59,7 +59,7 @@ test: install lint-tools lint
 # (CI runs it after `make test` on every submission)
 test-sweep: install lint-tools
 	$(PY) -m deployments.test_packages chromium || true
-	CRASHPOINTS_LIMIT=40 $(PY) -m pytest tests -m "sweep or crashpoints"
+	CRASHPOINTS_LIMIT=40 $(PY) -m pytest tests -m "sweep or crashpoints" --durations=30
 
 bench: install
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

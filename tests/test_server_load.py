@@ -26,17 +26,19 @@ def test_a_postgresql_server_under_concurrent_runs_of_every_pipeline_logs_no_err
 
     try:
         postgres_local.bindir()
-    except StackError as error:
-        pytest.skip(str(error))
+        database = "postgres"
+    except StackError:  # the benchmark's quick run on SQLite instead (test_benchmarks_quick leaves it to this test)
+        database = "sqlite"
     root = Path(tempfile.mkdtemp(prefix="server-load-"))  # under /tmp: the `postgres` user (as root) can reach it
     root.chmod(0o755)
     before = dict(os.environ)
     try:
-        result = measure("postgres", per_pipeline=1, timeout_s=600, root=root)
+        result = measure(database, per_pipeline=1, timeout_s=600, root=root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     assert dict(os.environ) == before  # the stack's settings stay with the stack
     print(result)
-    assert result["refused_submissions"] == {}, result
-    assert result["errors"] == {"database is locked": 0, "ERROR lines": 0, "tracebacks": 0}, result
     assert result["submitted"] == 5 and result["submitted_outcomes"] == {"Completed": 5}, result
+    if database == "postgres":  # SQLite may answer "database is locked" under this load: why PostgreSQL is offered
+        assert result["refused_submissions"] == {}, result
+        assert result["errors"] == {"database is locked": 0, "ERROR lines": 0, "tracebacks": 0}, result
