@@ -3,7 +3,9 @@ stack of its own, then a bounded number of concurrent runs of every pipeline (th
 they start and the schedules; the server logs no error and every submitted run completes.
 
 The same measurement on SQLite and the comparison are ``benchmarks/server_load.py`` (SQLite reports "database is
-locked" under such load; that is why PostgreSQL is offered). A few minutes: marker `sweep` (`make test-sweep`, CI).
+locked" under such load; that is why PostgreSQL is offered). This test is also that benchmark's quick run in the sweep:
+where PostgreSQL is missing it measures SQLite, and asserts only that every run completes. A few minutes: marker
+`sweep` (`make test-sweep`, CI).
 """
 
 from __future__ import annotations
