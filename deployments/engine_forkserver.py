@@ -4,8 +4,21 @@ Starting a flow run is a new Python process that imports Prefect, prefect-aws an
 the flow's first line: about 1.5 s of the ~2 s a `deployment run` waits on 2 cores. The server imports
 those libraries once, then forks a child per run; the child takes the caller's standard streams, environment,
 working folder and ``sys.path``, refreshes Prefect's settings and logging from that environment, and runs
-``python -m prefect.engine`` as the caller would have. The pipelines' own code (``flows``, ``tasks``, ``blocks``) is
-not preloaded: each run imports it fresh, so the next run picks up an edit, as without the fork server.
+``python -m prefect.engine`` as the caller would have.
+
+The pipelines' own code is preloaded too: every ``flows`` module of this checkout, with the ``tasks`` and ``blocks``
+modules it imports (a flow module's import was ~0.3-0.8 s of each run's start). A run still executes the code on disk
+now: at each fork the server compares every ``.py`` file under ``flows/``, ``tasks/`` and ``blocks/`` (mtime_ns and
+size; a file added or removed counts) with the listing it took before its preload. Where anything changed, the child
+drops every project module and imports them anew, as without the preload, and the server preloads again after the
+fork (the next run is fast again). When the engine loads the entrypoint (after the pull step set the run's folder),
+the child also checks that the run's path finds the packages in the folders the preloaded ones came from; a run of
+another checkout drops them and imports its own. The child marks which it was in the run's environment:
+``PIPELINES_ENGINE_FORK=preloaded`` or ``fresh``. The preloaded modules were imported in the server's environment
+and folder, so module-level code in those packages reads neither (``os.environ``, ``Path.cwd()``: at call time) and
+makes no client, session, thread or socket that every fork would share:
+``tests/test_engine_forkserver_preload.py`` checks both. The Prefect settings a ``@task`` or ``@flow`` decorator reads
+as it is applied (default retries, caching) were the server's: a run whose own differ imports anew too.
 
     python deployments/engine_forkserver.py serve SOCKET   # `make up`'s supervisor runs it beside the worker
     python deployments/engine_forkserver.py run SOCKET     # the pool's command for a run
@@ -62,6 +75,10 @@ PRELOAD = (
     "yaml",
     "av",  # PyAV: a video run's first probe imported it (~0.1-0.25 s) inside the user's wait
 )
+# the pipelines' own packages: preloaded too (every ``flows`` module and what it imports), checked at each fork
+PROJECT_PACKAGES = ("flows", "tasks", "blocks")
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORK_MARK = "PIPELINES_ENGINE_FORK"  # in a run's environment: "preloaded" or "fresh" (its project code imported anew)
 HEADER = struct.Struct("!Q")
 PR_SET_PDEATHSIG = 1
 UCRED = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
@@ -158,6 +175,115 @@ def run(socket_path: str) -> None:
 # --------------------------------------------------------------------------- the server
 
 
+def project_sources(root: str = PROJECT_ROOT) -> dict[str, tuple[int, int]]:
+    """Every Python file under the project packages in ``root``: its path -> (mtime_ns, size). A file edited, added
+    or removed changes it."""
+    sources: dict[str, tuple[int, int]] = {}
+    folders = [os.path.join(root, package) for package in PROJECT_PACKAGES]
+    while folders:
+        try:
+            entries = list(os.scandir(folders.pop()))
+        except OSError:  # a package folder gone: its files are gone from the listing too
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name != "__pycache__":
+                    folders.append(entry.path)
+            elif entry.name.endswith(".py"):
+                info = entry.stat()
+                sources[entry.path] = (info.st_mtime_ns, info.st_size)
+    return sources
+
+
+def project_module_names() -> list[str]:
+    """The project modules imported in this process."""
+    return [name for name in sys.modules if name.split(".", 1)[0] in PROJECT_PACKAGES]
+
+
+def package_folders(path: list[str], cwd: str) -> dict[str, list[str]]:
+    """Where each project package would be found on ``path``: every folder of that name (``pkgutil.extend_path``
+    joins them all into the package), in order."""
+    found: dict[str, list[str]] = {}
+    for package in PROJECT_PACKAGES:
+        folders = found.setdefault(package, [])
+        for entry in path:
+            folder = os.path.realpath(os.path.join(cwd, entry, package))
+            if folder not in folders and os.path.isdir(folder):
+                folders.append(folder)
+    return found
+
+
+def preloaded_folders() -> dict[str, list[str]]:
+    """The folders of each preloaded project package (its ``__path__``), as ``package_folders`` gives them."""
+    found: dict[str, list[str]] = {}
+    for package in PROJECT_PACKAGES:
+        module = sys.modules.get(package)
+        if module is not None:
+            folders = found.setdefault(package, [])
+            for folder in map(os.path.realpath, getattr(module, "__path__", [])):
+                if folder not in folders:
+                    folders.append(folder)
+    return found
+
+
+def _import_checked(import_object, folders: dict[str, list[str]]):
+    """Prefect's ``import_object`` (how the engine loads a run's entrypoint, after the pull step set its folder),
+    first checking that the run's path finds the project packages where the preloaded ones came from; where it
+    does not (a run from another checkout), the preloaded modules go and the run imports its own."""
+
+    def checked(import_path: str):
+        cwd = os.getcwd()
+        # the folders import_object puts first on the path: the script's own, then the working folder
+        first = [os.path.dirname(os.path.abspath(import_path.rsplit(":", 1)[0]))] if ".py:" in import_path else []
+        found = package_folders([*first, cwd, *sys.path], cwd)
+        if any(found[package] != folders[package] for package in folders):
+            drop_project_modules()
+            os.environ[FORK_MARK] = "fresh"
+        return import_object(import_path)
+
+    return checked
+
+
+def drop_project_modules() -> None:
+    """Forget the imported project modules, so that the next import of each reads its file on disk now; the block
+    types they registered go too (registered again without Prefect's warning of a type overridden)."""
+    import importlib
+
+    names = set(project_module_names())
+    for name in names:
+        del sys.modules[name]
+    try:
+        from prefect.utilities.dispatch import _TYPE_REGISTRIES
+    except ImportError:
+        _TYPE_REGISTRIES = {}
+    for registry in _TYPE_REGISTRIES.values():
+        for key in [key for key, cls in registry.items() if getattr(cls, "__module__", None) in names]:
+            del registry[key]
+    importlib.invalidate_caches()
+
+
+def preload_project(root: str = PROJECT_ROOT) -> dict[str, tuple[int, int]]:
+    """Import every ``flows`` module of ``root`` (with the tasks and blocks they import); the sources as they were
+    before the imports (a file edited during them reads as changed at the next fork)."""
+    import importlib
+
+    sources = project_sources(root)
+    if root not in sys.path:
+        sys.path.append(root)  # after the server's own folders: the server runs with deployments/ first
+    importlib.invalidate_caches()
+    flow_modules = sorted(
+        os.path.basename(path)[:-3]
+        for path in sources
+        if os.path.dirname(path) == os.path.join(root, "flows") and not path.endswith("__init__.py")
+    )
+    for name in flow_modules:
+        try:
+            importlib.import_module(f"flows.{name}")
+        except Exception as error:  # noqa: BLE001 - a module being edited: the run imports it itself (or fails there)
+            print(f"engine fork server: flows.{name} not preloaded: {error!r}", file=sys.stderr, flush=True)
+    return sources
+
+
 def _set_parent_death_signal(signum: int = signal.SIGKILL) -> None:
     """This process gets ``signum`` when the server (its parent) dies (Linux; elsewhere nothing)."""
     try:
@@ -200,8 +326,16 @@ def _relay_pipes() -> list:
     return relays
 
 
-def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
-    """In the forked child: take the caller's streams, folder, environment and path; run the engine; exit."""
+def _settings_read_at_import(settings) -> tuple:
+    """The Prefect settings a ``@task`` or ``@flow`` decorator reads as it is applied (default retries and retry
+    delays, caching): a preloaded module's tasks and flows hold the server's."""
+    return (settings.tasks, settings.flows, settings.results)
+
+
+def _become_run(request: dict, fds: list[int], server_pid: int, preloaded: dict[str, list[str]] | None) -> None:
+    """In the forked child: take the caller's streams, folder, environment and path; run the engine; exit.
+    ``preloaded``: the preloaded project packages' folders, or None where the files changed since the preload (the
+    run imports its project modules anew, as without the fork server)."""
     import atexit
     import runpy
     import threading
@@ -223,9 +357,23 @@ def _become_run(request: dict, fds: list[int], server_pid: int) -> None:
         sys.argv = ["-m", *request["argv"]]
         import prefect.context
         import prefect.logging.configuration
+        from prefect.settings import get_current_settings
 
+        applied = _settings_read_at_import(get_current_settings())  # the server's, that the preload's decorators read
         prefect.context.refresh_global_settings_context()  # the settings Prefect read at import: from the run's env
         prefect.logging.configuration.setup_logging(incremental=False)
+        if preloaded is not None and _settings_read_at_import(get_current_settings()) != applied:
+            preloaded = None  # the run's own settings differ: its decorators must read them
+        if preloaded is None:
+            drop_project_modules()
+        os.environ[FORK_MARK] = "fresh" if preloaded is None else "preloaded"
+        if preloaded:
+            import prefect.flows
+            import prefect.utilities.importtools
+
+            checked = _import_checked(prefect.utilities.importtools.import_object, preloaded)
+            prefect.utilities.importtools.import_object = checked
+            prefect.flows.import_object = checked  # bound there at import
         sys.modules.pop("prefect.engine", None)  # run as __main__, not the preloaded module (runpy warns otherwise)
         runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
     except SystemExit as exit_:
@@ -264,6 +412,8 @@ class ForkServer:
         self.children: dict[int, socket.socket] = {}  # child pid -> its caller's connection
         self.callers: dict[socket.socket, int] = {}
         self.stopping = False
+        self.sources: dict[str, tuple[int, int]] = {}  # the project's files as they were at the preload
+        self.folders: dict[str, list[str]] = {}  # where the preloaded project packages came from
 
     def listen(self) -> None:
         _private_folder_module().check_private(os.path.dirname(self.socket_path) or ".")  # NotPrivate: refused
@@ -297,6 +447,7 @@ class ForkServer:
                 importlib.import_module(name)
             except Exception as error:  # noqa: BLE001 - a library a run may not need
                 print(f"engine fork server: {name} not preloaded: {error}", file=sys.stderr, flush=True)
+        self._preload_project()
         self.listen()
         print(
             f"engine fork server: listening on {self.socket_path} ({time.perf_counter() - started:.1f} s to preload)",
@@ -306,6 +457,12 @@ class ForkServer:
             return self._loop()
         finally:
             os.unlink(self.socket_path)
+
+    def _preload_project(self) -> None:
+        """(Re)import the pipelines' own modules as they are on disk now."""
+        drop_project_modules()
+        self.sources = preload_project()
+        self.folders = preloaded_folders()
 
     def _stop(self, _signum: int, _frame: object) -> None:
         self.stopping = True  # the group's SIGTERM reached the children too: wait for them, then exit
@@ -352,6 +509,7 @@ class ForkServer:
             return
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+        changed = project_sources() != self.sources  # an edit, a file added or removed: the preload is stale
         server_pid = os.getpid()
         pid = os.fork()
         if pid == 0:
@@ -365,7 +523,7 @@ class ForkServer:
             for other in [self.listener, conn, *self.callers]:
                 other.close()
             try:
-                _become_run(request, fds, server_pid)  # ends in os._exit
+                _become_run(request, fds, server_pid, None if changed else self.folders)  # ends in os._exit
             except BaseException:  # noqa: BLE001 - a bad request (say, a folder gone): never unwind into the server's loop
                 import traceback
 
@@ -378,6 +536,13 @@ class ForkServer:
         self.callers[conn] = pid
         self.selector.register(conn, selectors.EVENT_READ, "caller")
         self._reply(conn, f"pid {pid}")
+        if changed:  # the next run is fast again: the modules as they are now (this one imports them itself)
+            started = time.perf_counter()
+            self._preload_project()
+            print(
+                f"engine fork server: project code changed, preloaded again ({time.perf_counter() - started:.1f} s)",
+                flush=True,
+            )
 
     def _caller_readable(self, conn: socket.socket) -> None:
         """A caller sends nothing after its request: readable means it is gone, so its run goes too."""

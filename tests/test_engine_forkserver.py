@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from deployments import local_stack
+from tests.helpers.prefect_runs import api_url, flow_run_state, wait_for_json
 
 FORKSERVER = str(local_stack.FORKSERVER)
 PROBE_FLOW = """
@@ -36,12 +37,6 @@ def probe(out: str, sleep_s: float = 0.0) -> int:
     print("probe says goodbye")
     return 1
 """
-
-
-def api_url() -> str:
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value()
 
 
 @pytest.fixture
@@ -109,27 +104,12 @@ def start_run(sock: str, flow_run_id: str, cwd: Path, **env: str) -> subprocess.
     )
 
 
-def run_state(flow_run_id: str):
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(uuid.UUID(flow_run_id)).state
-
-
 def mark_crashed(flow_run_id: str) -> None:
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(uuid.UUID(flow_run_id), Crashed(message="its process was killed"), force=True)
-
-
-def wait_for(path: Path, seconds: float = 60) -> dict:
-    deadline = time.monotonic() + seconds
-    while not path.exists() or not path.read_text():
-        assert time.monotonic() < deadline, f"no {path}"
-        time.sleep(0.05)
-    return json.loads(path.read_text())
 
 
 def gone(pid: int, seconds: float = 10) -> bool:
@@ -153,14 +133,14 @@ def test_a_run_through_the_fork_server_has_its_own_environment_settings_folder_a
     command = start_run(fork_server, run_id, tmp_path, FORK_PROBE="run-42", PREFECT_LOGGING_LEVEL="DEBUG")
     stdout, stderr = command.communicate(timeout=120)
     assert command.returncode == 0, stderr[-3000:]
-    seen = wait_for(tmp_path / "probe.json")
+    seen = wait_for_json(tmp_path / "probe.json")
     assert seen["pid"] != command.pid  # a fork of the server, not the command's own process
     assert (seen["env"], seen["level"]) == ("run-42", "DEBUG")  # the run's environment and settings, not the server's
     assert seen["av_loaded"]  # PyAV comes preloaded: a video run's first probe does not import it
     assert seen["cwd"] == str(tmp_path / "source")  # the pull step's folder
     assert str(tmp_path) in seen["path"] and str(local_stack.REPO_ROOT / "deployments") not in seen["path"]  # as -m's
     assert "probe says hello" in stdout + stderr  # the run's streams are the command's
-    assert run_state(run_id).is_completed()
+    assert flow_run_state(run_id).is_completed()
     with get_client(sync_client=True) as client:  # logs flushed to the API at the child's exit
         logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)])))
     assert any(log.message == "probe says hello" for log in logs)
@@ -175,7 +155,7 @@ def test_a_failing_engine_exits_the_run_command_with_its_code_and_message(fork_s
 def test_killing_the_run_command_kills_its_run_at_once(fork_server, probe_deployment, tmp_path):
     run_id = probe_deployment(tmp_path / "probe.json", sleep_s=300)
     command = start_run(fork_server, run_id, tmp_path)
-    child = wait_for(tmp_path / "probe.json")["pid"]
+    child = wait_for_json(tmp_path / "probe.json")["pid"]
     command.kill()  # SIGKILL: the worker's hard kill; nothing of the command's own runs
     command.wait()
     assert gone(child)  # no flow run outlives the process its worker watches
@@ -188,11 +168,11 @@ def test_a_run_outlives_the_worker_that_read_its_output(fork_server, probe_deplo
     out = tmp_path / "probe.json"
     flow_run_id = probe_deployment(out, sleep_s=2.0)
     command = start_run(fork_server, flow_run_id, tmp_path)
-    wait_for(out)
+    wait_for_json(out)
     command.stdout.close()  # what the worker's death does to the pipes' reading ends
     command.stderr.close()
     assert command.wait(60) == 0
-    assert run_state(flow_run_id).is_completed(), run_state(flow_run_id)
+    assert flow_run_state(flow_run_id).is_completed(), flow_run_state(flow_run_id)
 
 
 def test_sigterm_to_the_run_command_reaches_the_run_and_the_command_ends_as_it_did(
@@ -200,12 +180,12 @@ def test_sigterm_to_the_run_command_reaches_the_run_and_the_command_ends_as_it_d
 ):
     run_id = probe_deployment(tmp_path / "probe.json", sleep_s=300)
     command = start_run(fork_server, run_id, tmp_path)
-    child = wait_for(tmp_path / "probe.json")["pid"]
+    child = wait_for_json(tmp_path / "probe.json")["pid"]
     command.send_signal(signal.SIGTERM)  # the worker's graceful kill of a cancelled run
     command.communicate(timeout=60)
     assert gone(child)
     assert command.returncode != 0
-    assert not run_state(run_id).is_running()
+    assert not flow_run_state(run_id).is_running()
 
 
 def test_with_no_fork_server_the_run_command_runs_the_engine_itself(probe_deployment, tmp_path):
@@ -213,9 +193,9 @@ def test_with_no_fork_server_the_run_command_runs_the_engine_itself(probe_deploy
     command = start_run(str(tmp_path / "no-server.sock"), run_id, tmp_path, FORK_PROBE="direct")
     _, stderr = command.communicate(timeout=120)
     assert command.returncode == 0, stderr[-3000:]
-    seen = wait_for(tmp_path / "probe.json")
+    seen = wait_for_json(tmp_path / "probe.json")
     assert (seen["pid"], seen["env"]) == (command.pid, "direct")  # exec'd in place: the same process
-    assert run_state(run_id).is_completed()
+    assert flow_run_state(run_id).is_completed()
 
 
 def test_a_run_that_cannot_start_fails_alone_and_the_server_keeps_serving(fork_server, probe_deployment, tmp_path):
@@ -240,8 +220,8 @@ def test_a_run_that_cannot_start_fails_alone_and_the_server_keeps_serving(fork_s
     assert "FileNotFoundError" in message  # its reason, on the caller's stderr
     run_id = probe_deployment(tmp_path / "probe.json")
     after = start_run(fork_server, run_id, tmp_path)
-    assert after.wait(timeout=120) == 0 and run_state(run_id).is_completed()
-    assert wait_for(tmp_path / "probe.json")["pid"] != after.pid  # a fork: the server still serves
+    assert after.wait(timeout=120) == 0 and flow_run_state(run_id).is_completed()
+    assert wait_for_json(tmp_path / "probe.json")["pid"] != after.pid  # a fork: the server still serves
 
 
 def test_a_garbled_request_is_refused_with_its_reason_and_the_server_keeps_serving(fork_server, tmp_path):

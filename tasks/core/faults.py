@@ -75,7 +75,11 @@ def write_kind(store: str, operation: str, target: str) -> str:
     return f"{store}:{operation}:{target.split('/')[0]}"
 
 
-armed = False  # read on every write: the only cost when off
+# read on every write: the only cost when off. True until the first write reads ``PIPELINES_FAULT`` (at that write,
+# not at import: a module preloaded by the engine fork server was imported with the server's environment, not the
+# run's)
+armed = True
+_from_environment = True  # the plan is still to be read from the environment
 _plan = Plan()
 _count = 0
 _counted = 0  # the writes the plan counts toward ``at``: every write, or those of its kind
@@ -85,9 +89,23 @@ _lock = threading.Lock()
 
 def arm(plan: Plan | None) -> None:
     """Switch the injector on with ``plan`` (None: off) and restart the write count."""
-    global armed, _plan, _count, _counted, _hit
     with _lock:
-        _plan, _count, _counted, _hit, armed = plan or Plan(), 0, 0, None, plan is not None
+        _set(plan)
+
+
+def _set(plan: Plan | None) -> None:
+    """Switch to ``plan`` (None: off) with the count restarted; the caller holds ``_lock``."""
+    global armed, _plan, _count, _counted, _hit, _from_environment
+    _plan, _count, _counted, _hit, armed = plan or Plan(), 0, 0, None, plan is not None
+    _from_environment = False
+
+
+def _arm_from_environment() -> None:
+    """The plan ``PIPELINES_FAULT`` asks for in this process's environment (none: off), once, at its first write."""
+    with _lock:
+        if _from_environment:  # not armed meanwhile by another thread's first write or by ``arm``
+            value = os.environ.get(ENV)
+            _set(Plan.parse(value, os.environ.get(LOG_ENV)) if value else None)
 
 
 def writes() -> int:
@@ -124,6 +142,10 @@ def _fire(number: int, operation: str, target: str) -> None:
 def before(store: str, operation: str, target: str = "") -> int:
     """Called before a write request is sent; returns the write's number for ``after``."""
     global _count, _counted, _hit
+    if _from_environment:
+        _arm_from_environment()
+        if not armed:
+            return 0
     with _lock:
         _count += 1
         number = _count
@@ -143,7 +165,3 @@ def after(number: int, operation: str, target: str = "") -> None:
     """Called once write ``number`` has landed."""
     if number == _hit and _plan.when == "after":
         _fire(number, operation, target)
-
-
-if os.environ.get(ENV):
-    arm(Plan.parse(os.environ[ENV], os.environ.get(LOG_ENV)))

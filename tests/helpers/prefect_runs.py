@@ -4,11 +4,13 @@ pool, a process worker, waiting on runs, and the event that reports a crashed ru
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from deployments.local_stack import throwaway_prefect_server
@@ -183,3 +185,27 @@ def task_run_state(task_run_id: str) -> str | None:
 def crash_event(run_id) -> dict:
     """The event prefect.yaml's trigger hands `records-prefect-state` for a crashed flow run."""
     return {"event": "prefect.flow-run.Crashed", "resource": {"prefect.resource.id": f"prefect.flow-run.{run_id}"}}
+
+
+def api_url() -> str:
+    """The Prefect API this process talks to (the test server's)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+def flow_run_state(flow_run_id: str):
+    """A flow run's state on the server."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(uuid.UUID(flow_run_id)).state
+
+
+def wait_for_json(path: Path, seconds: float = 60) -> dict:
+    """The JSON a run writes to ``path``, once it is there (fails after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
