@@ -100,6 +100,9 @@ def test_a_sigkilled_listener_is_back_within_a_minute_and_nothing_is_lost(tables
             for command in ([sys.executable, str(local_stack.FORKSERVER), "serve", local_stack.engine_socket()], worker)
         )
         try:
+            # a run the worker takes before the server listens runs the engine itself (the run command's fallback):
+            # the first run starts once the server, preloading the pipelines' code, listens
+            _wait(lambda: os.path.exists(local_stack.engine_socket()), 120, "the engine fork server to listen")
             with get_client(sync_client=True) as client:
                 deployment = client.read_deployment_by_name("records-listen/local")
                 only = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
