@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from deployments import local_stack
-from tests.helpers.prefect_runs import api_url, flow_run_state, wait_for_json
+from tests.helpers.prefect_runs import api_url, flow_run_state, fork_server_process, wait_for_json
 
 FORKSERVER = str(local_stack.FORKSERVER)
 PROBE_FLOW = """
@@ -71,24 +71,8 @@ def probe_deployment(tmp_path):
 def fork_server(tmp_path):
     """A fork server with no worker beside it, started with the environment a worker has; its socket path."""
     sock = str(tmp_path / "engine.sock")
-    env = {**os.environ, "PREFECT_API_URL": api_url(), "PREFECT_LOGGING_LEVEL": "WARNING"}
-    server = subprocess.Popen(
-        [sys.executable, FORKSERVER, "serve", sock],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    while not os.path.exists(sock):
-        assert server.poll() is None and time.monotonic() < deadline, (
-            server.stdout.read() if server.poll() is not None else "no socket"
-        )
-        time.sleep(0.05)
-    yield sock
-    os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
+    with fork_server_process(FORKSERVER, sock):
+        yield sock
 
 
 def start_run(sock: str, flow_run_id: str, cwd: Path, **env: str) -> subprocess.Popen:
@@ -289,45 +273,34 @@ def test_the_server_refuses_a_caller_of_another_uid(tmp_path):
     folder = Path("/tmp") / f"forkserver-test-{uuid.uuid4().hex[:8]}"
     folder.mkdir(mode=0o700)
     sock = folder / "engine.sock"
-    server = subprocess.Popen(
-        [sys.executable, FORKSERVER, "serve", str(sock)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
     try:
-        deadline = time.monotonic() + 60
-        while not sock.exists():
-            assert server.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        folder.chmod(0o711)  # let the other user reach the socket (as a careless setup might): the peer check remains
-        sock.chmod(0o777)
-        caller = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                (
-                    "import os, socket, struct, sys; os.setgid(65534); os.setuid(65534)\n"
-                    "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
-                    "r, w = os.pipe()\n"
-                    "try:\n"
-                    "    socket.send_fds(s, [struct.pack('!Q', 2)], [r, r, r]); s.sendall(b'{}'); "
-                    "print(s.recv(100) or 'closed')\n"
-                    "except (BrokenPipeError, ConnectionResetError):\n"
-                    "    print('closed')"
-                ),
-                str(sock),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert caller.stdout.strip() == "closed", (
-            caller.stdout + caller.stderr
-        )  # closed at once: no child forked for it
+        with fork_server_process(FORKSERVER, str(sock)) as server:
+            # let the other user reach the socket (as a careless setup might): the peer check remains
+            folder.chmod(0o711)
+            sock.chmod(0o777)
+            caller = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    (
+                        "import os, socket, struct, sys; os.setgid(65534); os.setuid(65534)\n"
+                        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+                        "r, w = os.pipe()\n"
+                        "try:\n"
+                        "    socket.send_fds(s, [struct.pack('!Q', 2)], [r, r, r]); s.sendall(b'{}'); "
+                        "print(s.recv(100) or 'closed')\n"
+                        "except (BrokenPipeError, ConnectionResetError):\n"
+                        "    print('closed')"
+                    ),
+                    str(sock),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert caller.stdout.strip() == "closed", (
+                caller.stdout + caller.stderr
+            )  # closed at once: no child forked for it
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
-        output = server.communicate()[0]
         subprocess.run(["rm", "-rf", str(folder)])
-    assert "refused a caller running as uid 65534" in output
+    assert "refused a caller running as uid 65534" in server.stdout.read()

@@ -10,11 +10,9 @@ import ast
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 
 from deployments import local_stack
 from deployments.engine_forkserver import PROJECT_PACKAGES
-from tests.helpers.prefect_runs import api_url, flow_run_state, wait_for_json
+from tests.helpers.prefect_runs import api_url, flow_run_state, fork_server_process, wait_for_json
 
 REPO = local_stack.REPO_ROOT
 
@@ -83,24 +81,8 @@ def project(tmp_path):
 def project_server(project, tmp_path):
     """The project's own fork server (its path: the project alone); its pid and socket."""
     sock = str(tmp_path / "engine.sock")
-    env = {**os.environ, "PREFECT_API_URL": api_url(), "PREFECT_LOGGING_LEVEL": "WARNING", "PYTHONPATH": str(project)}
-    server = subprocess.Popen(
-        [sys.executable, str(project / "deployments" / "engine_forkserver.py"), "serve", sock],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 60
-    while not os.path.exists(sock):
-        assert server.poll() is None and time.monotonic() < deadline, (
-            server.stdout.read() if server.poll() is not None else "no socket"
-        )
-        time.sleep(0.05)
-    yield server.pid, sock
-    os.killpg(server.pid, signal.SIGKILL)
-    server.wait()
+    with fork_server_process(project / "deployments" / "engine_forkserver.py", sock, PYTHONPATH=str(project)) as server:
+        yield server.pid, sock
 
 
 @pytest.fixture

@@ -209,3 +209,29 @@ def wait_for_json(path: Path, seconds: float = 60) -> dict:
         assert time.monotonic() < deadline, f"no {path}"
         time.sleep(0.05)
     return json.loads(path.read_text())
+
+
+@contextlib.contextmanager
+def fork_server_process(script: Path | str, sock: str, **env: str):
+    """An engine fork server (``script serve sock``) with no worker beside it, started with the environment a worker
+    has (the test server's API, ``env`` on top); the process, once its socket exists."""
+    env = {**os.environ, "PREFECT_API_URL": api_url(), "PREFECT_LOGGING_LEVEL": "WARNING", **env}
+    server = subprocess.Popen(
+        [sys.executable, str(script), "serve", sock],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sock):
+            assert server.poll() is None and time.monotonic() < deadline, (
+                server.stdout.read() if server.poll() is not None else "no socket"
+            )
+            time.sleep(0.05)
+        yield server
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
