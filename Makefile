@@ -4,7 +4,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install lint-tools lint format up down status demo test test-sweep bench clean-data deploy-aws destroy-aws
+.PHONY: install lint-tools lint format up down status demo test test-pure test-sweep bench clean-data deploy-aws destroy-aws
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is missing: install it (pyenv install 3.11, or apt-get install python3.11)"; exit 1; }
@@ -51,9 +51,16 @@ format: install
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+# two tiers, each its own session: the pure tests (no Prefect server; DynamoDB Local only for those that ask) with
+# nothing started that they did not ask for, then the modules marked `servers`
 test: install lint-tools lint
 	$(PY) -m deployments.test_packages postgresql || true
-	$(PY) -m pytest tests -m "not sweep and not crashpoints" --durations=25
+	$(PY) -m pytest tests -m "not servers and not sweep and not crashpoints" --durations=10
+	$(PY) -m pytest tests -m "servers and not sweep and not crashpoints" --durations=25
+
+# the pure tier alone: layout, parsers, keys, the state store's rules (minutes, no Prefect server)
+test-pure: install
+	$(PY) -m pytest tests -m "not servers and not sweep and not crashpoints"
 
 # every write of every pipeline's run as a crash point, the slow deployment runs and the browser test
 # (CI runs it after `make test` on every submission)

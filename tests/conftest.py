@@ -1,7 +1,11 @@
-"""Test fixtures: a real DynamoDB Local (in memory) and an ephemeral Prefect server for the whole session.
+"""Test fixtures: a real DynamoDB Local (in memory) and an ephemeral Prefect server, each started once, for the
+tests that ask for them.
 
-Every test gets its own tables (unique names) and its own object-store folder, so tests never see each
-other's records.
+A module asks for both with ``pytestmark = pytest.mark.servers``; a test asks for DynamoDB alone through ``tables``
+(or ``dynamodb_endpoint``). Every other test is pure: it runs with neither, and a call it makes to either fails at
+once (DynamoDB's endpoint is a closed port, Prefect has no API and starts none), so a pure test cannot lean on a
+server another test started. Every test gets its own tables (unique names) and its own object-store folder, so
+tests never see each other's records.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from deployments import dynamodb_keys, dynamodb_local
 if not (os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") and os.environ.get("AWS_ACCESS_KEY_ID")):
     dynamodb_keys.use_fresh_key()
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+# until a test asks for DynamoDB, its endpoint is a port nothing listens on: a pure test's call fails at once
+NO_DYNAMODB = "http://127.0.0.1:9"
+os.environ.setdefault("AWS_ENDPOINT_URL_DYNAMODB", NO_DYNAMODB)
 os.environ["PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW"] = "ignore"
 # the session's launch key (tasks/core/seal.py), before anything reads it: every process a test starts inherits it
 os.environ.setdefault("PIPELINES_LAUNCH_KEY", secrets.token_hex(32))
@@ -59,11 +66,34 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _no_prefect_server_unless_asked():
+    """No test starts a Prefect server by calling its API: only ``prefect_server`` does (ephemeral mode off)."""
+    from prefect.settings import temporary_settings
+
+    with temporary_settings(updates={"server.ephemeral.enabled": False}):
+        yield
+
+
+def pytest_collection_modifyitems(items):
+    """Crash-point sweeps and slow deployment runs drive flows on the stack: they ask for the servers."""
+    for item in items:
+        if item.get_closest_marker("sweep") or item.get_closest_marker("crashpoints"):
+            item.add_marker(pytest.mark.servers)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _servers_when_asked(request):
+    """DynamoDB Local and the Prefect server for a module with a test marked ``servers``, before its own fixtures."""
+    if any(item.get_closest_marker("servers") for item in request.session.items if item.module is request.module):
+        request.getfixturevalue("prefect_server")
+
+
+@pytest.fixture(scope="session")
 def dynamodb_endpoint():
     """DynamoDB Local on a free port, loopback only where the machine allows it (or the one in
     AWS_ENDPOINT_URL_DYNAMODB if it already answers)."""
     preset = os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
-    if preset:
+    if preset and preset != NO_DYNAMODB:
         from urllib.parse import urlparse
 
         parsed = urlparse(preset)
@@ -81,7 +111,7 @@ def dynamodb_endpoint():
         dynamodb_local.stop(process)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def prefect_server(dynamodb_endpoint):
     """One ephemeral Prefect server (prefect_test_harness) for the session."""
     from prefect.testing.utilities import prefect_test_harness
@@ -107,13 +137,13 @@ def _fresh_tables(monkeypatch) -> dict[str, str]:
 
 
 @pytest.fixture
-def tables(monkeypatch) -> dict[str, str]:
+def tables(dynamodb_endpoint, monkeypatch) -> dict[str, str]:
     """Fresh tables for this test (logical -> physical name), exposed to the code through TABLE_* variables."""
     return _fresh_tables(monkeypatch)
 
 
 @pytest.fixture(scope="module")
-def module_tables() -> Iterator[dict[str, str]]:
+def module_tables(dynamodb_endpoint) -> Iterator[dict[str, str]]:
     """Fresh tables shared by one module's tests, each test using ids of its own (many small scenarios)."""
     with pytest.MonkeyPatch.context() as patch:
         yield _fresh_tables(patch)

@@ -14,6 +14,8 @@ from infra import cloudformation as cfn
 from tests.helpers.docker_standin import docker_standin
 from tests.helpers.moto_server import private_network
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 moto = pytest.importorskip("moto")
 
 AWS_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_REGION")

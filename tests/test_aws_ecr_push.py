@@ -9,6 +9,8 @@ import pytest
 from tests.helpers.crashpoints import REPO_ROOT
 from tests.helpers.docker_standin import ECS_IMAGE, docker_standin, prefect_deploy
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 pytest.importorskip("moto")
 
 

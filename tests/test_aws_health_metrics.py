@@ -13,6 +13,8 @@ import pytest
 from infra import cloudformation as cfn
 from tasks.health import cloudwatch as health_metrics
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def dashboard_readings(env: str) -> list[list[str]]:
     """The readings widget's metrics of the template's dashboard, for a stack of ``env``."""

@@ -13,6 +13,8 @@ import pytest
 
 from deployments import ecs_listener
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 @pytest.fixture
 def listener_deployment(monkeypatch):

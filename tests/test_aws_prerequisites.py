@@ -13,6 +13,8 @@ from deployments.dynamodb_local import free_port
 from tests.helpers.docker_standin import docker_standin
 from tests.helpers.moto_server import private_network
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 moto = pytest.importorskip("moto")
 REGION = "us-east-1"
 

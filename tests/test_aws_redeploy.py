@@ -15,6 +15,8 @@ from infra import cloudformation as cfn
 from tests.helpers.docker_standin import docker_standin
 from tests.helpers.moto_server import private_network
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 moto = pytest.importorskip("moto")
 
 ACCOUNT = "123456789012"  # moto's

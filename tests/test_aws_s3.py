@@ -29,6 +29,8 @@ from tests.helpers.crashpoints import killed, run_child
 from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for_runs
 from tests.helpers.s3 import object_keys
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 MiB = 1024 * 1024
 BIG = 13 * MiB  # two parts of the default 8 MiB
 HUGE = 26 * MiB  # six parts of 5 MiB: memory bounded by the parts in flight, not by the object

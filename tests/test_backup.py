@@ -18,6 +18,8 @@ import pytest
 from deployments import backup
 from tasks.landing import watch
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 EVERY_TYPE = {
     "pk": {"S": "item-1"},
     "sk": {"N": "42"},

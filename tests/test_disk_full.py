@@ -36,6 +36,8 @@ from tests.helpers.etl import (
     write_five_inputs,
 )
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 MISSING = "ndjson-merge/not-deployed"  # a launch that fails: the manifest stays pending until a merge is run here
 
 

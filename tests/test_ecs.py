@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 moto = pytest.importorskip("moto")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -18,6 +18,8 @@ import pytest
 from deployments import local_stack
 from tests.helpers.prefect_runs import api_url, flow_run_state, fork_server_process, wait_for_json
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 FORKSERVER = str(local_stack.FORKSERVER)
 PROBE_FLOW = """
 import json, os, sys, time

@@ -22,6 +22,8 @@ from deployments import local_stack
 from deployments.engine_forkserver import PROJECT_PACKAGES
 from tests.helpers.prefect_runs import api_url, flow_run_state, fork_server_process, wait_for_json
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 REPO = local_stack.REPO_ROOT
 
 PROBE_FLOW = """

@@ -21,6 +21,8 @@ from tasks.etl import keys as etl_keys
 from tasks.etl import ops as etl_ops
 from tests.helpers.etl import DAY, MISSING_DEPLOYMENT, TODAY, good_lines, records, write_input
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def test_settings_use_the_seed_names_and_env_overrides(monkeypatch):
     for name in ("ETL_MAX_FILES_PER_MANIFEST", "ETL_NUM_STATUS_SHARDS", "ETL_EXPECTED_FILE_SIZE_MB"):

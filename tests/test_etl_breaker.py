@@ -19,6 +19,8 @@ from tasks.etl.ingest import ManifestRef
 from tests.helpers.crashpoints import REPO_ROOT
 from tests.helpers.etl import DAY, TODAY, records, write_input
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 T0 = "2026-01-05T10:00:00+00:00"
 
 

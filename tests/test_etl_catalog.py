@@ -20,6 +20,8 @@ from tasks.etl import keys as etl_keys
 from tasks.etl import merge as etl_merge
 from tests.helpers.etl import good_lines, write_input
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 DAYS = ("2026-03-01", "2026-03-02")
 
 

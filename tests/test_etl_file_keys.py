@@ -12,6 +12,8 @@ from tasks.core import keys
 from tasks.etl import keys as etl_keys
 from tests.helpers.etl import DAY, TODAY, good_lines, merged_rows, records, write_input
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def test_one_file_name_in_two_input_trees_is_merged_twice_once_each(etl_env, tmp_path):
     root, table = etl_env["root"], etl_env["table"]

@@ -18,6 +18,8 @@ from tasks.etl import ops as etl_ops
 from tests.helpers.crashpoints import count_writes, crash_points, killed, run_child
 from tests.helpers.etl import MISSING_DEPLOYMENT, good_lines, records, write_input
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 TODAY = "2026-03-01"
 
 

@@ -31,6 +31,8 @@ from tests.helpers.etl import (
     write_input,
 )
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 MISSING = "ndjson-merge/not-deployed"
 
 

@@ -21,6 +21,8 @@ from tasks.etl import merge as etl_merge
 from tasks.etl.ingest import ManifestRef
 from tests.helpers.etl import DAY, MISSING_DEPLOYMENT, file_statuses, manifests, merged_rows, write_input
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 LINES = 2
 
 

@@ -23,6 +23,8 @@ from tasks.etl import merge as etl_merge
 from tasks.etl import ops as etl_ops
 from tests.helpers.etl import DAY, TODAY, file_statuses, merged_rows, records, write_input
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 @pytest.fixture
 def wide_env(etl_env, monkeypatch):

@@ -9,6 +9,8 @@ from tasks.core import faults, state_store
 from tasks.core.object_store import LocalStore
 from tests.helpers.crashpoints import Write, count_writes, crash_points, killed, report_crashed_runs, run_child
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def _create(table: str, n: int) -> state_store.WriteResult:
     return state_store.create_if_absent(table, {"job_id": f"job-{n}", "status": "created"}, ["job_id"])

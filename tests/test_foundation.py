@@ -17,6 +17,8 @@ from tasks.core.object_store import LocalStore, ObjectNotFound, ObjectStore
 from tasks.core.registry import table_specs
 from tasks.core.tables import SchemaMismatch, TableSpec, ensure_table
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

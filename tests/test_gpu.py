@@ -15,6 +15,8 @@ from tasks.gpu import jobs as gpu
 from tasks.gpu.backends import BackendError, CommandRefused
 from tests.helpers.gpu import EXIT0, FAIL_FIRST, FAIL_ONE_HANG_OTHERS, HANG, alive, statuses
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def test_all_tasks_exit_0_job_complete(gpu_env):
     from flows.gpu import gpu_job

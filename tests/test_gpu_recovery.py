@@ -20,6 +20,8 @@ from tests.helpers.crashpoints import REPO_ROOT, child_env
 from tests.helpers.gpu import EXIT0, FAIL_FIRST, FAIL_ONE_HANG_OTHERS, HANG, alive, running_job, statuses
 from tests.helpers.prefect_runs import task_run_state, wait_for
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 PY = sys.executable
 SLEEP = f"{PY} -c 'import time; time.sleep(3)'"
 NODES = ["local-0", "local-1", "local-2"]

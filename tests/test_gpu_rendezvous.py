@@ -16,6 +16,8 @@ from tasks.gpu.backends import BackendError
 from tests.helpers.crashpoints import REPO_ROOT
 from tests.helpers.gpu import statuses
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 HANDSHAKE = f"{sys.executable} {REPO_ROOT / 'tests' / 'rendezvous_handshake.py'}"
 NODES = ["local-0", "local-1", "local-2"]
 

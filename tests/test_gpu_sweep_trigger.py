@@ -18,6 +18,8 @@ from tasks.gpu import jobs as gpu
 from tests.helpers.gpu import running_job
 from tests.helpers.prefect_runs import Worker, deploy_from_prefect_yaml, wait_for
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def _runs(deployment: str) -> list:
     from prefect.client.orchestration import get_client

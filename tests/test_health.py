@@ -23,6 +23,8 @@ from tasks.video import jobs as video
 from tests.helpers.crashpoints import count_writes, crash_points, killed, run_child
 from tests.helpers.health import make_dead_letter, only_record_alarms
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 ALARMS = {
     "records-dead-letter-archive",
     "etl-files-pending-too-long",

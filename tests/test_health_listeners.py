@@ -6,11 +6,15 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
+
 from blocks.health import HealthThresholds
 from tasks.core.object_store import LocalStore
 from tasks.etl import keys
 from tasks.health import listeners
 from tasks.landing.watch import Watermark, changed_files, fs_now, write_watermark
+
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
 
 LIMITS = HealthThresholds()
 

@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC
 
 import boto3
+import pytest
 
 from blocks.health import HealthThresholds
 from tasks.core import limits, state_store
@@ -21,6 +22,8 @@ from tasks.health import service_alarms
 from tasks.records import alarms as records_alarms
 from tasks.video import alarms as video_alarms
 from tests.helpers.health import make_dead_letter
+
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
 
 LIMITS = HealthThresholds()
 

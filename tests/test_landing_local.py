@@ -13,6 +13,8 @@ from tasks.landing.watch import LocalWatchSource
 from tests.helpers.etl import DAY, TODAY
 from tests.helpers.landing import receive_all
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 INPUT = "pipeline/input/"
 
 

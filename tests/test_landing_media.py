@@ -20,6 +20,8 @@ from tasks.records import keys as records_keys
 from tasks.video import keys as video_keys
 from tests.helpers.landing import arrive, record_messages, runs_of
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def flow_run_states(flow_run_id) -> list:
     """Every state a flow run went through, oldest first."""

@@ -31,6 +31,8 @@ from tasks.landing.sqs import SqsSource
 from tests.helpers.crashpoints import REPO_ROOT, child_env
 from tests.helpers.s3 import s3_client
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 DAY = "2026-02-01"
 
 

@@ -22,6 +22,8 @@ from tasks.core.runtime import iso_ago
 from tasks.gpu import jobs as gpu
 from tests.helpers.gpu import HANG, PY, running_job
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def _marker_command(marker) -> str:
     """A command that leaves ``marker`` behind if it ever runs."""

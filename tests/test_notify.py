@@ -10,6 +10,8 @@ from prefect import flow
 
 from tasks.core.notify import DeliveryError, deliver, notify_on_failure
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 SECRET_PATH = "/services/T0001/B0002/Zm9vYmFyc2VjcmV0"  # a Slack-style webhook: the path is the credential
 
 

@@ -25,6 +25,8 @@ from tasks.phspectra import keys as phspectra_keys
 from tasks.phspectra import survey as ph
 from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows, wait_until_leases_expire
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 REPO = Path(__file__).resolve().parents[1]
 
 

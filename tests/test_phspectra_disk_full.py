@@ -18,6 +18,8 @@ from tasks.phspectra import survey as ph
 from tests.helpers.disk import fill, hidden_parts, small_disk
 from tests.helpers.phspectra_survey import direct_rows, fits_cube, output_rows
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 SURVEY, RUN_ID = "grs-full-disk", "full-disk-run"
 
 

@@ -17,6 +17,8 @@ from tasks.phspectra import survey as ph
 from tasks.phspectra.survey_status import survey_status
 from tests.helpers.landing import arrive, runs_of
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 TILES = ("l15-a", "l16-b", "l17-c")
 
 

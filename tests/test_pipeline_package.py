@@ -279,7 +279,7 @@ def test_a_pipeline_package_kept_in_another_folder_is_picked_up_by_every_shared_
     assert "toy" in seen["queues"] and "toy-listen/local" in seen["listeners"]
     assert seen["setup"] == ["toy things       ready"]
     assert seen["cli"] == ["a thing"] and seen["blocks"]
-    assert seen["landed"][-1] == ["toy", "toy-listen/local"] and ["toy", "toy-listen/local"] not in seen["deployed"]
+    assert ["toy", "toy-listen/local"] in seen["landed"] and ["toy", "toy-listen/local"] not in seen["deployed"]
     assert "toy-run" in seen["indirect"]
     # the house: the toy's package sits on the pipelines' floor and its imports are checked like any other's
     assert seen["floors"] == {"tasks.toy": 4}

@@ -21,6 +21,8 @@ from tasks.health.dashboard import Figures, Outcomes, Window, dashboard
 from tasks.reconcile.adapters import TableAdapter
 from tasks.retention.sweep import Rule
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 HERE = __name__
 TOY = Pipeline(
     name="toy",

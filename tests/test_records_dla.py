@@ -14,6 +14,8 @@ from tasks.records import messages as records_messages
 from tasks.records.keys import dead_letter_prefix
 from tests.helpers.records import message
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 NOW_MS = 1_700_000_900_000
 
 

@@ -17,6 +17,8 @@ from tasks.records import messages as records_messages
 from tasks.records.keys import dead_letter_prefix
 from tests.helpers.records import message
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 FAR = 10**20  # a schema-valid-looking workflow_start_time beyond 64 bits
 
 

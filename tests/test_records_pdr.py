@@ -18,6 +18,8 @@ from tasks.records import messages as records_messages
 from tasks.records.flow_runs import utc_iso
 from tasks.records.rules import Verdict
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 STATE_MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:ParsePdr"
 NOW = 1_700_000_900_000
 PDR_NAME = "MOD09GQ_20170125.PDR"

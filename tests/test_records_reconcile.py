@@ -66,6 +66,8 @@ from flows.records import records_prefect_state, records_reconcile  # noqa: E402
 from tasks import reconcile  # noqa: E402 - after the worker, as pytest is
 from tests.helpers.prefect_runs import crash_event, task_run_state, wait_for  # noqa: E402 - after the worker, as pytest is
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def _seed_run(table: str, run_id: str, chunks: dict[int, str], completed: int = 0, failed: int = 0) -> None:
     state_store.create_if_absent(

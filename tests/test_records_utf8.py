@@ -17,6 +17,8 @@ from tasks.records import messages as records_messages
 from tasks.records.keys import dead_letter_prefix
 from tests.helpers.records import message
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def broken_message() -> bytes:
     """A message whose granule id holds the byte 0xff (as a producer writing Latin-1 would send it)."""

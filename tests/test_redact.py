@@ -17,6 +17,8 @@ from tasks.core.notify import notify
 from tasks.core.redact import redact
 from tasks.phspectra import survey
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 # a credential: 16+ URL-safe characters (Slack 24, Discord 68, a SigV4 signature 64); a UUID counts as an id
 tokens = st.text(string.ascii_letters + string.digits + "-_", min_size=16, max_size=64).filter(

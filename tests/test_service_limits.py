@@ -19,6 +19,8 @@ from tasks.etl import keys
 from tests.helpers.etl import DAY, records, write_input
 from tests.helpers.prefect_runs import prefect_server_process
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 LIMITS = yaml.safe_load((Path(__file__).resolve().parents[1] / "prefect.yaml").read_text())["definitions"]["limits"]
 
 

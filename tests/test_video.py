@@ -21,6 +21,8 @@ from tasks.video import jobs as v
 from tasks.video import keys as video_keys
 from tasks.video.ffmpeg import make_test_video, probe
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 SECONDS, FPS, SEGMENT = 5.0, 10, 1.0  # 5 segments of 10 frames
 
 

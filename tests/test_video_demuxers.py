@@ -20,6 +20,8 @@ from tasks.video import keys
 from tasks.video.ffmpeg import run
 from tests.helpers.video import SEGMENT, assert_like_source, clip, process, upload
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 @pytest.fixture(scope="module")
 def outside(tmp_path_factory) -> Path:

@@ -25,6 +25,8 @@ from tasks.video.ffmpeg import make_test_video, probe
 from tests.helpers.disk import fill, hidden_parts, small_disk
 from tests.helpers.video import assert_like_source, upload_bytes
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 SECONDS, FPS, SEGMENT = 3.0, 10, 1.0  # 3 segments of 10 frames
 
 

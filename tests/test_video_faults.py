@@ -17,6 +17,8 @@ from tasks.video.ffmpeg import make_test_video, probe
 from tests.helpers.prefect_runs import crash_event
 from tests.helpers.video import upload_bytes
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 SECONDS, FPS, SEGMENT = 3.0, 10, 1.0  # 3 segments of 10 frames
 
 

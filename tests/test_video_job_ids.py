@@ -19,6 +19,8 @@ from tasks.video import keys as video_keys
 from tasks.video.ffmpeg import make_test_video
 from tasks.video.keys import JobId, parse_job_id
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 BAD = ["../escape", "a/b", "..", "x/../../y", "", "a\\b"]
 
 

@@ -19,6 +19,8 @@ from tasks.video import jobs as v
 from tasks.video import keys, model
 from tasks.video.ffmpeg import make_test_video, probe
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 SIZE, FPS, SECONDS = (320, 192), 10, 2.0  # 20 frames; two 1 s segments in the flow tests
 TEXT_AT = (40, 60)  # where drawtext puts the text (fontsize 28)
 

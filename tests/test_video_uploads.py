@@ -31,6 +31,8 @@ from tasks.video import keys
 from tasks.video.ffmpeg import run
 from tests.helpers.video import SEGMENT, assert_like_source, clip, lavfi, process, upload
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def cut(source: Path, path: Path, where: str) -> Path:
     """``source`` cut off as a dropped upload leaves it: at a video packet's start, inside one, at half, or (a

@@ -14,6 +14,8 @@ import pytest
 
 from deployments import local_stack
 
+pytestmark = pytest.mark.servers  # runs flows on the Prefect server, records in DynamoDB Local
+
 
 def _dead_pid() -> int:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
