@@ -62,9 +62,14 @@ def _supervision(flow: str) -> list[dict[str, Any]]:
     ]
 
 
+def _listens(pipeline: Pipeline, deployment: Deployment) -> bool:
+    """Whether ``deployment`` is of the pipeline's listener (the flow of its landing)."""
+    return pipeline.landing is not None and pipeline.landing.flow == deployment.flow
+
+
 def _local(pipeline: Pipeline, deployment: Deployment) -> dict[str, Any]:
     """The local set's deployment."""
-    listener = pipeline.landing is not None and pipeline.landing.flow == deployment.flow
+    listener = _listens(pipeline, deployment)
     maintenance = deployment.flow in pipeline.maintenance_flows
     tags = [pipeline.name, *(["maintenance"] if maintenance else []), *(["landing"] if listener else [])]
     limit = ONE_AT_A_TIME if listener or maintenance else deployment.limit
@@ -88,7 +93,7 @@ def _local(pipeline: Pipeline, deployment: Deployment) -> dict[str, Any]:
 
 def _ecs(pipeline: Pipeline, deployment: Deployment, local: dict[str, Any]) -> dict[str, Any]:
     """The ecs set's changes to the local deployment (merged over it with ``<<:``)."""
-    listener = pipeline.landing is not None and pipeline.landing.flow == deployment.flow
+    listener = _listens(pipeline, deployment)
     image = {} if deployment.maintenance_service else {"build": Alias("ecs_build"), "push": Alias("ecs_push")}
     ecs: dict[str, Any] = {
         "name": ECS,

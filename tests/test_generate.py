@@ -6,11 +6,22 @@ from __future__ import annotations
 import shutil
 
 import yaml
+from prefect.flows import load_flow_from_entrypoint
 
 from deployments import cli, prefect_yaml
 from deployments.ops import generate
 from infra import cloudformation as cfn
-from tasks.core.registry import OBJECTS, SET, Deployment, Landing, Pipeline, QueueSpec, record_flows, registered
+from tasks.core.registry import (
+    OBJECTS,
+    SET,
+    Deployment,
+    Landing,
+    Pipeline,
+    QueueSpec,
+    pipelines,
+    record_flows,
+    registered,
+)
 
 LOCAL_POOL = {"name": "local-process", "work_queue_name": "default"}
 ONE_AT_A_TIME = {"limit": 1, "collision_strategy": "CANCEL_NEW"}
@@ -46,6 +57,16 @@ def _toy_deployments() -> dict[tuple[str, str], dict]:
 def test_the_committed_files_are_what_the_declarations_generate(capsys):
     assert cli.main(["generate", "--check"]) == 0, "run `pipelines generate` and commit prefect.yaml and the template"
     assert [path.name for path, _ in generate.targets()] == ["prefect.yaml", "pipelines.template.json"]
+
+
+def test_prefect_yaml_deploys_each_declared_flow_once_locally_and_once_in_aws_and_nothing_else(monkeypatch):
+    declared = [d for p in pipelines() for d in p.deployments]
+    deployed = [(d["entrypoint"], d["name"]) for d in yaml.safe_load(prefect_yaml.PATH.read_text())["deployments"]]
+    assert deployed == [(d.entrypoint, s) for s in ("local", "ecs") for d in declared]
+    monkeypatch.chdir(
+        prefect_yaml.REPO_ROOT
+    )  # entrypoints are relative to the repository, as prefect deploy reads them
+    assert all(load_flow_from_entrypoint(d.entrypoint).name == d.flow for d in declared)
 
 
 def test_a_new_pipelines_deployments_show_as_drift_and_generate_writes_them_all_or_nothing(
