@@ -1,8 +1,8 @@
 """`pipelines new NAME [--seed N]`: a working pipeline scaffolded from ``deployments/scaffold/`` (docs/design.md
 "How to add a pipeline").
 
-    NAME checked ──> each template rendered (``$name``, ``$flow``, ``$Name``, ``$ENV``, ``$seed``) ──> written,
-        never over an existing file ──> _generated_entries(root)
+    NAME and seed checked ──> each template rendered (``$name``, ``$flow``, ``$Name``, ``$ENV``, ``$seed``)
+        ──> written, never over an existing file ──> imports sorted and lines wrapped (ruff) ──> _generated_entries
 
 What it writes lands a file under ``NAME/incoming/``, records an item in its own table through the state store's
 conditional writes and runs a processing flow that ends the item ``done``; its test says so. What is left to a person
@@ -30,15 +30,15 @@ TAKEN_IN = ("tasks", "flows", "blocks", "deployments/ops", "deployments/samples"
 
 
 @dataclass(frozen=True)
-class Names:
+class PipelineNames:
     """The spellings of one pipeline's name the templates use."""
 
     name: str  # the package and module name: checksum, demo_pipe
     seed: int
 
     def values(self) -> dict[str, str]:
-        """``$name``, ``$flow`` (flow and table names: demo-pipe), ``$Name`` (classes: DemoPipe), ``$ENV``
-        (environment prefix: DEMO_PIPE), ``$title`` (Demo pipe) and ``$seed``."""
+        """The templates' placeholders: ``$name`` demo_pipe, ``$flow`` demo-pipe, ``$Name`` DemoPipe, ``$ENV``
+        DEMO_PIPE, ``$title`` Demo pipe, ``$seed``."""
         words = self.name.split("_")
         return {
             "name": self.name,
@@ -96,7 +96,7 @@ def check_seed(seed: int, seeds: dict[int, str]) -> int:
     return seed
 
 
-def planned(names: Names) -> dict[str, str]:
+def planned(names: PipelineNames) -> dict[str, str]:
     """Repository path -> rendered text, for every template (``a/b/__name__.py.tmpl`` -> ``a/b/<name>.py``)."""
     values = names.values()
     files = {}
@@ -107,11 +107,10 @@ def planned(names: Names) -> dict[str, str]:
 
 
 def scaffold(name: str, seed: int | None = None, root: Path | None = None) -> list[str]:
-    """Write a new pipeline ``name`` under ``root`` (default: this checkout); the paths written. Nothing is written
-    when any of them exists already."""
+    """Write a new pipeline ``name`` under ``root`` (default: this checkout); the paths written (none if one exists)."""
     root = Path(root or checkout())
     seeds = declared_seeds()
-    names = Names(check_name(name, root), check_seed(default_seed(seeds) if seed is None else seed, seeds))
+    names = PipelineNames(check_name(name, root), check_seed(default_seed(seeds) if seed is None else seed, seeds))
     files = planned(names)
     existing = sorted(path for path in files if (root / path).exists())
     if existing:
@@ -125,8 +124,7 @@ def scaffold(name: str, seed: int | None = None, root: Path | None = None) -> li
 
 
 def _tidy(root: Path, paths: list[str]) -> None:
-    """The written files' imports sorted and their lines wrapped as `make test`'s ruff wants them: where the
-    pipeline's own imports sort, and how long its lines are, depend on its name. Skipped where ruff is missing."""
+    """The written files' imports sorted and lines wrapped as `make test`'s ruff wants (both depend on the name)."""
     if importlib.util.find_spec("ruff") is None:
         return
     config = root / "pyproject.toml" if (root / "pyproject.toml").is_file() else checkout() / "pyproject.toml"
@@ -138,8 +136,8 @@ def _tidy(root: Path, paths: list[str]) -> None:
 
 
 def _generated_entries(root: Path) -> None:
-    """The hook for what derives from the new declaration (prefect.yaml's deployments and triggers, the AWS
-    template): today nothing; `pipelines generate` is run here once it exists."""
+    """The hook for what derives from the declaration (prefect.yaml's entries, the AWS template): empty for now."""
+    # where `pipelines generate` (issue 54 item 1) runs: the new pipeline's prefect.yaml deployments and triggers
 
 
 def _new(args: argparse.Namespace) -> dict:
