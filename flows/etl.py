@@ -4,7 +4,8 @@ files ──> ndjson-ingest: validate ─┬─> quarantine (copy + reason, trac
                                    └─> manifest JSON ─> track + claim + MANIFEST# (pending) in one transaction
                                         (rest: pending#N, claimed in batches: pending#N → manifested#N + MANIFEST#)
                                         ─> manifest.ready (one per batch; none while a merge run is queued)
-ndjson-merge: its manifest, then further pending ones (oldest first, each taken by its own conditional write):
+ndjson-merge: its manifest, then further pending ones (oldest first, each taken by its own conditional write;
+              the drain: tasks/etl/drain.py):
               MANIFEST pending → processing ─> files still in it ─> Dask merge to staged Snappy Parquet (rejects)
               ─> publish (rename parts, publish record; a published manifest is skipped) ─> date's partition
                  in the catalog (Glue too on S3)
@@ -21,24 +22,22 @@ ndjson-flush-orphans (scheduled): dead claims released ─> pending#N of earlier
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture, as_completed
 from prefect.utilities.annotations import quote
 
 from flows.policies import TRANSIENT_RETRIES, pipeline_flow, retry_policy
 from tasks.core import limits
 from tasks.core.disk import is_disk_full
-from tasks.core.errors import Unavailable
 from tasks.core.notify import notify_on_failure
 from tasks.core.object_store import ObjectNotFound
 from tasks.core.runtime import own_deployment, today_iso, utc_now
 from tasks.etl import breaker as etl_breaker
 from tasks.etl import catalog as etl_catalog
+from tasks.etl import drain
 from tasks.etl import ingest as etl
 from tasks.etl import landing as etl_landing
 from tasks.etl import merge as etl_merge
@@ -94,6 +93,8 @@ report_task = task(etl_reports.write_run_report, name="write-run-report", **_sid
 # the take (MANIFEST pending → processing) is a plain call, not a task run: its manifest's `dask-merge` task run,
 # named after it, follows at once; it keeps the transient retries it had as a task run of its own
 TAKE_RETRY_DELAYS_S = tuple(TRANSIENT_RETRIES["retry_delay_seconds"])
+# the drain's first read of pending manifests, and its hand-on's, are task runs (seen in the UI)
+_drain_with_tasks = partial(drain.Drain, scan=pending_manifests_task, take_retry_delays_s=TAKE_RETRY_DELAYS_S)
 # seed 001's Step Functions retries: the Glue job 3 times, 60 s then ×2; the batch status updater twice, 5 s then ×2
 MERGE_RETRY_DELAYS_S = [60, 120, 240]
 STATUS_UPDATE_RETRY_DELAYS_S = [5, 10]
@@ -255,56 +256,50 @@ def ndjson_ingest(
     return summary
 
 
-@dataclass(frozen=True)
-class _Taken:
-    """A manifest this run moved to ``processing``: where it is and when its chain began."""
+# a failed run has already sent its own, more detailed alert; a timed-out one is finished by its hook
+@pipeline_flow("ndjson-merge", alert="crashed", on_failure=[_fail_timed_out_merge])
+def ndjson_merge(
+    date_prefix: str,
+    manifest_name: str,
+    target_file_mb: float | None = None,
+    dask_scheduler: str = "threads",
+    rerun: bool = False,
+    more_manifests: int = 0,
+    more_seconds: float = 120.0,
+    parallel_manifests: int = 1,
+    stay_for_more: bool = False,
+) -> dict[str, Any]:
+    """One manifest, then up to ``more_manifests`` further ``pending`` ones (oldest first, for ``more_seconds`` at most;
+    each taken by the conditional ``pending → processing``, so no two runs merge one), ``parallel_manifests`` merges at
+    a time. ``stay_for_more``: with none pending, the run looks again every ``STAY_POLL_S`` until ``more_seconds`` have
+    passed (the launcher leaves new manifests to it, ``etl.taking_merge_run``), so a steady feed costs a run every
+    ``more_seconds`` rather than one a batch. Each: MANIFEST processing → Dask/pyarrow merge (its own retries) →
+    MANIFEST and file statuses with its metric row (notify on failure) → its run report. A failed manifest ends the
+    taking: the merges in flight finish, then the run fails (one failed run per failing manifest at
+    ``parallel_manifests`` 1, as the breaker counts). A run stopped by its bound or a failure with manifests still
+    pending announces one (``etl.deployment_launcher``): the next run takes them.
 
-    date_prefix: str
-    manifest_name: str
-    manifest_path: str
-    started: Any  # utc_now() when it was taken: the run report's start
-    merge_started: float  # time.monotonic() when its merge was submitted: the metric's seconds
-    report_part: str = ""  # the run's own manifest: the seed's report name; a further one: its manifest's stem
-    holder: str | None = None  # the flow run it is processing under: only that run finishes it
-
-
-def _take(date_prefix: str, manifest_name: str, rerun: bool = False, own: bool = True) -> _Taken | None:
-    """MANIFEST ``pending → processing`` for this run (conditional: None when another run has it), retried after
-    each of ``TAKE_RETRY_DELAYS_S`` (a throttle, a dropped connection; a manifest with no record is not retried)."""
-    for delay in (*TAKE_RETRY_DELAYS_S, None):
-        try:
-            record = etl_merge.start_processing(date_prefix, manifest_name, rerun)
-            break
-        except LookupError:
-            raise
-        except Exception as error:  # any other error, as the take's task run retried them
-            if delay is None:
-                raise
-            get_run_logger().warning(
-                "%s: not taken (%s: %s); again in %s s", manifest_name, type(error).__name__, error, delay
-            )
-            time.sleep(delay)
-    if record is None:
-        return None
-    part = "" if own else manifest_name.removesuffix(".json")
-    holder = record.get("prefect_flow_run_id")
-    return _Taken(date_prefix, manifest_name, record["manifest_path"], utc_now(), time.monotonic(), part, holder)
-
-
-class _MergedHere:
-    """A merge that runs in the flow's own thread when its result is asked for (one manifest at a time): the flow's
-    timeout interrupts it there, where a task runner's thread would hold the run past its timeout."""
-
-    def __init__(self, merge: Callable[[], dict[str, Any]]) -> None:
-        self._merge = merge
-
-    def result(self) -> dict[str, Any]:
-        return self._merge()
+    Returns the first manifest's outcome (``skipped`` when another run had it) with ``merged``: every manifest's."""
+    config = etl.settings()
+    deployment = etl_breaker.current_merge_deployment() if more_manifests > 0 else None
+    if not etl_breaker.admitted_here(date_prefix, manifest_name):  # the deployment's circuit breaker is open
+        return {"manifest": manifest_name, "skipped": True, "held": True, "merged": []}
+    manifests = _drain_with_tasks(more_manifests, more_seconds, deployment, parallel_manifests, stay_for_more)
+    own = manifests.take(date_prefix, manifest_name, rerun)  # MANIFEST pending → processing
+    if own is None:
+        print(f"{manifest_name}: already taken by another run")
+    merge = partial(_merge, config=config, target_file_mb=target_file_mb, dask_scheduler=dask_scheduler)
+    for taken, merging in manifests.merges(own, merge):  # its own manifest, then the further ones it takes
+        manifests.record(_update_status(taken, merging, config))  # MANIFEST and file statuses, metric row, report
+    manifests.hand_on()  # manifests still pending after a bound or a failure: the next run takes them
+    if len(manifests.outcomes) > 1:
+        _merge_summary_artifact(manifests.outcomes)
+    return manifests.result(own, manifest_name)
 
 
-def _submit_merge(
-    taken: _Taken, config: Any, target_file_mb: float | None, dask_scheduler: str, here: bool
-) -> PrefectFuture | _MergedHere:
+def _merge(
+    taken: drain.Taken, here: bool, *, config: Any, target_file_mb: float | None, dask_scheduler: str
+) -> drain.Merging:
     """The manifest's merge (its own retries; task runs are named after their manifest): in this thread when
     ``here``, else a task future."""
     args = (
@@ -315,21 +310,10 @@ def _submit_merge(
         target_file_mb or config.target_file_mb,
         dask_scheduler,
     )
-    return _MergedHere(lambda: merge_task(*args)) if here else merge_task.submit(*args)
+    return drain.MergedHere(lambda: merge_task(*args)) if here else merge_task.submit(*args)
 
 
-def _service_lost(error: BaseException) -> bool:
-    """Whether an error is a service the run needs going away (the Prefect API refusing a rotated auth string or not
-    answering, a connection to a store lost), rather than the merge's own failure."""
-    import httpx
-    from botocore.exceptions import ConnectionError as StoreConnectionLost
-
-    if isinstance(error, (httpx.TransportError, StoreConnectionLost)):
-        return True
-    return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in (401, 403, 502, 503, 504)
-
-
-def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: Any) -> dict[str, Any]:
+def _update_status(taken: drain.Taken, merged: drain.Merging, config: Any) -> dict[str, Any]:
     """After one manifest's merge: its MANIFEST and file statuses, metric row and run report (failed: with the
     reason, notified). Returns its outcome; never raises for the merge's own failure (its neighbours go on)."""
     date_prefix, manifest_name, manifest_path = taken.date_prefix, taken.manifest_name, taken.manifest_path
@@ -417,37 +401,15 @@ def _finish_merged(taken: _Taken, merged: PrefectFuture | _MergedHere, config: A
     return {"manifest": manifest_name, "date_prefix": date_prefix, **kept, **statuses}
 
 
-class _PendingQueue:
-    """Pending manifests to take after the run's own, oldest first; the list is read again whenever it runs out.
-    The first scan is a task run (seen in the UI); a staying run's later scans are plain reads, as a scan a second
-    as task runs would cost the Prefect API more than the runs it saves."""
+def _service_lost(error: BaseException) -> bool:
+    """Whether an error is a service the run needs going away (the Prefect API refusing a rotated auth string or not
+    answering, a connection to a store lost), rather than the merge's own failure."""
+    import httpx
+    from botocore.exceptions import ConnectionError as StoreConnectionLost
 
-    def __init__(self) -> None:
-        self.tried: set[tuple[str, str]] = set()
-        self.queue: list[ManifestRef] = []
-        self.scans = 0
-        self.missed = False  # a staying run's look failed: it hands a pending manifest on at its end
-
-    def next(self) -> ManifestRef | None:
-        """The next pending manifest not tried by this run (a fresh scan when the last one is used up), or None."""
-        if not self.queue:
-            self.queue = [ref for ref in self._scan() if (ref.date_prefix, ref.manifest_name) not in self.tried]
-        if not self.queue:
-            return None
-        ref = self.queue.pop(0)
-        self.tried.add((ref.date_prefix, ref.manifest_name))
-        return ref
-
-    def _scan(self) -> list[ManifestRef]:
-        self.scans += 1
-        if self.scans == 1:
-            return pending_manifests_task(older_than_seconds=0)
-        try:
-            return etl.pending_manifests(older_than_seconds=0)
-        except Unavailable as error:  # the run ends at its deadline and hands on what is pending then
-            get_run_logger().warning("pending manifests not read (%s): looking again", error)
-            self.missed = True
-            return []
+    if isinstance(error, (httpx.TransportError, StoreConnectionLost)):
+        return True
+    return isinstance(error, httpx.HTTPStatusError) and error.response.status_code in (401, 403, 502, 503, 504)
 
 
 def _merge_summary_artifact(outcomes: list[dict[str, Any]]) -> None:
@@ -468,152 +430,6 @@ def _merge_summary_artifact(outcomes: list[dict[str, Any]]) -> None:
         ],
         description=f"ndjson-merge: {len(outcomes)} manifest(s) merged by this run",
     )
-
-
-# a failed run has already sent its own, more detailed alert; a timed-out one is finished by its hook
-@pipeline_flow("ndjson-merge", alert="crashed", on_failure=[_fail_timed_out_merge])
-def ndjson_merge(
-    date_prefix: str,
-    manifest_name: str,
-    target_file_mb: float | None = None,
-    dask_scheduler: str = "threads",
-    rerun: bool = False,
-    more_manifests: int = 0,
-    more_seconds: float = 120.0,
-    parallel_manifests: int = 1,
-    stay_for_more: bool = False,
-) -> dict[str, Any]:
-    """One manifest, then up to ``more_manifests`` further ``pending`` ones (oldest first, for ``more_seconds`` at most;
-    each taken by the conditional ``pending → processing``, so no two runs merge one), ``parallel_manifests`` merges at
-    a time. ``stay_for_more``: with none pending, the run looks again every ``STAY_POLL_S`` until ``more_seconds`` have
-    passed (the launcher leaves new manifests to it, ``etl.taking_merge_run``), so a steady feed costs a run every
-    ``more_seconds`` rather than one a batch. Each: MANIFEST processing → Dask/pyarrow merge (its own retries) →
-    MANIFEST and file statuses with its metric row (notify on failure) → its run report. A failed manifest ends the
-    taking: the merges in flight finish, then the run fails (one failed run per failing manifest at
-    ``parallel_manifests`` 1, as the breaker counts). A run stopped by its bound or a failure with manifests still
-    pending announces one (``etl.deployment_launcher``): the next run takes them.
-
-    Returns the first manifest's outcome (``skipped`` when another run had it) with ``merged``: every manifest's."""
-    config = etl.settings()
-    deployment = etl_breaker.current_merge_deployment() if more_manifests > 0 else None
-    if not etl_breaker.admitted_here(date_prefix, manifest_name):  # the deployment's circuit breaker is open
-        return {"manifest": manifest_name, "skipped": True, "held": True, "merged": []}
-    own = _take(date_prefix, manifest_name, rerun)
-    if own is None:
-        print(f"{manifest_name}: already taken by another run")
-    here = parallel_manifests <= 1
-
-    def submit(taken: _Taken) -> PrefectFuture | _MergedHere:
-        """This run's merge of one manifest it took."""
-        return _submit_merge(taken, config, target_file_mb, dask_scheduler, here)
-
-    in_flight: dict[PrefectFuture | _MergedHere, _Taken] = {} if own is None else {submit(own): own}
-    outcomes: list[dict[str, Any]] = []
-    more = _MoreManifests(more_manifests, time.monotonic() + more_seconds, deployment)
-    while True:
-        _take_more(in_flight, more, parallel_manifests, submit)
-        if not in_flight:
-            if stay_for_more and more.wait_for_more():
-                continue
-            break
-        done = next(iter(in_flight)) if here else next(as_completed(list(in_flight)))
-        outcomes.append(_finish_merged(in_flight.pop(done), done, config))
-        if outcomes[-1]["manifest_status"] == etl_merge.FAILED:
-            more.stop = "failed"  # the run fails after what is in flight: the breaker counts it, a next run goes on
-        elif outcomes[-1]["manifest_status"] == etl_merge.PENDING:
-            more.stop = "disk full"  # the next manifest would meet it too: the flush restarts them once space is freed
-    _hand_on(more)
-    if len(outcomes) > 1:
-        _merge_summary_artifact(outcomes)
-    return _merge_result(outcomes, own, manifest_name)
-
-
-@dataclass
-class _MoreManifests:
-    """The further pending manifests a merge run takes: its bounds (how many, until when, the breaker's deployment),
-    what it took and why it stopped taking ("" while it goes on)."""
-
-    limit: int
-    deadline: float
-    deployment: str | None
-    queue: _PendingQueue = field(default_factory=_PendingQueue)
-    taken: int = 0
-    stop: str = ""
-
-    breaker: tuple[etl_breaker.BreakerState, float] | None = None  # the breaker as last read, and when
-
-    def breaker_state(self) -> etl_breaker.BreakerState:
-        """The merge deployment's breaker, read at most every ``RECHECK_S`` (a read a manifest costs the API more)."""
-        now = time.monotonic()
-        if self.breaker is None or now - self.breaker[1] >= etl_breaker.RECHECK_S:
-            self.breaker = (etl_breaker.load(self.deployment), now)
-        return self.breaker[0]
-
-    def wait_for_more(self) -> bool:
-        """None was pending: wait ``STAY_POLL_S`` and take again while the run's deadline is ahead (True), else False.
-        The last look comes after the deadline less ``STAY_POLL_S``, which the launcher's margin covers."""
-        if self.stop != "none pending" or time.monotonic() + etl.STAY_POLL_S >= self.deadline:
-            return False
-        time.sleep(etl.STAY_POLL_S)
-        self.stop = ""
-        return True
-
-
-def _take_more(
-    in_flight: dict[PrefectFuture | _MergedHere, _Taken],
-    more: _MoreManifests,
-    parallel_manifests: int,
-    submit: Callable[[_Taken], PrefectFuture | _MergedHere],
-) -> None:
-    """Take pending manifests (``pending → processing``) and submit their merges until ``parallel_manifests`` are in
-    flight, none is pending now, or the taking stops (its bound, its deadline, the breaker)."""
-    while not more.stop and len(in_flight) < max(1, parallel_manifests):
-        if more.taken >= more.limit or time.monotonic() >= more.deadline:
-            more.stop = "bound" if more.limit > 0 else "single"
-            return
-        ref = more.queue.next()
-        if ref is None:
-            more.stop = "none pending" if not in_flight else ""
-            return
-        if more.deployment is not None and not etl_breaker.admits(
-            more.breaker_state(), ref.date_prefix, ref.manifest_name
-        ):
-            more.stop = "breaker"  # the held manifests stay pending; closing the breaker starts them
-            return
-        taken = _take(ref.date_prefix, ref.manifest_name, own=False)
-        if taken is not None:
-            more.taken += 1
-            in_flight[submit(taken)] = taken
-
-
-def _hand_on(more: _MoreManifests) -> None:
-    """A run stopped by its bound or a failure with manifests still pending announces one: the next run takes them."""
-    if (
-        (more.stop in ("bound", "failed") or more.queue.missed)
-        and more.deployment is not None
-        and (left := pending_manifests_task(older_than_seconds=0))
-    ):
-        etl.launch_merges(left[:1], etl.deployment_launcher(more.deployment))  # the chain goes on in a new run
-
-
-def _merge_result(outcomes: list[dict[str, Any]], own: _Taken | None, manifest_name: str) -> dict[str, Any]:
-    """The run's answer: the first manifest's outcome with every manifest's status; raises when any failed."""
-    failed = [o for o in outcomes if o["manifest_status"] == etl_merge.FAILED]
-    if failed:
-        raise RuntimeError(
-            f"{len(failed)} of {len(outcomes)} manifest(s) failed: " + "; ".join(o["error"] for o in failed)
-        )
-    first = next(
-        (o for o in outcomes if own is not None and o["manifest"] == own.manifest_name),
-        {"manifest": manifest_name, "skipped": True},
-    )
-    return {
-        **first,
-        "merged": [
-            {"manifest": o["manifest"], "date_prefix": o["date_prefix"], "status": o["manifest_status"]}
-            for o in outcomes
-        ],
-    }
 
 
 @pipeline_flow("ndjson-flush-orphans")

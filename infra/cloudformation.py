@@ -1,12 +1,13 @@
 """One environment's AWS resources as a CloudFormation template, generated from the specs the code runs on.
 
-    python -m infra.cloudformation            # rewrite infra/pipelines.template.json
+    pipelines generate                        # rewrite it with prefect.yaml's deployments (deployments/ops/generate.py)
+    python -m infra.cloudformation            # rewrite infra/pipelines.template.json alone
     python -m infra.cloudformation --check    # exit 1 when the committed template differs from the generated one
 
 Tables come from ``tasks.core.tables`` (keys, GSIs, TTL attribute), queues and dead-letter queues from
 ``tasks.landing.sqs.landing_queues()`` (the spec ``aws-events setup`` applies), the listeners and the worker's pool from
-``prefect.yaml``'s ecs set; the worker, the maintenance worker and each listener run as an ECS service of desired
-count 1, so ECS starts a new task when one dies.
+``prefect.yaml``'s ecs set (as ``deployments.prefect_yaml`` generates it); the worker, the maintenance worker and
+each listener run as an ECS service of desired count 1, so ECS starts a new task when one dies.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 from prefect_aws.observers.ecs import SQS_MESSAGE_VISIBILITY_TIMEOUT_SECONDS
 from prefect_aws.settings import EcsObserverSqsSettings
 
+from deployments import prefect_yaml
 from tasks.core import limits
 from tasks.core.aws_template import AwsParts, ref, sub
 from tasks.core.registry import default_table_names, hooks, landings, table_specs
@@ -122,8 +123,8 @@ def skip(*reasons: tuple[str, str]) -> dict[str, Any]:
 
 
 def prefect_config() -> dict[str, Any]:
-    """prefect.yaml, parsed."""
-    return yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
+    """prefect.yaml as the declarations generate it, parsed: the template follows them even before it is rewritten."""
+    return prefect_yaml.manifest()
 
 
 def listener_deployments() -> dict[str, dict[str, Any]]:
@@ -1243,7 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if "--check" in argv:
         if TEMPLATE_PATH.read_text() != text:
-            print(f"{TEMPLATE_PATH} differs from the specs: run `python -m infra.cloudformation`", file=sys.stderr)
+            print(f"{TEMPLATE_PATH} differs from the specs: run `pipelines generate`", file=sys.stderr)
             return 1
         return 0
     TEMPLATE_PATH.write_text(text)

@@ -2,8 +2,8 @@
 repository is (``tasks/toy/``, ``flows/toy.py``, ``deployments/ops/toy.py``, ``deployments/samples/toy.py``,
 ``blocks/toy.py``) and put on PYTHONPATH, are picked up by every shared part that visits the pipelines.
 
-This is docs/design.md's "How to add a pipeline", step by step; only prefect.yaml (the deploy manifest, the one
-shared file the recipe appends to) is a copy with the toy's deployments added. A child process imports the project
+This is docs/design.md's "How to add a pipeline", step by step; prefect.yaml's deployments and the template are what
+`pipelines generate` makes of the declarations, the toy's included. A child process imports the project
 with the folder on its path, as a process started from a checkout holding the new files would; it loads the toy's
 flow module by path first, as a worker does, and reads the house with ``tests/helpers/house.py``. What the visiting
 machinery then does with a declared pipeline (tables created, records stamped, alarms raised, records repaired) is
@@ -19,8 +19,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 
 FILES = {
@@ -33,7 +31,7 @@ FILES = {
     "tasks/toy/pipeline.py": '''
         """The toy pipeline, as the shared machinery sees it."""
 
-        from tasks.core.registry import OBJECTS, Landing, Pipeline, QueueSpec, Table
+        from tasks.core.registry import OBJECTS, Deployment, Landing, Pipeline, QueueSpec, Table
         from tasks.core.tables import TableSpec
         from tasks.toy import keys
 
@@ -53,6 +51,11 @@ FILES = {
             retention_rules="tasks.toy.retention:RULES",
             reconcile_adapters="tasks.toy.reconcile:ADAPTERS",
             aws="tasks.toy.aws:PARTS",
+            deployments=(
+                Deployment("flows/toy.py:toy_listen", "Its listener."),
+                Deployment("flows/toy.py:toy_run", "Its work.", limit="fan_out_local"),
+            ),
+            record_flows=("toy-run",),
         )
     ''',
     "tasks/toy/alarms.py": '''
@@ -176,16 +179,14 @@ from prefect.utilities.importtools import load_script_as_module
 from tasks.core.redact import REDACTED_LOGGERS, RedactingFilter
 
 # first, before anything declares a flow: its flow module loaded by path, as a worker loads it, runs the preamble
-load_script_as_module(str(Path(sys.argv[2]) / "flows" / "toy.py"))
+load_script_as_module(str(Path(sys.argv[1]) / "flows" / "toy.py"))
 preamble = getattr(flow_engine._send_heartbeats, "quick_exit", False) and all(
     any(isinstance(f, RedactingFilter) for f in logging.getLogger(name).filters) for name in REDACTED_LOGGERS
 )
 
-import yaml
-
 import blocks
 import deployments.ops.gpu
-from deployments import aws, cli, demo, local_stack
+from deployments import aws, cli, demo, local_stack, prefect_yaml
 from infra import cloudformation as cfn
 from tasks import reconcile
 from tasks.core import limits, registry
@@ -195,8 +196,10 @@ from tasks.landing import sqs
 from tasks.retention.sweep import rules
 from tests.helpers import house
 
-cfn.prefect_config = lambda: yaml.safe_load(Path(sys.argv[1]).read_text())  # the copy with the toy's deployments
 template = cfn.template()
+manifest = prefect_yaml.manifest()
+toy = [d for d in manifest["deployments"] if "toy" in d["entrypoint"]]
+state = [d for d in manifest["deployments"] if d["entrypoint"].endswith(":records_prefect_state")][0]
 printed = io.StringIO()
 deployments.ops.gpu.local_setup = lambda: {}  # its nodes need the tables: the toy's setup is the one looked at
 with contextlib.redirect_stdout(printed):
@@ -237,6 +240,8 @@ print(json.dumps({
     "template_env": [e for e in listener["Environment"] if e["Name"] == "TOY_TOPIC"],
     "deploy_parameters": {k: v for k, v in aws.pipelines_parameters(given).items() if "Toy" in k},
     "flow_run_env": aws.flow_run_environment("e", {"BucketUrl": "s3://b/p"}, given)["TOY_TOPIC"],
+    "generated": [[d["entrypoint"], d["name"], d["work_pool"]["name"]] for d in toy],
+    "reconciled": state["triggers"][0]["match_related"]["prefect.resource.name"],
 }))
 """
 
@@ -250,15 +255,9 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 def _probe(root: Path) -> dict:
     """The shared parts' view, from a child whose path holds the repository and then ``root``."""
-    manifest = yaml.safe_load((ROOT / "prefect.yaml").read_text())
-    manifest["deployments"] += [  # the recipe's prefect.yaml step: its listener's local and ecs deployments
-        {"name": name, "entrypoint": "flows/toy.py:toy_listen", "work_pool": {"name": "any"}}
-        for name in ("local", "ecs")
-    ]
-    (root / "prefect.yaml").write_text(yaml.safe_dump(manifest))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(root)])}
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, str(root / "prefect.yaml"), str(root)],
+        [sys.executable, "-c", PROBE, str(root)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -306,3 +305,11 @@ def test_a_pipeline_package_kept_in_another_folder_is_picked_up_by_every_shared_
     # its containers read the parameter; `aws-stack deploy --parameter` sets it, and its flow runs get it too
     assert seen["template_env"] == [{"Name": "TOY_TOPIC", "Value": {"Ref": "ToyTopic"}}]
     assert seen["deploy_parameters"] == {"ToyTopic": "arn:toy"} and seen["flow_run_env"] == "arn:toy"
+    # prefect.yaml's deployments as `pipelines generate` writes them: its two flows in both sets, its run reconciled
+    assert seen["generated"] == [
+        ["flows/toy.py:toy_listen", "local", "local-process"],
+        ["flows/toy.py:toy_run", "local", "local-process"],
+        ["flows/toy.py:toy_listen", "ecs", "aws-ecs"],
+        ["flows/toy.py:toy_run", "ecs", "aws-ecs"],
+    ]
+    assert "toy-run" in seen["reconciled"] and "ndjson-merge" in seen["reconciled"]

@@ -2,7 +2,8 @@
 
     tasks/<package>/pipeline.py: PIPELINE = Pipeline(...) ──pipelines()──▶ tables and their default names,
         the landing place and queue, maintenance flows and timeouts, health checks and severities,
-        retention rules, reconcile adapters, dashboard figures
+        retention rules, reconcile adapters, dashboard figures, its flows' deployments (prefect.yaml's
+        generated part: `pipelines generate`)
 
 Tables, landing, health, retention and reconcile iterate ``pipelines()`` and name no pipeline. A declaration names
 its checks, rules and adapters by import path (``"module:attribute"``, resolved by ``Pipeline.hook``), so reading
@@ -17,7 +18,7 @@ import functools
 import importlib
 import importlib.util
 import pkgutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,8 @@ from tasks.core.tables import TableSpec
 
 OBJECTS, MESSAGES = "objects", "messages"  # what a landing queue carries: S3 notifications, or workflow messages
 DECLARATION = "pipeline"  # the module of a package under tasks/ that declares it, holding PIPELINE
+SET = "{set}"  # in a deployment's parameters and triggers: the deployment set's name (local, ecs) once generated
+RECORD_FLOWS = "{record_flows}"  # in a trigger: every pipeline's record_flows, as a list, once generated
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,31 @@ class Landing:
 
 
 @dataclass(frozen=True)
+class Deployment:
+    """One flow's deployments, local and in AWS, as prefect.yaml's generated part writes them.
+
+    Names in ``limit``, ``aws_limit`` and ``schedule`` are anchors of prefect.yaml's hand-written ``definitions``;
+    ``SET`` in a parameter or trigger becomes the set's name. The listener (the flow of ``Pipeline.landing``) gets
+    the supervision triggers, one run at a time and ``source``; a maintenance flow one run at a time.
+    """
+
+    entrypoint: str  # "flows/<module>.py:<function>"; the flow's name is the function's, dashed
+    description: str
+    limit: str | None = None  # concurrency anchor of both sets (listeners and maintenance: one_at_a_time)
+    aws_limit: str | None = None  # the ecs set's own, when it differs
+    schedule: str | None = None  # schedule anchor, both sets
+    parameters: Mapping[str, Any] = field(default_factory=dict)  # both sets'
+    aws_parameters: Mapping[str, Any] = field(default_factory=dict)  # the ecs set's changes to them
+    triggers: tuple[Mapping[str, Any], ...] = ()  # both sets' (beside a listener's supervision)
+    maintenance_service: bool = False  # in AWS, a process of the always-on maintenance service (no image build)
+
+    @property
+    def flow(self) -> str:
+        """The flow's name."""
+        return self.entrypoint.rpartition(":")[2].replace("_", "-")
+
+
+@dataclass(frozen=True)
 class Pipeline:
     """What the shared machinery needs from one pipeline (hooks are ``"module:attribute"`` import paths)."""
 
@@ -81,6 +109,8 @@ class Pipeline:
     reconcile_adapters: str | None = None  # hook: Sequence[tasks.reconcile.Adapter]
     dashboard: str | None = None  # hook: (DashboardWindow) -> tasks.health.dashboard.Figures
     aws: str | None = None  # hook: tasks.core.aws_template.AwsParts, its own parts of the CloudFormation template
+    deployments: tuple[Deployment, ...] = ()  # its flows' deployments (prefect.yaml)
+    record_flows: tuple[str, ...] = ()  # flows whose crashed or failed runs records-prefect-state reconciles
 
     def hook(self, attribute: str) -> Any:
         """The object a hook field names, imported on first use; None when the pipeline declares none."""
@@ -141,6 +171,25 @@ def default_table_names(env: str = "dev") -> dict[str, str]:
 def landings() -> dict[str, Landing]:
     """Pipeline name -> where its data lands, for every pipeline that has a landing."""
     return {p.name: p.landing for p in pipelines() if p.landing is not None}
+
+
+def run_trigger(expect: Sequence[str], related: Any, **extra: Any) -> dict[str, Any]:
+    """A deployment trigger: one run for each flow-run event ``expect`` of a run related to ``related``."""
+    return {
+        "type": "event",
+        "enabled": True,
+        "match": {"prefect.resource.id": "prefect.flow-run.*"},
+        "match_related": related,
+        "expect": list(expect),
+        "posture": "Reactive",
+        "threshold": 1,
+        **extra,
+    }
+
+
+def record_flows() -> list[str]:
+    """Every pipeline's flows whose ended runs ``records-prefect-state`` reconciles, in seed order."""
+    return [flow for p in pipelines() for flow in p.record_flows]
 
 
 def hooks(attribute: str) -> list[tuple[Pipeline, Any]]:

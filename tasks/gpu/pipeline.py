@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.core.registry import Pipeline, Table
+from tasks.core.registry import Deployment, Pipeline, Table, run_trigger
 from tasks.core.tables import TableSpec
 
 PIPELINE = Pipeline(
@@ -22,4 +22,47 @@ PIPELINE = Pipeline(
     reconcile_adapters="tasks.gpu.reconcile:ADAPTERS",
     dashboard="tasks.gpu.alarms:figures",
     aws="tasks.gpu.aws:PARTS",
+    deployments=(
+        Deployment(
+            "flows/gpu.py:gpu_job",
+            "Seed 002: run → detect failure → health check → restart, guarded transitions.",
+            limit="fan_out_local",
+            aws_limit="gpu_job_limit_aws",
+            parameters={"num_nodes": 2},
+        ),
+        Deployment(
+            "flows/gpu.py:gpu_healthcheck",
+            "Health check one node (NVML, dcgmi or a configured command).",
+            limit="fan_out_local",
+            aws_limit="gpu_check_limit_aws",
+        ),
+        Deployment(
+            "flows/gpu.py:gpu_sweep",
+            "Move every in-flight GPU job on (even one whose flow run is gone): task stops, abandoned steps, stranded"
+            " nodes. Started when a gpu-job run ends without its job (then each minute while a job has no watcher);"
+            " the schedule is a backstop.",
+            schedule="every_10_minutes",
+            # a gpu-job run's own loop watches its job while it runs; once the run ended Crashed, Cancelled, Failed or
+            # TimedOut (process killed, watcher timed out) nothing watches it: a sweep at once moves the job on
+            triggers=(
+                run_trigger(
+                    [
+                        "prefect.flow-run.Crashed",
+                        "prefect.flow-run.Cancelled",
+                        "prefect.flow-run.Failed",
+                        "prefect.flow-run.TimedOut",
+                    ],
+                    {"prefect.resource.role": "flow", "prefect.resource.name": "gpu-job"},
+                ),
+            ),
+            maintenance_service=True,
+        ),
+        Deployment(
+            "flows/gpu.py:gpu_node_healthcheck",
+            "Check idle nodes and take bad ones out of service.",
+            schedule="every_10_minutes",
+            maintenance_service=True,
+        ),
+    ),
+    record_flows=("gpu-job", "gpu-sweep"),
 )

@@ -6,7 +6,7 @@ the same registry.
 
 from __future__ import annotations
 
-from tasks.core.registry import Pipeline, Table
+from tasks.core.registry import Deployment, Pipeline, Table
 from tasks.core.tables import TableSpec
 
 PIPELINE = Pipeline(
@@ -16,4 +16,12 @@ PIPELINE = Pipeline(
     tables={"health_incidents": Table(TableSpec("alarm", ttl_attribute="ttl"), "pipeline-health-incidents-{env}")},
     maintenance_flows=("pipeline-health",),
     retention_rules="tasks.health.incidents:RETENTION_RULES",
+    deployments=(
+        Deployment(
+            "flows/health.py:pipeline_health",
+            "Alarms over all five pipelines (thresholds block); one notification per incident, table artifact.",
+            schedule="every_5_minutes",
+            maintenance_service=True,
+        ),
+    ),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.core.registry import OBJECTS, Landing, Pipeline, QueueSpec, Table
+from tasks.core.registry import OBJECTS, SET, Deployment, Landing, Pipeline, QueueSpec, Table
 from tasks.core.tables import Index, TableSpec
 from tasks.phspectra import keys
 
@@ -34,4 +34,36 @@ PIPELINE = Pipeline(
     retention_rules="tasks.phspectra.retention:RULES",
     reconcile_adapters="tasks.phspectra.reconcile:ADAPTERS",
     dashboard="tasks.phspectra.alarms:figures",
+    deployments=(
+        Deployment(
+            "flows/phspectra_survey.py:phspectra_survey",
+            "Seed 000: split a cube → map(fit chunk) → aggregate, per-chunk records in phspectra-runs. Resume: run_id"
+            " alone (the run's stored parameters).",
+            limit="fan_out_local",
+            aws_limit="survey_limit_aws",
+            # no chunk_size here: a new run's default is 500, and a resume keeps the run's own (a given one must match)
+            parameters={"lease_seconds": 60},
+        ),
+        Deployment(
+            "flows/phspectra_survey.py:phspectra_sweep_stuck",
+            "No run stays RUNNING: re-drive runs whose flow run ended or went quiet (at most max_sweeps times, then"
+            " FAILED with the reason), and chunks whose lease expired.",
+            schedule="every_5_minutes",
+            parameters={"lease_seconds": 60, "quiet_minutes": 15, "max_sweeps": 3},
+            maintenance_service=True,
+        ),
+        Deployment(
+            "flows/phspectra_survey.py:phspectra_listen",
+            "Seed 000 upload: a cube (surveys/incoming/{survey}/*.fits) or a survey manifest (*.json listing cubes)"
+            " landing starts one phspectra-survey run per cube.",
+            parameters={"survey_deployment": f"phspectra-survey/{SET}"},
+        ),
+        Deployment(
+            "flows/phspectra_catalog.py:phspectra_survey_catalog",
+            "A survey's tiles (one phspectra-survey run each): progress artifacts, and its catalog"
+            " (catalogs/survey=…/tile=…/) rebuilt from each tile's newest completed run (a survey's last tile run"
+            " builds it too).",
+        ),
+    ),
+    record_flows=("phspectra-survey", "phspectra-fit-chunks", "phspectra-sweep-stuck"),
 )

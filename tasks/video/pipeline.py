@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.core.registry import OBJECTS, Landing, Pipeline, QueueSpec, Table
+from tasks.core.registry import OBJECTS, SET, Deployment, Landing, Pipeline, QueueSpec, Table
 from tasks.core.tables import TableSpec
 from tasks.video import keys
 
@@ -34,4 +34,39 @@ PIPELINE = Pipeline(
     reconcile_adapters="tasks.video.reconcile:ADAPTERS",
     dashboard="tasks.video.alarms:figures",
     aws="tasks.video.aws:PARTS",
+    deployments=(
+        Deployment(
+            "flows/video.py:video_process",
+            "Seed 003: chunk with ffmpeg → map(inference) → trigger-on-write reassembly.",
+            limit="fan_out_local",
+            aws_limit="video_limit_aws",
+            parameters={"reassembly_deployment": f"video-reassemble/{SET}"},
+        ),
+        Deployment(
+            "flows/video.py:video_reassemble",
+            "Concatenate a job's processed segments into final.mp4 (one worker per job, by lock).",
+            limit="fan_out_local",
+            aws_limit="video_limit_aws",
+        ),
+        Deployment(
+            "flows/video.py:video_delete_cleanup",
+            "Remove a soft-deleted job's objects and records; the job row stays `deleted`.",
+            schedule="every_10_minutes",
+            maintenance_service=True,
+        ),
+        Deployment(
+            "flows/video.py:video_sweep_stuck",
+            "Jobs left chunking_complete (no live run): reassemble when every segment is done, else re-drive"
+            " (bounded), else fail.",
+            schedule="every_10_minutes",
+            maintenance_service=True,
+        ),
+        Deployment(
+            "flows/video.py:video_listen",
+            "Seed 003 upload event: an object at input/{job_id}/source.mp4 starts one video-process run for its job"
+            " (a second event starts nothing).",
+            parameters={"process_deployment": f"video-process/{SET}"},
+        ),
+    ),
+    record_flows=("video-process", "video-reassemble", "video-sweep-stuck"),
 )
