@@ -21,7 +21,7 @@ RUN python -c "import importlib, pathlib; [importlib.import_module(f'flows.{p.st
  && python -c "import subprocess, imageio_ffmpeg; subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), '-version'], check=True)"
 
 FROM ${PYTHON_IMAGE} AS runtime
-# the release this image is (tasks/core/release.py's VERSION; tests/test_releases.py checks they agree)
+# the release this image is (tasks/core/release.py's VERSION; tests/core/test_releases.py checks they agree)
 LABEL org.opencontainers.image.title="prefect-pipelines" \
       org.opencontainers.image.version="0.3.0"
 ENV PATH=/opt/venv/bin:$PATH \

@@ -20,7 +20,7 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.installed node_modules/.installed
 
-# hadolint, cfn-lint and checkov for tests/test_aws_image.py and tests/test_aws_template.py, apart from the project's pins
+# hadolint, cfn-lint and checkov for tests/aws/test_aws_image.py and tests/aws/test_aws_template.py, apart from the project's pins
 .venv-tools/.installed: infra/lint-tools.txt
 	test -x .venv-tools/bin/python || $(PYTHON) -m venv .venv-tools
 	.venv-tools/bin/python -m pip install -q -r infra/lint-tools.txt

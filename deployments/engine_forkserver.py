@@ -17,8 +17,8 @@ another checkout drops them and imports its own. The child marks which it was in
 ``PIPELINES_ENGINE_FORK=preloaded`` or ``fresh``. The preloaded modules were imported in the server's environment
 and folder, so module-level code in those packages reads neither (``os.environ``, ``Path.cwd()``: at call time) and
 makes no client, session, thread or socket that every fork would share:
-``tests/test_engine_forkserver_preload.py`` checks both. The Prefect settings a ``@task`` or ``@flow`` decorator reads
-as it is applied (default retries, caching) were the server's: a run whose own differ imports anew too.
+``tests/stack/test_engine_forkserver_preload.py`` checks both. The Prefect settings a ``@task`` or ``@flow``
+decorator reads as it is applied (default retries, caching) were the server's: a run whose own differ imports anew too.
 
     python deployments/engine_forkserver.py serve SOCKET   # `make up`'s supervisor runs it beside the worker
     python deployments/engine_forkserver.py run SOCKET     # the pool's command for a run

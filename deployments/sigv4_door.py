@@ -237,8 +237,8 @@ def _canonical_query(query: str) -> str:
 
 def expected_signature(request: Request, key: Key, region: str, amz_date: str, signed_names: list[str]) -> str:
     """SigV4's signature of ``request`` under ``key`` over its signed headers, body and X-Amz-Date: what botocore's
-    ``SigV4Auth`` computes for a request rebuilt from those (tests/test_sigv4_door.py compares the two); Refused when
-    a signed header is missing or SignedHeaders is not what SigV4 signs, sorted."""
+    ``SigV4Auth`` computes for a request rebuilt from those (tests/stack/test_sigv4_door.py compares the two); Refused
+    when a signed header is missing or SignedHeaders is not what SigV4 signs, sorted."""
     headers = request.headers
     if any(name not in headers for name in signed_names):
         raise Refused("a header named in SignedHeaders is missing")

@@ -3,7 +3,7 @@
 `python -m infra.cost` prints it by line with the assumptions it rests on; `--write-docs` puts the same figures in
 docs/aws.md's cost section and `--check-docs` says whether that section is current. List prices and assumptions are
 data (infra/prices.json, with each price's source and the date it was read); a resource type of the template is
-either priced here or named as free at rest, so a new kind fails tests/test_aws_cost.py until it is one of them.
+either priced here or named as free at rest, so a new kind fails tests/aws/test_aws_cost.py until it is one of them.
 """
 
 from __future__ import annotations

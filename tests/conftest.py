@@ -152,7 +152,7 @@ def module_tables(dynamodb_endpoint) -> Iterator[dict[str, str]]:
 @pytest.fixture
 def record_alarms_only(monkeypatch):
     """pipeline-health with the record alarms only: the service alarms read every run on the shared test server
-    (tests/test_health_service_alarms.py has them)."""
+    (tests/health/test_health_service_alarms.py has them)."""
     from tests.helpers.health import only_record_alarms
 
     only_record_alarms(monkeypatch.setattr)

@@ -10,7 +10,7 @@ operator's (deployments/ and ``ensure_tables``: admin credentials) are left out.
 the flow runs' own: the task role's. Child processes (workers, flow runs, listeners) record too:
 ``install_in_children`` puts this module's ``sitecustomize`` on their PYTHONPATH. The tags EC2 instances are
 launched or tagged with (by anyone, the tests included) are logged too (``read_resource_tags``): IAM reads an
-instance's own tags (``aws:ResourceTag/...``) when a call acts on it. tests/test_aws_policies.py evaluates the lines
+instance's own tags (``aws:ResourceTag/...``) when a call acts on it. tests/aws/test_aws_policies.py evaluates the lines
 against the template's roles.
 
 Which resources are the stack's: a name stands for the stack's resource of its kind only where the test world

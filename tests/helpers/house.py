@@ -1,6 +1,6 @@
 """The house as the code lays it out: its modules (wherever a package's folders lie), the rooms and their floors, and
-who imports whom. Read by tests/test_house.py, and by tests/test_pipeline_package.py's child for a pipeline kept in
-another folder; the flow modules as tests/test_flow_policies.py pins them."""
+who imports whom. Read by tests/house/test_house.py, and by tests/house/test_pipeline_package.py's child for a
+pipeline kept in another folder; the flow modules as tests/core/test_flow_policies.py pins them."""
 
 from __future__ import annotations
 

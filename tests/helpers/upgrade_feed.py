@@ -1,4 +1,4 @@
-"""The upgrade test's feed, a process of its own on the stack's environment (tests/test_upgrade_in_place.py): the
+"""The upgrade test's feed, a process of its own on the stack's environment (tests/stack/test_upgrade_in_place.py): the
 soak's feeders (ETL files, a video now and then, records messages, cubes) for ``--feed-s`` seconds, then the hourly
 flush, then the checks until every item is done or ``--drain-s`` has passed; one JSON result on ``--out``.
 
