@@ -84,14 +84,20 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="module", autouse=True)
 def _servers_when_asked(request):
     """DynamoDB Local and the Prefect server for a module with a test marked ``servers``, before its own fixtures."""
-    if any(item.get_closest_marker("servers") for item in request.session.items if item.module is request.module):
+    if not any(item.get_closest_marker("servers") for item in request.session.items if item.module is request.module):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        _point_at(patch, request.getfixturevalue("dynamodb_server"))
         request.getfixturevalue("prefect_server")
+        yield
 
 
 @pytest.fixture(scope="session")
-def dynamodb_endpoint():
+def dynamodb_server():
     """DynamoDB Local on a free port, loopback only where the machine allows it (or the one in
-    AWS_ENDPOINT_URL_DYNAMODB if it already answers)."""
+    AWS_ENDPOINT_URL_DYNAMODB if it already answers): its endpoint, which a test's environment names only while it
+    asks for it (``dynamodb_endpoint``, ``tables``, the ``servers`` mark)."""
     preset = os.environ.get("AWS_ENDPOINT_URL_DYNAMODB")
     if preset and preset != NO_DYNAMODB:
         from urllib.parse import urlparse
@@ -103,16 +109,32 @@ def dynamodb_endpoint():
     port = dynamodb_local.free_port()
     TEST_OUTPUT.mkdir(exist_ok=True)
     process = dynamodb_local.start_private(port, db_path=None, log_path=TEST_OUTPUT / "dynamodb-local.log")
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = endpoint
     try:
-        yield endpoint
+        yield f"http://127.0.0.1:{port}"
     finally:
         dynamodb_local.stop(process)
 
 
+def _point_at(patch: pytest.MonkeyPatch, endpoint: str) -> None:
+    """The code (and every process it starts) reaches DynamoDB at ``endpoint`` until ``patch`` is undone."""
+    from tasks.core import state_store
+
+    patch.setenv("AWS_ENDPOINT_URL_DYNAMODB", endpoint)
+    state_store.reset_clients()
+
+
+@pytest.fixture
+def dynamodb_endpoint(dynamodb_server, monkeypatch) -> Iterator[str]:
+    """The session's DynamoDB Local, named by AWS_ENDPOINT_URL_DYNAMODB for this test only."""
+    from tasks.core import state_store
+
+    _point_at(monkeypatch, dynamodb_server)
+    yield dynamodb_server
+    state_store.reset_clients()
+
+
 @pytest.fixture(scope="session")
-def prefect_server(dynamodb_endpoint):
+def prefect_server(dynamodb_server):
     """One ephemeral Prefect server (prefect_test_harness) for the session."""
     from prefect.testing.utilities import prefect_test_harness
 
@@ -143,9 +165,10 @@ def tables(dynamodb_endpoint, monkeypatch) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def module_tables(dynamodb_endpoint) -> Iterator[dict[str, str]]:
+def module_tables(dynamodb_server) -> Iterator[dict[str, str]]:
     """Fresh tables shared by one module's tests, each test using ids of its own (many small scenarios)."""
     with pytest.MonkeyPatch.context() as patch:
+        _point_at(patch, dynamodb_server)
         yield _fresh_tables(patch)
 
 
