@@ -168,7 +168,7 @@ def server_retention_env() -> dict[str, str]:
     """
     from tasks.core import limits
 
-    seconds = str(int((_STACK.prefect_retention_days or limits.PREFECT_RETENTION_DAYS) * 86400))
+    seconds = str(int((StackSettings.read().prefect_retention_days or limits.PREFECT_RETENTION_DAYS) * 86400))
     return {
         "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "events,flow_runs,orphans",
         "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": seconds,
