@@ -211,3 +211,21 @@ def test_the_rendering_replaces_only_what_lies_between_the_markers():
     assert "| `PIPELINES_ECS_WORK_POOL` (also `ECS_WORK_POOL`) | str | `aws-ecs` |" in rendered
     with pytest.raises(settings_docs.MarkersMissing):
         settings_docs.render("no markers")
+
+
+def test_reading_settings_leaves_prefect_unimported_in_a_light_process():
+    """The relay, the supervisor and a listener's health check read settings and never load a block: reading them
+    imports no Prefect (blocks/__init__ imports the block modules at the first block asked for)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import deployments.dynamodb_local, deployments.local_stack, tasks.core.limits, tasks.landing.heartbeat\n"
+        "tasks.core.limits.cpu_heavy_slots(); deployments.dynamodb_local.DynamoDbLocal.read()\n"
+        "print('prefect' in sys.modules)\n"
+        "import blocks; blocks.EtlSettings\n"
+        "print('prefect' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "True"]
