@@ -55,17 +55,16 @@ def _toy_deployments() -> dict[tuple[str, str], dict]:
 
 
 def test_the_committed_files_are_what_the_declarations_generate(capsys):
-    assert cli.main(["generate", "--check"]) == 0, "run `pipelines generate` and commit prefect.yaml and the template"
-    assert [path.name for path, _ in generate.targets()] == ["prefect.yaml", "pipelines.template.json"]
+    assert cli.main(["generate", "--check"]) == 0, "run `pipelines generate` and commit the files it writes"
+    assert [path.name for path, _ in generate.targets()] == ["prefect.yaml", "pipelines.template.json", "operations.md"]
 
 
 def test_prefect_yaml_deploys_each_declared_flow_once_locally_and_once_in_aws_and_nothing_else(monkeypatch):
     declared = [d for p in pipelines() for d in p.deployments]
     deployed = [(d["entrypoint"], d["name"]) for d in yaml.safe_load(prefect_yaml.PATH.read_text())["deployments"]]
     assert deployed == [(d.entrypoint, s) for s in ("local", "ecs") for d in declared]
-    monkeypatch.chdir(
-        prefect_yaml.REPO_ROOT
-    )  # entrypoints are relative to the repository, as prefect deploy reads them
+    # entrypoints are relative to the repository, as prefect deploy reads them
+    monkeypatch.chdir(prefect_yaml.REPO_ROOT)
     assert all(load_flow_from_entrypoint(d.entrypoint).name == d.flow for d in declared)
 
 
