@@ -34,7 +34,8 @@ WRITTEN = [
 ]
 GENERATED = ["prefect.yaml", "infra/pipelines.template.json"]  # what `pipelines new` regenerates in a repository
 # what a scaffolded pipeline must pass in a copy of the repository, beside its own test: the house, the registry,
-# and what derives from the declarations (prefect.yaml, the template, the generator's drift test)
+# what derives from the declarations (prefect.yaml, the template, the generator's drift test), and the shared checks
+# that visit every pipeline (health, retention)
 HOUSE_TESTS = [
     "tests/test_house.py",
     "tests/test_test_layout.py",
@@ -43,6 +44,8 @@ HOUSE_TESTS = [
     "tests/test_aws_template.py",
     "tests/test_pipeline_package.py",
     "tests/test_generate.py",
+    "tests/test_health.py",
+    "tests/test_retention.py",
 ]
 
 
