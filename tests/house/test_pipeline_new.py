@@ -168,9 +168,10 @@ def test_in_a_repository_it_writes_its_files_and_regenerates_prefect_yaml_and_th
     assert sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path)) == sorted(
         WRITTEN + GENERATED
     )
-    manifest, template = (copy / path for path in GENERATED)
+    manifest, template, settings_doc = (copy / path for path in GENERATED)
     assert "flows/checksum.py:checksum_listen" in manifest.read_text()
     assert "ChecksumListenerService" in json.loads(template.read_text())["Resources"]
+    assert "`CHECKSUM_STUCK_MINUTES`" in settings_doc.read_text()
     checked = pipelines("generate", "--check", cwd=copy)
     assert (checked.returncode, json.loads(checked.stdout)) == (0, {"stale": []}), checked.stderr
 
