@@ -3,70 +3,67 @@
 from __future__ import annotations
 
 import functools
-import logging
-import os
-from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar, get_args, get_origin
 
 from prefect.blocks.core import Block
+from pydantic import SecretStr
+
+from blocks.settings import BlockLoading, EnvNames, env_prefix
 
 DEFAULT_BLOCK_NAME = "default"
 B = TypeVar("B", bound="ConfigBlock")
-logger = logging.getLogger(__name__)
 
 
-class ConfigBlock(Block):
+class ConfigBlock(EnvNames, Block):
     """A block whose scalar fields can be overridden by environment variables ``<_env_prefix><FIELD>``.
 
-    Each pipeline's block has its own prefix (``ETL_``, ``GPU_``, ...), so its names cannot collide with another
-    tool's. ``_env_aliases`` lists other names a field is also read from (a seed's own variable names, each spelled
-    out): the prefixed name wins when both are set, and a warning says so when they disagree."""
+    Each pipeline's block has its own prefix, derived by ``blocks.settings.env_prefix`` (``blocks/etl.py`` ->
+    ``ETL_``; a class may declare ``_env_scope``), so its names cannot collide with another tool's. ``_env_aliases``
+    lists other names a field is also read from (a seed's own variable names, each spelled out): the prefixed name
+    wins when both are set, and a warning says so when they disagree. ``_env_patterns`` documents names with a
+    variable part (``TABLE_<LOGICAL>``), read with ``read_pattern``."""
 
-    _env_prefix: ClassVar[str] = ""
-    _env_aliases: ClassVar[Mapping[str, str]] = {}  # alias variable name -> the field it sets
-
-    @classmethod
-    def env_name(cls, field: str) -> str:
-        """The environment variable that overrides ``field``: ``<_env_prefix><FIELD>``."""
-        return f"{cls._env_prefix}{field}".upper()
+    _env_prefix: ClassVar[str] = ""  # set for each subclass from the rule, never by hand
 
     @classmethod
-    def env_raw(cls, field: str) -> str | None:
-        """The text the environment sets ``field`` to: its prefixed name, else its alias, else None."""
-        raw = os.environ.get(cls.env_name(field))
-        for alias in (alias for alias, target in cls._env_aliases.items() if target == field):
-            aliased = os.environ.get(alias)
-            if aliased is None:
-                continue
-            if raw is None:
-                return aliased
-            if aliased != raw:
-                logger.warning("%s=%r wins over its alias %s=%r", cls.env_name(field), raw, alias, aliased)
-        return raw
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        cls._env_prefix = env_prefix(cls)
+
+    @classmethod
+    def env_type(cls, field: str) -> type | None:
+        """The type ``field``'s variable is read as (a list reads as text, split by its validator); None: no
+        variable sets it (a nested block, a mapping): only the saved block does."""
+        annotation = cls.model_fields[field].annotation
+        if get_origin(annotation) is dict:
+            return None
+        if get_origin(annotation) is not None:  # Optional[X] -> X; Literal[...] and list[str] -> str
+            args = [a for a in get_args(annotation) if a is not type(None)]
+            annotation = args[0] if len(args) == 1 else str
+        return annotation if annotation in (bool, int, float, str, SecretStr) else None
 
     @classmethod
     def env_overrides(cls) -> dict[str, Any]:
         """Field values set in the environment, converted to the field's type."""
         values: dict[str, Any] = {}
-        for name, info in cls.model_fields.items():
-            raw = cls.env_raw(name)
+        for name in cls.model_fields:
+            kind = cls.env_type(name)
+            raw = cls.env_raw(name) if kind is not None else None
             if raw is None:
                 continue
-            annotation = info.annotation
-            if get_origin(annotation) is not None:  # Optional[X] -> X
-                args = [a for a in get_args(annotation) if a is not type(None)]
-                annotation = args[0] if len(args) == 1 else str
-            if annotation is bool:
+            if kind is bool:
                 values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
-            elif annotation in (int, float, str):
-                values[name] = annotation(raw)
+            elif kind is SecretStr:
+                values[name] = SecretStr(raw)
+            else:
+                values[name] = kind(raw)
         return values
 
 
 @functools.cache
 def _saved_block(cls: type[ConfigBlock], name: str) -> ConfigBlock | None:
     """The saved block, or None when there is no API to ask or no such block (cached per process)."""
-    if os.environ.get("PIPELINES_USE_BLOCKS", "1") == "0":
+    if not BlockLoading.read().use_blocks:
         return None
     from prefect.settings import get_current_settings
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from typing import ClassVar
 
 from prefect_aws import AwsCredentials
@@ -15,7 +15,10 @@ class DynamoTables(ConfigBlock):
     """DynamoDB table names (the seeds' names by default) and, in AWS, the credentials to reach them."""
 
     _block_type_name = "Pipeline DynamoDB Tables"
-    _env_prefix: ClassVar[str] = "TABLE_"
+    _env_scope: ClassVar[str] = "table"
+    _env_patterns: ClassVar[Mapping[str, str]] = {
+        "<LOGICAL>": "The physical name of one logical table, e.g. TABLE_PHSPECTRA_RUNS=runs (wins over the block)."
+    }
 
     env: str = Field(default="dev", description="Environment suffix of the seed table names ({env}).")
     names: dict[str, str] = Field(
@@ -32,14 +35,16 @@ class DynamoTables(ConfigBlock):
 
         A block saved with one field per table keeps them as extra fields, read here too."""
         saved = self.names.get(logical) or (self.model_extra or {}).get(logical)
-        return os.environ.get(f"{self._env_prefix}{logical}".upper()) or saved or default
+        return self.read_pattern(logical) or saved or default
 
 
 class ObjectStorage(ConfigBlock):
     """Where pipelines keep objects: ``file:///…`` locally, ``s3://bucket/prefix`` in AWS."""
 
     _block_type_name = "Pipeline Object Storage"
-    _env_prefix: ClassVar[str] = "OBJECT_STORE_"
+    _env_scope: ClassVar[str] = "object_store"
 
     base_url: str = Field(default="", description="Root URL; empty: .data/objects/ at the repository root.")
-    aws_credentials: AwsCredentials | None = None
+    aws_credentials: AwsCredentials | None = Field(
+        default=None, description="Credentials for S3; unset: boto3's default chain (env, role)."
+    )

@@ -17,7 +17,6 @@ class EtlSettings(ConfigBlock):
     """Batching, validation and storage settings of the ETL (env ``ETL_MAX_FILES_PER_MANIFEST`` etc. override)."""
 
     _block_type_name = "ETL Settings"
-    _env_prefix: ClassVar[str] = "ETL_"
     # the names seed 001's manifest_builder Lambda reads; ETL_<FIELD> wins when both are set
     _env_aliases: ClassVar[Mapping[str, str]] = {
         "MAX_FILES_PER_MANIFEST": "max_files_per_manifest",

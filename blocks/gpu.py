@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from prefect_aws import AwsCredentials
 from pydantic import Field, field_validator
@@ -16,7 +16,6 @@ class GpuCompute(ConfigBlock):
     """Where GPU job tasks run (local slots or ECS container instances) and how nodes are checked."""
 
     _block_type_name = "Pipeline GPU Compute"
-    _env_prefix: ClassVar[str] = "GPU_"
 
     backend: Literal["local", "ecs"] = Field(default="local", description="'local' (subprocess slots) or 'ecs'.")
     cluster_name: str = Field(default="local", description="ECS cluster name (the local backend uses it as a label).")
@@ -70,8 +69,10 @@ class GpuCompute(ConfigBlock):
     task_definition: str = Field(default="", description="ECS task definition of job tasks (family[:revision] or ARN).")
     container_name: str = Field(default="main", description="Container of the task definition to override.")
     health_task_definition: str = Field(default="", description="ECS task definition that runs `dcgmi diag`.")
-    region_name: str | None = None
-    aws_credentials: AwsCredentials | None = None
+    region_name: str | None = Field(default=None, description="ECS backend: the cluster's region; unset: boto3's.")
+    aws_credentials: AwsCredentials | None = Field(
+        default=None, description="ECS backend: credentials; unset: boto3's default chain (env, role)."
+    )
     notification_block: str = Field(
         default="", description="Name of a saved Prefect notification block (e.g. slack-webhook/ops) for failed jobs."
     )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import Field
 
 from blocks.base import ConfigBlock
@@ -15,7 +13,6 @@ class HealthThresholds(ConfigBlock):
     """When each alarm fires (env ``HEALTH_<FIELD>`` overrides) and where its notification goes."""
 
     _block_type_name = "Pipeline Health Thresholds"
-    _env_prefix: ClassVar[str] = "HEALTH_"
 
     dead_letter_max: int = Field(
         default=0, description="Records: alarm when the dead-letter archive holds more objects."

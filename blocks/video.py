@@ -15,7 +15,7 @@ class VideoInference(ConfigBlock):
     """Which inference backend processes segments, and how to reach it (env ``VIDEO_INFERENCE_<FIELD>``)."""
 
     _block_type_name = "Video Inference Backend"
-    _env_prefix: ClassVar[str] = "VIDEO_INFERENCE_"
+    _env_scope: ClassVar[str] = "video_inference"  # VIDEO_ is the video package's own settings
 
     backend: Literal["ffmpeg", "http", "gpu", "text-redact", "sagemaker"] = Field(
         default="ffmpeg",

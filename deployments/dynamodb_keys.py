@@ -16,9 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-KEYS_FILE_ENV = "PIPELINES_DYNAMODB_KEYS"  # the relay's way to the key file (never its command line: ps shows that)
-GRACE_ENV = "PIPELINES_DYNAMODB_KEY_GRACE_S"
-DEFAULT_GRACE_S = 3600.0
+from deployments.settings import StackSettings
+
+# the relay's way to the key file (never its command line: ps shows that)
+KEYS_FILE_ENV = StackSettings.env_name("dynamodb_keys")
+GRACE_ENV = StackSettings.env_name("dynamodb_key_grace_s")
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ def new_key() -> Key:
 
 def grace_seconds() -> float:
     """How long the previous key stays accepted after a rotation (``PIPELINES_DYNAMODB_KEY_GRACE_S``)."""
-    return float(os.environ.get(GRACE_ENV) or DEFAULT_GRACE_S)
+    return StackSettings.read().dynamodb_key_grace_s
 
 
 def _read(path: Path) -> dict:

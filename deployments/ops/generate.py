@@ -10,12 +10,13 @@ from pathlib import Path
 
 def targets() -> list[tuple[Path, Callable[[], str]]]:
     """(file, its text as generated) for every generated file: one more generated file is one more line here."""
-    from deployments import prefect_yaml
+    from deployments import prefect_yaml, settings_docs
     from infra import cloudformation
 
     return [
         (prefect_yaml.PATH, prefect_yaml.render),
         (cloudformation.TEMPLATE_PATH, cloudformation.render),
+        (settings_docs.DOC, settings_docs.render_doc),
     ]
 
 
@@ -37,7 +38,8 @@ def generate(args: argparse.Namespace) -> dict:
 def register(subparsers) -> None:
     """Add ``generate [--check]``."""
     command = subparsers.add_parser(
-        "generate", help="rewrite what the pipelines' declarations generate: prefect.yaml's deployments, the template"
+        "generate",
+        help="rewrite what the declarations generate: prefect.yaml's deployments, the template, the settings' docs",
     )
     command.add_argument("--check", action="store_true", help="exit non-zero naming each stale file; write nothing")
     command.set_defaults(handler=generate)

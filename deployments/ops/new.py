@@ -2,7 +2,8 @@
 "How to add a pipeline").
 
     NAME and seed checked ──> each template rendered (``$name``, ``$flow``, ``$Name``, ``$ENV``, ``$seed``)
-        ──> written, never over an existing file ──> imports sorted and lines wrapped (ruff) ──> _generated_entries
+        ──> written, never over an existing file ──> imports sorted and lines wrapped (ruff)
+        ──> `pipelines generate` run on the repository: prefect.yaml's deployments and the template take it in
 
 What it writes lands a file under ``NAME/incoming/``, records an item in its own table through the state store's
 conditional writes and runs a processing flow that ends the item ``done``; its test says so. What is left to a person
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import keyword
+import os
 import re
 import string
 import subprocess
@@ -21,12 +24,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.core.errors import PipelineError
+
 SCAFFOLD = Path(__file__).resolve().parents[1] / "scaffold"  # the templates, one per file written
 # seeds 90 and up are the shared upkeep's (health 90, retention 91), visited after every pipeline
 UPKEEP_SEEDS = 90
 NAME = re.compile(r"[a-z][a-z0-9_]*")
 # the folders a pipeline's modules join: a name taken in any of them is taken
 TAKEN_IN = ("tasks", "flows", "blocks", "deployments/ops", "deployments/samples")
+GENERATOR = "deployments/ops/generate.py"  # a root without it (a bare folder) gets the files alone
+
+
+class NotGenerated(PipelineError, RuntimeError):
+    """`pipelines generate` failed on the repository holding the new pipeline: its files are written, the generated
+    ones not."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +117,9 @@ def planned(names: PipelineNames) -> dict[str, str]:
     return files
 
 
-def scaffold(name: str, seed: int | None = None, root: Path | None = None) -> list[str]:
-    """Write a new pipeline ``name`` under ``root`` (default: this checkout); the paths written (none if one exists)."""
+def scaffold(name: str, seed: int | None = None, root: Path | None = None) -> dict[str, list[str]]:
+    """Write a new pipeline ``name`` under ``root`` (default: this checkout), then regenerate what derives from the
+    declarations there: the paths ``written`` (none if one exists) and those ``generated`` anew."""
     root = Path(root or checkout())
     seeds = declared_seeds()
     names = PipelineNames(check_name(name, root), check_seed(default_seed(seeds) if seed is None else seed, seeds))
@@ -119,8 +131,7 @@ def scaffold(name: str, seed: int | None = None, root: Path | None = None) -> li
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     _tidy(root, sorted(files))
-    _generated_entries(root)
-    return sorted(files)
+    return {"written": sorted(files), "generated": _generated_entries(root)}
 
 
 def _tidy(root: Path, paths: list[str]) -> None:
@@ -135,17 +146,31 @@ def _tidy(root: Path, paths: list[str]) -> None:
         )
 
 
-def _generated_entries(root: Path) -> None:
-    """The hook for what derives from the declaration (prefect.yaml's entries, the AWS template): empty for now."""
-    # where `pipelines generate` (issue 54 item 1) runs: the new pipeline's prefect.yaml deployments and triggers
+def _generated_entries(root: Path) -> list[str]:
+    """`pipelines generate` run on ``root``: the generated files it rewrote (prefect.yaml, the template), none when
+    ``root`` has no generator."""
+    if not (root / GENERATOR).is_file():
+        return []
+    # a child process: this one imported the pipelines before the new one existed, and ``root`` may be another checkout
+    done = subprocess.run(
+        [sys.executable, "-m", "deployments.cli", "generate"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit code {done.returncode}"]
+        raise NotGenerated(f"`pipelines generate` failed in {root}: {said[0]} (the pipeline's files are written)")
+    return json.loads(done.stdout)["written"]
 
 
 def _new(args: argparse.Namespace) -> dict:
-    """Scaffold, and say what was written and what is left to write."""
-    written = scaffold(args.name, args.seed, args.root)
+    """Scaffold, and say what was written and generated and what is left to write."""
     return {
-        "written": written,
-        "next": f"write the work in tasks/{args.name}/work.py, then run tests/test_{args.name}.py",
+        **scaffold(args.name, args.seed, args.root),
+        "next": f"write the work in tasks/{args.name}/work.py, then run tests/{args.name}/test_{args.name}.py",
     }
 
 

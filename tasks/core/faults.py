@@ -30,10 +30,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tasks.core.errors import PipelineError
+from tasks.core.settings import MachineSettings
 
-ENV = "PIPELINES_FAULT"
+ENV = MachineSettings.env_name("fault")
 STALL_SECONDS = 3600.0
-LOG_ENV = "PIPELINES_FAULT_LOG"
+LOG_ENV = MachineSettings.env_name("fault_log")
 
 
 class InjectedFault(PipelineError, RuntimeError):
@@ -104,8 +105,8 @@ def _arm_from_environment() -> None:
     """The plan ``PIPELINES_FAULT`` asks for in this process's environment (none: off), once, at its first write."""
     with _lock:
         if _from_environment:  # not armed meanwhile by another thread's first write or by ``arm``
-            value = os.environ.get(ENV)
-            _set(Plan.parse(value, os.environ.get(LOG_ENV)) if value else None)
+            settings = MachineSettings.read()
+            _set(Plan.parse(settings.fault, settings.fault_log) if settings.fault else None)
 
 
 def writes() -> int:

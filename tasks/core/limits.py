@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from tasks.core import registry
 from tasks.core.private_folder import private_folder, runtime_folder
+from tasks.core.settings import MachineSettings
 
 # seeds 000/003: their workers were Lambdas, capped at 15 min a call (a phspectra chunk has its lease instead)
 SEGMENT_TIMEOUT_S = 15 * 60
@@ -66,14 +67,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def cpu_heavy_slots() -> int:
     """How many CPU-heavy tasks may run at once on a machine (``PIPELINES_CPU_HEAVY_SLOTS``, default: its cores)."""
-    return int(os.environ.get("PIPELINES_CPU_HEAVY_SLOTS") or os.cpu_count() or 1)
+    return MachineSettings.read().cpu_heavy_slots or os.cpu_count() or 1
 
 
 def cpu_slots_dir() -> Path:
     """The folder of this machine's CPU slot files (``PIPELINES_CPU_SLOTS_DIR``, default: ``cpu-slots`` in the
     user's private runtime folder): created 0700, refused if another user owns it or may reach it (they could hold
     every slot)."""
-    configured = os.environ.get("PIPELINES_CPU_SLOTS_DIR")
+    configured = MachineSettings.read().cpu_slots_dir
     return private_folder(Path(configured) if configured else runtime_folder() / "cpu-slots")
 
 

@@ -9,15 +9,15 @@ worker runs none: ``records-reconcile`` covers that case from DynamoDB's side.
 from __future__ import annotations
 
 import logging
-import os
 import urllib.parse
 
 from tasks.core.errors import Unavailable
 from tasks.core.redact import redact
+from tasks.core.settings import MachineSettings
 
 logger = logging.getLogger("pipelines.notify")
 
-NOTIFY_BLOCK_ENV = "PIPELINES_NOTIFY_BLOCK"  # e.g. "slack-webhook/on-call"
+NOTIFY_BLOCK_ENV = MachineSettings.env_name("notify_block")  # e.g. "slack-webhook/on-call"
 
 
 class DeliveryError(Unavailable, RuntimeError):
@@ -61,7 +61,7 @@ def deliver(subject: str, body: str, block: str | None = None) -> str:
 
     Returns where it went ("block:<name>" or "log"); raises DeliveryError when the block did not deliver.
     """
-    block = block or os.environ.get(NOTIFY_BLOCK_ENV)
+    block = block or MachineSettings.read().notify_block
     subject, body = redact(subject), redact(body)  # reasons quote URLs: no credential leaves in an alert
     if not block:
         logger.error("NOTIFY %s: %s", subject, body)

@@ -39,6 +39,7 @@ from tasks.core import disk, faults
 from tasks.core.errors import PipelineError
 from tasks.core.keys import InvalidKey, safe_key
 from tasks.core.runtime import utc_now
+from tasks.core.settings import ObjectStoreTuning
 from tasks.core.state_store import BOTO_CONFIG
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +51,7 @@ STREAM_CHUNK = 1 << 20  # bytes per read when copying a stream
 
 def multipart_bytes() -> int:
     """Multipart threshold and part size in bytes (``OBJECT_STORE_MULTIPART_MB``, at least S3's 5 MiB)."""
-    megabytes = float(os.environ.get("OBJECT_STORE_MULTIPART_MB") or 8)
+    megabytes = ObjectStoreTuning.read().multipart_mb
     return int(max(megabytes, MIN_PART_MB) * 1024 * 1024)
 
 

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from tasks.core.errors import PipelineError
+from tasks.core.settings import MachineSettings
 
 
 class NotPrivate(PipelineError, PermissionError):
@@ -79,7 +80,7 @@ def runtime_folder() -> Path:
     theirs) is passed over, never used: every process of the stack passes over the same ones, so they meet in the
     same folder, and another local user can neither plant the stack's sockets nor keep it from starting.
     """
-    configured = os.environ.get("PIPELINES_RUNTIME_DIR")
+    configured = MachineSettings.read().runtime_dir
     if configured:
         return _private_below_trusted(Path(configured))
     refused = []

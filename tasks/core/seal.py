@@ -19,14 +19,14 @@ import binascii
 import hashlib
 import hmac
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from tasks.core.errors import RefusedInput, Unavailable
+from tasks.core.settings import MachineSettings
 
-KEY_ENV = "PIPELINES_LAUNCH_KEY"
-PREVIOUS_KEYS_ENV = "PIPELINES_LAUNCH_KEY_PREVIOUS"
+KEY_ENV = MachineSettings.env_name("launch_key")
+PREVIOUS_KEYS_ENV = MachineSettings.env_name("launch_key_previous")
 MIN_KEY_BYTES = 32
 SEAL_ATTR, KEY_ID_ATTR = "launch_seal", "launch_key_id"
 
@@ -63,7 +63,8 @@ def key_id(key: bytes) -> str:
 
 def launch_key() -> tuple[str, bytes]:
     """(key id, key) that new seals use; LaunchKeyMissing when ``PIPELINES_LAUNCH_KEY`` is unset or invalid."""
-    text = os.environ.get(KEY_ENV, "")
+    secret = MachineSettings.read().launch_key
+    text = secret.get_secret_value() if secret else ""
     if not text.strip():
         raise LaunchKeyMissing(
             f"no launch key: set {KEY_ENV} (`make up` makes one in .data/secrets/launch-key); nothing is launched "
@@ -77,7 +78,8 @@ def known_keys() -> dict[str, bytes]:
     """Every key a seal may have been made with: the current one and any previous ones (a rotation), by id."""
     current_id, current = launch_key()
     keys = {current_id: current}
-    for text in os.environ.get(PREVIOUS_KEYS_ENV, "").split(","):
+    previous_keys = MachineSettings.read().launch_key_previous
+    for text in (previous_keys.get_secret_value() if previous_keys else "").split(","):
         if text.strip():
             previous = decode_key(text)
             keys[key_id(previous)] = previous

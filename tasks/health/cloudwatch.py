@@ -8,15 +8,15 @@ seed's severities, to its SNS topic) read them. Locally the variable is unset an
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import boto3
 
 from tasks.health.checks import severities
+from tasks.health.settings import MetricsSettings
 
 NAMESPACE = "Pipelines"
-ENV_VARIABLE = "PIPELINES_METRICS_ENV"
+ENV_VARIABLE = MetricsSettings.env_name("metrics_env")
 FIRING = "Firing"
 BATCH = 1000  # PutMetricData's most metrics per call
 
@@ -70,7 +70,7 @@ def metric_data(rows: list[dict[str, Any]], env: str) -> list[dict[str, Any]]:
 
 def publish_readings(rows: list[dict[str, Any]]) -> int:
     """Put the pass's readings to CloudWatch when the stack asks for it; how many metrics were put."""
-    env = os.environ.get(ENV_VARIABLE)
+    env = MetricsSettings.read().metrics_env
     if not env:
         return 0
     from tasks.landing.sqs import aws_session

@@ -13,12 +13,12 @@ store has no disk to fill and is left out.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 from blocks.health import HealthThresholds
 from tasks.core import disk, registry
 from tasks.core.object_store import LocalStore, ObjectStore
+from tasks.core.settings import MachineSettings
 from tasks.health.checks import Alarm, Check
 
 LOW, FULL = "disk-space-low", "disk-full"
@@ -39,7 +39,7 @@ def watched_folders(limits: HealthThresholds) -> dict[str, Path]:
     folders: dict[str, Path | None] = {"objects": _local_root(object_store().url)}
     for pipeline in registry.landings():
         folders[f"landing-{pipeline}"] = _local_root(landing_store_url(pipeline))
-    data = os.environ.get("PIPELINES_DATA_DIR")
+    data = MachineSettings.read().data_dir
     if data:
         folders["stack-data"] = Path(data)
         folders["prefect-database"] = Path(data) / "postgres"

@@ -7,7 +7,6 @@ Seed 001's 15 CloudWatch alarms and where each one went: docs/operations.md, "Al
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -150,11 +149,11 @@ def flow_runs_near_timeout(limits_: HealthThresholds) -> Alarm:
 def landing_dead_letter_queues(limits_: HealthThresholds) -> list[Alarm]:
     """DLQ-Messages (AWS): messages in each landing queue's dead-letter queue, found by the name `aws-events setup`
     gives it; none where the landing is a file watch (a file:// store) or the queue was never set up."""
-    from tasks.landing.sqs import aws_session, landing_store_url, queue_names, queue_url_variable
+    from tasks.landing.sqs import aws_session, landing_store_url, queue_names, queue_url_set
 
     alarms = []
     for pipeline in registry.landings():
-        if not landing_store_url(pipeline).startswith("s3://") and not os.environ.get(queue_url_variable(pipeline)):
+        if not landing_store_url(pipeline).startswith("s3://") and not queue_url_set(pipeline):
             continue  # the local stack has no queues: its landing is a file watch
         sqs = (aws_session() or boto3.Session()).client("sqs")
         try:

@@ -11,13 +11,14 @@ nothing is written (local listeners are supervised by their deployments' trigger
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 
+from tasks.landing.settings import ListenerSettings
+
 LOG = logging.getLogger(__name__)
-HEARTBEAT_VARIABLE = "PIPELINES_LISTENER_HEARTBEAT"
+HEARTBEAT_VARIABLE = ListenerSettings.env_name("listener_heartbeat")
 BEAT_EVERY_S = 5.0  # one mtime update per 5 s at most, however fast the loop turns
 
 
@@ -32,7 +33,7 @@ class Heartbeat:
     @classmethod
     def from_env(cls) -> Heartbeat:
         """The heartbeat ``PIPELINES_LISTENER_HEARTBEAT`` names (none when unset)."""
-        return cls(os.environ.get(HEARTBEAT_VARIABLE))
+        return cls(ListenerSettings.read().listener_heartbeat)
 
     def beat(self) -> None:
         """Touch the file unless it was touched less than ``every_s`` ago."""

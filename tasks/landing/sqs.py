@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import pkgutil
 import threading
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from tasks.core.config import object_store
 from tasks.core.errors import RefusedInput
 from tasks.core.registry import MESSAGES, OBJECTS, QueueSpec
 from tasks.core.state_store import BOTO_CONFIG
+from tasks.landing.settings import ListenerSettings
 from tasks.landing.sources import Arrival
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,13 @@ def queue_names(pipeline: str) -> tuple[str, str]:
 def queue_url_variable(pipeline: str) -> str:
     """``PIPELINES_<PIPELINE>_QUEUE_URL``: where a deployment names its queue outright."""
     queue_spec(pipeline)
-    return f"PIPELINES_{pipeline.upper()}_QUEUE_URL"
+    return ListenerSettings.pattern_name(f"{pipeline}_QUEUE_URL")
+
+
+def queue_url_set(pipeline: str) -> str | None:
+    """The queue URL ``PIPELINES_<PIPELINE>_QUEUE_URL`` sets (None: unset)."""
+    queue_spec(pipeline)
+    return ListenerSettings.read_pattern(f"{pipeline}_QUEUE_URL")
 
 
 def aws_session() -> boto3.Session | None:
@@ -182,7 +188,7 @@ class SqsSource:
         its landing's queue spec for the configured env, looked up in the account of the object storage credentials."""
         spec, variable = queue_spec(pipeline), queue_url_variable(pipeline)
         session = options.pop("session", None) or aws_session()
-        url = os.environ.get(variable)
+        url = queue_url_set(pipeline)
         if not url:
             name = queue_names(pipeline)[0]
             client = (session or boto3).client("sqs", config=BOTO_CONFIG)

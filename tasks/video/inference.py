@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import socket
 import subprocess
 import time
@@ -20,6 +19,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from blocks.video import VideoInference
 from tasks.core.errors import PipelineError, RefusedInput, Unavailable
 from tasks.core.redact import public_url, redact, url_secrets
 from tasks.video import ffmpeg as video_ffmpeg
@@ -281,7 +281,7 @@ def infer(
     if backend == "ffmpeg":
         infer_ffmpeg(source, target, mode)
     elif backend == "http":
-        infer_http(source, target, mode, endpoint_url, timeout_s, api_key or os.environ.get("VIDEO_INFERENCE_API_KEY"))
+        infer_http(source, target, mode, endpoint_url, timeout_s, api_key or VideoInference.env_raw("api_key"))
     elif backend == "gpu":
         infer_gpu(source, target, mode)
     elif backend == "text-redact":

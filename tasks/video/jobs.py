@@ -258,7 +258,7 @@ def public_reason(reason: str) -> str:
         reason = reason.replace(store.url + "/", "").replace(f"{store.root}/", "")
     reason = _ABSOLUTE_PATH.sub(r"\1", reason)
     config = load_config(VideoInference)
-    secrets = [config.api_key.get_secret_value() if config.api_key else None, os.environ.get("VIDEO_INFERENCE_API_KEY")]
+    secrets = [config.api_key.get_secret_value() if config.api_key else None, VideoInference.env_raw("api_key")]
     return redact(reason, secrets + url_secrets(config.endpoint_url))[:2000]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tasks.video import ffmpeg as video_ffmpeg
+from tasks.video.settings import VideoSettings
 
 MODEL_NAME = "PP-OCRv4 text detection (rapidocr-onnxruntime)"
 THRESHOLD = 0.3  # pixel probability that counts as text (rapidocr's default)
@@ -51,7 +52,7 @@ def session_options(threads: int | None = None):
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL  # DBNet is one chain: no branches to overlap
     # one pool of every core (VIDEO_MODEL_THREADS: fewer); segments running at once share the session and its pool
-    options.intra_op_num_threads = threads or int(os.environ.get("VIDEO_MODEL_THREADS") or os.cpu_count() or 1)
+    options.intra_op_num_threads = threads or VideoSettings.read().model_threads or os.cpu_count() or 1
     options.inter_op_num_threads = 1
     # spinning workers burn the cores the decoder, the encoder and the other pipelines need between runs
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -52,7 +52,7 @@ def test_every_test_module_lives_in_the_folder_of_what_it_tests():
     packages = {p.name for p in (TESTS.parent / "tasks").iterdir() if (p / "__init__.py").exists()}
     loose = sorted(p.name for p in TESTS.glob("test_*.py"))
     folders = {p.parent.name for p in TESTS.glob("*/test_*.py")}
-    assert not loose, f"{loose}: move each into tests/<package>/ (the package under tasks/ it tests), or stack/aws/house"
+    assert not loose, f"{loose}: move each into the folder of the package it tests (or stack, aws, house)"
     assert folders <= packages | OWN_FOLDERS, f"{sorted(folders - packages - OWN_FOLDERS)}: not a package under tasks/"
     assert len(MODULES) > 100 and (TESTS / "etl" / "test_etl.py") in MODULES
 
