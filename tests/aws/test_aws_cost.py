@@ -99,10 +99,11 @@ def test_the_ceiling_grows_by_a_listener_and_not_by_a_maintenance_run_per_fargat
     total = sum(line.monthly for line in cost.cost_lines(template, config, prices))
     one_more = copy.deepcopy(template)
     resources = one_more["Resources"]
-    resources["ChecksumListenerTaskDefinition"] = copy.deepcopy(resources["RecordsListenerTaskDefinition"])
-    resources["ChecksumListenerService"] = copy.deepcopy(resources["RecordsListenerService"])
-    resources["ChecksumListenerService"]["Properties"]["ServiceName"] = "checksum-listen"
-    resources["ChecksumListenerService"]["Properties"]["TaskDefinition"] = {"Ref": "ChecksumListenerTaskDefinition"}
+    assert "AnotherListenerService" not in resources
+    resources["AnotherListenerTaskDefinition"] = copy.deepcopy(resources["RecordsListenerTaskDefinition"])
+    resources["AnotherListenerService"] = copy.deepcopy(resources["RecordsListenerService"])
+    resources["AnotherListenerService"]["Properties"]["ServiceName"] = "another-listen"
+    resources["AnotherListenerService"]["Properties"]["TaskDefinition"] = {"Ref": "AnotherListenerTaskDefinition"}
     grown = sum(line.monthly for line in cost.cost_lines(one_more, config, prices))
     assert grown - total == pytest.approx(42.53 + 6.00, abs=0.01)
     assert grown < ceiling(listeners + 1)
