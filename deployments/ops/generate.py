@@ -1,5 +1,6 @@
 """`pipelines generate`: the files generated from the pipelines' declarations, rewritten (or, with ``--check``, the
-stale ones named): prefect.yaml's deployments and the CloudFormation template."""
+stale ones named): prefect.yaml's deployments, the CloudFormation template, the settings' docs and docs/aws.md's
+counts and cost."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from pathlib import Path
 def targets() -> list[tuple[Path, Callable[[], str]]]:
     """(file, its text as generated) for every generated file: one more generated file is one more line here."""
     from deployments import prefect_yaml, settings_docs
-    from infra import cloudformation
+    from infra import aws_docs, cloudformation
 
     return [
         (prefect_yaml.PATH, prefect_yaml.render),
         (cloudformation.TEMPLATE_PATH, cloudformation.render),
         (settings_docs.DOC, settings_docs.render_doc),
+        (aws_docs.DOC, aws_docs.render_doc),
     ]
 
 
@@ -39,7 +41,10 @@ def register(subparsers) -> None:
     """Add ``generate [--check]``."""
     command = subparsers.add_parser(
         "generate",
-        help="rewrite what the declarations generate: prefect.yaml's deployments, the template, the settings' docs",
+        help=(
+            "rewrite what the declarations generate: prefect.yaml's deployments, the template, the settings' docs, "
+            "docs/aws.md's counts and cost"
+        ),
     )
     command.add_argument("--check", action="store_true", help="exit non-zero naming each stale file; write nothing")
     command.set_defaults(handler=generate)

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from infra import aws_docs, cost
 from infra import cloudformation as cfn
-from infra import cost
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +60,13 @@ def test_each_scheduled_ecs_run_is_counted_from_its_cron(committed):
     assert cost.scheduled_lines(moved, prices, hours) == []
 
 
-def test_the_docs_cost_section_is_the_scripts():
-    assert cost.main(["--check-docs"]) == 0
-    lines, prices = cost.current()
-    total = f"**{sum(line.monthly for line in lines):,.2f}**"
-    assert total in cost.DOCS_PATH.read_text()
+def test_the_docs_cost_section_is_the_scripts(committed):
+    template, _, _ = committed
+    lines, prices = cost.current(template)
+    text = aws_docs.DOC.read_text()
+    assert cost.markdown(lines, prices) in text  # as `pipelines generate` writes it
+    assert f"| **total** | **{sum(line.monthly for line in lines):,.2f}** | |" in text
+    assert cost.current() == (lines, prices)  # the committed template is the generated one
 
 
 def test_only_the_hourly_and_daily_runs_launch_fargate_tasks_and_the_maintenance_service_is_priced(committed):
@@ -78,7 +80,44 @@ def test_only_the_hourly_and_daily_runs_launch_fargate_tasks_and_the_maintenance
     service = lines["Fargate service prefect-maintenance-worker"]
     assert service.detail == "1 task x 0.5 vCPU / 2 GB x 730 h"
     assert service.monthly == pytest.approx(cost.fargate_hourly(0.5, 2, prices) * hours)
-    assert sum(line.monthly for line in lines.values()) < 400  # $4,431 a month with a task per maintenance run
+    # $4,431 a month with a task per maintenance run; each listener adds its always-on task and what it brings
+    assert sum(line.monthly for line in lines.values()) < ceiling(len(cfn.listener_deployments()))
+
+
+def ceiling(listeners: int) -> float:
+    """The most the stack may cost at rest a month: the shared part (the workers, NAT, the scheduled runs, the
+    monitoring, $165 with the four listeners taken out) under $170, and $50 a listener (its 1 vCPU / 4 GB task $42.53,
+    its Container Insights metrics $6, $0.70 for each of its alarms)."""
+    return 170 + 50 * listeners
+
+
+def test_the_ceiling_grows_by_a_listener_and_not_by_a_maintenance_run_per_fargate_task(committed):
+    """A listener more (as `pipelines new` makes) stays under the ceiling; the maintenance runs as Fargate tasks do
+    not, nor a listener twice the size."""
+    template, config, prices = committed
+    listeners = len(cfn.listener_deployments())
+    total = sum(line.monthly for line in cost.cost_lines(template, config, prices))
+    one_more = copy.deepcopy(template)
+    resources = one_more["Resources"]
+    assert "AnotherListenerService" not in resources
+    resources["AnotherListenerTaskDefinition"] = copy.deepcopy(resources["RecordsListenerTaskDefinition"])
+    resources["AnotherListenerService"] = copy.deepcopy(resources["RecordsListenerService"])
+    resources["AnotherListenerService"]["Properties"]["ServiceName"] = "another-listen"
+    resources["AnotherListenerService"]["Properties"]["TaskDefinition"] = {"Ref": "AnotherListenerTaskDefinition"}
+    grown = sum(line.monthly for line in cost.cost_lines(one_more, config, prices))
+    assert grown - total == pytest.approx(42.53 + 6.00, abs=0.01)
+    assert grown < ceiling(listeners + 1)
+    doubled = copy.deepcopy(template)
+    for name, resource in doubled["Resources"].items():
+        if name.endswith("ListenerTaskDefinition"):
+            resource["Properties"].update(Cpu="2048", Memory="8192")
+    assert sum(line.monthly for line in cost.cost_lines(doubled, config, prices)) > ceiling(listeners)
+    per_run = copy.deepcopy(config)
+    pools = per_run["definitions"]["work_pools"]
+    for deployment in per_run["deployments"]:
+        if deployment["work_pool"]["name"] == pools["maintenance"]["name"]:
+            deployment["work_pool"] = pools["ecs"]
+    assert sum(line.monthly for line in cost.cost_lines(template, per_run, prices)) > ceiling(listeners)
 
 
 def test_only_pipeline_health_alarms_count_as_its_readings(committed):

@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 from deployments import aws
+from infra import aws_docs, cost
 from infra import cloudformation as cfn
 from tests.helpers.aws_stack import deploy_template, stack_parameters
 
@@ -174,23 +175,38 @@ def test_env_is_as_long_as_its_longest_name_lets_it_be_and_no_longer():
 
 
 def test_the_docs_counts_are_the_templates():
-    """docs/aws.md's "What it creates" counts, each read from the template (they drifted once: 75/24 for 76/25)."""
+    """docs/aws.md's "What it creates" counts, each read from the template (they drifted once: 75/24 for 76/25;
+    `pipelines generate` writes them now, and a new pipeline changes them)."""
     text = DOCS.read_text()
     resources = json.loads(cfn.TEMPLATE_PATH.read_text())["Resources"]
     kinds = Counter(r["Type"] for r in resources.values())
-    alarms = kinds["AWS::CloudWatch::Alarm"]
+    alarms = {n: r for n, r in resources.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
     expected = {
-        r"infra/pipelines\.template\.json`, (\d+) resources": len(resources),
-        r"(\d+) DynamoDB tables": kinds["AWS::DynamoDB::Table"],
-        r"(\d+) landing queues": len(cfn.sqs.landing_queues()),
-        r"(\d+) IAM roles": kinds["AWS::IAM::Role"],
-        r"(\d+) log groups": kinds["AWS::Logs::LogGroup"],
-        r"(\d+) Fargate services": kinds["AWS::ECS::Service"],
-        r"(\d+) CloudWatch alarms": alarms,
+        "resources": len(resources),
+        "DynamoDB tables": kinds["AWS::DynamoDB::Table"],
+        "landing queues (each with its dead-letter queue)": len(cfn.sqs.landing_queues()),
+        "IAM roles": kinds["AWS::IAM::Role"],
+        "log groups": kinds["AWS::Logs::LogGroup"],
+        "Fargate services": kinds["AWS::ECS::Service"],
+        "of them listeners": len(cfn.listener_deployments()),
+        "CloudWatch alarms": len(alarms),
+        # all but the maintenance worker's, which reads Container Insights
+        "of them pipeline-health's": len(alarms) - 1,
         # the cost section's figures are infra/cost.py's (tests/aws/test_aws_cost.py)
     }
-    found = {pattern: [int(n) for n in re.findall(pattern, text)] for pattern in expected}
-    assert found == {pattern: [n] for pattern, n in expected.items()}
+    section = text[text.index(aws_docs.STACK_BEGIN) : text.index(aws_docs.STACK_END)]
+    found = dict(re.findall(r"^\| ([^|]+?) \| (\d+) \|$", section, re.MULTILINE))
+    assert {kind: int(number) for kind, number in found.items()} == expected
+    assert section.count("\n| ") == len(expected) + 1  # the header, then a row for each count and no other
+    assert aws_docs.stack_table(resources) in text  # as `pipelines generate` writes it
+
+
+def test_a_doc_without_the_markers_is_refused_naming_them(monkeypatch, tmp_path):
+    bare = tmp_path / "aws.md"
+    bare.write_text("# AWS\n" + cost.DOCS_BEGIN + "\n" + cost.DOCS_END + "\n")
+    monkeypatch.setattr(aws_docs, "DOC", bare)
+    with pytest.raises(aws_docs.MarkersMissing, match="aws.md has no '<!-- stack: generated"):
+        aws_docs.render_doc()
 
 
 def test_the_docs_deploy_command_gives_every_parameter_without_a_default():

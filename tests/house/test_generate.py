@@ -10,6 +10,7 @@ from prefect.flows import load_flow_from_entrypoint
 
 from deployments import cli, prefect_yaml
 from deployments.ops import generate
+from infra import aws_docs
 from infra import cloudformation as cfn
 from tasks.core.registry import (
     OBJECTS,
@@ -56,7 +57,12 @@ def _toy_deployments() -> dict[tuple[str, str], dict]:
 
 def test_the_committed_files_are_what_the_declarations_generate(capsys):
     assert cli.main(["generate", "--check"]) == 0, "run `pipelines generate` and commit the files it writes"
-    assert [path.name for path, _ in generate.targets()] == ["prefect.yaml", "pipelines.template.json", "operations.md"]
+    assert [path.name for path, _ in generate.targets()] == [
+        "prefect.yaml",
+        "pipelines.template.json",
+        "operations.md",
+        "aws.md",
+    ]
 
 
 def test_prefect_yaml_deploys_each_declared_flow_once_locally_and_once_in_aws_and_nothing_else(monkeypatch):
@@ -72,22 +78,29 @@ def test_a_new_pipelines_deployments_show_as_drift_and_generate_writes_them_all_
     tmp_path, monkeypatch, capsys
 ):
     manifest, template = tmp_path / "prefect.yaml", tmp_path / "pipelines.template.json"
+    doc = tmp_path / "aws.md"
     shutil.copy(prefect_yaml.PATH, manifest)
     shutil.copy(cfn.TEMPLATE_PATH, template)
+    shutil.copy(aws_docs.DOC, doc)
     monkeypatch.setattr(prefect_yaml, "PATH", manifest)
     monkeypatch.setattr(cfn, "TEMPLATE_PATH", template)
-    before = manifest.read_text(), template.read_text()
+    monkeypatch.setattr(aws_docs, "DOC", doc)
+    before = manifest.read_text(), template.read_text(), doc.read_text()
     with registered(TOY):
         assert cli.main(["generate", "--check"]) == 2
-        assert (manifest.read_text(), template.read_text()) == before  # --check writes nothing
+        assert (manifest.read_text(), template.read_text(), doc.read_text()) == before  # --check writes nothing
         assert (
             capsys.readouterr().err
-            == f"error: stale: {manifest}, {template}: run `pipelines generate` and commit them\n"
+            == f"error: stale: {manifest}, {template}, {doc}: run `pipelines generate` and commit them\n"
         )
         assert cli.main(["generate"]) == 0
         written = capsys.readouterr()
         assert cli.main(["generate", "--check"]) == 0
+        listeners = len(cfn.listener_deployments())
     assert "toy_listen" in manifest.read_text() and "ToyListenerService" in template.read_text()
+    assert f"| of them listeners | {listeners} |" in doc.read_text()  # the counts and the cost take the listener in
+    assert f"| of them listeners | {listeners - 1} |" in before[2]
+    assert "| Fargate service toy-listen | 42.53 |" in doc.read_text()
     assert manifest.read_text().startswith(prefect_yaml.hand_part(before[0]))  # the hand part as it was
     assert '"written"' in written.out
 

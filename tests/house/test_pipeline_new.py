@@ -33,16 +33,18 @@ WRITTEN = [
     "tests/checksum/test_checksum.py",
 ]
 # what `pipelines new` regenerates in a repository
-GENERATED = ["prefect.yaml", "infra/pipelines.template.json", "docs/operations.md"]
+GENERATED = ["prefect.yaml", "infra/pipelines.template.json", "docs/operations.md", "docs/aws.md"]
 # what a scaffolded pipeline must pass in a copy of the repository, beside its own test: the house, the registry,
-# what derives from the declarations (prefect.yaml, the template, the generator's drift test), and the shared checks
-# that visit every pipeline (health, retention)
+# what derives from the declarations (prefect.yaml, the template, docs/aws.md's counts and cost, the generator's drift
+# test), and the shared checks that visit every pipeline (health, retention)
 HOUSE_TESTS = [
     "tests/house/test_house.py",
     "tests/house/test_test_layout.py",
     "tests/house/test_pipeline_registry.py",
     "tests/house/test_prefect_yaml.py",
     "tests/aws/test_aws_template.py",
+    "tests/aws/test_aws_stack.py",
+    "tests/aws/test_aws_cost.py",
     "tests/house/test_pipeline_package.py",
     "tests/house/test_generate.py",
     "tests/health/test_health.py",
@@ -168,10 +170,11 @@ def test_in_a_repository_it_writes_its_files_and_regenerates_prefect_yaml_and_th
     assert sorted(path for path in before.keys() | after.keys() if before.get(path) != after.get(path)) == sorted(
         WRITTEN + GENERATED
     )
-    manifest, template, settings_doc = (copy / path for path in GENERATED)
+    manifest, template, settings_doc, aws_doc = (copy / path for path in GENERATED)
     assert "flows/checksum.py:checksum_listen" in manifest.read_text()
     assert "ChecksumListenerService" in json.loads(template.read_text())["Resources"]
     assert "`CHECKSUM_STUCK_MINUTES`" in settings_doc.read_text()
+    assert "| Fargate service checksum-listen | 42.53 |" in aws_doc.read_text()
     checked = pipelines("generate", "--check", cwd=copy)
     assert (checked.returncode, json.loads(checked.stdout)) == (0, {"stale": []}), checked.stderr
 
