@@ -10,6 +10,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import SecretStr
 
+from deployments.generated_part import with_part
 from deployments.settings_tree import settings_classes
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
@@ -18,10 +19,6 @@ BEGIN = (
     "edit those, not these tables -->"
 )
 END = "<!-- settings: end -->"
-
-
-class MarkersMissing(ValueError):
-    """The document lacks the marker comments the tables go between."""
 
 
 def type_label(annotation: Any) -> str:
@@ -93,10 +90,7 @@ def rendering() -> str:
 
 def render(text: str) -> str:
     """``text`` with the part between the markers replaced by the rendering."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise MarkersMissing(f"no {BEGIN!r} ... {END!r} in the document")
-    return f"{text[: start + len(BEGIN)]}\n\n{rendering()}\n{text[end:]}"
+    return with_part(text, BEGIN, END, f"{BEGIN}\n\n{rendering()}\n{END}", DOC.name)
 
 
 def render_doc() -> str:

@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 
 from deployments import aws
+from deployments.generated_part import MarkersMissing
 from infra import aws_docs, cost
 from infra import cloudformation as cfn
 from tests.helpers.aws_stack import deploy_template, stack_parameters
@@ -205,7 +206,7 @@ def test_a_doc_without_the_markers_is_refused_naming_them(monkeypatch, tmp_path)
     bare = tmp_path / "aws.md"
     bare.write_text("# AWS\n" + cost.DOCS_BEGIN + "\n" + cost.DOCS_END + "\n")
     monkeypatch.setattr(aws_docs, "DOC", bare)
-    with pytest.raises(aws_docs.MarkersMissing, match="aws.md has no '<!-- stack: generated"):
+    with pytest.raises(MarkersMissing, match="aws.md has no '<!-- stack: generated"):
         aws_docs.render_doc()
 
 

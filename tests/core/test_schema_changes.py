@@ -83,7 +83,7 @@ def test_a_query_on_an_index_not_there_yet_waits_for_it(own_dynamodb):
     assert len(found) == 5
 
 
-def test_a_key_change_is_refused_with_the_steps_and_the_copy_they_name_moves_every_item(monkeypatch):
+def test_a_key_change_is_refused_with_the_steps_and_the_copy_they_name_moves_every_item(dynamodb_endpoint, monkeypatch):
     name = _old_table(0)
     state_store.batch_put(name, ({"job_id": f"j{i}", "created_at": f"t{i}"} for i in range(250)))
     changed = TableSpec("job_id", "created_at")
@@ -121,7 +121,7 @@ def _count_once(table: str) -> migrations.Migration:
     return migrations.Migration("0001-stamp-schema-2", table, apply)
 
 
-def test_a_migration_crashed_mid_way_resumes_and_applies_every_item_once():
+def test_a_migration_crashed_mid_way_resumes_and_applies_every_item_once(dynamodb_endpoint):
     name = _old_table(250)  # three pages
     records = f"migrations-{uuid.uuid4().hex[:8]}"
     names = {"jobs": name}
@@ -141,7 +141,7 @@ def test_a_migration_crashed_mid_way_resumes_and_applies_every_item_once():
     assert migrations.run([migration], names, records) == {"0001-stamp-schema-2": "done"}
 
 
-def test_pipelines_migrate_dry_run_lists_the_release_migrations(monkeypatch, capsys):
+def test_pipelines_migrate_dry_run_lists_the_release_migrations(dynamodb_endpoint, monkeypatch, capsys):
     from deployments.cli import main
 
     monkeypatch.setenv("TABLE_MIGRATIONS", f"migrations-{uuid.uuid4().hex[:8]}")
@@ -159,7 +159,7 @@ def test_the_object_store_layout_marker_is_written_then_checked(tmp_path):
     assert store.get_bytes(migrations.LAYOUT_MARKER) == b'{"layout": 99}'
 
 
-def test_up_runs_the_migrations_then_checks_the_layout(monkeypatch, tmp_path):
+def test_up_runs_the_migrations_then_checks_the_layout(dynamodb_endpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("TABLE_MIGRATIONS", f"migrations-{uuid.uuid4().hex[:8]}")
     monkeypatch.setenv("OBJECT_STORE_BASE_URL", tmp_path.as_uri())
     from blocks.base import clear_cache
@@ -175,7 +175,7 @@ def migrate_in_child(table: str, records: str) -> None:
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_a_migration_killed_mid_way_resumes_and_applies_every_item_once(when):
+def test_a_migration_killed_mid_way_resumes_and_applies_every_item_once(dynamodb_endpoint, when):
     from tests.helpers.crashpoints import run_child
 
     name, records = _old_table(250), f"migrations-{uuid.uuid4().hex[:8]}"

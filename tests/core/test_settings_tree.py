@@ -11,6 +11,7 @@ import pytest
 from blocks.base import ConfigBlock
 from blocks.settings import EnvSettings, env_prefix
 from deployments import settings_docs
+from deployments.generated_part import MarkersMissing
 from deployments.settings import StackSettings
 from deployments.settings_tree import settings_classes
 from tests.helpers.house import modules
@@ -209,7 +210,7 @@ def test_the_rendering_replaces_only_what_lies_between_the_markers():
     assert rendered == f"before\n{settings_docs.BEGIN}\n\n{settings_docs.rendering()}\n{settings_docs.END}\nafter\n"
     assert "| `VIDEO_MODEL_THREADS` | int | unset |" in rendered
     assert "| `PIPELINES_ECS_WORK_POOL` (also `ECS_WORK_POOL`) | str | `aws-ecs` |" in rendered
-    with pytest.raises(settings_docs.MarkersMissing):
+    with pytest.raises(MarkersMissing):
         settings_docs.render("no markers")
 
 
