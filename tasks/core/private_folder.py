@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 
 from tasks.core.errors import PipelineError
-from tasks.core.settings import MachineSettings
 
 
 class NotPrivate(PipelineError, PermissionError):
@@ -80,6 +79,9 @@ def runtime_folder() -> Path:
     theirs) is passed over, never used: every process of the stack passes over the same ones, so they meet in the
     same folder, and another local user can neither plant the stack's sockets nor keep it from starting.
     """
+    # imported here: the engine fork server loads this module by its path for check_private alone
+    from tasks.core.settings import MachineSettings
+
     configured = MachineSettings.read().runtime_dir
     if configured:
         return _private_below_trusted(Path(configured))
