@@ -135,7 +135,7 @@ def launch_key(create: bool = False) -> str | None:
 def local_env() -> dict[str, str]:
     """What every local process needs: the endpoints and the stack's key for DynamoDB Local, and the Prefect API's
     auth string and the launch key once `make up` made them."""
-    from blocks.core import ObjectStorage
+    from blocks.settings import read_env
     from tasks.core import limits
 
     auth = api_auth_string()
@@ -155,7 +155,9 @@ def local_env() -> dict[str, str]:
         "PREFECT_CLIENT_CSRF_SUPPORT_ENABLED": "false",
         **limits.PREFECT_CLIENT_ENV,
         "PREFECT_HOME": str(DATA / "prefect"),
-        "OBJECT_STORE_BASE_URL": ObjectStorage.env_raw("base_url") or (DATA / "objects").as_uri(),
+        # ObjectStorage's base_url, read without importing Prefect: Prefect reads its settings once, at its import,
+        # and the caller points them at the stack with what this returns
+        "OBJECT_STORE_BASE_URL": read_env("OBJECT_STORE_BASE_URL") or (DATA / "objects").as_uri(),
         "PIPELINES_ROOT": str(REPO_ROOT),  # prefect.yaml's pull step: where the local worker runs flows
     }
 

@@ -216,7 +216,8 @@ def test_the_rendering_replaces_only_what_lies_between_the_markers():
 
 def test_reading_settings_leaves_prefect_unimported_in_a_light_process():
     """The relay, the supervisor and a listener's health check read settings and never load a block: reading them
-    imports no Prefect (blocks/__init__ imports the block modules at the first block asked for)."""
+    imports no Prefect (blocks/__init__ imports the block modules at the first block asked for). `make up` computes
+    the stack's environment before its first Prefect client: Prefect reads its settings once, at its import."""
     import subprocess
     import sys
 
@@ -224,6 +225,7 @@ def test_reading_settings_leaves_prefect_unimported_in_a_light_process():
         "import sys\n"
         "import deployments.dynamodb_local, deployments.local_stack, tasks.core.limits, tasks.landing.heartbeat\n"
         "tasks.core.limits.cpu_heavy_slots(); deployments.dynamodb_local.DynamoDbLocal.read()\n"
+        "deployments.local_stack.local_env()\n"
         "print('prefect' in sys.modules)\n"
         "import blocks; blocks.EtlSettings\n"
         "print('prefect' in sys.modules)\n"
